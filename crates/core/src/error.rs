@@ -1,0 +1,265 @@
+//! Typed errors, one enum per boundary.
+//!
+//! Every variant says whether it is **retryable** (the session retries the
+//! turn from scratch under its [`RetryPolicy`](crate::RetryPolicy)) or
+//! **fatal** (the turn ends with that error).
+
+use std::time::Duration;
+
+/// Why one streaming attempt failed.
+///
+/// Produced by [`EventSource`](crate::Agent) implementations and by the
+/// [`StreamActor`](crate::StreamActor) itself (for the watchdog's kill).
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[non_exhaustive]
+pub enum StreamError {
+    /// The stream was silent for longer than its timeout and the watchdog
+    /// killed it. **Retryable.** Code `ESTREAM_TIMEOUT`.
+    #[error(
+        "Connection lost during streaming: no data for {:.1}s (timeout {:.1}s)",
+        silent_for.as_secs_f64(),
+        timeout.as_secs_f64()
+    )]
+    InactivityTimeout {
+        /// How long the stream had been silent when it was killed.
+        silent_for: Duration,
+        /// The silence allowance that was exceeded.
+        timeout: Duration,
+    },
+    /// Connecting failed or the connection broke (reset, refused, DNS).
+    /// **Retryable.**
+    #[error("connection error: {message}")]
+    Connection {
+        /// What the transport reported.
+        message: String,
+    },
+    /// The stream ended before its terminal frame (`message_stop`,
+    /// `[DONE]`, a `result` line). **Retryable.**
+    #[error("stream ended before it was complete: {message}")]
+    Truncated {
+        /// What was missing.
+        message: String,
+    },
+    /// The server answered with an HTTP error status or a mid-stream error
+    /// event. Retryable when `retryable` is set (408, 409, 429, 5xx,
+    /// `overloaded_error`, or what `x-should-retry` says); fatal otherwise.
+    #[error("API error{}: {kind}: {message}", status.map(|s| format!(" (HTTP {s})")).unwrap_or_default())]
+    Api {
+        /// HTTP status, when there was one.
+        status: Option<u16>,
+        /// Provider error type, e.g. `overloaded_error`.
+        kind: String,
+        /// Provider message.
+        message: String,
+        /// Whether a retry may succeed.
+        retryable: bool,
+        /// Server-requested wait before retrying, already capped.
+        retry_after: Option<Duration>,
+    },
+    /// The conversation no longer fits or cannot be resumed (prompt too
+    /// long, blocking limit, unknown session id). **Fatal for the turn**; it
+    /// feeds the supervisor's resume-failure path instead of a retry.
+    #[error("context cannot be resumed ({reason}): {message}")]
+    ContextOverflow {
+        /// Machine-readable cause, e.g. `prompt_too_long`.
+        reason: String,
+        /// What the agent said.
+        message: String,
+    },
+    /// A frame was larger than the configured limit. **Fatal.**
+    #[error("frame of {size} bytes exceeds the limit of {limit} bytes")]
+    FrameTooLarge {
+        /// Bytes seen before giving up.
+        size: usize,
+        /// The configured limit.
+        limit: usize,
+    },
+    /// A frame could not be parsed. **Fatal** (retrying would replay the
+    /// same bytes).
+    #[error("malformed frame: {message}")]
+    Malformed {
+        /// Parser message; never the frame text itself.
+        message: String,
+    },
+    /// Authentication or permission failure. **Fatal.**
+    #[error("not authorized: {message}")]
+    Unauthorized {
+        /// Provider message.
+        message: String,
+    },
+    /// The stream's actor or reader task died unexpectedly (a bug in a
+    /// source). **Fatal.**
+    #[error("stream task failed: {message}")]
+    Internal {
+        /// What failed.
+        message: String,
+    },
+}
+
+impl StreamError {
+    /// A stable, greppable code for this error (`ESTREAM_TIMEOUT`, ...).
+    pub fn code(&self) -> &'static str {
+        match self {
+            Self::InactivityTimeout { .. } => "ESTREAM_TIMEOUT",
+            Self::Connection { .. } => "ECONNECTION",
+            Self::Truncated { .. } => "ESTREAM_TRUNCATED",
+            Self::Api { .. } => "EAPI",
+            Self::ContextOverflow { .. } => "ECONTEXT_OVERFLOW",
+            Self::FrameTooLarge { .. } => "EFRAME_TOO_LARGE",
+            Self::Malformed { .. } => "EMALFORMED",
+            Self::Unauthorized { .. } => "EUNAUTHORIZED",
+            Self::Internal { .. } => "EINTERNAL",
+        }
+    }
+
+    /// Whether retrying the turn from scratch may succeed.
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            Self::InactivityTimeout { .. } | Self::Connection { .. } | Self::Truncated { .. } => {
+                true
+            }
+            Self::Api { retryable, .. } => *retryable,
+            Self::ContextOverflow { .. }
+            | Self::FrameTooLarge { .. }
+            | Self::Malformed { .. }
+            | Self::Unauthorized { .. }
+            | Self::Internal { .. } => false,
+        }
+    }
+
+    /// The wait the server asked for before a retry, if any.
+    pub fn retry_after(&self) -> Option<Duration> {
+        match self {
+            Self::Api { retry_after, .. } => *retry_after,
+            _ => None,
+        }
+    }
+}
+
+/// How a turn ended when it did not succeed.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[non_exhaustive]
+pub enum TurnError {
+    /// The user cancelled the turn. Never retried.
+    #[error("turn cancelled")]
+    Cancelled,
+    /// Every attempt failed with a retryable error; `last` is the final one.
+    #[error("turn failed after {attempts} attempts: {last}")]
+    RetriesExhausted {
+        /// Attempts made, the first included.
+        attempts: u32,
+        /// The error of the last attempt.
+        last: StreamError,
+    },
+    /// An attempt failed with a fatal error.
+    #[error("turn failed: {0}")]
+    Fatal(StreamError),
+    /// The session stopped (shutdown, reap or crash) before the turn ended.
+    #[error("session stopped before the turn ended: {reason}")]
+    SessionStopped {
+        /// Why the session stopped.
+        reason: String,
+    },
+}
+
+impl TurnError {
+    /// The code of the underlying stream error, or a turn-level code.
+    pub fn code(&self) -> &'static str {
+        match self {
+            Self::Cancelled => "ECANCELLED",
+            Self::RetriesExhausted { last, .. } => last.code(),
+            Self::Fatal(e) => e.code(),
+            Self::SessionStopped { .. } => "ESESSION_STOPPED",
+        }
+    }
+}
+
+/// Invalid configuration, e.g. a bad `WARDEN_STREAM_TIMEOUT`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConfigError {
+    /// An environment variable held a value warden cannot use.
+    #[error("invalid {var}={value:?}: {reason}")]
+    InvalidEnv {
+        /// The variable's name.
+        var: &'static str,
+        /// The value found.
+        value: String,
+        /// What is wrong and what is accepted.
+        reason: String,
+    },
+    /// A duration outside the accepted range.
+    #[error("invalid {what}: {reason}")]
+    InvalidValue {
+        /// Which setting.
+        what: &'static str,
+        /// What is wrong and what is accepted.
+        reason: String,
+    },
+}
+
+/// Errors of the actor plumbing (spawning, messaging a stopped actor).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ActorError {
+    /// An actor could not be spawned.
+    #[error("could not spawn {what}: {message}")]
+    Spawn {
+        /// Which actor.
+        what: &'static str,
+        /// ractor's message.
+        message: String,
+    },
+    /// The target actor has stopped.
+    #[error("{what} is not running")]
+    NotRunning {
+        /// Which actor.
+        what: &'static str,
+    },
+    /// Configuration was rejected.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn inactivity_timeout_is_retryable_with_its_code_and_message() {
+        let e = StreamError::InactivityTimeout {
+            silent_for: Duration::from_secs(45),
+            timeout: Duration::from_secs(45),
+        };
+        assert!(e.is_retryable());
+        assert_eq!(e.code(), "ESTREAM_TIMEOUT");
+        assert!(e.to_string().starts_with("Connection lost during streaming"));
+    }
+
+    #[test]
+    fn classification_of_fatal_errors() {
+        let fatal = [
+            StreamError::ContextOverflow {
+                reason: "prompt_too_long".into(),
+                message: "Prompt is too long".into(),
+            },
+            StreamError::Malformed {
+                message: "x".into(),
+            },
+            StreamError::FrameTooLarge { size: 2, limit: 1 },
+            StreamError::Unauthorized {
+                message: "x".into(),
+            },
+            StreamError::Api {
+                status: Some(400),
+                kind: "invalid_request_error".into(),
+                message: "bad".into(),
+                retryable: false,
+                retry_after: None,
+            },
+        ];
+        for e in fatal {
+            assert!(!e.is_retryable(), "{e:?} must be fatal");
+        }
+    }
+}

@@ -1,0 +1,130 @@
+//! Typed lifecycle events for programmatic users.
+//!
+//! Every transition that is logged with `tracing` is also published on an
+//! [`EventBus`] as a [`LifecycleEvent`], so an orchestrator can drive a UI or
+//! metrics without parsing logs. The bus is a `tokio::sync::broadcast`
+//! channel: publishing never blocks the actors; a subscriber that falls more
+//! than the capacity behind observes `RecvError::Lagged` and skips ahead.
+//! Turn results themselves are never on the bus; they travel on the
+//! lossless per-turn channel ([`crate::TurnHandle`]).
+
+use std::time::Duration;
+
+use tokio::sync::broadcast;
+
+use crate::source::SessionKey;
+use crate::stream::AttemptId;
+
+/// One transition of the actor tree.
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub enum LifecycleEvent {
+    /// A session actor started.
+    SessionSpawned {
+        /// The session.
+        key: SessionKey,
+    },
+    /// A session actor stopped.
+    SessionStopped {
+        /// The session.
+        key: SessionKey,
+        /// Why, when known.
+        reason: Option<String>,
+        /// Whether it crashed (panic or error) rather than stopped.
+        abnormal: bool,
+    },
+    /// The supervisor restarted a session after a failure.
+    SessionRestarted {
+        /// The session.
+        key: SessionKey,
+        /// Restarts inside the current intensity window.
+        restarts_in_window: u32,
+        /// The failure that caused it.
+        cause: String,
+    },
+    /// Restart intensity exceeded: the supervisor gave up on the session.
+    SupervisorEscalated {
+        /// The session.
+        key: SessionKey,
+        /// The original failure.
+        cause: String,
+    },
+    /// A turn began.
+    TurnStarted {
+        /// The session.
+        key: SessionKey,
+        /// Turn number.
+        turn: u64,
+    },
+    /// An attempt's stream was started (watchdog already armed).
+    AttemptStarted {
+        /// The session.
+        key: SessionKey,
+        /// The attempt.
+        attempt: AttemptId,
+        /// Its silence allowance.
+        timeout: Duration,
+    },
+    /// The watchdog killed an attempt's silent stream (`ESTREAM_TIMEOUT`).
+    StreamTimedOut {
+        /// The session.
+        key: SessionKey,
+        /// The attempt.
+        attempt: AttemptId,
+        /// Silence observed.
+        silent_for: Duration,
+    },
+    /// A failed attempt will be retried after `delay`.
+    RetryScheduled {
+        /// The session.
+        key: SessionKey,
+        /// The attempt that failed.
+        failed: AttemptId,
+        /// Backoff before the next attempt.
+        delay: Duration,
+        /// Code of the error, e.g. `ESTREAM_TIMEOUT`.
+        error_code: &'static str,
+    },
+    /// A turn ended.
+    TurnFinished {
+        /// The session.
+        key: SessionKey,
+        /// Turn number.
+        turn: u64,
+        /// Attempts used.
+        attempts: u32,
+        /// `None` on success, else the error code (`ECANCELLED`, ...).
+        error_code: Option<&'static str>,
+    },
+}
+
+/// Publishes [`LifecycleEvent`]s to any number of subscribers.
+#[derive(Debug, Clone)]
+pub struct EventBus {
+    tx: broadcast::Sender<LifecycleEvent>,
+}
+
+impl Default for EventBus {
+    fn default() -> Self {
+        Self::new(1024)
+    }
+}
+
+impl EventBus {
+    /// A bus keeping up to `capacity` events for slow subscribers.
+    pub fn new(capacity: usize) -> Self {
+        Self {
+            tx: broadcast::channel(capacity.max(1)).0,
+        }
+    }
+
+    /// A new subscriber, receiving events published from now on.
+    pub fn subscribe(&self) -> broadcast::Receiver<LifecycleEvent> {
+        self.tx.subscribe()
+    }
+
+    /// Publishes `event` (dropped when nobody listens).
+    pub fn publish(&self, event: LifecycleEvent) {
+        let _ = self.tx.send(event);
+    }
+}

@@ -1,0 +1,10 @@
+//! Plain, separately tested policies: how to retry a turn, when to restart
+//! a session.
+//!
+//! Actors only route; every decision with a number in it lives here.
+
+mod restart;
+mod retry;
+
+pub use restart::{Restart, RestartDecision, RestartIntensity, RestartTracker};
+pub use retry::RetryPolicy;

@@ -1,0 +1,185 @@
+//! Exponential backoff with downward jitter and a max-attempts budget.
+//!
+//! Hand-written on purpose (a dozen lines): `backon`'s jitter adds up to
+//! +100 % *above* the computed delay and so above the cap, while warden
+//! follows the official Anthropic SDK rule: `min(initial * 2^n, max)` minus
+//! up to 25 %, and a server's `retry-after` wins when present.
+
+use std::time::Duration;
+
+use rand::Rng;
+
+use crate::error::StreamError;
+
+/// How a turn whose attempt failed with a retryable error is retried.
+///
+/// Every attempt is retried *from scratch* (a new request, a new stream);
+/// partial output of a failed attempt is discarded.
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub struct RetryPolicy {
+    /// Attempts per turn, the first included. Default `4` (three retries).
+    /// `1` disables retries.
+    pub max_attempts: u32,
+    /// Delay before the first retry. Default 500 ms.
+    pub initial_backoff: Duration,
+    /// Cap of the exponential delay. Default 8 s.
+    pub max_backoff: Duration,
+    /// Growth factor per retry. Default `2.0`.
+    pub multiplier: f64,
+    /// Fraction of the delay that may be subtracted at random, `0.0..=1.0`.
+    /// Default `0.25`. Spreads simultaneous retries of many sessions.
+    pub jitter: f64,
+    /// Upper bound on a server-requested `retry-after`. Default 60 s.
+    pub max_retry_after: Duration,
+}
+
+impl Default for RetryPolicy {
+    fn default() -> Self {
+        Self {
+            max_attempts: 4,
+            initial_backoff: Duration::from_millis(500),
+            max_backoff: Duration::from_secs(8),
+            multiplier: 2.0,
+            jitter: 0.25,
+            max_retry_after: Duration::from_secs(60),
+        }
+    }
+}
+
+impl RetryPolicy {
+    /// A policy that never retries.
+    pub fn never() -> Self {
+        Self {
+            max_attempts: 1,
+            ..Self::default()
+        }
+    }
+
+    /// Sets [`max_attempts`](Self::max_attempts) (at least 1).
+    pub fn with_max_attempts(mut self, n: u32) -> Self {
+        self.max_attempts = n.max(1);
+        self
+    }
+
+    /// Sets the initial and maximum backoff.
+    pub fn with_backoff(mut self, initial: Duration, max: Duration) -> Self {
+        self.initial_backoff = initial;
+        self.max_backoff = max.max(initial);
+        self
+    }
+
+    /// Sets the jitter fraction (clamped to `0.0..=1.0`).
+    pub fn with_jitter(mut self, jitter: f64) -> Self {
+        self.jitter = if jitter.is_finite() {
+            jitter.clamp(0.0, 1.0)
+        } else {
+            0.0
+        };
+        self
+    }
+
+    /// The un-jittered delay before retry number `retry` (1-based).
+    pub fn base_delay(&self, retry: u32) -> Duration {
+        let exp = retry.saturating_sub(1).min(63) as i32;
+        let secs = self.initial_backoff.as_secs_f64() * self.multiplier.max(1.0).powi(exp);
+        let cap = self.max_backoff.as_secs_f64();
+        Duration::from_secs_f64(if secs.is_finite() { secs.min(cap) } else { cap })
+    }
+
+    /// The delay before retry number `retry` (1-based), jittered with `rng`.
+    /// Always in `base * (1 - jitter) ..= base`.
+    pub fn jittered_delay(&self, retry: u32, rng: &mut impl Rng) -> Duration {
+        let base = self.base_delay(retry);
+        let cut = self.jitter.clamp(0.0, 1.0) * rng.random::<f64>();
+        base.mul_f64(1.0 - cut)
+    }
+
+    /// Decides what follows a failed attempt: `Some(delay)` to retry after
+    /// `delay`, `None` to give up (fatal error, or `attempts_made` reached
+    /// [`max_attempts`](Self::max_attempts)).
+    pub fn next_delay(
+        &self,
+        attempts_made: u32,
+        error: &StreamError,
+        rng: &mut impl Rng,
+    ) -> Option<Duration> {
+        if !error.is_retryable() || attempts_made >= self.max_attempts {
+            return None;
+        }
+        Some(match error.retry_after() {
+            Some(wait) => wait.min(self.max_retry_after),
+            None => self.jittered_delay(attempts_made, rng),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::{SeedableRng, rngs::SmallRng};
+
+    fn timeout() -> StreamError {
+        StreamError::InactivityTimeout {
+            silent_for: Duration::from_secs(45),
+            timeout: Duration::from_secs(45),
+        }
+    }
+
+    #[test]
+    fn base_delay_doubles_up_to_the_cap() {
+        let p = RetryPolicy::default();
+        let got: Vec<_> = (1..=6).map(|n| p.base_delay(n).as_millis()).collect();
+        assert_eq!(got, [500, 1000, 2000, 4000, 8000, 8000]);
+        assert_eq!(p.base_delay(u32::MAX), Duration::from_secs(8));
+    }
+
+    #[test]
+    fn jitter_only_subtracts_and_stays_within_the_fraction() {
+        let p = RetryPolicy::default();
+        let mut rng = SmallRng::seed_from_u64(7);
+        let mut seen_below = false;
+        for retry in 1..=10 {
+            for _ in 0..1000 {
+                let base = p.base_delay(retry);
+                let d = p.jittered_delay(retry, &mut rng);
+                assert!(d <= base, "{d:?} > {base:?}");
+                assert!(d >= base.mul_f64(0.75), "{d:?} < 75% of {base:?}");
+                seen_below |= d < base;
+            }
+        }
+        assert!(seen_below, "jitter never applied");
+    }
+
+    #[test]
+    fn gives_up_after_max_attempts_and_on_fatal_errors() {
+        let p = RetryPolicy::default().with_max_attempts(3);
+        let mut rng = SmallRng::seed_from_u64(1);
+        assert!(p.next_delay(1, &timeout(), &mut rng).is_some());
+        assert!(p.next_delay(2, &timeout(), &mut rng).is_some());
+        assert!(p.next_delay(3, &timeout(), &mut rng).is_none());
+        let fatal = StreamError::Malformed {
+            message: "x".into(),
+        };
+        assert!(p.next_delay(1, &fatal, &mut rng).is_none());
+        assert!(RetryPolicy::never().next_delay(1, &timeout(), &mut rng).is_none());
+    }
+
+    #[test]
+    fn retry_after_wins_and_is_capped() {
+        let p = RetryPolicy::default();
+        let mut rng = SmallRng::seed_from_u64(1);
+        let api = |secs| StreamError::Api {
+            status: Some(429),
+            kind: "rate_limit_error".into(),
+            message: "slow down".into(),
+            retryable: true,
+            retry_after: Some(Duration::from_secs(secs)),
+        };
+        assert_eq!(p.next_delay(1, &api(3), &mut rng), Some(Duration::from_secs(3)));
+        assert_eq!(
+            p.next_delay(1, &api(3600), &mut rng),
+            Some(Duration::from_secs(60))
+        );
+    }
+}

@@ -1,0 +1,116 @@
+//! Where streams come from: the [`EventSource`] trait.
+//!
+//! A source opens one stream per *attempt* of a turn. warden calls
+//! [`EventSource::open`] only after the stream is registered with the
+//! watchdog, so connecting and waiting for the first byte are covered by the
+//! silence allowance too. Real sources (Anthropic/OpenAI SSE over HTTP, the
+//! Claude Code CLI) live in `warden-llm`; [`crate::testing::ChannelSource`]
+//! is an in-process source for tests.
+
+use std::path::PathBuf;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use futures_util::Stream;
+use futures_util::future::BoxFuture;
+
+use crate::error::StreamError;
+use crate::event::Frame;
+
+/// The frames of one attempt. Ends with `None` after a complete turn; a
+/// source reports an incomplete end (EOF before the terminal frame) as
+/// `Some(Err(StreamError::Truncated { .. }))`.
+pub type EventStream = Pin<Box<dyn Stream<Item = Result<Frame, StreamError>> + Send>>;
+
+/// The key of a session: a normalized workspace path or any stable name.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct SessionKey(Arc<str>);
+
+impl SessionKey {
+    /// A key from any string.
+    pub fn new(key: impl AsRef<str>) -> Self {
+        Self(Arc::from(key.as_ref()))
+    }
+
+    /// The key's text.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Display for SessionKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl From<&str> for SessionKey {
+    fn from(s: &str) -> Self {
+        Self::new(s)
+    }
+}
+
+impl From<String> for SessionKey {
+    fn from(s: String) -> Self {
+        Self::new(s)
+    }
+}
+
+/// What one attempt of a turn asks the agent for.
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub struct TurnRequest {
+    /// The session.
+    pub session_key: SessionKey,
+    /// Turn number within the session, from 1.
+    pub turn_id: u64,
+    /// Attempt number within the turn, from 1.
+    pub attempt: u32,
+    /// The user's message.
+    pub message: String,
+    /// The agent session id to resume, if any.
+    pub resume_id: Option<String>,
+    /// The workspace directory the agent works in, if any.
+    pub workspace: Option<PathBuf>,
+}
+
+impl TurnRequest {
+    /// A first-attempt request for `message` in session `key`.
+    pub fn new(session_key: SessionKey, turn_id: u64, message: impl Into<String>) -> Self {
+        Self {
+            session_key,
+            turn_id,
+            attempt: 1,
+            message: message.into(),
+            resume_id: None,
+            workspace: None,
+        }
+    }
+}
+
+/// A way to run turns: opens one stream per attempt.
+pub trait EventSource: Send + Sync + 'static {
+    /// Opens the stream of one attempt (send the request, start reading).
+    /// The returned stream owns its connection: dropping it must close it.
+    fn open(&self, request: TurnRequest) -> BoxFuture<'static, Result<EventStream, StreamError>>;
+
+    /// The provider's name for telemetry (`anthropic`, `openai`, ...).
+    fn provider(&self) -> &str {
+        "unknown"
+    }
+}
+
+/// Makes the [`EventSource`] of a new session.
+pub trait SourceFactory: Send + Sync + 'static {
+    /// The source for session `key`.
+    fn source_for(&self, key: &SessionKey) -> Arc<dyn EventSource>;
+}
+
+impl<F> SourceFactory for F
+where
+    F: Fn(&SessionKey) -> Arc<dyn EventSource> + Send + Sync + 'static,
+{
+    fn source_for(&self, key: &SessionKey) -> Arc<dyn EventSource> {
+        self(key)
+    }
+}

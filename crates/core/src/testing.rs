@@ -1,0 +1,117 @@
+//! An in-process [`EventSource`] driven by the test: [`ChannelSource`].
+//!
+//! Not a mock of an LLM: a real source whose frames come from a channel the
+//! test holds, so a test decides exactly when each frame arrives (on tokio's
+//! paused clock) and can observe when warden drops the stream.
+
+use std::sync::Arc;
+
+use futures_util::future::BoxFuture;
+use futures_util::stream;
+use tokio::sync::{Mutex, mpsc};
+
+use crate::error::StreamError;
+use crate::event::{AgentEvent, Frame};
+use crate::source::{EventSource, EventStream, TurnRequest};
+
+/// A source whose every opened stream is handed to the test as an
+/// [`AttemptControl`].
+#[derive(Debug, Clone)]
+pub struct ChannelSource {
+    opened: mpsc::UnboundedSender<AttemptControl>,
+}
+
+/// The receiving side of a [`ChannelSource`]: one [`AttemptControl`] per
+/// opened stream.
+#[derive(Debug)]
+pub struct ChannelSourceControl {
+    opened: Mutex<mpsc::UnboundedReceiver<AttemptControl>>,
+}
+
+/// Drives one opened stream.
+#[derive(Debug)]
+pub struct AttemptControl {
+    /// The request the stream was opened with.
+    pub request: TurnRequest,
+    tx: mpsc::UnboundedSender<Result<Frame, StreamError>>,
+}
+
+impl ChannelSource {
+    /// A source and its control.
+    pub fn new() -> (Arc<Self>, ChannelSourceControl) {
+        let (tx, rx) = mpsc::unbounded_channel();
+        (
+            Arc::new(Self { opened: tx }),
+            ChannelSourceControl {
+                opened: Mutex::new(rx),
+            },
+        )
+    }
+}
+
+impl EventSource for ChannelSource {
+    fn open(&self, request: TurnRequest) -> BoxFuture<'static, Result<EventStream, StreamError>> {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let sent = self.opened.send(AttemptControl { request, tx });
+        Box::pin(async move {
+            sent.map_err(|_| StreamError::Connection {
+                message: "channel source control dropped".into(),
+            })?;
+            let frames = stream::unfold(rx, |mut rx| async move {
+                rx.recv().await.map(|item| (item, rx))
+            });
+            Ok(Box::pin(frames) as EventStream)
+        })
+    }
+
+    fn provider(&self) -> &str {
+        "channel"
+    }
+}
+
+impl ChannelSourceControl {
+    /// Waits for warden to open the next stream.
+    pub async fn next_attempt(&self) -> Option<AttemptControl> {
+        self.opened.lock().await.recv().await
+    }
+}
+
+impl AttemptControl {
+    /// Sends a frame; `false` once warden has dropped the stream.
+    pub fn send(&self, frame: Frame) -> bool {
+        self.tx.send(Ok(frame)).is_ok()
+    }
+
+    /// Sends a text delta.
+    pub fn text(&self, text: &str) -> bool {
+        self.send(Frame::Event(AgentEvent::TextDelta(text.to_owned())))
+    }
+
+    /// Sends a keep-alive (a `ping`).
+    pub fn ping(&self) -> bool {
+        self.send(Frame::KeepAlive)
+    }
+
+    /// Sends a stream error.
+    pub fn fail(&self, error: StreamError) -> bool {
+        self.tx.send(Err(error)).is_ok()
+    }
+
+    /// Ends the stream cleanly (the terminal frame, then EOF).
+    pub fn finish(self) {
+        let _ = self.send(Frame::Event(AgentEvent::TurnComplete {
+            context_window: None,
+            duration: None,
+        }));
+    }
+
+    /// Whether warden has dropped the stream (its reader is gone).
+    pub fn is_dropped(&self) -> bool {
+        self.tx.is_closed()
+    }
+
+    /// Waits until warden drops the stream.
+    pub async fn dropped(&self) {
+        self.tx.closed().await;
+    }
+}

@@ -1,0 +1,75 @@
+//! Helpers shared by the integration tests.
+#![allow(dead_code, unreachable_pub, missing_docs)]
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::broadcast;
+use tokio::time::Instant;
+use warden_core::testing::{ChannelSource, ChannelSourceControl};
+use warden_core::{
+    EventSource, LifecycleEvent, RetryPolicy, SessionConfig, SessionKey, Supervisor,
+    SupervisorConfig, WatchdogConfig,
+};
+
+pub const T45: Duration = Duration::from_secs(45);
+
+/// A supervisor whose every session reads from one channel source.
+pub async fn supervisor_with(config: SupervisorConfig) -> (Supervisor, ChannelSourceControl) {
+    let (source, control) = ChannelSource::new();
+    let factory = move |_: &SessionKey| source.clone() as Arc<dyn EventSource>;
+    let sup = Supervisor::start(config, Arc::new(factory))
+        .await
+        .expect("supervisor starts");
+    (sup, control)
+}
+
+/// Default config, but with retries without jitter so times are exact.
+pub fn config() -> SupervisorConfig {
+    SupervisorConfig::default()
+        .with_watchdog(WatchdogConfig::default())
+        .with_session(SessionConfig::default().with_retry(
+            RetryPolicy::default()
+                .with_jitter(0.0)
+                .with_backoff(Duration::from_millis(500), Duration::from_secs(8)),
+        ))
+}
+
+/// Waits for the first lifecycle event matching `pred`.
+pub async fn wait_for(
+    rx: &mut broadcast::Receiver<LifecycleEvent>,
+    pred: impl Fn(&LifecycleEvent) -> bool,
+) -> LifecycleEvent {
+    loop {
+        let ev = rx.recv().await.expect("event bus open");
+        if pred(&ev) {
+            return ev;
+        }
+    }
+}
+
+/// Lets every ready task run without moving the paused clock much.
+pub async fn settle() {
+    for _ in 0..50 {
+        tokio::task::yield_now().await;
+    }
+}
+
+/// Polls until the runtime has at most `n` alive tasks; panics if never.
+pub async fn assert_tasks_return_to(n: usize) {
+    let metrics = tokio::runtime::Handle::current().metrics();
+    for _ in 0..200 {
+        if metrics.num_alive_tasks() <= n {
+            return;
+        }
+        tokio::task::yield_now().await;
+    }
+    panic!(
+        "tasks leaked: {} alive, expected at most {n}",
+        metrics.num_alive_tasks()
+    );
+}
+
+pub fn elapsed_since(t0: Instant) -> Duration {
+    Instant::now() - t0
+}
