@@ -143,7 +143,11 @@ async fn default_timeout_is_45_seconds_and_invalid_values_are_rejected() {
         WatchdogConfig::default().default_timeout,
         Duration::from_secs(45)
     );
-    assert!(WatchdogConfig::default().with_default_timeout(Duration::ZERO).is_err());
+    assert!(
+        WatchdogConfig::default()
+            .with_default_timeout(Duration::ZERO)
+            .is_err()
+    );
     let wd = watchdog().await;
     assert!(wd.watch(Some(Duration::ZERO), |_| {}).is_err());
     assert!(wd.watch(Some(Duration::from_secs(90_000)), |_| {}).is_err());
@@ -168,6 +172,9 @@ async fn many_streams_each_killed_at_their_own_deadline() {
     for _ in 0..50 {
         let (at, timeout, _) = rx.recv().await.expect("fired");
         let waited = at - t0;
-        assert!(waited >= timeout && waited <= timeout + BOUND, "{waited:?} vs {timeout:?}");
+        assert!(
+            waited >= timeout && waited <= timeout + BOUND,
+            "{waited:?} vs {timeout:?}"
+        );
     }
 }

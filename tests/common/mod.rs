@@ -28,11 +28,13 @@ pub async fn supervisor_with(config: SupervisorConfig) -> (Supervisor, ChannelSo
 pub fn config() -> SupervisorConfig {
     SupervisorConfig::default()
         .with_watchdog(WatchdogConfig::default())
-        .with_session(SessionConfig::default().with_retry(
-            RetryPolicy::default()
-                .with_jitter(0.0)
-                .with_backoff(Duration::from_millis(500), Duration::from_secs(8)),
-        ))
+        .with_session(
+            SessionConfig::default().with_retry(
+                RetryPolicy::default()
+                    .with_jitter(0.0)
+                    .with_backoff(Duration::from_millis(500), Duration::from_secs(8)),
+            ),
+        )
 }
 
 /// Waits for the first lifecycle event matching `pred`.

@@ -105,7 +105,14 @@ mod tests {
 
     #[test]
     fn invalid_env_values_are_clear_errors() {
-        for bad in ["abc", "0", "-5", "1.5", "86400001", "99999999999999999999999"] {
+        for bad in [
+            "abc",
+            "0",
+            "-5",
+            "1.5",
+            "86400001",
+            "99999999999999999999999",
+        ] {
             let err = parse_stream_timeout(bad).expect_err(bad);
             let msg = err.to_string();
             assert!(msg.contains("WARDEN_STREAM_TIMEOUT"), "{msg}");

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 /// Why one streaming attempt failed.
 ///
-/// Produced by [`EventSource`](crate::Agent) implementations and by the
+/// Produced by [`EventSource`](crate::EventSource) implementations and by the
 /// [`StreamActor`](crate::StreamActor) itself (for the watchdog's kill).
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 #[non_exhaustive]
@@ -233,7 +233,10 @@ mod tests {
         };
         assert!(e.is_retryable());
         assert_eq!(e.code(), "ESTREAM_TIMEOUT");
-        assert!(e.to_string().starts_with("Connection lost during streaming"));
+        assert!(
+            e.to_string()
+                .starts_with("Connection lost during streaming")
+        );
     }
 
     #[test]

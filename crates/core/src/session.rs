@@ -115,13 +115,13 @@ impl TurnHandle {
         if self.done {
             return None;
         }
-        let ev = self
-            .rx
-            .recv()
-            .await
-            .unwrap_or(TurnEvent::Finished(Err(TurnError::SessionStopped {
-                reason: "session ended without answering (crashed)".into(),
-            })));
+        let ev =
+            self.rx
+                .recv()
+                .await
+                .unwrap_or(TurnEvent::Finished(Err(TurnError::SessionStopped {
+                    reason: "session ended without answering (crashed)".into(),
+                })));
         if matches!(ev, TurnEvent::Finished(_)) {
             self.done = true;
         }
@@ -331,7 +331,9 @@ impl Actor for SessionActor {
                 }
             }
             Inner::Cancel => cancel(&myself, state).await?,
-            Inner::Report(StreamReport::Event { attempt, event }) => on_event(state, attempt, event),
+            Inner::Report(StreamReport::Event { attempt, event }) => {
+                on_event(state, attempt, event)
+            }
             Inner::Report(StreamReport::Ended {
                 attempt, outcome, ..
             }) => on_ended(&myself, state, attempt, outcome).await?,

@@ -103,7 +103,10 @@ pub enum SupervisorError {
 pub struct SupervisorMsg(Inner);
 
 enum Inner {
-    Session(SessionKey, RpcReplyPort<Result<SessionHandle, SupervisorError>>),
+    Session(
+        SessionKey,
+        RpcReplyPort<Result<SessionHandle, SupervisorError>>,
+    ),
     List(RpcReplyPort<Vec<SessionKey>>),
     Reset(SessionKey),
 }
@@ -156,7 +159,10 @@ impl Supervisor {
     }
 
     /// The session for `key`, spawned if it is not running.
-    pub async fn session(&self, key: impl Into<SessionKey>) -> Result<SessionHandle, SupervisorError> {
+    pub async fn session(
+        &self,
+        key: impl Into<SessionKey>,
+    ) -> Result<SessionHandle, SupervisorError> {
         let key = key.into();
         call(
             &self.actor,
@@ -178,7 +184,13 @@ impl Supervisor {
 
     /// Keys of the running sessions.
     pub async fn sessions(&self) -> Result<Vec<SessionKey>, ActorError> {
-        call(&self.actor, "supervisor", |r| SupervisorMsg(Inner::List(r)), None).await
+        call(
+            &self.actor,
+            "supervisor",
+            |r| SupervisorMsg(Inner::List(r)),
+            None,
+        )
+        .await
     }
 
     /// Forgets that `key` was given up, so the next message spawns it again.

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use futures_util::future::BoxFuture;
 use futures_util::stream;
-use tokio::sync::{Mutex, mpsc};
+use tokio::sync::{Mutex, mpsc, watch};
 
 use crate::error::StreamError;
 use crate::event::{AgentEvent, Frame};
@@ -33,7 +33,9 @@ pub struct ChannelSourceControl {
 pub struct AttemptControl {
     /// The request the stream was opened with.
     pub request: TurnRequest,
-    tx: mpsc::UnboundedSender<Result<Frame, StreamError>>,
+    tx: std::sync::Mutex<Option<mpsc::UnboundedSender<Result<Frame, StreamError>>>>,
+    /// Closed when warden drops the stream.
+    alive: watch::Receiver<()>,
 }
 
 impl ChannelSource {
@@ -52,13 +54,19 @@ impl ChannelSource {
 impl EventSource for ChannelSource {
     fn open(&self, request: TurnRequest) -> BoxFuture<'static, Result<EventStream, StreamError>> {
         let (tx, rx) = mpsc::unbounded_channel();
-        let sent = self.opened.send(AttemptControl { request, tx });
+        let (alive_tx, alive) = watch::channel(());
+        let sent = self.opened.send(AttemptControl {
+            request,
+            tx: std::sync::Mutex::new(Some(tx)),
+            alive,
+        });
         Box::pin(async move {
             sent.map_err(|_| StreamError::Connection {
                 message: "channel source control dropped".into(),
             })?;
-            let frames = stream::unfold(rx, |mut rx| async move {
-                rx.recv().await.map(|item| (item, rx))
+            // `alive_tx` lives exactly as long as the stream.
+            let frames = stream::unfold((rx, alive_tx), |(mut rx, alive)| async move {
+                rx.recv().await.map(|item| (item, (rx, alive)))
             });
             Ok(Box::pin(frames) as EventStream)
         })
@@ -77,9 +85,17 @@ impl ChannelSourceControl {
 }
 
 impl AttemptControl {
-    /// Sends a frame; `false` once warden has dropped the stream.
+    /// Sends a frame; `false` once warden has dropped the stream or it was
+    /// closed.
     pub fn send(&self, frame: Frame) -> bool {
-        self.tx.send(Ok(frame)).is_ok()
+        self.push(Ok(frame))
+    }
+
+    fn push(&self, item: Result<Frame, StreamError>) -> bool {
+        match self.tx.lock() {
+            Ok(tx) => tx.as_ref().is_some_and(|tx| tx.send(item).is_ok()),
+            Err(_) => false,
+        }
     }
 
     /// Sends a text delta.
@@ -94,24 +110,36 @@ impl AttemptControl {
 
     /// Sends a stream error.
     pub fn fail(&self, error: StreamError) -> bool {
-        self.tx.send(Err(error)).is_ok()
+        self.push(Err(error))
     }
 
-    /// Ends the stream cleanly (the terminal frame, then EOF).
-    pub fn finish(self) {
+    /// Ends the stream cleanly: the terminal frame, then end of stream.
+    /// Later sends return `false`.
+    pub fn finish(&self) {
         let _ = self.send(Frame::Event(AgentEvent::TurnComplete {
             context_window: None,
             duration: None,
         }));
+        self.close();
+    }
+
+    /// Ends the stream (EOF) without a terminal frame.
+    pub fn close(&self) {
+        // Replacing the sender drops the original: the receiver sees EOF once
+        // the queued frames are read.
+        if let Ok(mut tx) = self.tx.lock() {
+            *tx = None;
+        }
     }
 
     /// Whether warden has dropped the stream (its reader is gone).
     pub fn is_dropped(&self) -> bool {
-        self.tx.is_closed()
+        self.alive.has_changed().is_err()
     }
 
     /// Waits until warden drops the stream.
     pub async fn dropped(&self) {
-        self.tx.closed().await;
+        let mut alive = self.alive.clone();
+        while alive.changed().await.is_ok() {}
     }
 }

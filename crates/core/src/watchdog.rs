@@ -28,6 +28,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use ractor::{Actor, ActorCell, ActorProcessingErr, ActorRef, RpcReplyPort};
+use tokio::sync::watch;
 use tokio::time::Instant;
 
 use crate::config::{DEFAULT_STREAM_TIMEOUT, validate_timeout};
@@ -309,8 +310,9 @@ pub struct WatchdogState {
     epoch: Instant,
     table: WatchTable,
     kills: u64,
-    /// The pending wake-up: (deadline in ns since epoch, timer task).
-    timer: Option<(u64, AbortOnDrop)>,
+    /// The next wake-up (ns since epoch), watched by the timer task.
+    wake: watch::Sender<Option<u64>>,
+    _timer: AbortOnDrop,
 }
 
 impl WatchdogActor {
@@ -362,14 +364,17 @@ impl Actor for WatchdogActor {
 
     async fn pre_start(
         &self,
-        _myself: ActorRef<Self::Msg>,
+        myself: ActorRef<Self::Msg>,
         epoch: Instant,
     ) -> Result<Self::State, ActorProcessingErr> {
+        let (wake, rx) = watch::channel(None);
+        let timer = tokio::spawn(timer_loop(rx, epoch, myself));
         Ok(WatchdogState {
             epoch,
             table: WatchTable::default(),
             kills: 0,
-            timer: None,
+            wake,
+            _timer: AbortOnDrop(timer),
         })
     }
 
@@ -390,7 +395,6 @@ impl Actor for WatchdogActor {
             }
             Inner::Rearm(id) => state.table.rearm(id),
             Inner::Tick => {
-                state.timer = None;
                 let now = nanos_since(state.epoch);
                 for (expiry, on_expire) in state.table.expire(now) {
                     state.kills += 1;
@@ -403,6 +407,10 @@ impl Actor for WatchdogActor {
                     );
                     on_expire(expiry);
                 }
+                // Always re-arm the timer after a tick, changed or not.
+                let next = state.table.next_deadline();
+                state.wake.send_replace(next);
+                return Ok(());
             }
             Inner::Stats(reply) => {
                 let _ = reply.send(WatchdogStats {
@@ -420,20 +428,51 @@ impl Actor for WatchdogActor {
     }
 }
 
-/// Makes sure a wake-up is pending for the earliest queued deadline.
-fn schedule(myself: &ActorRef<WatchdogMsg>, state: &mut WatchdogState) {
-    let Some(next) = state.table.next_deadline() else {
-        state.timer = None;
-        return;
-    };
-    if matches!(state.timer, Some((at, _)) if at <= next) {
-        return;
-    }
-    let me = myself.clone();
-    let at = state.epoch + Duration::from_nanos(next);
-    let task = tokio::spawn(async move {
-        tokio::time::sleep_until(at).await;
-        let _ = me.cast(WatchdogMsg(Inner::Tick));
+/// Points the timer task at the earliest live deadline, waking it only
+/// when that deadline changed.
+fn schedule(_myself: &ActorRef<WatchdogMsg>, state: &mut WatchdogState) {
+    let next = state.table.next_deadline();
+    state.wake.send_if_modified(|at| {
+        let changed = *at != next;
+        *at = next;
+        changed
     });
-    state.timer = Some((next, AbortOnDrop(task)));
+}
+
+/// One long-lived task per watchdog: sleeps until the next deadline, then
+/// asks the actor to expire what is due. Re-armed through `wake`; ends when
+/// the actor's state (the sender) is dropped.
+async fn timer_loop(
+    mut wake: watch::Receiver<Option<u64>>,
+    epoch: Instant,
+    actor: ActorRef<WatchdogMsg>,
+) {
+    loop {
+        let next = *wake.borrow_and_update();
+        match next {
+            None => {
+                if wake.changed().await.is_err() {
+                    return;
+                }
+            }
+            Some(at) => {
+                tokio::select! {
+                    () = tokio::time::sleep_until(epoch + Duration::from_nanos(at)) => {
+                        if actor.cast(WatchdogMsg(Inner::Tick)).is_err() {
+                            return;
+                        }
+                        // The actor answers every tick with a fresh value.
+                        if wake.changed().await.is_err() {
+                            return;
+                        }
+                    }
+                    changed = wake.changed() => {
+                        if changed.is_err() {
+                            return;
+                        }
+                    }
+                }
+            }
+        }
+    }
 }

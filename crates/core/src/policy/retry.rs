@@ -162,7 +162,11 @@ mod tests {
             message: "x".into(),
         };
         assert!(p.next_delay(1, &fatal, &mut rng).is_none());
-        assert!(RetryPolicy::never().next_delay(1, &timeout(), &mut rng).is_none());
+        assert!(
+            RetryPolicy::never()
+                .next_delay(1, &timeout(), &mut rng)
+                .is_none()
+        );
     }
 
     #[test]
@@ -176,7 +180,10 @@ mod tests {
             retryable: true,
             retry_after: Some(Duration::from_secs(secs)),
         };
-        assert_eq!(p.next_delay(1, &api(3), &mut rng), Some(Duration::from_secs(3)));
+        assert_eq!(
+            p.next_delay(1, &api(3), &mut rng),
+            Some(Duration::from_secs(3))
+        );
         assert_eq!(
             p.next_delay(1, &api(3600), &mut rng),
             Some(Duration::from_secs(60))

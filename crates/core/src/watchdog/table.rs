@@ -116,10 +116,15 @@ impl WatchTable {
         self.heap.len()
     }
 
-    /// The earliest queued deadline. It may belong to a stale item, which
-    /// only makes the watchdog wake early, never late.
-    pub(crate) fn next_deadline(&self) -> Option<u64> {
-        self.heap.peek().map(|Reverse((at, _))| *at)
+    /// The earliest live deadline (stale items on top are dropped first).
+    pub(crate) fn next_deadline(&mut self) -> Option<u64> {
+        while let Some(&Reverse((at, id))) = self.heap.peek() {
+            if self.entries.get(&id).is_some_and(|e| e.queued_at == at) {
+                return Some(at);
+            }
+            self.heap.pop();
+        }
+        None
     }
 
     /// Pops every deadline due at `now`; re-queues streams that had frames
@@ -174,9 +179,7 @@ mod tests {
 
     const MS: u64 = 1_000_000;
 
-    fn setup(
-        timeout_ms: u64,
-    ) -> (WatchTable, Arc<Liveness>, Arc<Mutex<Vec<Expiry>>>) {
+    fn setup(timeout_ms: u64) -> (WatchTable, Arc<Liveness>, Arc<Mutex<Vec<Expiry>>>) {
         let mut t = WatchTable::default();
         let live = Arc::new(Liveness::new(0, Duration::from_millis(timeout_ms)));
         let fired = Arc::new(Mutex::new(Vec::new()));
@@ -221,7 +224,7 @@ mod tests {
 
     #[test]
     fn many_frames_leave_one_deadline() {
-        let (mut t, live, _) = setup(1000);
+        let (t, live, _) = setup(1000);
         for i in 0..100 {
             live.stamp(i * MS / 10);
         }
@@ -245,7 +248,11 @@ mod tests {
         t.rearm(WatchId(1));
         assert_eq!(t.next_deadline(), Some(100 * MS));
         assert_eq!(run(&mut t, 100 * MS), 1);
-        assert_eq!(run(&mut t, 10_000 * MS), 0, "the stale item must not fire twice");
+        assert_eq!(
+            run(&mut t, 10_000 * MS),
+            0,
+            "the stale item must not fire twice"
+        );
     }
 
     #[test]

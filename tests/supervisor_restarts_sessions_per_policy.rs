@@ -1,0 +1,151 @@
+//! The WorkspaceSupervisor's restart policy, as a matrix.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use warden_core::{LifecycleEvent, Restart, RestartIntensity, SupervisorError};
+
+fn restarted(e: &LifecycleEvent) -> bool {
+    matches!(e, LifecycleEvent::SessionRestarted { .. })
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_failing_session_is_restarted_and_serves_again() {
+    let (sup, ctl) = supervisor_with(config()).await;
+    let mut events = sup.subscribe();
+    let first = sup.session("ws").await.expect("session");
+    first.fail("boom");
+    let ev = wait_for(&mut events, restarted).await;
+    let LifecycleEvent::SessionRestarted {
+        cause,
+        restarts_in_window,
+        ..
+    } = ev
+    else {
+        unreachable!()
+    };
+    assert!(cause.contains("boom"), "{cause}");
+    assert_eq!(restarts_in_window, 1);
+    let second = sup.session("ws").await.expect("session");
+    assert_ne!(first.actor().get_id(), second.actor().get_id());
+    let turn = second.submit("hi").expect("submit");
+    let a = ctl.next_attempt().await.expect("opened");
+    a.text("ok");
+    a.finish();
+    assert_eq!(turn.finish().await.expect("ok").0, "ok");
+    sup.shutdown().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn exceeding_the_intensity_escalates_with_the_original_cause() {
+    let config = config().with_intensity(RestartIntensity::new(2, Duration::from_secs(60)));
+    let (sup, _ctl) = supervisor_with(config).await;
+    let mut events = sup.subscribe();
+    for i in 0..3 {
+        let s = sup.session("ws").await.expect("session");
+        s.fail(format!("crash {i}"));
+        let ev = wait_for(&mut events, |e| {
+            restarted(e) || matches!(e, LifecycleEvent::SupervisorEscalated { .. })
+        })
+        .await;
+        match (i, ev) {
+            (0 | 1, LifecycleEvent::SessionRestarted { .. }) => {}
+            (2, LifecycleEvent::SupervisorEscalated { cause, .. }) => {
+                assert!(cause.contains("crash 2"), "{cause}")
+            }
+            (i, ev) => panic!("step {i}: unexpected {ev:?}"),
+        }
+    }
+    match sup.session("ws").await {
+        Err(SupervisorError::SessionFailed { cause, .. }) => assert!(cause.contains("crash 2")),
+        other => panic!("unexpected {other:?}"),
+    }
+    // Other sessions are unaffected, and a reset lets the key start again.
+    assert!(sup.session("other").await.is_ok());
+    sup.reset("ws");
+    assert!(sup.session("ws").await.is_ok());
+    sup.shutdown().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn failures_outside_the_window_do_not_add_up() {
+    let config = config().with_intensity(RestartIntensity::new(1, Duration::from_secs(10)));
+    let (sup, _ctl) = supervisor_with(config).await;
+    let mut events = sup.subscribe();
+    for _ in 0..3 {
+        sup.session("ws").await.expect("session").fail("boom");
+        wait_for(&mut events, restarted).await;
+        tokio::time::sleep(Duration::from_secs(11)).await;
+    }
+    sup.shutdown().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_transient_session_stopping_normally_is_not_restarted() {
+    let (sup, _ctl) = supervisor_with(config().with_restart(Restart::Transient)).await;
+    let mut events = sup.subscribe();
+    let s = sup.session("ws").await.expect("session");
+    s.actor().stop(Some("done".into()));
+    let ev = wait_for(&mut events, |e| {
+        matches!(e, LifecycleEvent::SessionStopped { .. })
+    })
+    .await;
+    assert!(matches!(
+        ev,
+        LifecycleEvent::SessionStopped {
+            abnormal: false,
+            ..
+        }
+    ));
+    settle().await;
+    assert!(events.try_recv().is_err(), "nothing after the stop");
+    assert!(sup.sessions().await.expect("alive").is_empty());
+    sup.shutdown().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_permanent_session_is_restarted_even_after_a_normal_stop() {
+    let (sup, _ctl) = supervisor_with(config().with_restart(Restart::Permanent)).await;
+    let mut events = sup.subscribe();
+    sup.session("ws").await.expect("session").actor().stop(None);
+    wait_for(&mut events, restarted).await;
+    assert_eq!(sup.sessions().await.expect("alive").len(), 1);
+    sup.shutdown().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_temporary_session_is_never_restarted() {
+    let (sup, _ctl) = supervisor_with(config().with_restart(Restart::Temporary)).await;
+    let mut events = sup.subscribe();
+    sup.session("ws").await.expect("session").fail("boom");
+    let ev = wait_for(&mut events, |e| {
+        matches!(e, LifecycleEvent::SessionStopped { .. })
+    })
+    .await;
+    assert!(matches!(
+        ev,
+        LifecycleEvent::SessionStopped { abnormal: true, .. }
+    ));
+    settle().await;
+    assert!(events.try_recv().is_err(), "no restart");
+    // On-demand: the next message spawns it afresh.
+    assert!(sup.sessions().await.expect("alive").is_empty());
+    sup.shutdown().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_crashed_turn_is_answered_not_lost() {
+    let (sup, ctl) = supervisor_with(config()).await;
+    let s = sup.session("ws").await.expect("session");
+    let turn = s.submit("hi").expect("submit");
+    let a = ctl.next_attempt().await.expect("opened");
+    s.fail("boom");
+    match turn.finish().await {
+        Err(warden_core::TurnError::SessionStopped { .. }) => {}
+        other => panic!("unexpected {other:?}"),
+    }
+    a.dropped().await;
+    sup.shutdown().await;
+}
