@@ -68,7 +68,7 @@ async fn watchdog_first_then_cancel_during_backoff_stops_the_retry() {
 async fn cancel_and_watchdog_at_the_same_instant_end_cancelled_without_retry() {
     let (sup, ctl) = supervisor_with(config()).await;
     let session = sup.session("ws").await.expect("session");
-    let turn = session.submit("hi").expect("submit");
+    let turn = session.submit("hi").await.expect("submit");
     let a = ctl.next_attempt().await.expect("opened");
     // Wake exactly at the watchdog's deadline, on the same tick as its timer.
     sleep(T45).await;
@@ -77,7 +77,7 @@ async fn cancel_and_watchdog_at_the_same_instant_end_cancelled_without_retry() {
     assert!(a.is_dropped());
     assert_no_more_attempts(&ctl).await;
     // The session is still healthy.
-    let next = session.submit("again").expect("submit");
+    let next = session.submit("again").await.expect("submit");
     let b = ctl.next_attempt().await.expect("opened");
     b.text("ok");
     b.finish();
@@ -90,7 +90,7 @@ async fn cancel_when_idle_or_twice_is_harmless() {
     let (sup, ctl) = supervisor_with(config()).await;
     let session = sup.session("ws").await.expect("session");
     session.cancel();
-    let turn = session.submit("hi").expect("submit");
+    let turn = session.submit("hi").await.expect("submit");
     let _a = ctl.next_attempt().await.expect("opened");
     session.cancel();
     session.cancel();

@@ -25,7 +25,7 @@ async fn run(end: End) {
         .metrics()
         .num_alive_tasks();
 
-    let mut turn = session.submit("hi").expect("submit");
+    let mut turn = session.submit("hi").await.expect("submit");
     let attempt = match turn.recv().await.expect("started") {
         TurnEvent::Started(a) => a,
         other => panic!("unexpected {other:?}"),

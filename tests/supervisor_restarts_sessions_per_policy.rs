@@ -30,7 +30,7 @@ async fn a_failing_session_is_restarted_and_serves_again() {
     assert_eq!(restarts_in_window, 1);
     let second = sup.session("ws").await.expect("session");
     assert_ne!(first.actor().get_id(), second.actor().get_id());
-    let turn = second.submit("hi").expect("submit");
+    let turn = second.submit("hi").await.expect("submit");
     let a = ctl.next_attempt().await.expect("opened");
     a.text("ok");
     a.finish();
@@ -64,7 +64,7 @@ async fn exceeding_the_intensity_escalates_with_the_original_cause() {
     }
     // Other sessions are unaffected, and a reset lets the key start again.
     assert!(sup.session("other").await.is_ok());
-    sup.reset("ws");
+    sup.reset("ws").await.expect("reset");
     assert!(sup.session("ws").await.is_ok());
     sup.shutdown().await;
 }
@@ -139,7 +139,7 @@ async fn a_temporary_session_is_never_restarted() {
 async fn a_crashed_turn_is_answered_not_lost() {
     let (sup, ctl) = supervisor_with(config()).await;
     let s = sup.session("ws").await.expect("session");
-    let turn = s.submit("hi").expect("submit");
+    let turn = s.submit("hi").await.expect("submit");
     let a = ctl.next_attempt().await.expect("opened");
     s.fail("boom");
     match turn.finish().await {

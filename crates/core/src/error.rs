@@ -66,6 +66,16 @@ pub enum StreamError {
         /// What the agent said.
         message: String,
     },
+    /// The agent has no conversation with the id it was asked to resume
+    /// ("No conversation found with session ID"). **Fatal for the turn**; it
+    /// feeds the supervisor's resume-failure path.
+    #[error("no conversation found with session ID {session_id}: {message}")]
+    UnknownSession {
+        /// The id that was not found.
+        session_id: String,
+        /// What the agent said.
+        message: String,
+    },
     /// A frame was larger than the configured limit. **Fatal.**
     #[error("frame of {size} bytes exceeds the limit of {limit} bytes")]
     FrameTooLarge {
@@ -105,6 +115,7 @@ impl StreamError {
             Self::Truncated { .. } => "ESTREAM_TRUNCATED",
             Self::Api { .. } => "EAPI",
             Self::ContextOverflow { .. } => "ECONTEXT_OVERFLOW",
+            Self::UnknownSession { .. } => "EUNKNOWN_SESSION",
             Self::FrameTooLarge { .. } => "EFRAME_TOO_LARGE",
             Self::Malformed { .. } => "EMALFORMED",
             Self::Unauthorized { .. } => "EUNAUTHORIZED",
@@ -120,10 +131,23 @@ impl StreamError {
             }
             Self::Api { retryable, .. } => *retryable,
             Self::ContextOverflow { .. }
+            | Self::UnknownSession { .. }
             | Self::FrameTooLarge { .. }
             | Self::Malformed { .. }
             | Self::Unauthorized { .. }
             | Self::Internal { .. } => false,
+        }
+    }
+
+    /// When this error means a stored conversation cannot be resumed, the
+    /// machine cause (`prompt_too_long`, `blocking_limit`,
+    /// `unknown_session`, ...): such errors go to the supervisor's
+    /// resume-failure path instead of a retry.
+    pub fn resume_failure_cause(&self) -> Option<&str> {
+        match self {
+            Self::ContextOverflow { reason, .. } => Some(reason),
+            Self::UnknownSession { .. } => Some("unknown_session"),
+            _ => None,
         }
     }
 

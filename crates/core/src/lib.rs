@@ -60,24 +60,32 @@
 //! - `tracing`: structured events; this library never installs a subscriber.
 //! - `rand`: retry jitter.
 pub mod config;
+pub mod context;
 pub mod error;
 pub mod event;
 pub mod lifecycle;
+pub mod notify;
 pub mod policy;
 pub mod session;
 pub mod source;
+pub mod store;
 pub mod stream;
 pub mod supervisor;
 pub mod testing;
 mod util;
 pub mod watchdog;
+pub mod workspace;
 
+pub use context::ContextConfig;
 pub use error::*;
 pub use event::*;
 pub use lifecycle::*;
+pub use notify::*;
 pub use policy::*;
 pub use session::*;
 pub use source::*;
+pub use store::*;
 pub use stream::*;
 pub use supervisor::*;
 pub use watchdog::*;
+pub use workspace::normalize_workspace;

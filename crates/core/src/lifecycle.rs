@@ -49,6 +49,75 @@ pub enum LifecycleEvent {
         /// The original failure.
         cause: String,
     },
+    /// The agent announced (or changed) its session id; stored durably.
+    AgentSessionId {
+        /// The session.
+        key: SessionKey,
+        /// The new id.
+        session_id: String,
+    },
+    /// A stored conversation could not be resumed.
+    ResumeFailed {
+        /// The session.
+        key: SessionKey,
+        /// The id that failed.
+        failed_id: String,
+        /// Machine cause (`prompt_too_long`, `unknown_session`, ...).
+        cause: String,
+    },
+    /// The session restarted fresh after a resume failure, its unanswered
+    /// messages re-delivered.
+    FreshFallback {
+        /// The session.
+        key: SessionKey,
+        /// The id that failed.
+        failed_id: String,
+        /// Messages re-delivered.
+        redelivered: usize,
+    },
+    /// The session failed for good (the fresh start failed too).
+    SessionFailed {
+        /// The session.
+        key: SessionKey,
+        /// Both causes.
+        reason: String,
+    },
+    /// A session idle for too long was stopped; its record stays.
+    SessionReaped {
+        /// The session.
+        key: SessionKey,
+        /// How long it had been idle.
+        idle_for: Duration,
+        /// Tokens in context when reaped, if known.
+        context_tokens: Option<u64>,
+    },
+    /// Context usage at the end of a turn.
+    ContextUsage {
+        /// The session.
+        key: SessionKey,
+        /// Tokens in context.
+        tokens: u64,
+        /// The window.
+        window: u64,
+        /// Percent.
+        percent: u32,
+        /// The agent's own estimate, if the self-report track is on.
+        self_reported: Option<u32>,
+    },
+    /// A workspace path was normalized to a different spelling.
+    WorkspaceNormalized {
+        /// As given.
+        original: std::path::PathBuf,
+        /// As used.
+        normalized: std::path::PathBuf,
+    },
+    /// A session's record could not be read or written.
+    StoreFailed {
+        /// The session.
+        key: SessionKey,
+        /// The error.
+        error: crate::store::StoreError,
+    },
     /// A turn began.
     TurnStarted {
         /// The session.

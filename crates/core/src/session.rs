@@ -1,41 +1,78 @@
 //! The [`SessionActor`]: one agent conversation, its turns and their retries.
 //!
-//! Messages are queued and run one turn at a time. Each attempt of a turn
-//! is a [`StreamActor`] linked to the session. A failed attempt is retried
-//! from scratch when its error is retryable and the [`RetryPolicy`] allows
-//! it; `ESTREAM_TIMEOUT` from the watchdog is retryable. A user cancel
-//! wins over everything that has not already ended the turn: it is never
-//! retried, and no event of the cancelled attempt reaches the user after it.
-//! Events of attempts that are no longer current are dropped.
+//! Messages are persisted (flushed) before they are acknowledged, then run
+//! one turn at a time. Each attempt of a turn is a [`StreamActor`] linked to
+//! the session. A failed attempt is retried from scratch when its error is
+//! retryable and the [`RetryPolicy`] allows it; `ESTREAM_TIMEOUT` from the
+//! watchdog is retryable. A user cancel wins over everything that has not
+//! already ended the turn: it is never retried, and no event of the
+//! cancelled attempt reaches the user after it. Events of attempts that are
+//! no longer current are dropped.
+//!
+//! A stored conversation that cannot be resumed (unknown id, prompt too
+//! long) is escalated to the supervisor with every unanswered turn, so the
+//! supervisor can start the session fresh and re-deliver them. A session
+//! idle for [`SessionConfig::idle_timeout`] stops itself ("reaped") and
+//! keeps its record; the next message resumes it.
 
 use std::collections::VecDeque;
+use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use ractor::{Actor, ActorCell, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
 use rand::SeedableRng;
 use rand::rngs::SmallRng;
 use tokio::sync::mpsc;
+use tokio::time::Instant;
 
+use crate::context::{self, ContextConfig};
 use crate::error::{ActorError, StreamError, TurnError};
 use crate::event::{AgentEvent, Usage};
 use crate::lifecycle::{EventBus, LifecycleEvent};
+use crate::notify::{Notice, Notifier};
 use crate::policy::RetryPolicy;
-use crate::source::{EventSource, SessionKey, TurnRequest};
+use crate::source::{Diagnostics, EventSource, SessionKey, TurnRequest};
+use crate::store::{
+    Durability, PendingMessage, RecordStatus, SessionRecord, SessionStore, StoreError, StoredUsage,
+    now_ms,
+};
 use crate::stream::{
     AttemptId, StreamActor, StreamArgs, StreamHandle, StreamOptions, StreamOutcome, StreamReport,
 };
 use crate::util::{AbortOnDrop, call};
 use crate::watchdog::WatchdogHandle;
-use std::sync::Arc;
+
+/// The stop reason of a session that reaped itself for idleness.
+pub const REAPED: &str = "reaped: idle";
+/// The stop reason of a session that escalated a failure to its supervisor.
+pub const ESCALATED: &str = "escalated to supervisor";
 
 /// Configuration of a session.
-#[derive(Debug, Clone, Default, PartialEq)]
+#[derive(Debug, Clone, PartialEq)]
 #[non_exhaustive]
 pub struct SessionConfig {
     /// How failed attempts are retried. Default: [`RetryPolicy::default`].
     pub retry: RetryPolicy,
     /// Options of every stream. Default: [`StreamOptions::default`].
     pub stream: StreamOptions,
+    /// Stop the session after this long without activity, keeping its
+    /// record; `Duration::ZERO` disables. Default 15 min. Never while a turn
+    /// runs or messages wait.
+    pub idle_timeout: Duration,
+    /// The context indicator. Default: [`ContextConfig::default`].
+    pub context: ContextConfig,
+}
+
+impl Default for SessionConfig {
+    fn default() -> Self {
+        Self {
+            retry: RetryPolicy::default(),
+            stream: StreamOptions::default(),
+            idle_timeout: Duration::from_secs(15 * 60),
+            context: ContextConfig::default(),
+        }
+    }
 }
 
 impl SessionConfig {
@@ -50,6 +87,82 @@ impl SessionConfig {
         self.stream = stream;
         self
     }
+
+    /// Sets the idle timeout (`Duration::ZERO` disables reaping).
+    pub fn with_idle_timeout(mut self, idle: Duration) -> Self {
+        self.idle_timeout = idle;
+        self
+    }
+
+    /// Sets the context indicator configuration.
+    pub fn with_context(mut self, context: ContextConfig) -> Self {
+        self.context = context;
+        self
+    }
+}
+
+/// A turn handed from a failed session to its replacement.
+#[derive(Debug)]
+pub struct Handoff {
+    /// The pending message.
+    pub message: PendingMessage,
+    /// The caller's channel, if the caller is still there.
+    pub reply: Option<mpsc::UnboundedSender<TurnEvent>>,
+}
+
+/// A stored conversation could not be resumed.
+#[derive(Debug)]
+#[non_exhaustive]
+pub struct ResumeFailure {
+    /// The session.
+    pub key: SessionKey,
+    /// The id that failed to resume.
+    pub failed_id: String,
+    /// The error.
+    pub error: StreamError,
+    /// The workspace (the agent's cwd).
+    pub cwd: Option<PathBuf>,
+    /// What the source knows (stderr tail, transcript size).
+    pub diagnostics: Diagnostics,
+    /// The session's record as last written.
+    pub record: SessionRecord,
+    /// Every unanswered turn, the failed one first.
+    pub handoff: Vec<Handoff>,
+}
+
+/// What a session escalates to its supervisor.
+#[derive(Debug)]
+#[non_exhaustive]
+#[allow(clippy::large_enum_variant)] // sent at most twice in a session's life
+pub enum Escalation {
+    /// Resume failed: start fresh and re-deliver.
+    ResumeFailed(Box<ResumeFailure>),
+    /// A fresh start after a resume failure failed too.
+    FreshStartFailed {
+        /// The session.
+        key: SessionKey,
+        /// The resume failure that led to the fresh start.
+        first_cause: String,
+        /// Why the fresh start failed.
+        error: TurnError,
+    },
+}
+
+/// Receives a session's escalations (the supervisor's mailbox).
+pub type EscalationSink = Arc<dyn Fn(Escalation) + Send + Sync + 'static>;
+
+/// How a session starts.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum StartMode {
+    /// Resume the stored agent session id, if any.
+    #[default]
+    Resume,
+    /// Start fresh after a resume failure with `cause`; if the first turn
+    /// fails too, escalate [`Escalation::FreshStartFailed`].
+    FreshFallback {
+        /// The resume failure.
+        cause: String,
+    },
 }
 
 /// What a session needs to start.
@@ -57,6 +170,8 @@ impl SessionConfig {
 pub struct SessionArgs {
     /// The session's key.
     pub key: SessionKey,
+    /// Its stored record (a new one for a new session).
+    pub record: SessionRecord,
     /// Where its turns' streams come from.
     pub source: Arc<dyn EventSource>,
     /// The watchdog its streams register with.
@@ -65,6 +180,15 @@ pub struct SessionArgs {
     pub config: SessionConfig,
     /// Where lifecycle events go.
     pub bus: EventBus,
+    /// Where records are written.
+    pub store: Arc<dyn SessionStore>,
+    /// Tells the user about recovered replies.
+    pub notifier: Arc<dyn Notifier>,
+    /// Where escalations go; without one, a resume failure ends the turn
+    /// with a fatal error.
+    pub escalate: Option<EscalationSink>,
+    /// How to start.
+    pub mode: StartMode,
 }
 
 /// Progress of one turn, in order: `Started` (once per attempt), any
@@ -86,20 +210,45 @@ pub enum TurnEvent {
         /// Why it failed.
         error: StreamError,
     },
+    /// The stored conversation could not be resumed; the message moves to a
+    /// fresh session and this turn continues there.
+    Restarting {
+        /// The machine cause.
+        cause: String,
+    },
     /// The turn is over.
     Finished(Result<TurnSummary, TurnError>),
+}
+
+/// Context usage at the end of a turn.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ContextReport {
+    /// Tokens in context (input + cache creation + cache read of the last
+    /// usage report).
+    pub tokens: u64,
+    /// The window measured against.
+    pub window: u64,
+    /// Percent, rounded.
+    pub percent: u32,
+    /// The agent's own estimate, when the self-report track is on.
+    pub self_reported: Option<u32>,
 }
 
 /// A completed turn.
 #[derive(Debug, Clone, PartialEq)]
 #[non_exhaustive]
 pub struct TurnSummary {
-    /// Turn number.
+    /// Turn number (the pending message id).
     pub turn: u64,
     /// Attempts used, the first included.
     pub attempts: u32,
     /// The last usage report of the turn, if any.
     pub usage: Option<Usage>,
+    /// Context in use, once any usage is known.
+    pub context: Option<ContextReport>,
+    /// The text to relay: the successful attempt's text, the self-report
+    /// stripped, `[ctx: NN%]` appended when enabled and known.
+    pub text: String,
 }
 
 /// The caller's side of one submitted message.
@@ -128,21 +277,29 @@ impl TurnHandle {
         Some(ev)
     }
 
-    /// Waits for the end; returns the text of the successful attempt.
+    /// Waits for the end; returns the text to relay and the summary.
     pub async fn finish(mut self) -> Result<(String, TurnSummary), TurnError> {
-        let mut text = String::new();
         while let Some(ev) = self.recv().await {
-            match ev {
-                TurnEvent::Started(_) => text.clear(),
-                TurnEvent::Event(AgentEvent::TextDelta(t)) => text.push_str(&t),
-                TurnEvent::Finished(r) => return r.map(|s| (text, s)),
-                _ => {}
+            if let TurnEvent::Finished(r) = ev {
+                return r.map(|s| (s.text.clone(), s));
             }
         }
         Err(TurnError::SessionStopped {
             reason: "turn already finished".into(),
         })
     }
+}
+
+/// Why a message was not accepted.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum SubmitError {
+    /// The session is not running (stopped, reaped, or restarting).
+    #[error(transparent)]
+    Actor(#[from] ActorError),
+    /// The message could not be persisted; it was not accepted.
+    #[error(transparent)]
+    Store(#[from] StoreError),
 }
 
 /// A snapshot of a session.
@@ -161,16 +318,22 @@ pub struct SessionStatus {
     pub queued: usize,
     /// Turns finished since the session started.
     pub turns_finished: u64,
+    /// The record as last written.
+    pub record: SessionRecord,
 }
 
 /// Message of the [`SessionActor`]; use [`SessionHandle`].
 pub struct SessionMsg(Inner);
 
 enum Inner {
-    Submit(String, mpsc::UnboundedSender<TurnEvent>),
+    Submit(
+        String,
+        RpcReplyPort<Result<mpsc::UnboundedReceiver<TurnEvent>, StoreError>>,
+    ),
     Cancel,
     Report(StreamReport),
     Retry(AttemptId),
+    IdleCheck(u64),
     Status(RpcReplyPort<SessionStatus>),
     Fail(String),
 }
@@ -187,12 +350,17 @@ impl SessionHandle {
         Self { actor, key }
     }
 
-    /// Queues `message`; its turn runs after the turns before it.
-    pub fn submit(&self, message: impl Into<String>) -> Result<TurnHandle, ActorError> {
-        let (tx, rx) = mpsc::unbounded_channel();
-        self.actor
-            .cast(SessionMsg(Inner::Submit(message.into(), tx)))
-            .map_err(|_| ActorError::NotRunning { what: "session" })?;
+    /// Persists `message` (flushed) and queues it; its turn runs after the
+    /// turns before it. Returns once the message is durable.
+    pub async fn submit(&self, message: impl Into<String>) -> Result<TurnHandle, SubmitError> {
+        let message = message.into();
+        let rx = call(
+            &self.actor,
+            "session",
+            |r| SessionMsg(Inner::Submit(message, r)),
+            None,
+        )
+        .await??;
         Ok(TurnHandle { rx, done: false })
     }
 
@@ -241,24 +409,51 @@ enum Phase {
     Backoff(#[allow(dead_code)] AbortOnDrop<Result<(), ractor::MessagingErr<SessionMsg>>>),
 }
 
+struct Queued {
+    message: PendingMessage,
+    reply: Option<mpsc::UnboundedSender<TurnEvent>>,
+}
+
 struct Turn {
-    id: u64,
-    message: String,
-    reply: mpsc::UnboundedSender<TurnEvent>,
+    queued: Queued,
     attempt: u32,
     phase: Phase,
     cancel_requested: bool,
+    resume_id: Option<String>,
+    /// Last usage report of the turn.
     usage: Option<Usage>,
+    /// Last usage report carrying context (input side) tokens.
+    context_usage: Option<Usage>,
+    context_window: Option<u64>,
+    text: String,
+}
+
+impl Turn {
+    fn id(&self) -> u64 {
+        self.queued.message.id
+    }
+
+    fn send(&self, ev: TurnEvent) {
+        if let Some(r) = &self.queued.reply {
+            let _ = r.send(ev);
+        }
+    }
 }
 
 /// State of the [`SessionActor`].
 pub struct SessionState {
     args: SessionArgs,
-    queue: VecDeque<(String, mpsc::UnboundedSender<TurnEvent>)>,
+    record: SessionRecord,
+    queue: VecDeque<Queued>,
     turn: Option<Turn>,
-    next_turn: u64,
     turns_finished: u64,
     rng: SmallRng,
+    /// Bumped on every activity; an idle check for an older value is stale.
+    activity: u64,
+    last_active: Instant,
+    idle_timer: Option<AbortOnDrop<Result<(), ractor::MessagingErr<SessionMsg>>>>,
+    /// Set once the session escalated: it answers nothing more.
+    escalated: bool,
 }
 
 impl SessionActor {
@@ -268,7 +463,24 @@ impl SessionActor {
         supervisor: ActorCell,
     ) -> Result<SessionHandle, ActorError> {
         let key = args.key.clone();
-        let (actor, _) = Actor::spawn_linked(None, SessionActor, args, supervisor)
+        let (actor, _) = Actor::spawn_linked(None, SessionActor, (args, Vec::new()), supervisor)
+            .await
+            .map_err(|e| ActorError::Spawn {
+                what: "session",
+                message: e.to_string(),
+            })?;
+        Ok(SessionHandle::new(actor, key))
+    }
+
+    /// Spawns a session under `supervisor` that first runs `handoff` (turns
+    /// re-delivered from a failed session).
+    pub async fn spawn_with_handoff(
+        args: SessionArgs,
+        handoff: Vec<Handoff>,
+        supervisor: ActorCell,
+    ) -> Result<SessionHandle, ActorError> {
+        let key = args.key.clone();
+        let (actor, _) = Actor::spawn_linked(None, SessionActor, (args, handoff), supervisor)
             .await
             .map_err(|e| ActorError::Spawn {
                 what: "session",
@@ -282,13 +494,12 @@ impl SessionActor {
         args: SessionArgs,
     ) -> Result<(SessionHandle, tokio::task::JoinHandle<()>), ActorError> {
         let key = args.key.clone();
-        let (actor, join) =
-            Actor::spawn(None, SessionActor, args)
-                .await
-                .map_err(|e| ActorError::Spawn {
-                    what: "session",
-                    message: e.to_string(),
-                })?;
+        let (actor, join) = Actor::spawn(None, SessionActor, (args, Vec::new()))
+            .await
+            .map_err(|e| ActorError::Spawn {
+                what: "session",
+                message: e.to_string(),
+            })?;
         Ok((SessionHandle::new(actor, key), join))
     }
 }
@@ -296,25 +507,92 @@ impl SessionActor {
 impl Actor for SessionActor {
     type Msg = SessionMsg;
     type State = SessionState;
-    type Arguments = SessionArgs;
+    type Arguments = (SessionArgs, Vec<Handoff>);
 
     async fn pre_start(
         &self,
         _myself: ActorRef<Self::Msg>,
-        args: SessionArgs,
+        (args, handoff): Self::Arguments,
     ) -> Result<Self::State, ActorProcessingErr> {
+        let mut record = args.record.clone();
+        if record.status != RecordStatus::Active {
+            record.status = RecordStatus::Active;
+        }
+        // Messages handed over first, then those recovered from the record
+        // that the handoff does not already carry.
+        let mut queue: VecDeque<Queued> = handoff
+            .into_iter()
+            .map(|h| Queued {
+                message: h.message,
+                reply: h.reply,
+            })
+            .collect();
+        for m in &record.pending {
+            if !queue.iter().any(|q| q.message.id == m.id) {
+                queue.push_back(Queued {
+                    message: m.clone(),
+                    reply: None,
+                });
+            }
+        }
+        let recovered = queue.iter().filter(|q| q.reply.is_none()).count();
+        args.store.save(&record, Durability::Buffered).await?;
+        match &args.mode {
+            StartMode::Resume => match &record.agent_session_id {
+                Some(id) => tracing::info!(
+                    event = "session.resume",
+                    session.key = %args.key,
+                    gen_ai.conversation.id = %id,
+                    cwd = ?record.workspace,
+                    "resuming stored session"
+                ),
+                None => tracing::info!(
+                    event = "session.spawn",
+                    session.key = %args.key,
+                    cwd = ?record.workspace,
+                    model = ?record.model,
+                    "new session"
+                ),
+            },
+            StartMode::FreshFallback { cause } => tracing::warn!(
+                event = "session.fresh_fallback",
+                session.key = %args.key,
+                cause = %cause,
+                cwd = ?record.workspace,
+                "starting fresh after a resume failure"
+            ),
+        }
+        if recovered > 0 {
+            tracing::info!(session.key = %args.key, recovered, "re-delivering unanswered messages");
+        }
         args.bus.publish(LifecycleEvent::SessionSpawned {
             key: args.key.clone(),
         });
-        tracing::info!(event = "session.spawn", session.key = %args.key, "session started");
         Ok(SessionState {
-            args,
-            queue: VecDeque::new(),
+            record,
+            queue,
             turn: None,
-            next_turn: 1,
             turns_finished: 0,
             rng: SmallRng::from_rng(&mut rand::rng()),
+            activity: 0,
+            last_active: Instant::now(),
+            idle_timer: None,
+            escalated: false,
+            args,
         })
+    }
+
+    async fn post_start(
+        &self,
+        myself: ActorRef<Self::Msg>,
+        state: &mut Self::State,
+    ) -> Result<(), ActorProcessingErr> {
+        if state.queue.is_empty() {
+            arm_idle(&myself, state);
+        } else {
+            start_next_turn(&myself, state).await?;
+        }
+        Ok(())
     }
 
     async fn handle(
@@ -323,16 +601,47 @@ impl Actor for SessionActor {
         SessionMsg(msg): Self::Msg,
         state: &mut Self::State,
     ) -> Result<(), ActorProcessingErr> {
+        if state.escalated {
+            return Ok(()); // stopping; the supervisor owns everything now
+        }
         match msg {
-            Inner::Submit(message, reply) => {
-                state.queue.push_back((message, reply));
+            Inner::Submit(text, reply) => {
+                let id = state.record.next_message_id;
+                let message = PendingMessage {
+                    id,
+                    text,
+                    accepted_at_ms: now_ms(),
+                };
+                state.record.next_message_id += 1;
+                state.record.pending.push(message.clone());
+                state.record.last_active_ms = message.accepted_at_ms;
+                // Durable before acknowledged.
+                if let Err(e) = state
+                    .args
+                    .store
+                    .save(&state.record, Durability::Flushed)
+                    .await
+                {
+                    state.record.pending.retain(|m| m.id != id);
+                    state.record.next_message_id -= 1;
+                    tracing::error!(session.key = %state.args.key, error = %e, "could not persist message");
+                    let _ = reply.send(Err(e));
+                    return Ok(());
+                }
+                let (tx, rx) = mpsc::unbounded_channel();
+                let _ = reply.send(Ok(rx));
+                touch(state);
+                state.queue.push_back(Queued {
+                    message,
+                    reply: Some(tx),
+                });
                 if state.turn.is_none() {
                     start_next_turn(&myself, state).await?;
                 }
             }
             Inner::Cancel => cancel(&myself, state).await?,
             Inner::Report(StreamReport::Event { attempt, event }) => {
-                on_event(state, attempt, event)
+                on_event(state, attempt, event).await?
             }
             Inner::Report(StreamReport::Ended {
                 attempt, outcome, ..
@@ -341,16 +650,21 @@ impl Actor for SessionActor {
                 let due = state
                     .turn
                     .as_ref()
-                    .is_some_and(|t| t.id == attempt.turn && t.attempt + 1 == attempt.attempt);
+                    .is_some_and(|t| t.id() == attempt.turn && t.attempt + 1 == attempt.attempt);
                 if due {
                     start_attempt(&myself, state).await?;
+                }
+            }
+            Inner::IdleCheck(activity) => {
+                if activity == state.activity && state.turn.is_none() && state.queue.is_empty() {
+                    reap(&myself, state).await?;
                 }
             }
             Inner::Status(reply) => {
                 let t = state.turn.as_ref();
                 let _ = reply.send(SessionStatus {
                     key: state.args.key.clone(),
-                    turn: t.map(|t| t.id),
+                    turn: t.map(Turn::id),
                     streaming: t.and_then(|t| match &t.phase {
                         Phase::Streaming(s) => Some(s.attempt()),
                         Phase::Backoff(_) | Phase::Starting => None,
@@ -358,6 +672,7 @@ impl Actor for SessionActor {
                     backing_off: t.is_some_and(|t| matches!(t.phase, Phase::Backoff(_))),
                     queued: state.queue.len(),
                     turns_finished: state.turns_finished,
+                    record: state.record.clone(),
                 });
             }
             Inner::Fail(reason) => return Err(reason.into()),
@@ -396,21 +711,67 @@ impl Actor for SessionActor {
         myself
             .stop_children_and_wait(None, Some(Duration::from_secs(5)))
             .await;
+        // Unanswered messages stay pending in the record: the next start of
+        // this session re-delivers them. Callers are told now.
         let reason = "session stopped".to_owned();
-        if let Some(turn) = state.turn.take() {
-            let _ = turn
-                .reply
-                .send(TurnEvent::Finished(Err(TurnError::SessionStopped {
+        let turns = state.turn.take().map(|t| t.queued);
+        for q in turns.into_iter().chain(state.queue.drain(..)) {
+            if let Some(r) = q.reply {
+                let _ = r.send(TurnEvent::Finished(Err(TurnError::SessionStopped {
                     reason: reason.clone(),
                 })));
-        }
-        for (_, reply) in state.queue.drain(..) {
-            let _ = reply.send(TurnEvent::Finished(Err(TurnError::SessionStopped {
-                reason: reason.clone(),
-            })));
+            }
         }
         Ok(())
     }
+}
+
+fn touch(state: &mut SessionState) {
+    state.activity += 1;
+    state.last_active = Instant::now();
+    state.idle_timer = None;
+}
+
+fn arm_idle(myself: &ActorRef<SessionMsg>, state: &mut SessionState) {
+    let idle = state.args.config.idle_timeout;
+    if idle.is_zero() || state.turn.is_some() || !state.queue.is_empty() {
+        return;
+    }
+    let activity = state.activity;
+    let timer = myself.send_after(idle, move || SessionMsg(Inner::IdleCheck(activity)));
+    state.idle_timer = Some(AbortOnDrop(timer));
+}
+
+async fn reap(
+    myself: &ActorRef<SessionMsg>,
+    state: &mut SessionState,
+) -> Result<(), ActorProcessingErr> {
+    let idle_for = state.last_active.elapsed();
+    state.record.status = RecordStatus::Idle;
+    state
+        .args
+        .store
+        .save(&state.record, Durability::Buffered)
+        .await?;
+    let tokens = state
+        .record
+        .usage
+        .map(|u| u.input_tokens + u.cache_creation_input_tokens + u.cache_read_input_tokens);
+    tracing::info!(
+        event = "session.reap",
+        session.key = %state.args.key,
+        cwd = ?state.record.workspace,
+        idle_ms = idle_for.as_millis() as u64,
+        context_tokens = ?tokens,
+        "reaping idle session"
+    );
+    state.args.bus.publish(LifecycleEvent::SessionReaped {
+        key: state.args.key.clone(),
+        idle_for,
+        context_tokens: tokens,
+    });
+    myself.stop(Some(REAPED.into()));
+    Ok(())
 }
 
 async fn start_next_turn(
@@ -418,28 +779,27 @@ async fn start_next_turn(
     state: &mut SessionState,
 ) -> Result<(), ActorProcessingErr> {
     while state.turn.is_none() {
-        let Some((message, reply)) = state.queue.pop_front() else {
+        let Some(queued) = state.queue.pop_front() else {
+            arm_idle(myself, state);
             return Ok(());
         };
-        if reply.is_closed() {
-            continue; // the caller went away before its turn began
-        }
-        let id = state.next_turn;
-        state.next_turn += 1;
+        touch(state);
+        let id = queued.message.id;
         state.args.bus.publish(LifecycleEvent::TurnStarted {
             key: state.args.key.clone(),
             turn: id,
         });
         tracing::info!(event = "session.turn", session.key = %state.args.key, turn = id, "turn started");
         state.turn = Some(Turn {
-            id,
-            message,
-            reply,
+            queued,
             attempt: 0,
-            // Replaced by start_attempt right away.
             phase: Phase::Starting,
             cancel_requested: false,
+            resume_id: None,
             usage: None,
+            context_usage: None,
+            context_window: None,
+            text: String::new(),
         });
         start_attempt(myself, state).await?;
     }
@@ -454,12 +814,25 @@ async fn start_attempt(
         return Ok(());
     };
     turn.attempt += 1;
+    turn.text.clear();
+    turn.usage = None;
+    turn.context_usage = None;
     let attempt = AttemptId {
-        turn: turn.id,
+        turn: turn.id(),
         attempt: turn.attempt,
     };
-    let mut request = TurnRequest::new(state.args.key.clone(), turn.id, turn.message.clone());
+    let mut request = TurnRequest::new(
+        state.args.key.clone(),
+        turn.id(),
+        turn.queued.message.text.clone(),
+    );
     request.attempt = turn.attempt;
+    request.resume_id = state.record.agent_session_id.clone();
+    request.workspace = state.record.workspace.clone();
+    if state.args.config.context.self_report {
+        request.append_system_prompt = Some(context::SELF_REPORT_INSTRUCTION.to_owned());
+    }
+    turn.resume_id = request.resume_id.clone();
     let me = myself.clone();
     let args = StreamArgs {
         attempt,
@@ -491,28 +864,72 @@ async fn start_attempt(
         timeout_ms = timeout.as_millis() as u64,
         "stream attempt started"
     );
-    let _ = turn.reply.send(TurnEvent::Started(attempt));
+    turn.send(TurnEvent::Started(attempt));
     turn.phase = Phase::Streaming(stream);
     Ok(())
 }
 
 fn is_live(turn: &Turn, attempt: AttemptId) -> bool {
-    turn.id == attempt.turn
+    turn.id() == attempt.turn
         && turn.attempt == attempt.attempt
         && matches!(turn.phase, Phase::Streaming(_))
 }
 
-fn on_event(state: &mut SessionState, attempt: AttemptId, event: AgentEvent) {
+async fn on_event(
+    state: &mut SessionState,
+    attempt: AttemptId,
+    event: AgentEvent,
+) -> Result<(), ActorProcessingErr> {
     let Some(turn) = state.turn.as_mut() else {
-        return;
+        return Ok(());
     };
     if !is_live(turn, attempt) || turn.cancel_requested {
-        return; // a dead attempt, or the user already pressed Escape
+        return Ok(()); // a dead attempt, or the user already pressed Escape
     }
-    if let AgentEvent::Usage(u) = &event {
-        turn.usage = Some(*u);
+    match &event {
+        AgentEvent::Usage(u) => {
+            turn.usage = Some(*u);
+            if u.context_tokens() > 0 {
+                turn.context_usage = Some(*u);
+            }
+        }
+        AgentEvent::TextDelta(t) => turn.text.push_str(t),
+        AgentEvent::TurnComplete {
+            context_window: Some(w),
+            ..
+        } => turn.context_window = Some(*w),
+        AgentEvent::SessionStarted { session_id, model } => {
+            let mut changed = state.record.set_agent_session_id(session_id);
+            if let Some(m) = model
+                && state.record.model.as_deref() != Some(m)
+            {
+                state.record.model = Some(m.clone());
+                changed = true;
+            }
+            if changed {
+                // A durable point: flushed before the turn goes on.
+                state
+                    .args
+                    .store
+                    .save(&state.record, Durability::Flushed)
+                    .await?;
+                tracing::info!(
+                    event = "session.agent_id",
+                    session.key = %state.args.key,
+                    gen_ai.conversation.id = %session_id,
+                    previous = ?state.record.past_session_ids.last(),
+                    "agent session id stored"
+                );
+                state.args.bus.publish(LifecycleEvent::AgentSessionId {
+                    key: state.args.key.clone(),
+                    session_id: session_id.clone(),
+                });
+            }
+        }
+        _ => {}
     }
-    let _ = turn.reply.send(TurnEvent::Event(event));
+    turn.send(TurnEvent::Event(event));
+    Ok(())
 }
 
 async fn on_ended(
@@ -545,14 +962,17 @@ async fn on_ended(
         );
     }
     let result = match outcome {
-        StreamOutcome::Completed => Ok(TurnSummary {
-            turn: turn.id,
-            attempts: turn.attempt,
-            usage: turn.usage,
-        }),
+        StreamOutcome::Completed => Ok(()),
         StreamOutcome::Cancelled => Err(TurnError::Cancelled),
         StreamOutcome::Failed(_) if turn.cancel_requested => Err(TurnError::Cancelled),
         StreamOutcome::Failed(error) => {
+            if let (Some(cause), Some(failed_id)) =
+                (error.resume_failure_cause(), turn.resume_id.clone())
+                && state.args.escalate.is_some()
+            {
+                let cause = cause.to_owned();
+                return escalate_resume_failure(myself, state, failed_id, cause, error);
+            }
             match state
                 .args
                 .config
@@ -575,7 +995,7 @@ async fn on_ended(
                         error.r#type = error.code(),
                         "retrying turn from scratch"
                     );
-                    let _ = turn.reply.send(TurnEvent::Retrying {
+                    turn.send(TurnEvent::Retrying {
                         failed: attempt,
                         delay,
                         error,
@@ -596,8 +1016,51 @@ async fn on_ended(
             }
         }
     };
-    finish_turn(state, result);
-    start_next_turn(myself, state).await
+    finish_turn(myself, state, result).await
+}
+
+fn escalate_resume_failure(
+    myself: &ActorRef<SessionMsg>,
+    state: &mut SessionState,
+    failed_id: String,
+    cause: String,
+    error: StreamError,
+) -> Result<(), ActorProcessingErr> {
+    let Some(escalate) = state.args.escalate.clone() else {
+        return Ok(());
+    };
+    let mut handoff = Vec::new();
+    if let Some(turn) = state.turn.take() {
+        turn.send(TurnEvent::Restarting {
+            cause: cause.clone(),
+        });
+        handoff.push(Handoff {
+            message: turn.queued.message,
+            reply: turn.queued.reply,
+        });
+    }
+    for q in state.queue.drain(..) {
+        handoff.push(Handoff {
+            message: q.message,
+            reply: q.reply,
+        });
+    }
+    let diagnostics = state
+        .args
+        .source
+        .diagnostics(&failed_id, state.record.workspace.as_deref());
+    state.escalated = true;
+    escalate(Escalation::ResumeFailed(Box::new(ResumeFailure {
+        key: state.args.key.clone(),
+        failed_id,
+        error,
+        cwd: state.record.workspace.clone(),
+        diagnostics,
+        record: state.record.clone(),
+        handoff,
+    })));
+    myself.stop(Some(ESCALATED.into()));
+    Ok(())
 }
 
 async fn cancel(
@@ -611,38 +1074,146 @@ async fn cancel(
         return Ok(());
     }
     turn.cancel_requested = true;
-    tracing::info!(event = "stream.cancel", session.key = %state.args.key, turn = turn.id, "turn cancelled by user");
+    tracing::info!(event = "stream.cancel", session.key = %state.args.key, turn = turn.id(), "turn cancelled by user");
     match &turn.phase {
         // The stream decides the race; its end finishes the turn as cancelled.
         Phase::Streaming(stream) => stream.cancel(),
         // Nothing running: drop the pending retry and finish now.
         Phase::Backoff(_) | Phase::Starting => {
-            finish_turn(state, Err(TurnError::Cancelled));
-            start_next_turn(myself, state).await?;
+            finish_turn(myself, state, Err(TurnError::Cancelled)).await?;
         }
     }
     Ok(())
 }
 
-fn finish_turn(state: &mut SessionState, result: Result<TurnSummary, TurnError>) {
+/// Ends the running turn: context bookkeeping, record update, reply, next.
+async fn finish_turn(
+    myself: &ActorRef<SessionMsg>,
+    state: &mut SessionState,
+    result: Result<(), TurnError>,
+) -> Result<(), ActorProcessingErr> {
     let Some(turn) = state.turn.take() else {
-        return;
+        return Ok(());
     };
     state.turns_finished += 1;
-    let error_code = result.as_ref().err().map(TurnError::code);
+    let id = turn.id();
+    let cfg = &state.args.config.context;
+
+    // Context: the last report carrying input tokens, else what is stored.
+    let window = cfg
+        .window
+        .or(turn.context_window)
+        .unwrap_or_else(|| context::window_for_model(state.record.model.as_deref()));
+    if let Some(u) = turn.context_usage {
+        state.record.usage = Some(StoredUsage::from_usage(u, window));
+    }
+    let (text, self_reported) = if cfg.self_report {
+        context::strip_self_report(&turn.text)
+    } else {
+        (turn.text.clone(), None)
+    };
+    let context = state.record.usage.map(|u| ContextReport {
+        tokens: u.input_tokens + u.cache_creation_input_tokens + u.cache_read_input_tokens,
+        window: u.context_window,
+        percent: u.context_percent,
+        self_reported,
+    });
+    if let (Some(c), true) = (context, result.is_ok()) {
+        tracing::info!(
+            event = "context_usage",
+            session.key = %state.args.key,
+            input_tokens = c.tokens,
+            sdk_pct = c.percent,
+            self_reported_pct = ?c.self_reported,
+            drift_pct = ?c.self_reported.map(|s| i64::from(s) - i64::from(c.percent)),
+            "context usage"
+        );
+        state.args.bus.publish(LifecycleEvent::ContextUsage {
+            key: state.args.key.clone(),
+            tokens: c.tokens,
+            window: c.window,
+            percent: c.percent,
+            self_reported: c.self_reported,
+        });
+    }
+
+    // The message is answered (with a reply or an error): no longer pending.
+    state.record.pending.retain(|m| m.id != id);
+    state.record.last_active_ms = now_ms();
+    let fresh_failed = match &state.args.mode {
+        StartMode::FreshFallback { cause } => match &result {
+            Ok(()) => {
+                state.args.mode = StartMode::Resume;
+                None
+            }
+            Err(TurnError::Cancelled) => None,
+            Err(e) => Some((cause.clone(), e.clone())),
+        },
+        StartMode::Resume => None,
+    };
+    state
+        .args
+        .store
+        .save(&state.record, Durability::Buffered)
+        .await?;
+
+    let summary = result.map(|()| TurnSummary {
+        turn: id,
+        attempts: turn.attempt,
+        usage: turn.usage,
+        context,
+        text: match (cfg.indicator, context) {
+            (true, Some(c)) if text.is_empty() => context::indicator(c.percent),
+            (true, Some(c)) => format!("{text}\n{}", context::indicator(c.percent)),
+            _ => text,
+        },
+    });
+    let error_code = summary.as_ref().err().map(TurnError::code);
     state.args.bus.publish(LifecycleEvent::TurnFinished {
         key: state.args.key.clone(),
-        turn: turn.id,
+        turn: id,
         attempts: turn.attempt,
         error_code,
     });
     tracing::info!(
         event = "session.turn_finished",
         session.key = %state.args.key,
-        turn = turn.id,
+        turn = id,
         attempts = turn.attempt,
         error.r#type = error_code.unwrap_or(""),
         "turn finished"
     );
-    let _ = turn.reply.send(TurnEvent::Finished(result));
+    match turn.queued.reply {
+        Some(reply) => {
+            let _ = reply.send(TurnEvent::Finished(summary.clone()));
+        }
+        None => state.args.notifier.notify(
+            &state.args.key,
+            Notice::RecoveredReply {
+                message_id: id,
+                result: summary.clone().map(|s| s.text),
+            },
+        ),
+    }
+
+    if let (Some((first_cause, error)), Some(escalate)) =
+        (fresh_failed, state.args.escalate.clone())
+    {
+        state.escalated = true;
+        for q in state.queue.drain(..) {
+            if let Some(r) = q.reply {
+                let _ = r.send(TurnEvent::Finished(Err(TurnError::SessionStopped {
+                    reason: format!("session failed: {first_cause}; fresh start failed: {error}"),
+                })));
+            }
+        }
+        escalate(Escalation::FreshStartFailed {
+            key: state.args.key.clone(),
+            first_cause,
+            error,
+        });
+        myself.stop(Some(ESCALATED.into()));
+        return Ok(());
+    }
+    start_next_turn(myself, state).await
 }

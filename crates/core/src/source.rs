@@ -72,6 +72,9 @@ pub struct TurnRequest {
     pub resume_id: Option<String>,
     /// The workspace directory the agent works in, if any.
     pub workspace: Option<PathBuf>,
+    /// Text to append to the agent's system prompt, if any (the context
+    /// self-report instruction).
+    pub append_system_prompt: Option<String>,
 }
 
 impl TurnRequest {
@@ -84,6 +87,7 @@ impl TurnRequest {
             message: message.into(),
             resume_id: None,
             workspace: None,
+            append_system_prompt: None,
         }
     }
 }
@@ -98,6 +102,26 @@ pub trait EventSource: Send + Sync + 'static {
     fn provider(&self) -> &str {
         "unknown"
     }
+
+    /// What the source knows about a failed resume of `session_id` (the
+    /// agent's stderr tail, the transcript file and its size). Called once
+    /// per resume failure; the default knows nothing.
+    fn diagnostics(&self, session_id: &str, workspace: Option<&std::path::Path>) -> Diagnostics {
+        let _ = (session_id, workspace);
+        Diagnostics::default()
+    }
+}
+
+/// Source-specific facts about a failure, for the logs.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Diagnostics {
+    /// The last lines the agent wrote to stderr.
+    pub stderr_tail: Option<String>,
+    /// Where the agent's transcript for the session should be.
+    pub transcript_path: Option<PathBuf>,
+    /// Its size, when it exists.
+    pub transcript_bytes: Option<u64>,
 }
 
 /// Makes the [`EventSource`] of a new session.

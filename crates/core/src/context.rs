@@ -1,0 +1,129 @@
+//! The context indicator: how full the agent's context window is.
+//!
+//! Tokens in context = input + cache creation + cache read of the **last**
+//! usage report of a turn, not the per-turn sum (which counts cache reads
+//! once per sub-call and can exceed the window). The window comes from the
+//! agent when it reports one (Claude Code's `modelUsage.*.contextWindow`),
+//! else from the model name: 1,000,000 when it carries `[1m]`, else 200,000;
+//! [`ContextConfig::window`] overrides both.
+
+/// Default context window.
+pub const DEFAULT_WINDOW: u64 = 200_000;
+/// Window of `[1m]` models.
+pub const ONE_MILLION_WINDOW: u64 = 1_000_000;
+
+/// The instruction appended to the system prompt for the self-report track.
+pub const SELF_REPORT_INSTRUCTION: &str = "At the very end of every response, append your own estimate of how full your context window is, in the exact form [ctx: ~NN%].";
+
+/// Context indicator settings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ContextConfig {
+    /// Append `[ctx: NN%]` to relayed text. Default `true`.
+    pub indicator: bool,
+    /// Fixed window, overriding the agent's and the model's. Default `None`.
+    pub window: Option<u64>,
+    /// Ask the agent for `[ctx: ~NN%]` (appended system prompt), strip it
+    /// from relayed text and log it next to the measured value. Default
+    /// `false`.
+    pub self_report: bool,
+}
+
+impl Default for ContextConfig {
+    fn default() -> Self {
+        Self {
+            indicator: true,
+            window: None,
+            self_report: false,
+        }
+    }
+}
+
+/// The window for `model`: 1,000,000 when its name carries `[1m]`
+/// (any case), else 200,000.
+pub fn window_for_model(model: Option<&str>) -> u64 {
+    match model {
+        Some(m) if m.to_ascii_lowercase().contains("[1m]") => ONE_MILLION_WINDOW,
+        _ => DEFAULT_WINDOW,
+    }
+}
+
+/// `tokens / window` in whole percent, rounded half up. A zero window is 0 %.
+pub fn percent(tokens: u64, window: u64) -> u32 {
+    if window == 0 {
+        return 0;
+    }
+    let p = (u128::from(tokens) * 100 + u128::from(window) / 2) / u128::from(window);
+    u32::try_from(p).unwrap_or(u32::MAX)
+}
+
+/// The indicator text: `[ctx: NN%]`.
+pub fn indicator(percent: u32) -> String {
+    format!("[ctx: {percent}%]")
+}
+
+/// Finds the agent's last `[ctx: ~NN%]` self-report in `text` and returns
+/// the text without every such marker, and the last value.
+pub fn strip_self_report(text: &str) -> (String, Option<u32>) {
+    let mut out = String::with_capacity(text.len());
+    let mut last = None;
+    let mut rest = text;
+    while let Some(start) = rest.find("[ctx: ~") {
+        let after = &rest[start + "[ctx: ~".len()..];
+        let digits = after.chars().take_while(char::is_ascii_digit).count();
+        let tail = &after[digits..];
+        if digits > 0 && digits <= 3 && tail.starts_with("%]") {
+            out.push_str(&rest[..start]);
+            last = after[..digits].parse().ok();
+            rest = &tail[2..];
+        } else {
+            out.push_str(&rest[..start + 1]);
+            rest = &rest[start + 1..];
+        }
+    }
+    out.push_str(rest);
+    let trimmed = out.trim_end().len();
+    out.truncate(trimmed);
+    (out, last)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::event::Usage;
+
+    #[test]
+    fn context_counts_input_and_both_cache_fields_of_the_last_report() {
+        let last = Usage {
+            input_tokens: 3,
+            cache_creation_input_tokens: 200,
+            cache_read_input_tokens: 14_000,
+            output_tokens: 1,
+        };
+        assert_eq!(last.context_tokens(), 14_203);
+        assert_eq!(percent(last.context_tokens(), DEFAULT_WINDOW), 7);
+        assert_eq!(percent(124_000, DEFAULT_WINDOW), 62);
+        assert_eq!(percent(124_000, ONE_MILLION_WINDOW), 12);
+        assert_eq!(percent(1, 0), 0);
+        assert_eq!(percent(99_999, 200_000), 50, "rounds half up");
+    }
+
+    #[test]
+    fn window_from_the_model_name() {
+        assert_eq!(window_for_model(Some("claude-sonnet-4-5")), 200_000);
+        assert_eq!(window_for_model(Some("claude-sonnet-4-5[1m]")), 1_000_000);
+        assert_eq!(window_for_model(Some("Claude-Opus[1M]")), 1_000_000);
+        assert_eq!(window_for_model(None), 200_000);
+    }
+
+    #[test]
+    fn self_report_is_parsed_and_stripped() {
+        let (t, v) = strip_self_report("Here it is.\n[ctx: ~40%]");
+        assert_eq!((t.as_str(), v), ("Here it is.", Some(40)));
+        let (t, v) = strip_self_report("a [ctx: ~1%] b [ctx: ~55%]");
+        assert_eq!((t.as_str(), v), ("a  b", Some(55)));
+        let (t, v) = strip_self_report("no marker [ctx: 40%] [ctx: ~x%]");
+        assert_eq!((t.as_str(), v), ("no marker [ctx: 40%] [ctx: ~x%]", None));
+        assert_eq!(indicator(62), "[ctx: 62%]");
+    }
+}

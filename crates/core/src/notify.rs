@@ -1,0 +1,82 @@
+//! Telling the user: the [`Notifier`] trait.
+//!
+//! A chat bridge implements it to post into the user's channel. warden
+//! calls it when a session had to start fresh, when a session failed for
+//! good, and to deliver the answer of a message recovered after a crash
+//! (whose original caller is gone).
+
+use crate::error::TurnError;
+use crate::source::SessionKey;
+
+/// Something the user should be told.
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub enum Notice {
+    /// The stored conversation could not be resumed; the session started
+    /// fresh and the user's message was re-delivered to it.
+    FreshStart {
+        /// The id that failed.
+        failed_session_id: String,
+        /// Machine cause: `prompt_too_long`, `blocking_limit`,
+        /// `unknown_session`, ...
+        cause: String,
+        /// The text to show the user.
+        message: String,
+    },
+    /// The session failed for good (the fresh start failed too).
+    SessionFailed {
+        /// Both causes.
+        reason: String,
+        /// The text to show the user.
+        message: String,
+    },
+    /// The answer to a message accepted before a crash or restart, whose
+    /// original caller is gone.
+    RecoveredReply {
+        /// The pending message's id.
+        message_id: u64,
+        /// The relayed text (with the context indicator), or the error.
+        result: Result<String, TurnError>,
+    },
+}
+
+impl Notice {
+    /// The user-facing text of a fresh start caused by `cause`.
+    pub fn fresh_start_message(cause: &str) -> String {
+        match cause {
+            "prompt_too_long" | "blocking_limit" => "Session context was too large to resume — starting fresh. Project context is preserved in CLAUDE.md.".into(),
+            "unknown_session" => "The previous conversation could not be found — starting fresh. Project context is preserved in CLAUDE.md.".into(),
+            _ => "The previous conversation could not be resumed — starting fresh. Project context is preserved in CLAUDE.md.".into(),
+        }
+    }
+}
+
+/// Delivers [`Notice`]s to the user. Must not block.
+pub trait Notifier: Send + Sync + 'static {
+    /// Delivers `notice` for session `key`.
+    fn notify(&self, key: &SessionKey, notice: Notice);
+}
+
+/// A [`Notifier`] that only logs (the default).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct LogNotifier;
+
+impl Notifier for LogNotifier {
+    fn notify(&self, key: &SessionKey, notice: Notice) {
+        match notice {
+            Notice::FreshStart { message, .. } | Notice::SessionFailed { message, .. } => {
+                tracing::warn!(session.key = %key, "{message}");
+            }
+            Notice::RecoveredReply { message_id, result } => {
+                tracing::info!(session.key = %key, message_id, ok = result.is_ok(), "recovered message answered");
+            }
+        }
+    }
+}
+
+/// A [`Notifier`] sending every notice on a channel.
+impl Notifier for tokio::sync::mpsc::UnboundedSender<(SessionKey, Notice)> {
+    fn notify(&self, key: &SessionKey, notice: Notice) {
+        let _ = self.send((key.clone(), notice));
+    }
+}

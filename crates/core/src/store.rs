@@ -1,0 +1,291 @@
+//! Session records and the [`SessionStore`] trait.
+//!
+//! A [`SessionRecord`] is what survives the orchestrator: the agent session
+//! id (and the ids it had before), usage and context, status, restart count,
+//! and the messages accepted but not yet answered. The supervisor writes the
+//! record *before* it acknowledges a transition; the durable points (a
+//! message accepted, agent id set, agent id cleared, session failed) are
+//! flushed to disk before the acknowledgement.
+//!
+//! `warden-store` provides the sled implementation; [`MemoryStore`] here is
+//! for unit tests and ephemeral use.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use futures_util::future::BoxFuture;
+use serde::{Deserialize, Serialize};
+
+use crate::event::Usage;
+use crate::source::SessionKey;
+
+/// The schema version this build writes and the newest it reads.
+pub const SCHEMA_VERSION: u16 = 1;
+
+/// Lifecycle status of a stored session.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub enum RecordStatus {
+    /// Created, no turn run yet.
+    #[default]
+    New,
+    /// Its actor is running.
+    Active,
+    /// Reaped for idleness; the next message resumes it.
+    Idle,
+    /// Given up; `reason` says why (both causes after a failed fallback).
+    Failed {
+        /// Why.
+        reason: String,
+    },
+}
+
+/// A message accepted from the user and not yet answered.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PendingMessage {
+    /// Id unique within the session, increasing.
+    pub id: u64,
+    /// The message text (stored so it is never lost; the store's files are
+    /// private to the user).
+    pub text: String,
+    /// When it was accepted, Unix milliseconds.
+    pub accepted_at_ms: u64,
+}
+
+/// Last usage and context of a session.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StoredUsage {
+    /// Input tokens of the last usage report.
+    pub input_tokens: u64,
+    /// Cache-creation tokens of the last usage report.
+    pub cache_creation_input_tokens: u64,
+    /// Cache-read tokens of the last usage report.
+    pub cache_read_input_tokens: u64,
+    /// Output tokens of the last usage report.
+    pub output_tokens: u64,
+    /// Context window used for the percentage.
+    pub context_window: u64,
+    /// Context in use, percent (rounded).
+    pub context_percent: u32,
+}
+
+impl StoredUsage {
+    /// From a usage report and the window it is measured against.
+    pub fn from_usage(u: Usage, window: u64) -> Self {
+        Self {
+            input_tokens: u.input_tokens,
+            cache_creation_input_tokens: u.cache_creation_input_tokens,
+            cache_read_input_tokens: u.cache_read_input_tokens,
+            output_tokens: u.output_tokens,
+            context_window: window,
+            context_percent: crate::context::percent(u.context_tokens(), window),
+        }
+    }
+}
+
+/// Everything warden keeps about one session.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct SessionRecord {
+    /// The session key.
+    pub key: String,
+    /// The normalized workspace path, if the session is bound to one.
+    pub workspace: Option<PathBuf>,
+    /// The agent's conversation id to resume, if any.
+    pub agent_session_id: Option<String>,
+    /// Ids the session had before (forks on resume, cleared ids), oldest first.
+    pub past_session_ids: Vec<String>,
+    /// The model, when known.
+    pub model: Option<String>,
+    /// The last usage and context.
+    pub usage: Option<StoredUsage>,
+    /// Status.
+    pub status: RecordStatus,
+    /// Restarts by the supervisor over the session's life.
+    pub restart_count: u32,
+    /// Creation time, Unix milliseconds.
+    pub created_at_ms: u64,
+    /// Last activity (message accepted or turn finished), Unix milliseconds.
+    pub last_active_ms: u64,
+    /// Accepted, unanswered messages, in order.
+    pub pending: Vec<PendingMessage>,
+    /// The next [`PendingMessage::id`].
+    pub next_message_id: u64,
+}
+
+impl SessionRecord {
+    /// A fresh record for `key`.
+    pub fn new(key: &SessionKey, workspace: Option<PathBuf>) -> Self {
+        let now = now_ms();
+        Self {
+            key: key.as_str().to_owned(),
+            workspace,
+            agent_session_id: None,
+            past_session_ids: Vec::new(),
+            model: None,
+            usage: None,
+            status: RecordStatus::New,
+            restart_count: 0,
+            created_at_ms: now,
+            last_active_ms: now,
+            pending: Vec::new(),
+            next_message_id: 1,
+        }
+    }
+
+    /// Sets the agent session id, keeping a different previous one in
+    /// `past_session_ids`. Returns whether it changed.
+    pub fn set_agent_session_id(&mut self, id: &str) -> bool {
+        if self.agent_session_id.as_deref() == Some(id) {
+            return false;
+        }
+        if let Some(old) = self.agent_session_id.take() {
+            self.past_session_ids.push(old);
+        }
+        self.agent_session_id = Some(id.to_owned());
+        true
+    }
+
+    /// Clears the agent session id, keeping it in `past_session_ids`.
+    pub fn clear_agent_session_id(&mut self) -> Option<String> {
+        let old = self.agent_session_id.take();
+        if let Some(o) = &old {
+            self.past_session_ids.push(o.clone());
+        }
+        old
+    }
+}
+
+/// Unix time in milliseconds.
+pub fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+        .unwrap_or(0)
+}
+
+/// How durable a write must be before it is acknowledged.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Durability {
+    /// Written to the store; reaches disk with the store's next flush.
+    Buffered,
+    /// On disk before the call returns (the durable points).
+    Flushed,
+}
+
+/// A store failure, per key where it concerns one record.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum StoreError {
+    /// The record cannot be decoded. Fatal for that key; never overwritten
+    /// silently.
+    #[error("session record {key:?} is corrupt: {message}")]
+    Corrupt {
+        /// The key.
+        key: String,
+        /// Decoder message.
+        message: String,
+    },
+    /// The record was written by a newer warden. Fatal for that key.
+    #[error(
+        "session record {key:?} has schema version {found}, newer than the supported {supported}; upgrade warden"
+    )]
+    NewerSchema {
+        /// The key.
+        key: String,
+        /// Version found.
+        found: u16,
+        /// Newest version this build reads.
+        supported: u16,
+    },
+    /// Another live process holds the database.
+    #[error("the session database {path} is in use by another process")]
+    Locked {
+        /// The database directory.
+        path: String,
+    },
+    /// I/O or backend failure. Retryable at the caller's discretion.
+    #[error("session store error: {message}")]
+    Backend {
+        /// Backend message.
+        message: String,
+    },
+}
+
+/// Where session records live. Implementations must be safe to call from
+/// many sessions at once.
+pub trait SessionStore: Send + Sync + 'static {
+    /// The record for `key`, if any.
+    fn load(&self, key: &SessionKey) -> BoxFuture<'_, Result<Option<SessionRecord>, StoreError>>;
+
+    /// Writes `record` (keyed by `record.key`) with the given durability.
+    fn save<'a>(
+        &'a self,
+        record: &'a SessionRecord,
+        durability: Durability,
+    ) -> BoxFuture<'a, Result<(), StoreError>>;
+
+    /// Every record, each decoded on its own (a corrupt one is an `Err` in
+    /// its slot, not a failure of the listing).
+    fn list(&self) -> BoxFuture<'_, Result<Vec<Result<SessionRecord, StoreError>>, StoreError>>;
+}
+
+/// An in-memory [`SessionStore`] (for tests and ephemeral orchestrators).
+#[derive(Debug, Clone, Default)]
+pub struct MemoryStore {
+    records: Arc<Mutex<HashMap<String, SessionRecord>>>,
+}
+
+impl MemoryStore {
+    /// An empty store.
+    pub fn new() -> Self {
+        Self::default()
+    }
+}
+
+fn poisoned() -> StoreError {
+    StoreError::Backend {
+        message: "memory store lock poisoned".into(),
+    }
+}
+
+impl SessionStore for MemoryStore {
+    fn load(&self, key: &SessionKey) -> BoxFuture<'_, Result<Option<SessionRecord>, StoreError>> {
+        let r = self
+            .records
+            .lock()
+            .map(|m| m.get(key.as_str()).cloned())
+            .map_err(|_| poisoned());
+        Box::pin(async move { r })
+    }
+
+    fn save<'a>(
+        &'a self,
+        record: &'a SessionRecord,
+        _durability: Durability,
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
+        let r = self
+            .records
+            .lock()
+            .map(|mut m| {
+                m.insert(record.key.clone(), record.clone());
+            })
+            .map_err(|_| poisoned());
+        Box::pin(async move { r })
+    }
+
+    fn list(&self) -> BoxFuture<'_, Result<Vec<Result<SessionRecord, StoreError>>, StoreError>> {
+        let r = self
+            .records
+            .lock()
+            .map(|m| {
+                let mut v: Vec<_> = m.values().cloned().collect();
+                v.sort_by(|a, b| a.key.cmp(&b.key));
+                v.into_iter().map(Ok).collect()
+            })
+            .map_err(|_| poisoned());
+        Box::pin(async move { r })
+    }
+}

@@ -1,0 +1,243 @@
+//! # warden-store
+//!
+//! The durable [`SessionStore`] of warden: [sled] 0.34 on disk, one tree of
+//! [`SessionRecord`]s keyed by session key, each value a schema-versioned
+//! bincode 2 encoding of the record.
+//!
+//! - **Encoding**: `[version: u16 big-endian][bincode(serde) record]`.
+//!   A record whose version is newer than [`SCHEMA_VERSION`] is
+//!   [`StoreError::NewerSchema`]; one that does not decode is
+//!   [`StoreError::Corrupt`]. Both are errors *for that key only*: listing
+//!   reports them per slot, and nothing overwrites them silently.
+//! - **Durability**: every write goes to sled before the call returns;
+//!   [`Durability::Flushed`] writes are also flushed to disk (fsync) before
+//!   it returns. sled flushes the rest within `flush_every_ms` (500 ms).
+//! - **Privacy**: the database directory is created (or narrowed) to mode
+//!   0700 and the files in it to 0600. Files sled creates later are
+//!   protected by the directory's mode.
+//! - **One owner**: sled holds an exclusive lock on its files; opening a
+//!   database another live process (or this one) holds is
+//!   [`StoreError::Locked`].
+//!
+//! ```
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! use warden_core::{Durability, SessionKey, SessionRecord, SessionStore};
+//! use warden_store::SledStore;
+//!
+//! let dir = tempfile::tempdir()?;
+//! let store = SledStore::open(dir.path().join("db"))?;
+//! let key = SessionKey::new("/work/repo");
+//! let mut record = SessionRecord::new(&key, None);
+//! record.set_agent_session_id("9753c268-0000-4000-8000-000000000000");
+//! store.save(&record, Durability::Flushed).await?;
+//! assert_eq!(store.load(&key).await?, Some(record));
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! Dependencies: `sled` (embedded, crash-safe log-structured store),
+//! `bincode` 2 with its serde feature (compact record encoding; 3.0.0 is a
+//! deliberately broken release), `serde` (the record's derive).
+
+use std::path::{Path, PathBuf};
+
+use futures_util::future::BoxFuture;
+use warden_core::store::SCHEMA_VERSION;
+use warden_core::{Durability, SessionKey, SessionRecord, SessionStore, StoreError};
+
+/// The sled tree holding session records.
+const TREE: &str = "sessions";
+
+/// A [`SessionStore`] on a sled database directory.
+#[derive(Debug, Clone)]
+pub struct SledStore {
+    db: sled::Db,
+    tree: sled::Tree,
+    path: PathBuf,
+}
+
+impl SledStore {
+    /// Opens (creating if needed) the database at `dir`.
+    pub fn open(dir: impl AsRef<Path>) -> Result<Self, StoreError> {
+        let path = dir.as_ref().to_path_buf();
+        make_private_dir(&path)?;
+        let db = sled::Config::new().path(&path).open().map_err(|e| {
+            let message = e.to_string();
+            if message.contains("could not acquire lock") {
+                StoreError::Locked {
+                    path: path.display().to_string(),
+                }
+            } else {
+                backend(format!("opening {}: {message}", path.display()))
+            }
+        })?;
+        make_files_private(&path)?;
+        let tree = db.open_tree(TREE).map_err(|e| backend(e.to_string()))?;
+        Ok(Self { db, tree, path })
+    }
+
+    /// The database directory.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Writes raw bytes under `key`, bypassing encoding. For tests and
+    /// repair tools only: this is how a corrupt record is simulated.
+    #[doc(hidden)]
+    pub fn put_raw(&self, key: &str, bytes: &[u8]) -> Result<(), StoreError> {
+        self.tree
+            .insert(key.as_bytes(), bytes)
+            .map(|_| ())
+            .map_err(|e| backend(e.to_string()))
+    }
+
+    /// Flushes everything to disk.
+    pub async fn flush(&self) -> Result<(), StoreError> {
+        self.db
+            .flush_async()
+            .await
+            .map(|_| ())
+            .map_err(|e| backend(e.to_string()))
+    }
+}
+
+fn backend(message: String) -> StoreError {
+    StoreError::Backend { message }
+}
+
+#[cfg(unix)]
+fn make_private_dir(path: &Path) -> Result<(), StoreError> {
+    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(path)
+        .map_err(|e| backend(format!("creating {}: {e}", path.display())))?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o700))
+        .map_err(|e| backend(format!("chmod {}: {e}", path.display())))
+}
+
+#[cfg(not(unix))]
+fn make_private_dir(path: &Path) -> Result<(), StoreError> {
+    std::fs::create_dir_all(path).map_err(|e| backend(format!("creating {}: {e}", path.display())))
+}
+
+#[cfg(unix)]
+fn make_files_private(dir: &Path) -> Result<(), StoreError> {
+    use std::os::unix::fs::PermissionsExt;
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        let entries =
+            std::fs::read_dir(&d).map_err(|e| backend(format!("reading {}: {e}", d.display())))?;
+        for entry in entries.flatten() {
+            let p = entry.path();
+            let mode = if p.is_dir() {
+                stack.push(p.clone());
+                0o700
+            } else {
+                0o600
+            };
+            std::fs::set_permissions(&p, std::fs::Permissions::from_mode(mode))
+                .map_err(|e| backend(format!("chmod {}: {e}", p.display())))?;
+        }
+    }
+    Ok(())
+}
+
+#[cfg(not(unix))]
+fn make_files_private(_dir: &Path) -> Result<(), StoreError> {
+    Ok(())
+}
+
+/// Encodes a record: version prefix, then bincode.
+pub fn encode(record: &SessionRecord) -> Result<Vec<u8>, StoreError> {
+    let mut out = SCHEMA_VERSION.to_be_bytes().to_vec();
+    let body = bincode::serde::encode_to_vec(record, bincode::config::standard())
+        .map_err(|e| backend(format!("encoding {}: {e}", record.key)))?;
+    out.extend_from_slice(&body);
+    Ok(out)
+}
+
+/// Decodes a record stored under `key`, checking its schema version.
+pub fn decode(key: &str, bytes: &[u8]) -> Result<SessionRecord, StoreError> {
+    let corrupt = |message: String| StoreError::Corrupt {
+        key: key.to_owned(),
+        message,
+    };
+    let (version, body) = match bytes {
+        [a, b, rest @ ..] => (u16::from_be_bytes([*a, *b]), rest),
+        _ => return Err(corrupt(format!("{} bytes is too short", bytes.len()))),
+    };
+    if version > SCHEMA_VERSION {
+        return Err(StoreError::NewerSchema {
+            key: key.to_owned(),
+            found: version,
+            supported: SCHEMA_VERSION,
+        });
+    }
+    if version == 0 {
+        return Err(corrupt("schema version 0".into()));
+    }
+    let (record, used): (SessionRecord, usize) =
+        bincode::serde::decode_from_slice(body, bincode::config::standard())
+            .map_err(|e| corrupt(e.to_string()))?;
+    if used != body.len() {
+        return Err(corrupt(format!(
+            "{} trailing bytes after the record",
+            body.len() - used
+        )));
+    }
+    if record.key != key {
+        return Err(corrupt(format!("record names key {:?}", record.key)));
+    }
+    Ok(record)
+}
+
+impl SessionStore for SledStore {
+    fn load(&self, key: &SessionKey) -> BoxFuture<'_, Result<Option<SessionRecord>, StoreError>> {
+        let result = self
+            .tree
+            .get(key.as_str().as_bytes())
+            .map_err(|e| backend(e.to_string()))
+            .and_then(|v| v.map(|b| decode(key.as_str(), &b)).transpose());
+        Box::pin(async move { result })
+    }
+
+    fn save<'a>(
+        &'a self,
+        record: &'a SessionRecord,
+        durability: Durability,
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(async move {
+            let bytes = encode(record)?;
+            self.tree
+                .insert(record.key.as_bytes(), bytes)
+                .map_err(|e| backend(e.to_string()))?;
+            if durability == Durability::Flushed {
+                self.tree
+                    .flush_async()
+                    .await
+                    .map_err(|e| backend(format!("flushing: {e}")))?;
+            }
+            Ok(())
+        })
+    }
+
+    fn list(&self) -> BoxFuture<'_, Result<Vec<Result<SessionRecord, StoreError>>, StoreError>> {
+        let mut out = Vec::new();
+        for item in self.tree.iter() {
+            match item {
+                Ok((k, v)) => {
+                    let key = String::from_utf8_lossy(&k).into_owned();
+                    out.push(decode(&key, &v));
+                }
+                Err(e) => {
+                    let e = backend(e.to_string());
+                    return Box::pin(async move { Err(e) });
+                }
+            }
+        }
+        Box::pin(async move { Ok(out) })
+    }
+}
