@@ -24,6 +24,30 @@ pub async fn supervisor_with(config: SupervisorConfig) -> (Supervisor, ChannelSo
     (sup, control)
 }
 
+/// A supervisor with `store`, notices on a channel, and its source.
+pub async fn supervisor_with_store(
+    config: SupervisorConfig,
+    store: Arc<dyn warden_core::SessionStore>,
+) -> (
+    Supervisor,
+    Arc<ChannelSource>,
+    ChannelSourceControl,
+    tokio::sync::mpsc::UnboundedReceiver<(SessionKey, warden_core::Notice)>,
+) {
+    let (source, control) = ChannelSource::new();
+    let src = source.clone();
+    let factory = move |_: &SessionKey| src.clone() as Arc<dyn EventSource>;
+    let (ntx, nrx) = tokio::sync::mpsc::unbounded_channel();
+    let sup = Supervisor::builder(Arc::new(factory))
+        .config(config)
+        .store(store)
+        .notifier(Arc::new(ntx))
+        .start()
+        .await
+        .expect("supervisor starts");
+    (sup, source, control, nrx)
+}
+
 /// Default config, but with retries without jitter so times are exact.
 pub fn config() -> SupervisorConfig {
     SupervisorConfig::default()

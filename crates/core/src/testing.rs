@@ -16,9 +16,10 @@ use crate::source::{EventSource, EventStream, TurnRequest};
 
 /// A source whose every opened stream is handed to the test as an
 /// [`AttemptControl`].
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct ChannelSource {
     opened: mpsc::UnboundedSender<AttemptControl>,
+    open_errors: std::sync::Mutex<std::collections::VecDeque<StreamError>>,
 }
 
 /// The receiving side of a [`ChannelSource`]: one [`AttemptControl`] per
@@ -43,7 +44,10 @@ impl ChannelSource {
     pub fn new() -> (Arc<Self>, ChannelSourceControl) {
         let (tx, rx) = mpsc::unbounded_channel();
         (
-            Arc::new(Self { opened: tx }),
+            Arc::new(Self {
+                opened: tx,
+                open_errors: Default::default(),
+            }),
             ChannelSourceControl {
                 opened: Mutex::new(rx),
             },
@@ -51,8 +55,22 @@ impl ChannelSource {
     }
 }
 
+impl ChannelSource {
+    /// Makes the next `open` fail with `error` (as a connect error or an
+    /// agent process exiting at start would), without a stream.
+    pub fn fail_next_open(&self, error: StreamError) {
+        if let Ok(mut q) = self.open_errors.lock() {
+            q.push_back(error);
+        }
+    }
+}
+
 impl EventSource for ChannelSource {
     fn open(&self, request: TurnRequest) -> BoxFuture<'static, Result<EventStream, StreamError>> {
+        let failure = self.open_errors.lock().ok().and_then(|mut q| q.pop_front());
+        if let Some(error) = failure {
+            return Box::pin(async move { Err(error) });
+        }
         let (tx, rx) = mpsc::unbounded_channel();
         let (alive_tx, alive) = watch::channel(());
         let sent = self.opened.send(AttemptControl {

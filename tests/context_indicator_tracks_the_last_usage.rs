@@ -1,0 +1,140 @@
+//! The `[ctx: NN%]` indicator: the last usage report's input + cache tokens
+//! against the model's window.
+
+mod common;
+
+use common::*;
+use warden_core::context::ContextConfig;
+use warden_core::testing::AttemptControl;
+use warden_core::{AgentEvent, Frame, SessionConfig, Usage};
+
+fn usage(input: u64, creation: u64, read: u64, output: u64) -> Frame {
+    Frame::Event(AgentEvent::Usage(Usage {
+        input_tokens: input,
+        cache_creation_input_tokens: creation,
+        cache_read_input_tokens: read,
+        output_tokens: output,
+    }))
+}
+
+async fn turn_text(
+    sup: &warden_core::Supervisor,
+    ctl: &warden_core::testing::ChannelSourceControl,
+    script: impl FnOnce(&AttemptControl),
+) -> String {
+    let t = sup.send("ws", "q").await.expect("send");
+    let a = ctl.next_attempt().await.expect("attempt");
+    script(&a);
+    a.finish();
+    t.finish().await.expect("ok").0
+}
+
+#[tokio::test(start_paused = true)]
+async fn indicator_counts_cache_tokens_of_the_last_report_only() {
+    let (sup, ctl) = supervisor_with(config()).await;
+    // No usage known yet: no indicator.
+    assert_eq!(
+        turn_text(&sup, &ctl, |a| {
+            a.text("first");
+        })
+        .await,
+        "first"
+    );
+    // Two sub-calls: the per-turn sum would double count cache reads (and
+    // exceed the window); only the last report counts. An output-only
+    // report (message_delta) does not reset it.
+    let text = turn_text(&sup, &ctl, |a| {
+        a.send(usage(3, 200, 120_000, 1));
+        a.send(usage(5, 300, 123_695, 1));
+        a.text("Here.");
+        a.send(usage(0, 0, 0, 40));
+    })
+    .await;
+    assert_eq!(text, "Here.\n[ctx: 62%]");
+    // A turn without usage keeps showing the last known value.
+    assert_eq!(
+        turn_text(&sup, &ctl, |a| {
+            a.text("ok");
+        })
+        .await,
+        "ok\n[ctx: 62%]"
+    );
+    sup.shutdown().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn one_million_windows_from_the_model_name_or_the_agent() {
+    let (sup, ctl) = supervisor_with(config()).await;
+    let text = turn_text(&sup, &ctl, |a| {
+        a.send(Frame::Event(AgentEvent::SessionStarted {
+            session_id: "s".into(),
+            model: Some("claude-sonnet-4-5[1m]".into()),
+        }));
+        a.send(usage(0, 0, 250_000, 0));
+        a.text("big");
+    })
+    .await;
+    assert_eq!(text, "big\n[ctx: 25%]");
+    sup.shutdown().await;
+
+    let (sup, ctl) = supervisor_with(config()).await;
+    let text = turn_text(&sup, &ctl, |a| {
+        a.send(usage(0, 0, 250_000, 0));
+        a.text("reported");
+        a.send(Frame::Event(AgentEvent::TurnComplete {
+            context_window: Some(500_000),
+            duration: None,
+        }));
+    })
+    .await;
+    assert_eq!(text, "reported\n[ctx: 50%]");
+    sup.shutdown().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn configuration_overrides_the_window_disables_the_indicator_and_strips_self_reports() {
+    let mut ctx = ContextConfig::default();
+    ctx.window = Some(100_000);
+    ctx.self_report = true;
+    let (sup, ctl) =
+        supervisor_with(config().with_session(SessionConfig::default().with_context(ctx))).await;
+    let mut events = sup.subscribe();
+    let t = sup.send("ws", "q").await.expect("send");
+    let a = ctl.next_attempt().await.expect("attempt");
+    assert_eq!(
+        a.request.append_system_prompt.as_deref(),
+        Some(warden_core::context::SELF_REPORT_INSTRUCTION)
+    );
+    a.send(usage(10_000, 0, 0, 5));
+    a.text("Answer.\n[ctx: ~12%]");
+    a.finish();
+    let (text, summary) = t.finish().await.expect("ok");
+    assert_eq!(text, "Answer.\n[ctx: 10%]");
+    let c = summary.context.expect("context");
+    assert_eq!((c.percent, c.self_reported), (10, Some(12)));
+    let ev = wait_for(&mut events, |e| {
+        matches!(e, warden_core::LifecycleEvent::ContextUsage { .. })
+    })
+    .await;
+    assert!(matches!(
+        ev,
+        warden_core::LifecycleEvent::ContextUsage {
+            percent: 10,
+            self_reported: Some(12),
+            ..
+        }
+    ));
+    sup.shutdown().await;
+
+    let mut ctx = ContextConfig::default();
+    ctx.indicator = false;
+    let (sup, ctl) =
+        supervisor_with(config().with_session(SessionConfig::default().with_context(ctx))).await;
+    let text = turn_text(&sup, &ctl, |a| {
+        a.send(usage(10_000, 0, 0, 5));
+        a.text("plain");
+    })
+    .await;
+    assert_eq!(text, "plain");
+    sup.shutdown().await;
+}
