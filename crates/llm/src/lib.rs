@@ -1,0 +1,1 @@
+//! warden-llm: work in progress.

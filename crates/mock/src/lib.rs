@@ -1,0 +1,1 @@
+//! warden-mock: work in progress.
