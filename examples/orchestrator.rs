@@ -9,9 +9,12 @@
 //! their own crate): `repo-b`'s first attempt sends three frames and then
 //! goes silent with the stream held open, as a NAT drop would leave it; the
 //! watchdog kills it and the session retries from scratch. `repo-c` thinks
-//! for longer than the timeout but sends pings, so it is never killed. The
-//! watchdog timeout is shortened to 1.5 s so the demo takes seconds
-//! (`WARDEN_STREAM_TIMEOUT` in ms overrides it).
+//! for longer than the timeout but sends pings, so it is never killed.
+//! `repo-d` has a stored conversation that is too large to resume: the
+//! supervisor clears it, starts fresh, re-delivers the message and notifies.
+//! Sessions live in a sled database on disk (`WARDEN_DATA_DIR`, else a new
+//! temporary directory). The watchdog timeout is shortened to 1.5 s so the
+//! demo takes seconds (`WARDEN_STREAM_TIMEOUT` in ms overrides it).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -21,9 +24,11 @@ use futures_util::StreamExt;
 use futures_util::future::BoxFuture;
 use tokio::time::Instant;
 use warden_core::{
-    AgentEvent, EventSource, EventStream, Frame, LifecycleEvent, SessionKey, StreamError,
-    Supervisor, SupervisorConfig, TurnRequest, WatchdogConfig,
+    AgentEvent, Durability, EventSource, EventStream, Frame, LifecycleEvent, Notice, SessionKey,
+    SessionRecord, SessionStore, StreamError, Supervisor, SupervisorConfig, TurnRequest, Usage,
+    WatchdogConfig,
 };
+use warden_store::SledStore;
 
 /// A scripted agent: what each workspace's stream does.
 struct ScriptedAgent {
@@ -39,8 +44,17 @@ enum Step {
 }
 
 impl EventSource for ScriptedAgent {
-    fn open(&self, _req: TurnRequest) -> BoxFuture<'static, Result<EventStream, StreamError>> {
+    fn open(&self, req: TurnRequest) -> BoxFuture<'static, Result<EventStream, StreamError>> {
         let n = self.opened.fetch_add(1, Ordering::Relaxed) + 1;
+        if req.resume_id.as_deref() == Some("too-big") {
+            return Box::pin(async {
+                Err(StreamError::ContextOverflow {
+                    reason: "prompt_too_long".into(),
+                    message: "Prompt is too long".into(),
+                })
+            });
+        }
+        let key = self.key.to_string();
         let script: Vec<Step> = match (self.key.as_str(), n) {
             ("repo-b", 1) => vec![
                 Step::Text("Reading "),
@@ -76,13 +90,27 @@ impl EventSource for ScriptedAgent {
                     }
                 }
             });
-            let done = futures_util::stream::once(async {
+            let session = futures_util::stream::once(async move {
+                Some(Frame::Event(AgentEvent::SessionStarted {
+                    session_id: format!("{key}-conversation"),
+                    model: Some("claude-demo".into()),
+                }))
+            });
+            let usage = Usage {
+                input_tokens: 12,
+                cache_creation_input_tokens: 800,
+                cache_read_input_tokens: 40_000 * u64::from(n),
+                output_tokens: 30,
+            };
+            let done = futures_util::stream::iter([
+                Some(Frame::Event(AgentEvent::Usage(usage))),
                 Some(Frame::Event(AgentEvent::TurnComplete {
                     context_window: None,
                     duration: None,
-                }))
-            });
-            Ok(Box::pin(frames.chain(done).filter_map(|f| async { f.map(Ok) })) as EventStream)
+                })),
+            ]);
+            let all = session.chain(frames).chain(done);
+            Ok(Box::pin(all.filter_map(|f| async { f.map(Ok) })) as EventStream)
         })
     }
 
@@ -105,7 +133,33 @@ async fn main() -> anyhow::Result<()> {
             opened: AtomicU32::new(0),
         }) as Arc<dyn EventSource>
     };
-    let supervisor = Supervisor::start(config, Arc::new(factory)).await?;
+    // A temporary directory (removed at exit) unless WARDEN_DATA_DIR is set.
+    let temp = tempfile::tempdir()?;
+    let data_dir = match std::env::var_os("WARDEN_DATA_DIR") {
+        Some(d) => std::path::PathBuf::from(d),
+        None => temp.path().to_path_buf(),
+    };
+    let store = Arc::new(SledStore::open(data_dir.join("sessions.db"))?);
+    // repo-d was used before: its stored conversation no longer fits.
+    let mut old = SessionRecord::new(&SessionKey::new("repo-d"), None);
+    old.set_agent_session_id("too-big");
+    if store.load(&SessionKey::new("repo-d")).await?.is_none() {
+        store.save(&old, Durability::Flushed).await?;
+    }
+    let (notices, mut notice_rx) = tokio::sync::mpsc::unbounded_channel::<(SessionKey, Notice)>();
+    let supervisor = Supervisor::builder(Arc::new(factory))
+        .config(config)
+        .store(store.clone())
+        .notifier(Arc::new(notices))
+        .start()
+        .await?;
+    tokio::spawn(async move {
+        while let Some((key, notice)) = notice_rx.recv().await {
+            if let Notice::FreshStart { message, .. } = notice {
+                println!("        {key}: notice to the user: {message}");
+            }
+        }
+    });
     let t0 = Instant::now();
     let mut events = supervisor.subscribe();
     tokio::spawn(async move {
@@ -130,17 +184,26 @@ async fn main() -> anyhow::Result<()> {
                 LifecycleEvent::AttemptStarted { key, attempt, .. } => {
                     println!("{at:6.2}s  {key}: attempt {} started", attempt.attempt)
                 }
+                LifecycleEvent::ResumeFailed { key, cause, .. } => {
+                    println!("{at:6.2}s  {key}: stored conversation cannot be resumed ({cause})")
+                }
+                LifecycleEvent::FreshFallback {
+                    key, redelivered, ..
+                } => println!(
+                    "{at:6.2}s  {key}: started fresh, {redelivered} message(s) re-delivered"
+                ),
                 _ => {}
             }
         }
     });
 
     println!(
-        "watchdog timeout {:.1}s; three workspaces",
-        timeout.as_secs_f64()
+        "watchdog timeout {:.1}s; four workspaces; sessions stored in {}",
+        timeout.as_secs_f64(),
+        data_dir.display()
     );
     let mut turns = Vec::new();
-    for key in ["repo-a", "repo-b", "repo-c"] {
+    for key in ["repo-a", "repo-b", "repo-c", "repo-d"] {
         turns.push((key, supervisor.send(key, "status?").await?));
     }
     for (key, turn) in turns {
@@ -157,5 +220,15 @@ async fn main() -> anyhow::Result<()> {
         stats.kills, stats.watched
     );
     supervisor.shutdown().await;
+    println!("stored sessions:");
+    for record in store.list().await?.into_iter().flatten() {
+        println!(
+            "  {:8} agent id {:22} past ids {:?} ctx {}%",
+            record.key,
+            record.agent_session_id.unwrap_or_default(),
+            record.past_session_ids,
+            record.usage.map(|u| u.context_percent).unwrap_or(0)
+        );
+    }
     Ok(())
 }

@@ -93,9 +93,9 @@ async fn one_million_windows_from_the_model_name_or_the_agent() {
 
 #[tokio::test(start_paused = true)]
 async fn configuration_overrides_the_window_disables_the_indicator_and_strips_self_reports() {
-    let mut ctx = ContextConfig::default();
-    ctx.window = Some(100_000);
-    ctx.self_report = true;
+    let ctx = ContextConfig::default()
+        .with_window(100_000)
+        .with_self_report(true);
     let (sup, ctl) =
         supervisor_with(config().with_session(SessionConfig::default().with_context(ctx))).await;
     let mut events = sup.subscribe();
@@ -126,8 +126,7 @@ async fn configuration_overrides_the_window_disables_the_indicator_and_strips_se
     ));
     sup.shutdown().await;
 
-    let mut ctx = ContextConfig::default();
-    ctx.indicator = false;
+    let ctx = ContextConfig::default().with_indicator(false);
     let (sup, ctl) =
         supervisor_with(config().with_session(SessionConfig::default().with_context(ctx))).await;
     let text = turn_text(&sup, &ctl, |a| {

@@ -39,6 +39,26 @@ impl Default for ContextConfig {
     }
 }
 
+impl ContextConfig {
+    /// Turns the `[ctx: NN%]` indicator on or off.
+    pub fn with_indicator(mut self, on: bool) -> Self {
+        self.indicator = on;
+        self
+    }
+
+    /// Fixes the context window, overriding the agent's and the model's.
+    pub fn with_window(mut self, window: u64) -> Self {
+        self.window = Some(window);
+        self
+    }
+
+    /// Turns the self-report track on or off.
+    pub fn with_self_report(mut self, on: bool) -> Self {
+        self.self_report = on;
+        self
+    }
+}
+
 /// The window for `model`: 1,000,000 when its name carries `[1m]`
 /// (any case), else 200,000.
 pub fn window_for_model(model: Option<&str>) -> u64 {

@@ -539,13 +539,19 @@ impl Actor for SessionActor {
         args.store.save(&record, Durability::Buffered).await?;
         match &args.mode {
             StartMode::Resume => match &record.agent_session_id {
-                Some(id) => tracing::info!(
-                    event = "session.resume",
-                    session.key = %args.key,
-                    gen_ai.conversation.id = %id,
-                    cwd = ?record.workspace,
-                    "resuming stored session"
-                ),
+                Some(id) => {
+                    // A missing transcript here usually means a cwd mismatch.
+                    let d = args.source.diagnostics(id, record.workspace.as_deref());
+                    tracing::info!(
+                        event = "session.resume",
+                        session.key = %args.key,
+                        gen_ai.conversation.id = %id,
+                        cwd = ?record.workspace,
+                        transcript = ?d.transcript_path,
+                        transcript_bytes = ?d.transcript_bytes,
+                        "resuming stored session"
+                    )
+                }
                 None => tracing::info!(
                     event = "session.spawn",
                     session.key = %args.key,
