@@ -575,7 +575,7 @@ async fn bench_capacity(quick: bool) {
         45.0 / timeout.as_secs_f64()
     );
     println!(
-        "memory per watched stream inside the watchdog (map + heap + liveness cell + callback): {per_stream:.0} B"
+        "memory per watched stream inside the watchdog (shared cell + heap item + callback slot): {per_stream:.0} B"
     );
     drop(guards);
 

@@ -34,7 +34,7 @@ use tokio::time::Instant;
 use crate::config::{DEFAULT_STREAM_TIMEOUT, validate_timeout};
 use crate::error::{ActorError, ConfigError};
 use crate::util::{AbortOnDrop, call};
-use table::{Liveness, WatchTable};
+use table::{Cell, WatchTable};
 
 /// Identifies one watched stream.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -117,13 +117,9 @@ pub struct WatchdogStats {
 pub struct WatchdogMsg(Inner);
 
 enum Inner {
-    Watch {
-        id: WatchId,
-        live: Arc<Liveness>,
-        on_expire: OnExpire,
-    },
-    Unwatch(WatchId),
-    Rearm(WatchId),
+    Watch(Arc<Cell>, OnExpire),
+    Unwatch(Arc<Cell>),
+    Rearm(Arc<Cell>),
     Tick,
     Stats(RpcReplyPort<WatchdogStats>),
     IsWatching(WatchId, RpcReplyPort<bool>),
@@ -136,7 +132,7 @@ enum Inner {
 #[derive(Clone)]
 pub struct Heartbeat {
     id: WatchId,
-    live: Arc<Liveness>,
+    live: Arc<Cell>,
     epoch: Instant,
     watchdog: ActorRef<WatchdogMsg>,
 }
@@ -174,7 +170,9 @@ impl Heartbeat {
         let old = self.live.set_timeout(timeout);
         if timeout < old {
             // The deadline moved earlier than the queued one: requeue it.
-            let _ = self.watchdog.cast(WatchdogMsg(Inner::Rearm(self.id)));
+            let _ = self
+                .watchdog
+                .cast(WatchdogMsg(Inner::Rearm(self.live.clone())));
         }
         Ok(())
     }
@@ -206,7 +204,7 @@ impl Drop for WatchGuard {
         let _ = self
             .heartbeat
             .watchdog
-            .cast(WatchdogMsg(Inner::Unwatch(self.heartbeat.id)));
+            .cast(WatchdogMsg(Inner::Unwatch(self.heartbeat.live.clone())));
     }
 }
 
@@ -244,13 +242,9 @@ impl WatchdogHandle {
             None => self.default_timeout,
         };
         let id = WatchId(self.next_id.fetch_add(1, Ordering::Relaxed));
-        let live = Arc::new(Liveness::new(nanos_since(self.epoch), timeout));
+        let live = Arc::new(Cell::new(id, nanos_since(self.epoch), timeout));
         self.actor
-            .cast(WatchdogMsg(Inner::Watch {
-                id,
-                live: live.clone(),
-                on_expire: Box::new(on_expire),
-            }))
+            .cast(WatchdogMsg(Inner::Watch(live.clone(), Box::new(on_expire))))
             .map_err(|_| ActorError::NotRunning { what: "watchdog" })?;
         Ok(WatchGuard {
             heartbeat: Heartbeat {
@@ -278,7 +272,8 @@ impl WatchdogHandle {
         .await
     }
 
-    /// Whether `id` is still watched.
+    /// Whether `id` is still watched. Scans every queued deadline: meant
+    /// for diagnostics and tests, not hot paths.
     pub async fn is_watching(&self, id: WatchId) -> Result<bool, ActorError> {
         call(
             &self.actor,
@@ -385,15 +380,11 @@ impl Actor for WatchdogActor {
         state: &mut Self::State,
     ) -> Result<(), ActorProcessingErr> {
         match msg {
-            Inner::Watch {
-                id,
-                live,
-                on_expire,
-            } => state.table.insert(id, live, on_expire),
-            Inner::Unwatch(id) => {
-                state.table.remove(id);
+            Inner::Watch(cell, on_expire) => state.table.insert(cell, on_expire),
+            Inner::Unwatch(cell) => {
+                state.table.remove(&cell);
             }
-            Inner::Rearm(id) => state.table.rearm(id),
+            Inner::Rearm(cell) => state.table.rearm(&cell),
             Inner::Tick => {
                 let now = nanos_since(state.epoch);
                 for (expiry, on_expire) in state.table.expire(now) {
