@@ -1,0 +1,574 @@
+//! Routing, scenario selection and the response of one request.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+
+use http_body_util::{BodyExt, Limited};
+use hyper::body::{Bytes, Incoming};
+use hyper::header::{self, HeaderName, HeaderValue};
+use hyper::{Method, Request, Response, StatusCode};
+use serde_json::{Value, json};
+
+use crate::body::{MockBody, Tracker};
+use crate::journal::{Endpoint, Journal, Outcome, RequestId, Selection};
+use crate::reply::{self, Reply};
+use crate::script::{self, Extras};
+use crate::{MockConfig, ParseScenarioError, Scenario, anthropic, openai};
+
+/// Header that selects a scenario for one request.
+pub(crate) const SCENARIO_HEADER: &str = "x-mock-scenario";
+
+/// Largest request body accepted: 64 MiB.
+const MAX_REQUEST_BYTES: usize = 64 * 1024 * 1024;
+
+/// What every connection task shares.
+pub(crate) struct Ctx {
+    pub(crate) journal: Arc<Journal>,
+    pub(crate) config: MockConfig,
+}
+
+/// Returned by the service to make hyper drop the connection without
+/// answering (`abrupt-close` on a non-streaming request).
+#[derive(Debug, thiserror::Error)]
+#[error("warden-mock: abrupt-close scenario")]
+pub(crate) struct AbruptClose;
+
+/// Which wire format to speak.
+#[derive(Clone, Copy)]
+enum Api {
+    Anthropic,
+    OpenAi,
+}
+
+/// Splits an optional `/scenario/NAME` prefix off `path` and names the
+/// endpoint of the rest.
+fn route(path: &str) -> (Option<Result<Scenario, ParseScenarioError>>, Endpoint) {
+    let (chosen, rest) = match path.strip_prefix("/scenario/") {
+        Some(r) => {
+            let (name, rest) = r.split_once('/').unwrap_or((r, ""));
+            (Some(name.parse()), format!("/{rest}"))
+        }
+        None => (None, path.to_owned()),
+    };
+    let rest = rest.trim_end_matches('/');
+    let endpoint = if rest.ends_with("/v1/messages/count_tokens") {
+        Endpoint::AnthropicCountTokens
+    } else if rest.ends_with("/v1/messages") {
+        Endpoint::AnthropicMessages
+    } else if rest.ends_with("/chat/completions") {
+        Endpoint::OpenAiChatCompletions
+    } else if rest.ends_with("/v1/models") || rest == "/models" {
+        Endpoint::Models
+    } else if rest.is_empty() {
+        Endpoint::Root
+    } else {
+        Endpoint::Unknown
+    };
+    (chosen, endpoint)
+}
+
+/// The scenario named by a model: `mock-NAME`, or `…:NAME` after the last
+/// colon. Other models select nothing.
+fn model_scenario(model: &str) -> Option<Scenario> {
+    if let Some(name) = model.strip_prefix("mock-")
+        && let Ok(s) = name.parse()
+    {
+        return Some(s);
+    }
+    model
+        .rsplit_once(':')
+        .and_then(|(_, name)| name.parse().ok())
+}
+
+/// Builds one response and records its status.
+struct Answer<'a> {
+    journal: &'a Journal,
+    id: RequestId,
+    /// A `HEAD` request: hyper sends the headers only.
+    head: bool,
+}
+
+impl Answer<'_> {
+    fn response(
+        &self,
+        status: u16,
+        body: MockBody,
+        headers: &[(&str, String)],
+    ) -> Response<MockBody> {
+        self.journal.status(self.id, status);
+        let mut resp = Response::new(body);
+        *resp.status_mut() =
+            StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        let map = resp.headers_mut();
+        for (name, value) in headers {
+            if let (Ok(name), Ok(value)) = (
+                HeaderName::from_bytes(name.as_bytes()),
+                HeaderValue::from_str(value),
+            ) {
+                map.insert(name, value);
+            }
+        }
+        resp
+    }
+
+    /// A complete (non-streamed) body; the request is completed.
+    fn full(
+        &self,
+        tracker: &mut Tracker,
+        status: u16,
+        content_type: &str,
+        body: Bytes,
+        extra: &[(&str, String)],
+    ) -> Response<MockBody> {
+        if !body.is_empty() && !self.head {
+            tracker.frame();
+        }
+        tracker.finish(Outcome::Completed);
+        let mut headers = vec![(header::CONTENT_TYPE.as_str(), content_type.to_owned())];
+        headers.extend(extra.iter().cloned());
+        self.response(status, MockBody::full(body), &headers)
+    }
+
+    fn json(
+        &self,
+        tracker: &mut Tracker,
+        status: u16,
+        value: &Value,
+        extra: &[(&str, String)],
+    ) -> Response<MockBody> {
+        let body = Bytes::from(value.to_string());
+        self.full(tracker, status, "application/json", body, extra)
+    }
+
+    /// An error body in the shape of `api`.
+    fn error(
+        &self,
+        tracker: &mut Tracker,
+        api: Api,
+        status: u16,
+        kind: &str,
+        message: &str,
+        extra: &[(&str, String)],
+    ) -> Response<MockBody> {
+        let (value, id_header) = match api {
+            Api::Anthropic => (anthropic::error_body(kind, message), "request-id"),
+            Api::OpenAi => {
+                let (kind, code) = match kind {
+                    "api_error" => ("server_error", None),
+                    "overloaded_error" => ("overloaded_error", Some("overloaded")),
+                    "rate_limit_error" => ("rate_limit_error", Some("rate_limit_exceeded")),
+                    "invalid_request_error" if status == 400 && message.contains("too long") => {
+                        ("invalid_request_error", Some("context_length_exceeded"))
+                    }
+                    other => (other, None),
+                };
+                (openai::error_body(kind, message, code), "x-request-id")
+            }
+        };
+        let mut headers = vec![(id_header, request_id(self.id))];
+        headers.extend(extra.iter().cloned());
+        self.json(tracker, status, &value, &headers)
+    }
+}
+
+fn request_id(id: RequestId) -> String {
+    format!("req_mock{id:014}")
+}
+
+/// Serves one request.
+pub(crate) async fn handle(
+    ctx: Arc<Ctx>,
+    req: Request<Incoming>,
+) -> Result<Response<MockBody>, AbruptClose> {
+    let journal = &*ctx.journal;
+    let method = req.method().clone();
+    let path = req.uri().path().to_owned();
+    let (path_choice, endpoint) = route(&path);
+    let id = journal.begin(method.as_str(), &path, req.uri().query(), endpoint);
+    let mut tracker = Tracker::new(ctx.journal.clone(), id);
+    let answer = Answer {
+        journal,
+        id,
+        head: method == Method::HEAD,
+    };
+    let get_like = method == Method::GET || method == Method::HEAD;
+
+    if let Some(Err(err)) = &path_choice {
+        journal.started(id, None, false, None);
+        return Ok(answer.error(
+            &mut tracker,
+            Api::Anthropic,
+            404,
+            "not_found_error",
+            &format!("warden-mock: {err}"),
+            &[],
+        ));
+    }
+    match endpoint {
+        Endpoint::AnthropicMessages | Endpoint::OpenAiChatCompletions => {}
+        Endpoint::Root if get_like => {
+            journal.started(id, None, false, None);
+            return Ok(answer.full(
+                &mut tracker,
+                200,
+                "text/plain; charset=utf-8",
+                Bytes::from_static(b"warden-mock\n"),
+                &[],
+            ));
+        }
+        Endpoint::Models if get_like => {
+            journal.started(id, None, false, None);
+            return Ok(answer.json(&mut tracker, 200, &models_json(), &[]));
+        }
+        Endpoint::AnthropicCountTokens if method == Method::POST => {
+            let size = match read_json(req).await {
+                Ok((_, size)) => size,
+                Err(message) => {
+                    journal.started(id, None, false, None);
+                    return Ok(bad_request(&answer, &mut tracker, Api::Anthropic, &message));
+                }
+            };
+            journal.started(id, None, false, None);
+            let tokens = ctx
+                .config
+                .usage
+                .input_tokens
+                .unwrap_or((size as u64).div_ceil(4).max(1));
+            return Ok(answer.json(&mut tracker, 200, &json!({ "input_tokens": tokens }), &[]));
+        }
+        Endpoint::Unknown => {
+            journal.started(id, None, false, None);
+            return Ok(answer.error(
+                &mut tracker,
+                Api::Anthropic,
+                404,
+                "not_found_error",
+                &format!("warden-mock: no route for {method} {path}"),
+                &[],
+            ));
+        }
+        _ => {
+            journal.started(id, None, false, None);
+            return Ok(method_not_allowed(&answer, &mut tracker, &method, &path));
+        }
+    }
+
+    // The two streaming APIs.
+    let api = if endpoint == Endpoint::AnthropicMessages {
+        Api::Anthropic
+    } else {
+        Api::OpenAi
+    };
+    if method != Method::POST {
+        journal.started(id, None, false, None);
+        return Ok(method_not_allowed(&answer, &mut tracker, &method, &path));
+    }
+    let header_choice = req.headers().get(SCENARIO_HEADER).map(|v| {
+        let name = String::from_utf8_lossy(v.as_bytes()).into_owned();
+        name.parse::<Scenario>()
+    });
+    let (request, size) = match read_json(req).await {
+        Ok(parsed) => parsed,
+        Err(message) => {
+            journal.started(id, None, false, None);
+            return Ok(bad_request(&answer, &mut tracker, api, &message));
+        }
+    };
+    let model = request
+        .get("model")
+        .and_then(Value::as_str)
+        .map(str::to_owned);
+    let stream = request
+        .get("stream")
+        .and_then(Value::as_bool)
+        .unwrap_or(false);
+
+    let chosen = match header_choice {
+        Some(Ok(s)) => (s, Selection::Header),
+        Some(Err(err)) => {
+            journal.started(id, model, stream, None);
+            let message = format!("warden-mock: {SCENARIO_HEADER}: {err}");
+            return Ok(bad_request(&answer, &mut tracker, api, &message));
+        }
+        None => match (model.as_deref().and_then(model_scenario), path_choice) {
+            (Some(s), _) => (s, Selection::Model),
+            (None, Some(Ok(s))) => (s, Selection::Path),
+            _ if !ctx.config.sequence.is_empty() => {
+                let seq = &ctx.config.sequence;
+                let slot = journal.next_scripted().min(seq.len() - 1);
+                (seq[slot], Selection::Sequence(slot))
+            }
+            _ => (ctx.config.default_scenario, Selection::Default),
+        },
+    };
+    let scenario = chosen.0;
+    journal.started(id, model, stream, Some(chosen));
+    tracing::debug!(
+        target: "warden_mock",
+        id,
+        %method,
+        %path,
+        %scenario,
+        stream,
+        "mock request"
+    );
+
+    let config = &ctx.config;
+    match scenario {
+        Scenario::ServerError => {
+            return Ok(answer.error(
+                &mut tracker,
+                api,
+                500,
+                "api_error",
+                "Internal server error",
+                &[],
+            ));
+        }
+        Scenario::Overloaded => {
+            return Ok(answer.error(
+                &mut tracker,
+                api,
+                529,
+                "overloaded_error",
+                "Overloaded",
+                &[],
+            ));
+        }
+        Scenario::RateLimited => {
+            let wait = config.retry_after;
+            let secs = wait.as_millis().div_ceil(1000);
+            let headers = [
+                ("retry-after", secs.to_string()),
+                ("retry-after-ms", wait.as_millis().to_string()),
+            ];
+            return Ok(answer.error(
+                &mut tracker,
+                api,
+                429,
+                "rate_limit_error",
+                "This request would exceed the rate limit for your organization. Please try again later.",
+                &headers,
+            ));
+        }
+        Scenario::PromptTooLong => {
+            return Ok(answer.error(
+                &mut tracker,
+                api,
+                400,
+                "invalid_request_error",
+                "prompt is too long: 210000 tokens > 200000 maximum",
+                &[],
+            ));
+        }
+        _ => {}
+    }
+
+    let message_id = match api {
+        Api::Anthropic => reply::anthropic_message_id(id),
+        Api::OpenAi => reply::openai_completion_id(id),
+    };
+    let mut reply = Reply::new(config, message_id, &request, size);
+
+    if stream {
+        let include_usage = request
+            .pointer("/stream_options/include_usage")
+            .and_then(Value::as_bool)
+            .unwrap_or(false);
+        let oversized = |f: &dyn Fn() -> Bytes| {
+            if scenario == Scenario::Oversized {
+                f()
+            } else {
+                Bytes::new()
+            }
+        };
+        let (frames, extras, id_header) = match api {
+            Api::Anthropic => (
+                anthropic::frames(&reply),
+                Extras {
+                    ping: anthropic::ping(),
+                    error: anthropic::midstream_error(),
+                    malformed: anthropic::malformed(),
+                    oversized: oversized(&|| anthropic::oversized(config.oversized_bytes)),
+                },
+                "request-id",
+            ),
+            Api::OpenAi => (
+                openai::frames(&reply, include_usage),
+                Extras {
+                    ping: openai::ping(),
+                    error: openai::midstream_error(),
+                    malformed: openai::malformed(),
+                    oversized: oversized(&|| {
+                        openai::oversized(&reply, config.oversized_bytes, include_usage)
+                    }),
+                },
+                "x-request-id",
+            ),
+        };
+        let steps = script::stream_steps(scenario, frames, extras, config);
+        let headers = [
+            ("content-type", "text/event-stream".to_owned()),
+            ("cache-control", "no-cache".to_owned()),
+            (id_header, request_id(id)),
+        ];
+        return Ok(answer.response(200, MockBody::stream(steps, tracker), &headers));
+    }
+
+    // Non-streaming answers.
+    match scenario {
+        Scenario::Stall => {
+            // Never answer: hold the request (and the socket) open. The
+            // tracker reports ClientClosed when hyper drops this future.
+            tracker.stalled();
+            let never: Infallible = std::future::pending().await;
+            match never {}
+        }
+        Scenario::AbruptClose => {
+            tracker.finish(Outcome::ServerClosed);
+            return Err(AbruptClose);
+        }
+        Scenario::MidstreamError => {
+            return Ok(answer.error(
+                &mut tracker,
+                api,
+                529,
+                "overloaded_error",
+                "Overloaded",
+                &[],
+            ));
+        }
+        Scenario::Malformed => {
+            let body = Bytes::from_static(
+                b"{\"type\":\"message\",\"content\":[{\"type\":\"text\",\"text\":\"unterminated",
+            );
+            return Ok(answer.full(&mut tracker, 200, "application/json", body, &[]));
+        }
+        Scenario::ThinkingPings => tokio::time::sleep(config.thinking_pause).await,
+        Scenario::Oversized => {
+            reply.text = "x".repeat(config.oversized_bytes) + &reply.text;
+        }
+        _ => {}
+    }
+    let value = match api {
+        Api::Anthropic => anthropic::message_json(&reply),
+        Api::OpenAi => openai::completion_json(&reply),
+    };
+    let id_header = match api {
+        Api::Anthropic => "request-id",
+        Api::OpenAi => "x-request-id",
+    };
+    Ok(answer.json(&mut tracker, 200, &value, &[(id_header, request_id(id))]))
+}
+
+/// Reads the whole request body as a JSON object; returns it and its size.
+async fn read_json(req: Request<Incoming>) -> Result<(Value, usize), String> {
+    let bytes = Limited::new(req.into_body(), MAX_REQUEST_BYTES)
+        .collect()
+        .await
+        .map_err(|e| format!("warden-mock: could not read the request body: {e}"))?
+        .to_bytes();
+    let value: Value = serde_json::from_slice(&bytes)
+        .map_err(|e| format!("warden-mock: the request body is not JSON: {e}"))?;
+    if !value.is_object() {
+        return Err("warden-mock: the request body must be a JSON object".to_owned());
+    }
+    Ok((value, bytes.len()))
+}
+
+fn bad_request(
+    answer: &Answer<'_>,
+    tracker: &mut Tracker,
+    api: Api,
+    message: &str,
+) -> Response<MockBody> {
+    answer.error(tracker, api, 400, "invalid_request_error", message, &[])
+}
+
+fn method_not_allowed(
+    answer: &Answer<'_>,
+    tracker: &mut Tracker,
+    method: &Method,
+    path: &str,
+) -> Response<MockBody> {
+    answer.error(
+        tracker,
+        Api::Anthropic,
+        405,
+        "invalid_request_error",
+        &format!("warden-mock: method {method} not allowed on {path}"),
+        &[],
+    )
+}
+
+/// A model list readable by both Anthropic and OpenAI clients: one
+/// `mock-NAME` model per scenario.
+fn models_json() -> Value {
+    let data: Vec<Value> = Scenario::all()
+        .iter()
+        .map(|s| {
+            json!({
+                "id": format!("mock-{s}"),
+                "type": "model",
+                "object": "model",
+                "display_name": format!("warden-mock: {}", s.description()),
+                "created_at": "2025-01-01T00:00:00Z",
+                "created": 1_735_689_600u64,
+                "owned_by": "warden-mock"
+            })
+        })
+        .collect();
+    let first = data.first().and_then(|m| m.get("id")).cloned();
+    let last = data.last().and_then(|m| m.get("id")).cloned();
+    json!({
+        "object": "list",
+        "data": data,
+        "has_more": false,
+        "first_id": first,
+        "last_id": last
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn routes_ignore_prefixes_and_queries_are_not_in_the_path() {
+        assert_eq!(route("/v1/messages").1, Endpoint::AnthropicMessages);
+        assert_eq!(route("/proxy/v1/messages").1, Endpoint::AnthropicMessages);
+        assert_eq!(
+            route("/v1/messages/count_tokens").1,
+            Endpoint::AnthropicCountTokens
+        );
+        assert_eq!(
+            route("/v1/chat/completions").1,
+            Endpoint::OpenAiChatCompletions
+        );
+        assert_eq!(
+            route("/chat/completions").1,
+            Endpoint::OpenAiChatCompletions
+        );
+        assert_eq!(route("/v1/models").1, Endpoint::Models);
+        assert_eq!(route("/").1, Endpoint::Root);
+        assert_eq!(route("/v1/other").1, Endpoint::Unknown);
+        let (chosen, endpoint) = route("/scenario/stall/v1/messages");
+        assert_eq!(chosen, Some(Ok(Scenario::Stall)));
+        assert_eq!(endpoint, Endpoint::AnthropicMessages);
+        assert!(matches!(
+            route("/scenario/nope/v1/messages").0,
+            Some(Err(_))
+        ));
+    }
+
+    #[test]
+    fn models_name_scenarios_by_prefix_or_colon_suffix() {
+        assert_eq!(model_scenario("mock-stall"), Some(Scenario::Stall));
+        assert_eq!(
+            model_scenario("claude-x:abrupt-close"),
+            Some(Scenario::AbruptClose)
+        );
+        assert_eq!(model_scenario("mock-unknown"), None);
+        assert_eq!(model_scenario("claude-sonnet-4-5"), None);
+    }
+}
