@@ -242,6 +242,7 @@ async fn run_frames(variant: Variant, streams: usize, frames: u64, wd: &Watchdog
                 watchdog: wd.clone(),
                 options: StreamOptions::default(),
                 sink,
+                span: tracing::Span::none(),
             };
             spawned.push(
                 StreamActor::spawn(args)
@@ -609,6 +610,7 @@ async fn bench_capacity(quick: bool) {
             watchdog: wd2.clone(),
             options: StreamOptions::default(),
             sink: Arc::new(|_| {}),
+            span: tracing::Span::none(),
         };
         streams.push(StreamActor::spawn(args).await.expect("spawn"));
     }

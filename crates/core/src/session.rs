@@ -33,6 +33,7 @@ use crate::lifecycle::{EventBus, LifecycleEvent};
 use crate::notify::{Notice, Notifier};
 use crate::policy::RetryPolicy;
 use crate::source::{Diagnostics, EventSource, SessionKey, TurnRequest};
+use crate::spans::{self, TraceAnchor, names};
 use crate::store::{
     Durability, PendingMessage, RecordStatus, SessionRecord, SessionStore, StoreError, StoredUsage,
     now_ms,
@@ -128,6 +129,8 @@ pub struct ResumeFailure {
     pub record: SessionRecord,
     /// Every unanswered turn, the failed one first.
     pub handoff: Vec<Handoff>,
+    /// The failed incarnation's trace anchor.
+    pub anchor: TraceAnchor,
 }
 
 /// What a session escalates to its supervisor.
@@ -189,6 +192,8 @@ pub struct SessionArgs {
     pub escalate: Option<EscalationSink>,
     /// How to start.
     pub mode: StartMode,
+    /// The previous incarnation's trace anchor, linked from this one's.
+    pub previous: Option<TraceAnchor>,
 }
 
 /// Progress of one turn, in order: `Started` (once per attempt), any
@@ -343,11 +348,13 @@ enum Inner {
 pub struct SessionHandle {
     actor: ActorRef<SessionMsg>,
     key: SessionKey,
+    anchor: TraceAnchor,
 }
 
 impl SessionHandle {
-    pub(crate) fn new(actor: ActorRef<SessionMsg>, key: SessionKey) -> Self {
-        Self { actor, key }
+    /// This incarnation's trace anchor.
+    pub fn anchor(&self) -> &TraceAnchor {
+        &self.anchor
     }
 
     /// Persists `message` (flushed) and queues it; its turn runs after the
@@ -416,6 +423,12 @@ struct Queued {
 
 struct Turn {
     queued: Queued,
+    /// `session.turn`, open while the turn runs.
+    span: tracing::Span,
+    /// `stream.attempt` of the running attempt.
+    attempt_span: Option<tracing::Span>,
+    /// The span of the last failed attempt, linked from the next one.
+    last_attempt: Option<opentelemetry::trace::SpanContext>,
     attempt: u32,
     phase: Phase,
     cancel_requested: bool,
@@ -454,6 +467,7 @@ pub struct SessionState {
     idle_timer: Option<AbortOnDrop<Result<(), ractor::MessagingErr<SessionMsg>>>>,
     /// Set once the session escalated: it answers nothing more.
     escalated: bool,
+    anchor: TraceAnchor,
 }
 
 impl SessionActor {
@@ -462,14 +476,28 @@ impl SessionActor {
         args: SessionArgs,
         supervisor: ActorCell,
     ) -> Result<SessionHandle, ActorError> {
-        let key = args.key.clone();
-        let (actor, _) = Actor::spawn_linked(None, SessionActor, (args, Vec::new()), supervisor)
+        Self::spawn_inner(args, Vec::new(), Some(supervisor))
             .await
-            .map_err(|e| ActorError::Spawn {
-                what: "session",
-                message: e.to_string(),
-            })?;
-        Ok(SessionHandle::new(actor, key))
+            .map(|(h, _)| h)
+    }
+
+    async fn spawn_inner(
+        args: SessionArgs,
+        handoff: Vec<Handoff>,
+        supervisor: Option<ActorCell>,
+    ) -> Result<(SessionHandle, tokio::task::JoinHandle<()>), ActorError> {
+        let key = args.key.clone();
+        let (tx, mut rx) = tokio::sync::oneshot::channel();
+        let spawned = match supervisor {
+            Some(s) => Actor::spawn_linked(None, SessionActor, (args, handoff, tx), s).await,
+            None => Actor::spawn(None, SessionActor, (args, handoff, tx)).await,
+        };
+        let (actor, join) = spawned.map_err(|e| ActorError::Spawn {
+            what: "session",
+            message: e.to_string(),
+        })?;
+        let anchor = rx.try_recv().unwrap_or_default();
+        Ok((SessionHandle { actor, key, anchor }, join))
     }
 
     /// Spawns a session under `supervisor` that first runs `handoff` (turns
@@ -479,40 +507,32 @@ impl SessionActor {
         handoff: Vec<Handoff>,
         supervisor: ActorCell,
     ) -> Result<SessionHandle, ActorError> {
-        let key = args.key.clone();
-        let (actor, _) = Actor::spawn_linked(None, SessionActor, (args, handoff), supervisor)
+        Self::spawn_inner(args, handoff, Some(supervisor))
             .await
-            .map_err(|e| ActorError::Spawn {
-                what: "session",
-                message: e.to_string(),
-            })?;
-        Ok(SessionHandle::new(actor, key))
+            .map(|(h, _)| h)
     }
 
     /// Spawns an unsupervised session.
     pub async fn spawn(
         args: SessionArgs,
     ) -> Result<(SessionHandle, tokio::task::JoinHandle<()>), ActorError> {
-        let key = args.key.clone();
-        let (actor, join) = Actor::spawn(None, SessionActor, (args, Vec::new()))
-            .await
-            .map_err(|e| ActorError::Spawn {
-                what: "session",
-                message: e.to_string(),
-            })?;
-        Ok((SessionHandle::new(actor, key), join))
+        Self::spawn_inner(args, Vec::new(), None).await
     }
 }
 
 impl Actor for SessionActor {
     type Msg = SessionMsg;
     type State = SessionState;
-    type Arguments = (SessionArgs, Vec<Handoff>);
+    type Arguments = (
+        SessionArgs,
+        Vec<Handoff>,
+        tokio::sync::oneshot::Sender<TraceAnchor>,
+    );
 
     async fn pre_start(
         &self,
         _myself: ActorRef<Self::Msg>,
-        (args, handoff): Self::Arguments,
+        (args, handoff, anchor_tx): Self::Arguments,
     ) -> Result<Self::State, ActorProcessingErr> {
         let mut record = args.record.clone();
         if record.status != RecordStatus::Active {
@@ -571,10 +591,25 @@ impl Actor for SessionActor {
         if recovered > 0 {
             tracing::info!(session.key = %args.key, recovered, "re-delivering unanswered messages");
         }
+        let anchor_name = match (&args.mode, &record.agent_session_id) {
+            (StartMode::FreshFallback { .. }, _) => names::SESSION_FRESH_FALLBACK,
+            (StartMode::Resume, Some(_)) => names::SESSION_RESUME,
+            (StartMode::Resume, None) => names::SESSION_SPAWN,
+        };
+        let anchor = spans::anchor(
+            anchor_name,
+            args.key.as_str(),
+            record.agent_session_id.as_deref(),
+            record.workspace.as_deref(),
+            record.restart_count,
+            args.previous.as_ref(),
+        );
+        let _ = anchor_tx.send(anchor.clone());
         args.bus.publish(LifecycleEvent::SessionSpawned {
             key: args.key.clone(),
         });
         Ok(SessionState {
+            anchor,
             record,
             queue,
             turn: None,
@@ -763,6 +798,15 @@ async fn reap(
         .record
         .usage
         .map(|u| u.input_tokens + u.cache_creation_input_tokens + u.cache_read_input_tokens);
+    let span = tracing::info_span!(
+        "session.reap",
+        warden.session.key = state.args.key.as_str(),
+        gen_ai.conversation.id = state.record.agent_session_id.as_deref().unwrap_or(""),
+        warden.idle_ms = idle_for.as_millis() as u64,
+        warden.context_tokens = tokens.unwrap_or(0),
+    );
+    state.anchor.adopt(&span);
+    let _entered = span.enter();
     tracing::info!(
         event = "session.reap",
         session.key = %state.args.key,
@@ -796,8 +840,26 @@ async fn start_next_turn(
             turn: id,
         });
         tracing::info!(event = "session.turn", session.key = %state.args.key, turn = id, "turn started");
+        let span = tracing::info_span!(
+            "session.turn",
+            warden.session.key = state.args.key.as_str(),
+            gen_ai.conversation.id = state.record.agent_session_id.as_deref().unwrap_or(""),
+            gen_ai.operation.name = "chat",
+            gen_ai.provider.name = state.args.source.provider(),
+            warden.turn = id,
+            warden.attempts = tracing::field::Empty,
+            warden.ctx_pct = tracing::field::Empty,
+            gen_ai.usage.input_tokens = tracing::field::Empty,
+            gen_ai.usage.output_tokens = tracing::field::Empty,
+            error.r#type = tracing::field::Empty,
+            otel.status_code = tracing::field::Empty,
+        );
+        state.anchor.adopt(&span);
         state.turn = Some(Turn {
             queued,
+            span,
+            attempt_span: None,
+            last_attempt: None,
             attempt: 0,
             phase: Phase::Starting,
             cancel_requested: false,
@@ -839,6 +901,27 @@ async fn start_attempt(
         request.append_system_prompt = Some(context::SELF_REPORT_INSTRUCTION.to_owned());
     }
     turn.resume_id = request.resume_id.clone();
+    let timeout = state
+        .args
+        .config
+        .stream
+        .timeout
+        .unwrap_or(state.args.watchdog.default_timeout());
+    let attempt_span = tracing::info_span!(
+        parent: &turn.span,
+        "stream.attempt",
+        warden.session.key = state.args.key.as_str(),
+        gen_ai.conversation.id = state.record.agent_session_id.as_deref().unwrap_or(""),
+        gen_ai.provider.name = state.args.source.provider(),
+        warden.turn = attempt.turn,
+        warden.attempt = attempt.attempt,
+        warden.timeout_ms = timeout.as_millis() as u64,
+        error.r#type = tracing::field::Empty,
+        otel.status_code = tracing::field::Empty,
+    );
+    if let Some(prev) = &turn.last_attempt {
+        spans::link(&attempt_span, prev);
+    }
     let me = myself.clone();
     let args = StreamArgs {
         attempt,
@@ -849,14 +932,10 @@ async fn start_attempt(
         sink: Arc::new(move |r| {
             let _ = me.cast(SessionMsg(Inner::Report(r)));
         }),
+        span: attempt_span.clone(),
     };
     let stream = StreamActor::spawn_linked(args, myself.get_cell()).await?;
-    let timeout = state
-        .args
-        .config
-        .stream
-        .timeout
-        .unwrap_or(state.args.watchdog.default_timeout());
+    turn.attempt_span = Some(attempt_span);
     state.args.bus.publish(LifecycleEvent::AttemptStarted {
         key: state.args.key.clone(),
         attempt,
@@ -951,6 +1030,34 @@ async fn on_ended(
     if !is_live(turn, attempt) {
         return Ok(());
     }
+    // Close the attempt's span with its outcome; remember it for the link
+    // from a retry.
+    if let Some(span) = turn.attempt_span.take() {
+        match &outcome {
+            StreamOutcome::Failed(e) => spans::fail(&span, e.code()),
+            StreamOutcome::Cancelled => spans::fail(&span, "ECANCELLED"),
+            StreamOutcome::Completed => {}
+        }
+        if let StreamOutcome::Failed(StreamError::InactivityTimeout {
+            silent_for,
+            timeout,
+        }) = &outcome
+        {
+            let t = tracing::info_span!(
+                parent: &span,
+                "stream.timeout",
+                warden.session.key = key.as_str(),
+                gen_ai.conversation.id = state.record.agent_session_id.as_deref().unwrap_or(""),
+                warden.attempt = attempt.attempt,
+                warden.silent_ms = silent_for.as_millis() as u64,
+                warden.timeout_ms = timeout.as_millis() as u64,
+                error.r#type = "ESTREAM_TIMEOUT",
+                otel.status_code = "ERROR",
+            );
+            drop(t);
+        }
+        turn.last_attempt = Some(spans::context_of(&span));
+    }
     if let StreamOutcome::Failed(StreamError::InactivityTimeout { silent_for, .. }) = &outcome {
         state.args.bus.publish(LifecycleEvent::StreamTimedOut {
             key: key.clone(),
@@ -986,6 +1093,20 @@ async fn on_ended(
                 .next_delay(turn.attempt, &error, &mut state.rng)
             {
                 Some(delay) => {
+                    let retry = tracing::info_span!(
+                        parent: &turn.span,
+                        "stream.retry",
+                        warden.session.key = key.as_str(),
+                        gen_ai.conversation.id =
+                            state.record.agent_session_id.as_deref().unwrap_or(""),
+                        warden.attempt = attempt.attempt + 1,
+                        warden.delay_ms = delay.as_millis() as u64,
+                        error.r#type = error.code(),
+                    );
+                    if let Some(prev) = &turn.last_attempt {
+                        spans::link(&retry, prev);
+                    }
+                    drop(retry);
                     state.args.bus.publish(LifecycleEvent::RetryScheduled {
                         key: key.clone(),
                         failed: attempt,
@@ -1037,6 +1158,7 @@ fn escalate_resume_failure(
     };
     let mut handoff = Vec::new();
     if let Some(turn) = state.turn.take() {
+        spans::fail(&turn.span, error.code());
         turn.send(TurnEvent::Restarting {
             cause: cause.clone(),
         });
@@ -1064,6 +1186,7 @@ fn escalate_resume_failure(
         diagnostics,
         record: state.record.clone(),
         handoff,
+        anchor: state.anchor.clone(),
     })));
     myself.stop(Some(ESCALATED.into()));
     Ok(())
@@ -1080,6 +1203,13 @@ async fn cancel(
         return Ok(());
     }
     turn.cancel_requested = true;
+    drop(tracing::info_span!(
+        parent: &turn.span,
+        "stream.cancel",
+        warden.session.key = state.args.key.as_str(),
+        gen_ai.conversation.id = state.record.agent_session_id.as_deref().unwrap_or(""),
+        warden.turn = turn.id(),
+    ));
     tracing::info!(event = "stream.cancel", session.key = %state.args.key, turn = turn.id(), "turn cancelled by user");
     match &turn.phase {
         // The stream decides the race; its end finishes the turn as cancelled.
@@ -1175,6 +1305,22 @@ async fn finish_turn(
         },
     });
     let error_code = summary.as_ref().err().map(TurnError::code);
+    turn.span.record("warden.attempts", turn.attempt);
+    turn.span.record(
+        "gen_ai.conversation.id",
+        state.record.agent_session_id.as_deref().unwrap_or(""),
+    );
+    if let Some(u) = turn.usage {
+        turn.span
+            .record("gen_ai.usage.output_tokens", u.output_tokens);
+    }
+    if let Some(c) = context {
+        turn.span.record("gen_ai.usage.input_tokens", c.tokens);
+        turn.span.record("warden.ctx_pct", c.percent);
+    }
+    if let Some(code) = error_code {
+        spans::fail(&turn.span, code);
+    }
     state.args.bus.publish(LifecycleEvent::TurnFinished {
         key: state.args.key.clone(),
         turn: id,

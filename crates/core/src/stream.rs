@@ -123,6 +123,9 @@ pub struct StreamArgs {
     pub options: StreamOptions,
     /// Where reports go.
     pub sink: ReportSink,
+    /// The attempt's span (`stream.attempt`); `watchdog.kill` is its child.
+    /// `tracing::Span::none()` when not traced.
+    pub span: tracing::Span,
 }
 
 /// Message of the [`StreamActor`].
@@ -172,6 +175,9 @@ pub struct StreamActor;
 /// State of the [`StreamActor`].
 pub struct StreamState {
     attempt: AttemptId,
+    span: tracing::Span,
+    key: crate::source::SessionKey,
+    conversation: Option<String>,
     sink: ReportSink,
     reader: Option<AbortOnDrop>,
     guard: Option<WatchGuard>,
@@ -237,6 +243,8 @@ impl Actor for StreamActor {
         })?;
         let watch_id = guard.id();
         let _ = id_tx.send(watch_id);
+        let key = args.request.session_key.clone();
+        let conversation = args.request.resume_id.clone();
         let reader = tokio::spawn(read(
             args.source,
             args.request,
@@ -247,6 +255,9 @@ impl Actor for StreamActor {
             myself,
         ));
         Ok(StreamState {
+            span: args.span,
+            key,
+            conversation,
             attempt: args.attempt,
             sink: args.sink,
             reader: Some(AbortOnDrop(reader)),
@@ -265,10 +276,25 @@ impl Actor for StreamActor {
         let outcome = match msg {
             Inner::ReaderDone(Ok(())) => StreamOutcome::Completed,
             Inner::ReaderDone(Err(e)) => StreamOutcome::Failed(e),
-            Inner::Expired(expiry) => StreamOutcome::Failed(StreamError::InactivityTimeout {
-                silent_for: expiry.silent_for,
-                timeout: expiry.timeout,
-            }),
+            Inner::Expired(expiry) => {
+                if !state.ended {
+                    drop(tracing::warn_span!(
+                        parent: &state.span,
+                        "watchdog.kill",
+                        warden.session.key = state.key.as_str(),
+                        gen_ai.conversation.id = state.conversation.as_deref().unwrap_or(""),
+                        warden.watch_id = expiry.id.get(),
+                        warden.silent_ms = expiry.silent_for.as_millis() as u64,
+                        warden.timeout_ms = expiry.timeout.as_millis() as u64,
+                        error.r#type = "ESTREAM_TIMEOUT",
+                        otel.status_code = "ERROR",
+                    ));
+                }
+                StreamOutcome::Failed(StreamError::InactivityTimeout {
+                    silent_for: expiry.silent_for,
+                    timeout: expiry.timeout,
+                })
+            }
             Inner::Cancel => StreamOutcome::Cancelled,
         };
         end(state, outcome).await;

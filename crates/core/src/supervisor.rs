@@ -48,6 +48,7 @@ use crate::session::{
     SessionConfig, SessionHandle, StartMode, SubmitError, TurnEvent, TurnHandle,
 };
 use crate::source::{SessionKey, SourceFactory};
+use crate::spans::TraceAnchor;
 use crate::store::{
     Durability, MemoryStore, RecordStatus, SessionRecord, SessionStore, StoreError,
 };
@@ -382,6 +383,12 @@ impl Supervisor {
             message: e.to_string(),
         })?;
         if normalized.as_os_str() != path.as_os_str() {
+            drop(tracing::debug_span!(
+                "workspace.normalize",
+                warden.session.key = normalized.to_string_lossy().as_ref(),
+                warden.workspace.original = path.to_string_lossy().as_ref(),
+                warden.workspace = normalized.to_string_lossy().as_ref(),
+            ));
             self.bus.publish(LifecycleEvent::WorkspaceNormalized {
                 original: path.to_path_buf(),
                 normalized: normalized.clone(),
@@ -483,6 +490,7 @@ impl SupervisorState {
         key: SessionKey,
         record: SessionRecord,
         mode: StartMode,
+        previous: Option<TraceAnchor>,
     ) -> SessionArgs {
         let me = myself.clone();
         SessionArgs {
@@ -498,6 +506,7 @@ impl SupervisorState {
                 let _ = me.cast(SupervisorMsg(Inner::Escalated(e)));
             })),
             mode,
+            previous,
         }
     }
 
@@ -519,7 +528,7 @@ impl SupervisorState {
         myself: &ActorRef<SupervisorMsg>,
         key: SessionKey,
         workspace: Option<PathBuf>,
-        restarted: bool,
+        restarted: Option<TraceAnchor>,
     ) -> Result<SessionHandle, SupervisorError> {
         let mut record = match self.store.load(&key).await {
             Ok(Some(r)) => r,
@@ -535,10 +544,10 @@ impl SupervisorState {
         if record.workspace.is_none() {
             record.workspace = workspace;
         }
-        if restarted {
+        if restarted.is_some() {
             record.restart_count = record.restart_count.saturating_add(1);
         }
-        let args = self.session_args(myself, key.clone(), record, StartMode::Resume);
+        let args = self.session_args(myself, key.clone(), record, StartMode::Resume, restarted);
         let handle = SessionActor::spawn_linked(args, myself.get_cell()).await?;
         self.register(&key, &handle);
         Ok(handle)
@@ -566,12 +575,14 @@ impl SupervisorState {
         let Some(key) = self.by_id.remove(&id) else {
             return Ok(()); // already handled (escalated) or a stale actor
         };
+        let mut anchor = TraceAnchor::default();
         if self
             .sessions
             .get(&key)
             .is_some_and(|h| h.actor().get_id() == id)
+            && let Some(h) = self.sessions.remove(&key)
         {
-            self.sessions.remove(&key);
+            anchor = h.anchor().clone();
         }
         self.bus.publish(LifecycleEvent::SessionStopped {
             key: key.clone(),
@@ -589,6 +600,14 @@ impl SupervisorState {
             .on_failure(self.config.intensity, Instant::now());
         match decision {
             RestartDecision::Restart(n) => {
+                let span = tracing::warn_span!(
+                    "supervisor.restart",
+                    warden.session.key = key.as_str(),
+                    warden.restarts_in_window = n,
+                    error.r#type = "ESESSION_FAILED",
+                );
+                anchor.adopt(&span);
+                let _entered = span.enter();
                 tracing::warn!(
                     event = "supervisor.restart",
                     session.key = %key,
@@ -601,16 +620,28 @@ impl SupervisorState {
                     restarts_in_window: n,
                     cause: cause.clone(),
                 });
-                if let Err(e) = self.spawn_session(myself, key.clone(), None, true).await {
-                    self.escalate(key, format!("{cause}; restart failed: {e}"));
+                drop(_entered);
+                if let Err(e) = self
+                    .spawn_session(myself, key.clone(), None, Some(anchor.clone()))
+                    .await
+                {
+                    self.escalate(key, format!("{cause}; restart failed: {e}"), &anchor);
                 }
             }
-            RestartDecision::Escalate => self.escalate(key, cause),
+            RestartDecision::Escalate => self.escalate(key, cause, &anchor),
         }
         Ok(())
     }
 
-    fn escalate(&mut self, key: SessionKey, cause: String) {
+    fn escalate(&mut self, key: SessionKey, cause: String, anchor: &TraceAnchor) {
+        let span = tracing::error_span!(
+            "supervisor.escalate",
+            warden.session.key = key.as_str(),
+            error.r#type = "EESCALATED",
+            otel.status_code = "ERROR",
+        );
+        anchor.adopt(&span);
+        let _entered = span.enter();
         tracing::error!(
             event = "supervisor.escalate",
             session.key = %key,
@@ -633,12 +664,28 @@ impl SupervisorState {
             diagnostics,
             mut record,
             handoff,
+            anchor,
             ..
         } = f;
         let cause = error
             .resume_failure_cause()
             .unwrap_or("resume_failed")
             .to_owned();
+        let span = tracing::error_span!(
+            "session.resume_failed",
+            warden.session.key = key.as_str(),
+            gen_ai.conversation.id = failed_id.as_str(),
+            warden.cause = cause.as_str(),
+            warden.workspace = cwd
+                .as_ref()
+                .map(|c| c.display().to_string())
+                .unwrap_or_default(),
+            warden.transcript_bytes = diagnostics.transcript_bytes.unwrap_or(0),
+            error.r#type = error.code(),
+            otel.status_code = "ERROR",
+        );
+        anchor.adopt(&span);
+        let entered = span.enter();
         tracing::error!(
             event = "session.resume_failed",
             session.key = %key,
@@ -652,6 +699,8 @@ impl SupervisorState {
             transcript_bytes = ?diagnostics.transcript_bytes,
             "resume failed; starting fresh"
         );
+        drop(entered);
+        drop(span);
         self.bus.publish(LifecycleEvent::ResumeFailed {
             key: key.clone(),
             failed_id: failed_id.clone(),
@@ -676,6 +725,7 @@ impl SupervisorState {
             StartMode::FreshFallback {
                 cause: format!("{cause}: {error}"),
             },
+            Some(anchor),
         );
         match SessionActor::spawn_with_handoff(args, handoff, myself.get_cell()).await {
             Ok(handle) => {
@@ -790,7 +840,7 @@ impl Actor for WorkspaceSupervisor {
                 } else if let Some(h) = state.sessions.get(&key) {
                     Ok(h.clone())
                 } else {
-                    state.spawn_session(&myself, key, workspace, false).await
+                    state.spawn_session(&myself, key, workspace, None).await
                 };
                 let _ = reply.send(result);
             }

@@ -1,0 +1,143 @@
+//! Span names and the trace shape.
+//!
+//! A session can live for hours, and a span is exported only when it ends,
+//! so no span covers a session's life. Instead:
+//!
+//! - each **incarnation** of a session (first spawn, resume after a reap or
+//!   an orchestrator restart, a supervisor restart, a fresh fallback) opens
+//!   and immediately closes a short **anchor** span (`session.spawn`,
+//!   `session.resume` or `session.fresh_fallback`), linked to the previous
+//!   incarnation's anchor;
+//! - every transition of the incarnation is a span whose parent is that
+//!   anchor: `session.turn` (open while the turn runs), under it one
+//!   `stream.attempt` per attempt (a retry is a sibling *linked* to the
+//!   failed attempt), `stream.timeout`, `watchdog.kill`, `stream.retry`,
+//!   `stream.cancel`; `session.reap`, `session.resume_failed`,
+//!   `supervisor.restart`, `supervisor.escalate` hang off the anchor too;
+//! - `workspace.normalize` is a root span.
+//!
+//! Every span carries `warden.session.key` and, once known,
+//! `gen_ai.conversation.id`, so a Jaeger tag search finds every incarnation
+//! of a session. Failures set `error.type` and the span status ERROR
+//! (`otel.status_code`). No prompt or completion text is ever recorded.
+//! Heartbeats are never spans. Without an OpenTelemetry layer installed all
+//! of this costs a few disabled-span checks.
+
+use opentelemetry::trace::{SpanContext, TraceContextExt as _};
+use tracing_opentelemetry::OpenTelemetrySpanExt as _;
+
+/// Span names, as exported.
+pub mod names {
+    /// Anchor of a new session's first incarnation.
+    pub const SESSION_SPAWN: &str = "session.spawn";
+    /// Anchor of an incarnation resuming a stored conversation.
+    pub const SESSION_RESUME: &str = "session.resume";
+    /// A stored conversation could not be resumed.
+    pub const SESSION_RESUME_FAILED: &str = "session.resume_failed";
+    /// Anchor of the fresh incarnation after a resume failure.
+    pub const SESSION_FRESH_FALLBACK: &str = "session.fresh_fallback";
+    /// An idle session was stopped.
+    pub const SESSION_REAP: &str = "session.reap";
+    /// One turn (user message → answer).
+    pub const SESSION_TURN: &str = "session.turn";
+    /// One attempt of a turn (one stream).
+    pub const STREAM_ATTEMPT: &str = "stream.attempt";
+    /// An attempt ended by the watchdog.
+    pub const STREAM_TIMEOUT: &str = "stream.timeout";
+    /// A failed attempt is retried.
+    pub const STREAM_RETRY: &str = "stream.retry";
+    /// The user cancelled the turn.
+    pub const STREAM_CANCEL: &str = "stream.cancel";
+    /// The watchdog killed a silent stream.
+    pub const WATCHDOG_KILL: &str = "watchdog.kill";
+    /// The supervisor restarted a session.
+    pub const SUPERVISOR_RESTART: &str = "supervisor.restart";
+    /// The supervisor gave up on a session.
+    pub const SUPERVISOR_ESCALATE: &str = "supervisor.escalate";
+    /// A workspace path was normalized.
+    pub const WORKSPACE_NORMALIZE: &str = "workspace.normalize";
+}
+
+/// The trace context of one session incarnation's anchor span: the parent
+/// of its transition spans and the link target of the next incarnation.
+#[derive(Clone, Debug, Default)]
+pub struct TraceAnchor(pub(crate) opentelemetry::Context);
+
+impl TraceAnchor {
+    /// The anchor's span context (invalid when no OpenTelemetry layer is
+    /// installed).
+    pub fn span_context(&self) -> SpanContext {
+        self.0.span().span_context().clone()
+    }
+
+    /// Makes `span` a child of this anchor. Call before entering `span`.
+    pub(crate) fn adopt(&self, span: &tracing::Span) {
+        if self.0.span().span_context().is_valid() {
+            let _ = span.set_parent(self.0.clone());
+        }
+    }
+}
+
+/// Links `span` to `to` when `to` is a real span.
+pub(crate) fn link(span: &tracing::Span, to: &SpanContext) {
+    if to.is_valid() {
+        span.add_link(to.clone());
+    }
+}
+
+/// The OpenTelemetry span context of a tracing span.
+pub(crate) fn context_of(span: &tracing::Span) -> SpanContext {
+    span.context().span().span_context().clone()
+}
+
+/// Marks `span` failed with `code` (`error.type` + status ERROR).
+pub(crate) fn fail(span: &tracing::Span, code: &str) {
+    span.record("error.type", code);
+    span.record("otel.status_code", "ERROR");
+}
+
+/// Opens and closes the anchor span of a session incarnation.
+pub(crate) fn anchor(
+    name: &'static str,
+    key: &str,
+    conversation: Option<&str>,
+    workspace: Option<&std::path::Path>,
+    restart_count: u32,
+    previous: Option<&TraceAnchor>,
+) -> TraceAnchor {
+    let span = match name {
+        names::SESSION_RESUME => tracing::info_span!(
+            "session.resume",
+            warden.session.key = key,
+            gen_ai.conversation.id = tracing::field::Empty,
+            warden.workspace = tracing::field::Empty,
+            warden.restart_count = restart_count,
+        ),
+        names::SESSION_FRESH_FALLBACK => tracing::info_span!(
+            "session.fresh_fallback",
+            warden.session.key = key,
+            gen_ai.conversation.id = tracing::field::Empty,
+            warden.workspace = tracing::field::Empty,
+            warden.restart_count = restart_count,
+        ),
+        _ => tracing::info_span!(
+            "session.spawn",
+            warden.session.key = key,
+            gen_ai.conversation.id = tracing::field::Empty,
+            warden.workspace = tracing::field::Empty,
+            warden.restart_count = restart_count,
+        ),
+    };
+    // A new trace per incarnation, linked to the one before.
+    let _ = span.set_parent(opentelemetry::Context::new());
+    if let Some(c) = conversation {
+        span.record("gen_ai.conversation.id", c);
+    }
+    if let Some(w) = workspace {
+        span.record("warden.workspace", w.display().to_string());
+    }
+    if let Some(p) = previous {
+        link(&span, &p.span_context());
+    }
+    TraceAnchor(span.context())
+}

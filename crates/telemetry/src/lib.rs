@@ -1,0 +1,329 @@
+//! # warden-telemetry
+//!
+//! Sets up tracing for binaries and examples (libraries only emit spans):
+//!
+//! - **Console**: readable logs filtered by `RUST_LOG` (default `info`).
+//! - **OTLP/gRPC**: when `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` or
+//!   `OTEL_EXPORTER_OTLP_ENDPOINT` is set (or an endpoint is configured),
+//!   warden's spans are exported with `OTEL_SERVICE_NAME` /
+//!   `OTEL_RESOURCE_ATTRIBUTES` honoured (default service name `warden`).
+//!   Only spans from `warden*` targets go to the exporter: ractor's, tonic's
+//!   and the exporter's own spans are filtered out.
+//!
+//! [`init`] returns a [`TelemetryGuard`]; dropping it (or a normal exit of
+//! `main` while it is alive) flushes every finished span and shuts the
+//! exporter down. The exporter runs on its own single-thread tokio runtime
+//! and the SDK's batch thread, so flushing works from any context — a
+//! current-thread runtime included — and an unreachable collector never
+//! blocks the supervised work: spans queue (bounded) and are dropped when the
+//! queue is full, and exports time out. An export failure is reported once
+//! (a warning), not per batch, until exporting works again.
+//!
+//! ```no_run
+//! fn main() -> Result<(), Box<dyn std::error::Error>> {
+//!     let _telemetry = warden_telemetry::init(warden_telemetry::TelemetryConfig::from_env())?;
+//!     // ... run the orchestrator; spans are flushed when `_telemetry` drops.
+//!     Ok(())
+//! }
+//! ```
+//!
+//! Dependencies: `opentelemetry`, `opentelemetry_sdk` (tracer provider,
+//! batch processor), `opentelemetry-otlp` with `grpc-tonic` (the OTLP/gRPC
+//! exporter Jaeger accepts on 4317), `tracing-opentelemetry` (bridges
+//! `tracing` spans to OpenTelemetry), `tracing-subscriber` (registry,
+//! `RUST_LOG` filtering, console output), `tokio` (the exporter's runtime).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
+
+use opentelemetry::trace::TracerProvider as _;
+use opentelemetry_otlp::WithExportConfig;
+use opentelemetry_sdk::Resource;
+use opentelemetry_sdk::error::OTelSdkResult;
+use opentelemetry_sdk::trace::{SdkTracerProvider, SpanData, SpanExporter};
+use tracing_subscriber::Layer as _;
+use tracing_subscriber::filter::{EnvFilter, Targets};
+use tracing_subscriber::layer::SubscriberExt as _;
+use tracing_subscriber::util::SubscriberInitExt as _;
+
+/// How telemetry is set up.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct TelemetryConfig {
+    /// OTLP/gRPC endpoint (e.g. `http://127.0.0.1:4317`); `None` disables
+    /// export. Default: `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`, else
+    /// `OTEL_EXPORTER_OTLP_ENDPOINT`, else `None`.
+    pub otlp_endpoint: Option<String>,
+    /// `service.name`. Default: `OTEL_SERVICE_NAME`, else `warden`.
+    pub service_name: String,
+    /// Print readable logs to stderr. Default `true`.
+    pub console: bool,
+    /// Console filter directives. Default: `RUST_LOG`, else `info`.
+    pub console_filter: String,
+    /// Upper bound of one export (and of the final flush). Default 3 s.
+    pub export_timeout: Duration,
+}
+
+impl Default for TelemetryConfig {
+    fn default() -> Self {
+        Self {
+            otlp_endpoint: None,
+            service_name: "warden".into(),
+            console: true,
+            console_filter: "info".into(),
+            export_timeout: Duration::from_secs(3),
+        }
+    }
+}
+
+impl TelemetryConfig {
+    /// The defaults with the standard OpenTelemetry and `RUST_LOG`
+    /// environment variables applied.
+    pub fn from_env() -> Self {
+        let var = |k: &str| std::env::var(k).ok().filter(|v| !v.trim().is_empty());
+        let d = Self::default();
+        Self {
+            otlp_endpoint: var("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+                .or_else(|| var("OTEL_EXPORTER_OTLP_ENDPOINT")),
+            service_name: var("OTEL_SERVICE_NAME").unwrap_or(d.service_name),
+            console_filter: var("RUST_LOG").unwrap_or(d.console_filter),
+            ..d
+        }
+    }
+
+    /// Sets the OTLP endpoint.
+    pub fn with_otlp_endpoint(mut self, endpoint: impl Into<String>) -> Self {
+        self.otlp_endpoint = Some(endpoint.into());
+        self
+    }
+
+    /// Turns console logs on or off.
+    pub fn with_console(mut self, on: bool) -> Self {
+        self.console = on;
+        self
+    }
+
+    /// Sets the service name.
+    pub fn with_service_name(mut self, name: impl Into<String>) -> Self {
+        self.service_name = name.into();
+        self
+    }
+}
+
+/// Telemetry could not be set up.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum TelemetryError {
+    /// The OTLP exporter could not be built (bad endpoint).
+    #[error("OTLP exporter: {0}")]
+    Exporter(String),
+    /// The console filter does not parse.
+    #[error("invalid log filter {filter:?}: {message}")]
+    Filter {
+        /// The directives.
+        filter: String,
+        /// Parser message.
+        message: String,
+    },
+    /// A global subscriber was already installed.
+    #[error("a tracing subscriber is already installed")]
+    AlreadyInstalled,
+    /// The exporter's runtime could not start.
+    #[error("telemetry runtime: {0}")]
+    Runtime(String),
+}
+
+/// Flushes and shuts the exporter down when dropped.
+#[must_use = "dropping the guard flushes and stops span export"]
+pub struct TelemetryGuard {
+    provider: Option<SdkTracerProvider>,
+    runtime: Option<tokio::runtime::Runtime>,
+    failures_reported: Arc<AtomicU64>,
+}
+
+impl std::fmt::Debug for TelemetryGuard {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TelemetryGuard")
+            .field("exporting", &self.provider.is_some())
+            .finish()
+    }
+}
+
+impl TelemetryGuard {
+    /// Whether spans are exported over OTLP.
+    pub fn is_exporting(&self) -> bool {
+        self.provider.is_some()
+    }
+
+    /// How many export failures were reported (once per outage).
+    pub fn failures_reported(&self) -> u64 {
+        self.failures_reported.load(Ordering::Relaxed)
+    }
+
+    /// Exports every finished span now.
+    pub fn flush(&self) {
+        if let Some(p) = &self.provider {
+            let _ = p.force_flush();
+        }
+    }
+}
+
+impl Drop for TelemetryGuard {
+    fn drop(&mut self) {
+        if let Some(p) = self.provider.take() {
+            let _ = p.force_flush();
+            let _ = p.shutdown();
+        }
+        if let Some(rt) = self.runtime.take() {
+            rt.shutdown_background();
+        }
+    }
+}
+
+/// Reports export failures once, then again only after a recovery.
+#[derive(Debug)]
+struct ReportOnce<E> {
+    inner: E,
+    failing: Arc<AtomicBool>,
+    reported: Arc<AtomicU64>,
+    endpoint: String,
+}
+
+impl<E: SpanExporter> SpanExporter for ReportOnce<E> {
+    fn export(&self, batch: Vec<SpanData>) -> impl Future<Output = OTelSdkResult> + Send {
+        let failing = self.failing.clone();
+        let reported = self.reported.clone();
+        let endpoint = self.endpoint.clone();
+        let fut = self.inner.export(batch);
+        async move {
+            let result = fut.await;
+            match &result {
+                Err(e) if !failing.swap(true, Ordering::Relaxed) => {
+                    reported.fetch_add(1, Ordering::Relaxed);
+                    eprintln!(
+                        "warden: exporting spans to {endpoint} failed ({e}); spans are dropped until it recovers (reported once)"
+                    )
+                }
+                Ok(()) if failing.swap(false, Ordering::Relaxed) => {
+                    eprintln!("warden: exporting spans to {endpoint} works again")
+                }
+                _ => {}
+            }
+            result
+        }
+    }
+
+    fn shutdown_with_timeout(&self, timeout: Duration) -> OTelSdkResult {
+        self.inner.shutdown_with_timeout(timeout)
+    }
+
+    fn force_flush(&self) -> OTelSdkResult {
+        self.inner.force_flush()
+    }
+
+    fn set_resource(&mut self, resource: &Resource) {
+        self.inner.set_resource(resource);
+    }
+}
+
+/// Targets whose spans go to the exporter: warden's crates only.
+fn export_targets() -> Targets {
+    Targets::new()
+        .with_target("warden", tracing::Level::TRACE)
+        .with_target("warden_core", tracing::Level::TRACE)
+        .with_target("warden_store", tracing::Level::TRACE)
+        .with_target("warden_llm", tracing::Level::TRACE)
+        .with_target("warden_claude", tracing::Level::TRACE)
+        .with_target("warden_mock", tracing::Level::TRACE)
+        .with_default(tracing::level_filters::LevelFilter::OFF)
+}
+
+/// Builds the tracer provider for `endpoint` on `runtime`.
+fn provider(
+    config: &TelemetryConfig,
+    endpoint: &str,
+    runtime: &tokio::runtime::Runtime,
+    reported: Arc<AtomicU64>,
+) -> Result<SdkTracerProvider, TelemetryError> {
+    // The tonic channel must belong to a runtime that keeps running while
+    // the caller's thread blocks in a flush: ours.
+    let _enter = runtime.enter();
+    let exporter = opentelemetry_otlp::SpanExporter::builder()
+        .with_tonic()
+        .with_endpoint(endpoint)
+        .with_timeout(config.export_timeout)
+        .build()
+        .map_err(|e| TelemetryError::Exporter(e.to_string()))?;
+    let exporter = ReportOnce {
+        inner: exporter,
+        failing: Arc::default(),
+        reported,
+        endpoint: endpoint.to_owned(),
+    };
+    // Resource::builder() reads OTEL_RESOURCE_ATTRIBUTES and OTEL_SERVICE_NAME;
+    // an explicit service name is applied on top only when the variable is unset.
+    let mut resource = Resource::builder();
+    if std::env::var_os("OTEL_SERVICE_NAME").is_none() {
+        resource = resource.with_service_name(config.service_name.clone());
+    }
+    Ok(SdkTracerProvider::builder()
+        .with_batch_exporter(exporter)
+        .with_resource(resource.build())
+        .build())
+}
+
+/// Installs the global subscriber (console and, if configured, OTLP export)
+/// and returns the guard that flushes on drop.
+pub fn init(config: TelemetryConfig) -> Result<TelemetryGuard, TelemetryError> {
+    let console_filter =
+        EnvFilter::try_new(format!("{},opentelemetry=off,opentelemetry_sdk=off,opentelemetry_otlp=off,tonic=off,h2=off,hyper=off,tower=off", config.console_filter))
+            .map_err(|e| TelemetryError::Filter {
+                filter: config.console_filter.clone(),
+                message: e.to_string(),
+            })?;
+    let console = config.console.then(|| {
+        tracing_subscriber::fmt::layer()
+            .with_writer(std::io::stderr)
+            .with_target(false)
+            .with_filter(console_filter)
+    });
+    let reported = Arc::new(AtomicU64::new(0));
+    let (otel, guard) = match &config.otlp_endpoint {
+        Some(endpoint) => {
+            let runtime = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(1)
+                .thread_name("warden-otlp")
+                .enable_all()
+                .build()
+                .map_err(|e| TelemetryError::Runtime(e.to_string()))?;
+            let provider = provider(&config, endpoint, &runtime, reported.clone())?;
+            let tracer = provider.tracer("warden");
+            let layer = tracing_opentelemetry::layer()
+                .with_tracer(tracer)
+                .with_filter(export_targets());
+            (
+                Some(layer),
+                TelemetryGuard {
+                    provider: Some(provider),
+                    runtime: Some(runtime),
+                    failures_reported: reported,
+                },
+            )
+        }
+        None => (
+            None,
+            TelemetryGuard {
+                provider: None,
+                runtime: None,
+                failures_reported: reported,
+            },
+        ),
+    };
+    tracing_subscriber::registry()
+        .with(console)
+        .with(otel)
+        .try_init()
+        .map_err(|_| TelemetryError::AlreadyInstalled)?;
+    Ok(guard)
+}
