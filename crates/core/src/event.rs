@@ -68,7 +68,9 @@ pub enum AgentEvent {
         /// The fragment.
         partial_json: String,
     },
-    /// A tool call's result arrived.
+    /// A tool call is over: for agent CLIs its result arrived; for HTTP
+    /// API sources (which do not run tools) its call block ended. Ends the
+    /// longer tool silence allowance.
     ToolUseFinished {
         /// Tool-use id.
         id: String,

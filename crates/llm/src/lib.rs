@@ -1,1 +1,110 @@
-//! warden-llm: work in progress.
+//! # warden-llm
+//!
+//! Real [`EventSource`](warden_core::EventSource)s for warden: streaming
+//! LLM APIs over HTTP.
+//!
+//! - [`AnthropicSource`]: the Anthropic Messages API, `POST
+//!   {base_url}/v1/messages` with `stream: true`, headers `x-api-key`,
+//!   `anthropic-version: 2023-06-01`, `content-type: application/json`.
+//! - [`OpenAiSource`]: OpenAI-compatible chat completions, `POST
+//!   {base_url}/v1/chat/completions` with `Authorization: Bearer`, `stream:
+//!   true` and `stream_options: {include_usage: true}`.
+//!
+//! Each [`open`](warden_core::EventSource::open) sends one request (one
+//! user message, the turn's `append_system_prompt` as system text) and
+//! returns a stream that owns the response body: dropping it closes the
+//! connection. A source for the Claude Code CLI (JSON Lines from a child
+//! process) is planned; it is not part of these HTTP sources.
+//!
+//! ```no_run
+//! use warden_core::{EventSource, SessionKey, TurnRequest};
+//! use warden_llm::{AnthropicOptions, AnthropicSource};
+//!
+//! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+//! let source = AnthropicSource::new(
+//!     AnthropicOptions::default()
+//!         .with_api_key(std::env::var("ANTHROPIC_API_KEY")?)
+//!         .with_model("claude-sonnet-4-5"),
+//! )?;
+//! let stream = source
+//!     .open(TurnRequest::new(SessionKey::new("/work/repo"), 1, "hello"))
+//!     .await?;
+//! # drop(stream);
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! # Event mapping
+//!
+//! | Anthropic | OpenAI | [`AgentEvent`](warden_core::AgentEvent) |
+//! | --- | --- | --- |
+//! | `text_delta` | `delta.content` | `TextDelta` |
+//! | `thinking_delta` | `delta.reasoning_content` | `ThinkingDelta` |
+//! | `content_block_start` of a `tool_use` block | first `delta.tool_calls[i]` (with `id` / `name`) | `ToolUseStarted` |
+//! | `input_json_delta` | `tool_calls[i].function.arguments` | `ToolInputDelta` |
+//! | `content_block_stop` of a tool block | `finish_reason` (or `[DONE]`) for open calls | `ToolUseFinished` |
+//! | `message_start` / `message_delta` usage | the `usage` chunk | `Usage` |
+//! | `message_delta.stop_reason` | `finish_reason` | `Stop` |
+//! | `message_stop` | `data: [DONE]` | `TurnComplete`, then the stream ends |
+//!
+//! `message_delta` usually reports only `output_tokens`: its `Usage`
+//! keeps the input and cache fields of `message_start`, so the last
+//! `Usage` of a turn gives the context in use. OpenAI's `prompt_tokens` →
+//! `input_tokens`, `completion_tokens` → `output_tokens`.
+//!
+//! # Liveness
+//!
+//! The watchdog must be fed from *raw* frames, pings and `: keep-alive`
+//! comments included. The SSE parser used here (`eventsource-stream`)
+//! silently drops comment lines and events without `data:`, so liveness is
+//! also handled at the byte level, before the parser: a guard on the body
+//! counts comment lines, data-less events and chunks that complete nothing,
+//! and each is settled as one [`Frame::KeepAlive`](warden_core::Frame) once
+//! the parser has consumed that chunk. Every parsed event yields at least
+//! one frame: `ping`, `signature_delta`, `citations_delta`, text block
+//! starts and anything unknown become `KeepAlive`. See [`decode`].
+//!
+//! # Errors
+//!
+//! | What happened | [`StreamError`](warden_core::StreamError) | Retryable |
+//! | --- | --- | --- |
+//! | Connect, send or body read failed | `Connection` | yes |
+//! | Non-2xx with `x-should-retry: true` | `Api { status, .. }` | yes |
+//! | 401, 403 | `Unauthorized` | no |
+//! | 400 saying the prompt is too long (or `context_length_exceeded`) | `ContextOverflow { reason: "prompt_too_long" }` | no (resume-failure path) |
+//! | 408, 409, 429, ≥ 500 without `x-should-retry: false` | `Api { status, .. }` | yes |
+//! | Any other non-2xx, or a retryable status with `x-should-retry: false` | `Api { status, .. }` | no |
+//! | `event: error` (or an OpenAI `{"error": ..}` chunk) of kind `overloaded_error`, `api_error`, `rate_limit_error`, `timeout_error`, `server_error`, `rate_limit_exceeded` | `Api { status: None, .. }` | yes |
+//! | `event: error` of any other kind | `Api { status: None, .. }` | no |
+//! | Body ended before `message_stop` / `[DONE]` | `Truncated` | yes |
+//! | One SSE event over [`HttpOptions::max_frame_bytes`] | `FrameTooLarge` | no |
+//! | Invalid JSON in `data:`, invalid UTF-8 | `Malformed` (serde's message, quoted input redacted, never the frame) | no |
+//!
+//! `retry_after` of an `Api` error comes from `retry-after-ms`, else
+//! `retry-after` (seconds or an HTTP date), capped at
+//! [`HttpOptions::max_retry_after`]. Redirects are not followed (a 3xx is a
+//! fatal `Api`). This crate does not retry: the session does, under its
+//! policy. Logs carry statuses, kinds and sizes, never prompt or completion
+//! text nor the key.
+//!
+//! # Dependencies and why
+//! - `warden-core`: the `EventSource` trait, frames, events and errors.
+//! - `reqwest` (0.12, rustls, `stream`; no default features): a well-kept
+//!   HTTP client on hyper; rustls avoids a system OpenSSL; `stream` reads
+//!   the body chunk by chunk.
+//! - `eventsource-stream` (0.2): SSE framing per the HTML spec (fields,
+//!   multi-line data, CR/LF/CRLF, BOM), so none is hand-written here.
+//! - `serde`, `serde_json`: request bodies, `data:` payloads, error bodies.
+//! - `httpdate`: `Retry-After` as an HTTP date.
+//! - `futures-util`: the `Stream` trait and combinators.
+//! - `thiserror`: [`BuildError`].
+//! - `tracing`: structured events; this library never installs a subscriber.
+
+mod anthropic;
+pub mod decode;
+mod http;
+mod openai;
+
+pub use anthropic::{ANTHROPIC_VERSION, AnthropicOptions, AnthropicSource};
+pub use http::{BuildError, HttpOptions};
+pub use openai::{OpenAiOptions, OpenAiSource};
