@@ -25,3 +25,15 @@ lint:
 # Build the docs with warnings denied.
 doc:
     RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps
+
+# Run the Jaeger example against a local Jaeger (see docs/jaeger.md).
+jaeger:
+    OTEL_EXPORTER_OTLP_ENDPOINT=${OTEL_EXPORTER_OTLP_ENDPOINT:-http://127.0.0.1:4317} OTEL_SERVICE_NAME=${OTEL_SERVICE_NAME:-warden-demo} cargo run --example jaeger
+
+# Start Jaeger all-in-one in docker (UI on :16686, OTLP/gRPC on :4317).
+jaeger-up:
+    docker run --rm -d --name jaeger -p 16686:16686 -p 4317:4317 jaegertracing/all-in-one:latest
+
+# Run the benchmarks (quick mode: `just bench --quick`).
+bench *ARGS:
+    cargo bench -p warden-bench -- {{ARGS}}

@@ -20,6 +20,9 @@
 //!    measured exactly); memory per StreamActor versus a plain task.
 //! 4. `fallback`: resume failure observed → fresh session ready (durable
 //!    write included) versus a bare flushed store write.
+//! 5. `telemetry`: turns per second through the supervisor with OTLP export
+//!    to a real receiver versus no exporter (each in a child process, since a
+//!    global subscriber is set once per process).
 #![allow(unsafe_code)] // the counting global allocator below
 #![allow(missing_docs, unreachable_pub)]
 
@@ -688,8 +691,112 @@ async fn bench_fallback(quick: bool) {
     sup.shutdown().await;
 }
 
+// ---------------------------------------------------------------- telemetry
+
+/// The supervised workload: `turns` turns over 50 sessions, 20 frames each.
+async fn telemetry_workload(turns: usize) -> f64 {
+    use warden_core::{Supervisor, SupervisorConfig};
+    let (source, ctl) = warden_core::testing::ChannelSource::new();
+    let factory = move |_: &SessionKey| source.clone() as Arc<dyn EventSource>;
+    let sup = Supervisor::start(SupervisorConfig::default(), Arc::new(factory))
+        .await
+        .expect("supervisor");
+    let driver = tokio::spawn(async move {
+        while let Some(a) = ctl.next_attempt().await {
+            for _ in 0..20 {
+                a.text("token ");
+            }
+            a.finish();
+        }
+    });
+    let t0 = std::time::Instant::now();
+    let mut pending = Vec::new();
+    for i in 0..turns {
+        pending.push(sup.send(format!("s{}", i % 50), "hi").await.expect("send"));
+        if pending.len() >= 200 {
+            for t in pending.drain(..) {
+                t.finish().await.expect("turn");
+            }
+        }
+    }
+    for t in pending {
+        t.finish().await.expect("turn");
+    }
+    let rate = turns as f64 / t0.elapsed().as_secs_f64();
+    sup.shutdown().await;
+    driver.abort();
+    rate
+}
+
+fn telemetry_child(endpoint: Option<String>, turns: usize) {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let mut config = warden_telemetry::TelemetryConfig::default().with_console(false);
+    if let Some(e) = endpoint {
+        config = config.with_otlp_endpoint(e);
+    }
+    let guard = warden_telemetry::init(config).expect("telemetry");
+    let rate = rt.block_on(telemetry_workload(turns));
+    drop(guard);
+    println!("TURNS_PER_SEC {rate:.1}");
+}
+
+fn bench_telemetry(quick: bool) {
+    println!(
+        "\n## 5. Throughput with OTLP export on vs off (turns/s, 20 frames per turn, 50 sessions)"
+    );
+    let turns = if quick { 2_000 } else { 10_000 };
+    let collector_rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let collector = collector_rt
+        .block_on(fake_opentelemetry_collector::FakeCollectorServer::start())
+        .expect("collector");
+    let run = |endpoint: Option<&str>| -> f64 {
+        let exe = std::env::current_exe().expect("exe");
+        let mut cmd = std::process::Command::new(exe);
+        cmd.arg("--telemetry-child").arg(turns.to_string());
+        if let Some(e) = endpoint {
+            cmd.arg(e);
+        }
+        let out = cmd.output().expect("child");
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .find_map(|l| {
+                l.strip_prefix("TURNS_PER_SEC ")
+                    .and_then(|v| v.parse().ok())
+            })
+            .unwrap_or(f64::NAN)
+    };
+    let mut off = Vec::new();
+    let mut on = Vec::new();
+    for _ in 0..3 {
+        off.push(run(None));
+        on.push(run(Some(&collector.endpoint())));
+    }
+    let best = |v: &[f64]| v.iter().copied().fold(f64::NAN, f64::max);
+    println!("| export | turns/s (best of 3) |");
+    println!("|---|---:|");
+    println!("| off (no exporter, baseline) | {:.0} |", best(&off));
+    println!("| on (OTLP/gRPC to a local receiver) | {:.0} |", best(&on));
+    println!("ratio on/off: {:.3}x", best(&on) / best(&off));
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
+    if let Some(i) = args.iter().position(|a| a == "--telemetry-child") {
+        let turns = args
+            .get(i + 1)
+            .and_then(|t| t.parse().ok())
+            .unwrap_or(2_000);
+        telemetry_child(args.get(i + 2).cloned(), turns);
+        return;
+    }
     let quick = args.iter().any(|a| a == "--quick");
     let picked: Vec<&str> = args
         .iter()
@@ -734,4 +841,7 @@ fn main() {
             bench_fallback(quick).await;
         }
     });
+    if want("telemetry") {
+        bench_telemetry(quick);
+    }
 }
