@@ -13,8 +13,8 @@
 //! Each [`open`](warden_core::EventSource::open) sends one request (one
 //! user message, the turn's `append_system_prompt` as system text) and
 //! returns a stream that owns the response body: dropping it closes the
-//! connection. A source for the Claude Code CLI (JSON Lines from a child
-//! process) is planned; it is not part of these HTTP sources.
+//! connection. The Claude Code CLI source (JSON Lines from a child
+//! process) lives in its own crate, `warden-claude`.
 //!
 //! ```no_run
 //! use warden_core::{EventSource, SessionKey, TurnRequest};
