@@ -529,6 +529,53 @@ impl EventSource for Pending {
 
 async fn bench_capacity(quick: bool) {
     println!("\n## 3. Capacity and memory");
+    // Memory per StreamActor vs a plain per-stream task with a timeout.
+    let k = if quick { 2_000 } else { 10_000 };
+    let before = live_bytes() as i64;
+    let mut tasks = Vec::with_capacity(k);
+    for _ in 0..k {
+        tasks.push(tokio::spawn(async {
+            let mut s: EventStream = Box::pin(futures_util::stream::pending());
+            let _ = tokio::time::timeout(T45, s.next()).await;
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let per_task = (live_bytes() as i64 - before) as f64 / k as f64;
+    let (wd2, _) = WatchdogActor::spawn(WatchdogConfig::default())
+        .await
+        .expect("watchdog");
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let before = live_bytes() as i64;
+    let mut streams = Vec::with_capacity(k);
+    for i in 0..k {
+        let args = StreamArgs {
+            attempt: AttemptId {
+                turn: i as u64,
+                attempt: 1,
+            },
+            source: Arc::new(Pending),
+            request: TurnRequest::new(SessionKey::new("bench"), i as u64, ""),
+            watchdog: wd2.clone(),
+            options: StreamOptions::default(),
+            sink: Arc::new(|_| {}),
+            span: tracing::Span::none(),
+        };
+        streams.push(StreamActor::spawn(args).await.expect("spawn"));
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let per_actor = (live_bytes() as i64 - before) as f64 / k as f64;
+    println!(
+        "memory per running stream: StreamActor + reader + watch entry {per_actor:.0} B; plain task + timeout (baseline) {per_task:.0} B; ratio {:.2}x",
+        per_actor / per_task
+    );
+    for s in &streams {
+        s.cancel();
+    }
+    for t in tasks {
+        t.abort();
+    }
+    drop(wd2);
+    tokio::time::sleep(Duration::from_millis(200)).await;
     let m: usize = if quick { 200_000 } else { 1_000_000 };
     let timeout = if quick {
         Duration::from_secs(2)
@@ -582,53 +629,6 @@ async fn bench_capacity(quick: bool) {
         "memory per watched stream inside the watchdog (shared cell + heap item + callback slot): {per_stream:.0} B"
     );
     drop(guards);
-
-    // Memory per StreamActor vs a plain per-stream task with a timeout.
-    tokio::time::sleep(Duration::from_millis(500)).await; // let the drops above settle
-    let k = if quick { 2_000 } else { 10_000 };
-    let before = live_bytes() as i64;
-    let mut tasks = Vec::with_capacity(k);
-    for _ in 0..k {
-        tasks.push(tokio::spawn(async {
-            let mut s: EventStream = Box::pin(futures_util::stream::pending());
-            let _ = tokio::time::timeout(T45, s.next()).await;
-        }));
-    }
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    let per_task = (live_bytes() as i64 - before) as f64 / k as f64;
-    let (wd2, _) = WatchdogActor::spawn(WatchdogConfig::default())
-        .await
-        .expect("watchdog");
-    tokio::time::sleep(Duration::from_millis(50)).await;
-    let before = live_bytes() as i64;
-    let mut streams = Vec::with_capacity(k);
-    for i in 0..k {
-        let args = StreamArgs {
-            attempt: AttemptId {
-                turn: i as u64,
-                attempt: 1,
-            },
-            source: Arc::new(Pending),
-            request: TurnRequest::new(SessionKey::new("bench"), i as u64, ""),
-            watchdog: wd2.clone(),
-            options: StreamOptions::default(),
-            sink: Arc::new(|_| {}),
-            span: tracing::Span::none(),
-        };
-        streams.push(StreamActor::spawn(args).await.expect("spawn"));
-    }
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    let per_actor = (live_bytes() as i64 - before) as f64 / k as f64;
-    println!(
-        "memory per running stream: StreamActor + reader + watch entry {per_actor:.0} B; plain task + timeout (baseline) {per_task:.0} B; ratio {:.2}x",
-        per_actor / per_task
-    );
-    for s in &streams {
-        s.cancel();
-    }
-    for t in tasks {
-        t.abort();
-    }
 }
 
 // ---------------------------------------------------------------- fallback
