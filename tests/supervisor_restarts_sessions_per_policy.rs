@@ -149,3 +149,60 @@ async fn a_crashed_turn_is_answered_not_lost() {
     a.dropped().await;
     sup.shutdown().await;
 }
+
+/// A notifier that panics, to crash the session from inside its handler.
+struct PanickingNotifier;
+
+impl warden_core::Notifier for PanickingNotifier {
+    fn notify(&self, _key: &warden_core::SessionKey, _notice: warden_core::Notice) {
+        panic!("notifier exploded");
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_session_that_panics_is_restarted_per_policy() {
+    use std::sync::Arc;
+    use warden_core::{Durability, MemoryStore, SessionKey, SessionRecord, SessionStore};
+
+    // A recovered message is answered through the notifier, which panics
+    // inside the session's handler.
+    let store = Arc::new(MemoryStore::new());
+    let key = SessionKey::new("ws");
+    let mut r = SessionRecord::new(&key, None);
+    r.pending.push(warden_core::PendingMessage {
+        id: 1,
+        text: "left over".into(),
+        accepted_at_ms: 0,
+    });
+    r.next_message_id = 2;
+    store.save(&r, Durability::Flushed).await.expect("save");
+    let (source, ctl) = warden_core::testing::ChannelSource::new();
+    let factory = move |_: &SessionKey| source.clone() as Arc<dyn warden_core::EventSource>;
+    let sup = warden_core::Supervisor::builder(Arc::new(factory))
+        .config(config())
+        .store(store.clone())
+        .notifier(Arc::new(PanickingNotifier))
+        .start()
+        .await
+        .expect("supervisor");
+    let mut events = sup.subscribe();
+    let first = sup.session("ws").await.expect("session");
+    let a = ctl
+        .next_attempt()
+        .await
+        .expect("recovered message re-delivered");
+    assert_eq!(a.request.message, "left over");
+    a.finish();
+    let ev = wait_for(&mut events, restarted).await;
+    let LifecycleEvent::SessionRestarted { cause, .. } = ev else {
+        unreachable!()
+    };
+    assert!(cause.contains("notifier exploded"), "{cause}");
+    let second = sup.session("ws").await.expect("restarted session");
+    assert_ne!(first.actor().get_id(), second.actor().get_id());
+    // The answered message is not pending any more: no crash loop.
+    let status = second.status().await.expect("alive");
+    assert!(status.record.pending.is_empty());
+    assert_eq!(status.record.restart_count, 1);
+    sup.shutdown().await;
+}
