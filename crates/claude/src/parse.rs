@@ -949,4 +949,44 @@ mod tests {
         let c = clip(&long);
         assert_eq!(c.chars().count(), MAX_MESSAGE_CHARS + 1);
     }
+
+    mod fuzz {
+        use super::super::*;
+        use proptest::prelude::*;
+
+        /// Real line shapes (formats.md), cut anywhere by the property below.
+        const SAMPLES: &[&str] = &[
+            r#"{"type":"system","subtype":"init","cwd":"/w","session_id":"9753c268-aaaa","model":"claude-x","tools":["Bash"],"permissionMode":"default"}"#,
+            r#"{"type":"assistant","message":{"id":"msg_1","content":[{"type":"text","text":"One file."},{"type":"tool_use","id":"tu_1","name":"Bash","input":{"command":"ls"}}],"usage":{"input_tokens":3,"cache_read_input_tokens":14000,"cache_creation_input_tokens":200,"output_tokens":1}},"session_id":"9753"}"#,
+            r#"{"type":"user","message":{"role":"user","content":[{"type":"tool_result","tool_use_id":"tu_1","content":"a.txt"}]}}"#,
+            r#"{"type":"result","subtype":"success","is_error":false,"num_turns":2,"result":"One file.","session_id":"9753","total_cost_usd":0.0123,"usage":{"input_tokens":6,"cache_creation_input_tokens":200,"cache_read_input_tokens":28000,"output_tokens":40},"modelUsage":{"claude-x":{"contextWindow":200000}}}"#,
+            r#"{"type":"result","subtype":"success","is_error":true,"terminal_reason":"prompt_too_long","api_error_status":400,"result":"Prompt is too long"}"#,
+            r#"{"type":"result","subtype":"error_during_execution","is_error":true,"errors":["No conversation found with session ID: abc"]}"#,
+            r#"{"type":"stream_event","event":{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"Hel"}}}"#,
+            r#"{"type":"system","subtype":"api_retry","attempt":1,"error_status":500}"#,
+        ];
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(256))]
+
+            #[test]
+            fn random_lines_never_panic(
+                lines in proptest::collection::vec(proptest::collection::vec(any::<u8>(), 0..300), 0..40),
+            ) {
+                let mut p = LineParser::new(Some("abc".into()), 20);
+                for l in &lines {
+                    let _ = p.line(l);
+                }
+            }
+
+            #[test]
+            fn truncated_real_lines_never_panic(which in 0..SAMPLES.len(), cut in 0usize..600) {
+                let line = SAMPLES[which].as_bytes();
+                let mut p = LineParser::new(Some("abc".into()), 2);
+                p.begin_turn();
+                let _ = p.line(&line[..cut.min(line.len())]);
+                let _ = p.line(line);
+            }
+        }
+    }
 }
