@@ -35,7 +35,9 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
-use ractor::{Actor, ActorId, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
+use ractor::{
+    Actor, ActorId, ActorProcessingErr, ActorRef, ActorStatus, RpcReplyPort, SupervisionEvent,
+};
 use tokio::sync::broadcast;
 use tokio::time::Instant;
 
@@ -590,7 +592,9 @@ impl SupervisorState {
             abnormal,
         });
         let deliberate = cause == REAPED || cause == ESCALATED;
-        if deliberate || !self.config.restart.should_restart(abnormal) {
+        // A newer incarnation already serves the key: nothing to restart.
+        let replaced = self.sessions.contains_key(&key);
+        if deliberate || replaced || !self.config.restart.should_restart(abnormal) {
             return Ok(());
         }
         let decision = self
@@ -837,7 +841,13 @@ impl Actor for WorkspaceSupervisor {
                         key,
                         cause: cause.clone(),
                     })
-                } else if let Some(h) = state.sessions.get(&key) {
+                } else if let Some(h) = state
+                    .sessions
+                    .get(&key)
+                    // A session that is stopping (reaped, escalated) is
+                    // replaced now rather than handed out to fail.
+                    .filter(|h| h.actor().get_status() < ActorStatus::Draining)
+                {
                     Ok(h.clone())
                 } else {
                     state.spawn_session(&myself, key, workspace, None).await
