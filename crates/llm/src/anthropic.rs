@@ -122,7 +122,11 @@ impl AnthropicOptions {
 /// Each attempt sends one user message (the turn's
 /// [`message`](TurnRequest::message)), with the turn's
 /// [`append_system_prompt`](TurnRequest::append_system_prompt) as `system`.
-/// The API keeps no conversation: `resume_id` and `workspace` are not used.
+/// The API keeps no conversation: without
+/// [`HttpOptions::transcripts`] `resume_id` is ignored and every turn is a
+/// one-message conversation; with them the source keeps, resumes and
+/// replays conversations (see [`Transcripts`](crate::Transcripts)).
+/// `workspace` is not used.
 /// Cloning shares the HTTP client and its connection pool.
 #[derive(Clone)]
 pub struct AnthropicSource {
@@ -176,7 +180,7 @@ struct MessagesRequest<'a> {
     stream: bool,
     #[serde(skip_serializing_if = "Option::is_none")]
     system: Option<&'a str>,
-    messages: [Message<'a>; 1],
+    messages: Vec<Message<'a>>,
 }
 
 #[derive(Serialize)]
@@ -189,20 +193,34 @@ impl EventSource for AnthropicSource {
     fn open(&self, request: TurnRequest) -> BoxFuture<'static, Result<EventStream, StreamError>> {
         let inner = Arc::clone(&self.inner);
         Box::pin(async move {
+            let conversation = inner.endpoint.conversation(&request).await?;
+            let history = conversation.as_ref().map_or(&[][..], |c| c.history());
+            let mut messages: Vec<Message<'_>> = history
+                .iter()
+                .map(|e| Message {
+                    role: e.role.as_str(),
+                    content: &e.content,
+                })
+                .collect();
+            messages.push(Message {
+                role: "user",
+                content: &request.message,
+            });
             let body = MessagesRequest {
                 model: &inner.model,
                 max_tokens: inner.max_tokens,
                 stream: true,
                 system: request.append_system_prompt.as_deref(),
-                messages: [Message {
-                    role: "user",
-                    content: &request.message,
-                }],
+                messages,
             };
             let body = serde_json::to_vec(&body).map_err(|e| StreamError::Internal {
                 message: format!("could not encode the request: {e}"),
             })?;
-            inner.endpoint.open(body, &request, &inner.model).await
+            let stream = inner.endpoint.open(body, &request, &inner.model).await?;
+            Ok(match conversation {
+                Some(c) => c.record(stream, request.message, inner.model.clone()),
+                None => stream,
+            })
         })
     }
 

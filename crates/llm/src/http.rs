@@ -11,6 +11,7 @@ use serde::Deserialize;
 use warden_core::{EventStream, StreamError, TurnRequest};
 
 use crate::decode::{Protocol, decode_frames, json_error_message};
+use crate::transcript::{Conversation, Transcripts};
 
 /// Bytes of an error response body read for its message; the rest is
 /// dropped.
@@ -39,6 +40,10 @@ pub struct HttpOptions {
     /// the same name replaces the default one, e.g. `anthropic-version`).
     /// Values are marked sensitive. Default none.
     pub extra_headers: Vec<(String, String)>,
+    /// Where conversations are kept, making the source resumable (see
+    /// [`Transcripts`]). Default `None`: every turn is a one-message
+    /// conversation and `resume_id` is ignored.
+    pub transcripts: Option<Transcripts>,
 }
 
 impl Default for HttpOptions {
@@ -48,6 +53,7 @@ impl Default for HttpOptions {
             max_frame_bytes: 1024 * 1024,
             max_retry_after: Duration::from_secs(60),
             extra_headers: Vec::new(),
+            transcripts: None,
         }
     }
 }
@@ -60,6 +66,7 @@ impl fmt::Debug for HttpOptions {
             .field("max_frame_bytes", &self.max_frame_bytes)
             .field("max_retry_after", &self.max_retry_after)
             .field("extra_headers", &names)
+            .field("transcripts", &self.transcripts)
             .finish()
     }
 }
@@ -86,6 +93,12 @@ impl HttpOptions {
     /// Adds one of the [`extra_headers`](Self::extra_headers).
     pub fn with_header(mut self, name: impl Into<String>, value: impl Into<String>) -> Self {
         self.extra_headers.push((name.into(), value.into()));
+        self
+    }
+
+    /// Sets [`transcripts`](Self::transcripts): keep conversations there.
+    pub fn with_transcripts(mut self, transcripts: Transcripts) -> Self {
+        self.transcripts = Some(transcripts);
         self
     }
 }
@@ -125,6 +138,7 @@ pub(crate) struct Endpoint {
     headers: HeaderMap,
     max_frame_bytes: usize,
     max_retry_after: Duration,
+    transcripts: Option<Transcripts>,
 }
 
 impl fmt::Debug for Endpoint {
@@ -137,6 +151,7 @@ impl fmt::Debug for Endpoint {
             .field("headers", &names)
             .field("max_frame_bytes", &self.max_frame_bytes)
             .field("max_retry_after", &self.max_retry_after)
+            .field("transcripts", &self.transcripts)
             .finish_non_exhaustive()
     }
 }
@@ -201,7 +216,19 @@ impl Endpoint {
             headers: map,
             max_frame_bytes: http.max_frame_bytes,
             max_retry_after: http.max_retry_after,
+            transcripts: http.transcripts.clone(),
         })
+    }
+
+    /// The conversation `request` continues, when transcripts are kept.
+    pub(crate) async fn conversation(
+        &self,
+        request: &TurnRequest,
+    ) -> Result<Option<Conversation>, StreamError> {
+        match &self.transcripts {
+            Some(transcripts) => transcripts.begin(request).await.map(Some),
+            None => Ok(None),
+        }
     }
 
     /// Sends `body` and, on a 2xx answer, returns the decoded stream, which

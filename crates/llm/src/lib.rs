@@ -13,7 +13,9 @@
 //! Each [`open`](warden_core::EventSource::open) sends one request (one
 //! user message, the turn's `append_system_prompt` as system text) and
 //! returns a stream that owns the response body: dropping it closes the
-//! connection. The Claude Code CLI source (JSON Lines from a child
+//! connection. With [`HttpOptions::with_transcripts`] the sources keep
+//! conversations on disk and resume them by id, like an agent CLI
+//! ([`transcript`]). The Claude Code CLI source (JSON Lines from a child
 //! process) lives in its own crate, `warden-claude`.
 //!
 //! ```no_run
@@ -99,12 +101,17 @@
 //! - `futures-util`: the `Stream` trait and combinators.
 //! - `thiserror`: [`BuildError`].
 //! - `tracing`: structured events; this library never installs a subscriber.
+//! - `tokio` (`rt`): transcript files are read and written on the blocking
+//!   pool, off the runtime's workers.
+//! - `rand`: random conversation ids.
 
 mod anthropic;
 pub mod decode;
 mod http;
 mod openai;
+pub mod transcript;
 
 pub use anthropic::{ANTHROPIC_VERSION, AnthropicOptions, AnthropicSource};
 pub use http::{BuildError, HttpOptions};
 pub use openai::{OpenAiOptions, OpenAiSource};
+pub use transcript::Transcripts;

@@ -120,9 +120,11 @@ impl OpenAiOptions {
 /// Each attempt sends the turn's
 /// [`append_system_prompt`](TurnRequest::append_system_prompt) as a
 /// `system` message, then the turn's [`message`](TurnRequest::message) as
-/// the `user` message. The API keeps no conversation: `resume_id` and
-/// `workspace` are not used. Cloning shares the HTTP client and its
-/// connection pool.
+/// the `user` message. The API keeps no conversation: without
+/// [`HttpOptions::transcripts`](crate::HttpOptions::transcripts)
+/// `resume_id` is ignored; with them the stored history is sent between
+/// the two (see [`Transcripts`](crate::Transcripts)). `workspace` is not
+/// used. Cloning shares the HTTP client and its connection pool.
 #[derive(Clone)]
 pub struct OpenAiSource {
     inner: Arc<Inner>,
@@ -195,13 +197,19 @@ impl EventSource for OpenAiSource {
     fn open(&self, request: TurnRequest) -> BoxFuture<'static, Result<EventStream, StreamError>> {
         let inner = Arc::clone(&self.inner);
         Box::pin(async move {
-            let mut messages = Vec::with_capacity(2);
+            let conversation = inner.endpoint.conversation(&request).await?;
+            let history = conversation.as_ref().map_or(&[][..], |c| c.history());
+            let mut messages = Vec::with_capacity(history.len() + 2);
             if let Some(system) = request.append_system_prompt.as_deref() {
                 messages.push(Message {
                     role: "system",
                     content: system,
                 });
             }
+            messages.extend(history.iter().map(|e| Message {
+                role: e.role.as_str(),
+                content: &e.content,
+            }));
             messages.push(Message {
                 role: "user",
                 content: &request.message,
@@ -218,7 +226,11 @@ impl EventSource for OpenAiSource {
             let body = serde_json::to_vec(&body).map_err(|e| StreamError::Internal {
                 message: format!("could not encode the request: {e}"),
             })?;
-            inner.endpoint.open(body, &request, &inner.model).await
+            let stream = inner.endpoint.open(body, &request, &inner.model).await?;
+            Ok(match conversation {
+                Some(c) => c.record(stream, request.message, inner.model.clone()),
+                None => stream,
+            })
         })
     }
 
