@@ -189,6 +189,21 @@ struct Message<'a> {
     content: &'a str,
 }
 
+impl AnthropicSource {
+    /// Sends `body`, a complete request the caller wrote (it must ask for a
+    /// stream), instead of one built from the turn, and decodes the answer
+    /// like [`open`](EventSource::open) does. `request` only labels the
+    /// logs; transcripts are not used.
+    pub fn open_body(
+        &self,
+        body: Vec<u8>,
+        request: TurnRequest,
+    ) -> BoxFuture<'static, Result<EventStream, StreamError>> {
+        let inner = Arc::clone(&self.inner);
+        Box::pin(async move { inner.endpoint.open(body, &request, &inner.model).await })
+    }
+}
+
 impl EventSource for AnthropicSource {
     fn open(&self, request: TurnRequest) -> BoxFuture<'static, Result<EventStream, StreamError>> {
         let inner = Arc::clone(&self.inner);

@@ -7,7 +7,7 @@
 //! session:
 //!
 //! - a turn without a `resume_id` starts a new conversation with a fresh id
-//!   (`conv_` + 32 hex digits);
+//!   (`conv_` + 32 hex digits) and an empty transcript;
 //! - every stream starts with [`AgentEvent::SessionStarted`] carrying that
 //!   id, so the session stores it and resumes it next time (after an idle
 //!   reap or a restart of the process);
@@ -137,15 +137,28 @@ impl Transcripts {
             .collect()
     }
 
-    /// Appends one finished turn (the user's message, then the reply) in a
-    /// single write, creating the file `0600` if needed.
-    pub fn append_turn(&self, id: &str, user: &str, assistant: &str) -> io::Result<()> {
+    /// Creates the (empty) transcript of a new conversation `id`, `0600`.
+    pub fn create(&self, id: &str) -> io::Result<()> {
+        self.open_append(id).map(drop)
+    }
+
+    fn open_append(&self, id: &str) -> io::Result<fs::File> {
         let path = self.path_of(id).ok_or_else(|| {
             io::Error::new(
                 io::ErrorKind::InvalidInput,
                 format!("invalid conversation id {id:?}"),
             )
         })?;
+        let mut options = fs::OpenOptions::new();
+        options.create(true).append(true);
+        #[cfg(unix)]
+        std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
+        options.open(&path)
+    }
+
+    /// Appends one finished turn (the user's message, then the reply) in a
+    /// single write, creating the file `0600` if needed.
+    pub fn append_turn(&self, id: &str, user: &str, assistant: &str) -> io::Result<()> {
         let mut lines = Vec::new();
         for (role, content) in [(Role::User, user), (Role::Assistant, assistant)] {
             let entry = Entry {
@@ -155,11 +168,7 @@ impl Transcripts {
             serde_json::to_writer(&mut lines, &entry).map_err(io::Error::other)?;
             lines.push(b'\n');
         }
-        let mut options = fs::OpenOptions::new();
-        options.create(true).append(true);
-        #[cfg(unix)]
-        std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
-        let mut file = options.open(&path)?;
+        let mut file = self.open_append(id)?;
         file.write_all(&lines)?;
         file.flush()
     }
@@ -172,26 +181,35 @@ impl Transcripts {
     /// Loads (on the blocking pool) the conversation `request` resumes, or
     /// starts a new one.
     pub(crate) async fn begin(&self, request: &TurnRequest) -> Result<Conversation, StreamError> {
-        let Some(id) = request.resume_id.clone() else {
-            return Ok(Conversation {
-                transcripts: self.clone(),
-                id: Self::new_id(),
-                history: Vec::new(),
-            });
-        };
         let transcripts = self.clone();
-        let loaded = tokio::task::spawn_blocking(move || {
-            let history = transcripts.load(&id)?;
-            Ok(Conversation {
-                transcripts,
-                id,
-                history,
-            })
+        let resume = request.resume_id.clone();
+        let loaded = tokio::task::spawn_blocking(move || match resume {
+            Some(id) => {
+                let history = transcripts.load(&id)?;
+                Ok(Conversation {
+                    transcripts,
+                    id,
+                    history,
+                })
+            }
+            None => {
+                // The file exists from the start, as the id is announced
+                // at once: a retry of a failed first turn resumes it.
+                let id = Self::new_id();
+                transcripts.create(&id).map_err(|e| StreamError::Internal {
+                    message: format!("could not create the transcript of {id}: {e}"),
+                })?;
+                Ok(Conversation {
+                    transcripts,
+                    id,
+                    history: Vec::new(),
+                })
+            }
         })
         .await;
         loaded.unwrap_or_else(|e| {
             Err(StreamError::Internal {
-                message: format!("loading the transcript failed: {e}"),
+                message: format!("opening the transcript failed: {e}"),
             })
         })
     }

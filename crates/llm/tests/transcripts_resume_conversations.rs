@@ -126,6 +126,34 @@ async fn anthropic_conversations_grow_resume_and_survive_failed_attempts() {
 }
 
 #[tokio::test]
+async fn a_new_conversation_whose_first_attempt_failed_can_be_resumed() {
+    // The id is announced before the attempt fails, so the session stores
+    // it and its retry resumes it: that must not be an unknown session.
+    let mock = MockServer::start(
+        MockConfig::default().with_sequence([Scenario::AbruptClose, Scenario::Normal]),
+    )
+    .await
+    .expect("mock");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (http, transcripts) = http(dir.path());
+    let source = AnthropicSource::new(
+        AnthropicOptions::default()
+            .with_base_url(mock.base_url())
+            .with_http(http),
+    )
+    .expect("source");
+    let failed = run(&source, "hello", None).await;
+    assert!(failed.error.is_some());
+    let id = failed.session_id.expect("announced before the failure");
+    assert_eq!(transcripts.load(&id).expect("empty but there"), vec![]);
+    let retry = run(&source, "hello", Some(&id)).await;
+    assert!(retry.error.is_none(), "{:?}", retry.error);
+    assert_eq!(retry.session_id.as_deref(), Some(id.as_str()));
+    assert_eq!(transcripts.load(&id).expect("load").len(), 2);
+    mock.shutdown().await;
+}
+
+#[tokio::test]
 async fn an_unknown_conversation_is_refused_before_any_request() {
     let mock = MockServer::start(MockConfig::default())
         .await
