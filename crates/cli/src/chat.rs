@@ -1,0 +1,199 @@
+//! `warden chat`: one message to the session of a workspace.
+
+use std::io::Read;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use warden_claude::{ClaudeOptions, ClaudeSource};
+use warden_core::{
+    EventSource, Notice, Notifier, SessionKey, Supervisor, SupervisorConfig, context,
+};
+use warden_llm::Transcripts;
+
+use crate::exit::{CliError, Exit};
+use crate::paths;
+use crate::relay::relay;
+use crate::sources::{HttpSettings, HttpSource, Provider, claude_binary};
+
+/// The agent behind a workspace's session.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum Agent {
+    /// The Claude Code CLI (`claude`), one child process per session; it
+    /// keeps its own transcripts.
+    ClaudeCode,
+    /// The Anthropic Messages API; warden keeps the transcript.
+    Anthropic,
+    /// An OpenAI-compatible chat completions API; warden keeps the transcript.
+    Openai,
+}
+
+/// Arguments of `warden chat`.
+#[derive(Debug, clap::Args)]
+#[command(after_help = "\
+The session of the workspace is resumed from the store (created if new); a stored
+conversation that cannot be resumed is replaced by a fresh one, with a notice on
+stderr and the message re-delivered. The reply streams to stdout, followed by the
+context indicator [ctx: NN%]. Silent streams are killed after WARDEN_STREAM_TIMEOUT
+ms (default 45000) and retried. API keys come from ANTHROPIC_API_KEY / OPENAI_API_KEY.
+
+Examples:
+  warden chat --workspace ~/src/app 'why does the build fail?'
+  git diff | warden chat --workspace . --agent anthropic -")]
+pub(crate) struct ChatArgs {
+    /// The workspace directory; its normalized path names the session.
+    #[arg(long, value_name = "DIR")]
+    workspace: PathBuf,
+    /// The agent.
+    #[arg(long, value_enum, default_value_t = Agent::ClaudeCode)]
+    agent: Agent,
+    /// The API's base URL (anthropic and openai agents), e.g. a `warden
+    /// mock` server. Default ANTHROPIC_BASE_URL / OPENAI_BASE_URL, else the
+    /// provider's API.
+    #[arg(long, value_name = "URL")]
+    base_url: Option<String>,
+    /// The model.
+    #[arg(long)]
+    model: Option<String>,
+    /// Where sessions and transcripts are kept. Default WARDEN_DATA_DIR,
+    /// else the user's data directory (~/.local/share/warden).
+    #[arg(long, value_name = "DIR")]
+    data_dir: Option<PathBuf>,
+    /// The Claude Code binary. Default WARDEN_CLAUDE_BIN, else `claude` on PATH.
+    #[arg(long, value_name = "PATH")]
+    claude_bin: Option<PathBuf>,
+    /// Forget that this workspace's session was given up before sending.
+    #[arg(long)]
+    reset: bool,
+    /// The message, or `-` to read it from stdin.
+    message: String,
+}
+
+/// Prints notices for the user on stderr.
+struct StderrNotifier;
+
+impl Notifier for StderrNotifier {
+    fn notify(&self, _key: &SessionKey, notice: Notice) {
+        match notice {
+            Notice::FreshStart { message, .. } | Notice::SessionFailed { message, .. } => {
+                eprintln!("warden: {message}");
+            }
+            Notice::RecoveredReply { message_id, result } => match result {
+                Ok(text) => eprintln!(
+                    "warden: an earlier message (#{message_id}) interrupted by a crash was answered ({} characters, not shown)",
+                    text.chars().count()
+                ),
+                Err(e) => eprintln!(
+                    "warden: an earlier message (#{message_id}) interrupted by a crash failed: {e}"
+                ),
+            },
+            _ => {}
+        }
+    }
+}
+
+/// Runs `warden chat`.
+pub(crate) async fn run(args: ChatArgs) -> Result<Exit, CliError> {
+    let message = if args.message == "-" {
+        let mut text = String::new();
+        std::io::stdin()
+            .read_to_string(&mut text)
+            .map_err(|e| CliError::usage(format!("cannot read the message from stdin: {e}")))?;
+        text
+    } else {
+        args.message.clone()
+    };
+    if message.trim().is_empty() {
+        return Err(CliError::usage("the message is empty"));
+    }
+    match std::fs::metadata(&args.workspace) {
+        Ok(m) if m.is_dir() => {}
+        Ok(_) => {
+            return Err(CliError::usage(format!(
+                "workspace {} is not a directory",
+                args.workspace.display()
+            )));
+        }
+        Err(e) => {
+            return Err(CliError::usage(format!(
+                "workspace {}: {e}",
+                args.workspace.display()
+            )));
+        }
+    }
+    let config = SupervisorConfig::from_env().map_err(|e| CliError::usage(e.to_string()))?;
+    let data_dir = paths::data_dir(args.data_dir.clone())?;
+
+    let mut claude = None;
+    let source: Arc<dyn EventSource> = match args.agent {
+        Agent::ClaudeCode => {
+            if args.base_url.is_some() {
+                return Err(CliError::usage(
+                    "--base-url applies to --agent anthropic or openai (Claude Code reads ANTHROPIC_BASE_URL itself)",
+                ));
+            }
+            let mut options = ClaudeOptions::default().with_binary(claude_binary(args.claude_bin)?);
+            if let Some(model) = args.model.clone() {
+                options = options.with_model(model);
+            }
+            let source = Arc::new(ClaudeSource::new(options));
+            claude = Some(source.clone());
+            source
+        }
+        Agent::Anthropic | Agent::Openai => {
+            let provider = if args.agent == Agent::Anthropic {
+                Provider::Anthropic
+            } else {
+                Provider::Openai
+            };
+            let dir = data_dir.join(paths::TRANSCRIPTS);
+            let transcripts = Transcripts::open(&dir).map_err(|e| {
+                CliError::failure(format!(
+                    "cannot create the transcript directory {}: {e}",
+                    dir.display()
+                ))
+            })?;
+            HttpSource::new(
+                provider,
+                HttpSettings {
+                    base_url: args.base_url.clone(),
+                    model: args.model.clone(),
+                    transcripts: Some(transcripts),
+                },
+            )?
+            .into_source()
+        }
+    };
+    let store = Arc::new(paths::open_store(&data_dir)?);
+
+    let factory = move |_: &SessionKey| source.clone();
+    let supervisor = Supervisor::builder(Arc::new(factory))
+        .config(config)
+        .store(store)
+        .notifier(Arc::new(StderrNotifier))
+        .start()
+        .await?;
+    let result = async {
+        if args.reset {
+            let path = warden_core::normalize_workspace(&args.workspace).map_err(|e| {
+                CliError::usage(format!("workspace {}: {e}", args.workspace.display()))
+            })?;
+            supervisor.reset(path.to_string_lossy().as_ref()).await?;
+        }
+        let session = supervisor.workspace(&args.workspace).await?;
+        let turn = session.submit(message).await?;
+        relay(turn, &session).await
+    }
+    .await;
+    supervisor.shutdown().await;
+    if let Some(claude) = claude {
+        claude.shutdown().await;
+    }
+    let relayed = result?;
+    if relayed.line_open {
+        println!();
+    }
+    if let Some(ctx) = relayed.summary.context {
+        println!("{}", context::indicator(ctx.percent));
+    }
+    Ok(Exit::Ok)
+}

@@ -1,0 +1,575 @@
+//! `warden demo`: several workspace sessions against the built-in mock LLM
+//! server, with faults injected, on the real stack (Anthropic SSE over
+//! loopback HTTP, the watchdog, the sled store, transcripts on disk).
+//!
+//! | workspace | what happens | what must hold |
+//! |---|---|---|
+//! | `api-server` | the first stream stalls with the socket held open | the watchdog kills it at the timeout; the retry answers |
+//! | `docs-site` | a thinking pause longer than the timeout, kept alive by pings | never killed |
+//! | `billing` | HTTP 429 with `retry-after` | the retry waits exactly that long, then answers |
+//! | `legacy-app` | its stored conversation's transcript is gone | fresh session, message re-delivered, user told |
+//! | `monorepo` | its stored conversation is too long (HTTP 400) | fresh session, message re-delivered, user told |
+//! | `mobile-app` | idle longer than the reap timeout between two messages | reaped, then resumed with its history |
+//!
+//! Every workspace's context indicator climbs as its conversation grows
+//! (the demo measures against a 1,000-token window so that it shows within
+//! a few turns). All timings derive from the watchdog timeout: 3 s by
+//! default, 1 s with `--quick`, `WARDEN_STREAM_TIMEOUT` (ms) overrides.
+
+mod agent;
+mod summary;
+mod view;
+
+use std::collections::HashMap;
+use std::io::IsTerminal;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::sync::mpsc;
+use warden_core::{
+    ContextConfig, Durability, LifecycleEvent, Notice, Notifier, RetryPolicy, SessionConfig,
+    SessionKey, SessionRecord, SessionStore, Supervisor, SupervisorConfig, TurnError, TurnEvent,
+    TurnSummary, WatchdogConfig,
+};
+use warden_llm::Transcripts;
+use warden_mock::{MockConfig, MockServer, Scenario};
+use warden_store::SledStore;
+
+use crate::exit::{CliError, Exit};
+use crate::paths;
+use agent::{DemoAgents, DemoFactory};
+use view::{Mode, Note, Transition, View};
+
+/// The context window the demo measures against.
+pub(crate) const DEMO_WINDOW: u64 = 1_000;
+
+/// What the mock answers: long enough that each turn visibly grows the
+/// conversation.
+const REPLY: &str = "I read the code and the failing output. The problem is in how the \
+client waits for the server: it has no deadline, so a dropped connection leaves it \
+waiting forever. I added a timeout, a retry with backoff, and a test that cuts the \
+connection in the middle of a response to prove the fix. All tests pass now.";
+
+/// Arguments of `warden demo`.
+#[derive(Debug, clap::Args)]
+#[command(after_help = "\
+Six workspaces talk to the built-in mock LLM server (in-process, loopback) through the
+real stack: a stall killed by the watchdog and retried, pings through a long thinking
+pause, a 429 with retry-after, two resume failures that fall back to a fresh session,
+an idle reap and resume, and the context indicator climbing. Ends with a summary and
+exits 1 if any expected recovery did not happen. Exports spans when
+OTEL_EXPORTER_OTLP_ENDPOINT is set.")]
+pub(crate) struct DemoArgs {
+    /// Where the demo's sessions and transcripts are kept. Default
+    /// WARDEN_DATA_DIR, else the user's data directory
+    /// (~/.local/share/warden). The demo only touches its own sessions
+    /// (workspaces under DIR/demo-workspaces).
+    #[arg(long, value_name = "DIR")]
+    data_dir: Option<PathBuf>,
+    /// Short timings (1 s watchdog timeout): a few seconds, for CI.
+    #[arg(long)]
+    quick: bool,
+    /// One JSON object per transition on stdout, then a summary object.
+    #[arg(long, conflicts_with = "plain")]
+    json: bool,
+    /// Plain lines even on a terminal (no live table).
+    #[arg(long)]
+    plain: bool,
+}
+
+/// Every duration of the demo, derived from the watchdog timeout.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Timings {
+    pub(super) timeout: Duration,
+    pub(super) thinking: Duration,
+    pub(super) ping: Duration,
+    pub(super) retry_after: Duration,
+    pub(super) idle: Duration,
+    pub(super) backoff: Duration,
+    pub(super) frame: Duration,
+    pub(super) between_turns: Duration,
+}
+
+impl Timings {
+    fn new(timeout: Duration, quick: bool) -> Self {
+        Self {
+            timeout,
+            thinking: timeout.mul_f64(2.5),
+            ping: timeout / 4,
+            retry_after: timeout / 2,
+            idle: timeout.mul_f64(1.5),
+            backoff: timeout / 8,
+            frame: if quick {
+                Duration::from_millis(3)
+            } else {
+                Duration::from_millis(15)
+            },
+            between_turns: if quick { Duration::ZERO } else { timeout / 3 },
+        }
+    }
+}
+
+/// How a workspace's stored state starts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Seed {
+    /// Nothing stored.
+    Empty,
+    /// A conversation id whose transcript no longer exists.
+    MissingTranscript,
+    /// A conversation whose transcript is too long to send.
+    OversizedTranscript,
+}
+
+/// One workspace of the demo.
+#[derive(Debug, Clone)]
+pub(super) struct Plan {
+    pub(super) name: &'static str,
+    /// The scenario of each request, in order (the last repeats).
+    script: Vec<Scenario>,
+    seed: Seed,
+    /// Each message and the pause before it.
+    messages: Vec<(Duration, &'static str)>,
+}
+
+fn plans(t: &Timings) -> Vec<Plan> {
+    let gap = t.between_turns;
+    vec![
+        Plan {
+            name: "api-server",
+            script: vec![Scenario::Stall, Scenario::Normal],
+            seed: Seed::Empty,
+            messages: vec![
+                (Duration::ZERO, "Why does the integration test hang?"),
+                (gap, "Add a timeout to the HTTP client."),
+                (gap, "Write a regression test for it."),
+            ],
+        },
+        Plan {
+            name: "docs-site",
+            script: vec![Scenario::ThinkingPings, Scenario::Normal],
+            seed: Seed::Empty,
+            messages: vec![
+                (
+                    Duration::ZERO,
+                    "Plan the move of the docs to the new generator.",
+                ),
+                (gap, "Start with the navigation."),
+            ],
+        },
+        Plan {
+            name: "billing",
+            script: vec![Scenario::RateLimited, Scenario::Normal],
+            seed: Seed::Empty,
+            messages: vec![
+                (Duration::ZERO, "Summarise the failing invoice job."),
+                (gap, "Propose a fix."),
+            ],
+        },
+        Plan {
+            name: "legacy-app",
+            script: vec![Scenario::Normal],
+            seed: Seed::MissingTranscript,
+            messages: vec![
+                (Duration::ZERO, "Where were we with the upgrade?"),
+                (gap, "Continue with the next step."),
+            ],
+        },
+        Plan {
+            name: "monorepo",
+            script: vec![Scenario::PromptTooLong, Scenario::Normal],
+            seed: Seed::OversizedTranscript,
+            messages: vec![
+                (Duration::ZERO, "Continue the refactor."),
+                (gap, "Run the linters."),
+            ],
+        },
+        Plan {
+            name: "mobile-app",
+            script: vec![Scenario::Normal],
+            seed: Seed::Empty,
+            messages: vec![
+                (Duration::ZERO, "Draft the release notes."),
+                // Idle past the reap timeout: the session is stopped, then
+                // resumed from the store by this message.
+                (
+                    t.idle + t.timeout / 2,
+                    "Add a section on the new settings screen.",
+                ),
+            ],
+        },
+    ]
+}
+
+/// What one workspace's driver saw.
+#[derive(Debug, Clone)]
+pub(super) struct TurnOutcome {
+    pub(super) sent_at: Duration,
+    pub(super) finished_at: Duration,
+    pub(super) result: Result<TurnSummary, TurnError>,
+}
+
+/// Forwards notices into the demo's log.
+struct DemoNotifier(mpsc::UnboundedSender<(Duration, SessionKey, Note)>, Instant);
+
+impl Notifier for DemoNotifier {
+    fn notify(&self, key: &SessionKey, notice: Notice) {
+        let _ = self
+            .0
+            .send((self.1.elapsed(), key.clone(), Note::Notice(notice)));
+    }
+}
+
+/// Runs `warden demo`.
+pub(crate) async fn run(args: DemoArgs, exporting: bool) -> Result<Exit, CliError> {
+    let default_timeout = if args.quick {
+        Duration::from_secs(1)
+    } else {
+        Duration::from_secs(3)
+    };
+    let timeout = match std::env::var_os(warden_core::config::STREAM_TIMEOUT_ENV) {
+        Some(v) if !v.is_empty() => warden_core::config::stream_timeout_from_env()
+            .map_err(|e| CliError::usage(e.to_string()))?,
+        _ => default_timeout,
+    };
+    let t = Timings::new(timeout, args.quick);
+    let mode = if args.json {
+        Mode::Json
+    } else if args.plain || !std::io::stdout().is_terminal() {
+        Mode::Plain
+    } else {
+        Mode::Live
+    };
+    let data_dir = paths::data_dir(args.data_dir)?;
+    let plans = plans(&t);
+
+    // State: the store, transcripts and one directory per workspace.
+    let store = Arc::new(paths::open_store(&data_dir)?);
+    let transcripts_dir = data_dir.join(paths::TRANSCRIPTS);
+    let transcripts = Transcripts::open(&transcripts_dir).map_err(|e| {
+        CliError::failure(format!("cannot create {}: {e}", transcripts_dir.display()))
+    })?;
+    let mut keys = HashMap::new();
+    let mut scripts = HashMap::new();
+    for plan in &plans {
+        let dir = data_dir.join("demo-workspaces").join(plan.name);
+        let key = prepare_workspace(&dir, plan, &store, &transcripts).await?;
+        scripts.insert(key.clone(), (plan.name.to_owned(), plan.script.clone()));
+        keys.insert(key, (plan.name, dir));
+    }
+
+    // The LLM: the mock server on a free loopback port.
+    let mock = MockServer::start(
+        MockConfig::default()
+            .with_frame_interval(t.frame)
+            .with_thinking_pause(t.thinking)
+            .with_ping_interval(t.ping)
+            .with_retry_after(t.retry_after)
+            .with_reply(REPLY),
+    )
+    .await
+    .map_err(|e| CliError::failure(format!("cannot start the mock server: {e}")))?;
+    let started = Instant::now();
+    let agents = Arc::new(DemoAgents::new(&mock, &transcripts, scripts, started)?);
+
+    let (tx, mut rx) = mpsc::unbounded_channel::<(Duration, SessionKey, Note)>();
+    let config = SupervisorConfig::default()
+        .with_watchdog(
+            WatchdogConfig::default()
+                .with_default_timeout(t.timeout)
+                .map_err(|e| CliError::usage(e.to_string()))?,
+        )
+        .with_session(
+            SessionConfig::default()
+                .with_retry(RetryPolicy::default().with_backoff(t.backoff, t.backoff * 8))
+                .with_idle_timeout(t.idle)
+                .with_context(ContextConfig::default().with_window(DEMO_WINDOW)),
+        );
+    let supervisor = Supervisor::builder(Arc::new(DemoFactory(agents.clone())))
+        .config(config)
+        .store(store.clone())
+        .notifier(Arc::new(DemoNotifier(tx.clone(), started)))
+        .start()
+        .await?;
+
+    // Lifecycle events into the same log.
+    let mut bus = supervisor.subscribe();
+    let bus_tx = tx.clone();
+    let forward = tokio::spawn(async move {
+        loop {
+            match bus.recv().await {
+                Ok(event) => {
+                    let Some(key) = event_key(&event) else {
+                        continue;
+                    };
+                    if bus_tx
+                        .send((started.elapsed(), key, Note::Life(event)))
+                        .is_err()
+                    {
+                        break;
+                    }
+                }
+                Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => continue,
+                Err(tokio::sync::broadcast::error::RecvError::Closed) => break,
+            }
+        }
+    });
+
+    let names: Vec<(String, Arc<agent::Liveness>)> = plans
+        .iter()
+        .map(|p| {
+            (
+                p.name.to_owned(),
+                agents.liveness(p.name).unwrap_or_default(),
+            )
+        })
+        .collect();
+    let mut view = View::new(mode, names, t.timeout, started);
+    view.say(&format!(
+        "warden demo: {} workspaces, mock LLM at {}, watchdog timeout {:.1}s, sessions in {}{}",
+        plans.len(),
+        mock.base_url(),
+        t.timeout.as_secs_f64(),
+        data_dir.join(paths::DATABASE).display(),
+        if exporting {
+            ", exporting spans over OTLP"
+        } else {
+            ""
+        }
+    ));
+
+    // One driver per workspace.
+    let mut drivers = Vec::new();
+    for plan in &plans {
+        let (name, dir) = keys
+            .values()
+            .find(|(n, _)| *n == plan.name)
+            .cloned()
+            .ok_or_else(|| CliError::failure("demo workspace missing"))?;
+        let supervisor = supervisor.clone();
+        let tx = tx.clone();
+        let messages = plan.messages.clone();
+        let key = keys
+            .iter()
+            .find(|(_, (n, _))| *n == name)
+            .map(|(k, _)| SessionKey::new(k.as_str()))
+            .ok_or_else(|| CliError::failure("demo workspace missing"))?;
+        drivers.push((
+            name,
+            tokio::spawn(drive(supervisor, dir, key, messages, tx, started)),
+        ));
+    }
+    drop(tx);
+
+    // Show transitions until every driver is done.
+    let mut log: Vec<Transition> = Vec::new();
+    let mut outcomes: HashMap<&'static str, Vec<TurnOutcome>> = HashMap::new();
+    let mut pending = drivers;
+    let mut tick = tokio::time::interval(Duration::from_millis(100));
+    let names_by_key: HashMap<String, &'static str> =
+        keys.iter().map(|(k, (n, _))| (k.clone(), *n)).collect();
+    let interrupted = loop {
+        if pending.iter().all(|(_, h)| h.is_finished()) {
+            break false;
+        }
+        tokio::select! {
+            Some((at, key, note)) = rx.recv() => {
+                let name = names_by_key.get(key.as_str()).copied().unwrap_or("?");
+                let transition = view.apply(at, name, &note);
+                view.show(&transition);
+                log.push(transition);
+                view.draw();
+            }
+            _ = tick.tick() => view.draw(),
+            _ = tokio::signal::ctrl_c() => break true,
+        }
+    };
+    for (name, handle) in pending.drain(..) {
+        if interrupted {
+            handle.abort();
+        }
+        if let Ok(turns) = handle.await {
+            outcomes.insert(name, turns);
+        }
+    }
+    // Let the last lifecycle events of the turns arrive.
+    let settle = tokio::time::sleep(Duration::from_millis(100));
+    tokio::pin!(settle);
+    loop {
+        tokio::select! {
+            Some((at, key, note)) = rx.recv() => {
+                let name = names_by_key.get(key.as_str()).copied().unwrap_or("?");
+                let transition = view.apply(at, name, &note);
+                view.show(&transition);
+                log.push(transition);
+            }
+            _ = &mut settle => break,
+        }
+    }
+    view.finish();
+    let stats = supervisor.watchdog().stats().await.ok();
+    let took = started.elapsed();
+    supervisor.shutdown().await;
+    forward.abort();
+    let closed_by_client = mock.closed_by_client();
+    mock.shutdown().await;
+    if interrupted {
+        return Err(CliError::new(Exit::Cancelled, "demo interrupted"));
+    }
+
+    let records: HashMap<String, SessionRecord> = store
+        .list()
+        .await?
+        .into_iter()
+        .flatten()
+        .filter_map(|r| {
+            let name = names_by_key.get(&r.key)?;
+            Some(((*name).to_owned(), r))
+        })
+        .collect();
+    let pings: HashMap<&'static str, u64> = plans
+        .iter()
+        .map(|p| {
+            (
+                p.name,
+                agents
+                    .liveness(p.name)
+                    .map(|l| l.pings.load(std::sync::atomic::Ordering::Relaxed))
+                    .unwrap_or(0),
+            )
+        })
+        .collect();
+    let report = summary::Report {
+        timings: t,
+        plans: &plans,
+        log: &log,
+        outcomes: &outcomes,
+        records: &records,
+        pings: &pings,
+        kills_total: stats.map(|s| s.kills),
+        closed_by_client,
+        took,
+    };
+    let checks = report.checks();
+    report.print(&mut view, &checks, &data_dir);
+    Ok(if checks.iter().all(|c| c.ok) {
+        Exit::Ok
+    } else {
+        Exit::Failure
+    })
+}
+
+/// The session key of a lifecycle event.
+fn event_key(event: &LifecycleEvent) -> Option<SessionKey> {
+    use LifecycleEvent as L;
+    Some(
+        match event {
+            L::SessionSpawned { key }
+            | L::SessionStopped { key, .. }
+            | L::SessionRestarted { key, .. }
+            | L::SupervisorEscalated { key, .. }
+            | L::AgentSessionId { key, .. }
+            | L::ResumeFailed { key, .. }
+            | L::FreshFallback { key, .. }
+            | L::SessionFailed { key, .. }
+            | L::SessionReaped { key, .. }
+            | L::ContextUsage { key, .. }
+            | L::StoreFailed { key, .. }
+            | L::TurnStarted { key, .. }
+            | L::AttemptStarted { key, .. }
+            | L::StreamTimedOut { key, .. }
+            | L::RetryScheduled { key, .. }
+            | L::TurnFinished { key, .. } => key,
+            _ => return None,
+        }
+        .clone(),
+    )
+}
+
+/// Creates the workspace directory and resets its stored session (and the
+/// transcripts it referenced) to the plan's starting point. Returns the
+/// session key.
+async fn prepare_workspace(
+    dir: &Path,
+    plan: &Plan,
+    store: &SledStore,
+    transcripts: &Transcripts,
+) -> Result<String, CliError> {
+    std::fs::create_dir_all(dir)
+        .map_err(|e| CliError::failure(format!("cannot create {}: {e}", dir.display())))?;
+    let path = warden_core::normalize_workspace(dir)
+        .map_err(|e| CliError::failure(format!("workspace {}: {e}", dir.display())))?;
+    let key = SessionKey::new(path.to_string_lossy());
+    // A previous run's conversations of this workspace are the demo's own.
+    if let Ok(Some(old)) = store.load(&key).await {
+        for id in old.agent_session_id.iter().chain(&old.past_session_ids) {
+            if let Some(file) = transcripts.path_of(id) {
+                let _ = std::fs::remove_file(file);
+            }
+        }
+    }
+    let mut record = SessionRecord::new(&key, Some(path));
+    match plan.seed {
+        Seed::Empty => {}
+        Seed::MissingTranscript => {
+            // Left by an earlier run on another machine: the id is stored,
+            // its transcript is not.
+            record.set_agent_session_id(&Transcripts::new_id());
+        }
+        Seed::OversizedTranscript => {
+            let id = Transcripts::new_id();
+            for i in 0..40 {
+                transcripts
+                    .append_turn(&id, &format!("Step {i} of the refactor."), REPLY)
+                    .map_err(|e| CliError::failure(format!("seeding a transcript: {e}")))?;
+            }
+            record.set_agent_session_id(&id);
+        }
+    }
+    store.save(&record, Durability::Flushed).await?;
+    Ok(key.as_str().to_owned())
+}
+
+/// Sends a workspace's messages one after the other.
+async fn drive(
+    supervisor: Supervisor,
+    dir: PathBuf,
+    key: SessionKey,
+    messages: Vec<(Duration, &'static str)>,
+    tx: mpsc::UnboundedSender<(Duration, SessionKey, Note)>,
+    started: Instant,
+) -> Vec<TurnOutcome> {
+    let mut outcomes = Vec::new();
+    let of = messages.len();
+    for (i, (pause, message)) in messages.into_iter().enumerate() {
+        tokio::time::sleep(pause).await;
+        let sent_at = started.elapsed();
+        let _ = tx.send((sent_at, key.clone(), Note::Sent { turn: i + 1, of }));
+        let result = match supervisor.send_to_workspace(&dir, message).await {
+            Ok(mut turn) => {
+                let mut result = Err(TurnError::SessionStopped {
+                    reason: "no answer".into(),
+                });
+                while let Some(event) = turn.recv().await {
+                    if let TurnEvent::Finished(r) = event {
+                        result = r;
+                    }
+                }
+                result
+            }
+            Err(e) => Err(TurnError::SessionStopped {
+                reason: e.to_string(),
+            }),
+        };
+        let failed = result.is_err();
+        outcomes.push(TurnOutcome {
+            sent_at,
+            finished_at: started.elapsed(),
+            result,
+        });
+        if failed {
+            break;
+        }
+    }
+    outcomes
+}

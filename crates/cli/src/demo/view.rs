@@ -1,0 +1,456 @@
+//! How the demo shows what happens: a live table on a terminal, plain
+//! lines otherwise, or one JSON object per transition.
+
+use std::collections::HashMap;
+use std::io::Write;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use warden_core::{LifecycleEvent, Notice};
+
+use super::agent::Liveness;
+
+/// Output mode.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Mode {
+    /// A table refreshed in place, transitions scrolling above it.
+    Live,
+    /// One line per transition.
+    Plain,
+    /// One JSON object per transition.
+    Json,
+}
+
+/// Something that happened, stamped on arrival.
+#[derive(Debug, Clone)]
+pub(super) enum Note {
+    /// A lifecycle event of the actor tree.
+    Life(LifecycleEvent),
+    /// A notice for the user.
+    Notice(Notice),
+    /// The demo sent a message.
+    Sent { turn: usize, of: usize },
+}
+
+/// One transition, as shown.
+#[derive(Debug, Clone)]
+pub(super) struct Transition {
+    pub(super) at: Duration,
+    pub(super) workspace: String,
+    pub(super) kind: &'static str,
+    pub(super) text: String,
+    pub(super) fields: Value,
+}
+
+struct Row {
+    name: String,
+    state: String,
+    attempt: u32,
+    ctx: Option<u32>,
+    last: String,
+    streaming: bool,
+    liveness: Arc<Liveness>,
+}
+
+/// The live table and the transition log.
+pub(super) struct View {
+    mode: Mode,
+    rows: Vec<Row>,
+    index: HashMap<String, usize>,
+    timeout: Duration,
+    started: Instant,
+    drawn: usize,
+    pending: Vec<String>,
+    finished: bool,
+}
+
+fn secs(d: Duration) -> f64 {
+    d.as_secs_f64()
+}
+
+fn ms(d: Duration) -> u64 {
+    d.as_millis() as u64
+}
+
+impl View {
+    /// A view of `workspaces` (name and liveness, in display order).
+    pub(super) fn new(
+        mode: Mode,
+        workspaces: Vec<(String, Arc<Liveness>)>,
+        timeout: Duration,
+        started: Instant,
+    ) -> Self {
+        let index = workspaces
+            .iter()
+            .enumerate()
+            .map(|(i, (name, _))| (name.clone(), i))
+            .collect();
+        let rows = workspaces
+            .into_iter()
+            .map(|(name, liveness)| Row {
+                name,
+                state: "waiting".into(),
+                attempt: 0,
+                ctx: None,
+                last: String::new(),
+                streaming: false,
+                liveness,
+            })
+            .collect();
+        Self {
+            mode,
+            rows,
+            index,
+            timeout,
+            started,
+            drawn: 0,
+            pending: Vec::new(),
+            finished: false,
+        }
+    }
+
+    /// Applies `note` about `workspace` to the table and returns the
+    /// transition it is.
+    pub(super) fn apply(&mut self, at: Duration, workspace: &str, note: &Note) -> Transition {
+        let (kind, text, fields, state) = describe(note);
+        if let Some(&i) = self.index.get(workspace) {
+            let row = &mut self.rows[i];
+            match note {
+                Note::Life(LifecycleEvent::AttemptStarted { attempt, .. }) => {
+                    row.streaming = true;
+                    row.attempt = attempt.attempt;
+                }
+                Note::Life(LifecycleEvent::ContextUsage { percent, .. }) => {
+                    row.ctx = Some(*percent)
+                }
+                Note::Life(
+                    LifecycleEvent::StreamTimedOut { .. }
+                    | LifecycleEvent::RetryScheduled { .. }
+                    | LifecycleEvent::ResumeFailed { .. }
+                    | LifecycleEvent::TurnFinished { .. }
+                    | LifecycleEvent::SessionReaped { .. }
+                    | LifecycleEvent::SessionStopped { .. },
+                ) => row.streaming = false,
+                _ => {}
+            }
+            if let Some(state) = state {
+                row.state = state;
+            }
+            row.last = text.clone();
+        }
+        Transition {
+            at,
+            workspace: workspace.to_owned(),
+            kind,
+            text,
+            fields,
+        }
+    }
+
+    /// Shows `transition`.
+    pub(super) fn show(&mut self, t: &Transition) {
+        match self.mode {
+            Mode::Json => {
+                let mut object = json!({
+                    "t": (secs(t.at) * 1000.0).round() / 1000.0,
+                    "workspace": t.workspace,
+                    "event": t.kind,
+                    "text": t.text,
+                });
+                if let (Some(o), Some(extra)) = (object.as_object_mut(), t.fields.as_object()) {
+                    o.extend(extra.clone());
+                }
+                println!("{object}");
+            }
+            Mode::Plain => println!("{:7.2}s  {:<11} {}", secs(t.at), t.workspace, t.text),
+            Mode::Live => self.pending.push(format!(
+                "{:7.2}s  {:<11} {}",
+                secs(t.at),
+                t.workspace,
+                t.text
+            )),
+        }
+    }
+
+    /// A line of text outside the transition log (headers, summary).
+    pub(super) fn say(&mut self, line: &str) {
+        match self.mode {
+            Mode::Live if !self.finished => {
+                self.pending.push(line.to_owned());
+                self.draw();
+            }
+            Mode::Live | Mode::Plain => println!("{line}"),
+            Mode::Json => {}
+        }
+    }
+
+    /// Redraws the table (live mode), with pending lines above it.
+    pub(super) fn draw(&mut self) {
+        if self.mode != Mode::Live || self.finished {
+            return;
+        }
+        // Table lines longer than the terminal would wrap and break the
+        // cursor arithmetic: cut them.
+        let width = terminal_size::terminal_size()
+            .map(|(w, _)| usize::from(w.0))
+            .unwrap_or(80)
+            .saturating_sub(1)
+            .max(20);
+        let mut out = String::new();
+        if self.drawn > 0 {
+            // Back to the table's first line, erase to the end of screen.
+            out.push_str(&format!("\x1b[{}A\r\x1b[J", self.drawn));
+        }
+        for line in self.pending.drain(..) {
+            out.push_str(&line);
+            out.push('\n');
+        }
+        let now = self.started.elapsed();
+        let mut lines = vec![format!(
+            "  {:<11} {:<15} {:>7} {:>4}  {:>8}  {}",
+            "WORKSPACE", "STATE", "ATTEMPT", "CTX", "WATCHDOG", "LAST EVENT"
+        )];
+        for row in &self.rows {
+            let countdown = if row.streaming {
+                let last =
+                    Duration::from_millis(row.liveness.last_frame_ms.load(Ordering::Relaxed));
+                let left = self.timeout.saturating_sub(now.saturating_sub(last));
+                format!("{:.1}s", secs(left))
+            } else {
+                "-".into()
+            };
+            let mut last: String = row.last.chars().take(48).collect();
+            if row.last.chars().count() > 48 {
+                last.push('…');
+            }
+            lines.push(format!(
+                "  {:<11} {:<15} {:>7} {:>4}  {:>8}  {}",
+                row.name,
+                row.state.chars().take(15).collect::<String>(),
+                if row.attempt == 0 {
+                    "-".into()
+                } else {
+                    row.attempt.to_string()
+                },
+                row.ctx
+                    .map(|c| format!("{c}%"))
+                    .unwrap_or_else(|| "-".into()),
+                countdown,
+                last
+            ));
+        }
+        for line in &lines {
+            out.extend(line.chars().take(width));
+            out.push('\n');
+        }
+        self.drawn = lines.len();
+        let mut stdout = std::io::stdout();
+        let _ = stdout.write_all(out.as_bytes());
+        let _ = stdout.flush();
+    }
+
+    /// Leaves the table on screen as it is and stops redrawing it.
+    pub(super) fn finish(&mut self) {
+        self.draw();
+        self.finished = true;
+        for line in self.pending.drain(..) {
+            println!("{line}");
+        }
+    }
+
+    /// Whether the mode prints JSON.
+    pub(super) fn json(&self) -> bool {
+        self.mode == Mode::Json
+    }
+}
+
+/// `(kind, text, fields, new state)` of a note.
+fn describe(note: &Note) -> (&'static str, String, Value, Option<String>) {
+    use LifecycleEvent as L;
+    match note {
+        Note::Sent { turn, of } => (
+            "message_sent",
+            format!("message {turn}/{of} sent"),
+            json!({ "turn": turn }),
+            Some("sent".into()),
+        ),
+        Note::Notice(Notice::FreshStart { message, cause, .. }) => (
+            "user_notified",
+            format!("user told: \"{message}\""),
+            json!({ "cause": cause, "message": message }),
+            None,
+        ),
+        Note::Notice(Notice::SessionFailed { message, reason }) => (
+            "user_notified",
+            format!("user told: \"{message}\""),
+            json!({ "reason": reason, "message": message }),
+            Some("failed".into()),
+        ),
+        Note::Notice(_) => ("notice", "notice for the user".into(), json!({}), None),
+        Note::Life(event) => match event {
+            L::SessionSpawned { .. } => (
+                "session_spawned",
+                "session started".into(),
+                json!({}),
+                Some("ready".into()),
+            ),
+            L::SessionStopped {
+                reason, abnormal, ..
+            } => (
+                "session_stopped",
+                format!(
+                    "session stopped{}",
+                    reason
+                        .as_deref()
+                        .map(|r| format!(" ({r})"))
+                        .unwrap_or_default()
+                ),
+                json!({ "reason": reason, "abnormal": abnormal }),
+                None,
+            ),
+            L::SessionRestarted { cause, .. } => (
+                "session_restarted",
+                format!("session restarted after: {cause}"),
+                json!({ "cause": cause }),
+                Some("restarted".into()),
+            ),
+            L::SupervisorEscalated { cause, .. } => (
+                "escalated",
+                format!("supervisor gave up: {cause}"),
+                json!({ "cause": cause }),
+                Some("given up".into()),
+            ),
+            L::AgentSessionId { session_id, .. } => (
+                "conversation",
+                format!("conversation {session_id}"),
+                json!({ "session_id": session_id }),
+                None,
+            ),
+            L::ResumeFailed {
+                failed_id, cause, ..
+            } => (
+                "resume_failed",
+                format!("cannot resume {failed_id}: {cause}"),
+                json!({ "failed_id": failed_id, "cause": cause }),
+                Some("resume failed".into()),
+            ),
+            L::FreshFallback {
+                failed_id,
+                redelivered,
+                ..
+            } => (
+                "fresh_fallback",
+                format!("started fresh, {redelivered} message(s) re-delivered"),
+                json!({ "failed_id": failed_id, "redelivered": redelivered }),
+                Some("fresh start".into()),
+            ),
+            L::SessionFailed { reason, .. } => (
+                "session_failed",
+                format!("session failed: {reason}"),
+                json!({ "reason": reason }),
+                Some("failed".into()),
+            ),
+            L::SessionReaped {
+                idle_for,
+                context_tokens,
+                ..
+            } => (
+                "session_reaped",
+                format!("reaped after {:.1}s idle", secs(*idle_for)),
+                json!({ "idle_ms": ms(*idle_for), "context_tokens": context_tokens }),
+                Some("reaped (idle)".into()),
+            ),
+            L::ContextUsage {
+                tokens,
+                window,
+                percent,
+                ..
+            } => (
+                "context",
+                format!("context {percent}% ({tokens} of {window} tokens)"),
+                json!({ "tokens": tokens, "window": window, "percent": percent }),
+                None,
+            ),
+            L::StoreFailed { error, .. } => (
+                "store_failed",
+                format!("store error: {error}"),
+                json!({ "error": error.to_string() }),
+                None,
+            ),
+            L::TurnStarted { turn, .. } => (
+                "turn_started",
+                format!("turn {turn} started"),
+                json!({ "turn": turn }),
+                Some(format!("turn {turn}")),
+            ),
+            L::AttemptStarted {
+                attempt, timeout, ..
+            } => (
+                "attempt_started",
+                format!(
+                    "attempt {} streaming (watchdog {:.1}s)",
+                    attempt.attempt,
+                    secs(*timeout)
+                ),
+                json!({ "turn": attempt.turn, "attempt": attempt.attempt, "timeout_ms": ms(*timeout) }),
+                Some("streaming".into()),
+            ),
+            L::StreamTimedOut {
+                attempt,
+                silent_for,
+                ..
+            } => (
+                "stream_timed_out",
+                format!(
+                    "watchdog killed attempt {} after {:.2}s of silence (ESTREAM_TIMEOUT)",
+                    attempt.attempt,
+                    secs(*silent_for)
+                ),
+                json!({ "attempt": attempt.attempt, "silent_ms": ms(*silent_for) }),
+                Some("killed (silent)".into()),
+            ),
+            L::RetryScheduled {
+                failed,
+                delay,
+                error_code,
+                ..
+            } => (
+                "retry_scheduled",
+                format!("retrying in {:.2}s after {error_code}", secs(*delay)),
+                json!({ "failed_attempt": failed.attempt, "delay_ms": ms(*delay), "error_code": error_code }),
+                Some(format!("backoff {:.1}s", secs(*delay))),
+            ),
+            L::TurnFinished {
+                turn,
+                attempts,
+                error_code,
+                ..
+            } => match error_code {
+                None => (
+                    "turn_answered",
+                    format!("turn {turn} answered ({attempts} attempt(s))"),
+                    json!({ "turn": turn, "attempts": attempts }),
+                    Some("answered".into()),
+                ),
+                Some(code) => (
+                    "turn_failed",
+                    format!("turn {turn} failed: {code}"),
+                    json!({ "turn": turn, "attempts": attempts, "error_code": code }),
+                    Some("failed".into()),
+                ),
+            },
+            L::WorkspaceNormalized {
+                original,
+                normalized,
+            } => (
+                "workspace_normalized",
+                format!("{} is {}", original.display(), normalized.display()),
+                json!({}),
+                None,
+            ),
+            _ => ("event", format!("{event:?}"), json!({}), None),
+        },
+    }
+}

@@ -1,0 +1,181 @@
+//! Exit codes and the one-line error every failure becomes.
+
+use std::fmt;
+use std::process::ExitCode;
+
+use warden_core::{StreamError, SupervisorError, TurnError};
+
+/// The documented exit codes (see `warden --help`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Exit {
+    /// Success.
+    Ok,
+    /// Any other failure: store, I/O, a check of the demo that did not hold.
+    Failure,
+    /// Bad flags or arguments (clap uses 2 as well).
+    Usage,
+    /// The API refused the request for good (401, 400, prompt too long, ...).
+    Api,
+    /// The stream went silent on every attempt (`ESTREAM_TIMEOUT`).
+    Timeout,
+    /// The server could not be reached or kept failing (connection errors,
+    /// 429/5xx) on every attempt.
+    Unavailable,
+    /// Cancelled with Ctrl-C (128 + SIGINT).
+    Cancelled,
+}
+
+impl Exit {
+    /// The process exit status.
+    pub(crate) fn code(self) -> u8 {
+        match self {
+            Exit::Ok => 0,
+            Exit::Failure => 1,
+            Exit::Usage => 2,
+            Exit::Api => 3,
+            Exit::Timeout => 4,
+            Exit::Unavailable => 5,
+            Exit::Cancelled => 130,
+        }
+    }
+}
+
+impl From<Exit> for ExitCode {
+    fn from(exit: Exit) -> Self {
+        ExitCode::from(exit.code())
+    }
+}
+
+/// The text of `--help`'s exit code section.
+pub(crate) const EXIT_CODES: &str = "\
+Exit codes:
+  0    success
+  1    failure (store, I/O, a demo check that did not hold)
+  2    usage error (bad flag, argument, URL or file)
+  3    fatal API error (401/403, 400, prompt too long, ...)
+  4    stream timeout: silent on every attempt (ESTREAM_TIMEOUT)
+  5    unavailable: connection errors or 429/5xx on every attempt
+  130  cancelled with Ctrl-C";
+
+/// A failure the user sees as `warden: error: MESSAGE` and an exit code.
+#[derive(Debug)]
+pub(crate) struct CliError {
+    pub(crate) exit: Exit,
+    pub(crate) message: String,
+}
+
+impl CliError {
+    pub(crate) fn new(exit: Exit, message: impl Into<String>) -> Self {
+        Self {
+            exit,
+            message: message.into(),
+        }
+    }
+
+    pub(crate) fn failure(message: impl Into<String>) -> Self {
+        Self::new(Exit::Failure, message)
+    }
+
+    pub(crate) fn usage(message: impl Into<String>) -> Self {
+        Self::new(Exit::Usage, message)
+    }
+}
+
+impl fmt::Display for CliError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // One line, whatever the source said.
+        f.write_str(&self.message.replace('\n', " "))
+    }
+}
+
+/// The exit code of a stream error ending a turn.
+pub(crate) fn exit_for_stream_error(error: &StreamError) -> Exit {
+    match error {
+        StreamError::InactivityTimeout { .. } => Exit::Timeout,
+        StreamError::Connection { .. } | StreamError::Truncated { .. } => Exit::Unavailable,
+        StreamError::Api {
+            retryable: true, ..
+        } => Exit::Unavailable,
+        StreamError::Internal { .. } => Exit::Failure,
+        _ => Exit::Api,
+    }
+}
+
+impl From<TurnError> for CliError {
+    fn from(error: TurnError) -> Self {
+        let exit = match &error {
+            TurnError::Cancelled => Exit::Cancelled,
+            TurnError::RetriesExhausted { last, .. } => exit_for_stream_error(last),
+            TurnError::Fatal(e) => exit_for_stream_error(e),
+            _ => Exit::Failure,
+        };
+        CliError::new(exit, error.to_string())
+    }
+}
+
+impl From<SupervisorError> for CliError {
+    fn from(error: SupervisorError) -> Self {
+        CliError::failure(error.to_string())
+    }
+}
+
+impl From<warden_core::ActorError> for CliError {
+    fn from(error: warden_core::ActorError) -> Self {
+        CliError::failure(error.to_string())
+    }
+}
+
+impl From<warden_core::SubmitError> for CliError {
+    fn from(error: warden_core::SubmitError) -> Self {
+        CliError::failure(error.to_string())
+    }
+}
+
+impl From<warden_core::StoreError> for CliError {
+    fn from(error: warden_core::StoreError) -> Self {
+        CliError::failure(error.to_string())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    #[test]
+    fn turn_errors_map_to_their_documented_codes() {
+        let timeout = StreamError::InactivityTimeout {
+            silent_for: Duration::from_secs(1),
+            timeout: Duration::from_secs(1),
+        };
+        let cases = [
+            (TurnError::Cancelled, 130),
+            (
+                TurnError::RetriesExhausted {
+                    attempts: 4,
+                    last: timeout,
+                },
+                4,
+            ),
+            (
+                TurnError::RetriesExhausted {
+                    attempts: 4,
+                    last: StreamError::Connection {
+                        message: "refused".into(),
+                    },
+                },
+                5,
+            ),
+            (
+                TurnError::Fatal(StreamError::Unauthorized {
+                    message: "bad key".into(),
+                }),
+                3,
+            ),
+        ];
+        for (error, code) in cases {
+            assert_eq!(CliError::from(error).exit.code(), code);
+        }
+    }
+}

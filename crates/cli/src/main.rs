@@ -1,0 +1,118 @@
+//! `warden`: the command-line face of the warden framework.
+//!
+//! - `warden demo` runs an orchestrator against the built-in mock LLM server
+//!   with faults injected and shows every recovery;
+//! - `warden chat` sends one message to a workspace's session;
+//! - `warden stream` is a watchdog-protected streaming client;
+//! - `warden sessions` lists stored sessions;
+//! - `warden mock` runs the fault-injecting mock server.
+//!
+//! Errors are one line on stderr (`warden: error: …`) and a documented exit
+//! code ([`exit::EXIT_CODES`]), never a panic or a backtrace.
+
+mod chat;
+mod demo;
+mod exit;
+mod mock;
+mod paths;
+mod relay;
+mod sessions;
+mod sources;
+mod stream;
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Parser, Subcommand};
+use warden_telemetry::TelemetryConfig;
+
+use crate::exit::{CliError, EXIT_CODES, Exit};
+
+/// Keeps long-lived LLM agent sessions and their streams alive.
+#[derive(Debug, Parser)]
+#[command(name = "warden", version, after_help = EXIT_CODES)]
+#[command(
+    long_about = "Keeps long-lived LLM agent sessions and their streams alive.
+
+A watchdog kills streams that go silent (WARDEN_STREAM_TIMEOUT ms, default 45000) and
+the session retries them; sessions live in a sled database, resume their conversation,
+and fall back to a fresh one when it cannot be resumed. Spans are exported over
+OTLP/gRPC when OTEL_EXPORTER_OTLP_ENDPOINT is set; RUST_LOG turns on console logs."
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run several workspace sessions against the built-in mock LLM server with
+    /// faults injected (stall, thinking pause, 429, resume failures, idle reap)
+    /// and show how each recovers.
+    Demo(demo::DemoArgs),
+    /// Send one message to the session of a workspace and stream the reply.
+    Chat(chat::ChatArgs),
+    /// Stream one request with the watchdog and retries on.
+    Stream(stream::StreamArgs),
+    /// List the stored sessions.
+    Sessions(sessions::SessionsArgs),
+    /// Run the fault-injecting mock LLM server.
+    Mock(mock::MockArgs),
+}
+
+fn main() -> ExitCode {
+    // A bug must still be one line, not a backtrace.
+    std::panic::set_hook(Box::new(|info| {
+        let message = info
+            .payload()
+            .downcast_ref::<&str>()
+            .map(|s| (*s).to_owned())
+            .or_else(|| info.payload().downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "unknown panic".into());
+        let place = info
+            .location()
+            .map(|l| format!(" at {}:{}", l.file(), l.line()))
+            .unwrap_or_default();
+        eprintln!("warden: internal error{place}: {message} (please report this)");
+    }));
+    let cli = Cli::parse();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => return fail(&CliError::failure(format!("cannot start the runtime: {e}"))),
+    };
+    let result = runtime.block_on(run(cli));
+    runtime.shutdown_timeout(Duration::from_secs(3));
+    match result {
+        Ok(exit) => exit.into(),
+        Err(e) => fail(&e),
+    }
+}
+
+fn fail(error: &CliError) -> ExitCode {
+    eprintln!("warden: error: {error}");
+    error.exit.into()
+}
+
+async fn run(cli: Cli) -> Result<Exit, CliError> {
+    // Console logs only when asked for (RUST_LOG): stdout and stderr belong
+    // to the command's own output. OTLP export when the endpoint is set.
+    let mut telemetry = TelemetryConfig::from_env();
+    if std::env::var_os("RUST_LOG").is_none() {
+        telemetry = telemetry.with_console(false);
+    }
+    let guard = warden_telemetry::init(telemetry)
+        .map_err(|e| CliError::usage(format!("telemetry: {e}")))?;
+    let result = match cli.command {
+        Command::Demo(args) => demo::run(args, guard.is_exporting()).await,
+        Command::Chat(args) => chat::run(args).await,
+        Command::Stream(args) => stream::run(args).await,
+        Command::Sessions(args) => sessions::run(args).await,
+        Command::Mock(args) => mock::run(args).await,
+    };
+    // Export what is left before the runtime goes away.
+    tokio::task::spawn_blocking(move || drop(guard)).await.ok();
+    result
+}

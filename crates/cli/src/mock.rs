@@ -1,0 +1,98 @@
+//! `warden mock`: the fault-injecting mock LLM server, for testing other
+//! clients.
+
+use std::time::Duration;
+
+use warden_mock::{MockConfig, MockServer, SCENARIO_HEADER, Scenario};
+
+use crate::exit::{CliError, Exit};
+
+/// The `--help` text listing every scenario.
+fn scenarios_help() -> String {
+    let mut help = String::from("Scenarios:\n");
+    for s in Scenario::all() {
+        help.push_str(&format!("  {:<16} {}\n", s.name(), s.description()));
+    }
+    help.push_str(&format!(
+        "\nA request picks its scenario, first match wins: the header `{SCENARIO_HEADER}: NAME`;
+a model named `mock-NAME` or ending in `:NAME`; a path prefix `/scenario/NAME/`; else
+--scenario. Endpoints: POST /v1/messages (Anthropic), POST /v1/chat/completions
+(OpenAI), GET /v1/models.
+
+Example:
+  warden mock --port 8080 --scenario stall &
+  warden stream http://127.0.0.1:8080/v1/messages --timeout 2000"
+    ));
+    help
+}
+
+fn parse_scenario(name: &str) -> Result<Scenario, String> {
+    name.parse::<Scenario>().map_err(|e| e.to_string())
+}
+
+/// Arguments of `warden mock`.
+#[derive(Debug, clap::Args)]
+#[command(after_help = scenarios_help())]
+pub(crate) struct MockArgs {
+    /// The port on 127.0.0.1; 0 picks a free one (printed on start).
+    #[arg(long, default_value_t = 0)]
+    port: u16,
+    /// The scenario of requests that do not choose one.
+    #[arg(long, value_name = "NAME", default_value = "normal", value_parser = parse_scenario)]
+    scenario: Scenario,
+    /// How long `thinking-pings` thinks, in milliseconds.
+    #[arg(long, value_name = "MS", default_value_t = 10_000)]
+    thinking_pause: u64,
+    /// The interval of pings while thinking, in milliseconds.
+    #[arg(long, value_name = "MS", default_value_t = 1_000)]
+    ping_interval: u64,
+    /// The `retry-after` of `rate-limited`, in milliseconds.
+    #[arg(long, value_name = "MS", default_value_t = 1_000)]
+    retry_after: u64,
+}
+
+/// Runs `warden mock` until Ctrl-C or SIGTERM.
+pub(crate) async fn run(args: MockArgs) -> Result<Exit, CliError> {
+    if args.ping_interval == 0 {
+        return Err(CliError::usage("--ping-interval must be at least 1 ms"));
+    }
+    let mut config = MockConfig::default()
+        .with_default_scenario(args.scenario)
+        .with_thinking_pause(Duration::from_millis(args.thinking_pause))
+        .with_ping_interval(Duration::from_millis(args.ping_interval))
+        .with_retry_after(Duration::from_millis(args.retry_after));
+    if args.port != 0 {
+        config = config.with_port(args.port);
+    }
+    let server = MockServer::start(config).await.map_err(|e| {
+        CliError::failure(format!(
+            "cannot start the mock server on 127.0.0.1:{}: {e}",
+            args.port
+        ))
+    })?;
+    println!(
+        "warden mock listening on {} (default scenario: {}; Ctrl-C to stop)",
+        server.base_url(),
+        args.scenario
+    );
+    wait_for_stop().await;
+    let served = server.request_count();
+    server.shutdown().await;
+    eprintln!("warden mock: stopped after {served} request(s)");
+    Ok(Exit::Ok)
+}
+
+async fn wait_for_stop() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        if let Ok(mut term) = signal(SignalKind::terminate()) {
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = term.recv() => {}
+            }
+            return;
+        }
+    }
+    let _ = tokio::signal::ctrl_c().await;
+}

@@ -1,0 +1,86 @@
+//! Relaying one turn to the terminal: text to stdout as it streams,
+//! retries and notices to stderr, Ctrl-C cancels.
+
+use std::io::{IsTerminal, Write};
+
+use warden_core::{AgentEvent, SessionHandle, StreamError, TurnEvent, TurnHandle, TurnSummary};
+
+use crate::exit::CliError;
+
+/// What [`relay`] printed.
+#[derive(Debug)]
+pub(crate) struct Relayed {
+    /// The finished turn.
+    pub(crate) summary: TurnSummary,
+    /// The last text printed did not end with a newline.
+    pub(crate) line_open: bool,
+}
+
+/// Prints `turn` as it streams until it finishes. Each attempt's text is
+/// printed as it arrives; when an attempt fails and is retried, the next
+/// attempt's text starts over (stderr says so). The first Ctrl-C cancels
+/// the turn at once; the result is then `TurnError::Cancelled`.
+pub(crate) async fn relay(
+    mut turn: TurnHandle,
+    session: &SessionHandle,
+) -> Result<Relayed, CliError> {
+    let mut stdout = std::io::stdout();
+    let terminal = stdout.is_terminal();
+    let mut line_open = false;
+    let mut cancelled = false;
+    let ctrl_c = tokio::signal::ctrl_c();
+    tokio::pin!(ctrl_c);
+    loop {
+        let event = tokio::select! {
+            event = turn.recv() => event,
+            _ = &mut ctrl_c, if !cancelled => {
+                cancelled = true;
+                session.cancel();
+                continue;
+            }
+        };
+        let Some(event) = event else {
+            return Err(CliError::failure("the session ended without answering"));
+        };
+        match event {
+            TurnEvent::Event(AgentEvent::TextDelta(text)) => {
+                let written = stdout
+                    .write_all(text.as_bytes())
+                    .and_then(|()| stdout.flush());
+                if let Err(e) = written {
+                    session.cancel();
+                    return Err(CliError::failure(format!("cannot write to stdout: {e}")));
+                }
+                if !text.is_empty() {
+                    line_open = !text.ends_with('\n');
+                }
+            }
+            TurnEvent::Retrying { error, delay, .. } => {
+                // On a terminal, keep the notice off the half-printed line.
+                if line_open && terminal {
+                    let _ = writeln!(stdout);
+                    line_open = false;
+                }
+                match error {
+                    StreamError::InactivityTimeout { .. } => {
+                        eprintln!("Connection lost during streaming. Retrying...");
+                    }
+                    other => eprintln!(
+                        "warden: {}; retrying in {:.1}s",
+                        CliError::failure(other.to_string()),
+                        delay.as_secs_f64()
+                    ),
+                }
+            }
+            // A fresh start after a resume failure is told by the notifier.
+            TurnEvent::Finished(Ok(summary)) => return Ok(Relayed { summary, line_open }),
+            TurnEvent::Finished(Err(error)) => {
+                if line_open {
+                    let _ = writeln!(stdout);
+                }
+                return Err(error.into());
+            }
+            _ => {}
+        }
+    }
+}

@@ -1,0 +1,141 @@
+//! `warden sessions`: the sessions stored in a data directory.
+
+use std::path::PathBuf;
+use std::time::{Duration, UNIX_EPOCH};
+
+use serde_json::json;
+use warden_core::{RecordStatus, SessionRecord, SessionStore};
+
+use crate::exit::{CliError, Exit};
+use crate::paths;
+
+/// Arguments of `warden sessions`.
+#[derive(Debug, clap::Args)]
+pub(crate) struct SessionsArgs {
+    /// The data directory. Default WARDEN_DATA_DIR, else the user's data
+    /// directory (~/.local/share/warden).
+    #[arg(long, value_name = "DIR")]
+    data_dir: Option<PathBuf>,
+    /// Print a JSON array (one object per session) instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+/// Runs `warden sessions`.
+pub(crate) async fn run(args: SessionsArgs) -> Result<Exit, CliError> {
+    let dir = paths::data_dir(args.data_dir)?;
+    let records = match paths::open_existing_store(&dir)? {
+        Some(store) => store.list().await?,
+        None => Vec::new(),
+    };
+    let mut corrupt = 0;
+    for record in &records {
+        if let Err(e) = record {
+            corrupt += 1;
+            eprintln!("warden: skipped a record: {e}");
+        }
+    }
+    let mut records: Vec<&SessionRecord> = records.iter().filter_map(|r| r.as_ref().ok()).collect();
+    records.sort_by_key(|r| std::cmp::Reverse(r.last_active_ms));
+    if args.json {
+        let list: Vec<_> = records.iter().map(|r| to_json(r)).collect();
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&list).map_err(|e| CliError::failure(e.to_string()))?
+        );
+    } else if records.is_empty() {
+        eprintln!("no sessions stored in {}", dir.display());
+    } else {
+        print_table(&records);
+    }
+    Ok(if corrupt > 0 { Exit::Failure } else { Exit::Ok })
+}
+
+fn status(record: &SessionRecord) -> String {
+    match &record.status {
+        RecordStatus::New => "new".into(),
+        RecordStatus::Active => "active".into(),
+        RecordStatus::Idle => "idle".into(),
+        RecordStatus::Failed { reason } => format!("failed: {reason}"),
+        _ => "unknown".into(),
+    }
+}
+
+fn timestamp(ms: u64) -> String {
+    humantime::format_rfc3339_seconds(UNIX_EPOCH + Duration::from_millis(ms)).to_string()
+}
+
+fn to_json(r: &SessionRecord) -> serde_json::Value {
+    json!({
+        "key": r.key,
+        "workspace": r.workspace,
+        "agent_session_id": r.agent_session_id,
+        "past_session_ids": r.past_session_ids,
+        "status": status(r),
+        "context_percent": r.usage.map(|u| u.context_percent),
+        "context_tokens": r.usage.map(|u| u.input_tokens + u.cache_creation_input_tokens + u.cache_read_input_tokens),
+        "context_window": r.usage.map(|u| u.context_window),
+        "model": r.model,
+        "last_active": timestamp(r.last_active_ms),
+        "last_active_ms": r.last_active_ms,
+        "created_at": timestamp(r.created_at_ms),
+        "restarts": r.restart_count,
+        "pending_messages": r.pending.len(),
+    })
+}
+
+fn print_table(records: &[&SessionRecord]) {
+    let header = [
+        "KEY",
+        "WORKSPACE",
+        "AGENT SESSION",
+        "STATUS",
+        "CTX",
+        "LAST ACTIVE",
+        "RESTARTS",
+        "PENDING",
+    ];
+    let rows: Vec<[String; 8]> = records
+        .iter()
+        .map(|r| {
+            [
+                r.key.clone(),
+                match &r.workspace {
+                    // Workspace sessions are keyed by their path.
+                    Some(w) if w.to_string_lossy() == r.key => "= key".into(),
+                    Some(w) => w.display().to_string(),
+                    None => "-".into(),
+                },
+                r.agent_session_id.clone().unwrap_or_else(|| "-".into()),
+                status(r),
+                r.usage
+                    .map(|u| format!("{}%", u.context_percent))
+                    .unwrap_or_else(|| "-".into()),
+                timestamp(r.last_active_ms),
+                r.restart_count.to_string(),
+                r.pending.len().to_string(),
+            ]
+        })
+        .collect();
+    let mut widths = header.map(str::len);
+    for row in &rows {
+        for (w, cell) in widths.iter_mut().zip(row) {
+            *w = (*w).max(cell.chars().count());
+        }
+    }
+    let line = |cells: &[&str]| {
+        let mut out = String::new();
+        for (i, (cell, w)) in cells.iter().zip(widths).enumerate() {
+            if i + 1 == cells.len() {
+                out.push_str(cell);
+            } else {
+                out.push_str(&format!("{cell:<w$}  "));
+            }
+        }
+        println!("{}", out.trim_end());
+    };
+    line(&header);
+    for row in &rows {
+        line(&row.each_ref().map(String::as_str));
+    }
+}

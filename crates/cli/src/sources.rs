@@ -1,0 +1,186 @@
+//! Building the agent a command talks to: an HTTP API (Anthropic or
+//! OpenAI-compatible) or the Claude Code CLI.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use futures_util::future::BoxFuture;
+use warden_core::{EventSource, EventStream, StreamError, TurnRequest};
+use warden_llm::{
+    AnthropicOptions, AnthropicSource, BuildError, HttpOptions, OpenAiOptions, OpenAiSource,
+    Transcripts,
+};
+
+use crate::exit::CliError;
+
+/// The wire protocol of an HTTP endpoint.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum Provider {
+    /// Anthropic Messages API (`POST /v1/messages`).
+    Anthropic,
+    /// OpenAI-compatible chat completions (`POST /v1/chat/completions`).
+    Openai,
+}
+
+impl Provider {
+    fn path(self) -> &'static str {
+        match self {
+            Provider::Anthropic => "/v1/messages",
+            Provider::Openai => "/v1/chat/completions",
+        }
+    }
+
+    fn key_env(self) -> &'static str {
+        match self {
+            Provider::Anthropic => "ANTHROPIC_API_KEY",
+            Provider::Openai => "OPENAI_API_KEY",
+        }
+    }
+
+    fn base_url_env(self) -> &'static str {
+        match self {
+            Provider::Anthropic => "ANTHROPIC_BASE_URL",
+            Provider::Openai => "OPENAI_BASE_URL",
+        }
+    }
+
+    /// The provider a full endpoint URL names, if it names one.
+    pub(crate) fn from_url(url: &str) -> Option<Provider> {
+        let path = url.split(['?', '#']).next().unwrap_or(url);
+        let path = path.trim_end_matches('/');
+        [Provider::Anthropic, Provider::Openai]
+            .into_iter()
+            .find(|p| path.ends_with(p.path()))
+    }
+
+    /// `url` without this provider's endpoint path (and query): the base URL
+    /// the sources append the path to.
+    pub(crate) fn base_url(self, url: &str) -> String {
+        let path = url.split(['?', '#']).next().unwrap_or(url);
+        let path = path.trim_end_matches('/');
+        path.strip_suffix(self.path()).unwrap_or(path).to_owned()
+    }
+}
+
+/// An HTTP source of either protocol.
+#[derive(Debug, Clone)]
+pub(crate) enum HttpSource {
+    Anthropic(AnthropicSource),
+    Openai(OpenAiSource),
+}
+
+/// Settings for [`HttpSource::new`].
+#[derive(Debug, Default)]
+pub(crate) struct HttpSettings {
+    /// Base URL; default the provider's `*_BASE_URL` variable, else its API.
+    pub(crate) base_url: Option<String>,
+    /// Model; default the source's.
+    pub(crate) model: Option<String>,
+    /// Keep conversations here (resumable sessions).
+    pub(crate) transcripts: Option<Transcripts>,
+}
+
+impl HttpSource {
+    /// A source for `provider`; the API key comes from
+    /// `ANTHROPIC_API_KEY` / `OPENAI_API_KEY` (none is sent when unset, as a
+    /// local server needs none).
+    pub(crate) fn new(provider: Provider, settings: HttpSettings) -> Result<Self, CliError> {
+        let base_url = settings
+            .base_url
+            .or_else(|| std::env::var(provider.base_url_env()).ok())
+            .filter(|u| !u.is_empty());
+        let key = std::env::var(provider.key_env()).unwrap_or_default();
+        let mut http = HttpOptions::default();
+        if let Some(t) = settings.transcripts {
+            http = http.with_transcripts(t);
+        }
+        let built = match provider {
+            Provider::Anthropic => {
+                let mut o = AnthropicOptions::default()
+                    .with_api_key(key)
+                    .with_http(http);
+                if let Some(url) = &base_url {
+                    o = o.with_base_url(provider.base_url(url));
+                }
+                if let Some(m) = settings.model {
+                    o = o.with_model(m);
+                }
+                AnthropicSource::new(o).map(HttpSource::Anthropic)
+            }
+            Provider::Openai => {
+                let mut o = OpenAiOptions::default().with_api_key(key).with_http(http);
+                if let Some(url) = &base_url {
+                    o = o.with_base_url(provider.base_url(url));
+                }
+                if let Some(m) = settings.model {
+                    o = o.with_model(m);
+                }
+                OpenAiSource::new(o).map(HttpSource::Openai)
+            }
+        };
+        built.map_err(|e| match e {
+            BuildError::InvalidBaseUrl { reason } => CliError::usage(format!(
+                "invalid URL {:?}: {reason}",
+                base_url.unwrap_or_default()
+            )),
+            other => CliError::failure(other.to_string()),
+        })
+    }
+
+    /// Sends `body` as is (see `open_body` of the sources).
+    pub(crate) fn open_body(
+        &self,
+        body: Vec<u8>,
+        request: TurnRequest,
+    ) -> BoxFuture<'static, Result<EventStream, StreamError>> {
+        match self {
+            HttpSource::Anthropic(s) => s.open_body(body, request),
+            HttpSource::Openai(s) => s.open_body(body, request),
+        }
+    }
+
+    /// As a shared [`EventSource`].
+    pub(crate) fn into_source(self) -> Arc<dyn EventSource> {
+        match self {
+            HttpSource::Anthropic(s) => Arc::new(s),
+            HttpSource::Openai(s) => Arc::new(s),
+        }
+    }
+}
+
+/// The `claude` binary: `--claude-bin`, else `WARDEN_CLAUDE_BIN`, else
+/// `claude` on `PATH`.
+pub(crate) fn claude_binary(flag: Option<PathBuf>) -> Result<PathBuf, CliError> {
+    let wanted = flag
+        .or_else(|| std::env::var_os("WARDEN_CLAUDE_BIN").map(PathBuf::from))
+        .unwrap_or_else(|| PathBuf::from("claude"));
+    which::which(&wanted).map_err(|_| {
+        CliError::usage(format!(
+            "the Claude Code CLI ({}) was not found; install it (npm install -g @anthropic-ai/claude-code), pass --claude-bin, or use --agent anthropic",
+            wanted.display()
+        ))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn endpoint_urls_name_their_provider_and_base() {
+        let url = "http://127.0.0.1:8080/v1/chat/completions";
+        assert_eq!(Provider::from_url(url), Some(Provider::Openai));
+        assert_eq!(Provider::Openai.base_url(url), "http://127.0.0.1:8080");
+        let url = "https://api.anthropic.com/v1/messages?beta=true";
+        assert_eq!(Provider::from_url(url), Some(Provider::Anthropic));
+        assert_eq!(
+            Provider::Anthropic.base_url(url),
+            "https://api.anthropic.com"
+        );
+        assert_eq!(Provider::from_url("http://h/proxy/"), None);
+        assert_eq!(
+            Provider::Anthropic.base_url("http://h/proxy/"),
+            "http://h/proxy"
+        );
+    }
+}

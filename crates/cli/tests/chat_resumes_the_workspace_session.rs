@@ -1,0 +1,245 @@
+//! `warden chat`: one message per invocation to the session of a
+//! workspace, resumed from the store across processes.
+
+mod common;
+
+use std::path::Path;
+use std::time::Duration;
+
+use common::*;
+use serde_json::Value;
+use warden_mock::{MockConfig, MockServer};
+
+fn chat<'a>(
+    workspace: &'a Path,
+    data: &'a Path,
+    base_url: &'a str,
+    message: &'a str,
+) -> Vec<&'a str> {
+    vec![
+        "chat",
+        "--workspace",
+        arg(workspace),
+        "--agent",
+        "anthropic",
+        "--base-url",
+        base_url,
+        "--data-dir",
+        arg(data),
+        message,
+    ]
+}
+
+async fn sessions(data: &Path) -> Vec<Value> {
+    let out = run(&["sessions", "--json", "--data-dir", arg(data)]).await;
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    serde_json::from_str(&stdout(&out)).expect("JSON array")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_invocation_continues_the_workspace_conversation() {
+    let server = MockServer::start(MockConfig::default())
+        .await
+        .expect("mock");
+    let base = server.base_url();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().join("data");
+    let workspace = dir.path().join("repo");
+    std::fs::create_dir(&workspace).expect("mkdir");
+
+    let first = run(&chat(&workspace, &data, &base, "What changed?")).await;
+    assert_eq!(code(&first), 0, "{}", stderr(&first));
+    let text = stdout(&first);
+    assert!(text.starts_with("Hello from warden-mock."), "{text}");
+    assert!(text.ends_with("[ctx: 0%]\n"), "{text}");
+    let stored = sessions(&data).await;
+    assert_eq!(stored.len(), 1);
+    let id = stored[0]["agent_session_id"]
+        .as_str()
+        .expect("a conversation")
+        .to_owned();
+    let tokens_first = stored[0]["context_tokens"].as_u64().expect("tokens");
+
+    // Another spelling of the workspace, the message on stdin.
+    let spelled = format!("{}/./", workspace.display());
+    let mut cmd = command(&chat(Path::new(&spelled), &data, &base, "-"));
+    cmd.stdin(std::process::Stdio::piped());
+    let mut child = cmd.spawn().expect("spawn");
+    {
+        use tokio::io::AsyncWriteExt;
+        let mut stdin = child.stdin.take().expect("stdin");
+        stdin.write_all(b"And the tests?\n").await.expect("write");
+    }
+    let second = tokio::time::timeout(Duration::from_secs(60), child.wait_with_output())
+        .await
+        .expect("in time")
+        .expect("ran");
+    check_no_panic(&second);
+    assert_eq!(code(&second), 0, "{}", stderr(&second));
+    assert!(
+        stdout(&second).contains("had 15 characters"),
+        "{}",
+        stdout(&second)
+    );
+
+    let stored = sessions(&data).await;
+    assert_eq!(stored.len(), 1, "one session for both spellings");
+    assert_eq!(
+        stored[0]["agent_session_id"],
+        id.as_str(),
+        "same conversation"
+    );
+    assert!(
+        stored[0]["context_tokens"].as_u64().expect("tokens") > tokens_first,
+        "the history was sent: the context grew"
+    );
+    let transcript = data.join("transcripts").join(format!("{id}.jsonl"));
+    let lines = std::fs::read_to_string(&transcript).expect("transcript");
+    assert_eq!(lines.lines().count(), 4);
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(&transcript)
+            .expect("meta")
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o600);
+    }
+
+    // The transcript is gone: a fresh conversation, the user is told, the
+    // message still answered.
+    std::fs::remove_file(&transcript).expect("rm");
+    let third = run(&chat(&workspace, &data, &base, "Still there?")).await;
+    assert_eq!(code(&third), 0, "{}", stderr(&third));
+    assert!(
+        stderr(&third).contains("The previous conversation could not be found — starting fresh."),
+        "{}",
+        stderr(&third)
+    );
+    assert!(stdout(&third).contains("had 12 characters"));
+    let stored = sessions(&data).await;
+    assert_ne!(stored[0]["agent_session_id"], id.as_str());
+    assert_eq!(stored[0]["past_session_ids"][0], id.as_str());
+    server.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn user_errors_are_one_line_and_nonzero() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().join("data");
+    let ws = dir.path();
+    // A missing workspace.
+    let missing = dir.path().join("nope");
+    let out = run(&chat(&missing, &data, "http://127.0.0.1:9", "hi")).await;
+    assert_eq!(code(&out), 2);
+    assert_one_line_error(&out, "workspace");
+    // An empty message.
+    let out = run(&chat(ws, &data, "http://127.0.0.1:9", "  ")).await;
+    assert_eq!(code(&out), 2);
+    assert_one_line_error(&out, "empty");
+    // A bad base URL.
+    let out = run(&chat(ws, &data, "::nope::", "hi")).await;
+    assert_eq!(code(&out), 2);
+    assert_one_line_error(&out, "invalid URL");
+    // No Claude Code binary.
+    let out = run(&[
+        "chat",
+        "--workspace",
+        arg(ws),
+        "--data-dir",
+        arg(&data),
+        "--claude-bin",
+        arg(&dir.path().join("no-claude-here")),
+        "hi",
+    ])
+    .await;
+    assert_eq!(code(&out), 2);
+    assert_one_line_error(&out, "Claude Code CLI");
+    // A database another process holds.
+    let _held = warden_store::SledStore::open(data.join("sessions.db")).expect("open");
+    let out = run(&chat(ws, &data, "http://127.0.0.1:9", "hi")).await;
+    assert_eq!(code(&out), 1);
+    assert_one_line_error(&out, "in use by another warden process");
+    // A data directory that is a file.
+    let file = dir.path().join("file");
+    std::fs::write(&file, "x").expect("write");
+    let out = run(&chat(ws, &file, "http://127.0.0.1:9", "hi")).await;
+    assert_eq!(code(&out), 1);
+    assert_one_line_error(&out, "");
+}
+
+/// The real Claude Code CLI (`WARDEN_CLAUDE_BIN`, installed by `.ci/run`)
+/// against the mock: two invocations, one conversation. Skipped with a
+/// printed reason when the binary is not there, unless
+/// `WARDEN_REQUIRE_CLAUDE=1`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claude_code_chats_resume_the_same_conversation() {
+    let Some(bin) = std::env::var_os("WARDEN_CLAUDE_BIN") else {
+        assert_ne!(
+            std::env::var("WARDEN_REQUIRE_CLAUDE").as_deref(),
+            Ok("1"),
+            "WARDEN_REQUIRE_CLAUDE=1 but WARDEN_CLAUDE_BIN is unset"
+        );
+        eprintln!("skipped: set WARDEN_CLAUDE_BIN to the claude binary to run this test");
+        return;
+    };
+    let server = MockServer::start(MockConfig::default())
+        .await
+        .expect("mock");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (data, workspace, home) = (
+        dir.path().join("data"),
+        dir.path().join("repo"),
+        dir.path().join("home"),
+    );
+    for d in [&workspace, &home] {
+        std::fs::create_dir_all(d).expect("mkdir");
+    }
+    let chat = |message: &str| {
+        let mut cmd = command(&[
+            "chat",
+            "--workspace",
+            arg(&workspace),
+            "--data-dir",
+            arg(&data),
+            "--claude-bin",
+            bin.to_str().expect("utf-8"),
+            message,
+        ]);
+        cmd.env("ANTHROPIC_BASE_URL", server.base_url())
+            .env("ANTHROPIC_API_KEY", "dummy")
+            .env("HOME", &home)
+            .env("DISABLE_TELEMETRY", "1")
+            .env("DISABLE_AUTOUPDATER", "1")
+            .env("CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "1");
+        cmd
+    };
+    let first = output(chat("Say hello."), Duration::from_secs(120)).await;
+    assert_eq!(code(&first), 0, "{}", stderr(&first));
+    assert!(
+        stdout(&first).contains("Hello from warden-mock."),
+        "{}",
+        stdout(&first)
+    );
+    assert!(stdout(&first).contains("[ctx: "), "{}", stdout(&first));
+    let id = sessions(&data).await[0]["agent_session_id"]
+        .as_str()
+        .expect("Claude's session id")
+        .to_owned();
+
+    let second = output(chat("Again."), Duration::from_secs(120)).await;
+    assert_eq!(code(&second), 0, "{}", stderr(&second));
+    let stored = sessions(&data).await;
+    let now = stored[0]["agent_session_id"].as_str().expect("id");
+    // 2.1.x keeps the id on --resume; a fork would move the old one to
+    // the past ids. Either way the conversation was resumed, not lost.
+    assert!(
+        now == id || stored[0]["past_session_ids"][0] == id.as_str(),
+        "{stored:#?}"
+    );
+    assert!(
+        !stderr(&second).contains("starting fresh"),
+        "{}",
+        stderr(&second)
+    );
+    server.shutdown().await;
+}

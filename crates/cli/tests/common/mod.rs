@@ -1,0 +1,96 @@
+//! Running the real `warden` binary from the tests.
+
+#![allow(dead_code)]
+
+use std::path::Path;
+use std::process::{Output, Stdio};
+use std::time::Duration;
+
+/// The binary under test.
+pub(crate) const WARDEN: &str = env!("CARGO_BIN_EXE_warden");
+
+/// `warden ARGS` with a clean environment for what warden reads.
+pub(crate) fn command(args: &[&str]) -> tokio::process::Command {
+    let mut cmd = tokio::process::Command::new(WARDEN);
+    cmd.args(args)
+        .env_remove("WARDEN_STREAM_TIMEOUT")
+        .env_remove("WARDEN_DATA_DIR")
+        .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
+        .env_remove("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+        .env_remove("RUST_LOG")
+        .env_remove("ANTHROPIC_BASE_URL")
+        .env_remove("OPENAI_BASE_URL")
+        .env("NO_PROXY", "127.0.0.1,localhost")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true);
+    cmd
+}
+
+/// Runs `cmd` to the end (at most `limit`).
+pub(crate) async fn output(mut cmd: tokio::process::Command, limit: Duration) -> Output {
+    let out = tokio::time::timeout(limit, cmd.output())
+        .await
+        .expect("warden finished in time")
+        .expect("warden ran");
+    check_no_panic(&out);
+    out
+}
+
+/// `warden ARGS`, run to the end within 60 s.
+pub(crate) async fn run(args: &[&str]) -> Output {
+    output(command(args), Duration::from_secs(60)).await
+}
+
+/// Stdout as text.
+pub(crate) fn stdout(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Stderr as text.
+pub(crate) fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// The exit code (a signal death is a test failure).
+pub(crate) fn code(out: &Output) -> i32 {
+    out.status.code().unwrap_or_else(|| {
+        panic!(
+            "warden died of a signal: {:?}\nstderr: {}",
+            out.status,
+            stderr(out)
+        )
+    })
+}
+
+/// No user-caused error may surface as a panic or a backtrace.
+pub(crate) fn check_no_panic(out: &Output) {
+    let err = stderr(out);
+    assert!(
+        !err.contains("panicked")
+            && !err.contains("RUST_BACKTRACE")
+            && !err.contains("internal error"),
+        "warden panicked:\n{err}"
+    );
+}
+
+/// Asserts the error is one line `warden: error: …` containing `needle`.
+pub(crate) fn assert_one_line_error(out: &Output, needle: &str) {
+    let err = stderr(out);
+    let lines: Vec<&str> = err
+        .lines()
+        .filter(|l| l.starts_with("warden: error:"))
+        .collect();
+    assert_eq!(lines.len(), 1, "expected one error line, got:\n{err}");
+    assert!(
+        lines[0].contains(needle),
+        "{needle:?} not in {:?}",
+        lines[0]
+    );
+}
+
+/// A path argument as `&str`.
+pub(crate) fn arg(path: &Path) -> &str {
+    path.to_str().expect("utf-8 temp path")
+}

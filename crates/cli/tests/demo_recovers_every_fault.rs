@@ -1,0 +1,172 @@
+//! `warden demo --quick` end to end: the real binary, the in-process mock
+//! LLM server, a sled database on disk. Every injected fault must show up
+//! as its transition and recover, and `warden sessions` must then list
+//! what the demo stored.
+
+mod common;
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use common::*;
+use serde_json::Value;
+
+fn events(out: &str) -> Vec<Value> {
+    out.lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}")))
+        .collect()
+}
+
+fn count(events: &[Value], workspace: &str, kind: &str) -> usize {
+    events
+        .iter()
+        .filter(|e| e["workspace"] == workspace && e["event"] == kind)
+        .count()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn demo_quick_shows_each_fault_and_its_recovery() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let out = run(&["demo", "--quick", "--json", "--data-dir", arg(dir.path())]).await;
+    assert_eq!(
+        code(&out),
+        0,
+        "stderr: {}\nstdout: {}",
+        stderr(&out),
+        stdout(&out)
+    );
+    let events = events(&stdout(&out));
+
+    // The stall: one kill on the first attempt, then a retry.
+    let kill = events
+        .iter()
+        .find(|e| e["workspace"] == "api-server" && e["event"] == "stream_timed_out")
+        .expect("the watchdog killed the stalled stream");
+    assert_eq!(kill["attempt"], 1);
+    assert!(kill["silent_ms"].as_u64().expect("silent_ms") >= 1000);
+    assert!(count(&events, "api-server", "retry_scheduled") >= 1);
+    // Pings through the thinking pause: never killed.
+    assert_eq!(count(&events, "docs-site", "stream_timed_out"), 0);
+    // The 429: retried after retry-after.
+    let retry = events
+        .iter()
+        .find(|e| e["workspace"] == "billing" && e["event"] == "retry_scheduled")
+        .expect("the 429 was retried");
+    assert_eq!(retry["error_code"], "EAPI");
+    assert!(retry["delay_ms"].as_u64().expect("delay") >= 499);
+    // Two resume failures, each a fresh start with a notice.
+    for (workspace, cause) in [
+        ("legacy-app", "unknown_session"),
+        ("monorepo", "prompt_too_long"),
+    ] {
+        let failed = events
+            .iter()
+            .find(|e| e["workspace"] == workspace && e["event"] == "resume_failed")
+            .unwrap_or_else(|| panic!("{workspace}: no resume failure"));
+        assert_eq!(failed["cause"], cause);
+        assert_eq!(
+            count(&events, workspace, "fresh_fallback"),
+            1,
+            "{workspace}"
+        );
+        assert_eq!(count(&events, workspace, "user_notified"), 1, "{workspace}");
+    }
+    // The idle reap and the resume.
+    assert!(count(&events, "mobile-app", "session_reaped") >= 1);
+    // Every message answered.
+    for (workspace, messages) in [
+        ("api-server", 3),
+        ("docs-site", 2),
+        ("billing", 2),
+        ("legacy-app", 2),
+        ("monorepo", 2),
+        ("mobile-app", 2),
+    ] {
+        assert_eq!(
+            count(&events, workspace, "turn_answered"),
+            messages,
+            "{workspace}"
+        );
+    }
+    // The context indicator climbs turn by turn.
+    let ctx: Vec<u64> = events
+        .iter()
+        .filter(|e| e["workspace"] == "api-server" && e["event"] == "context")
+        .map(|e| e["percent"].as_u64().expect("percent"))
+        .collect();
+    assert_eq!(ctx.len(), 3);
+    assert!(ctx[0] < ctx[1] && ctx[1] < ctx[2], "{ctx:?}");
+
+    // The summary is the last object and every check holds.
+    let summary = events.last().expect("a summary");
+    assert_eq!(summary["event"], "summary");
+    assert_eq!(summary["ok"], true, "{summary:#}");
+    let checks = summary["checks"].as_array().expect("checks");
+    assert!(checks.len() >= 8);
+    let recovery = checks
+        .iter()
+        .find(|c| c["name"] == "api-server")
+        .and_then(|c| c["metrics"]["recovery_ms"].as_u64())
+        .expect("the stall's recovery time");
+    assert!(recovery < 5_000, "{recovery}");
+
+    // What the demo stored, through `warden sessions`.
+    let listed = run(&["sessions", "--json", "--data-dir", arg(dir.path())]).await;
+    assert_eq!(code(&listed), 0, "{}", stderr(&listed));
+    let list: Vec<Value> = serde_json::from_str(&stdout(&listed)).expect("a JSON array");
+    let by_name: HashMap<String, &Value> = list
+        .iter()
+        .map(|s| {
+            let key = s["key"].as_str().expect("key");
+            (key.rsplit('/').next().unwrap_or(key).to_owned(), s)
+        })
+        .collect();
+    assert_eq!(by_name.len(), 6, "{list:#?}");
+    for session in by_name.values() {
+        assert!(
+            session["agent_session_id"]
+                .as_str()
+                .is_some_and(|id| id.starts_with("conv_"))
+        );
+        assert!(session["context_percent"].as_u64().is_some_and(|p| p > 0));
+        assert_eq!(session["pending_messages"], 0);
+    }
+    // The two fallbacks kept the failed ids and count as restarts.
+    for name in ["legacy-app", "monorepo"] {
+        let s = by_name[name];
+        assert_eq!(
+            s["past_session_ids"].as_array().map(Vec::len),
+            Some(1),
+            "{s:#}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn demo_prints_plain_lines_and_a_summary_when_not_on_a_terminal_and_can_run_again() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    for run_no in 1..=2 {
+        let mut cmd = command(&["demo", "--quick", "--data-dir", arg(dir.path())]);
+        cmd.env("WARDEN_STREAM_TIMEOUT", "800");
+        let out = output(cmd, Duration::from_secs(60)).await;
+        let text = stdout(&out);
+        assert_eq!(code(&out), 0, "run {run_no}: {text}\n{}", stderr(&out));
+        assert!(!text.contains('\x1b'), "no terminal escapes when piped");
+        assert!(text.contains("watchdog timeout 0.8s"), "{text}");
+        assert!(
+            text.contains("api-server  watchdog killed attempt 1 after"),
+            "{text}"
+        );
+        assert!(text.contains("Summary: every fault recovered"), "{text}");
+        assert!(!text.contains('✗'), "{text}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn demo_refuses_a_database_another_process_holds() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let _held = warden_store::SledStore::open(dir.path().join("sessions.db")).expect("open");
+    let out = run(&["demo", "--quick", "--data-dir", arg(dir.path())]).await;
+    assert_eq!(code(&out), 1);
+    assert_one_line_error(&out, "in use by another warden process");
+}
