@@ -130,6 +130,10 @@ async fn demo_quick_shows_each_fault_and_its_recovery() {
         );
         assert!(session["context_percent"].as_u64().is_some_and(|p| p > 0));
         assert_eq!(session["pending_messages"], 0);
+        assert_eq!(
+            session["status"], "idle",
+            "stopped with the demo: {session:#}"
+        );
     }
     // The two fallbacks kept the failed ids and count as restarts.
     for name in ["legacy-app", "monorepo"] {

@@ -752,6 +752,25 @@ impl Actor for SessionActor {
         myself
             .stop_children_and_wait(None, Some(Duration::from_secs(5)))
             .await;
+        // A stopped session is not active any more (a shutdown, or a stop
+        // asked by the supervisor); after a crash or a kill the record keeps
+        // saying Active, which is how a restart can tell.
+        if state.record.status == RecordStatus::Active {
+            state.record.status = RecordStatus::Idle;
+            if let Err(error) = state
+                .args
+                .store
+                .save(&state.record, Durability::Flushed)
+                .await
+            {
+                tracing::warn!(
+                    event = "session.store_failed",
+                    session.key = %state.args.key,
+                    %error,
+                    "could not mark the stopped session idle"
+                );
+            }
+        }
         // Unanswered messages stay pending in the record: the next start of
         // this session re-delivers them. Callers are told now.
         let reason = "session stopped".to_owned();

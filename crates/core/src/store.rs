@@ -31,9 +31,10 @@ pub enum RecordStatus {
     /// Created, no turn run yet.
     #[default]
     New,
-    /// Its actor is running.
+    /// Its actor is running (or its process died without stopping it).
     Active,
-    /// Reaped for idleness; the next message resumes it.
+    /// Not running: reaped for idleness or stopped with its supervisor; the
+    /// next message resumes it.
     Idle,
     /// Given up; `reason` says why (both causes after a failed fallback).
     Failed {
