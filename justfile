@@ -10,9 +10,9 @@ ready:
 test:
     cargo test --workspace
 
-# Run the orchestrator example (the README's run command).
-run:
-    cargo run --release --example orchestrator
+# Run the demo (the README's run command); e.g. `just run --quick`.
+run *ARGS:
+    cargo run --release -p warden -- demo {{ARGS}}
 
 # Format the code.
 fmt:
