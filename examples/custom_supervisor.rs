@@ -30,9 +30,9 @@ use futures_util::StreamExt;
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use tokio::sync::oneshot;
 use warden_core::{
-    AgentEvent, Durability, EventSource, Frame, PendingMessage, RecordStatus, RetryPolicy,
-    SessionKey, SessionRecord, SessionStore, StreamError, TurnRequest, WatchdogActor,
-    WatchdogConfig, WatchdogHandle, now_ms,
+    AgentEvent, Durability, EventSource, Frame, RecordStatus, RetryPolicy, SessionKey,
+    SessionRecord, SessionStore, StreamError, TurnRequest, WatchdogActor, WatchdogConfig,
+    WatchdogHandle,
 };
 use warden_llm::{AnthropicOptions, AnthropicSource};
 use warden_mock::{MockConfig, MockServer, Scenario};
@@ -103,13 +103,7 @@ async fn ask(state: &mut State, question: String) -> anyhow::Result<String> {
     let clock = |t: Instant| t.elapsed().as_secs_f64();
 
     // 1. Durable before processing: flushed to disk before the first request.
-    let id = record.next_message_id;
-    record.next_message_id += 1;
-    record.pending.push(PendingMessage {
-        id,
-        text: question.clone(),
-        accepted_at_ms: now_ms(),
-    });
+    let id = record.accept(question.clone());
     parts.store.save(record, Durability::Flushed).await?;
     println!("message #{id} stored as pending (flushed)");
 
@@ -127,10 +121,8 @@ async fn ask(state: &mut State, question: String) -> anyhow::Result<String> {
             Ok(text) => break text,
             Err(err) => {
                 // `None`: fatal, or out of attempts; the message stays pending
-                // on disk. (Own statement: `ThreadRng` must not live across
-                // the `.await` below, or the actor's future is not `Send`.)
-                let retry = parts.policy.next_delay(attempt, &err, &mut rand::rng());
-                let Some(delay) = retry else {
+                // on disk.
+                let Some(delay) = parts.policy.delay_after(attempt, &err) else {
                     anyhow::bail!("gave up after {attempt} attempt(s): {err}");
                 };
                 println!("        {}: retry in {} ms", err.code(), delay.as_millis());
@@ -141,8 +133,7 @@ async fn ask(state: &mut State, question: String) -> anyhow::Result<String> {
     };
 
     // 3. Answered: clear the pending message (flushed too).
-    record.pending.retain(|p| p.id != id);
-    record.last_active_ms = now_ms();
+    record.answered(id);
     parts.store.save(record, Durability::Flushed).await?;
     let t = clock(parts.started);
     println!("[{t:4.1}s] attempt {attempt} complete; message #{id} cleared from pending");
@@ -183,10 +174,7 @@ async fn run_attempt(parts: &Parts, request: TurnRequest) -> Result<String, Stre
     let outcome = tokio::select! {
         done = read => done,
         expiry = kill_rx => Err(match expiry {
-            Ok(e) => StreamError::InactivityTimeout {
-                silent_for: e.silent_for,
-                timeout: e.timeout,
-            },
+            Ok(expiry) => expiry.into(), // ESTREAM_TIMEOUT
             Err(_) => StreamError::Internal {
                 message: "watchdog stopped".into(),
             },

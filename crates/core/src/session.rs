@@ -36,7 +36,6 @@ use crate::source::{Diagnostics, EventSource, SessionKey, TurnRequest};
 use crate::spans::{self, TraceAnchor, names};
 use crate::store::{
     Durability, PendingMessage, RecordStatus, SessionRecord, SessionStore, StoreError, StoredUsage,
-    now_ms,
 };
 use crate::stream::{
     AttemptId, StreamActor, StreamArgs, StreamHandle, StreamOptions, StreamOutcome, StreamReport,
@@ -647,15 +646,13 @@ impl Actor for SessionActor {
         }
         match msg {
             Inner::Submit(text, reply) => {
-                let id = state.record.next_message_id;
-                let message = PendingMessage {
-                    id,
-                    text,
-                    accepted_at_ms: now_ms(),
-                };
-                state.record.next_message_id += 1;
-                state.record.pending.push(message.clone());
-                state.record.last_active_ms = message.accepted_at_ms;
+                let id = state.record.accept(text);
+                let message = state
+                    .record
+                    .pending
+                    .last()
+                    .cloned()
+                    .ok_or("accepted message missing")?;
                 // Durable before acknowledged.
                 if let Err(e) = state
                     .args
@@ -663,8 +660,7 @@ impl Actor for SessionActor {
                     .save(&state.record, Durability::Flushed)
                     .await
                 {
-                    state.record.pending.retain(|m| m.id != id);
-                    state.record.next_message_id -= 1;
+                    state.record.unaccept(id);
                     tracing::error!(session.key = %state.args.key, error = %e, "could not persist message");
                     let _ = reply.send(Err(e));
                     return Ok(());
@@ -1293,8 +1289,7 @@ async fn finish_turn(
     }
 
     // The message is answered (with a reply or an error): no longer pending.
-    state.record.pending.retain(|m| m.id != id);
-    state.record.last_active_ms = now_ms();
+    state.record.answered(id);
     let fresh_failed = match &state.args.mode {
         StartMode::FreshFallback { cause } => match &result {
             Ok(()) => {

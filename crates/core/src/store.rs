@@ -149,6 +149,40 @@ impl SessionRecord {
         true
     }
 
+    /// Accepts a user message: appends it to [`pending`](Self::pending)
+    /// with the next id and marks the record active now. Save the record
+    /// (flushed) before acknowledging the message. Returns the id.
+    pub fn accept(&mut self, text: impl Into<String>) -> u64 {
+        let id = self.next_message_id;
+        let accepted_at_ms = now_ms();
+        self.pending.push(PendingMessage {
+            id,
+            text: text.into(),
+            accepted_at_ms,
+        });
+        self.next_message_id += 1;
+        self.last_active_ms = accepted_at_ms;
+        id
+    }
+
+    /// Takes back the message [`accept`](Self::accept) just added (its
+    /// save failed): it was never acknowledged, and its id is reused.
+    pub fn unaccept(&mut self, id: u64) {
+        self.pending.retain(|m| m.id != id);
+        if self.next_message_id == id + 1 {
+            self.next_message_id = id;
+        }
+    }
+
+    /// Message `id` was answered (with a reply or an error): it is no longer
+    /// pending. Returns whether it was.
+    pub fn answered(&mut self, id: u64) -> bool {
+        let before = self.pending.len();
+        self.pending.retain(|m| m.id != id);
+        self.last_active_ms = now_ms();
+        self.pending.len() != before
+    }
+
     /// Clears the agent session id, keeping it in `past_session_ids`.
     pub fn clear_agent_session_id(&mut self) -> Option<String> {
         let old = self.agent_session_id.take();
@@ -288,5 +322,25 @@ impl SessionStore for MemoryStore {
             })
             .map_err(|_| poisoned());
         Box::pin(async move { r })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn accepted_messages_stay_pending_until_answered() {
+        let mut r = SessionRecord::new(&SessionKey::new("k"), None);
+        let a = r.accept("one");
+        let b = r.accept("two");
+        assert_eq!((a, b, r.next_message_id), (1, 2, 3));
+        assert_eq!(r.pending.iter().map(|m| m.id).collect::<Vec<_>>(), [1, 2]);
+        // A failed save takes the last one back and reuses its id.
+        r.unaccept(b);
+        assert_eq!(r.next_message_id, 2);
+        assert!(r.answered(a));
+        assert!(!r.answered(a), "already answered");
+        assert!(r.pending.is_empty());
     }
 }

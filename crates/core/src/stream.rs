@@ -290,10 +290,7 @@ impl Actor for StreamActor {
                         otel.status_code = "ERROR",
                     ));
                 }
-                StreamOutcome::Failed(StreamError::InactivityTimeout {
-                    silent_for: expiry.silent_for,
-                    timeout: expiry.timeout,
-                })
+                StreamOutcome::Failed(expiry.into())
             }
             Inner::Cancel => StreamOutcome::Cancelled,
         };

@@ -64,6 +64,16 @@ pub struct Expiry {
     pub timeout: Duration,
 }
 
+impl From<Expiry> for crate::StreamError {
+    /// The error a killed stream ends with: `ESTREAM_TIMEOUT`.
+    fn from(expiry: Expiry) -> Self {
+        crate::StreamError::InactivityTimeout {
+            silent_for: expiry.silent_for,
+            timeout: expiry.timeout,
+        }
+    }
+}
+
 /// The callback run (once, on the watchdog's task) when a stream expires.
 /// It must not block: typically it casts a message to the stream's actor.
 pub type OnExpire = Box<dyn FnOnce(Expiry) + Send + 'static>;

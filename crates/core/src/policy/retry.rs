@@ -95,6 +95,12 @@ impl RetryPolicy {
         base.mul_f64(1.0 - cut)
     }
 
+    /// [`next_delay`](Self::next_delay) with the thread's random generator,
+    /// for callers without their own (and without a `rand` dependency).
+    pub fn delay_after(&self, attempts_made: u32, error: &StreamError) -> Option<Duration> {
+        self.next_delay(attempts_made, error, &mut rand::rng())
+    }
+
     /// Decides what follows a failed attempt: `Some(delay)` to retry after
     /// `delay`, `None` to give up (fatal error, or `attempts_made` reached
     /// [`max_attempts`](Self::max_attempts)).
