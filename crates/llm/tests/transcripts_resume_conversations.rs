@@ -59,6 +59,24 @@ fn http(dir: &std::path::Path) -> (HttpOptions, Transcripts) {
     )
 }
 
+fn anthropic(mock: &MockServer, http: HttpOptions) -> AnthropicSource {
+    AnthropicSource::new(
+        AnthropicOptions::default()
+            .with_base_url(mock.base_url())
+            .with_http(http),
+    )
+    .expect("source")
+}
+
+fn openai(mock: &MockServer, http: HttpOptions) -> OpenAiSource {
+    OpenAiSource::new(
+        OpenAiOptions::default()
+            .with_base_url(mock.base_url())
+            .with_http(http),
+    )
+    .expect("source")
+}
+
 #[tokio::test]
 async fn anthropic_conversations_grow_resume_and_survive_failed_attempts() {
     let mock = MockServer::start(MockConfig::default().with_sequence([
@@ -71,12 +89,7 @@ async fn anthropic_conversations_grow_resume_and_survive_failed_attempts() {
     .expect("mock");
     let dir = tempfile::tempdir().expect("tempdir");
     let (http, transcripts) = http(dir.path());
-    let source = AnthropicSource::new(
-        AnthropicOptions::default()
-            .with_base_url(mock.base_url())
-            .with_http(http),
-    )
-    .expect("source");
+    let source = anthropic(&mock, http);
 
     let first = run(&source, "What changed?", None).await;
     assert!(first.error.is_none(), "{:?}", first.error);
@@ -136,12 +149,7 @@ async fn a_new_conversation_whose_first_attempt_failed_can_be_resumed() {
     .expect("mock");
     let dir = tempfile::tempdir().expect("tempdir");
     let (http, transcripts) = http(dir.path());
-    let source = AnthropicSource::new(
-        AnthropicOptions::default()
-            .with_base_url(mock.base_url())
-            .with_http(http),
-    )
-    .expect("source");
+    let source = anthropic(&mock, http);
     let failed = run(&source, "hello", None).await;
     assert!(failed.error.is_some());
     let id = failed.session_id.expect("announced before the failure");
@@ -160,12 +168,7 @@ async fn an_unknown_conversation_is_refused_before_any_request() {
         .expect("mock");
     let dir = tempfile::tempdir().expect("tempdir");
     let (http, _) = http(dir.path());
-    let source = OpenAiSource::new(
-        OpenAiOptions::default()
-            .with_base_url(mock.base_url())
-            .with_http(http),
-    )
-    .expect("source");
+    let source = openai(&mock, http);
     for id in ["conv_0123456789abcdef0123456789abcdef", "../../etc/passwd"] {
         let turn = run(&source, "hello", Some(id)).await;
         match turn.error {
@@ -193,12 +196,7 @@ async fn openai_history_goes_between_system_and_the_new_message() {
         .expect("mock");
     let dir = tempfile::tempdir().expect("tempdir");
     let (http, transcripts) = http(dir.path());
-    let source = OpenAiSource::new(
-        OpenAiOptions::default()
-            .with_base_url(mock.base_url())
-            .with_http(http),
-    )
-    .expect("source");
+    let source = openai(&mock, http);
     let first = run(&source, "one", None).await;
     let id = first.session_id.expect("named");
     let second = run(&source, "two", Some(&id)).await;
