@@ -78,6 +78,20 @@ fn live_bytes() -> usize {
 const CLK_TCK: f64 = 100.0; // Linux USER_HZ
 
 /// utime + stime of `/proc/<path>/stat`, in seconds.
+/// Waits until the live heap stops moving (less than 64 KiB in 100 ms, at
+/// most 5 s), so a measurement does not count another phase's frees.
+async fn settle_memory() {
+    let mut last = live_bytes();
+    for _ in 0..50 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let now = live_bytes();
+        if now.abs_diff(last) < 64 * 1024 {
+            return;
+        }
+        last = now;
+    }
+}
+
 fn cpu_seconds(stat_path: &str) -> f64 {
     let Ok(s) = std::fs::read_to_string(stat_path) else {
         return f64::NAN;
@@ -326,14 +340,17 @@ async fn bench_frames(quick: bool) {
     for streams in [1_000usize, 10_000, 100_000] {
         let per = (total / streams as u64).max(min_per);
         let mut best = std::collections::HashMap::new();
-        // Interleave variants and keep the best of 3 to damp noise.
-        for _ in 0..3 {
+        // Interleave variants and keep the best run to damp noise.
+        for _ in 0..if quick { 3 } else { 5 } {
             for v in [
                 Variant::None,
                 Variant::Timeout,
                 Variant::SleepReset,
                 Variant::Warden,
-            ] {
+            ]
+            .into_iter()
+            .filter(|v| std::env::var("WARDEN_BENCH_ONLY").map_or(true, |o| o == format!("{v:?}")))
+            {
                 let ns = run_frames(v, streams, per, &wd).await;
                 let e = best.entry(format!("{v:?}")).or_insert(f64::MAX);
                 *e = e.min(ns);
@@ -531,6 +548,9 @@ async fn bench_capacity(quick: bool) {
     println!("\n## 3. Capacity and memory");
     // Memory per StreamActor vs a plain per-stream task with a timeout.
     let k = if quick { 2_000 } else { 10_000 };
+    // Earlier sections free memory in the background (actors stopping);
+    // measure from a quiet heap.
+    settle_memory().await;
     let before = live_bytes() as i64;
     let mut tasks = Vec::with_capacity(k);
     for _ in 0..k {
@@ -539,12 +559,12 @@ async fn bench_capacity(quick: bool) {
             let _ = tokio::time::timeout(T45, s.next()).await;
         }));
     }
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    settle_memory().await;
     let per_task = (live_bytes() as i64 - before) as f64 / k as f64;
     let (wd2, _) = WatchdogActor::spawn(WatchdogConfig::default())
         .await
         .expect("watchdog");
-    tokio::time::sleep(Duration::from_millis(50)).await;
+    settle_memory().await;
     let before = live_bytes() as i64;
     let mut streams = Vec::with_capacity(k);
     for i in 0..k {
@@ -562,7 +582,7 @@ async fn bench_capacity(quick: bool) {
         };
         streams.push(StreamActor::spawn(args).await.expect("spawn"));
     }
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    settle_memory().await;
     let per_actor = (live_bytes() as i64 - before) as f64 / k as f64;
     println!(
         "memory per running stream: StreamActor + reader + watch entry {per_actor:.0} B; plain task + timeout (baseline) {per_task:.0} B; ratio {:.2}x",
