@@ -39,13 +39,8 @@ async fn run(end: End) {
         during.watched, 1,
         "{end:?}: stream is watched while it runs"
     );
-    assert!(
-        tokio::runtime::Handle::current()
-            .metrics()
-            .num_alive_tasks()
-            > baseline,
-        "the stream's actor and reader are running"
-    );
+    let status = session.status().await.expect("status");
+    assert_eq!(status.streaming, Some(attempt), "{end:?}: the stream runs");
 
     match end {
         End::Complete => a.finish(),
@@ -110,4 +105,59 @@ async fn shutdown_stops_running_turns_and_leaves_no_task() {
     }
     assert!(s1.is_dropped() && s2.is_dropped());
     assert_tasks_return_to(baseline).await;
+}
+
+/// A source whose stream panics on its second poll.
+struct PanickingSource;
+
+impl warden_core::EventSource for PanickingSource {
+    fn open(
+        &self,
+        _request: warden_core::TurnRequest,
+    ) -> futures_util::future::BoxFuture<'static, Result<warden_core::EventStream, StreamError>>
+    {
+        use futures_util::StreamExt;
+        Box::pin(async {
+            let frames = futures_util::stream::iter(0..2).map(|i| {
+                assert!(i == 0, "boom in the source");
+                Ok(warden_core::Frame::KeepAlive)
+            });
+            Ok(Box::pin(frames) as warden_core::EventStream)
+        })
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_panicking_source_fails_the_turn_and_releases_everything() {
+    let factory = |_: &warden_core::SessionKey| {
+        std::sync::Arc::new(PanickingSource) as std::sync::Arc<dyn warden_core::EventSource>
+    };
+    let sup = warden_core::Supervisor::builder(std::sync::Arc::new(factory))
+        .config(config().with_session(
+            warden_core::SessionConfig::default().with_retry(warden_core::RetryPolicy::never()),
+        ))
+        .start()
+        .await
+        .expect("supervisor");
+    let session = sup.session("ws").await.expect("session");
+    let result = session.submit("hi").await.expect("submit").finish().await;
+    match result {
+        Err(warden_core::TurnError::Fatal(StreamError::Internal { message })) => {
+            assert!(
+                message.contains("panicked: boom in the source"),
+                "{message}"
+            )
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(sup.watchdog().stats().await.expect("alive").watched, 0);
+    // The session survived its stream's panic and takes the next message.
+    let again = session
+        .submit("again")
+        .await
+        .expect("submit")
+        .finish()
+        .await;
+    assert!(again.is_err());
+    sup.shutdown().await;
 }

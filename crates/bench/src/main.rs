@@ -263,7 +263,6 @@ async fn run_frames(variant: Variant, streams: usize, frames: u64, wd: &Watchdog
             };
             spawned.push(
                 StreamActor::spawn(args)
-                    .await
                     .map(|_| ())
                     .map_err(|e| e.to_string()),
             );
@@ -580,7 +579,7 @@ async fn bench_capacity(quick: bool) {
             sink: Arc::new(|_| {}),
             span: tracing::Span::none(),
         };
-        streams.push(StreamActor::spawn(args).await.expect("spawn"));
+        streams.push(StreamActor::spawn(args).expect("spawn"));
     }
     settle_memory().await;
     let per_actor = (live_bytes() as i64 - before) as f64 / k as f64;

@@ -1,8 +1,8 @@
 //! The [`SessionActor`]: one agent conversation, its turns and their retries.
 //!
 //! Messages are persisted (flushed) before they are acknowledged, then run
-//! one turn at a time. Each attempt of a turn is a [`StreamActor`] linked to
-//! the session. A failed attempt is retried from scratch when its error is
+//! one turn at a time. Each attempt of a turn is a [`StreamActor`] (a task
+//! the session cancels and waits for when it stops). A failed attempt is retried from scratch when its error is
 //! retryable and the [`RetryPolicy`] allows it; `ESTREAM_TIMEOUT` from the
 //! watchdog is retryable. A user cancel wins over everything that has not
 //! already ended the turn: it is never retried, and no event of the
@@ -20,7 +20,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use ractor::{Actor, ActorCell, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
+use ractor::{Actor, ActorCell, ActorProcessingErr, ActorRef, RpcReplyPort};
 use rand::SeedableRng;
 use rand::rngs::SmallRng;
 use tokio::sync::mpsc;
@@ -717,37 +717,17 @@ impl Actor for SessionActor {
         Ok(())
     }
 
-    async fn handle_supervisor_evt(
-        &self,
-        myself: ActorRef<Self::Msg>,
-        event: SupervisionEvent,
-        state: &mut Self::State,
-    ) -> Result<(), ActorProcessingErr> {
-        // Streams report their own end; only a crash of the current one needs
-        // handling here (a normal termination is already reported).
-        if let SupervisionEvent::ActorFailed(cell, err) = event {
-            let current = state.turn.as_ref().and_then(|t| match &t.phase {
-                Phase::Streaming(s) if s.actor().get_id() == cell.get_id() => Some(s.attempt()),
-                _ => None,
-            });
-            if let Some(attempt) = current {
-                let outcome = StreamOutcome::Failed(StreamError::Internal {
-                    message: format!("stream actor failed: {err}"),
-                });
-                on_ended(&myself, state, attempt, outcome).await?;
-            }
-        }
-        Ok(())
-    }
-
     async fn post_stop(
         &self,
-        myself: ActorRef<Self::Msg>,
+        _myself: ActorRef<Self::Msg>,
         state: &mut Self::State,
     ) -> Result<(), ActorProcessingErr> {
-        myself
-            .stop_children_and_wait(None, Some(Duration::from_secs(5)))
-            .await;
+        // The running stream goes first: its source (socket, child) is
+        // released before the session is reported stopped.
+        if let Some(Phase::Streaming(stream)) = state.turn.as_ref().map(|t| &t.phase) {
+            stream.cancel();
+            let _ = tokio::time::timeout(Duration::from_secs(5), stream.finished()).await;
+        }
         // A stopped session is not active any more (a shutdown, or a stop
         // asked by the supervisor); after a crash or a kill the record keeps
         // saying Active, which is how a restart can tell.
@@ -949,7 +929,7 @@ async fn start_attempt(
         }),
         span: attempt_span.clone(),
     };
-    let stream = StreamActor::spawn_linked(args, myself.get_cell()).await?;
+    let stream = StreamActor::spawn(args)?;
     turn.attempt_span = Some(attempt_span);
     state.args.bus.publish(LifecycleEvent::AttemptStarted {
         key: state.args.key.clone(),

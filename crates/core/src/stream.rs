@@ -1,31 +1,34 @@
 //! The [`StreamActor`]: reads one attempt's stream under the watchdog.
 //!
 //! On spawn it registers with the watchdog (before the request is sent),
-//! then starts a reader task that opens the stream, stamps the heartbeat on
-//! every frame and sends parsed events straight to the [`ReportSink`] (no
-//! extra actor hop on the hot path). Exactly one of three things ends it,
-//! whichever reaches the actor first:
+//! then runs one task that opens the stream, stamps the heartbeat on every
+//! frame and sends parsed events straight to the [`ReportSink`] (no actor
+//! hop on the hot path). Exactly one of three things ends it, the first to
+//! happen:
 //!
-//! 1. the reader finishes (stream complete, or a stream error),
+//! 1. the reader finishes (stream complete, a stream error, or a panic of
+//!    the source, reported as `Internal`),
 //! 2. the watchdog's expiry (`ESTREAM_TIMEOUT`),
 //! 3. a cancel.
 //!
-//! Ending aborts the reader task and waits until it is gone, so the stream
-//! and its connection are dropped *before* the single
-//! [`StreamReport::Ended`] is sent; then the watchdog entry is removed and
-//! the actor stops. The reader task and the watchdog entry are also
-//! released if the actor is killed or panics (both are owned by its state).
+//! Ending drops the reader in place, so the stream and its connection are
+//! gone *before* the single [`StreamReport::Ended`] is sent; then the
+//! watchdog entry is removed. If the runtime drops the task (shutdown), the
+//! stream and the watch entry are released the same way, without a report.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures_util::StreamExt;
-use ractor::{Actor, ActorCell, ActorProcessingErr, ActorRef};
+use std::panic::AssertUnwindSafe;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Mutex, PoisonError};
+
+use futures_util::{FutureExt, StreamExt};
+use tokio::sync::Notify;
 
 use crate::error::{ActorError, StreamError};
 use crate::event::{AgentEvent, Frame};
 use crate::source::{EventSource, TurnRequest};
-use crate::util::AbortOnDrop;
 use crate::watchdog::{Expiry, Heartbeat, WatchGuard, WatchId, WatchdogHandle};
 
 /// Identifies one attempt of one turn within a session.
@@ -69,9 +72,8 @@ pub enum StreamReport {
     },
 }
 
-/// Receives a stream's reports. Called on the reader task for events and on
-/// the actor for the end: it must not block (cast to an actor, send on an
-/// unbounded channel).
+/// Receives a stream's reports, on the stream's task: it must not block
+/// (cast to an actor, send on an unbounded channel).
 pub type ReportSink = Arc<dyn Fn(StreamReport) + Send + Sync + 'static>;
 
 /// Per-stream options.
@@ -128,19 +130,46 @@ pub struct StreamArgs {
     pub span: tracing::Span,
 }
 
-/// Message of the [`StreamActor`].
-pub struct StreamMsg(Inner);
-
-enum Inner {
-    ReaderDone(Result<(), StreamError>),
+/// Why a stream is asked to stop; the first request wins.
+#[derive(Debug, Clone, Copy)]
+enum Stop {
     Expired(Expiry),
     Cancel,
 }
 
-/// A handle to a running [`StreamActor`].
+/// What the stream's owner and the watchdog share with the stream's task.
+#[derive(Debug)]
+struct Control {
+    /// The first stop request; later ones are ignored.
+    stop: Mutex<Option<Stop>>,
+    /// Wakes the task when `stop` is set (a stored permit if it is busy).
+    wake: Notify,
+    /// Set once the task has released everything and reported `Ended`.
+    done: AtomicBool,
+    /// Wakes [`StreamHandle::finished`] waiters when `done` is set.
+    finished: Notify,
+}
+
+impl Control {
+    fn request(&self, stop: Stop) {
+        let mut slot = self.stop.lock().unwrap_or_else(PoisonError::into_inner);
+        if slot.is_none() {
+            *slot = Some(stop);
+            drop(slot);
+            self.wake.notify_one();
+        }
+    }
+
+    fn requested(&self) -> Option<Stop> {
+        *self.stop.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// A handle to a running [`StreamActor`]. Cloning refers to the same
+/// stream; dropping the handles does not stop it.
 #[derive(Debug, Clone)]
 pub struct StreamHandle {
-    actor: ActorRef<StreamMsg>,
+    control: Arc<Control>,
     attempt: AttemptId,
     watch_id: WatchId,
 }
@@ -149,7 +178,7 @@ impl StreamHandle {
     /// Asks the stream to stop as cancelled. If the reader or the watchdog
     /// ended it first, this does nothing.
     pub fn cancel(&self) {
-        let _ = self.actor.cast(StreamMsg(Inner::Cancel));
+        self.control.request(Stop::Cancel);
     }
 
     /// The attempt.
@@ -162,169 +191,134 @@ impl StreamHandle {
         self.watch_id
     }
 
-    /// The actor, for linking, waiting and killing.
-    pub fn actor(&self) -> &ActorRef<StreamMsg> {
-        &self.actor
+    /// Whether the stream has ended (everything released, `Ended` sent).
+    pub fn is_finished(&self) -> bool {
+        self.control.done.load(Ordering::Acquire)
+    }
+
+    /// Waits until the stream has ended: its source dropped (socket closed,
+    /// child signalled), its watch entry removed and `Ended` reported.
+    pub async fn finished(&self) {
+        let notified = self.control.finished.notified();
+        tokio::pin!(notified);
+        // Registered before the check, so a wake between the two is kept.
+        notified.as_mut().enable();
+        if !self.is_finished() {
+            notified.await;
+        }
     }
 }
 
 /// Reads one attempt's stream; see the module docs.
+///
+/// It is a lightweight actor: one tokio task whose only mailbox is the
+/// shared stop slot (cancel from the owner, expiry from the watchdog). An
+/// actor per attempt with ractor's mailboxes cost 7.9 KB and a second task;
+/// this costs a few hundred bytes (see `docs/performance.md`).
 #[derive(Debug, Default, Clone, Copy)]
 pub struct StreamActor;
 
-/// State of the [`StreamActor`].
-pub struct StreamState {
-    attempt: AttemptId,
-    span: tracing::Span,
-    key: crate::source::SessionKey,
-    conversation: Option<String>,
-    sink: ReportSink,
-    reader: Option<AbortOnDrop>,
-    guard: Option<WatchGuard>,
-    watch_id: WatchId,
-    ended: bool,
-}
-
 impl StreamActor {
-    /// Spawns the stream under `supervisor` (usually its session).
-    pub async fn spawn_linked(
-        args: StreamArgs,
-        supervisor: ActorCell,
-    ) -> Result<StreamHandle, ActorError> {
-        Self::spawn_inner(args, Some(supervisor)).await
-    }
-
-    /// Spawns an unsupervised stream (for custom supervisors and tests).
-    pub async fn spawn(args: StreamArgs) -> Result<StreamHandle, ActorError> {
-        Self::spawn_inner(args, None).await
-    }
-
-    async fn spawn_inner(
-        args: StreamArgs,
-        supervisor: Option<ActorCell>,
-    ) -> Result<StreamHandle, ActorError> {
-        let attempt = args.attempt;
-        let (tx, mut rx) = tokio::sync::oneshot::channel();
-        let spawned = match supervisor {
-            Some(s) => Actor::spawn_linked(None, StreamActor, (args, tx), s).await,
-            None => Actor::spawn(None, StreamActor, (args, tx)).await,
-        };
-        let (actor, _join) = spawned.map_err(|e| ActorError::Spawn {
-            what: "stream",
-            message: e.to_string(),
+    /// Registers the stream with the watchdog and starts it on the current
+    /// tokio runtime. Fails only if the watchdog is not running.
+    pub fn spawn(args: StreamArgs) -> Result<StreamHandle, ActorError> {
+        let control = Arc::new(Control {
+            stop: Mutex::new(None),
+            wake: Notify::new(),
+            done: AtomicBool::new(false),
+            finished: Notify::new(),
+        });
+        // Armed before the request is sent: connecting and the first byte
+        // are covered by the allowance.
+        let on_expire = Arc::downgrade(&control);
+        let guard = args.watchdog.watch(args.options.timeout, move |expiry| {
+            if let Some(control) = on_expire.upgrade() {
+                control.request(Stop::Expired(expiry));
+            }
         })?;
-        // pre_start has run: the watch id is there.
-        let watch_id = rx
-            .try_recv()
-            .map_err(|_| ActorError::NotRunning { what: "stream" })?;
-        Ok(StreamHandle {
-            actor,
-            attempt,
-            watch_id,
-        })
+        let handle = StreamHandle {
+            control: control.clone(),
+            attempt: args.attempt,
+            watch_id: guard.id(),
+        };
+        tokio::spawn(run(args, guard, control));
+        Ok(handle)
     }
 }
 
-impl Actor for StreamActor {
-    type Msg = StreamMsg;
-    type State = StreamState;
-    type Arguments = (StreamArgs, tokio::sync::oneshot::Sender<WatchId>);
-
-    async fn pre_start(
-        &self,
-        myself: ActorRef<Self::Msg>,
-        (args, id_tx): Self::Arguments,
-    ) -> Result<Self::State, ActorProcessingErr> {
-        // Armed before the request is sent: connecting and the first byte are
-        // covered by the allowance.
-        let me = myself.clone();
-        let guard = args.watchdog.watch(args.options.timeout, move |expiry| {
-            let _ = me.cast(StreamMsg(Inner::Expired(expiry)));
-        })?;
-        let watch_id = guard.id();
-        let _ = id_tx.send(watch_id);
-        let key = args.request.session_key.clone();
-        let conversation = args.request.resume_id.clone();
-        let reader = tokio::spawn(read(
-            args.source,
-            args.request,
-            guard.heartbeat(),
-            args.options.tool_timeout,
-            args.attempt,
-            args.sink.clone(),
-            myself,
-        ));
-        Ok(StreamState {
-            span: args.span,
-            key,
-            conversation,
-            attempt: args.attempt,
-            sink: args.sink,
-            reader: Some(AbortOnDrop(reader)),
-            guard: Some(guard),
-            watch_id,
-            ended: false,
-        })
-    }
-
-    async fn handle(
-        &self,
-        myself: ActorRef<Self::Msg>,
-        StreamMsg(msg): Self::Msg,
-        state: &mut Self::State,
-    ) -> Result<(), ActorProcessingErr> {
-        let outcome = match msg {
-            Inner::ReaderDone(Ok(())) => StreamOutcome::Completed,
-            Inner::ReaderDone(Err(e)) => StreamOutcome::Failed(e),
-            Inner::Expired(expiry) => {
-                if !state.ended {
+/// The stream's task: the reader raced against the stop slot.
+async fn run(args: StreamArgs, guard: WatchGuard, control: Arc<Control>) {
+    let StreamArgs {
+        attempt,
+        source,
+        request,
+        options,
+        sink,
+        span,
+        ..
+    } = args;
+    let watch_id = guard.id();
+    let key = request.session_key.clone();
+    let conversation = request.resume_id.clone();
+    let reader = AssertUnwindSafe(read(
+        source,
+        request,
+        guard.heartbeat(),
+        options.tool_timeout,
+        attempt,
+        sink.clone(),
+    ))
+    .catch_unwind();
+    let outcome = {
+        tokio::pin!(reader);
+        let stopped = control.wake.notified();
+        tokio::pin!(stopped);
+        tokio::select! {
+            biased;
+            () = &mut stopped => match control.requested() {
+                Some(Stop::Expired(expiry)) => {
                     drop(tracing::warn_span!(
-                        parent: &state.span,
+                        parent: &span,
                         "watchdog.kill",
-                        warden.session.key = state.key.as_str(),
-                        gen_ai.conversation.id = state.conversation.as_deref().unwrap_or(""),
+                        warden.session.key = key.as_str(),
+                        gen_ai.conversation.id = conversation.as_deref().unwrap_or(""),
                         warden.watch_id = expiry.id.get(),
                         warden.silent_ms = expiry.silent_for.as_millis() as u64,
                         warden.timeout_ms = expiry.timeout.as_millis() as u64,
                         error.r#type = "ESTREAM_TIMEOUT",
                         otel.status_code = "ERROR",
                     ));
+                    StreamOutcome::Failed(expiry.into())
                 }
-                StreamOutcome::Failed(expiry.into())
-            }
-            Inner::Cancel => StreamOutcome::Cancelled,
-        };
-        end(state, outcome).await;
-        myself.stop(None);
-        Ok(())
-    }
-
-    async fn post_stop(
-        &self,
-        _myself: ActorRef<Self::Msg>,
-        state: &mut Self::State,
-    ) -> Result<(), ActorProcessingErr> {
-        // Stopped from outside (session or supervisor shutdown) before any end.
-        end(state, StreamOutcome::Cancelled).await;
-        Ok(())
-    }
+                Some(Stop::Cancel) | None => StreamOutcome::Cancelled,
+            },
+            read = &mut reader => match read {
+                Ok(Ok(())) => StreamOutcome::Completed,
+                Ok(Err(error)) => StreamOutcome::Failed(error),
+                Err(panic) => StreamOutcome::Failed(StreamError::Internal {
+                    message: format!("the stream reader panicked: {}", panic_message(&*panic)),
+                }),
+            },
+        }
+        // Leaving this block drops the reader: the stream and its
+        // connection (or child pipe) are gone before anything is reported.
+    };
+    drop(guard); // unwatch
+    sink(StreamReport::Ended {
+        attempt,
+        outcome,
+        watch_id,
+    });
+    control.done.store(true, Ordering::Release);
+    control.finished.notify_waiters();
 }
 
-/// Ends the attempt once: release the stream, unwatch, report.
-async fn end(state: &mut StreamState, outcome: StreamOutcome) {
-    if state.ended {
-        return;
-    }
-    state.ended = true;
-    if let Some(mut reader) = state.reader.take() {
-        reader.abort_and_wait().await;
-    }
-    state.guard.take();
-    (state.sink)(StreamReport::Ended {
-        attempt: state.attempt,
-        outcome,
-        watch_id: state.watch_id,
-    });
+fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    panic
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "unknown panic".into())
 }
 
 /// The reader task: open, then beat on every frame and forward events.
@@ -335,9 +329,8 @@ async fn read(
     tool_timeout: Duration,
     attempt: AttemptId,
     sink: ReportSink,
-    actor: ActorRef<StreamMsg>,
-) {
-    let result = async {
+) -> Result<(), StreamError> {
+    {
         let mut stream = source.open(request).await?;
         heartbeat.beat(); // response headers: the connection is alive
         let stream_timeout = heartbeat.timeout();
@@ -368,6 +361,4 @@ async fn read(
         }
         Ok(())
     }
-    .await;
-    let _ = actor.cast(StreamMsg(Inner::ReaderDone(result)));
 }

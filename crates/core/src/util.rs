@@ -12,14 +12,6 @@ use crate::error::ActorError;
 #[derive(Debug)]
 pub(crate) struct AbortOnDrop<T = ()>(pub(crate) JoinHandle<T>);
 
-impl<T> AbortOnDrop<T> {
-    /// Aborts the task and waits until it is gone (its future dropped).
-    pub(crate) async fn abort_and_wait(&mut self) {
-        self.0.abort();
-        let _ = (&mut self.0).await;
-    }
-}
-
 impl<T> Drop for AbortOnDrop<T> {
     fn drop(&mut self) {
         self.0.abort();
