@@ -23,7 +23,11 @@ use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, PoisonError};
 
+use futures_util::task::AtomicWaker;
 use futures_util::{FutureExt, StreamExt};
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll, Waker};
 use tokio::sync::Notify;
 
 use crate::error::{ActorError, StreamError};
@@ -142,8 +146,10 @@ enum Stop {
 struct Control {
     /// The first stop request; later ones are ignored.
     stop: Mutex<Option<Stop>>,
-    /// Wakes the task when `stop` is set (a stored permit if it is busy).
-    wake: Notify,
+    /// Whether `stop` is set: one load per poll on the hot path.
+    stopping: AtomicBool,
+    /// The task's waker, woken when `stop` is set.
+    wake: AtomicWaker,
     /// Set once the task has released everything and reported `Ended`.
     done: AtomicBool,
     /// Wakes [`StreamHandle::finished`] waiters when `done` is set.
@@ -156,7 +162,8 @@ impl Control {
         if slot.is_none() {
             *slot = Some(stop);
             drop(slot);
-            self.wake.notify_one();
+            self.stopping.store(true, Ordering::Release);
+            self.wake.wake();
         }
     }
 
@@ -224,7 +231,8 @@ impl StreamActor {
     pub fn spawn(args: StreamArgs) -> Result<StreamHandle, ActorError> {
         let control = Arc::new(Control {
             stop: Mutex::new(None),
-            wake: Notify::new(),
+            stopping: AtomicBool::new(false),
+            wake: AtomicWaker::new(),
             done: AtomicBool::new(false),
             finished: Notify::new(),
         });
@@ -270,35 +278,32 @@ async fn run(args: StreamArgs, guard: WatchGuard, control: Arc<Control>) {
     ))
     .catch_unwind();
     let outcome = {
-        tokio::pin!(reader);
-        let stopped = control.wake.notified();
-        tokio::pin!(stopped);
-        tokio::select! {
-            biased;
-            () = &mut stopped => match control.requested() {
-                Some(Stop::Expired(expiry)) => {
-                    drop(tracing::warn_span!(
-                        parent: &span,
-                        "watchdog.kill",
-                        warden.session.key = key.as_str(),
-                        gen_ai.conversation.id = conversation.as_deref().unwrap_or(""),
-                        warden.watch_id = expiry.id.get(),
-                        warden.silent_ms = expiry.silent_for.as_millis() as u64,
-                        warden.timeout_ms = expiry.timeout.as_millis() as u64,
-                        error.r#type = "ESTREAM_TIMEOUT",
-                        otel.status_code = "ERROR",
-                    ));
-                    StreamOutcome::Failed(expiry.into())
-                }
-                Some(Stop::Cancel) | None => StreamOutcome::Cancelled,
-            },
-            read = &mut reader => match read {
-                Ok(Ok(())) => StreamOutcome::Completed,
-                Ok(Err(error)) => StreamOutcome::Failed(error),
-                Err(panic) => StreamOutcome::Failed(StreamError::Internal {
-                    message: format!("the stream reader panicked: {}", panic_message(&*panic)),
-                }),
-            },
+        let ended = Race {
+            reader,
+            control: &control,
+            registered: None,
+        };
+        match ended.await {
+            Err(Stop::Expired(expiry)) => {
+                drop(tracing::warn_span!(
+                    parent: &span,
+                    "watchdog.kill",
+                    warden.session.key = key.as_str(),
+                    gen_ai.conversation.id = conversation.as_deref().unwrap_or(""),
+                    warden.watch_id = expiry.id.get(),
+                    warden.silent_ms = expiry.silent_for.as_millis() as u64,
+                    warden.timeout_ms = expiry.timeout.as_millis() as u64,
+                    error.r#type = "ESTREAM_TIMEOUT",
+                    otel.status_code = "ERROR",
+                ));
+                StreamOutcome::Failed(expiry.into())
+            }
+            Err(Stop::Cancel) => StreamOutcome::Cancelled,
+            Ok(Ok(Ok(()))) => StreamOutcome::Completed,
+            Ok(Ok(Err(error))) => StreamOutcome::Failed(error),
+            Ok(Err(panic)) => StreamOutcome::Failed(StreamError::Internal {
+                message: format!("the stream reader panicked: {}", panic_message(&*panic)),
+            }),
         }
         // Leaving this block drops the reader: the stream and its
         // connection (or child pipe) are gone before anything is reported.
@@ -311,6 +316,47 @@ async fn run(args: StreamArgs, guard: WatchGuard, control: Arc<Control>) {
     });
     control.done.store(true, Ordering::Release);
     control.finished.notify_waiters();
+}
+
+pin_project_lite::pin_project! {
+    /// The reader raced against the stop slot. Per poll it costs one atomic
+    /// load (and registers the task's waker only when it changes), where a
+    /// `select!` on a `Notify` would lock a mutex on every frame.
+    struct Race<'a, R> {
+        #[pin]
+        reader: R,
+        control: &'a Control,
+        registered: Option<Waker>,
+    }
+}
+
+impl<R: Future> Future for Race<'_, R> {
+    type Output = Result<R::Output, Stop>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.project();
+        // A stop already requested wins over a reader that is ready now.
+        if this.control.stopping.load(Ordering::Acquire) {
+            if let Some(stop) = this.control.requested() {
+                return Poll::Ready(Err(stop));
+            }
+        }
+        if !this
+            .registered
+            .as_ref()
+            .is_some_and(|w| w.will_wake(cx.waker()))
+        {
+            this.control.wake.register(cx.waker());
+            *this.registered = Some(cx.waker().clone());
+            // A stop requested before the registration would be missed.
+            if this.control.stopping.load(Ordering::Acquire) {
+                if let Some(stop) = this.control.requested() {
+                    return Poll::Ready(Err(stop));
+                }
+            }
+        }
+        this.reader.poll(cx).map(Ok)
+    }
 }
 
 fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
