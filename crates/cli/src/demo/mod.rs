@@ -190,10 +190,11 @@ fn plans(t: &Timings) -> Vec<Plan> {
             seed: Seed::Empty,
             messages: vec![
                 (Duration::ZERO, "Draft the release notes."),
-                // Idle past the reap timeout: the session is stopped, then
+                // Idle past the reap timeout (with a timeout's margin for a
+                // busy machine's timers): the session is stopped, then
                 // resumed from the store by this message.
                 (
-                    t.idle + t.timeout / 2,
+                    t.idle + t.timeout,
                     "Add a section on the new settings screen.",
                 ),
             ],
