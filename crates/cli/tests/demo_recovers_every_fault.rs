@@ -174,3 +174,60 @@ async fn demo_refuses_a_database_another_process_holds() {
     assert_eq!(code(&out), 1);
     assert_one_line_error(&out, "in use by another warden process");
 }
+
+/// On a terminal the demo redraws a live table in place. `script` (from
+/// util-linux) gives it a pseudo-terminal 70 columns wide. Skipped with a
+/// printed reason without `script`, unless `WARDEN_REQUIRE_PTY=1` (set by
+/// `.ci/run`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn demo_on_a_terminal_redraws_a_live_table_that_fits_the_width() {
+    if which_script().is_none() {
+        assert_ne!(
+            std::env::var("WARDEN_REQUIRE_PTY").as_deref(),
+            Ok("1"),
+            "WARDEN_REQUIRE_PTY=1 but `script` is not installed"
+        );
+        eprintln!("skipped: `script` (util-linux/bsdutils) is not installed");
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let log = dir.path().join("typescript");
+    let inner = format!(
+        "stty cols 70 rows 24; {WARDEN} demo --quick --data-dir {}",
+        arg(&dir.path().join("data"))
+    );
+    let mut cmd = tokio::process::Command::new("script");
+    cmd.args(["-q", "-e", "-c", &inner, arg(&log)])
+        .env_remove("WARDEN_STREAM_TIMEOUT")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true);
+    let out = output(cmd, Duration::from_secs(60)).await;
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let screen = String::from_utf8_lossy(&std::fs::read(&log).expect("typescript")).into_owned();
+    // Redrawn in place: cursor up and erase to the end of the screen.
+    assert!(screen.contains("\x1b[7A\r\x1b[J"), "no in-place redraw");
+    assert!(screen.contains("WORKSPACE   STATE"), "{screen}");
+    // Table rows are cut to the terminal's width (69 columns and the newline).
+    for line in screen
+        .lines()
+        .filter(|l| l.trim_start().starts_with("api-server "))
+    {
+        let line = line.trim_end_matches('\r');
+        let visible = line.rsplit('\x1b').next().unwrap_or(line);
+        assert!(visible.chars().count() <= 70, "{visible:?}");
+    }
+    assert!(
+        screen.contains("Summary: every fault recovered"),
+        "{screen}"
+    );
+}
+
+fn which_script() -> Option<std::path::PathBuf> {
+    std::env::var_os("PATH").and_then(|paths| {
+        std::env::split_paths(&paths)
+            .map(|p| p.join("script"))
+            .find(|p| p.is_file())
+    })
+}
