@@ -141,6 +141,12 @@ impl Answer<'_> {
     }
 
     /// An error body in the shape of `api`.
+    /// HTTP 529 `overloaded_error`: the `overloaded` scenario, and
+    /// `midstream-error` on a request that did not ask for a stream.
+    fn overloaded(&self, tracker: &mut Tracker, api: Api) -> Response<MockBody> {
+        self.error(tracker, api, 529, "overloaded_error", "Overloaded", &[])
+    }
+
     fn error(
         &self,
         tracker: &mut Tracker,
@@ -325,16 +331,7 @@ pub(crate) async fn handle(
                 &[],
             ));
         }
-        Scenario::Overloaded => {
-            return Ok(answer.error(
-                &mut tracker,
-                api,
-                529,
-                "overloaded_error",
-                "Overloaded",
-                &[],
-            ));
-        }
+        Scenario::Overloaded => return Ok(answer.overloaded(&mut tracker, api)),
         Scenario::RateLimited => {
             let wait = config.retry_after;
             let secs = wait.as_millis().div_ceil(1000);
@@ -428,16 +425,8 @@ pub(crate) async fn handle(
             tracker.finish(Outcome::ServerClosed);
             return Err(AbruptClose);
         }
-        Scenario::MidstreamError => {
-            return Ok(answer.error(
-                &mut tracker,
-                api,
-                529,
-                "overloaded_error",
-                "Overloaded",
-                &[],
-            ));
-        }
+        // Without a stream to break, the overloaded error is the answer.
+        Scenario::MidstreamError => return Ok(answer.overloaded(&mut tracker, api)),
         Scenario::Malformed => {
             let body = Bytes::from_static(
                 b"{\"type\":\"message\",\"content\":[{\"type\":\"text\",\"text\":\"unterminated",
