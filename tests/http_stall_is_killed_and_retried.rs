@@ -6,14 +6,9 @@
 
 mod common;
 
-use std::sync::Arc;
 use std::time::Duration;
 
-use warden_core::{
-    EventSource, LifecycleEvent, RetryPolicy, SessionConfig, SessionKey, Supervisor,
-    SupervisorConfig, WatchdogConfig,
-};
-use warden_llm::{AnthropicOptions, AnthropicSource};
+use warden_core::{LifecycleEvent, RetryPolicy};
 use warden_mock::{MockConfig, MockServer, Scenario};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -25,30 +20,12 @@ async fn an_http_stall_is_killed_the_socket_closed_and_the_retry_succeeds() {
     )
     .await
     .expect("mock");
-    let source = Arc::new(
-        AnthropicSource::new(
-            AnthropicOptions::default()
-                .with_base_url(mock.base_url())
-                .with_api_key("dummy"),
-        )
-        .expect("source"),
-    );
-    let factory = move |_: &SessionKey| source.clone() as Arc<dyn EventSource>;
-    let config = SupervisorConfig::default()
-        .with_watchdog(
-            WatchdogConfig::default()
-                .with_default_timeout(Duration::from_millis(400))
-                .expect("valid"),
-        )
-        .with_session(
-            SessionConfig::default().with_retry(
-                RetryPolicy::default()
-                    .with_backoff(Duration::from_millis(20), Duration::from_millis(50)),
-            ),
-        );
-    let sup = Supervisor::start(config, Arc::new(factory))
-        .await
-        .expect("supervisor");
+    let sup = common::anthropic_supervisor(
+        mock.base_url(),
+        Duration::from_millis(400),
+        RetryPolicy::default().with_backoff(Duration::from_millis(20), Duration::from_millis(50)),
+    )
+    .await;
     let mut events = sup.subscribe();
     let t0 = std::time::Instant::now();
     let turn = sup.send("ws", "hello").await.expect("send");

@@ -9,15 +9,12 @@
 //! prints why and passes, unless `WARDEN_REQUIRE_NETNS=1` (set by `.ci/run`,
 //! which installs both) makes that a failure.
 
+mod common;
+
 use std::process::Command;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use warden_core::{
-    EventSource, LifecycleEvent, RetryPolicy, SessionConfig, SessionKey, Supervisor,
-    SupervisorConfig, WatchdogConfig,
-};
-use warden_llm::{AnthropicOptions, AnthropicSource};
+use warden_core::{LifecycleEvent, RetryPolicy};
 use warden_mock::{MockConfig, MockServer, Scenario};
 
 const CHILD_ENV: &str = "WARDEN_NETNS_CHILD";
@@ -120,31 +117,14 @@ fn child() {
         .await
         .expect("mock");
         let port = mock.addr().port().to_string();
-        let source = Arc::new(
-            AnthropicSource::new(
-                AnthropicOptions::default()
-                    .with_base_url(mock.base_url())
-                    .with_api_key("dummy"),
-            )
-            .expect("source"),
-        );
-        let factory = move |_: &SessionKey| source.clone() as Arc<dyn EventSource>;
-        let config = SupervisorConfig::default()
-            .with_watchdog(
-                WatchdogConfig::default()
-                    .with_default_timeout(ALLOWANCE)
-                    .expect("valid"),
-            )
-            .with_session(
-                SessionConfig::default().with_retry(
-                    RetryPolicy::default()
-                        .with_jitter(0.0)
-                        .with_backoff(Duration::from_millis(300), Duration::from_millis(300)),
-                ),
-            );
-        let sup = Supervisor::start(config, Arc::new(factory))
-            .await
-            .expect("supervisor");
+        let sup = common::anthropic_supervisor(
+            mock.base_url(),
+            ALLOWANCE,
+            RetryPolicy::default()
+                .with_jitter(0.0)
+                .with_backoff(Duration::from_millis(300), Duration::from_millis(300)),
+        )
+        .await;
         let mut events = sup.subscribe();
         let turn = sup.send("ws", "hello").await.expect("send");
 

@@ -99,3 +99,31 @@ pub async fn assert_tasks_return_to(n: usize) {
 pub fn elapsed_since(t0: Instant) -> Duration {
     Instant::now() - t0
 }
+
+/// A supervisor whose sessions stream from `base_url` through the real
+/// Anthropic SSE source, with watchdog allowance `timeout` and `retry`.
+pub async fn anthropic_supervisor(
+    base_url: String,
+    timeout: Duration,
+    retry: RetryPolicy,
+) -> Supervisor {
+    let source = Arc::new(
+        warden_llm::AnthropicSource::new(
+            warden_llm::AnthropicOptions::default()
+                .with_base_url(base_url)
+                .with_api_key("dummy"),
+        )
+        .expect("source"),
+    );
+    let factory = move |_: &SessionKey| source.clone() as Arc<dyn EventSource>;
+    let config = SupervisorConfig::default()
+        .with_watchdog(
+            WatchdogConfig::default()
+                .with_default_timeout(timeout)
+                .expect("valid"),
+        )
+        .with_session(SessionConfig::default().with_retry(retry));
+    Supervisor::start(config, Arc::new(factory))
+        .await
+        .expect("supervisor")
+}
