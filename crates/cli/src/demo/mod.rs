@@ -250,14 +250,20 @@ pub(crate) async fn run(args: DemoArgs, exporting: bool) -> Result<Exit, CliErro
     let transcripts = Transcripts::open(&transcripts_dir).map_err(|e| {
         CliError::failure(format!("cannot create {}: {e}", transcripts_dir.display()))
     })?;
-    let mut keys = HashMap::new();
+    // Each plan's workspace directory and session key, in plan order.
+    let mut workspaces = Vec::new();
     let mut scripts = HashMap::new();
     for plan in &plans {
         let dir = data_dir.join("demo-workspaces").join(plan.name);
         let key = prepare_workspace(&dir, plan, &store, &transcripts).await?;
         scripts.insert(key.clone(), (plan.name.to_owned(), plan.script.clone()));
-        keys.insert(key, (plan.name, dir));
+        workspaces.push((dir, key));
     }
+    let names_by_key: HashMap<String, &'static str> = plans
+        .iter()
+        .zip(&workspaces)
+        .map(|(plan, (_, key))| (key.clone(), plan.name))
+        .collect();
 
     // The LLM: the mock server on a free loopback port.
     let mock = MockServer::start(
@@ -341,24 +347,16 @@ pub(crate) async fn run(args: DemoArgs, exporting: bool) -> Result<Exit, CliErro
 
     // One driver per workspace.
     let mut drivers = Vec::new();
-    for plan in &plans {
-        let (name, dir) = keys
-            .values()
-            .find(|(n, _)| *n == plan.name)
-            .cloned()
-            .ok_or_else(|| CliError::failure("demo workspace missing"))?;
-        let supervisor = supervisor.clone();
-        let tx = tx.clone();
-        let messages = plan.messages.clone();
-        let key = keys
-            .iter()
-            .find(|(_, (n, _))| *n == name)
-            .map(|(k, _)| SessionKey::new(k.as_str()))
-            .ok_or_else(|| CliError::failure("demo workspace missing"))?;
-        drivers.push((
-            name,
-            tokio::spawn(drive(supervisor, dir, key, messages, tx, started)),
-        ));
+    for (plan, (dir, key)) in plans.iter().zip(&workspaces) {
+        let driver = drive(
+            supervisor.clone(),
+            dir.clone(),
+            SessionKey::new(key.as_str()),
+            plan.messages.clone(),
+            tx.clone(),
+            started,
+        );
+        drivers.push((plan.name, tokio::spawn(driver)));
     }
     drop(tx);
 
@@ -367,18 +365,19 @@ pub(crate) async fn run(args: DemoArgs, exporting: bool) -> Result<Exit, CliErro
     let mut outcomes: HashMap<&'static str, Vec<TurnOutcome>> = HashMap::new();
     let mut pending = drivers;
     let mut tick = tokio::time::interval(Duration::from_millis(100));
-    let names_by_key: HashMap<String, &'static str> =
-        keys.iter().map(|(k, (n, _))| (k.clone(), *n)).collect();
+    let mut record = |view: &mut View, (at, key, note): (Duration, SessionKey, Note)| {
+        let name = names_by_key.get(key.as_str()).copied().unwrap_or("?");
+        let transition = view.apply(at, name, &note);
+        view.show(&transition);
+        log.push(transition);
+    };
     let interrupted = loop {
         if pending.iter().all(|(_, h)| h.is_finished()) {
             break false;
         }
         tokio::select! {
-            Some((at, key, note)) = rx.recv() => {
-                let name = names_by_key.get(key.as_str()).copied().unwrap_or("?");
-                let transition = view.apply(at, name, &note);
-                view.show(&transition);
-                log.push(transition);
+            Some(noted) = rx.recv() => {
+                record(&mut view, noted);
                 view.draw();
             }
             _ = tick.tick() => view.draw(),
@@ -398,12 +397,7 @@ pub(crate) async fn run(args: DemoArgs, exporting: bool) -> Result<Exit, CliErro
     tokio::pin!(settle);
     loop {
         tokio::select! {
-            Some((at, key, note)) = rx.recv() => {
-                let name = names_by_key.get(key.as_str()).copied().unwrap_or("?");
-                let transition = view.apply(at, name, &note);
-                view.show(&transition);
-                log.push(transition);
-            }
+            Some(noted) = rx.recv() => record(&mut view, noted),
             _ = &mut settle => break,
         }
     }
