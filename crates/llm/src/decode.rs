@@ -3,46 +3,36 @@
 //! [`decode_frames`] turns any byte stream (a response body, or bytes held
 //! in memory in tests) into the [`EventStream`] that
 //! [`EventSource::open`](warden_core::EventSource::open) returns. It is made
-//! of three layers:
+//! of two layers:
 //!
-//! 1. A byte-level **guard** that sees every received chunk first. It
-//!    enforces the frame size limit *before* the bytes reach the SSE parser
-//!    (so the parser never buffers more than one chunk plus the limit),
-//!    rejects invalid UTF-8 (the parser would otherwise buffer everything
-//!    after a bad byte until EOF), and counts what the parser will not
-//!    report: `:` comment lines, events without `data:`, and chunks that
-//!    complete nothing. It does not parse fields; it only finds line ends.
-//! 2. The SSE parser from `eventsource-stream`, which does the framing
-//!    (fields, multi-line data, CR/LF/CRLF, BOM). It drops comments and
-//!    data-less events, hence the counting above.
-//! 3. A protocol **mapper** (Anthropic or OpenAI) from parsed events to
+//! 1. The SSE parser ([`SseParser`]): line ends
+//!    (CR, LF, CRLF), a leading BOM, fields, the frame size limit (checked
+//!    before anything is buffered past it) and UTF-8.
+//! 2. A protocol **mapper** (Anthropic or OpenAI) from parsed events to
 //!    [`AgentEvent`](warden_core::AgentEvent)s.
 //!
-//! # Liveness
+//! # Liveness: frames, not bytes
 //!
-//! Each chunk is handed to the parser on its own; once the parser has
-//! emitted the events that chunk completed, the guard's count for the chunk
-//! is settled: one [`Frame::KeepAlive`] per comment line and per data-less
-//! event, and one for a chunk that completed nothing at all (a frame still
-//! arriving is still a sign of life). Every parsed event yields at least
-//! one frame (`ping` and events that carry nothing for the session become
-//! `KeepAlive`). So every raw SSE frame and every received chunk produces at
-//! least one [`Frame`], whatever the timing; the watchdog is never starved
-//! while bytes are flowing.
+//! Only a complete frame is a sign of life: every dispatched event yields at
+//! least one [`Frame`] (`ping` and events that carry nothing for the session
+//! become [`Frame::KeepAlive`]), and so does every `:` comment line and
+//! every event with fields but no data. Bytes that complete no frame — a
+//! line trickling in a byte at a time, bare blank lines — yield nothing, so
+//! a server cannot keep a stream alive past the watchdog's allowance without
+//! actually sending frames. The frames a body yields do not depend on how
+//! it is split into reads.
 
 use std::collections::VecDeque;
 use std::pin::Pin;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::task::{Context, Poll};
 
-use eventsource_stream::{Event, EventStream as SseParser, EventStreamError};
 use futures_util::Stream;
 use serde::de::DeserializeOwned;
 use warden_core::{EventStream, Frame, StreamError};
 
 use crate::anthropic::AnthropicMapper;
 use crate::openai::OpenAiMapper;
+use crate::sse::{Parsed, SseEvent, SseParser};
 
 /// Which wire protocol a byte stream carries.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -60,9 +50,9 @@ pub enum Protocol {
 /// `bytes` yields the body as it arrives, in chunks of any size and split
 /// anywhere (inside a line, inside a UTF-8 character); a transport error is
 /// passed through as it is and ends the stream. `max_frame_bytes` bounds one
-/// SSE event (its non-comment lines, line ends included): a larger one fails
-/// with [`StreamError::FrameTooLarge`] as soon as the limit is crossed,
-/// without waiting for the event to end.
+/// SSE event (its field lines, line ends included) and the line being read:
+/// a larger one fails with [`StreamError::FrameTooLarge`] as soon as the
+/// limit is crossed, without waiting for the event to end.
 ///
 /// The returned stream ends with `None` right after the terminal event
 /// (`message_stop`, `[DONE]`), dropping `bytes`; an end of `bytes` before it
@@ -102,7 +92,7 @@ pub(crate) enum Flow {
 pub(crate) trait EventMapper: Send + Unpin + 'static {
     /// Maps one parsed event, pushing its frames to `out` (pushing none is
     /// fine: the caller then yields a `KeepAlive`).
-    fn map(&mut self, event: &Event, out: &mut VecDeque<Frame>) -> Result<Flow, StreamError>;
+    fn map(&mut self, event: &SseEvent, out: &mut VecDeque<Frame>) -> Result<Flow, StreamError>;
 
     /// The terminal event, for the `Truncated` message.
     fn terminal(&self) -> &'static str;
@@ -150,235 +140,43 @@ fn redact_literals(message: &str) -> String {
     out
 }
 
-/// State shared between the guard (inside the parser) and the frame stream.
-#[derive(Debug, Default)]
-struct Shared {
-    /// Liveness owed for chunks handed to the parser, not yet settled.
-    credits: AtomicUsize,
-    /// The guard returned `Pending` on purpose after a chunk: not a real
-    /// wait, poll again.
-    yielded: AtomicBool,
-}
-
-/// Finds line and event boundaries in raw bytes, without parsing fields.
-#[derive(Debug)]
-struct Scanner {
-    limit: usize,
-    /// Bytes of the current event's completed non-comment lines.
-    event_bytes: usize,
-    /// Bytes of the current, unfinished line.
-    line_bytes: usize,
-    at_line_start: bool,
-    line_is_comment: bool,
-    event_has_field: bool,
-    after_cr: bool,
-}
-
-/// What one chunk completed.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-struct Scan {
-    /// Events (blank-line terminated, with at least one field line).
-    events: usize,
-    /// Comment lines.
-    comments: usize,
-}
-
-impl Scanner {
-    fn new(limit: usize) -> Self {
-        Self {
-            limit,
-            event_bytes: 0,
-            line_bytes: 0,
-            at_line_start: true,
-            line_is_comment: false,
-            event_has_field: false,
-            after_cr: false,
-        }
-    }
-
-    /// Scans a chunk; `Err(size)` when the current event exceeds the limit.
-    fn feed(&mut self, bytes: &[u8]) -> Result<Scan, usize> {
-        let mut scan = Scan::default();
-        for (i, &b) in bytes.iter().enumerate() {
-            if self.after_cr {
-                self.after_cr = false;
-                if b == b'\n' {
-                    continue; // the LF of a CRLF
-                }
-            }
-            if b == b'\r' || b == b'\n' {
-                self.after_cr = b == b'\r';
-                if self.at_line_start {
-                    // A blank line ends the event.
-                    if self.event_has_field {
-                        scan.events += 1;
-                    }
-                    self.event_bytes = 0;
-                    self.event_has_field = false;
-                } else {
-                    if self.line_is_comment {
-                        scan.comments += 1;
-                    } else {
-                        self.event_bytes = self.event_bytes.saturating_add(self.line_bytes + 1);
-                        self.event_has_field = true;
-                        if self.event_bytes > self.limit {
-                            return Err(self.event_bytes);
-                        }
-                    }
-                    self.line_bytes = 0;
-                    self.at_line_start = true;
-                }
-                continue;
-            }
-            if self.at_line_start {
-                self.at_line_start = false;
-                self.line_is_comment = b == b':';
-            }
-            self.line_bytes += 1;
-            let size = self.event_bytes.saturating_add(self.line_bytes);
-            if size > self.limit {
-                let rest = bytes[i + 1..]
-                    .iter()
-                    .take_while(|&&b| b != b'\r' && b != b'\n')
-                    .count();
-                return Err(size.saturating_add(rest));
-            }
-        }
-        Ok(scan)
-    }
-}
-
-/// The byte-level guard: size limit, UTF-8, liveness counting; hands the
-/// parser one chunk at a time.
-struct Guard<B> {
-    inner: ByteStream<B>,
-    scanner: Scanner,
-    /// The incomplete UTF-8 sequence at the end of the last chunk (< 4 bytes).
-    carry: Vec<u8>,
-    shared: Arc<Shared>,
-    yield_next: bool,
-    done: bool,
-}
-
-impl<B: AsRef<[u8]>> Stream for Guard<B> {
-    type Item = Result<Vec<u8>, StreamError>;
-
-    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
-        let this = &mut *self;
-        if this.done {
-            return Poll::Ready(None);
-        }
-        if this.yield_next {
-            // Let the frame stream settle this chunk's liveness before the
-            // next one; it polls again at once (no wake-up needed).
-            this.yield_next = false;
-            this.shared.yielded.store(true, Ordering::Release);
-            return Poll::Pending;
-        }
-        loop {
-            let chunk = match this.inner.as_mut().poll_next(cx) {
-                Poll::Pending => return Poll::Pending,
-                Poll::Ready(None) => {
-                    this.done = true;
-                    return Poll::Ready(None);
-                }
-                Poll::Ready(Some(Err(e))) => {
-                    this.done = true;
-                    return Poll::Ready(Some(Err(e)));
-                }
-                Poll::Ready(Some(Ok(chunk))) => chunk,
-            };
-            let bytes = chunk.as_ref();
-            if bytes.is_empty() {
-                continue;
-            }
-            let scan = match this.scanner.feed(bytes) {
-                Ok(scan) => scan,
-                Err(size) => {
-                    this.done = true;
-                    return Poll::Ready(Some(Err(StreamError::FrameTooLarge {
-                        size,
-                        limit: this.scanner.limit,
-                    })));
-                }
-            };
-            let mut text = std::mem::take(&mut this.carry);
-            text.extend_from_slice(bytes);
-            if let Err(e) = std::str::from_utf8(&text) {
-                if e.error_len().is_some() {
-                    this.done = true;
-                    return Poll::Ready(Some(Err(StreamError::Malformed {
-                        // Utf8Error's Display gives offsets, never the bytes.
-                        message: format!("invalid UTF-8 in the event stream: {e}"),
-                    })));
-                }
-                // An incomplete character at the end: keep it for later.
-                this.carry = text.split_off(e.valid_up_to());
-            }
-            let owed = (scan.events + scan.comments).max(1);
-            this.shared.credits.fetch_add(owed, Ordering::AcqRel);
-            this.yield_next = true;
-            return Poll::Ready(Some(Ok(text)));
-        }
-    }
-}
-
-/// Parsed SSE events → frames, with liveness accounting.
+/// Parsed SSE events → frames.
 struct SseFrames<B, M> {
     /// `None` once the stream has ended (this drops the body).
-    parser: Option<SseParser<Guard<B>>>,
-    shared: Arc<Shared>,
+    bytes: Option<ByteStream<B>>,
+    parser: SseParser,
     mapper: M,
-    /// Parsed events since the last settled chunk.
-    events_since: usize,
-    /// Frames of the last parsed event, not yet yielded.
+    /// Frames parsed from the last chunk, not yet yielded.
+    parsed: VecDeque<Parsed>,
+    /// Frames of the last mapped event, not yet yielded.
     queue: VecDeque<Frame>,
-    /// Liveness frames owed, not yet yielded (a count: no allocation per
-    /// comment line).
-    keepalives: usize,
+    /// The error that ends the stream once the frames before it are out.
+    error: Option<StreamError>,
 }
 
 impl<B: AsRef<[u8]>, M: EventMapper> SseFrames<B, M> {
     fn new(bytes: ByteStream<B>, max_frame_bytes: usize, mapper: M) -> Self {
-        let shared = Arc::new(Shared::default());
-        let guard = Guard {
-            inner: bytes,
-            scanner: Scanner::new(max_frame_bytes),
-            carry: Vec::new(),
-            shared: Arc::clone(&shared),
-            yield_next: false,
-            done: false,
-        };
         Self {
-            parser: Some(SseParser::new(guard)),
-            shared,
+            bytes: Some(bytes),
+            parser: SseParser::new(max_frame_bytes),
             mapper,
-            events_since: 0,
+            parsed: VecDeque::new(),
             queue: VecDeque::new(),
-            keepalives: 0,
+            error: None,
         }
     }
 
-    fn settle_chunk(&mut self) {
-        let owed = self.shared.credits.swap(0, Ordering::AcqRel);
-        self.keepalives = self
-            .keepalives
-            .saturating_add(owed.saturating_sub(self.events_since));
-        self.events_since = 0;
-    }
-
-    /// Stops reading: drops the parser and with it the body. Frames
-    /// already queued are still yielded.
+    /// Stops reading: drops the body. Frames already mapped are still
+    /// yielded; nothing parsed after the end is.
     fn end(&mut self) {
-        self.parser = None;
-        self.keepalives = 0;
+        self.bytes = None;
+        self.parsed.clear();
     }
 
-    /// Ends with `error`; nothing queued is yielded after it.
-    fn fail(&mut self, error: StreamError) -> Poll<Option<Result<Frame, StreamError>>> {
+    /// Ends with `error` after the frames completed before it.
+    fn fail(&mut self, error: StreamError) {
         self.end();
-        self.queue.clear();
-        Poll::Ready(Some(Err(error)))
+        self.error = Some(error);
     }
 }
 
@@ -391,109 +189,61 @@ impl<B: AsRef<[u8]>, M: EventMapper> Stream for SseFrames<B, M> {
             if let Some(frame) = this.queue.pop_front() {
                 return Poll::Ready(Some(Ok(frame)));
             }
-            if this.keepalives > 0 {
-                this.keepalives -= 1;
-                return Poll::Ready(Some(Ok(Frame::KeepAlive)));
-            }
-            let Some(parser) = this.parser.as_mut() else {
-                return Poll::Ready(None);
-            };
-            match Pin::new(parser).poll_next(cx) {
-                Poll::Ready(Some(Ok(event))) => {
-                    this.events_since += 1;
-                    match this.mapper.map(&event, &mut this.queue) {
+            if let Some(parsed) = this.parsed.pop_front() {
+                match parsed {
+                    Parsed::KeepAlive => return Poll::Ready(Some(Ok(Frame::KeepAlive))),
+                    Parsed::Event(event) => match this.mapper.map(&event, &mut this.queue) {
                         Ok(flow) => {
                             if this.queue.is_empty() {
                                 this.queue.push_back(Frame::KeepAlive);
                             }
                             if flow == Flow::Done {
-                                // Yield what is queued, then end; the body
-                                // is dropped now.
+                                // Yield what is mapped, then end; the body
+                                // is dropped now; nothing after the
+                                // terminal event matters.
                                 this.end();
+                                this.error = None;
                             }
                         }
-                        Err(e) => return this.fail(e),
+                        Err(e) => {
+                            this.queue.clear();
+                            this.fail(e);
+                        }
+                    },
+                }
+                continue;
+            }
+            if let Some(error) = this.error.take() {
+                return Poll::Ready(Some(Err(error)));
+            }
+            let Some(bytes) = this.bytes.as_mut() else {
+                return Poll::Ready(None);
+            };
+            match bytes.as_mut().poll_next(cx) {
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(Some(Ok(chunk))) => {
+                    if let Err(e) = this.parser.feed(chunk.as_ref(), &mut this.parsed) {
+                        // Frames completed before the error still count.
+                        let before = std::mem::take(&mut this.parsed);
+                        this.fail(e);
+                        this.parsed = before;
                     }
                 }
-                Poll::Ready(Some(Err(e))) => return this.fail(parser_error(e)),
+                Poll::Ready(Some(Err(e))) => this.fail(e),
                 Poll::Ready(None) => {
                     let terminal = this.mapper.terminal();
-                    return this.fail(StreamError::Truncated {
+                    this.fail(StreamError::Truncated {
                         message: format!("the stream ended before {terminal}"),
                     });
                 }
-                Poll::Pending => {
-                    this.settle_chunk();
-                    if this.shared.yielded.swap(false, Ordering::AcqRel) {
-                        continue;
-                    }
-                    if this.keepalives == 0 {
-                        return Poll::Pending;
-                    }
-                }
             }
         }
-    }
-}
-
-fn parser_error(e: EventStreamError<StreamError>) -> StreamError {
-    match e {
-        EventStreamError::Transport(e) => e,
-        EventStreamError::Utf8(e) => StreamError::Malformed {
-            message: format!("invalid UTF-8 in the event stream: {}", e.utf8_error()),
-        },
-        EventStreamError::Parser(_) => StreamError::Malformed {
-            message: "invalid SSE line".to_owned(),
-        },
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn scanner_counts_events_comments_and_crlf() {
-        let mut s = Scanner::new(1024);
-        let scan = s
-            .feed(b": keep-alive\r\n\r\nevent: ping\r\ndata: {}\r\n\r\n")
-            .expect("under the limit");
-        assert_eq!(
-            scan,
-            Scan {
-                events: 1,
-                comments: 1
-            }
-        );
-        // Split inside a CRLF and across events.
-        let scan = s.feed(b"data: x\r").expect("ok");
-        assert_eq!(scan, Scan::default());
-        let scan = s.feed(b"\n\r\nevent: ping\n\n").expect("ok");
-        assert_eq!(
-            scan,
-            Scan {
-                events: 2,
-                comments: 0
-            }
-        );
-    }
-
-    #[test]
-    fn scanner_limits_an_event_but_not_comment_lines() {
-        let mut s = Scanner::new(10);
-        // Comment lines are dropped by the parser once complete: only the
-        // line being read counts.
-        for _ in 0..100 {
-            s.feed(b": ping\n").expect("comments are not buffered");
-        }
-        assert_eq!(s.feed(b": a long comment\n"), Err(16));
-        let mut s = Scanner::new(10);
-        s.feed(b"data: 123").expect("9 bytes");
-        assert_eq!(s.feed(b"\ndata: 4567"), Err(20));
-        // The line end that crosses the limit is enough.
-        let mut s = Scanner::new(9);
-        assert_eq!(s.feed(b"data: 123\n"), Err(10));
-    }
 
     #[test]
     fn data_errors_are_redacted() {

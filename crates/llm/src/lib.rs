@@ -57,14 +57,14 @@
 //! # Liveness
 //!
 //! The watchdog must be fed from *raw* frames, pings and `: keep-alive`
-//! comments included. The SSE parser used here (`eventsource-stream`)
-//! silently drops comment lines and events without `data:`, so liveness is
-//! also handled at the byte level, before the parser: a guard on the body
-//! counts comment lines, data-less events and chunks that complete nothing,
-//! and each is settled as one [`Frame::KeepAlive`](warden_core::Frame) once
-//! the parser has consumed that chunk. Every parsed event yields at least
-//! one frame: `ping`, `signature_delta`, `citations_delta`, text block
-//! starts and anything unknown become `KeepAlive`. See [`decode`].
+//! comments included, and only from *complete* frames: the [`sse`] parser
+//! (written here to the HTML Standard: CR/LF/CRLF line ends, a leading BOM)
+//! reports comment lines and data-less events as
+//! [`Frame::KeepAlive`](warden_core::Frame), and every parsed event yields at
+//! least one frame (`ping`, `signature_delta`, `citations_delta`, text block
+//! starts and anything unknown become `KeepAlive`). A partial line or bare
+//! blank lines are not life: a server trickling bytes without completing a
+//! frame is killed at the allowance like a silent one. See [`decode`].
 //!
 //! # Errors
 //!
@@ -94,8 +94,11 @@
 //! - `reqwest` (0.12, rustls, `stream`; no default features): a well-kept
 //!   HTTP client on hyper; rustls avoids a system OpenSSL; `stream` reads
 //!   the body chunk by chunk.
-//! - `eventsource-stream` (0.2): SSE framing per the HTML spec (fields,
-//!   multi-line data, CR/LF/CRLF, BOM), so none is hand-written here.
+//! - No SSE crate: `eventsource-stream` 0.2.3 panicked on a leading BOM and
+//!   held back the last event of CR-only streams, and liveness needs to see
+//!   comment lines, which SSE crates drop. The [`sse`] parser implements the
+//!   HTML Standard's event stream interpretation, property-tested over every
+//!   line end, BOM split and chunking.
 //! - `serde`, `serde_json`: request bodies, `data:` payloads, error bodies.
 //! - `httpdate`: `Retry-After` as an HTTP date.
 //! - `futures-util`: the `Stream` trait and combinators.
@@ -109,6 +112,7 @@ mod anthropic;
 pub mod decode;
 mod http;
 mod openai;
+pub mod sse;
 pub mod transcript;
 
 pub use anthropic::{ANTHROPIC_VERSION, AnthropicOptions, AnthropicSource};

@@ -5,7 +5,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use eventsource_stream::Event;
+use crate::sse::SseEvent as Event;
 use futures_util::future::BoxFuture;
 use serde::{Deserialize, Serialize};
 use warden_core::{AgentEvent, EventSource, EventStream, Frame, StreamError, TurnRequest, Usage};
