@@ -274,7 +274,11 @@ async fn run_frames(variant: Variant, streams: usize, frames: u64, wd: &Watchdog
             };
             let deliver = |f: Result<Frame, StreamError>| {
                 if let Ok(Frame::Event(event)) = f {
-                    sink(StreamReport::Event { attempt, event });
+                    sink(StreamReport::Event {
+                        attempt,
+                        event,
+                        credit: warden_core::Credit::none(),
+                    });
                 }
             };
             match variant {

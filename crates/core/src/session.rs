@@ -38,7 +38,8 @@ use crate::store::{
     Durability, PendingMessage, RecordStatus, SessionRecord, SessionStore, StoreError, StoredUsage,
 };
 use crate::stream::{
-    AttemptId, StreamActor, StreamArgs, StreamHandle, StreamOptions, StreamOutcome, StreamReport,
+    AttemptId, Credit, StreamActor, StreamArgs, StreamHandle, StreamOptions, StreamOutcome,
+    StreamReport,
 };
 use crate::util::{AbortOnDrop, call};
 use crate::watchdog::WatchdogHandle;
@@ -107,7 +108,34 @@ pub struct Handoff {
     /// The pending message.
     pub message: PendingMessage,
     /// The caller's channel, if the caller is still there.
-    pub reply: Option<mpsc::UnboundedSender<TurnEvent>>,
+    pub reply: Option<TurnSender>,
+}
+
+/// The session's end of a turn's event channel (the other end is the
+/// [`TurnHandle`]). Events carry their stream [`Credit`], returned when the
+/// caller takes them out, so a caller that does not read holds the stream
+/// back instead of filling memory.
+#[derive(Debug, Clone)]
+pub struct TurnSender(mpsc::UnboundedSender<(TurnEvent, Credit)>);
+
+impl TurnSender {
+    /// A new channel: the sender and the caller's receiving end.
+    pub(crate) fn channel() -> (Self, mpsc::UnboundedReceiver<(TurnEvent, Credit)>) {
+        let (tx, rx) = mpsc::unbounded_channel();
+        (Self(tx), rx)
+    }
+
+    /// Sends an event that holds no stream credit; `false` if the caller is
+    /// gone.
+    pub fn send(&self, event: TurnEvent) -> bool {
+        self.send_with(event, Credit::none())
+    }
+
+    /// Sends a stream event with its credit; `false` if the caller is gone
+    /// (the credit is then returned at once).
+    pub fn send_with(&self, event: TurnEvent, credit: Credit) -> bool {
+        self.0.send((event, credit)).is_ok()
+    }
 }
 
 /// A stored conversation could not be resumed.
@@ -258,7 +286,7 @@ pub struct TurnSummary {
 /// The caller's side of one submitted message.
 #[derive(Debug)]
 pub struct TurnHandle {
-    rx: mpsc::UnboundedReceiver<TurnEvent>,
+    rx: mpsc::UnboundedReceiver<(TurnEvent, Credit)>,
     done: bool,
 }
 
@@ -268,13 +296,15 @@ impl TurnHandle {
         if self.done {
             return None;
         }
-        let ev =
-            self.rx
-                .recv()
-                .await
-                .unwrap_or(TurnEvent::Finished(Err(TurnError::SessionStopped {
-                    reason: "session ended without answering (crashed)".into(),
-                })));
+        // Taking the event out returns its credit: the stream reads on.
+        let ev = self
+            .rx
+            .recv()
+            .await
+            .map(|(ev, _credit)| ev)
+            .unwrap_or(TurnEvent::Finished(Err(TurnError::SessionStopped {
+                reason: "session ended without answering (crashed)".into(),
+            })));
         if matches!(ev, TurnEvent::Finished(_)) {
             self.done = true;
         }
@@ -332,7 +362,7 @@ pub struct SessionMsg(Inner);
 enum Inner {
     Submit(
         String,
-        RpcReplyPort<Result<mpsc::UnboundedReceiver<TurnEvent>, StoreError>>,
+        RpcReplyPort<Result<mpsc::UnboundedReceiver<(TurnEvent, Credit)>, StoreError>>,
     ),
     Cancel,
     Report(StreamReport),
@@ -417,7 +447,7 @@ enum Phase {
 
 struct Queued {
     message: PendingMessage,
-    reply: Option<mpsc::UnboundedSender<TurnEvent>>,
+    reply: Option<TurnSender>,
 }
 
 struct Turn {
@@ -446,8 +476,12 @@ impl Turn {
     }
 
     fn send(&self, ev: TurnEvent) {
+        self.send_with(ev, Credit::none());
+    }
+
+    fn send_with(&self, ev: TurnEvent, credit: Credit) {
         if let Some(r) = &self.queued.reply {
-            let _ = r.send(ev);
+            r.send_with(ev, credit);
         }
     }
 }
@@ -665,7 +699,7 @@ impl Actor for SessionActor {
                     let _ = reply.send(Err(e));
                     return Ok(());
                 }
-                let (tx, rx) = mpsc::unbounded_channel();
+                let (tx, rx) = TurnSender::channel();
                 let _ = reply.send(Ok(rx));
                 touch(state);
                 state.queue.push_back(Queued {
@@ -677,9 +711,11 @@ impl Actor for SessionActor {
                 }
             }
             Inner::Cancel => cancel(&myself, state).await?,
-            Inner::Report(StreamReport::Event { attempt, event }) => {
-                on_event(state, attempt, event).await?
-            }
+            Inner::Report(StreamReport::Event {
+                attempt,
+                event,
+                credit,
+            }) => on_event(state, attempt, event, credit).await?,
             Inner::Report(StreamReport::Ended {
                 attempt, outcome, ..
             }) => on_ended(&myself, state, attempt, outcome).await?,
@@ -959,6 +995,7 @@ async fn on_event(
     state: &mut SessionState,
     attempt: AttemptId,
     event: AgentEvent,
+    credit: Credit,
 ) -> Result<(), ActorProcessingErr> {
     let Some(turn) = state.turn.as_mut() else {
         return Ok(());
@@ -1008,7 +1045,7 @@ async fn on_event(
         }
         _ => {}
     }
-    turn.send(TurnEvent::Event(event));
+    turn.send_with(TurnEvent::Event(event), credit);
     Ok(())
 }
 

@@ -15,6 +15,22 @@
 //! gone *before* the single [`StreamReport::Ended`] is sent; then the
 //! watchdog entry is removed. If the runtime drops the task (shutdown), the
 //! stream and the watch entry are released the same way, without a report.
+//!
+//! # Backpressure
+//!
+//! Every forwarded event carries a [`Credit`]; at most
+//! [`StreamOptions::max_in_flight`] credits of an attempt exist at once. A
+//! credit is returned when whoever ends up with the event drops it (a
+//! [`TurnHandle`](crate::TurnHandle) when its consumer takes the event out;
+//! a custom sink when it drops the report). When none is left the reader
+//! stops reading the source, so a consumer that does not keep up (a paused
+//! stdout reader, a slow bridge) holds the connection's bytes in the kernel
+//! and the server, not in warden's memory.
+//!
+//! A stall is blamed on the side that causes it: while the reader waits for
+//! a credit, warden's own consumer is not reading, so the stream is kept
+//! alive (a beat every third of its allowance) and the server's allowance
+//! starts afresh when reading resumes. The watchdog judges the source only.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -28,7 +44,7 @@ use futures_util::{FutureExt, StreamExt};
 use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll, Waker};
-use tokio::sync::Notify;
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, TryAcquireError};
 
 use crate::error::{ActorError, StreamError};
 use crate::event::{AgentEvent, Frame};
@@ -55,8 +71,21 @@ pub enum StreamOutcome {
     Failed(StreamError),
 }
 
+/// Flow-control credit of one event in flight (see the module docs on
+/// backpressure): dropping it lets the stream's reader read one more event.
+/// Keep it with the event until the event is consumed.
+#[derive(Debug, Default)]
+pub struct Credit(#[allow(dead_code)] Option<OwnedSemaphorePermit>);
+
+impl Credit {
+    /// A credit that holds nothing back (for events not read from a stream).
+    pub fn none() -> Self {
+        Self(None)
+    }
+}
+
 /// What a [`StreamActor`] reports to its owner.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug)]
 pub enum StreamReport {
     /// A parsed event of the attempt.
     Event {
@@ -64,6 +93,8 @@ pub enum StreamReport {
         attempt: AttemptId,
         /// The event.
         event: AgentEvent,
+        /// Its flow-control credit: drop it once the event is consumed.
+        credit: Credit,
     },
     /// The attempt is over; sent exactly once, after its last event.
     Ended {
@@ -90,6 +121,10 @@ pub struct StreamOptions {
     /// Silence allowance while a tool runs (after `ToolUseStarted`, before
     /// its `ToolUseFinished`). Default 10 min.
     pub tool_timeout: Duration,
+    /// Events forwarded but not yet consumed (their [`Credit`] not yet
+    /// dropped) before the reader stops reading the source. Default 256;
+    /// values below 1 count as 1.
+    pub max_in_flight: usize,
 }
 
 impl Default for StreamOptions {
@@ -97,6 +132,7 @@ impl Default for StreamOptions {
         Self {
             timeout: None,
             tool_timeout: Duration::from_secs(600),
+            max_in_flight: 256,
         }
     }
 }
@@ -111,6 +147,12 @@ impl StreamOptions {
     /// Sets the tool allowance.
     pub fn with_tool_timeout(mut self, timeout: Duration) -> Self {
         self.tool_timeout = timeout;
+        self
+    }
+
+    /// Sets [`max_in_flight`](Self::max_in_flight).
+    pub fn with_max_in_flight(mut self, events: usize) -> Self {
+        self.max_in_flight = events;
         self
     }
 }
@@ -272,7 +314,7 @@ async fn run(args: StreamArgs, guard: WatchGuard, control: Arc<Control>) {
         source,
         request,
         guard.heartbeat(),
-        options.tool_timeout,
+        &options,
         attempt,
         sink.clone(),
     ))
@@ -372,11 +414,15 @@ async fn read(
     source: Arc<dyn EventSource>,
     request: TurnRequest,
     heartbeat: Heartbeat,
-    tool_timeout: Duration,
+    options: &StreamOptions,
     attempt: AttemptId,
     sink: ReportSink,
 ) -> Result<(), StreamError> {
     {
+        let tool_timeout = options.tool_timeout;
+        let window = Arc::new(Semaphore::new(
+            options.max_in_flight.clamp(1, Semaphore::MAX_PERMITS),
+        ));
         let mut stream = source.open(request).await?;
         heartbeat.beat(); // response headers: the connection is alive
         let stream_timeout = heartbeat.timeout();
@@ -401,10 +447,39 @@ async fn read(
                         }
                         _ => {}
                     }
-                    sink(StreamReport::Event { attempt, event });
+                    let credit = match Arc::clone(&window).try_acquire_owned() {
+                        Ok(permit) => Credit(Some(permit)),
+                        Err(TryAcquireError::NoPermits) => {
+                            wait_for_credit(&window, &heartbeat).await
+                        }
+                        Err(TryAcquireError::Closed) => Credit::none(), // never closed
+                    };
+                    sink(StreamReport::Event {
+                        attempt,
+                        event,
+                        credit,
+                    });
                 }
             }
         }
         Ok(())
+    }
+}
+
+/// Waits until the consumer returns a credit. The source is not read
+/// meanwhile, and its silence is not its fault: the stream is kept alive,
+/// and its allowance starts afresh once a credit is back.
+async fn wait_for_credit(window: &Arc<Semaphore>, heartbeat: &Heartbeat) -> Credit {
+    let acquire = Arc::clone(window).acquire_owned();
+    tokio::pin!(acquire);
+    loop {
+        let period = (heartbeat.timeout() / 3).max(Duration::from_millis(1));
+        tokio::select! {
+            permit = &mut acquire => {
+                heartbeat.beat();
+                return Credit(permit.ok());
+            }
+            () = tokio::time::sleep(period) => heartbeat.beat(),
+        }
     }
 }
