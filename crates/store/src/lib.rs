@@ -23,6 +23,14 @@
 //! - **One owner**: sled holds an exclusive lock on its files; opening a
 //!   database another live process (or this one) holds is
 //!   [`StoreError::Locked`].
+//! - **Recovery on open**: a disk that filled up while sled wrote its
+//!   startup snapshot leaves an unfinished `snap.*.generating` file that
+//!   makes every later open fail as "corrupted". [`SledStore::open`]
+//!   removes such files (sled regenerates them from its log), logs a
+//!   warning and lists what it did in [`SledStore::recoveries`]; see
+//!   [`Recovery`].
+//! - **Errors** are one line: sled's own `Display` of corruption appends
+//!   `backtrace ()`, which is dropped here.
 //!
 //! ```
 //! # #[tokio::main(flavor = "current_thread")]
@@ -53,6 +61,10 @@ use futures_util::future::BoxFuture;
 use warden_core::store::SCHEMA_VERSION;
 use warden_core::{Durability, SessionKey, SessionRecord, SessionStore, StoreError};
 
+mod recovery;
+
+pub use recovery::Recovery;
+
 /// The sled tree holding session records.
 const TREE: &str = "sessions";
 
@@ -63,6 +75,7 @@ pub struct SledStore {
     tree: sled::Tree,
     path: PathBuf,
     commit: Arc<GroupCommit>,
+    recoveries: Arc<[Recovery]>,
 }
 
 /// Serializes flushes and lets one flush cover every write before it.
@@ -77,27 +90,33 @@ struct GroupCommit {
 
 impl SledStore {
     /// Opens (creating if needed) the database at `dir`.
+    ///
+    /// If sled reports corruption and the directory holds an unfinished
+    /// snapshot (`snap.*.generating`, left by a full disk or a crash while
+    /// sled wrote it), the file is removed and the open retried; the removal
+    /// is logged (`warn`) and listed in [`recoveries`](Self::recoveries).
     pub fn open(dir: impl AsRef<Path>) -> Result<Self, StoreError> {
         let path = dir.as_ref().to_path_buf();
         make_private_dir(&path)?;
-        let db = sled::Config::new().path(&path).open().map_err(|e| {
-            let message = e.to_string();
-            if message.contains("could not acquire lock") {
-                StoreError::Locked {
-                    path: path.display().to_string(),
-                }
-            } else {
-                backend(format!("opening {}: {message}", path.display()))
-            }
+        let (db, recoveries) = open_recovering(&path).map_err(|e| match e {
+            OpenFailure::Sled(e) => open_error(&path, &e),
+            OpenFailure::Store(e) => e,
         })?;
         make_files_private(&path)?;
-        let tree = db.open_tree(TREE).map_err(|e| backend(e.to_string()))?;
+        let tree = db.open_tree(TREE).map_err(|e| backend(describe(&e)))?;
         Ok(Self {
             db,
             tree,
             path,
             commit: Arc::default(),
+            recoveries: recoveries.into(),
         })
+    }
+
+    /// What [`open`](Self::open) had to repair before the database would
+    /// open; empty almost always.
+    pub fn recoveries(&self) -> &[Recovery] {
+        &self.recoveries
     }
 
     /// The database directory.
@@ -112,7 +131,7 @@ impl SledStore {
         self.tree
             .insert(key.as_bytes(), bytes)
             .map(|_| ())
-            .map_err(|e| backend(e.to_string()))?;
+            .map_err(|e| backend(describe(&e)))?;
         self.commit.written.fetch_add(1, Ordering::SeqCst);
         Ok(())
     }
@@ -134,7 +153,7 @@ impl SledStore {
         tokio::task::spawn_blocking(move || db.flush())
             .await
             .map_err(|e| backend(format!("flush task: {e}")))?
-            .map_err(|e| backend(format!("flushing: {e}")))?;
+            .map_err(|e| backend(format!("flushing: {}", describe(&e))))?;
         self.commit.flushed.fetch_max(covers, Ordering::SeqCst);
         Ok(())
     }
@@ -142,6 +161,59 @@ impl SledStore {
 
 fn backend(message: String) -> StoreError {
     StoreError::Backend { message }
+}
+
+fn open_sled(path: &Path) -> sled::Result<sled::Db> {
+    sled::Config::new().path(path).open()
+}
+
+/// Why [`open_recovering`] failed: sled's own error, or one of the repair.
+enum OpenFailure {
+    Sled(sled::Error),
+    Store(StoreError),
+}
+
+/// Opens the sled database at `path`; if sled reports corruption and an
+/// unfinished snapshot is found, removes it and tries once more.
+fn open_recovering(path: &Path) -> Result<(sled::Db, Vec<Recovery>), OpenFailure> {
+    match open_sled(path) {
+        Ok(db) => Ok((db, Vec::new())),
+        Err(e @ sled::Error::Corruption { .. }) => {
+            let recoveries =
+                recovery::remove_unfinished_snapshots(path).map_err(OpenFailure::Store)?;
+            if recoveries.is_empty() {
+                return Err(OpenFailure::Sled(e));
+            }
+            let db = open_sled(path).map_err(OpenFailure::Sled)?;
+            Ok((db, recoveries))
+        }
+        Err(e) => Err(OpenFailure::Sled(e)),
+    }
+}
+
+fn open_error(path: &Path, error: &sled::Error) -> StoreError {
+    let message = describe(error);
+    if message.contains("could not acquire lock") {
+        StoreError::Locked {
+            path: path.display().to_string(),
+        }
+    } else {
+        backend(format!("opening {}: {message}", path.display()))
+    }
+}
+
+/// One line for a sled error. sled 0.34's `Display` of
+/// [`sled::Error::Corruption`] ends in `backtrace ()` (a placeholder for a
+/// backtrace it only captures in its own tests); that part is dropped.
+pub(crate) fn describe(error: &sled::Error) -> String {
+    let text = match error {
+        sled::Error::Corruption { at: Some(at), .. } => {
+            format!("sled read corrupted data at {at:?}")
+        }
+        sled::Error::Corruption { at: None, .. } => "sled read corrupted data".to_owned(),
+        other => other.to_string(),
+    };
+    text.replace('\n', " ")
 }
 
 #[cfg(unix)]
@@ -237,7 +309,7 @@ impl SessionStore for SledStore {
         let result = self
             .tree
             .get(key.as_str().as_bytes())
-            .map_err(|e| backend(e.to_string()))
+            .map_err(|e| backend(describe(&e)))
             .and_then(|v| v.map(|b| decode(key.as_str(), &b)).transpose());
         Box::pin(async move { result })
     }
@@ -251,7 +323,7 @@ impl SessionStore for SledStore {
             let bytes = encode(record)?;
             self.tree
                 .insert(record.key.as_bytes(), bytes)
-                .map_err(|e| backend(e.to_string()))?;
+                .map_err(|e| backend(describe(&e)))?;
             let seq = self.commit.written.fetch_add(1, Ordering::SeqCst) + 1;
             if durability == Durability::Flushed {
                 self.flush_through(seq).await?;
@@ -269,7 +341,7 @@ impl SessionStore for SledStore {
                     out.push(decode(&key, &v));
                 }
                 Err(e) => {
-                    let e = backend(e.to_string());
+                    let e = backend(describe(&e));
                     return Box::pin(async move { Err(e) });
                 }
             }
