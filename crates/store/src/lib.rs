@@ -79,6 +79,13 @@ pub struct SledStore {
 }
 
 /// Serializes flushes and lets one flush cover every write before it.
+///
+/// A write takes its sequence number *after* its insert returned, and a
+/// flush reads the last sequence number *before* it calls sled's flush,
+/// which makes stable everything inserted before the call. So a flush that
+/// read `covers` has all of writes `..=covers` inserted before it started;
+/// a write that lands while the flush runs gets a number above `covers` and
+/// is not reported covered (`a_write_landing_during_a_flush_is_not_reported_covered_by_it`).
 #[derive(Debug, Default)]
 struct GroupCommit {
     /// Sequence number of the last write.
@@ -86,6 +93,9 @@ struct GroupCommit {
     /// Every write up to this sequence number is on disk.
     flushed: AtomicU64,
     lock: tokio::sync::Mutex<()>,
+    /// Runs on the flush thread just before sled's flush (tests only).
+    #[cfg(test)]
+    during_flush: tests::FlushHook,
 }
 
 impl SledStore {
@@ -128,12 +138,15 @@ impl SledStore {
     /// repair tools only: this is how a corrupt record is simulated.
     #[doc(hidden)]
     pub fn put_raw(&self, key: &str, bytes: &[u8]) -> Result<(), StoreError> {
+        self.insert(key.as_bytes(), bytes).map(|_| ())
+    }
+
+    /// Inserts, then numbers the write (in that order: see [`GroupCommit`]).
+    fn insert(&self, key: &[u8], bytes: &[u8]) -> Result<u64, StoreError> {
         self.tree
-            .insert(key.as_bytes(), bytes)
-            .map(|_| ())
+            .insert(key, bytes)
             .map_err(|e| backend(describe(&e)))?;
-        self.commit.written.fetch_add(1, Ordering::SeqCst);
-        Ok(())
+        Ok(self.commit.written.fetch_add(1, Ordering::SeqCst) + 1)
     }
 
     /// Flushes everything written so far to disk.
@@ -150,10 +163,18 @@ impl SledStore {
         }
         let covers = self.commit.written.load(Ordering::SeqCst);
         let db = self.db.clone();
-        tokio::task::spawn_blocking(move || db.flush())
-            .await
-            .map_err(|e| backend(format!("flush task: {e}")))?
-            .map_err(|e| backend(format!("flushing: {}", describe(&e))))?;
+        #[cfg(test)]
+        let hook = self.commit.during_flush.get();
+        tokio::task::spawn_blocking(move || {
+            #[cfg(test)]
+            if let Some(hook) = hook {
+                hook()?;
+            }
+            db.flush()
+        })
+        .await
+        .map_err(|e| backend(format!("flush task: {e}")))?
+        .map_err(|e| backend(format!("flushing: {}", describe(&e))))?;
         self.commit.flushed.fetch_max(covers, Ordering::SeqCst);
         Ok(())
     }
@@ -321,10 +342,7 @@ impl SessionStore for SledStore {
     ) -> BoxFuture<'a, Result<(), StoreError>> {
         Box::pin(async move {
             let bytes = encode(record)?;
-            self.tree
-                .insert(record.key.as_bytes(), bytes)
-                .map_err(|e| backend(describe(&e)))?;
-            let seq = self.commit.written.fetch_add(1, Ordering::SeqCst) + 1;
+            let seq = self.insert(record.key.as_bytes(), &bytes)?;
             if durability == Durability::Flushed {
                 self.flush_through(seq).await?;
             }
@@ -347,5 +365,102 @@ impl SessionStore for SledStore {
             }
         }
         Box::pin(async move { Ok(out) })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use super::*;
+
+    type Hook = Arc<dyn Fn() -> sled::Result<()> + Send + Sync>;
+
+    /// A function the next flush runs on its thread just before sled's
+    /// flush; an `Err` fails that flush instead.
+    #[derive(Default)]
+    pub(super) struct FlushHook(Mutex<Option<Hook>>);
+
+    impl std::fmt::Debug for FlushHook {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("FlushHook")
+        }
+    }
+
+    impl FlushHook {
+        /// Takes the hook: it runs for one flush only.
+        pub(super) fn get(&self) -> Option<Hook> {
+            self.0.lock().ok().and_then(|mut h| h.take())
+        }
+
+        fn set(&self, hook: impl Fn() -> sled::Result<()> + Send + Sync + 'static) {
+            *self.0.lock().expect("hook lock") = Some(Arc::new(hook));
+        }
+    }
+
+    fn record(key: &str) -> SessionRecord {
+        let mut r = SessionRecord::new(&SessionKey::new(key), None);
+        r.accept(format!("a message for {key}"));
+        r
+    }
+
+    #[tokio::test]
+    async fn a_write_landing_during_a_flush_is_not_reported_covered_by_it() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = SledStore::open(dir.path().join("db")).expect("open");
+        let late_seq = Arc::new(AtomicU64::new(0));
+        {
+            let store = store.clone();
+            let late_seq = late_seq.clone();
+            let bytes = encode(&record("late")).expect("encode");
+            store.commit.during_flush.set({
+                let store = store.clone();
+                move || {
+                    let seq = store.insert(b"late", &bytes).expect("the late write");
+                    late_seq.store(seq, Ordering::SeqCst);
+                    Ok(())
+                }
+            });
+        }
+        store
+            .save(&record("early"), Durability::Flushed)
+            .await
+            .expect("save");
+        let late = late_seq.load(Ordering::SeqCst);
+        assert!(late > 0, "the hook did not run during the flush");
+        let flushed = store.commit.flushed.load(Ordering::SeqCst);
+        assert!(
+            flushed < late,
+            "the write numbered {late} landed during the flush, yet the flush reported every write up to {flushed} on disk"
+        );
+        // The late write's own durable point flushes again and covers it.
+        store
+            .flush_through(late)
+            .await
+            .expect("flush the late write");
+        assert!(store.commit.flushed.load(Ordering::SeqCst) >= late);
+    }
+
+    #[tokio::test]
+    async fn a_failed_flush_is_an_error_and_covers_nothing() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = SledStore::open(dir.path().join("db")).expect("open");
+        store
+            .commit
+            .during_flush
+            .set(|| Err(sled::Error::Io(std::io::Error::from_raw_os_error(28))));
+        let error = store
+            .save(&record("lost"), Durability::Flushed)
+            .await
+            .expect_err("a save whose flush failed must not be acknowledged");
+        let text = error.to_string();
+        assert!(text.contains("flushing"), "{text}");
+        assert_eq!(store.commit.flushed.load(Ordering::SeqCst), 0);
+        // The next durable save flushes for real (the hook ran once).
+        store
+            .save(&record("kept"), Durability::Flushed)
+            .await
+            .expect("save");
+        assert_eq!(store.commit.flushed.load(Ordering::SeqCst), 2);
     }
 }
