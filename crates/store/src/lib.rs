@@ -29,6 +29,9 @@
 //!   removes such files (sled regenerates them from its log), logs a
 //!   warning and lists what it did in [`SledStore::recoveries`]; see
 //!   [`Recovery`].
+//! - **Repair**: [`SledStore::salvage`] copies every readable record of a
+//!   damaged database into a new one and reports the rest
+//!   ([`SalvageReport`]); `warden sessions --repair` is built on it.
 //! - **Errors** are one line: sled's own `Display` of corruption appends
 //!   `backtrace ()`, which is dropped here.
 //!
@@ -62,8 +65,10 @@ use warden_core::store::SCHEMA_VERSION;
 use warden_core::{Durability, SessionKey, SessionRecord, SessionStore, StoreError};
 
 mod recovery;
+mod salvage;
 
 pub use recovery::Recovery;
+pub use salvage::{SalvageError, SalvageReport, Unreadable};
 
 /// The sled tree holding session records.
 const TREE: &str = "sessions";

@@ -102,7 +102,7 @@ fn unfinished_snapshots(dir: &Path) -> Result<Vec<PathBuf>, StoreError> {
 
 /// Takes sled's lock: an exclusive `flock` on the data file `db`, as sled's
 /// `Config::open` does (through `fs2`). Released when the file is dropped.
-fn lock_database(dir: &Path) -> Result<std::fs::File, StoreError> {
+pub(crate) fn lock_database(dir: &Path) -> Result<std::fs::File, StoreError> {
     use fs2::FileExt;
     let data = dir.join("db");
     let file = std::fs::OpenOptions::new()
