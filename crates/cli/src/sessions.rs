@@ -1,10 +1,12 @@
-//! `warden sessions`: the sessions stored in a data directory.
+//! `warden sessions`: the sessions stored in a data directory, and
+//! `warden sessions --repair`, which salvages a damaged database.
 
-use std::path::PathBuf;
-use std::time::{Duration, UNIX_EPOCH};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde_json::json;
 use warden_core::{RecordStatus, SessionRecord, SessionStore};
+use warden_store::{SalvageError, SledStore};
 
 use crate::exit::{CliError, Exit};
 use crate::paths;
@@ -19,12 +21,30 @@ pub(crate) struct SessionsArgs {
     /// Print a JSON array (one object per session) instead of a table.
     #[arg(long)]
     json: bool,
+    /// Salvage a damaged session database: copy every readable record into
+    /// a new database, keep the damaged one as sessions.db.damaged-<time>,
+    /// put the new one in its place, and list what could not be read.
+    /// Exits 0 when every record was salvaged, 1 otherwise.
+    #[arg(long, conflicts_with = "json")]
+    repair: bool,
 }
 
 /// Runs `warden sessions`.
 pub(crate) async fn run(args: SessionsArgs) -> Result<Exit, CliError> {
     let dir = paths::data_dir(args.data_dir)?;
-    let records = match paths::open_existing_store(&dir)? {
+    if args.repair {
+        return tokio::task::spawn_blocking(move || repair(&dir))
+            .await
+            .map_err(|e| CliError::failure(format!("repair task: {e}")))?;
+    }
+    let store = paths::open_existing_store(&dir).map_err(|mut e| {
+        if !e.message.contains("in use") {
+            e.message
+                .push_str("; `warden sessions --repair` salvages what is readable");
+        }
+        e
+    })?;
+    let records = match store {
         Some(store) => store.list().await?,
         None => Vec::new(),
     };
@@ -49,6 +69,94 @@ pub(crate) async fn run(args: SessionsArgs) -> Result<Exit, CliError> {
         print_table(&records);
     }
     Ok(if corrupt > 0 { Exit::Failure } else { Exit::Ok })
+}
+
+/// `--repair`: salvage `DIR/sessions.db` into a new database, move the old
+/// one aside (never deleted) and the new one into place.
+fn repair(dir: &Path) -> Result<Exit, CliError> {
+    let db = dir.join(paths::DATABASE);
+    if !db.exists() {
+        eprintln!(
+            "no session database in {}; nothing to repair",
+            dir.display()
+        );
+        return Ok(Exit::Ok);
+    }
+    let base = file_timestamp(SystemTime::now());
+    let named = |stamp: &str| {
+        (
+            dir.join(format!("{}.repaired-{stamp}", paths::DATABASE)),
+            dir.join(format!("{}.damaged-{stamp}", paths::DATABASE)),
+        )
+    };
+    // A second repair within the same second gets `-2`, `-3`, ...
+    let (mut new, mut aside) = named(&base);
+    let mut n = 1;
+    while new.exists() || aside.exists() {
+        n += 1;
+        (new, aside) = named(&format!("{base}-{n}"));
+    }
+    let report = SledStore::salvage(&db, &new).map_err(|e| match e {
+        SalvageError::Locked { .. } => CliError::failure(format!(
+            "the session database {} is in use by another warden process; stop it and repair again",
+            db.display()
+        )),
+        other => CliError::failure(format!("cannot repair: {other}; nothing was changed")),
+    })?;
+    std::fs::rename(&db, &aside).map_err(|e| {
+        CliError::failure(format!(
+            "cannot move {} aside: {e}; the salvaged records are in {}",
+            db.display(),
+            new.display()
+        ))
+    })?;
+    if let Err(e) = std::fs::rename(&new, &db) {
+        let back = std::fs::rename(&aside, &db);
+        return Err(CliError::failure(format!(
+            "cannot move {} into place: {e}; {}; the salvaged records are in {}",
+            new.display(),
+            match back {
+                Ok(()) => "the damaged database is back where it was".to_owned(),
+                Err(b) => format!("the damaged database is {} ({b})", aside.display()),
+            },
+            new.display()
+        )));
+    }
+    for recovery in &report.recoveries {
+        eprintln!("warden: {recovery}");
+    }
+    for key in &report.kept_newer {
+        eprintln!("warden: kept {key:?} as is: written by a newer warden");
+    }
+    for unreadable in &report.unreadable {
+        match &unreadable.key {
+            Some(key) => eprintln!("warden: unreadable {key:?}: {}", unreadable.reason),
+            None => eprintln!("warden: unreadable: {}", unreadable.reason),
+        }
+    }
+    println!(
+        "salvaged {} record(s) into {}, {} kept from a newer warden, {} unreadable; the old database is kept as {}",
+        report.salvaged.len(),
+        db.display(),
+        report.kept_newer.len(),
+        report.unreadable.len(),
+        aside.display()
+    );
+    Ok(if report.is_complete() {
+        Exit::Ok
+    } else {
+        Exit::Failure
+    })
+}
+
+/// `20261203T093210Z`: an RFC 3339 UTC time without the separators, safe
+/// in a file name.
+fn file_timestamp(at: SystemTime) -> String {
+    humantime::format_rfc3339_seconds(at)
+        .to_string()
+        .chars()
+        .filter(|c| !matches!(c, '-' | ':'))
+        .collect()
 }
 
 fn status(record: &SessionRecord) -> String {

@@ -23,6 +23,17 @@
 //! - **One owner**: sled holds an exclusive lock on its files; opening a
 //!   database another live process (or this one) holds is
 //!   [`StoreError::Locked`].
+//! - **Recovery on open**: a disk that filled up while sled wrote its
+//!   startup snapshot leaves an unfinished `snap.*.generating` file that
+//!   makes every later open fail as "corrupted". [`SledStore::open`]
+//!   removes such files (sled regenerates them from its log), logs a
+//!   warning and lists what it did in [`SledStore::recoveries`]; see
+//!   [`Recovery`].
+//! - **Repair**: [`SledStore::salvage`] copies every readable record of a
+//!   damaged database into a new one and reports the rest
+//!   ([`SalvageReport`]); `warden sessions --repair` is built on it.
+//! - **Errors** are one line: sled's own `Display` of corruption appends
+//!   `backtrace ()`, which is dropped here.
 //!
 //! ```
 //! # #[tokio::main(flavor = "current_thread")]
@@ -53,6 +64,12 @@ use futures_util::future::BoxFuture;
 use warden_core::store::SCHEMA_VERSION;
 use warden_core::{Durability, SessionKey, SessionRecord, SessionStore, StoreError};
 
+mod recovery;
+mod salvage;
+
+pub use recovery::Recovery;
+pub use salvage::{SalvageError, SalvageReport, Unreadable};
+
 /// The sled tree holding session records.
 const TREE: &str = "sessions";
 
@@ -63,9 +80,17 @@ pub struct SledStore {
     tree: sled::Tree,
     path: PathBuf,
     commit: Arc<GroupCommit>,
+    recoveries: Arc<[Recovery]>,
 }
 
 /// Serializes flushes and lets one flush cover every write before it.
+///
+/// A write takes its sequence number *after* its insert returned, and a
+/// flush reads the last sequence number *before* it calls sled's flush,
+/// which makes stable everything inserted before the call. So a flush that
+/// read `covers` has all of writes `..=covers` inserted before it started;
+/// a write that lands while the flush runs gets a number above `covers` and
+/// is not reported covered (`a_write_landing_during_a_flush_is_not_reported_covered_by_it`).
 #[derive(Debug, Default)]
 struct GroupCommit {
     /// Sequence number of the last write.
@@ -73,31 +98,40 @@ struct GroupCommit {
     /// Every write up to this sequence number is on disk.
     flushed: AtomicU64,
     lock: tokio::sync::Mutex<()>,
+    /// Runs on the flush thread just before sled's flush (tests only).
+    #[cfg(test)]
+    during_flush: tests::FlushHook,
 }
 
 impl SledStore {
     /// Opens (creating if needed) the database at `dir`.
+    ///
+    /// If sled reports corruption and the directory holds an unfinished
+    /// snapshot (`snap.*.generating`, left by a full disk or a crash while
+    /// sled wrote it), the file is removed and the open retried; the removal
+    /// is logged (`warn`) and listed in [`recoveries`](Self::recoveries).
     pub fn open(dir: impl AsRef<Path>) -> Result<Self, StoreError> {
         let path = dir.as_ref().to_path_buf();
         make_private_dir(&path)?;
-        let db = sled::Config::new().path(&path).open().map_err(|e| {
-            let message = e.to_string();
-            if message.contains("could not acquire lock") {
-                StoreError::Locked {
-                    path: path.display().to_string(),
-                }
-            } else {
-                backend(format!("opening {}: {message}", path.display()))
-            }
+        let (db, recoveries) = open_recovering(&path).map_err(|e| match e {
+            OpenFailure::Sled(e) => open_error(&path, &e),
+            OpenFailure::Store(e) => e,
         })?;
         make_files_private(&path)?;
-        let tree = db.open_tree(TREE).map_err(|e| backend(e.to_string()))?;
+        let tree = db.open_tree(TREE).map_err(|e| backend(describe(&e)))?;
         Ok(Self {
             db,
             tree,
             path,
             commit: Arc::default(),
+            recoveries: recoveries.into(),
         })
+    }
+
+    /// What [`open`](Self::open) had to repair before the database would
+    /// open; empty almost always.
+    pub fn recoveries(&self) -> &[Recovery] {
+        &self.recoveries
     }
 
     /// The database directory.
@@ -109,12 +143,15 @@ impl SledStore {
     /// repair tools only: this is how a corrupt record is simulated.
     #[doc(hidden)]
     pub fn put_raw(&self, key: &str, bytes: &[u8]) -> Result<(), StoreError> {
+        self.insert(key.as_bytes(), bytes).map(|_| ())
+    }
+
+    /// Inserts, then numbers the write (in that order: see [`GroupCommit`]).
+    fn insert(&self, key: &[u8], bytes: &[u8]) -> Result<u64, StoreError> {
         self.tree
-            .insert(key.as_bytes(), bytes)
-            .map(|_| ())
-            .map_err(|e| backend(e.to_string()))?;
-        self.commit.written.fetch_add(1, Ordering::SeqCst);
-        Ok(())
+            .insert(key, bytes)
+            .map_err(|e| backend(describe(&e)))?;
+        Ok(self.commit.written.fetch_add(1, Ordering::SeqCst) + 1)
     }
 
     /// Flushes everything written so far to disk.
@@ -131,10 +168,18 @@ impl SledStore {
         }
         let covers = self.commit.written.load(Ordering::SeqCst);
         let db = self.db.clone();
-        tokio::task::spawn_blocking(move || db.flush())
-            .await
-            .map_err(|e| backend(format!("flush task: {e}")))?
-            .map_err(|e| backend(format!("flushing: {e}")))?;
+        #[cfg(test)]
+        let hook = self.commit.during_flush.get();
+        tokio::task::spawn_blocking(move || {
+            #[cfg(test)]
+            if let Some(hook) = hook {
+                hook()?;
+            }
+            db.flush()
+        })
+        .await
+        .map_err(|e| backend(format!("flush task: {e}")))?
+        .map_err(|e| backend(format!("flushing: {}", describe(&e))))?;
         self.commit.flushed.fetch_max(covers, Ordering::SeqCst);
         Ok(())
     }
@@ -142,6 +187,59 @@ impl SledStore {
 
 fn backend(message: String) -> StoreError {
     StoreError::Backend { message }
+}
+
+fn open_sled(path: &Path) -> sled::Result<sled::Db> {
+    sled::Config::new().path(path).open()
+}
+
+/// Why [`open_recovering`] failed: sled's own error, or one of the repair.
+enum OpenFailure {
+    Sled(sled::Error),
+    Store(StoreError),
+}
+
+/// Opens the sled database at `path`; if sled reports corruption and an
+/// unfinished snapshot is found, removes it and tries once more.
+fn open_recovering(path: &Path) -> Result<(sled::Db, Vec<Recovery>), OpenFailure> {
+    match open_sled(path) {
+        Ok(db) => Ok((db, Vec::new())),
+        Err(e @ sled::Error::Corruption { .. }) => {
+            let recoveries =
+                recovery::remove_unfinished_snapshots(path).map_err(OpenFailure::Store)?;
+            if recoveries.is_empty() {
+                return Err(OpenFailure::Sled(e));
+            }
+            let db = open_sled(path).map_err(OpenFailure::Sled)?;
+            Ok((db, recoveries))
+        }
+        Err(e) => Err(OpenFailure::Sled(e)),
+    }
+}
+
+fn open_error(path: &Path, error: &sled::Error) -> StoreError {
+    let message = describe(error);
+    if message.contains("could not acquire lock") {
+        StoreError::Locked {
+            path: path.display().to_string(),
+        }
+    } else {
+        backend(format!("opening {}: {message}", path.display()))
+    }
+}
+
+/// One line for a sled error. sled 0.34's `Display` of
+/// [`sled::Error::Corruption`] ends in `backtrace ()` (a placeholder for a
+/// backtrace it only captures in its own tests); that part is dropped.
+pub(crate) fn describe(error: &sled::Error) -> String {
+    let text = match error {
+        sled::Error::Corruption { at: Some(at), .. } => {
+            format!("sled read corrupted data at {at:?}")
+        }
+        sled::Error::Corruption { at: None, .. } => "sled read corrupted data".to_owned(),
+        other => other.to_string(),
+    };
+    text.replace('\n', " ")
 }
 
 #[cfg(unix)]
@@ -237,7 +335,7 @@ impl SessionStore for SledStore {
         let result = self
             .tree
             .get(key.as_str().as_bytes())
-            .map_err(|e| backend(e.to_string()))
+            .map_err(|e| backend(describe(&e)))
             .and_then(|v| v.map(|b| decode(key.as_str(), &b)).transpose());
         Box::pin(async move { result })
     }
@@ -249,10 +347,7 @@ impl SessionStore for SledStore {
     ) -> BoxFuture<'a, Result<(), StoreError>> {
         Box::pin(async move {
             let bytes = encode(record)?;
-            self.tree
-                .insert(record.key.as_bytes(), bytes)
-                .map_err(|e| backend(e.to_string()))?;
-            let seq = self.commit.written.fetch_add(1, Ordering::SeqCst) + 1;
+            let seq = self.insert(record.key.as_bytes(), &bytes)?;
             if durability == Durability::Flushed {
                 self.flush_through(seq).await?;
             }
@@ -269,11 +364,108 @@ impl SessionStore for SledStore {
                     out.push(decode(&key, &v));
                 }
                 Err(e) => {
-                    let e = backend(e.to_string());
+                    let e = backend(describe(&e));
                     return Box::pin(async move { Err(e) });
                 }
             }
         }
         Box::pin(async move { Ok(out) })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use super::*;
+
+    type Hook = Arc<dyn Fn() -> sled::Result<()> + Send + Sync>;
+
+    /// A function the next flush runs on its thread just before sled's
+    /// flush; an `Err` fails that flush instead.
+    #[derive(Default)]
+    pub(super) struct FlushHook(Mutex<Option<Hook>>);
+
+    impl std::fmt::Debug for FlushHook {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("FlushHook")
+        }
+    }
+
+    impl FlushHook {
+        /// Takes the hook: it runs for one flush only.
+        pub(super) fn get(&self) -> Option<Hook> {
+            self.0.lock().ok().and_then(|mut h| h.take())
+        }
+
+        fn set(&self, hook: impl Fn() -> sled::Result<()> + Send + Sync + 'static) {
+            *self.0.lock().expect("hook lock") = Some(Arc::new(hook));
+        }
+    }
+
+    fn record(key: &str) -> SessionRecord {
+        let mut r = SessionRecord::new(&SessionKey::new(key), None);
+        r.accept(format!("a message for {key}"));
+        r
+    }
+
+    #[tokio::test]
+    async fn a_write_landing_during_a_flush_is_not_reported_covered_by_it() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = SledStore::open(dir.path().join("db")).expect("open");
+        let late_seq = Arc::new(AtomicU64::new(0));
+        {
+            let store = store.clone();
+            let late_seq = late_seq.clone();
+            let bytes = encode(&record("late")).expect("encode");
+            store.commit.during_flush.set({
+                let store = store.clone();
+                move || {
+                    let seq = store.insert(b"late", &bytes).expect("the late write");
+                    late_seq.store(seq, Ordering::SeqCst);
+                    Ok(())
+                }
+            });
+        }
+        store
+            .save(&record("early"), Durability::Flushed)
+            .await
+            .expect("save");
+        let late = late_seq.load(Ordering::SeqCst);
+        assert!(late > 0, "the hook did not run during the flush");
+        let flushed = store.commit.flushed.load(Ordering::SeqCst);
+        assert!(
+            flushed < late,
+            "the write numbered {late} landed during the flush, yet the flush reported every write up to {flushed} on disk"
+        );
+        // The late write's own durable point flushes again and covers it.
+        store
+            .flush_through(late)
+            .await
+            .expect("flush the late write");
+        assert!(store.commit.flushed.load(Ordering::SeqCst) >= late);
+    }
+
+    #[tokio::test]
+    async fn a_failed_flush_is_an_error_and_covers_nothing() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = SledStore::open(dir.path().join("db")).expect("open");
+        store
+            .commit
+            .during_flush
+            .set(|| Err(sled::Error::Io(std::io::Error::from_raw_os_error(28))));
+        let error = store
+            .save(&record("lost"), Durability::Flushed)
+            .await
+            .expect_err("a save whose flush failed must not be acknowledged");
+        let text = error.to_string();
+        assert!(text.contains("flushing"), "{text}");
+        assert_eq!(store.commit.flushed.load(Ordering::SeqCst), 0);
+        // The next durable save flushes for real (the hook ran once).
+        store
+            .save(&record("kept"), Durability::Flushed)
+            .await
+            .expect("save");
+        assert_eq!(store.commit.flushed.load(Ordering::SeqCst), 2);
     }
 }
