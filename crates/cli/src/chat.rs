@@ -13,7 +13,7 @@ use warden_llm::Transcripts;
 use crate::exit::{CliError, Exit};
 use crate::paths;
 use crate::relay::relay;
-use crate::sources::{HttpSettings, HttpSource, Provider, claude_binary};
+use crate::sources::{HttpSettings, HttpSource, Provider, check_url, claude_binary};
 
 /// The agent behind a workspace's session.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -93,6 +93,9 @@ impl Notifier for StderrNotifier {
 
 /// Runs `warden chat`.
 pub(crate) async fn run(args: ChatArgs) -> Result<Exit, CliError> {
+    if let Some(url) = &args.base_url {
+        check_url(url)?;
+    }
     let message = if args.message == "-" {
         let mut text = String::new();
         std::io::stdin()

@@ -12,7 +12,7 @@ use warden_core::{
 
 use crate::exit::{CliError, Exit};
 use crate::relay::relay;
-use crate::sources::{HttpSettings, HttpSource, Provider};
+use crate::sources::{HttpSettings, HttpSource, Provider, check_url};
 
 /// Arguments of `warden stream`.
 #[derive(Debug, clap::Args)]
@@ -73,6 +73,7 @@ impl EventSource for StreamSource {
 
 /// Runs `warden stream`.
 pub(crate) async fn run(args: StreamArgs) -> Result<Exit, CliError> {
+    check_url(&args.url)?;
     let provider = args
         .provider
         .or_else(|| Provider::from_url(&args.url))

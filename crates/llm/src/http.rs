@@ -107,7 +107,8 @@ impl HttpOptions {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum BuildError {
-    /// The base URL is not an absolute `http` or `https` URL.
+    /// The base URL is not an absolute `http` or `https` URL with a host
+    /// and a non-zero port (see [`validate_base_url`]). **Fatal.**
     #[error("invalid base URL: {reason}")]
     InvalidBaseUrl {
         /// What is wrong.
@@ -127,6 +128,54 @@ pub enum BuildError {
         /// What the client library said.
         message: String,
     },
+}
+
+/// Checks that `base_url` can be sent to: an absolute `http` or `https` URL
+/// with a host as written (`http:///v1` is refused, although URL parsing
+/// would take `v1` for its host) and a port other than 0. An empty string is
+/// refused too: it is never a request for the provider's default endpoint.
+///
+/// The sources' constructors call it; a command line can call it before
+/// doing anything else.
+///
+/// ```
+/// assert!(warden_llm::validate_base_url("http://127.0.0.1:8080/proxy").is_ok());
+/// for bad in ["", "http://", "http:///v1/messages", "http://h:0", "ftp://h"] {
+///     assert!(warden_llm::validate_base_url(bad).is_err(), "{bad:?}");
+/// }
+/// ```
+pub fn validate_base_url(base_url: &str) -> Result<(), BuildError> {
+    let invalid = |reason: &str| {
+        Err(BuildError::InvalidBaseUrl {
+            reason: reason.to_owned(),
+        })
+    };
+    let raw = base_url.trim();
+    if raw.is_empty() {
+        return invalid("the URL is empty");
+    }
+    let url = reqwest::Url::parse(raw).map_err(|e| BuildError::InvalidBaseUrl {
+        reason: e.to_string(),
+    })?;
+    if !matches!(url.scheme(), "http" | "https") {
+        return Err(BuildError::InvalidBaseUrl {
+            reason: format!("scheme {:?} is not http or https", url.scheme()),
+        });
+    }
+    // The host as written: the parser skips extra slashes in `http:///v1`
+    // and would connect to a host named `v1`.
+    let Some((_, rest)) = raw.split_once("://") else {
+        return invalid("expected scheme://host");
+    };
+    let authority = rest.split(['/', '?', '#']).next().unwrap_or_default();
+    let host = authority.rsplit('@').next().unwrap_or_default();
+    if host.is_empty() || host.starts_with(':') || url.host_str().is_none_or(str::is_empty) {
+        return invalid("the URL has no host");
+    }
+    if url.port() == Some(0) {
+        return invalid("port 0 cannot be connected to");
+    }
+    Ok(())
 }
 
 /// One streaming endpoint: URL, headers, client, limits.
@@ -167,15 +216,11 @@ impl Endpoint {
         headers: &[(&str, String)],
         http: &HttpOptions,
     ) -> Result<Self, BuildError> {
-        let url = format!("{}{path}", base_url.trim_end_matches('/'));
+        validate_base_url(base_url)?;
+        let url = format!("{}{path}", base_url.trim().trim_end_matches('/'));
         let url = reqwest::Url::parse(&url).map_err(|e| BuildError::InvalidBaseUrl {
             reason: e.to_string(),
         })?;
-        if !matches!(url.scheme(), "http" | "https") {
-            return Err(BuildError::InvalidBaseUrl {
-                reason: format!("scheme {:?} is not http or https", url.scheme()),
-            });
-        }
 
         let mut map = HeaderMap::new();
         map.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
@@ -546,6 +591,39 @@ mod tests {
         for v in ["-1", "NaN", "inf", "later", ""] {
             let h = headers(&[("retry-after", v)]);
             assert_eq!(retry_after(&h, CAP, SystemTime::now()), None, "{v}");
+        }
+    }
+
+    #[test]
+    fn urls_without_a_usable_host_are_refused_before_any_connection() {
+        for bad in [
+            "",
+            "  ",
+            "http://",
+            "https://",
+            "http:///v1/messages",
+            "http://:8080/v1",
+            "http://user@/v1",
+            "http://127.0.0.1:0",
+            "http://localhost:0/v1",
+            "ftp://example.com",
+            "127.0.0.1:8080",
+        ] {
+            let built =
+                crate::AnthropicSource::new(crate::AnthropicOptions::default().with_base_url(bad));
+            assert!(
+                matches!(built, Err(BuildError::InvalidBaseUrl { .. })),
+                "{bad:?} was accepted"
+            );
+        }
+        for good in [
+            "http://127.0.0.1:8080",
+            "http://localhost/",
+            "https://api.anthropic.com",
+            "http://[::1]:9000/prefix/",
+            "http://user:pw@host:1/x",
+        ] {
+            assert_eq!(validate_base_url(good), Ok(()), "{good:?}");
         }
     }
 

@@ -112,6 +112,6 @@ mod openai;
 pub mod transcript;
 
 pub use anthropic::{ANTHROPIC_VERSION, AnthropicOptions, AnthropicSource};
-pub use http::{BuildError, HttpOptions};
+pub use http::{BuildError, HttpOptions, validate_base_url};
 pub use openai::{OpenAiOptions, OpenAiSource};
 pub use transcript::Transcripts;
