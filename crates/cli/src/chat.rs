@@ -1,6 +1,5 @@
 //! `warden chat`: one message to the session of a workspace.
 
-use std::io::Read;
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -11,6 +10,7 @@ use warden_core::{
 use warden_llm::Transcripts;
 
 use crate::exit::{CliError, Exit};
+use crate::input::{MAX_INPUT_BYTES, read_bounded};
 use crate::paths;
 use crate::relay::relay;
 use crate::sources::{HttpSettings, HttpSource, Provider, check_url, claude_binary};
@@ -64,7 +64,7 @@ pub(crate) struct ChatArgs {
     /// Forget that this workspace's session was given up before sending.
     #[arg(long)]
     reset: bool,
-    /// The message, or `-` to read it from stdin.
+    /// The message, or `-` to read it from stdin (at most 32 MiB).
     message: String,
 }
 
@@ -97,11 +97,13 @@ pub(crate) async fn run(args: ChatArgs) -> Result<Exit, CliError> {
         check_url(url)?;
     }
     let message = if args.message == "-" {
-        let mut text = String::new();
-        std::io::stdin()
-            .read_to_string(&mut text)
-            .map_err(|e| CliError::usage(format!("cannot read the message from stdin: {e}")))?;
-        text
+        let bytes = read_bounded(
+            std::io::stdin().lock(),
+            MAX_INPUT_BYTES,
+            "the message on stdin",
+        )?;
+        String::from_utf8(bytes)
+            .map_err(|_| CliError::usage("the message on stdin is not valid UTF-8"))?
     } else {
         args.message.clone()
     };

@@ -13,6 +13,7 @@
 mod chat;
 mod demo;
 mod exit;
+mod input;
 mod mock;
 mod paths;
 mod relay;

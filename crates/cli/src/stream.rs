@@ -11,6 +11,7 @@ use warden_core::{
 };
 
 use crate::exit::{CliError, Exit};
+use crate::input::{MAX_INPUT_BYTES, read_bounded};
 use crate::relay::relay;
 use crate::sources::{HttpSettings, HttpSource, Provider, check_url};
 
@@ -32,7 +33,8 @@ pub(crate) struct StreamArgs {
     /// The wire protocol. Default: taken from the URL's path, else anthropic.
     #[arg(long, value_enum)]
     provider: Option<Provider>,
-    /// A JSON request body to send as is (`"stream": true` is set for you).
+    /// A JSON request body to send as is (`"stream": true` is set for you),
+    /// at most 32 MiB.
     #[arg(long, value_name = "FILE", conflicts_with_all = ["message", "model"])]
     body: Option<PathBuf>,
     /// The user message, when no --body is given.
@@ -141,8 +143,9 @@ pub(crate) async fn run(args: StreamArgs) -> Result<Exit, CliError> {
 /// Reads a request body: a JSON object, made to ask for a stream.
 fn read_body(path: &Path, provider: Provider) -> Result<Vec<u8>, CliError> {
     let shown = path.display();
-    let bytes = std::fs::read(path)
+    let file = std::fs::File::open(path)
         .map_err(|e| CliError::usage(format!("cannot read --body {shown}: {e}")))?;
+    let bytes = read_bounded(file, MAX_INPUT_BYTES, &format!("--body {shown}"))?;
     let mut value: serde_json::Value = serde_json::from_slice(&bytes)
         .map_err(|e| CliError::usage(format!("--body {shown} is not valid JSON: {e}")))?;
     let object = value.as_object_mut().ok_or_else(|| {
