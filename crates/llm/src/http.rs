@@ -1,7 +1,9 @@
 //! The HTTP side shared by both sources: the client, the request, and the
 //! classification of error responses.
 
+use std::collections::HashMap;
 use std::fmt;
+use std::sync::Mutex;
 use std::time::{Duration, SystemTime};
 
 use futures_util::TryStreamExt;
@@ -11,7 +13,7 @@ use serde::Deserialize;
 use warden_core::{EventStream, StreamError, TurnRequest};
 
 use crate::decode::{Protocol, decode_frames, json_error_message};
-use crate::transcript::{Conversation, Transcripts};
+use crate::transcript::{Conversation, Transcripts, replay_stream};
 
 /// Bytes of an error response body read for its message; the rest is
 /// dropped.
@@ -188,6 +190,22 @@ pub(crate) struct Endpoint {
     max_frame_bytes: usize,
     max_retry_after: Duration,
     transcripts: Option<Transcripts>,
+    /// Replies to replay instead of sending, by attempt: filled by
+    /// [`conversation`](Self::conversation) when the turn is already
+    /// answered in its transcript, taken by [`open`](Self::open) for the
+    /// same attempt. `open_body` never fills it, so it always sends.
+    replays: Mutex<HashMap<AttemptKey, String>>,
+}
+
+/// One attempt of one turn: `(session key, turn, attempt)`.
+type AttemptKey = (String, u64, u32);
+
+fn attempt_key(request: &TurnRequest) -> AttemptKey {
+    (
+        request.session_key.as_str().to_owned(),
+        request.turn_id,
+        request.attempt,
+    )
 }
 
 impl fmt::Debug for Endpoint {
@@ -262,6 +280,7 @@ impl Endpoint {
             max_frame_bytes: http.max_frame_bytes,
             max_retry_after: http.max_retry_after,
             transcripts: http.transcripts.clone(),
+            replays: Mutex::new(HashMap::new()),
         })
     }
 
@@ -270,10 +289,16 @@ impl Endpoint {
         &self,
         request: &TurnRequest,
     ) -> Result<Option<Conversation>, StreamError> {
-        match &self.transcripts {
-            Some(transcripts) => transcripts.begin(request).await.map(Some),
-            None => Ok(None),
+        let Some(transcripts) = &self.transcripts else {
+            return Ok(None);
+        };
+        let conversation = transcripts.begin(request).await?;
+        if let Some(reply) = conversation.replay() {
+            if let Ok(mut replays) = self.replays.lock() {
+                replays.insert(attempt_key(request), reply.to_owned());
+            }
         }
+        Ok(Some(conversation))
     }
 
     /// Sends `body` and, on a 2xx answer, returns the decoded stream, which
@@ -284,6 +309,24 @@ impl Endpoint {
         request: &TurnRequest,
         model: &str,
     ) -> Result<EventStream, StreamError> {
+        let replay = self
+            .replays
+            .lock()
+            .ok()
+            .and_then(|mut replays| replays.remove(&attempt_key(request)));
+        if let Some(reply) = replay {
+            // A re-delivered message already answered: the stored reply,
+            // not a second answer (see the transcript module, "Crashes").
+            tracing::info!(
+                event = "llm.replay",
+                provider = self.provider,
+                session.key = %request.session_key,
+                turn = request.turn_id,
+                reply_bytes = reply.len(),
+                "turn already answered in the transcript; replaying it without a request"
+            );
+            return Ok(replay_stream(reply));
+        }
         tracing::debug!(
             event = "llm.request",
             provider = self.provider,

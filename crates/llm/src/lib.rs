@@ -114,4 +114,4 @@ pub mod transcript;
 pub use anthropic::{ANTHROPIC_VERSION, AnthropicOptions, AnthropicSource};
 pub use http::{BuildError, HttpOptions, validate_base_url};
 pub use openai::{OpenAiOptions, OpenAiSource};
-pub use transcript::Transcripts;
+pub use transcript::{TornTail, Transcript, Transcripts};
