@@ -32,7 +32,10 @@ pub(crate) enum Agent {
 #[command(after_help = "\
 The session of the workspace is resumed from the store (created if new); a stored
 conversation that cannot be resumed is replaced by a fresh one, with a notice on
-stderr and the message re-delivered. The reply streams to stdout, followed by the
+stderr and the message re-delivered. A message left pending by a crash is re-sent
+first (stderr says so); one already answered is not answered twice. A transcript
+whose last turn a crash cut off keeps its earlier turns (stderr says a turn was
+lost). The reply streams to stdout, followed by the
 context indicator [ctx: NN%]. Silent streams are killed after WARDEN_STREAM_TIMEOUT
 ms (default 45000) and retried. API keys come from ANTHROPIC_API_KEY / OPENAI_API_KEY.
 
@@ -79,11 +82,11 @@ impl Notifier for StderrNotifier {
             }
             Notice::RecoveredReply { message_id, result } => match result {
                 Ok(text) => eprintln!(
-                    "warden: an earlier message (#{message_id}) interrupted by a crash was answered ({} characters, not shown)",
+                    "warden: re-sent pending message #{message_id} (interrupted by a crash): answered ({} characters, not shown)",
                     text.chars().count()
                 ),
                 Err(e) => eprintln!(
-                    "warden: an earlier message (#{message_id}) interrupted by a crash failed: {e}"
+                    "warden: re-sent pending message #{message_id} (interrupted by a crash): failed: {e}"
                 ),
             },
             _ => {}
@@ -151,12 +154,21 @@ pub(crate) async fn run(args: ChatArgs) -> Result<Exit, CliError> {
                 Provider::Openai
             };
             let dir = data_dir.join(paths::TRANSCRIPTS);
-            let transcripts = Transcripts::open(&dir).map_err(|e| {
-                CliError::failure(format!(
-                    "cannot create the transcript directory {}: {e}",
-                    dir.display()
-                ))
-            })?;
+            let transcripts = Transcripts::open(&dir)
+                .map_err(|e| {
+                    CliError::failure(format!(
+                        "cannot create the transcript directory {}: {e}",
+                        dir.display()
+                    ))
+                })?
+                .on_torn_tail(|id, torn| {
+                    if torn.lost_turn {
+                        eprintln!(
+                            "warden: the last turn of conversation {id} was cut off by a crash and is lost ({} bytes dropped); the earlier turns are kept",
+                            torn.dropped_bytes
+                        );
+                    }
+                });
             HttpSource::new(
                 provider,
                 HttpSettings {
