@@ -6,9 +6,12 @@ use std::fmt;
 use std::sync::Mutex;
 use std::time::{Duration, SystemTime};
 
-use futures_util::TryStreamExt;
+use futures_util::{Stream, StreamExt, TryStreamExt};
 use reqwest::StatusCode;
-use reqwest::header::{ACCEPT, CONTENT_TYPE, HeaderMap, HeaderName, HeaderValue};
+use reqwest::header::{
+    ACCEPT, ACCEPT_ENCODING, CONTENT_ENCODING, CONTENT_TYPE, HeaderMap, HeaderName, HeaderValue,
+    LOCATION,
+};
 use serde::Deserialize;
 use warden_core::{EventStream, StreamError, TurnRequest};
 
@@ -243,6 +246,8 @@ impl Endpoint {
         let mut map = HeaderMap::new();
         map.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
         map.insert(ACCEPT, HeaderValue::from_static("text/event-stream"));
+        // Nothing here decompresses: ask for the body as is.
+        map.insert(ACCEPT_ENCODING, HeaderValue::from_static("identity"));
         let extra = http.extra_headers.iter().map(|(n, v)| (n.as_str(), v));
         for (name, value) in headers.iter().map(|(n, v)| (*n, v)).chain(extra) {
             if value.is_empty() {
@@ -371,15 +376,94 @@ impl Endpoint {
             );
             return Err(error);
         }
+        if let Some(error) = not_an_event_stream(status, response.headers()) {
+            tracing::warn!(
+                event = "llm.not_an_event_stream",
+                provider = self.provider,
+                status = status.as_u16(),
+                code = error.code(),
+                "the answer is not an event stream"
+            );
+            return Err(error);
+        }
         tracing::debug!(
             event = "llm.response",
             provider = self.provider,
             status = status.as_u16(),
             "streaming"
         );
-        let bytes = response.bytes_stream().map_err(connection_error);
+        let bytes = refuse_gzip_magic(response.bytes_stream().map_err(connection_error));
         Ok(decode_frames(self.protocol, bytes, self.max_frame_bytes))
     }
+}
+
+/// The `kind` of the fatal [`StreamError::Api`] for a 2xx answer that is
+/// not an event stream (another content type, or a compressed body).
+pub const NOT_AN_EVENT_STREAM: &str = "not_an_event_stream";
+
+/// A fatal error when a 2xx answer cannot be an event stream: a
+/// `content-encoding` other than `identity` (warden asks for none), or a
+/// `content-type` other than `text/event-stream` (an HTML page or a JSON
+/// document: the wrong endpoint). A missing `content-type` is accepted.
+fn not_an_event_stream(status: StatusCode, headers: &HeaderMap) -> Option<StreamError> {
+    let fatal = |message: String| StreamError::Api {
+        status: Some(status.as_u16()),
+        kind: NOT_AN_EVENT_STREAM.to_owned(),
+        message,
+        retryable: false,
+        retry_after: None,
+    };
+    let header = |name: HeaderName| {
+        headers
+            .get(name)
+            .map(|v| String::from_utf8_lossy(v.as_bytes()).trim().to_owned())
+    };
+    if let Some(encoding) = header(CONTENT_ENCODING) {
+        if !encoding.is_empty() && !encoding.eq_ignore_ascii_case("identity") {
+            return Some(fatal(format!(
+                "the response body is compressed (content-encoding: {encoding}), which warden did not ask for; a proxy in between may be compressing it"
+            )));
+        }
+    }
+    let content_type = header(CONTENT_TYPE)?;
+    let mime = content_type
+        .split(';')
+        .next()
+        .unwrap_or_default()
+        .trim()
+        .to_ascii_lowercase();
+    (mime != "text/event-stream").then(|| {
+        fatal(format!(
+            "expected an event stream (text/event-stream) but the server sent {content_type}: wrong endpoint or content type (check the URL)"
+        ))
+    })
+}
+
+/// Fails the stream with a clear error when the body starts with the gzip
+/// magic bytes although no `content-encoding` said so (decoded as text it
+/// would be reported as invalid UTF-8).
+fn refuse_gzip_magic<S, B>(bytes: S) -> impl Stream<Item = Result<B, StreamError>> + Send + 'static
+where
+    S: Stream<Item = Result<B, StreamError>> + Send + 'static,
+    B: AsRef<[u8]> + Send + 'static,
+{
+    let mut first = true;
+    bytes.map(move |chunk| {
+        let chunk = chunk?;
+        if first && !chunk.as_ref().is_empty() {
+            first = false;
+            if chunk.as_ref().starts_with(&[0x1f, 0x8b]) {
+                return Err(StreamError::Api {
+                    status: None,
+                    kind: NOT_AN_EVENT_STREAM.to_owned(),
+                    message: "the response body is gzip-compressed data without a content-encoding header, not an event stream".to_owned(),
+                    retryable: false,
+                    retry_after: None,
+                });
+            }
+        }
+        Ok(chunk)
+    })
 }
 
 /// Reads at most `limit` bytes of an error body; a failure keeps what was
@@ -489,6 +573,8 @@ pub(crate) fn stream_error_event(error: ErrorBody) -> StreamError {
 
 /// Classifies a non-2xx response like the official SDKs:
 ///
+/// 0. a redirect (3xx) → fatal [`StreamError::Api`] of kind `redirect`
+///    naming the `Location` (redirects are never followed);
 /// 1. `x-should-retry: true` → retryable [`StreamError::Api`], whatever the
 ///    status;
 /// 2. 401, 403 → [`StreamError::Unauthorized`];
@@ -536,6 +622,25 @@ pub(crate) fn classify_response(
             .map_or_else(|| format!("HTTP {code}"), str::to_owned)
     });
 
+    if status.is_redirection() {
+        // Never followed: the API key must not go to another place.
+        let target = headers
+            .get(LOCATION)
+            .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned());
+        return StreamError::Api {
+            status: Some(code),
+            kind: "redirect".to_owned(),
+            message: match target {
+                Some(to) => format!(
+                    "the server redirects to {to}; redirects are not followed (the API key is only sent to the configured URL): use that URL if you trust it"
+                ),
+                None => "the server redirects (without a Location); redirects are not followed"
+                    .to_owned(),
+            },
+            retryable: false,
+            retry_after: None,
+        };
+    }
     if should_retry != Some(true) {
         if matches!(code, 401 | 403) {
             return StreamError::Unauthorized { message };
