@@ -49,9 +49,10 @@ pub(crate) struct ChatArgs {
     /// The agent.
     #[arg(long, value_enum, default_value_t = Agent::ClaudeCode)]
     agent: Agent,
-    /// The API's base URL (anthropic and openai agents), e.g. a `warden
-    /// mock` server. Default ANTHROPIC_BASE_URL / OPENAI_BASE_URL, else the
-    /// provider's API.
+    /// The API's base URL, e.g. a `warden mock` server; for claude-code it
+    /// is passed to the child as ANTHROPIC_BASE_URL. Default
+    /// ANTHROPIC_BASE_URL / OPENAI_BASE_URL, else the provider's API. An
+    /// empty or hostless URL is a usage error.
     #[arg(long, value_name = "URL")]
     base_url: Option<String>,
     /// The model.
@@ -94,6 +95,24 @@ impl Notifier for StderrNotifier {
     }
 }
 
+/// How the Claude Code child is run: `--base-url` reaches it as
+/// `ANTHROPIC_BASE_URL` (replacing an inherited one), which is where Claude
+/// Code sends its requests.
+fn claude_options(
+    binary: PathBuf,
+    model: Option<String>,
+    base_url: Option<String>,
+) -> ClaudeOptions {
+    let mut options = ClaudeOptions::default().with_binary(binary);
+    if let Some(model) = model {
+        options = options.with_model(model);
+    }
+    if let Some(url) = base_url {
+        options = options.with_env("ANTHROPIC_BASE_URL", url);
+    }
+    options
+}
+
 /// Runs `warden chat`.
 pub(crate) async fn run(args: ChatArgs) -> Result<Exit, CliError> {
     if let Some(url) = &args.base_url {
@@ -134,15 +153,11 @@ pub(crate) async fn run(args: ChatArgs) -> Result<Exit, CliError> {
     let mut claude = None;
     let source: Arc<dyn EventSource> = match args.agent {
         Agent::ClaudeCode => {
-            if args.base_url.is_some() {
-                return Err(CliError::usage(
-                    "--base-url applies to --agent anthropic or openai (Claude Code reads ANTHROPIC_BASE_URL itself)",
-                ));
-            }
-            let mut options = ClaudeOptions::default().with_binary(claude_binary(args.claude_bin)?);
-            if let Some(model) = args.model.clone() {
-                options = options.with_model(model);
-            }
+            let options = claude_options(
+                claude_binary(args.claude_bin.clone())?,
+                args.model.clone(),
+                args.base_url.clone(),
+            );
             let source = Arc::new(ClaudeSource::new(options));
             claude = Some(source.clone());
             source
@@ -213,4 +228,32 @@ pub(crate) async fn run(args: ChatArgs) -> Result<Exit, CliError> {
         println!("{}", context::indicator(ctx.percent));
     }
     Ok(Exit::Ok)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::ffi::OsString;
+
+    use super::*;
+
+    #[test]
+    fn base_url_reaches_claude_code_as_anthropic_base_url() {
+        let options = claude_options(
+            PathBuf::from("claude"),
+            None,
+            Some("http://127.0.0.1:9/proxy".into()),
+        );
+        assert!(options.child_env().contains(&(
+            OsString::from("ANTHROPIC_BASE_URL"),
+            OsString::from("http://127.0.0.1:9/proxy")
+        )));
+        let options = claude_options(PathBuf::from("claude"), None, None);
+        assert!(
+            !options
+                .child_env()
+                .iter()
+                .any(|(k, _)| k == "ANTHROPIC_BASE_URL"),
+            "without the flag the child inherits the variable"
+        );
+    }
 }

@@ -47,10 +47,16 @@ pub(crate) struct StreamArgs {
     /// Default: WARDEN_STREAM_TIMEOUT, else 45000.
     #[arg(long, value_name = "MS")]
     timeout: Option<u64>,
-    /// Retries after a failed attempt (timeouts, connection errors, 429/5xx).
-    #[arg(long, value_name = "N", default_value_t = 3)]
+    /// Retries after a failed attempt (timeouts, connection errors, 429/5xx),
+    /// at most 100.
+    #[arg(long, value_name = "N", default_value_t = 3,
+          value_parser = clap::value_parser!(u32).range(..=i64::from(MAX_RETRIES)))]
     retries: u32,
 }
+
+/// The most `--retries` accepted: with backoff capped at a few seconds, 100
+/// retries already wait out minutes of outage; more is a usage error.
+pub(crate) const MAX_RETRIES: u32 = 100;
 
 /// The request to replay on every attempt.
 struct StreamSource {

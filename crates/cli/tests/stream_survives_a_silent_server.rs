@@ -178,3 +178,12 @@ async fn ctrl_c_cancels_at_once_with_exit_130() {
     );
     server.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retries_above_100_are_a_usage_error_instead_of_retrying_for_ever() {
+    for n in ["101", "4294967295"] {
+        let out = run(&["stream", "http://127.0.0.1:9/", "--retries", n]).await;
+        assert_eq!(code(&out), 2, "--retries {n}: {}", stderr(&out));
+        assert!(stderr(&out).contains("--retries"), "{}", stderr(&out));
+    }
+}

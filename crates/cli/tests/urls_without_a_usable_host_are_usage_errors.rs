@@ -59,3 +59,27 @@ async fn chat_refuses_an_empty_or_hostless_base_url_with_exit_2() {
     // Nothing ran: no store was created.
     assert!(!data.join("sessions.db").exists());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chat_with_claude_code_takes_a_base_url() {
+    // Accepted (it reaches the child as ANTHROPIC_BASE_URL, see the unit
+    // test in chat.rs): what fails here is only the missing binary.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let out = run(&[
+        "chat",
+        "--workspace",
+        arg(dir.path()),
+        "--data-dir",
+        arg(&dir.path().join("data")),
+        "--agent",
+        "claude-code",
+        "--base-url",
+        "http://127.0.0.1:9",
+        "--claude-bin",
+        arg(&dir.path().join("no-claude-here")),
+        "hi",
+    ])
+    .await;
+    assert_eq!(code(&out), 2, "{}", stderr(&out));
+    assert_one_line_error(&out, "Claude Code CLI");
+}
