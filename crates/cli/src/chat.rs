@@ -1,6 +1,5 @@
 //! `warden chat`: one message to the session of a workspace.
 
-use std::io::Read;
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -11,9 +10,10 @@ use warden_core::{
 use warden_llm::Transcripts;
 
 use crate::exit::{CliError, Exit};
+use crate::input::{MAX_INPUT_BYTES, read_bounded};
 use crate::paths;
 use crate::relay::relay;
-use crate::sources::{HttpSettings, HttpSource, Provider, claude_binary};
+use crate::sources::{HttpSettings, HttpSource, Provider, check_url, claude_binary};
 
 /// The agent behind a workspace's session.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -32,7 +32,10 @@ pub(crate) enum Agent {
 #[command(after_help = "\
 The session of the workspace is resumed from the store (created if new); a stored
 conversation that cannot be resumed is replaced by a fresh one, with a notice on
-stderr and the message re-delivered. The reply streams to stdout, followed by the
+stderr and the message re-delivered. A message left pending by a crash is re-sent
+first (stderr says so); one already answered is not answered twice. A transcript
+whose last turn a crash cut off keeps its earlier turns (stderr says a turn was
+lost). The reply streams to stdout, followed by the
 context indicator [ctx: NN%]. Silent streams are killed after WARDEN_STREAM_TIMEOUT
 ms (default 45000) and retried. API keys come from ANTHROPIC_API_KEY / OPENAI_API_KEY.
 
@@ -46,9 +49,10 @@ pub(crate) struct ChatArgs {
     /// The agent.
     #[arg(long, value_enum, default_value_t = Agent::ClaudeCode)]
     agent: Agent,
-    /// The API's base URL (anthropic and openai agents), e.g. a `warden
-    /// mock` server. Default ANTHROPIC_BASE_URL / OPENAI_BASE_URL, else the
-    /// provider's API.
+    /// The API's base URL, e.g. a `warden mock` server; for claude-code it
+    /// is passed to the child as ANTHROPIC_BASE_URL. Default
+    /// ANTHROPIC_BASE_URL / OPENAI_BASE_URL, else the provider's API. An
+    /// empty or hostless URL is a usage error.
     #[arg(long, value_name = "URL")]
     base_url: Option<String>,
     /// The model.
@@ -64,7 +68,7 @@ pub(crate) struct ChatArgs {
     /// Forget that this workspace's session was given up before sending.
     #[arg(long)]
     reset: bool,
-    /// The message, or `-` to read it from stdin.
+    /// The message, or `-` to read it from stdin (at most 32 MiB).
     message: String,
 }
 
@@ -79,11 +83,11 @@ impl Notifier for StderrNotifier {
             }
             Notice::RecoveredReply { message_id, result } => match result {
                 Ok(text) => eprintln!(
-                    "warden: an earlier message (#{message_id}) interrupted by a crash was answered ({} characters, not shown)",
+                    "warden: re-sent pending message #{message_id} (interrupted by a crash): answered ({} characters, not shown)",
                     text.chars().count()
                 ),
                 Err(e) => eprintln!(
-                    "warden: an earlier message (#{message_id}) interrupted by a crash failed: {e}"
+                    "warden: re-sent pending message #{message_id} (interrupted by a crash): failed: {e}"
                 ),
             },
             _ => {}
@@ -91,14 +95,37 @@ impl Notifier for StderrNotifier {
     }
 }
 
+/// How the Claude Code child is run: `--base-url` reaches it as
+/// `ANTHROPIC_BASE_URL` (replacing an inherited one), which is where Claude
+/// Code sends its requests.
+fn claude_options(
+    binary: PathBuf,
+    model: Option<String>,
+    base_url: Option<String>,
+) -> ClaudeOptions {
+    let mut options = ClaudeOptions::default().with_binary(binary);
+    if let Some(model) = model {
+        options = options.with_model(model);
+    }
+    if let Some(url) = base_url {
+        options = options.with_env("ANTHROPIC_BASE_URL", url);
+    }
+    options
+}
+
 /// Runs `warden chat`.
 pub(crate) async fn run(args: ChatArgs) -> Result<Exit, CliError> {
+    if let Some(url) = &args.base_url {
+        check_url(url)?;
+    }
     let message = if args.message == "-" {
-        let mut text = String::new();
-        std::io::stdin()
-            .read_to_string(&mut text)
-            .map_err(|e| CliError::usage(format!("cannot read the message from stdin: {e}")))?;
-        text
+        let bytes = read_bounded(
+            std::io::stdin().lock(),
+            MAX_INPUT_BYTES,
+            "the message on stdin",
+        )?;
+        String::from_utf8(bytes)
+            .map_err(|_| CliError::usage("the message on stdin is not valid UTF-8"))?
     } else {
         args.message.clone()
     };
@@ -126,15 +153,11 @@ pub(crate) async fn run(args: ChatArgs) -> Result<Exit, CliError> {
     let mut claude = None;
     let source: Arc<dyn EventSource> = match args.agent {
         Agent::ClaudeCode => {
-            if args.base_url.is_some() {
-                return Err(CliError::usage(
-                    "--base-url applies to --agent anthropic or openai (Claude Code reads ANTHROPIC_BASE_URL itself)",
-                ));
-            }
-            let mut options = ClaudeOptions::default().with_binary(claude_binary(args.claude_bin)?);
-            if let Some(model) = args.model.clone() {
-                options = options.with_model(model);
-            }
+            let options = claude_options(
+                claude_binary(args.claude_bin.clone())?,
+                args.model.clone(),
+                args.base_url.clone(),
+            );
             let source = Arc::new(ClaudeSource::new(options));
             claude = Some(source.clone());
             source
@@ -146,12 +169,21 @@ pub(crate) async fn run(args: ChatArgs) -> Result<Exit, CliError> {
                 Provider::Openai
             };
             let dir = data_dir.join(paths::TRANSCRIPTS);
-            let transcripts = Transcripts::open(&dir).map_err(|e| {
-                CliError::failure(format!(
-                    "cannot create the transcript directory {}: {e}",
-                    dir.display()
-                ))
-            })?;
+            let transcripts = Transcripts::open(&dir)
+                .map_err(|e| {
+                    CliError::failure(format!(
+                        "cannot create the transcript directory {}: {e}",
+                        dir.display()
+                    ))
+                })?
+                .on_torn_tail(|id, torn| {
+                    if torn.lost_turn {
+                        eprintln!(
+                            "warden: the last turn of conversation {id} was cut off by a crash and is lost ({} bytes dropped); the earlier turns are kept",
+                            torn.dropped_bytes
+                        );
+                    }
+                });
             HttpSource::new(
                 provider,
                 HttpSettings {
@@ -196,4 +228,32 @@ pub(crate) async fn run(args: ChatArgs) -> Result<Exit, CliError> {
         println!("{}", context::indicator(ctx.percent));
     }
     Ok(Exit::Ok)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::ffi::OsString;
+
+    use super::*;
+
+    #[test]
+    fn base_url_reaches_claude_code_as_anthropic_base_url() {
+        let options = claude_options(
+            PathBuf::from("claude"),
+            None,
+            Some("http://127.0.0.1:9/proxy".into()),
+        );
+        assert!(options.child_env().contains(&(
+            OsString::from("ANTHROPIC_BASE_URL"),
+            OsString::from("http://127.0.0.1:9/proxy")
+        )));
+        let options = claude_options(PathBuf::from("claude"), None, None);
+        assert!(
+            !options
+                .child_env()
+                .iter()
+                .any(|(k, _)| k == "ANTHROPIC_BASE_URL"),
+            "without the flag the child inherits the variable"
+        );
+    }
 }

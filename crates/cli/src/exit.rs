@@ -23,6 +23,8 @@ pub(crate) enum Exit {
     Unavailable,
     /// Cancelled with Ctrl-C (128 + SIGINT).
     Cancelled,
+    /// Stopped by SIGTERM, after cancelling and cleaning up (128 + SIGTERM).
+    Terminated,
 }
 
 impl Exit {
@@ -36,6 +38,7 @@ impl Exit {
             Exit::Timeout => 4,
             Exit::Unavailable => 5,
             Exit::Cancelled => 130,
+            Exit::Terminated => 143,
         }
     }
 }
@@ -55,7 +58,10 @@ Exit codes:
   3    fatal API error (401/403, 400, prompt too long, ...)
   4    stream timeout: silent on every attempt (ESTREAM_TIMEOUT)
   5    unavailable: connection errors or 429/5xx on every attempt
-  130  cancelled with Ctrl-C";
+  130  cancelled with Ctrl-C (SIGINT)
+  143  cancelled by SIGTERM (the turn is cancelled and cleaned up, as with Ctrl-C)
+
+Limits: a message on stdin or a --body file is at most 32 MiB; stream --retries at most 100.";
 
 /// A failure the user sees as `warden: error: MESSAGE` and an exit code.
 #[derive(Debug)]

@@ -13,10 +13,12 @@
 mod chat;
 mod demo;
 mod exit;
+mod input;
 mod mock;
 mod paths;
 mod relay;
 mod sessions;
+mod signal;
 mod sources;
 mod stream;
 
@@ -91,6 +93,48 @@ fn main() -> ExitCode {
     }
 }
 
+/// How long a command may take to wind down after SIGINT or SIGTERM before
+/// it is abandoned (the cancel itself takes milliseconds).
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
+
+/// Runs a command that relays a turn: SIGINT and SIGTERM are handled from
+/// the start (before the turn exists) and cancel the turn; a cancel caused
+/// by SIGTERM exits 143 instead of 130. A command still running
+/// [`SHUTDOWN_GRACE`] after the signal is abandoned, so a signal can never
+/// be swallowed.
+async fn with_signals(
+    command: impl std::future::Future<Output = Result<Exit, CliError>>,
+) -> Result<Exit, CliError> {
+    signal::install()?;
+    let backstop = async {
+        let which = signal::shutdown_signal().await;
+        tokio::time::sleep(SHUTDOWN_GRACE).await;
+        which
+    };
+    let result = tokio::select! {
+        result = command => result,
+        which = backstop => Err(CliError::new(
+            which.exit(),
+            format!(
+                "stopped by {}: the command did not wind down within {} s",
+                match which {
+                    signal::Shutdown::Interrupt => "SIGINT",
+                    signal::Shutdown::Terminate => "SIGTERM",
+                },
+                SHUTDOWN_GRACE.as_secs()
+            ),
+        )),
+    };
+    result.map_err(|mut e| {
+        if e.exit == Exit::Cancelled {
+            if let Some(which) = signal::received() {
+                e.exit = which.exit();
+            }
+        }
+        e
+    })
+}
+
 fn fail(error: &CliError) -> ExitCode {
     eprintln!("warden: error: {error}");
     error.exit.into()
@@ -107,8 +151,8 @@ async fn run(cli: Cli) -> Result<Exit, CliError> {
         .map_err(|e| CliError::usage(format!("telemetry: {e}")))?;
     let result = match cli.command {
         Command::Demo(args) => demo::run(args, guard.is_exporting()).await,
-        Command::Chat(args) => chat::run(args).await,
-        Command::Stream(args) => stream::run(args).await,
+        Command::Chat(args) => with_signals(chat::run(args)).await,
+        Command::Stream(args) => with_signals(stream::run(args)).await,
         Command::Sessions(args) => sessions::run(args).await,
         Command::Mock(args) => mock::run(args).await,
     };

@@ -85,10 +85,17 @@ impl HttpSource {
     /// `ANTHROPIC_API_KEY` / `OPENAI_API_KEY` (none is sent when unset, as a
     /// local server needs none).
     pub(crate) fn new(provider: Provider, settings: HttpSettings) -> Result<Self, CliError> {
-        let base_url = settings
-            .base_url
-            .or_else(|| std::env::var(provider.base_url_env()).ok())
-            .filter(|u| !u.is_empty());
+        // An empty flag is an error (check_url), never the default
+        // endpoint; an empty variable counts as unset.
+        let base_url = match settings.base_url {
+            Some(url) => Some(url),
+            None => std::env::var(provider.base_url_env())
+                .ok()
+                .filter(|u| !u.trim().is_empty()),
+        };
+        if let Some(url) = &base_url {
+            check_url(url)?;
+        }
         let key = std::env::var(provider.key_env()).unwrap_or_default();
         let mut http = HttpOptions::default();
         if let Some(t) = settings.transcripts {
@@ -146,6 +153,18 @@ impl HttpSource {
             HttpSource::Openai(s) => Arc::new(s),
         }
     }
+}
+
+/// A usage error unless `url` is an `http(s)` URL with a host and a
+/// non-zero port (an empty string included). Called before anything else
+/// runs, so a bad URL neither reads input nor connects anywhere.
+pub(crate) fn check_url(url: &str) -> Result<(), CliError> {
+    warden_llm::validate_base_url(url).map_err(|e| match e {
+        BuildError::InvalidBaseUrl { reason } => {
+            CliError::usage(format!("invalid URL {url:?}: {reason}"))
+        }
+        other => CliError::usage(format!("invalid URL {url:?}: {other}")),
+    })
 }
 
 /// The `claude` binary: `--claude-bin`, else `WARDEN_CLAUDE_BIN`, else

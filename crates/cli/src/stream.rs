@@ -11,8 +11,9 @@ use warden_core::{
 };
 
 use crate::exit::{CliError, Exit};
+use crate::input::{MAX_INPUT_BYTES, read_bounded};
 use crate::relay::relay;
-use crate::sources::{HttpSettings, HttpSource, Provider};
+use crate::sources::{HttpSettings, HttpSource, Provider, check_url};
 
 /// Arguments of `warden stream`.
 #[derive(Debug, clap::Args)]
@@ -32,7 +33,8 @@ pub(crate) struct StreamArgs {
     /// The wire protocol. Default: taken from the URL's path, else anthropic.
     #[arg(long, value_enum)]
     provider: Option<Provider>,
-    /// A JSON request body to send as is (`"stream": true` is set for you).
+    /// A JSON request body to send as is (`"stream": true` is set for you),
+    /// at most 32 MiB.
     #[arg(long, value_name = "FILE", conflicts_with_all = ["message", "model"])]
     body: Option<PathBuf>,
     /// The user message, when no --body is given.
@@ -45,10 +47,16 @@ pub(crate) struct StreamArgs {
     /// Default: WARDEN_STREAM_TIMEOUT, else 45000.
     #[arg(long, value_name = "MS")]
     timeout: Option<u64>,
-    /// Retries after a failed attempt (timeouts, connection errors, 429/5xx).
-    #[arg(long, value_name = "N", default_value_t = 3)]
+    /// Retries after a failed attempt (timeouts, connection errors, 429/5xx),
+    /// at most 100.
+    #[arg(long, value_name = "N", default_value_t = 3,
+          value_parser = clap::value_parser!(u32).range(..=i64::from(MAX_RETRIES)))]
     retries: u32,
 }
+
+/// The most `--retries` accepted: with backoff capped at a few seconds, 100
+/// retries already wait out minutes of outage; more is a usage error.
+pub(crate) const MAX_RETRIES: u32 = 100;
 
 /// The request to replay on every attempt.
 struct StreamSource {
@@ -73,6 +81,7 @@ impl EventSource for StreamSource {
 
 /// Runs `warden stream`.
 pub(crate) async fn run(args: StreamArgs) -> Result<Exit, CliError> {
+    check_url(&args.url)?;
     let provider = args
         .provider
         .or_else(|| Provider::from_url(&args.url))
@@ -140,8 +149,9 @@ pub(crate) async fn run(args: StreamArgs) -> Result<Exit, CliError> {
 /// Reads a request body: a JSON object, made to ask for a stream.
 fn read_body(path: &Path, provider: Provider) -> Result<Vec<u8>, CliError> {
     let shown = path.display();
-    let bytes = std::fs::read(path)
+    let file = std::fs::File::open(path)
         .map_err(|e| CliError::usage(format!("cannot read --body {shown}: {e}")))?;
+    let bytes = read_bounded(file, MAX_INPUT_BYTES, &format!("--body {shown}"))?;
     let mut value: serde_json::Value = serde_json::from_slice(&bytes)
         .map_err(|e| CliError::usage(format!("--body {shown} is not valid JSON: {e}")))?;
     let object = value.as_object_mut().ok_or_else(|| {

@@ -178,3 +178,47 @@ async fn ctrl_c_cancels_at_once_with_exit_130() {
     );
     server.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retries_above_100_are_a_usage_error_instead_of_retrying_for_ever() {
+    for n in ["101", "4294967295"] {
+        let out = run(&["stream", "http://127.0.0.1:9/", "--retries", n]).await;
+        assert_eq!(code(&out), 2, "--retries {n}: {}", stderr(&out));
+        assert!(stderr(&out).contains("--retries"), "{}", stderr(&out));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs relay.rs to select on crate::signal::shutdown_signal() instead of ctrl_c() (see the h-cli report); remove this line with that change"]
+async fn sigterm_cancels_like_ctrl_c_and_exits_143() {
+    let server = mock(&[Scenario::Stall]).await;
+    let url = server.url("/v1/messages");
+    let child = command(&["stream", &url, "--timeout", "60000"])
+        .spawn()
+        .expect("spawn");
+    assert!(
+        server.wait_for_request(1, Duration::from_secs(10)).await,
+        "the request reached the server"
+    );
+    let pid = Pid::from_raw(child.id().expect("pid") as i32);
+    let sent = Instant::now();
+    kill(pid, Signal::SIGTERM).expect("SIGTERM");
+    let out = tokio::time::timeout(Duration::from_secs(10), child.wait_with_output())
+        .await
+        .expect("exited within 10 s of SIGTERM")
+        .expect("output");
+    let took = sent.elapsed();
+    check_no_panic(&out);
+    assert!(took < Duration::from_secs(3), "the cancel took {took:?}");
+    // An exit code, not death by the signal: the handler ran.
+    assert_eq!(code(&out), 143, "{}", stderr(&out));
+    assert_one_line_error(&out, "cancelled");
+    // Cleaned up: the stream's connection was closed, not just abandoned.
+    assert!(
+        server
+            .wait_for_client_close(1, Duration::from_secs(5))
+            .await
+    );
+    assert!(!stderr(&out).contains(STALL_MESSAGE), "not retried");
+    server.shutdown().await;
+}

@@ -1,17 +1,22 @@
 //! The HTTP side shared by both sources: the client, the request, and the
 //! classification of error responses.
 
+use std::collections::HashMap;
 use std::fmt;
+use std::sync::Mutex;
 use std::time::{Duration, SystemTime};
 
-use futures_util::TryStreamExt;
+use futures_util::{Stream, StreamExt, TryStreamExt};
 use reqwest::StatusCode;
-use reqwest::header::{ACCEPT, CONTENT_TYPE, HeaderMap, HeaderName, HeaderValue};
+use reqwest::header::{
+    ACCEPT, ACCEPT_ENCODING, CONTENT_ENCODING, CONTENT_TYPE, HeaderMap, HeaderName, HeaderValue,
+    LOCATION,
+};
 use serde::Deserialize;
 use warden_core::{EventStream, StreamError, TurnRequest};
 
 use crate::decode::{Protocol, decode_frames, json_error_message};
-use crate::transcript::{Conversation, Transcripts};
+use crate::transcript::{Conversation, Transcripts, replay_stream};
 
 /// Bytes of an error response body read for its message; the rest is
 /// dropped.
@@ -107,7 +112,8 @@ impl HttpOptions {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum BuildError {
-    /// The base URL is not an absolute `http` or `https` URL.
+    /// The base URL is not an absolute `http` or `https` URL with a host
+    /// and a non-zero port (see [`validate_base_url`]). **Fatal.**
     #[error("invalid base URL: {reason}")]
     InvalidBaseUrl {
         /// What is wrong.
@@ -129,6 +135,54 @@ pub enum BuildError {
     },
 }
 
+/// Checks that `base_url` can be sent to: an absolute `http` or `https` URL
+/// with a host as written (`http:///v1` is refused, although URL parsing
+/// would take `v1` for its host) and a port other than 0. An empty string is
+/// refused too: it is never a request for the provider's default endpoint.
+///
+/// The sources' constructors call it; a command line can call it before
+/// doing anything else.
+///
+/// ```
+/// assert!(warden_llm::validate_base_url("http://127.0.0.1:8080/proxy").is_ok());
+/// for bad in ["", "http://", "http:///v1/messages", "http://h:0", "ftp://h"] {
+///     assert!(warden_llm::validate_base_url(bad).is_err(), "{bad:?}");
+/// }
+/// ```
+pub fn validate_base_url(base_url: &str) -> Result<(), BuildError> {
+    let invalid = |reason: &str| {
+        Err(BuildError::InvalidBaseUrl {
+            reason: reason.to_owned(),
+        })
+    };
+    let raw = base_url.trim();
+    if raw.is_empty() {
+        return invalid("the URL is empty");
+    }
+    let url = reqwest::Url::parse(raw).map_err(|e| BuildError::InvalidBaseUrl {
+        reason: e.to_string(),
+    })?;
+    if !matches!(url.scheme(), "http" | "https") {
+        return Err(BuildError::InvalidBaseUrl {
+            reason: format!("scheme {:?} is not http or https", url.scheme()),
+        });
+    }
+    // The host as written: the parser skips extra slashes in `http:///v1`
+    // and would connect to a host named `v1`.
+    let Some((_, rest)) = raw.split_once("://") else {
+        return invalid("expected scheme://host");
+    };
+    let authority = rest.split(['/', '?', '#']).next().unwrap_or_default();
+    let host = authority.rsplit('@').next().unwrap_or_default();
+    if host.is_empty() || host.starts_with(':') || url.host_str().is_none_or(str::is_empty) {
+        return invalid("the URL has no host");
+    }
+    if url.port() == Some(0) {
+        return invalid("port 0 cannot be connected to");
+    }
+    Ok(())
+}
+
 /// One streaming endpoint: URL, headers, client, limits.
 pub(crate) struct Endpoint {
     provider: &'static str,
@@ -139,6 +193,22 @@ pub(crate) struct Endpoint {
     max_frame_bytes: usize,
     max_retry_after: Duration,
     transcripts: Option<Transcripts>,
+    /// Replies to replay instead of sending, by attempt: filled by
+    /// [`conversation`](Self::conversation) when the turn is already
+    /// answered in its transcript, taken by [`open`](Self::open) for the
+    /// same attempt. `open_body` never fills it, so it always sends.
+    replays: Mutex<HashMap<AttemptKey, String>>,
+}
+
+/// One attempt of one turn: `(session key, turn, attempt)`.
+type AttemptKey = (String, u64, u32);
+
+fn attempt_key(request: &TurnRequest) -> AttemptKey {
+    (
+        request.session_key.as_str().to_owned(),
+        request.turn_id,
+        request.attempt,
+    )
 }
 
 impl fmt::Debug for Endpoint {
@@ -167,19 +237,17 @@ impl Endpoint {
         headers: &[(&str, String)],
         http: &HttpOptions,
     ) -> Result<Self, BuildError> {
-        let url = format!("{}{path}", base_url.trim_end_matches('/'));
+        validate_base_url(base_url)?;
+        let url = format!("{}{path}", base_url.trim().trim_end_matches('/'));
         let url = reqwest::Url::parse(&url).map_err(|e| BuildError::InvalidBaseUrl {
             reason: e.to_string(),
         })?;
-        if !matches!(url.scheme(), "http" | "https") {
-            return Err(BuildError::InvalidBaseUrl {
-                reason: format!("scheme {:?} is not http or https", url.scheme()),
-            });
-        }
 
         let mut map = HeaderMap::new();
         map.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
         map.insert(ACCEPT, HeaderValue::from_static("text/event-stream"));
+        // Nothing here decompresses: ask for the body as is.
+        map.insert(ACCEPT_ENCODING, HeaderValue::from_static("identity"));
         let extra = http.extra_headers.iter().map(|(n, v)| (n.as_str(), v));
         for (name, value) in headers.iter().map(|(n, v)| (*n, v)).chain(extra) {
             if value.is_empty() {
@@ -217,6 +285,7 @@ impl Endpoint {
             max_frame_bytes: http.max_frame_bytes,
             max_retry_after: http.max_retry_after,
             transcripts: http.transcripts.clone(),
+            replays: Mutex::new(HashMap::new()),
         })
     }
 
@@ -225,10 +294,16 @@ impl Endpoint {
         &self,
         request: &TurnRequest,
     ) -> Result<Option<Conversation>, StreamError> {
-        match &self.transcripts {
-            Some(transcripts) => transcripts.begin(request).await.map(Some),
-            None => Ok(None),
+        let Some(transcripts) = &self.transcripts else {
+            return Ok(None);
+        };
+        let conversation = transcripts.begin(request).await?;
+        if let Some(reply) = conversation.replay() {
+            if let Ok(mut replays) = self.replays.lock() {
+                replays.insert(attempt_key(request), reply.to_owned());
+            }
         }
+        Ok(Some(conversation))
     }
 
     /// Sends `body` and, on a 2xx answer, returns the decoded stream, which
@@ -239,6 +314,24 @@ impl Endpoint {
         request: &TurnRequest,
         model: &str,
     ) -> Result<EventStream, StreamError> {
+        let replay = self
+            .replays
+            .lock()
+            .ok()
+            .and_then(|mut replays| replays.remove(&attempt_key(request)));
+        if let Some(reply) = replay {
+            // A re-delivered message already answered: the stored reply,
+            // not a second answer (see the transcript module, "Crashes").
+            tracing::info!(
+                event = "llm.replay",
+                provider = self.provider,
+                session.key = %request.session_key,
+                turn = request.turn_id,
+                reply_bytes = reply.len(),
+                "turn already answered in the transcript; replaying it without a request"
+            );
+            return Ok(replay_stream(reply));
+        }
         tracing::debug!(
             event = "llm.request",
             provider = self.provider,
@@ -283,15 +376,94 @@ impl Endpoint {
             );
             return Err(error);
         }
+        if let Some(error) = not_an_event_stream(status, response.headers()) {
+            tracing::warn!(
+                event = "llm.not_an_event_stream",
+                provider = self.provider,
+                status = status.as_u16(),
+                code = error.code(),
+                "the answer is not an event stream"
+            );
+            return Err(error);
+        }
         tracing::debug!(
             event = "llm.response",
             provider = self.provider,
             status = status.as_u16(),
             "streaming"
         );
-        let bytes = response.bytes_stream().map_err(connection_error);
+        let bytes = refuse_gzip_magic(response.bytes_stream().map_err(connection_error));
         Ok(decode_frames(self.protocol, bytes, self.max_frame_bytes))
     }
+}
+
+/// The `kind` of the fatal [`StreamError::Api`] for a 2xx answer that is
+/// not an event stream (another content type, or a compressed body).
+pub const NOT_AN_EVENT_STREAM: &str = "not_an_event_stream";
+
+/// A fatal error when a 2xx answer cannot be an event stream: a
+/// `content-encoding` other than `identity` (warden asks for none), or a
+/// `content-type` other than `text/event-stream` (an HTML page or a JSON
+/// document: the wrong endpoint). A missing `content-type` is accepted.
+fn not_an_event_stream(status: StatusCode, headers: &HeaderMap) -> Option<StreamError> {
+    let fatal = |message: String| StreamError::Api {
+        status: Some(status.as_u16()),
+        kind: NOT_AN_EVENT_STREAM.to_owned(),
+        message,
+        retryable: false,
+        retry_after: None,
+    };
+    let header = |name: HeaderName| {
+        headers
+            .get(name)
+            .map(|v| String::from_utf8_lossy(v.as_bytes()).trim().to_owned())
+    };
+    if let Some(encoding) = header(CONTENT_ENCODING) {
+        if !encoding.is_empty() && !encoding.eq_ignore_ascii_case("identity") {
+            return Some(fatal(format!(
+                "the response body is compressed (content-encoding: {encoding}), which warden did not ask for; a proxy in between may be compressing it"
+            )));
+        }
+    }
+    let content_type = header(CONTENT_TYPE)?;
+    let mime = content_type
+        .split(';')
+        .next()
+        .unwrap_or_default()
+        .trim()
+        .to_ascii_lowercase();
+    (mime != "text/event-stream").then(|| {
+        fatal(format!(
+            "expected an event stream (text/event-stream) but the server sent {content_type}: wrong endpoint or content type (check the URL)"
+        ))
+    })
+}
+
+/// Fails the stream with a clear error when the body starts with the gzip
+/// magic bytes although no `content-encoding` said so (decoded as text it
+/// would be reported as invalid UTF-8).
+fn refuse_gzip_magic<S, B>(bytes: S) -> impl Stream<Item = Result<B, StreamError>> + Send + 'static
+where
+    S: Stream<Item = Result<B, StreamError>> + Send + 'static,
+    B: AsRef<[u8]> + Send + 'static,
+{
+    let mut first = true;
+    bytes.map(move |chunk| {
+        let chunk = chunk?;
+        if first && !chunk.as_ref().is_empty() {
+            first = false;
+            if chunk.as_ref().starts_with(&[0x1f, 0x8b]) {
+                return Err(StreamError::Api {
+                    status: None,
+                    kind: NOT_AN_EVENT_STREAM.to_owned(),
+                    message: "the response body is gzip-compressed data without a content-encoding header, not an event stream".to_owned(),
+                    retryable: false,
+                    retry_after: None,
+                });
+            }
+        }
+        Ok(chunk)
+    })
 }
 
 /// Reads at most `limit` bytes of an error body; a failure keeps what was
@@ -401,6 +573,8 @@ pub(crate) fn stream_error_event(error: ErrorBody) -> StreamError {
 
 /// Classifies a non-2xx response like the official SDKs:
 ///
+/// 0. a redirect (3xx) → fatal [`StreamError::Api`] of kind `redirect`
+///    naming the `Location` (redirects are never followed);
 /// 1. `x-should-retry: true` → retryable [`StreamError::Api`], whatever the
 ///    status;
 /// 2. 401, 403 → [`StreamError::Unauthorized`];
@@ -448,6 +622,25 @@ pub(crate) fn classify_response(
             .map_or_else(|| format!("HTTP {code}"), str::to_owned)
     });
 
+    if status.is_redirection() {
+        // Never followed: the API key must not go to another place.
+        let target = headers
+            .get(LOCATION)
+            .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned());
+        return StreamError::Api {
+            status: Some(code),
+            kind: "redirect".to_owned(),
+            message: match target {
+                Some(to) => format!(
+                    "the server redirects to {to}; redirects are not followed (the API key is only sent to the configured URL): use that URL if you trust it"
+                ),
+                None => "the server redirects (without a Location); redirects are not followed"
+                    .to_owned(),
+            },
+            retryable: false,
+            retry_after: None,
+        };
+    }
     if should_retry != Some(true) {
         if matches!(code, 401 | 403) {
             return StreamError::Unauthorized { message };
@@ -546,6 +739,39 @@ mod tests {
         for v in ["-1", "NaN", "inf", "later", ""] {
             let h = headers(&[("retry-after", v)]);
             assert_eq!(retry_after(&h, CAP, SystemTime::now()), None, "{v}");
+        }
+    }
+
+    #[test]
+    fn urls_without_a_usable_host_are_refused_before_any_connection() {
+        for bad in [
+            "",
+            "  ",
+            "http://",
+            "https://",
+            "http:///v1/messages",
+            "http://:8080/v1",
+            "http://user@/v1",
+            "http://127.0.0.1:0",
+            "http://localhost:0/v1",
+            "ftp://example.com",
+            "127.0.0.1:8080",
+        ] {
+            let built =
+                crate::AnthropicSource::new(crate::AnthropicOptions::default().with_base_url(bad));
+            assert!(
+                matches!(built, Err(BuildError::InvalidBaseUrl { .. })),
+                "{bad:?} was accepted"
+            );
+        }
+        for good in [
+            "http://127.0.0.1:8080",
+            "http://localhost/",
+            "https://api.anthropic.com",
+            "http://[::1]:9000/prefix/",
+            "http://user:pw@host:1/x",
+        ] {
+            assert_eq!(validate_base_url(good), Ok(()), "{good:?}");
         }
     }
 

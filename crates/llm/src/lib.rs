@@ -80,12 +80,15 @@
 //! | `event: error` of any other kind | `Api { status: None, .. }` | no |
 //! | Body ended before `message_stop` / `[DONE]` | `Truncated` | yes |
 //! | One SSE event over [`HttpOptions::max_frame_bytes`] | `FrameTooLarge` | no |
+//! | A 3xx (never followed) | `Api { kind: "redirect", .. }`, the message names the `Location` | no |
+//! | A 2xx with a `content-type` other than `text/event-stream`, a `content-encoding` other than `identity`, or a gzip body | `Api { kind: NOT_AN_EVENT_STREAM, .. }` (wrong endpoint, content type or compression) | no |
 //! | Invalid JSON in `data:`, invalid UTF-8 | `Malformed` (serde's message, quoted input redacted, never the frame) | no |
 //!
 //! `retry_after` of an `Api` error comes from `retry-after-ms`, else
 //! `retry-after` (seconds or an HTTP date), capped at
-//! [`HttpOptions::max_retry_after`]. Redirects are not followed (a 3xx is a
-//! fatal `Api`). This crate does not retry: the session does, under its
+//! [`HttpOptions::max_retry_after`]. Redirects are not followed (the key
+//! must not go elsewhere): a 3xx is a fatal `Api` naming its target.
+//! Requests ask for `accept-encoding: identity`. This crate does not retry: the session does, under its
 //! policy. Logs carry statuses, kinds and sizes, never prompt or completion
 //! text nor the key.
 //!
@@ -116,6 +119,6 @@ pub mod sse;
 pub mod transcript;
 
 pub use anthropic::{ANTHROPIC_VERSION, AnthropicOptions, AnthropicSource};
-pub use http::{BuildError, HttpOptions};
+pub use http::{BuildError, HttpOptions, NOT_AN_EVENT_STREAM, validate_base_url};
 pub use openai::{OpenAiOptions, OpenAiSource};
-pub use transcript::Transcripts;
+pub use transcript::{TornTail, Transcript, Transcripts};

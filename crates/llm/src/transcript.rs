@@ -22,20 +22,48 @@
 //!   the stream completes, so a killed or failed attempt leaves the
 //!   transcript as it was and the retry sends the same history.
 //!
-//! Files: `DIR/<id>.jsonl`, one `{"role", "content"}` object per line; the
+//! Files: `DIR/<id>.jsonl`, one `{"role", "content", "turn"}` object per
+//! line (`turn` is the [`TurnRequest::turn_id`], the pending message's id;
+//! transcripts written before it existed have none and still load); the
 //! directory is created `0700` and files `0600` (they hold prompt text).
 //! Only text is kept: tool calls and thinking are not replayed (a turn
 //! without text is stored as `(no text)`).
 //!
+//! # Crashes
+//!
+//! - **A torn tail costs at most the turn being written.** A crash in the
+//!   middle of an append leaves a last line without its newline (possibly
+//!   cut inside a UTF-8 sequence). Reading a transcript drops that line and
+//!   a user message left without its reply, keeps every earlier turn, logs a
+//!   warning (sizes only, never text) and reports a [`TornTail`]; resuming
+//!   the conversation cuts the file back to the last complete turn, so the
+//!   next append starts on a fresh line. [`Transcripts::on_torn_tail`] lets
+//!   a caller tell the user. An unreadable line *followed by* a newline is
+//!   corruption, not a torn append: the conversation cannot be resumed
+//!   ([`StreamError::UnknownSession`]), as before.
+//! - **A turn is recorded once per id.** Delivery is at least once: after a
+//!   crash the session re-sends a pending message that may already be
+//!   answered in the transcript. A turn whose `turn_id` and message are
+//!   already answered in the conversation is not appended again, and the
+//!   source does not call the API for it: it replays the stored reply as
+//!   the turn's stream (`SessionStarted`, the reply as one `TextDelta`,
+//!   `Stop { reason: "replayed" }`, `TurnComplete`; no usage, as nothing
+//!   was sent). Same id with a different message (ids reused by a new
+//!   session record) is a new turn.
+//!
 //! [`HttpOptions::with_transcripts`]: crate::HttpOptions::with_transcripts
 
+use std::fmt;
 use std::fs;
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use futures_util::StreamExt;
 use serde::{Deserialize, Serialize};
 use warden_core::{AgentEvent, EventStream, Frame, StreamError, TurnRequest};
+
+use crate::decode::json_error_message;
 
 /// Stored as the reply of a turn that produced no text (tool calls only):
 /// the APIs refuse an empty assistant message.
@@ -44,11 +72,87 @@ const NO_TEXT: &str = "(no text)";
 /// Longest accepted conversation id.
 const MAX_ID_LEN: usize = 128;
 
+/// The stop reason of a turn replayed from the transcript instead of sent.
+pub const REPLAYED_STOP_REASON: &str = "replayed";
+
 /// A directory of conversation transcripts, one JSON Lines file per
-/// conversation id. Cloning refers to the same directory.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// conversation id. Cloning refers to the same directory (and the same
+/// [`on_torn_tail`](Self::on_torn_tail) callback).
+#[derive(Clone)]
 pub struct Transcripts {
     dir: PathBuf,
+    on_torn_tail: Option<TornTailCallback>,
+}
+
+/// Called with the conversation id and what was dropped.
+type TornTailCallback = Arc<dyn Fn(&str, &TornTail) + Send + Sync>;
+
+impl fmt::Debug for Transcripts {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Transcripts")
+            .field("dir", &self.dir)
+            .field("on_torn_tail", &self.on_torn_tail.is_some())
+            .finish()
+    }
+}
+
+/// Equal when they use the same directory and the same callback (or none).
+impl PartialEq for Transcripts {
+    fn eq(&self, other: &Self) -> bool {
+        self.dir == other.dir
+            && match (&self.on_torn_tail, &other.on_torn_tail) {
+                (None, None) => true,
+                (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+                _ => false,
+            }
+    }
+}
+
+impl Eq for Transcripts {}
+
+/// The end of a transcript that a crash cut off in the middle of an append
+/// (see the module's "Crashes" section).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct TornTail {
+    /// Bytes of the file that are kept: every complete turn.
+    pub kept_bytes: u64,
+    /// Bytes after them that are dropped: the torn line, and the user
+    /// message of the turn whose reply was torn.
+    pub dropped_bytes: u64,
+    /// Whether a turn was lost (something was dropped). `false` when the
+    /// last line is complete and only its newline is missing.
+    pub lost_turn: bool,
+    /// The last line ends without a newline (and is kept): the repair adds
+    /// it.
+    pub missing_newline: bool,
+}
+
+/// A transcript as read: its complete turns and, if a crash tore its end,
+/// what was dropped.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub struct Transcript {
+    /// The messages of the complete turns, oldest first.
+    pub entries: Vec<Entry>,
+    /// The torn end, if any.
+    pub torn_tail: Option<TornTail>,
+}
+
+impl Transcript {
+    /// The stored reply of turn `turn` if that turn, with this very
+    /// `message`, is answered in the transcript.
+    pub fn answer_to(&self, turn: u64, message: &str) -> Option<&str> {
+        self.entries.windows(2).find_map(|pair| {
+            let (user, reply) = (&pair[0], &pair[1]);
+            (user.role == Role::User
+                && reply.role == Role::Assistant
+                && user.turn == Some(turn)
+                && reply.turn == Some(turn)
+                && user.content == message)
+                .then_some(reply.content.as_str())
+        })
+    }
 }
 
 /// Who said it.
@@ -78,6 +182,10 @@ pub struct Entry {
     pub role: Role,
     /// The text.
     pub content: String,
+    /// The turn ([`TurnRequest::turn_id`]) it belongs to; `None` in
+    /// transcripts written before turns were recorded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub turn: Option<u64>,
 }
 
 impl Transcripts {
@@ -89,7 +197,22 @@ impl Transcripts {
         #[cfg(unix)]
         std::os::unix::fs::DirBuilderExt::mode(&mut builder, 0o700);
         builder.create(&dir)?;
-        Ok(Self { dir })
+        Ok(Self {
+            dir,
+            on_torn_tail: None,
+        })
+    }
+
+    /// Calls `callback` with the conversation id and the [`TornTail`] each
+    /// time resuming a conversation finds (and repairs) a torn tail, e.g. to
+    /// tell the user that the last turn was lost. It runs on the blocking
+    /// pool; it must not block for long. The source also logs a warning.
+    pub fn on_torn_tail(
+        mut self,
+        callback: impl Fn(&str, &TornTail) + Send + Sync + 'static,
+    ) -> Self {
+        self.on_torn_tail = Some(Arc::new(callback));
+        self
     }
 
     /// The directory.
@@ -108,33 +231,76 @@ impl Transcripts {
         valid.then(|| self.dir.join(format!("{id}.jsonl")))
     }
 
-    /// The messages of conversation `id`, oldest first. A missing file,
-    /// an invalid id or an unreadable line is [`StreamError::UnknownSession`]:
-    /// the conversation cannot be resumed.
+    /// The messages of the complete turns of conversation `id`, oldest
+    /// first (a torn tail is left out, see [`read`](Self::read)). A missing
+    /// file, an invalid id or an unreadable line before the last one is
+    /// [`StreamError::UnknownSession`]: the conversation cannot be resumed.
     pub fn load(&self, id: &str) -> Result<Vec<Entry>, StreamError> {
+        self.read(id).map(|t| t.entries)
+    }
+
+    /// Reads conversation `id` without changing it: its complete turns and
+    /// its torn tail, if a crash left one. Errors as [`load`](Self::load).
+    pub fn read(&self, id: &str) -> Result<Transcript, StreamError> {
         let unknown = |detail: String| StreamError::UnknownSession {
             session_id: id.to_owned(),
             message: format!("No conversation found with session ID: {id}{detail}"),
         };
         let path = self.path_of(id).ok_or_else(|| unknown(String::new()))?;
-        let text = match fs::read_to_string(&path) {
-            Ok(text) => text,
+        let bytes = match fs::read(&path) {
+            Ok(bytes) => bytes,
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Err(unknown(String::new())),
             Err(e) => return Err(unknown(format!(" ({}: {e})", path.display()))),
         };
-        text.lines()
-            .enumerate()
-            .filter(|(_, line)| !line.trim().is_empty())
-            .map(|(n, line)| {
-                serde_json::from_str::<Entry>(line).map_err(|e| {
-                    unknown(format!(
-                        " ({} line {} is unreadable: {e})",
-                        path.display(),
-                        n + 1
-                    ))
-                })
-            })
-            .collect()
+        parse(&bytes).map_err(|(line, e)| {
+            unknown(format!(
+                " ({} line {line} is unreadable: {e})",
+                path.display()
+            ))
+        })
+    }
+
+    /// Reads conversation `id` and, if its end is torn, cuts the file back
+    /// to its last complete turn (or adds the missing newline), logs a
+    /// warning and calls the [`on_torn_tail`](Self::on_torn_tail) callback.
+    /// Errors as [`load`](Self::load); a failed repair is
+    /// [`StreamError::Internal`].
+    pub fn read_and_repair(&self, id: &str) -> Result<Transcript, StreamError> {
+        let transcript = self.read(id)?;
+        if let Some(torn) = &transcript.torn_tail {
+            self.repair(id, torn).map_err(|e| StreamError::Internal {
+                message: format!("could not repair the torn end of the transcript of {id}: {e}"),
+            })?;
+            tracing::warn!(
+                event = "transcript.torn_tail",
+                gen_ai.conversation.id = id,
+                kept_bytes = torn.kept_bytes,
+                dropped_bytes = torn.dropped_bytes,
+                lost_turn = torn.lost_turn,
+                "the transcript's last append was torn by a crash; earlier turns are kept"
+            );
+            if let Some(callback) = &self.on_torn_tail {
+                callback(id, torn);
+            }
+        }
+        Ok(transcript)
+    }
+
+    fn repair(&self, id: &str, torn: &TornTail) -> io::Result<()> {
+        let path = self.path_of(id).ok_or_else(|| {
+            io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("invalid conversation id {id:?}"),
+            )
+        })?;
+        let mut file = fs::OpenOptions::new().write(true).open(&path)?;
+        file.set_len(torn.kept_bytes)?;
+        if torn.missing_newline {
+            use std::io::Seek;
+            file.seek(io::SeekFrom::End(0))?;
+            file.write_all(b"\n")?;
+        }
+        file.sync_data()
     }
 
     /// Creates the (empty) transcript of a new conversation `id`, `0600`.
@@ -157,13 +323,59 @@ impl Transcripts {
     }
 
     /// Appends one finished turn (the user's message, then the reply) in a
-    /// single write, creating the file `0600` if needed.
+    /// single write, creating the file `0600` if needed. The lines carry no
+    /// turn id; see [`append_turn_once`](Self::append_turn_once).
     pub fn append_turn(&self, id: &str, user: &str, assistant: &str) -> io::Result<()> {
+        self.write_turn(id, None, user, assistant)
+    }
+
+    /// Appends turn `turn` of conversation `id` unless that turn, with this
+    /// `user` message, is already answered in it (a re-delivered message).
+    /// A torn tail is repaired first, so the new lines never glue onto torn
+    /// bytes. Returns whether the turn was appended.
+    pub fn append_turn_once(
+        &self,
+        id: &str,
+        turn: u64,
+        user: &str,
+        assistant: &str,
+    ) -> io::Result<bool> {
+        let existing = match self.read_and_repair(id) {
+            Ok(transcript) => transcript,
+            // A missing file is a new conversation.
+            Err(StreamError::UnknownSession { .. })
+                if self.path_of(id).is_some_and(|p| !p.exists()) =>
+            {
+                Transcript::default()
+            }
+            Err(e) => return Err(io::Error::other(e.to_string())),
+        };
+        if existing.answer_to(turn, user).is_some() {
+            tracing::info!(
+                event = "transcript.duplicate_turn",
+                gen_ai.conversation.id = id,
+                turn,
+                "turn already recorded; not appended again"
+            );
+            return Ok(false);
+        }
+        self.write_turn(id, Some(turn), user, assistant)?;
+        Ok(true)
+    }
+
+    fn write_turn(
+        &self,
+        id: &str,
+        turn: Option<u64>,
+        user: &str,
+        assistant: &str,
+    ) -> io::Result<()> {
         let mut lines = Vec::new();
         for (role, content) in [(Role::User, user), (Role::Assistant, assistant)] {
             let entry = Entry {
                 role,
                 content: content.to_owned(),
+                turn,
             };
             serde_json::to_writer(&mut lines, &entry).map_err(io::Error::other)?;
             lines.push(b'\n');
@@ -178,18 +390,24 @@ impl Transcripts {
         format!("conv_{:032x}", rand::random::<u128>())
     }
 
-    /// Loads (on the blocking pool) the conversation `request` resumes, or
-    /// starts a new one.
+    /// Loads (on the blocking pool) the conversation `request` resumes,
+    /// repairing a torn tail, or starts a new one.
     pub(crate) async fn begin(&self, request: &TurnRequest) -> Result<Conversation, StreamError> {
         let transcripts = self.clone();
         let resume = request.resume_id.clone();
+        let turn = request.turn_id;
+        let message = request.message.clone();
         let loaded = tokio::task::spawn_blocking(move || match resume {
             Some(id) => {
-                let history = transcripts.load(&id)?;
+                let transcript = transcripts.read_and_repair(&id)?;
+                let replay = transcript.answer_to(turn, &message).map(str::to_owned);
                 Ok(Conversation {
                     transcripts,
                     id,
-                    history,
+                    turn,
+                    history: transcript.entries,
+                    torn_tail: transcript.torn_tail,
+                    replay,
                 })
             }
             None => {
@@ -202,7 +420,10 @@ impl Transcripts {
                 Ok(Conversation {
                     transcripts,
                     id,
+                    turn,
                     history: Vec::new(),
+                    torn_tail: None,
+                    replay: None,
                 })
             }
         })
@@ -215,11 +436,72 @@ impl Transcripts {
     }
 }
 
+/// Parses a transcript. `Err((line number, message))` for an unreadable
+/// line that is not the torn end (the message never quotes the line).
+fn parse(bytes: &[u8]) -> Result<Transcript, (usize, String)> {
+    // Each entry with the offset its line starts at.
+    let mut entries: Vec<(Entry, usize)> = Vec::new();
+    let mut torn_at = None;
+    let mut missing_newline = false;
+    let mut pos = 0;
+    let mut line_no = 0;
+    while pos < bytes.len() {
+        line_no += 1;
+        let rest = &bytes[pos..];
+        let (line, next, terminated) = match rest.iter().position(|&b| b == b'\n') {
+            Some(i) => (&rest[..i], pos + i + 1, true),
+            None => (rest, bytes.len(), false),
+        };
+        if !line.trim_ascii().is_empty() {
+            match serde_json::from_slice::<Entry>(line) {
+                Ok(entry) => {
+                    entries.push((entry, pos));
+                    missing_newline = !terminated;
+                }
+                Err(e) if terminated => return Err((line_no, json_error_message(&e))),
+                // The last line, cut off: what a crash mid-append leaves.
+                Err(_) => torn_at = Some(pos),
+            }
+        }
+        pos = next;
+    }
+    let mut kept = torn_at.unwrap_or(bytes.len());
+    let mut lost_turn = torn_at.is_some();
+    // A user message without its reply: the turn being written when the
+    // crash came (both lines go out in one write).
+    let unanswered = entries
+        .last()
+        .filter(|(e, _)| e.role == Role::User)
+        .map(|(_, start)| *start);
+    if let Some(start) = unanswered {
+        entries.pop();
+        kept = start;
+        lost_turn = true;
+        missing_newline = false;
+    }
+    let torn_tail = (lost_turn || missing_newline).then(|| TornTail {
+        kept_bytes: kept as u64,
+        dropped_bytes: (bytes.len() - kept) as u64,
+        lost_turn,
+        missing_newline,
+    });
+    Ok(Transcript {
+        entries: entries.into_iter().map(|(e, _)| e).collect(),
+        torn_tail,
+    })
+}
+
 /// The conversation one attempt continues.
 pub(crate) struct Conversation {
     transcripts: Transcripts,
     id: String,
+    /// The turn this attempt runs.
+    turn: u64,
     history: Vec<Entry>,
+    /// What a crash tore off the end of the transcript (already repaired).
+    torn_tail: Option<TornTail>,
+    /// The stored reply when this turn is already answered.
+    replay: Option<String>,
 }
 
 impl Conversation {
@@ -228,9 +510,23 @@ impl Conversation {
         &self.history
     }
 
+    /// What a crash tore off the end of the transcript, if anything (the
+    /// file is already repaired).
+    #[allow(dead_code)] // read by the tests; the callback tells callers
+    pub(crate) fn torn_tail(&self) -> Option<&TornTail> {
+        self.torn_tail.as_ref()
+    }
+
+    /// The stored reply, when this turn (its id and message) is already
+    /// answered in the transcript: a re-delivered message.
+    pub(crate) fn replay(&self) -> Option<&str> {
+        self.replay.as_deref()
+    }
+
     /// Wraps an attempt's stream: announces the conversation id first and
     /// appends the turn to the transcript when the stream completes, before
-    /// `TurnComplete` is passed on (so an acknowledged turn is on disk).
+    /// `TurnComplete` is passed on (so an acknowledged turn is on disk). A
+    /// turn already answered is not appended again.
     pub(crate) fn record(self, inner: EventStream, user: String, model: String) -> EventStream {
         let started = Frame::Event(AgentEvent::SessionStarted {
             session_id: self.id.clone(),
@@ -260,6 +556,24 @@ impl Conversation {
     }
 }
 
+/// The stream of a turn answered before: its stored reply, without calling
+/// the API.
+pub(crate) fn replay_stream(reply: String) -> EventStream {
+    let frames = [
+        AgentEvent::TextDelta(reply),
+        AgentEvent::Stop {
+            reason: REPLAYED_STOP_REASON.to_owned(),
+        },
+        AgentEvent::TurnComplete {
+            context_window: None,
+            duration: None,
+        },
+    ];
+    Box::pin(futures_util::stream::iter(
+        frames.into_iter().map(|e| Ok(Frame::Event(e))),
+    ))
+}
+
 struct Recording {
     inner: EventStream,
     user: String,
@@ -271,16 +585,19 @@ impl Recording {
     async fn save(&mut self) -> Result<(), StreamError> {
         let transcripts = self.conversation.transcripts.clone();
         let id = self.conversation.id.clone();
+        let turn = self.conversation.turn;
         let user = std::mem::take(&mut self.user);
         let mut reply = std::mem::take(&mut self.reply);
         if reply.is_empty() {
             // The APIs refuse an empty assistant message in the history.
             reply.push_str(NO_TEXT);
         }
-        let written =
-            tokio::task::spawn_blocking(move || transcripts.append_turn(&id, &user, &reply)).await;
+        let written = tokio::task::spawn_blocking(move || {
+            transcripts.append_turn_once(&id, turn, &user, &reply)
+        })
+        .await;
         match written {
-            Ok(Ok(())) => Ok(()),
+            Ok(Ok(_appended)) => Ok(()),
             Ok(Err(e)) => Err(StreamError::Internal {
                 message: format!(
                     "could not write the transcript of {}: {e}",
@@ -338,7 +655,7 @@ mod tests {
                 other => panic!("{id:?}: {other:?}"),
             }
         }
-        fs::write(dir.path().join("conv_bad.jsonl"), "{\"role\":\"user\"").expect("write");
+        fs::write(dir.path().join("conv_bad.jsonl"), "{\"role\":\"user\"\n").expect("write");
         match t.load("conv_bad") {
             Err(StreamError::UnknownSession { message, .. }) => {
                 assert!(message.contains("line 1 is unreadable"), "{message}")

@@ -1,0 +1,85 @@
+//! A URL with no usable host (empty, `http://`, `http:///v1/messages`,
+//! port 0) is a usage error before anything runs: it never falls back to the
+//! provider's real endpoint (which would get the API key) and never
+//! connects to a host parsed out of the path.
+
+mod common;
+
+use common::*;
+
+const BAD_URLS: [&str; 6] = [
+    "",
+    "http://",
+    "https://",
+    "http:///v1/messages",
+    "http://127.0.0.1:0/v1/messages",
+    "http://:8080/v1/messages",
+];
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stream_refuses_a_url_without_a_usable_host_with_exit_2() {
+    for url in BAD_URLS {
+        let mut cmd = command(&["stream", url, "--retries", "0"]);
+        // Were the URL taken, this key would go to whatever it names.
+        cmd.env("ANTHROPIC_API_KEY", "sk-must-not-leave");
+        let out = output(cmd, std::time::Duration::from_secs(30)).await;
+        assert_eq!(code(&out), 2, "{url:?}: {}", stderr(&out));
+        assert_one_line_error(&out, "invalid URL");
+        assert!(!stderr(&out).contains("sk-must-not-leave"));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chat_refuses_an_empty_or_hostless_base_url_with_exit_2() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().join("data");
+    for agent in ["anthropic", "openai", "claude-code"] {
+        for url in BAD_URLS {
+            let mut cmd = command(&[
+                "chat",
+                "--workspace",
+                arg(dir.path()),
+                "--data-dir",
+                arg(&data),
+                "--agent",
+                agent,
+                "--base-url",
+                url,
+                "--claude-bin",
+                arg(&dir.path().join("no-claude-here")),
+                "hi",
+            ]);
+            cmd.env("ANTHROPIC_API_KEY", "sk-must-not-leave")
+                .env("OPENAI_API_KEY", "sk-must-not-leave");
+            let out = output(cmd, std::time::Duration::from_secs(30)).await;
+            assert_eq!(code(&out), 2, "{agent} {url:?}: {}", stderr(&out));
+            assert_one_line_error(&out, "invalid URL");
+        }
+    }
+    // Nothing ran: no store was created.
+    assert!(!data.join("sessions.db").exists());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chat_with_claude_code_takes_a_base_url() {
+    // Accepted (it reaches the child as ANTHROPIC_BASE_URL, see the unit
+    // test in chat.rs): what fails here is only the missing binary.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let out = run(&[
+        "chat",
+        "--workspace",
+        arg(dir.path()),
+        "--data-dir",
+        arg(&dir.path().join("data")),
+        "--agent",
+        "claude-code",
+        "--base-url",
+        "http://127.0.0.1:9",
+        "--claude-bin",
+        arg(&dir.path().join("no-claude-here")),
+        "hi",
+    ])
+    .await;
+    assert_eq!(code(&out), 2, "{}", stderr(&out));
+    assert_one_line_error(&out, "Claude Code CLI");
+}
