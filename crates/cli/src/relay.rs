@@ -28,7 +28,7 @@ pub(crate) async fn relay(
     let terminal = stdout.is_terminal();
     let mut line_open = false;
     let mut cancelled = false;
-    let ctrl_c = tokio::signal::ctrl_c();
+    let ctrl_c = crate::signal::shutdown_signal();
     tokio::pin!(ctrl_c);
     loop {
         let event = tokio::select! {

@@ -189,7 +189,6 @@ async fn retries_above_100_are_a_usage_error_instead_of_retrying_for_ever() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs relay.rs to select on crate::signal::shutdown_signal() instead of ctrl_c() (see the h-cli report); remove this line with that change"]
 async fn sigterm_cancels_like_ctrl_c_and_exits_143() {
     let server = mock(&[Scenario::Stall]).await;
     let url = server.url("/v1/messages");
