@@ -208,7 +208,16 @@ impl EventSource for AnthropicSource {
     fn open(&self, request: TurnRequest) -> BoxFuture<'static, Result<EventStream, StreamError>> {
         let inner = Arc::clone(&self.inner);
         Box::pin(async move {
-            let conversation = inner.endpoint.conversation(&request).await?;
+            let conversation = match inner.endpoint.conversation(&request).await? {
+                // Already answered (a re-delivery after a crash): replayed.
+                Some(c) => match inner.endpoint.replay(&request, &c) {
+                    Some(replayed) => {
+                        return Ok(c.record(replayed, request.message, inner.model.clone()));
+                    }
+                    None => Some(c),
+                },
+                None => None,
+            };
             let history = conversation.as_ref().map_or(&[][..], |c| c.history());
             let mut messages: Vec<Message<'_>> = history
                 .iter()

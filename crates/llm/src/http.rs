@@ -1,9 +1,7 @@
 //! The HTTP side shared by both sources: the client, the request, and the
 //! classification of error responses.
 
-use std::collections::HashMap;
 use std::fmt;
-use std::sync::Mutex;
 use std::time::{Duration, SystemTime};
 
 use futures_util::{Stream, StreamExt, TryStreamExt};
@@ -193,22 +191,6 @@ pub(crate) struct Endpoint {
     max_frame_bytes: usize,
     max_retry_after: Duration,
     transcripts: Option<Transcripts>,
-    /// Replies to replay instead of sending, by attempt: filled by
-    /// [`conversation`](Self::conversation) when the turn is already
-    /// answered in its transcript, taken by [`open`](Self::open) for the
-    /// same attempt. `open_body` never fills it, so it always sends.
-    replays: Mutex<HashMap<AttemptKey, String>>,
-}
-
-/// One attempt of one turn: `(session key, turn, attempt)`.
-type AttemptKey = (String, u64, u32);
-
-fn attempt_key(request: &TurnRequest) -> AttemptKey {
-    (
-        request.session_key.as_str().to_owned(),
-        request.turn_id,
-        request.attempt,
-    )
 }
 
 impl fmt::Debug for Endpoint {
@@ -285,7 +267,6 @@ impl Endpoint {
             max_frame_bytes: http.max_frame_bytes,
             max_retry_after: http.max_retry_after,
             transcripts: http.transcripts.clone(),
-            replays: Mutex::new(HashMap::new()),
         })
     }
 
@@ -297,13 +278,27 @@ impl Endpoint {
         let Some(transcripts) = &self.transcripts else {
             return Ok(None);
         };
-        let conversation = transcripts.begin(request).await?;
-        if let Some(reply) = conversation.replay() {
-            if let Ok(mut replays) = self.replays.lock() {
-                replays.insert(attempt_key(request), reply.to_owned());
-            }
-        }
-        Ok(Some(conversation))
+        transcripts.begin(request).await.map(Some)
+    }
+
+    /// The stored reply of a re-delivered message that `conversation`
+    /// already answered, as a stream: no request is sent, so the message is
+    /// not answered twice (see the transcript module, "Crashes").
+    pub(crate) fn replay(
+        &self,
+        request: &TurnRequest,
+        conversation: &Conversation,
+    ) -> Option<EventStream> {
+        let reply = conversation.replay()?;
+        tracing::info!(
+            event = "llm.replay",
+            provider = self.provider,
+            session.key = %request.session_key,
+            turn = request.turn_id,
+            reply_bytes = reply.len(),
+            "turn already answered in the transcript; replaying it without a request"
+        );
+        Some(replay_stream(reply.to_owned()))
     }
 
     /// Sends `body` and, on a 2xx answer, returns the decoded stream, which
@@ -314,24 +309,6 @@ impl Endpoint {
         request: &TurnRequest,
         model: &str,
     ) -> Result<EventStream, StreamError> {
-        let replay = self
-            .replays
-            .lock()
-            .ok()
-            .and_then(|mut replays| replays.remove(&attempt_key(request)));
-        if let Some(reply) = replay {
-            // A re-delivered message already answered: the stored reply,
-            // not a second answer (see the transcript module, "Crashes").
-            tracing::info!(
-                event = "llm.replay",
-                provider = self.provider,
-                session.key = %request.session_key,
-                turn = request.turn_id,
-                reply_bytes = reply.len(),
-                "turn already answered in the transcript; replaying it without a request"
-            );
-            return Ok(replay_stream(reply));
-        }
         tracing::debug!(
             event = "llm.request",
             provider = self.provider,
