@@ -22,7 +22,7 @@ pub(crate) struct SessionsArgs {
     #[arg(long)]
     json: bool,
     /// Salvage a damaged session database: copy every readable record into
-    /// a new database, keep the damaged one as sessions.db.damaged-<time>,
+    /// a new database, keep the damaged one as sessions.db.damaged-TIMESTAMP,
     /// put the new one in its place, and list what could not be read.
     /// Exits 0 when every record was salvaged, 1 otherwise.
     #[arg(long, conflicts_with = "json")]
