@@ -49,7 +49,11 @@ async fn a_stream_inside_a_tool_run_survives_nine_minutes_of_silence_and_is_kill
     let (sup, ctl) = supervisor_with(config()).await;
     let mut events = sup.subscribe();
     let _turn = sup.send("ws", "run the tests").await.expect("send");
-    let a = ctl.next_attempt().within("the attempt").await.expect("opened");
+    let a = ctl
+        .next_attempt()
+        .within("the attempt")
+        .await
+        .expect("opened");
     assert!(a.send(tool_started()));
     let last_frame = Instant::now();
     sleep(Duration::from_secs(9 * 60)).await;
@@ -69,7 +73,11 @@ async fn after_tool_use_finished_the_allowance_is_45_seconds_again() {
     let (sup, ctl) = supervisor_with(config()).await;
     let mut events = sup.subscribe();
     let _turn = sup.send("ws", "run the tests").await.expect("send");
-    let a = ctl.next_attempt().within("the attempt").await.expect("opened");
+    let a = ctl
+        .next_attempt()
+        .within("the attempt")
+        .await
+        .expect("opened");
     assert!(a.send(tool_started()));
     sleep(Duration::from_secs(5 * 60)).await;
     assert!(a.send(tool_finished()), "the tool run was not killed");
@@ -77,7 +85,10 @@ async fn after_tool_use_finished_the_allowance_is_45_seconds_again() {
     let silent_for = killed(&mut events).await;
     let waited = Instant::now() - last_frame;
     assert!(waited >= T45, "killed early: {waited:?}");
-    assert!(waited <= T45 + BOUND, "still on the tool allowance: {waited:?}");
+    assert!(
+        waited <= T45 + BOUND,
+        "still on the tool allowance: {waited:?}"
+    );
     assert!(silent_for < TEN_MINUTES, "{silent_for:?}");
     sup.shutdown().await;
 }
