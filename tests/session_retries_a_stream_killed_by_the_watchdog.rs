@@ -223,3 +223,92 @@ async fn messages_queue_behind_the_running_turn() {
     assert_eq!(t2.finish().await.expect("ok").0, "2");
     sup.shutdown().await;
 }
+
+/// A source whose first `open` never returns (a connect or a response that
+/// never comes); later opens are the channel source's.
+struct FirstOpenHangs {
+    inner: std::sync::Arc<warden_core::testing::ChannelSource>,
+    hung: std::sync::atomic::AtomicBool,
+    /// Set when warden drops the hanging `open`.
+    abandoned: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+/// Sets its flag when dropped.
+struct SetOnDrop(std::sync::Arc<std::sync::atomic::AtomicBool>);
+
+impl Drop for SetOnDrop {
+    fn drop(&mut self) {
+        self.0.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+impl warden_core::EventSource for FirstOpenHangs {
+    fn open(
+        &self,
+        request: warden_core::TurnRequest,
+    ) -> futures_util::future::BoxFuture<'static, Result<warden_core::EventStream, StreamError>>
+    {
+        if self.hung.swap(true, std::sync::atomic::Ordering::SeqCst) {
+            return self.inner.open(request);
+        }
+        let flag = SetOnDrop(self.abandoned.clone());
+        Box::pin(async move {
+            let _flag = flag;
+            std::future::pending().await
+        })
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_open_that_never_returns_is_killed_at_the_allowance_and_retried() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let (inner, ctl) = warden_core::testing::ChannelSource::new();
+    let abandoned = Arc::new(AtomicBool::new(false));
+    let source = Arc::new(FirstOpenHangs {
+        inner,
+        hung: AtomicBool::new(false),
+        abandoned: abandoned.clone(),
+    });
+    let factory =
+        move |_: &warden_core::SessionKey| source.clone() as Arc<dyn warden_core::EventSource>;
+    let sup = warden_core::Supervisor::start(config(), Arc::new(factory))
+        .await
+        .expect("supervisor");
+    let mut events = sup.subscribe();
+    let t0 = Instant::now();
+    let turn = sup.send("ws", "hi").await.expect("send");
+    let ev = wait_for(&mut events, |e| {
+        matches!(e, LifecycleEvent::StreamTimedOut { .. })
+    })
+    .await;
+    let waited = elapsed_since(t0);
+    assert!(waited >= T45, "killed early: {waited:?}");
+    assert!(
+        waited <= T45 + Duration::from_millis(2),
+        "killed late: {waited:?}"
+    );
+    assert!(
+        matches!(ev, LifecycleEvent::StreamTimedOut { attempt, .. } if attempt.attempt == 1),
+        "{ev:?}"
+    );
+    assert!(
+        abandoned.load(Ordering::SeqCst),
+        "the hanging open was dropped"
+    );
+    let b = ctl
+        .next_attempt()
+        .within("the retry")
+        .await
+        .expect("retried");
+    assert_eq!(b.request.attempt, 2);
+    b.text("ok");
+    b.finish();
+    let (text, summary) = turn
+        .finish()
+        .within("the turn")
+        .await
+        .expect("retry succeeds");
+    assert_eq!((text.as_str(), summary.attempts), ("ok", 2));
+    sup.shutdown().await;
+}
