@@ -24,7 +24,11 @@ async fn assert_no_more_attempts(ctl: &warden_core::testing::ChannelSourceContro
 async fn cancel_before_the_deadline_wins_and_no_late_event_leaks() {
     let (sup, ctl) = supervisor_with(config()).await;
     let mut turn = sup.send("ws", "hi").await.expect("send");
-    let a = ctl.next_attempt().await.expect("opened");
+    let a = ctl
+        .next_attempt()
+        .within("the next attempt to open")
+        .await
+        .expect("opened");
     a.text("partial");
     sleep(Duration::from_secs(30)).await;
     let session = sup.session("ws").await.expect("session");
@@ -33,7 +37,7 @@ async fn cancel_before_the_deadline_wins_and_no_late_event_leaks() {
     a.text("LATE");
     let mut seen = Vec::new();
     let result = loop {
-        match turn.recv().await.expect("event") {
+        match turn.recv().within("the next event").await.expect("event") {
             TurnEvent::Event(AgentEvent::TextDelta(t)) => seen.push(t),
             TurnEvent::Finished(r) => break r,
             _ => {}
@@ -41,7 +45,7 @@ async fn cancel_before_the_deadline_wins_and_no_late_event_leaks() {
     };
     assert_eq!(result, Err(TurnError::Cancelled));
     assert_eq!(seen, ["partial"]);
-    a.dropped().await;
+    a.dropped().within("the stream to be dropped").await;
     assert_eq!(sup.watchdog().stats().await.expect("alive").kills, 0);
     assert_no_more_attempts(&ctl).await;
     sup.shutdown().await;
@@ -52,14 +56,21 @@ async fn watchdog_first_then_cancel_during_backoff_stops_the_retry() {
     let (sup, ctl) = supervisor_with(config()).await;
     let mut events = sup.subscribe();
     let turn = sup.send("ws", "hi").await.expect("send");
-    let a = ctl.next_attempt().await.expect("opened");
+    let a = ctl
+        .next_attempt()
+        .within("the next attempt to open")
+        .await
+        .expect("opened");
     wait_for(&mut events, |e| {
         matches!(e, LifecycleEvent::RetryScheduled { .. })
     })
     .await;
     assert!(a.is_dropped());
     sup.session("ws").await.expect("session").cancel();
-    assert_eq!(turn.finish().await.map(|_| ()), Err(TurnError::Cancelled));
+    assert_eq!(
+        turn.finish().within("the turn to finish").await.map(|_| ()),
+        Err(TurnError::Cancelled)
+    );
     assert_eq!(sup.watchdog().stats().await.expect("alive").kills, 1);
     assert_no_more_attempts(&ctl).await;
     sup.shutdown().await;
@@ -70,19 +81,37 @@ async fn cancel_and_watchdog_at_the_same_instant_end_cancelled_without_retry() {
     let (sup, ctl) = supervisor_with(config()).await;
     let session = sup.session("ws").await.expect("session");
     let turn = session.submit("hi").await.expect("submit");
-    let a = ctl.next_attempt().await.expect("opened");
+    let a = ctl
+        .next_attempt()
+        .within("the next attempt to open")
+        .await
+        .expect("opened");
     // Wake exactly at the watchdog's deadline, on the same tick as its timer.
     sleep(T45).await;
     session.cancel();
-    assert_eq!(turn.finish().await.map(|_| ()), Err(TurnError::Cancelled));
+    assert_eq!(
+        turn.finish().within("the turn to finish").await.map(|_| ()),
+        Err(TurnError::Cancelled)
+    );
     assert!(a.is_dropped());
     assert_no_more_attempts(&ctl).await;
     // The session is still healthy.
     let next = session.submit("again").await.expect("submit");
-    let b = ctl.next_attempt().await.expect("opened");
+    let b = ctl
+        .next_attempt()
+        .within("the next attempt to open")
+        .await
+        .expect("opened");
     b.text("ok");
     b.finish();
-    assert_eq!(next.finish().await.expect("ok").0, "ok");
+    assert_eq!(
+        next.finish()
+            .within("the turn to finish")
+            .await
+            .expect("ok")
+            .0,
+        "ok"
+    );
     sup.shutdown().await;
 }
 
@@ -92,10 +121,17 @@ async fn cancel_when_idle_or_twice_is_harmless() {
     let session = sup.session("ws").await.expect("session");
     session.cancel();
     let turn = session.submit("hi").await.expect("submit");
-    let _a = ctl.next_attempt().await.expect("opened");
+    let _a = ctl
+        .next_attempt()
+        .within("the next attempt to open")
+        .await
+        .expect("opened");
     session.cancel();
     session.cancel();
-    assert_eq!(turn.finish().await.map(|_| ()), Err(TurnError::Cancelled));
+    assert_eq!(
+        turn.finish().within("the turn to finish").await.map(|_| ()),
+        Err(TurnError::Cancelled)
+    );
     assert!(session.status().await.is_ok(), "session survived");
     sup.shutdown().await;
 }

@@ -76,11 +76,21 @@ pub async fn bounded<T>(limit: Duration, what: &str, fut: impl Future<Output = T
     }
 }
 
-/// `.within(what)`: any future, bounded by [`LIMIT`].
+/// How long a wait of a real-clock test may take.
+pub const PATIENCE: Duration = Duration::from_secs(30);
+
+/// `.within(what)` / `.patiently(what)`: any future, bounded.
 pub trait Within: Future + Sized {
-    /// Awaits at most [`LIMIT`]; panics naming `what` if it does not end.
+    /// Awaits at most [`LIMIT`] (for paused-clock tests); panics naming
+    /// `what` if it does not end.
     fn within(self, what: &str) -> impl Future<Output = Self::Output> {
         bounded(LIMIT, what, self)
+    }
+
+    /// Awaits at most [`PATIENCE`] (for real-clock tests); panics naming
+    /// `what` if it does not end.
+    fn patiently(self, what: &str) -> impl Future<Output = Self::Output> {
+        bounded(PATIENCE, what, self)
     }
 }
 
