@@ -147,7 +147,8 @@ proptest! {
 
     #[test]
     fn fuzz_any_bytes_decode_to_the_keys_record_or_a_typed_error(
-        (key, version, body) in "[a-z/._-]{1,16}".prop_flat_map(|k| (Just(k.clone()), version(), body(k))),
+        // Own key space: both properties share one database and run at once.
+        (key, version, body) in "raw-[a-z/._-]{1,16}".prop_flat_map(|k| (Just(k.clone()), version(), body(k))),
         short in prop::collection::vec(any::<u8>(), 0..2),
         use_short in any::<bool>(),
     ) {
@@ -173,11 +174,31 @@ proptest! {
 
     #[test]
     fn fuzz_records_round_trip_through_the_codec_and_sled(
-        r in record("[a-z/._-]{1,16}".boxed()),
+        r in record("rec-[a-z/._-]{1,16}".boxed()),
     ) {
         prop_assert_eq!(decode(&r.key, &encode(&r).expect("encodes")), Ok(r.clone()));
         let (rt, store, _) = store();
         rt.block_on(store.save(&r, Durability::Buffered)).expect("save");
         prop_assert_eq!(load(&r.key), Ok(Some(r)));
     }
+}
+
+/// Found by `fuzz_any_bytes_decode_to_the_keys_record_or_a_typed_error`
+/// (200000 cases): a record whose first string claims an absurd length makes
+/// bincode allocate that much up front, and the process aborts ("memory
+/// allocation of … bytes failed") instead of returning `Corrupt`: one bad
+/// record on disk takes the whole supervisor down. Needs, in
+/// `crates/store/src/lib.rs` `decode`, a decoding limit, e.g.
+/// `bincode::config::standard().with_limit::<{ 64 << 20 }>()`, so claimed
+/// lengths are checked before allocating. Ignored: it aborts the test binary.
+#[test]
+#[ignore = "known gap: a huge claimed length aborts the process (issue #11 report)"]
+fn a_record_claiming_a_huge_string_is_corrupt_not_an_abort() {
+    let mut bytes = SCHEMA_VERSION.to_be_bytes().to_vec();
+    bytes.push(0xfd); // bincode varint: a u64 follows
+    bytes.extend_from_slice(&(1u64 << 58).to_le_bytes());
+    assert!(matches!(
+        decode("k", &bytes),
+        Err(StoreError::Corrupt { .. })
+    ));
 }
