@@ -37,3 +37,13 @@ jaeger-up:
 # Run the benchmarks (quick mode: `just bench --quick`).
 bench *ARGS:
     cargo bench -p warden-bench -- {{ARGS}}
+
+# Fuzz the SSE decoder, the Claude JSONL parser and the store's record decoder with long proptest runs (not in CI); e.g. `just fuzz 50000`.
+fuzz CASES="200000":
+    PROPTEST_CASES={{CASES}} cargo test --release -p warden-llm --test fuzz_sse_decoder -- fuzz_
+    PROPTEST_CASES={{CASES}} cargo test --release -p warden-claude --lib -- fuzz_
+    PROPTEST_CASES={{CASES}} cargo test --release -p warden-suite --test fuzz_store_records_decode_or_fail_typed -- fuzz_
+
+# Mutation testing of warden-core with cargo-mutants (slow, not in CI; `cargo install cargo-mutants`); e.g. `just mutants --file crates/core/src/policy/retry.rs`.
+mutants *ARGS:
+    cargo mutants -p warden-core {{ARGS}}

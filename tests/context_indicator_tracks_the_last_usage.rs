@@ -23,10 +23,14 @@ async fn turn_text(
     script: impl FnOnce(&AttemptControl),
 ) -> String {
     let t = sup.send("ws", "q").await.expect("send");
-    let a = ctl.next_attempt().await.expect("attempt");
+    let a = ctl
+        .next_attempt()
+        .within("the next attempt to open")
+        .await
+        .expect("attempt");
     script(&a);
     a.finish();
-    t.finish().await.expect("ok").0
+    t.finish().within("the turn to finish").await.expect("ok").0
 }
 
 #[tokio::test(start_paused = true)]
@@ -100,7 +104,11 @@ async fn configuration_overrides_the_window_disables_the_indicator_and_strips_se
         supervisor_with(config().with_session(SessionConfig::default().with_context(ctx))).await;
     let mut events = sup.subscribe();
     let t = sup.send("ws", "q").await.expect("send");
-    let a = ctl.next_attempt().await.expect("attempt");
+    let a = ctl
+        .next_attempt()
+        .within("the next attempt to open")
+        .await
+        .expect("attempt");
     assert_eq!(
         a.request.append_system_prompt.as_deref(),
         Some(warden_core::context::SELF_REPORT_INSTRUCTION)
@@ -108,7 +116,7 @@ async fn configuration_overrides_the_window_disables_the_indicator_and_strips_se
     a.send(usage(10_000, 0, 0, 5));
     a.text("Answer.\n[ctx: ~12%]");
     a.finish();
-    let (text, summary) = t.finish().await.expect("ok");
+    let (text, summary) = t.finish().within("the turn to finish").await.expect("ok");
     assert_eq!(text, "Answer.\n[ctx: 10%]");
     let c = summary.context.expect("context");
     assert_eq!((c.percent, c.self_reported), (10, Some(12)));

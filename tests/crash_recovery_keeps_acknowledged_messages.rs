@@ -109,7 +109,11 @@ fn a_sigkilled_supervisor_loses_no_acknowledged_message_or_id() {
         let (sup, _src, ctl, mut notices) = supervisor_with_store(config(), store.clone()).await;
         let (key, texts) = acked.iter().next().expect("some session");
         sup.session(key.as_str()).await.expect("session");
-        let a = ctl.next_attempt().await.expect("re-delivered");
+        let a = ctl
+            .next_attempt()
+            .patiently("the next attempt to open")
+            .await
+            .expect("re-delivered");
         assert_eq!(&a.request.message, &texts[0]);
         assert_eq!(
             a.request.resume_id.as_deref(),
@@ -117,7 +121,11 @@ fn a_sigkilled_supervisor_loses_no_acknowledged_message_or_id() {
         );
         a.text("late answer");
         a.finish();
-        let (k, notice) = notices.recv().await.expect("notice");
+        let (k, notice) = notices
+            .recv()
+            .patiently("the next event")
+            .await
+            .expect("notice");
         assert_eq!(k.as_str(), key);
         assert!(
             matches!(notice, Notice::RecoveredReply { result: Ok(ref t), .. } if t == "late answer")

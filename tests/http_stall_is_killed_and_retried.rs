@@ -8,6 +8,7 @@ mod common;
 
 use std::time::Duration;
 
+use common::Within;
 use warden_core::{LifecycleEvent, RetryPolicy};
 use warden_mock::{MockConfig, MockServer, Scenario};
 
@@ -29,7 +30,11 @@ async fn an_http_stall_is_killed_the_socket_closed_and_the_retry_succeeds() {
     let mut events = sup.subscribe();
     let t0 = std::time::Instant::now();
     let turn = sup.send("ws", "hello").await.expect("send");
-    let (text, summary) = turn.finish().await.expect("the retry succeeds");
+    let (text, summary) = turn
+        .finish()
+        .patiently("the turn to finish")
+        .await
+        .expect("the retry succeeds");
     assert!(!text.is_empty());
     assert_eq!(summary.attempts, 2);
     // Bounded: the kill came after the allowance, well before a hang.

@@ -21,7 +21,11 @@ async fn a_session_is_reaped_after_idling_but_never_during_a_turn() {
     let (sup, _src, ctl, _n) = supervisor_with_store(config(), store.clone()).await;
     let mut events = sup.subscribe();
     let turn = sup.send("ws", "long job").await.expect("send");
-    let a = ctl.next_attempt().await.expect("attempt");
+    let a = ctl
+        .next_attempt()
+        .within("the next attempt to open")
+        .await
+        .expect("attempt");
     a.send(Frame::Event(AgentEvent::SessionStarted {
         session_id: "id-1".into(),
         model: None,
@@ -37,7 +41,10 @@ async fn a_session_is_reaped_after_idling_but_never_during_a_turn() {
         "reaped during a turn"
     );
     a.finish();
-    turn.finish().await.expect("ok");
+    turn.finish()
+        .within("the turn to finish")
+        .await
+        .expect("ok");
     let finished = Instant::now();
 
     let ev = wait_for(&mut events, |e| {
@@ -62,10 +69,17 @@ async fn a_session_is_reaped_after_idling_but_never_during_a_turn() {
 
     // The next message resumes it.
     let turn = sup.send("ws", "are you there?").await.expect("send");
-    let b = ctl.next_attempt().await.expect("attempt");
+    let b = ctl
+        .next_attempt()
+        .within("the next attempt to open")
+        .await
+        .expect("attempt");
     assert_eq!(b.request.resume_id.as_deref(), Some("id-1"));
     b.finish();
-    turn.finish().await.expect("ok");
+    turn.finish()
+        .within("the turn to finish")
+        .await
+        .expect("ok");
     sup.shutdown().await;
 }
 
@@ -76,8 +90,12 @@ async fn activity_postpones_the_reap_and_zero_disables_it() {
     for _ in 0..3 {
         sleep(IDLE - Duration::from_secs(60)).await;
         let t = sup.send("ws", "ping").await.expect("send");
-        ctl.next_attempt().await.expect("attempt").finish();
-        t.finish().await.expect("ok");
+        ctl.next_attempt()
+            .within("the next attempt to open")
+            .await
+            .expect("attempt")
+            .finish();
+        t.finish().within("the turn to finish").await.expect("ok");
     }
     while let Ok(ev) = events.try_recv() {
         assert!(

@@ -68,13 +68,21 @@ async fn falls_back(
     let turn = sup.send("ws", "keep this message").await.expect("send");
     let mut first = None;
     if let Some(f) = fail.take() {
-        let a = ctl.next_attempt().await.expect("resumed attempt");
+        let a = ctl
+            .next_attempt()
+            .within("the next attempt to open")
+            .await
+            .expect("resumed attempt");
         assert_eq!(a.request.resume_id.as_deref(), Some(OLD));
         f(&source, Some(&a));
         first = Some(a);
     }
     // The fresh session gets the same message, without a resume id.
-    let fresh = ctl.next_attempt().await.expect("fresh attempt");
+    let fresh = ctl
+        .next_attempt()
+        .within("the next attempt to open")
+        .await
+        .expect("fresh attempt");
     assert_eq!(fresh.request.message, "keep this message");
     assert_eq!(fresh.request.resume_id, None);
     if let Some(a) = first {
@@ -94,11 +102,16 @@ async fn falls_back(
     fresh.finish();
     let (text, _) = turn
         .finish()
+        .within("the turn to finish")
         .await
         .expect("the caller gets the fresh answer");
     assert_eq!(text, "answered fresh");
 
-    let (key, notice) = notices.recv().await.expect("a notice");
+    let (key, notice) = notices
+        .recv()
+        .within("the next event")
+        .await
+        .expect("a notice");
     assert_eq!(key.as_str(), "ws");
     match notice {
         Notice::FreshStart {
@@ -167,18 +180,22 @@ async fn a_failing_fresh_start_marks_the_session_failed_with_both_causes() {
     let store = store_with_old_id("ws").await;
     let (sup, source, ctl, mut notices) = supervisor_with_store(config(), store.clone()).await;
     let first = sup.send("ws", "first").await.expect("send");
-    let resumed = ctl.next_attempt().await.expect("resumed attempt");
+    let resumed = ctl
+        .next_attempt()
+        .within("the next attempt to open")
+        .await
+        .expect("resumed attempt");
     let second = sup.send("ws", "second").await.expect("send");
     // The fresh start will fail as well.
     source.fail_next_open(StreamError::Unauthorized {
         message: "invalid x-api-key".into(),
     });
     resumed.fail(unknown());
-    match first.finish().await {
+    match first.finish().within("the turn to finish").await {
         Err(TurnError::Fatal(StreamError::Unauthorized { .. })) => {}
         other => panic!("unexpected {other:?}"),
     }
-    match second.finish().await {
+    match second.finish().within("the turn to finish").await {
         Err(TurnError::SessionStopped { reason }) => {
             assert!(
                 reason.contains("unknown_session") || reason.contains("No conversation"),
@@ -224,12 +241,16 @@ async fn an_already_fresh_session_gets_no_fallback() {
     let store = Arc::new(MemoryStore::new());
     let (sup, _source, ctl, mut notices) = supervisor_with_store(config(), store).await;
     let mut turn = sup.send("ws", "hi").await.expect("send");
-    let a = ctl.next_attempt().await.expect("attempt");
+    let a = ctl
+        .next_attempt()
+        .within("the next attempt to open")
+        .await
+        .expect("attempt");
     assert_eq!(a.request.resume_id, None);
     a.fail(too_long());
     let mut restarted = false;
     let result = loop {
-        match turn.recv().await.expect("event") {
+        match turn.recv().within("the next event").await.expect("event") {
             TurnEvent::Restarting { .. } => restarted = true,
             TurnEvent::Finished(r) => break r,
             _ => {}
@@ -256,15 +277,30 @@ async fn queued_messages_move_to_the_fresh_session_in_order() {
     let (sup, _source, ctl, _notices) = supervisor_with_store(config(), store.clone()).await;
     let t1 = sup.send("ws", "one").await.expect("send");
     let t2 = sup.send("ws", "two").await.expect("send");
-    let a = ctl.next_attempt().await.expect("resumed");
+    let a = ctl
+        .next_attempt()
+        .within("the next attempt to open")
+        .await
+        .expect("resumed");
     a.fail(unknown());
     for (expected, t) in [("one", t1), ("two", t2)] {
-        let fresh = ctl.next_attempt().await.expect("fresh");
+        let fresh = ctl
+            .next_attempt()
+            .within("the next attempt to open")
+            .await
+            .expect("fresh");
         assert_eq!(fresh.request.message, expected);
         assert_eq!(fresh.request.resume_id, None);
         fresh.text(expected);
         fresh.finish();
-        assert_eq!(t.finish().await.expect("answered").0, expected);
+        assert_eq!(
+            t.finish()
+                .within("the turn to finish")
+                .await
+                .expect("answered")
+                .0,
+            expected
+        );
     }
     sup.shutdown().await;
 }

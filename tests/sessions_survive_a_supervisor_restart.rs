@@ -22,7 +22,11 @@ async fn a_restarted_supervisor_resumes_sessions_with_their_stored_ids() {
         let (sup, _src, ctl, _n) = supervisor_with_store(config(), store.clone()).await;
         for (key, id) in [("a", "id-a"), ("b", "id-b")] {
             let turn = sup.send(key, "hello").await.expect("send");
-            let at = ctl.next_attempt().await.expect("attempt");
+            let at = ctl
+                .next_attempt()
+                .patiently("the next attempt to open")
+                .await
+                .expect("attempt");
             assert_eq!(at.request.resume_id, None);
             at.send(Frame::Event(AgentEvent::SessionStarted {
                 session_id: id.into(),
@@ -36,7 +40,10 @@ async fn a_restarted_supervisor_resumes_sessions_with_their_stored_ids() {
             })));
             at.text("hi");
             at.finish();
-            turn.finish().await.expect("ok");
+            turn.finish()
+                .patiently("the turn to finish")
+                .await
+                .expect("ok");
         }
         sup.shutdown().await;
     }
@@ -45,10 +52,17 @@ async fn a_restarted_supervisor_resumes_sessions_with_their_stored_ids() {
     let (sup, _src, ctl, _n) = supervisor_with_store(config(), store.clone()).await;
     for (key, id) in [("a", "id-a"), ("b", "id-b")] {
         let turn = sup.send(key, "again").await.expect("send");
-        let at = ctl.next_attempt().await.expect("attempt");
+        let at = ctl
+            .next_attempt()
+            .patiently("the next attempt to open")
+            .await
+            .expect("attempt");
         assert_eq!(at.request.resume_id.as_deref(), Some(id), "{key}");
         at.finish();
-        turn.finish().await.expect("ok");
+        turn.finish()
+            .patiently("the turn to finish")
+            .await
+            .expect("ok");
         let r = store
             .load(&SessionKey::new(key))
             .await
@@ -88,8 +102,15 @@ async fn corrupt_and_newer_records_are_per_key_errors_never_overwritten() {
     }
     // The supervisor is fine and serves other keys.
     let turn = sup.send("good", "hi").await.expect("send");
-    ctl.next_attempt().await.expect("attempt").finish();
-    turn.finish().await.expect("ok");
+    ctl.next_attempt()
+        .patiently("the next attempt to open")
+        .await
+        .expect("attempt")
+        .finish();
+    turn.finish()
+        .patiently("the turn to finish")
+        .await
+        .expect("ok");
     // Listing reports each slot.
     let listed = sup.stored_sessions().await.expect("list");
     assert_eq!(listed.len(), 3);

@@ -26,11 +26,15 @@ async fn run(end: End) {
         .num_alive_tasks();
 
     let mut turn = session.submit("hi").await.expect("submit");
-    let attempt = match turn.recv().await.expect("started") {
+    let attempt = match turn.recv().within("the next event").await.expect("started") {
         TurnEvent::Started(a) => a,
         other => panic!("unexpected {other:?}"),
     };
-    let a = ctl.next_attempt().await.expect("opened");
+    let a = ctl
+        .next_attempt()
+        .within("the next attempt to open")
+        .await
+        .expect("opened");
     assert_eq!(attempt.attempt, a.request.attempt);
     a.text("x");
     settle().await;
@@ -52,7 +56,7 @@ async fn run(end: End) {
         End::Cancel => session.cancel(),
         End::Kill => {} // silence: the watchdog kills it at 45 s
     }
-    let result = turn.finish().await;
+    let result = turn.finish().within("the turn to finish").await;
     match end {
         End::Complete => assert!(result.is_ok(), "{result:?}"),
         _ => assert!(result.is_err(), "{end:?}: {result:?}"),
@@ -94,11 +98,19 @@ async fn shutdown_stops_running_turns_and_leaves_no_task() {
     let turn = sup.send("a", "hi").await.expect("send");
     let queued = sup.send("a", "later").await.expect("send");
     let other = sup.send("b", "hi").await.expect("send");
-    let s1 = ctl.next_attempt().await.expect("opened");
-    let s2 = ctl.next_attempt().await.expect("opened");
+    let s1 = ctl
+        .next_attempt()
+        .within("the next attempt to open")
+        .await
+        .expect("opened");
+    let s2 = ctl
+        .next_attempt()
+        .within("the next attempt to open")
+        .await
+        .expect("opened");
     sup.shutdown().await;
     for t in [turn, queued, other] {
-        match t.finish().await {
+        match t.finish().within("the turn to finish").await {
             Err(warden_core::TurnError::SessionStopped { .. }) => {}
             other => panic!("unexpected {other:?}"),
         }
@@ -140,7 +152,13 @@ async fn a_panicking_source_fails_the_turn_and_releases_everything() {
         .await
         .expect("supervisor");
     let session = sup.session("ws").await.expect("session");
-    let result = session.submit("hi").await.expect("submit").finish().await;
+    let result = session
+        .submit("hi")
+        .await
+        .expect("submit")
+        .finish()
+        .within("the turn to finish")
+        .await;
     match result {
         Err(warden_core::TurnError::Fatal(StreamError::Internal { message })) => {
             assert!(
@@ -157,6 +175,7 @@ async fn a_panicking_source_fails_the_turn_and_releases_everything() {
         .await
         .expect("submit")
         .finish()
+        .within("the turn to finish")
         .await;
     assert!(again.is_err());
     sup.shutdown().await;

@@ -31,10 +31,21 @@ async fn a_failing_session_is_restarted_and_serves_again() {
     let second = sup.session("ws").await.expect("session");
     assert_ne!(first.actor().get_id(), second.actor().get_id());
     let turn = second.submit("hi").await.expect("submit");
-    let a = ctl.next_attempt().await.expect("opened");
+    let a = ctl
+        .next_attempt()
+        .within("the next attempt to open")
+        .await
+        .expect("opened");
     a.text("ok");
     a.finish();
-    assert_eq!(turn.finish().await.expect("ok").0, "ok");
+    assert_eq!(
+        turn.finish()
+            .within("the turn to finish")
+            .await
+            .expect("ok")
+            .0,
+        "ok"
+    );
     sup.shutdown().await;
 }
 
@@ -140,13 +151,17 @@ async fn a_crashed_turn_is_answered_not_lost() {
     let (sup, ctl) = supervisor_with(config()).await;
     let s = sup.session("ws").await.expect("session");
     let turn = s.submit("hi").await.expect("submit");
-    let a = ctl.next_attempt().await.expect("opened");
+    let a = ctl
+        .next_attempt()
+        .within("the next attempt to open")
+        .await
+        .expect("opened");
     s.fail("boom");
-    match turn.finish().await {
+    match turn.finish().within("the turn to finish").await {
         Err(warden_core::TurnError::SessionStopped { .. }) => {}
         other => panic!("unexpected {other:?}"),
     }
-    a.dropped().await;
+    a.dropped().within("the stream to be dropped").await;
     sup.shutdown().await;
 }
 
@@ -189,6 +204,7 @@ async fn a_session_that_panics_is_restarted_per_policy() {
     let first = sup.session("ws").await.expect("session");
     let a = ctl
         .next_attempt()
+        .within("the next attempt to open")
         .await
         .expect("recovered message re-delivered");
     assert_eq!(a.request.message, "left over");
@@ -204,5 +220,73 @@ async fn a_session_that_panics_is_restarted_per_policy() {
     let status = second.status().await.expect("alive");
     assert!(status.record.pending.is_empty());
     assert_eq!(status.record.restart_count, 1);
+    sup.shutdown().await;
+}
+
+fn escalated(e: &LifecycleEvent) -> bool {
+    matches!(e, LifecycleEvent::SupervisorEscalated { .. })
+}
+
+/// Fails the session of "ws" and returns what the supervisor did about it.
+async fn fail_once(
+    sup: &warden_core::Supervisor,
+    events: &mut tokio::sync::broadcast::Receiver<LifecycleEvent>,
+    cause: String,
+) -> LifecycleEvent {
+    sup.session("ws").await.expect("session").fail(cause);
+    wait_for(events, |e| restarted(e) || escalated(e)).await
+}
+
+#[tokio::test(start_paused = true)]
+async fn by_default_three_restarts_within_60_s_are_allowed_and_the_fourth_failure_escalates() {
+    assert_eq!(
+        RestartIntensity::default(),
+        RestartIntensity::new(3, Duration::from_secs(60))
+    );
+    let (sup, _ctl) = supervisor_with(warden_core::SupervisorConfig::default()).await;
+    let mut events = sup.subscribe();
+    // Four failures 19 s apart: all inside one 60 s window.
+    for i in 1..=4u32 {
+        match (i, fail_once(&sup, &mut events, format!("crash {i}")).await) {
+            (
+                1..=3,
+                LifecycleEvent::SessionRestarted {
+                    restarts_in_window, ..
+                },
+            ) => assert_eq!(restarts_in_window, i),
+            (4, LifecycleEvent::SupervisorEscalated { cause, .. }) => {
+                assert!(cause.contains("crash 4"), "{cause}")
+            }
+            (i, ev) => panic!("failure {i}: unexpected {ev:?}"),
+        }
+        tokio::time::sleep(Duration::from_secs(19)).await;
+    }
+    sup.shutdown().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn by_default_a_failure_60_s_after_the_first_restart_is_restarted_again() {
+    let (sup, _ctl) = supervisor_with(warden_core::SupervisorConfig::default()).await;
+    let mut events = sup.subscribe();
+    let t0 = tokio::time::Instant::now();
+    for i in 1..=3u64 {
+        tokio::time::sleep_until(t0 + Duration::from_secs(10 * (i - 1))).await;
+        let ev = fail_once(&sup, &mut events, format!("crash {i}")).await;
+        assert!(restarted(&ev), "{ev:?}");
+    }
+    // At 60 s the first restart (only) slides out of the window: the
+    // others, 50 s and 40 s old, still count.
+    tokio::time::sleep_until(t0 + Duration::from_secs(60)).await;
+    let ev = fail_once(&sup, &mut events, "crash 4".into()).await;
+    assert!(
+        matches!(
+            ev,
+            LifecycleEvent::SessionRestarted {
+                restarts_in_window: 3,
+                ..
+            }
+        ),
+        "{ev:?}"
+    );
     sup.shutdown().await;
 }

@@ -1,7 +1,10 @@
 //! The WatchdogActor on its own, on tokio's paused clock.
 
+mod common;
+
 use std::time::Duration;
 
+use common::Within;
 use tokio::sync::mpsc;
 use tokio::time::{Instant, sleep};
 use warden_core::{WatchdogActor, WatchdogConfig, WatchdogHandle};
@@ -36,7 +39,11 @@ async fn fires_after_the_timeout_with_no_frames() {
     let t0 = Instant::now();
     let (on_expire, mut rx) = killer();
     let guard = wd.watch(None, on_expire).expect("watch");
-    let (at, expiry) = rx.recv().await.expect("fired");
+    let (at, expiry) = rx
+        .recv()
+        .within("the watchdog's kill")
+        .await
+        .expect("fired");
     let waited = at - t0;
     assert!(waited >= T, "killed early: {waited:?}");
     assert!(waited <= T + BOUND, "killed late: {waited:?}");
@@ -54,7 +61,11 @@ async fn a_frame_at_0_8_t_moves_the_kill_to_1_8_t() {
     let guard = wd.watch(None, on_expire).expect("watch");
     sleep(T.mul_f64(0.8)).await;
     guard.heartbeat().beat();
-    let (at, _) = rx.recv().await.expect("fired");
+    let (at, _) = rx
+        .recv()
+        .within("the watchdog's kill")
+        .await
+        .expect("fired");
     let waited = at - t0;
     assert!(waited >= T.mul_f64(1.8), "killed early: {waited:?}");
     assert!(waited <= T.mul_f64(1.8) + BOUND, "killed late: {waited:?}");
@@ -73,7 +84,11 @@ async fn never_fires_with_frames_every_half_timeout_for_ten_timeouts() {
     assert!(rx.try_recv().is_err(), "fired despite frames");
     assert!(wd.is_watching(guard.id()).await.expect("alive"));
     // ... and still fires once the frames stop.
-    let (_, e) = rx.recv().await.expect("fired after frames stopped");
+    let (_, e) = rx
+        .recv()
+        .within("the watchdog's kill")
+        .await
+        .expect("fired after frames stopped");
     assert_eq!(e.id, guard.id());
 }
 
@@ -114,7 +129,11 @@ async fn per_stream_override_beats_the_default() {
     let _guard = wd
         .watch(Some(Duration::from_millis(200)), on_expire)
         .expect("watch");
-    let (at, e) = rx.recv().await.expect("fired");
+    let (at, e) = rx
+        .recv()
+        .within("the watchdog's kill")
+        .await
+        .expect("fired");
     assert!(at - t0 >= Duration::from_millis(200) && at - t0 <= Duration::from_millis(202));
     assert_eq!(e.timeout, Duration::from_millis(200));
 }
@@ -132,7 +151,11 @@ async fn shrinking_a_timeout_takes_effect_from_the_last_frame() {
         .heartbeat()
         .set_timeout(Duration::from_secs(1))
         .expect("valid");
-    let (at, _) = rx.recv().await.expect("fired");
+    let (at, _) = rx
+        .recv()
+        .within("the watchdog's kill")
+        .await
+        .expect("fired");
     // Last frame was at registration (t0): silence already exceeds 1 s.
     assert!(at - t0 <= Duration::from_secs(5) + BOUND, "{:?}", at - t0);
 }
@@ -170,7 +193,11 @@ async fn many_streams_each_killed_at_their_own_deadline() {
         );
     }
     for _ in 0..50 {
-        let (at, timeout, _) = rx.recv().await.expect("fired");
+        let (at, timeout, _) = rx
+            .recv()
+            .within("the watchdog's kill")
+            .await
+            .expect("fired");
         let waited = at - t0;
         assert!(
             waited >= timeout && waited <= timeout + BOUND,

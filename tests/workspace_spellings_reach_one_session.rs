@@ -41,10 +41,17 @@ async fn symlink_trailing_slash_and_dotdot_spellings_reach_one_session() {
         .expect("bind");
     assert_eq!(bound, std::fs::canonicalize(&real).expect("canonical"));
     let turn = sup.send_bound("#general", "hi").await.expect("send");
-    let a = ctl.next_attempt().await.expect("attempt");
+    let a = ctl
+        .next_attempt()
+        .within("the next attempt to open")
+        .await
+        .expect("attempt");
     assert_eq!(a.request.workspace.as_deref(), Some(bound.as_path()));
     a.finish();
-    turn.finish().await.expect("ok");
+    turn.finish()
+        .within("the turn to finish")
+        .await
+        .expect("ok");
     assert_eq!(sup.sessions().await.expect("alive").len(), 1);
     sup.shutdown().await;
 }

@@ -1,6 +1,7 @@
 //! Helpers shared by the integration tests.
 #![allow(dead_code, unreachable_pub, missing_docs)]
 
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -61,16 +62,121 @@ pub fn config() -> SupervisorConfig {
         )
 }
 
-/// Waits for the first lifecycle event matching `pred`.
+/// How long any wait of a test may take before it fails instead of hanging.
+/// On the paused clock this is virtual time: a wait that can never end fails
+/// at once (tokio auto-advances to this deadline), and the bound is far above
+/// every timer a test relies on (the longest is the 10 min tool allowance).
+pub const LIMIT: Duration = Duration::from_secs(3600);
+
+/// Awaits `fut` for at most `limit`, failing with `what` instead of hanging.
+pub async fn bounded<T>(limit: Duration, what: &str, fut: impl Future<Output = T>) -> T {
+    match tokio::time::timeout(limit, fut).await {
+        Ok(v) => v,
+        Err(_) => panic!("timed out after {limit:?} waiting for {what}"),
+    }
+}
+
+/// How long a wait of a real-clock test may take.
+pub const PATIENCE: Duration = Duration::from_secs(30);
+
+/// `.within(what)` / `.patiently(what)`: any future, bounded.
+pub trait Within: Future + Sized {
+    /// Awaits at most [`LIMIT`] (for paused-clock tests); panics naming
+    /// `what` if it does not end.
+    fn within(self, what: &str) -> impl Future<Output = Self::Output> {
+        bounded(LIMIT, what, self)
+    }
+
+    /// Awaits at most [`PATIENCE`] (for real-clock tests); panics naming
+    /// `what` if it does not end.
+    fn patiently(self, what: &str) -> impl Future<Output = Self::Output> {
+        bounded(PATIENCE, what, self)
+    }
+}
+
+impl<F: Future> Within for F {}
+
+/// Waits (at most [`LIMIT`]) for the first lifecycle event matching `pred`.
 pub async fn wait_for(
     rx: &mut broadcast::Receiver<LifecycleEvent>,
     pred: impl Fn(&LifecycleEvent) -> bool,
 ) -> LifecycleEvent {
-    loop {
-        let ev = rx.recv().await.expect("event bus open");
-        if pred(&ev) {
-            return ev;
+    let wait = async {
+        loop {
+            let ev = rx.recv().await.expect("event bus open");
+            if pred(&ev) {
+                return ev;
+            }
         }
+    };
+    wait.within("a matching lifecycle event").await
+}
+
+/// A [`SessionStore`](warden_core::SessionStore) over a [`MemoryStore`]
+/// whose next save, once [`hold_next_save`](GatedStore::hold_next_save) is
+/// called, blocks until [`release`](GatedStore::release): it keeps a
+/// session busy inside its handler so a test can queue messages behind it
+/// in an exact order.
+#[derive(Debug, Default)]
+pub struct GatedStore {
+    inner: warden_core::MemoryStore,
+    hold: std::sync::atomic::AtomicBool,
+    entered: tokio::sync::Notify,
+    released: tokio::sync::Notify,
+}
+
+impl GatedStore {
+    /// Makes the next save wait for [`release`](Self::release).
+    pub fn hold_next_save(&self) {
+        self.hold.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// Waits until a save is held.
+    pub async fn held(&self) {
+        self.entered.notified().within("a save to be held").await;
+    }
+
+    /// Lets the held save go on.
+    pub fn release(&self) {
+        self.released.notify_one();
+    }
+}
+
+impl warden_core::SessionStore for GatedStore {
+    fn load(
+        &self,
+        key: &SessionKey,
+    ) -> futures_util::future::BoxFuture<
+        '_,
+        Result<Option<warden_core::SessionRecord>, warden_core::StoreError>,
+    > {
+        self.inner.load(key)
+    }
+
+    fn save<'a>(
+        &'a self,
+        record: &'a warden_core::SessionRecord,
+        durability: warden_core::Durability,
+    ) -> futures_util::future::BoxFuture<'a, Result<(), warden_core::StoreError>> {
+        Box::pin(async move {
+            if self.hold.swap(false, std::sync::atomic::Ordering::SeqCst) {
+                self.entered.notify_one();
+                self.released.notified().await;
+            }
+            self.inner.save(record, durability).await
+        })
+    }
+
+    fn list(
+        &self,
+    ) -> futures_util::future::BoxFuture<
+        '_,
+        Result<
+            Vec<Result<warden_core::SessionRecord, warden_core::StoreError>>,
+            warden_core::StoreError,
+        >,
+    > {
+        self.inner.list()
     }
 }
 

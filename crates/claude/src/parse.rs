@@ -988,5 +988,91 @@ mod tests {
                 let _ = p.line(line);
             }
         }
+
+        /// The `fuzz_*` profile (`just fuzz`): `PROPTEST_CASES` sets the
+        /// cases; failures are kept in `parse.proptest-regressions`.
+        fn fuzz_config() -> ProptestConfig {
+            ProptestConfig {
+                failure_persistence: Some(Box::new(
+                    proptest::test_runner::FileFailurePersistence::WithSource(
+                        "proptest-regressions",
+                    ),
+                )),
+                ..ProptestConfig::default()
+            }
+        }
+
+        /// Bytes that are mostly JSON lines of the real shapes, cut and
+        /// spliced, so the fuzzer gets past `serde_json`'s first error.
+        fn line_ish() -> impl Strategy<Value = Vec<u8>> {
+            prop_oneof![
+                proptest::collection::vec(any::<u8>(), 0..400),
+                (
+                    0..SAMPLES.len(),
+                    0usize..600,
+                    proptest::collection::vec(any::<u8>(), 0..16)
+                )
+                    .prop_map(|(which, cut, noise)| {
+                        let s = SAMPLES[which].as_bytes();
+                        let cut = cut.min(s.len());
+                        [&s[..cut], &noise[..], &s[cut..]].concat()
+                    }),
+            ]
+        }
+
+        proptest! {
+            #![proptest_config(fuzz_config())]
+
+            #[test]
+            fn fuzz_any_lines_give_frames_a_completion_or_a_typed_failure(
+                lines in proptest::collection::vec(line_ish(), 0..32),
+                resume in proptest::option::of("[a-z0-9-]{1,12}"),
+                max_garbage in 0u32..6,
+            ) {
+                let mut p = LineParser::new(resume, max_garbage);
+                p.begin_turn();
+                for l in &lines {
+                    match p.line(l) {
+                        Step::Frames(f) => prop_assert!(!f.is_empty(), "Frames is never empty"),
+                        Step::Complete(f) => prop_assert!(
+                            matches!(f.last(), Some(Frame::Event(AgentEvent::TurnComplete { .. }))),
+                            "a completion ends with TurnComplete: {:?}", f
+                        ),
+                        Step::Fail(e) => prop_assert!(e.code() != "EINTERNAL", "{:?}", e),
+                    }
+                }
+            }
+
+            #[test]
+            fn fuzz_assistant_text_blocks_round_trip(
+                texts in proptest::collection::vec("\\PC{1,40}|[\\n\\r\"\\\\\u{0}-\u{1f}]{1,6}", 1..6),
+            ) {
+                let content: Vec<serde_json::Value> = texts
+                    .iter()
+                    .map(|t| serde_json::json!({"type": "text", "text": t}))
+                    .collect();
+                let line = serde_json::json!({
+                    "type": "assistant",
+                    "message": {"id": "msg_f", "content": content},
+                    "session_id": "s",
+                })
+                .to_string();
+                let mut p = LineParser::new(None, 3);
+                p.begin_turn();
+                match p.line(line.as_bytes()) {
+                    Step::Frames(f) => {
+                        let got: Vec<String> = f
+                            .into_iter()
+                            .filter_map(|fr| match fr {
+                                Frame::Event(AgentEvent::TextDelta(t)) => Some(t),
+                                _ => None,
+                            })
+                            .collect();
+                        prop_assert_eq!(got, texts);
+                    }
+                    other => prop_assert!(false, "expected frames, got {:?}", other),
+                }
+            }
+        }
     }
 }

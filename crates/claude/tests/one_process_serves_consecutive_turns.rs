@@ -145,7 +145,7 @@ async fn shutdown_and_close_session_wait_until_the_process_group_is_gone() {
         "close_session returns once the agent is reaped"
     );
     assert!(
-        eventually(Duration::from_millis(500), || dead(grandchild)).await,
+        eventually(PATIENCE, || dead(grandchild)).await,
         "and its group is killed"
     );
 

@@ -35,7 +35,10 @@ async fn a_silent_agent_is_killed_by_the_watchdog_and_the_retry_resumes_its_id()
         "resumed": {"turns": [echo_turn()]},
     });
     let factory = ClaudeSourceFactory::new(fx.options(script));
-    let sup = Supervisor::start(config(Duration::from_millis(300)), Arc::new(factory))
+    // The allowance must cover spawning the agent and its first line on a
+    // loaded machine (300 ms did not): 2 s of silence after `init` is the
+    // kill, and the turn as a whole is bounded by PATIENCE.
+    let sup = Supervisor::start(config(Duration::from_secs(2)), Arc::new(factory))
         .await
         .expect("supervisor");
     let turn = sup

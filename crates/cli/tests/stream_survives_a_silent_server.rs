@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use common::*;
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
+use tokio::io::AsyncReadExt;
 use warden_mock::{MockConfig, MockServer, Scenario};
 
 const STALL_MESSAGE: &str = "Connection lost during streaming. Retrying...";
@@ -147,14 +148,24 @@ async fn a_body_file_is_sent_as_the_request() {
 async fn ctrl_c_cancels_at_once_with_exit_130() {
     let server = mock(&[Scenario::Stall]).await;
     let url = server.url("/v1/messages");
-    let child = command(&["stream", &url, "--timeout", "60000"])
+    let mut child = command(&["stream", &url, "--timeout", "60000"])
         .spawn()
         .expect("spawn");
     assert!(
         server.wait_for_request(1, Duration::from_secs(10)).await,
         "the request reached the server"
     );
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    // Readiness marker: the stall's first text on stdout. `warden` prints it
+    // from the relay loop, which by then has polled (and so registered) its
+    // Ctrl-C handler; a SIGINT sent earlier could find the default handler
+    // and kill it by signal instead of exit 130. Keep reading the pipe open.
+    let mut stdout = child.stdout.take().expect("stdout");
+    let mut first = [0u8; 64];
+    let n = tokio::time::timeout(Duration::from_secs(10), stdout.read(&mut first))
+        .await
+        .expect("the stall's first text in time")
+        .expect("read stdout");
+    assert!(n > 0, "stdout closed before any text");
     let pid = Pid::from_raw(child.id().expect("pid") as i32);
     let sent = Instant::now();
     kill(pid, Signal::SIGINT).expect("SIGINT");

@@ -155,7 +155,11 @@ fn sse_ish() -> impl Strategy<Value = Vec<Vec<u8>>> {
 proptest! {
     #![proptest_config(ProptestConfig {
         cases: 128,
-        failure_persistence: None,
+        // Replays (and records) the failures kept next to this file, in
+        // decoder_survives_random_and_truncated_bytes.proptest-regressions.
+        failure_persistence: Some(Box::new(
+            proptest::test_runner::FileFailurePersistence::WithSource("proptest-regressions"),
+        )),
         ..ProptestConfig::default()
     })]
 

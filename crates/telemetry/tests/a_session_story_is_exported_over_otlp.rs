@@ -19,6 +19,13 @@ use warden_telemetry::TelemetryConfig;
 const PROMPT: &str = "SECRET-PROMPT-TEXT-123";
 const COMPLETION: &str = "SECRET-COMPLETION-456";
 
+/// Awaits `fut` for at most 30 s, failing with `what` instead of hanging.
+async fn within<T>(what: &str, fut: impl std::future::Future<Output = T>) -> T {
+    tokio::time::timeout(Duration::from_secs(30), fut)
+        .await
+        .unwrap_or_else(|_| panic!("timed out waiting for {what}"))
+}
+
 async fn scenario() {
     let store = Arc::new(MemoryStore::new());
     let mut r = SessionRecord::new(&SessionKey::new("resume-ws"), None);
@@ -48,24 +55,36 @@ async fn scenario() {
 
     // Stall → watchdog kill → retry → success.
     let turn = sup.send("stall-ws", PROMPT).await.expect("send");
-    let first = ctl.next_attempt().await.expect("attempt");
+    let first = within("the next attempt to open", ctl.next_attempt())
+        .await
+        .expect("attempt");
     first.text(COMPLETION); // then silence
-    let second = ctl.next_attempt().await.expect("retry");
+    let second = within("the next attempt to open", ctl.next_attempt())
+        .await
+        .expect("retry");
     second.text(COMPLETION);
     second.finish();
-    turn.finish().await.expect("answered");
+    within("the turn to finish", turn.finish())
+        .await
+        .expect("answered");
 
     // Resume failure → fresh fallback.
     let turn = sup.send("resume-ws", PROMPT).await.expect("send");
-    let resumed = ctl.next_attempt().await.expect("attempt");
+    let resumed = within("the next attempt to open", ctl.next_attempt())
+        .await
+        .expect("attempt");
     resumed.fail(StreamError::UnknownSession {
         session_id: "old-id".into(),
         message: "No conversation found with session ID: old-id".into(),
     });
-    let fresh = ctl.next_attempt().await.expect("fresh");
+    let fresh = within("the next attempt to open", ctl.next_attempt())
+        .await
+        .expect("fresh");
     fresh.text(COMPLETION);
     fresh.finish();
-    turn.finish().await.expect("answered");
+    within("the turn to finish", turn.finish())
+        .await
+        .expect("answered");
     sup.shutdown().await;
 }
 
@@ -199,6 +218,7 @@ fn spans_of_a_stall_a_retry_and_a_fresh_fallback_reach_the_collector() {
     );
     let kill = one(&spans, "watchdog.kill", "stall-ws");
     assert_eq!(kill.parent_span_id, killed.span_id);
+    assert_eq!(attr(kill, "error.type").as_deref(), Some("ESTREAM_TIMEOUT"));
     let retry = one(&spans, "stream.retry", "stall-ws");
     assert_eq!(retry.parent_span_id, turn.span_id);
 
