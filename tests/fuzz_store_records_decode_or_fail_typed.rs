@@ -192,7 +192,6 @@ proptest! {
 /// `bincode::config::standard().with_limit::<{ 64 << 20 }>()`, so claimed
 /// lengths are checked before allocating. Ignored: it aborts the test binary.
 #[test]
-#[ignore = "known gap: a huge claimed length aborts the process (issue #11 report)"]
 fn a_record_claiming_a_huge_string_is_corrupt_not_an_abort() {
     let mut bytes = SCHEMA_VERSION.to_be_bytes().to_vec();
     bytes.push(0xfd); // bincode varint: a u64 follows

@@ -286,10 +286,26 @@ fn make_files_private(_dir: &Path) -> Result<(), StoreError> {
     Ok(())
 }
 
+/// The largest encoded record, in bytes (256 MiB). Decoding is bounded by
+/// it, so a damaged record that claims a huge string or list is
+/// [`StoreError::Corrupt`] instead of an allocation that aborts the
+/// process; encoding refuses a record over it, so nothing is written that
+/// could not be read back.
+pub const MAX_RECORD_BYTES: usize = 256 << 20;
+
+/// bincode's standard configuration, bounded by [`MAX_RECORD_BYTES`].
+fn config() -> bincode::config::Configuration<
+    bincode::config::LittleEndian,
+    bincode::config::Varint,
+    bincode::config::Limit<MAX_RECORD_BYTES>,
+> {
+    bincode::config::standard().with_limit::<MAX_RECORD_BYTES>()
+}
+
 /// Encodes a record: version prefix, then bincode.
 pub fn encode(record: &SessionRecord) -> Result<Vec<u8>, StoreError> {
     let mut out = SCHEMA_VERSION.to_be_bytes().to_vec();
-    let body = bincode::serde::encode_to_vec(record, bincode::config::standard())
+    let body = bincode::serde::encode_to_vec(record, config())
         .map_err(|e| backend(format!("encoding {}: {e}", record.key)))?;
     out.extend_from_slice(&body);
     Ok(out)
@@ -316,7 +332,7 @@ pub fn decode(key: &str, bytes: &[u8]) -> Result<SessionRecord, StoreError> {
         return Err(corrupt("schema version 0".into()));
     }
     let (record, used): (SessionRecord, usize) =
-        bincode::serde::decode_from_slice(body, bincode::config::standard())
+        bincode::serde::decode_from_slice(body, config())
             .map_err(|e| corrupt(e.to_string()))?;
     if used != body.len() {
         return Err(corrupt(format!(
