@@ -267,13 +267,10 @@ async fn events_the_stream_forwards_after_escape_never_reach_the_user() {
 }
 
 /// The docs: after Escape "whatever the stream reports, the turn ends
-/// Cancelled". Today a `Completed` queued behind the cancel ends the turn
-/// `Ok` with only the text relayed before Escape (the rest was suppressed):
-/// a truncated answer presented as complete. Needs, in `session.rs`
-/// `on_ended`, `StreamOutcome::Completed if turn.cancel_requested =>
-/// Err(TurnError::Cancelled)` (or `_ if turn.cancel_requested`).
+/// Cancelled". A `Completed` queued behind the cancel had its late text
+/// suppressed, so it must not end the turn `Ok` with a truncated answer
+/// presented as complete.
 #[tokio::test(start_paused = true)]
-#[ignore = "known gap: a completion queued behind Escape ends the turn Ok (issue #11 report)"]
 async fn a_stream_that_completes_after_escape_still_ends_the_turn_cancelled() {
     let (sup, store, session, mut turn, a, second, ctl) = busy_session().await;
     session.cancel();

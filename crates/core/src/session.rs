@@ -1107,9 +1107,12 @@ async fn on_ended(
         );
     }
     let result = match outcome {
+        // After Escape the turn ends Cancelled whatever the stream reports:
+        // a completion queued behind the cancel had its late text
+        // suppressed, so it must not pass for a whole answer.
+        _ if turn.cancel_requested => Err(TurnError::Cancelled),
         StreamOutcome::Completed => Ok(()),
         StreamOutcome::Cancelled => Err(TurnError::Cancelled),
-        StreamOutcome::Failed(_) if turn.cancel_requested => Err(TurnError::Cancelled),
         StreamOutcome::Failed(error) => {
             if let (Some(cause), Some(failed_id)) =
                 (error.resume_failure_cause(), turn.resume_id.clone())
