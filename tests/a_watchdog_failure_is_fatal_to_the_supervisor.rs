@@ -58,14 +58,11 @@ async fn a_stopped_watchdog_stops_the_supervisor_and_answers_its_turns() {
     the_tree_goes_down_when(|sup| sup.watchdog().actor().stop(Some("gone".into()))).await;
 }
 
-/// The supervisor's failure kills its sessions without their `post_stop`
-/// (ractor runs no `post_stop` for an actor failing in
-/// `handle_supervisor_evt`, and kills its children), so the running
-/// `StreamActor` task is never cancelled: it keeps reading, unwatched. Needs,
-/// in `supervisor.rs`, the watchdog arms of `handle_supervisor_evt` to stop
-/// the sessions (what `post_stop` does) before returning the error.
+/// ractor runs no `post_stop` for an actor failing in
+/// `handle_supervisor_evt` and kills its children, so unless the supervisor
+/// stops its sessions itself, the running `StreamActor` task keeps reading
+/// with nothing watching it.
 #[tokio::test(start_paused = true)]
-#[ignore = "known gap: streams outlive a watchdog failure (issue #11 report)"]
 async fn the_streams_of_a_supervisor_whose_watchdog_failed_are_dropped() {
     let a = the_tree_goes_down_when(panic_in_the_watchdog).await;
     a.dropped().within("the stream to be dropped").await;

@@ -901,9 +901,14 @@ impl Actor for WorkspaceSupervisor {
         let watchdog_id = state.watchdog.actor().get_id();
         match event {
             SupervisionEvent::ActorFailed(cell, err) if cell.get_id() == watchdog_id => {
+                // ractor runs no post_stop for a failing supervisor: stop
+                // the sessions (and so their streams) now, or they would
+                // go on reading with nothing watching them.
+                stop_sessions(&myself, state).await;
                 Err(format!("watchdog failed: {err}").into())
             }
             SupervisionEvent::ActorTerminated(cell, _, reason) if cell.get_id() == watchdog_id => {
+                stop_sessions(&myself, state).await;
                 Err(format!("watchdog stopped: {}", reason.unwrap_or_default()).into())
             }
             SupervisionEvent::ActorFailed(cell, err) => {
@@ -926,15 +931,7 @@ impl Actor for WorkspaceSupervisor {
     ) -> Result<(), ActorProcessingErr> {
         // Sessions first (each stops its streams, which unwatch), then the
         // watchdog last so no stream is ever unwatched while running.
-        let sessions: Vec<_> = state.sessions.drain().map(|(_, h)| h).collect();
-        for h in &sessions {
-            h.actor().unlink(myself.get_cell());
-        }
-        let stops = sessions.iter().map(|h| {
-            h.actor()
-                .stop_and_wait(Some("shutdown".into()), Some(Duration::from_secs(10)))
-        });
-        futures_util::future::join_all(stops).await;
+        stop_sessions(&myself, state).await;
         state.watchdog.actor().unlink(myself.get_cell());
         let _ = state
             .watchdog
@@ -943,4 +940,17 @@ impl Actor for WorkspaceSupervisor {
             .await;
         Ok(())
     }
+}
+
+/// Stops every session and waits for each (its stream released first).
+async fn stop_sessions(myself: &ActorRef<SupervisorMsg>, state: &mut SupervisorState) {
+    let sessions: Vec<_> = state.sessions.drain().map(|(_, h)| h).collect();
+    for h in &sessions {
+        h.actor().unlink(myself.get_cell());
+    }
+    let stops = sessions.iter().map(|h| {
+        h.actor()
+            .stop_and_wait(Some("shutdown".into()), Some(Duration::from_secs(10)))
+    });
+    futures_util::future::join_all(stops).await;
 }

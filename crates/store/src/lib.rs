@@ -332,8 +332,7 @@ pub fn decode(key: &str, bytes: &[u8]) -> Result<SessionRecord, StoreError> {
         return Err(corrupt("schema version 0".into()));
     }
     let (record, used): (SessionRecord, usize) =
-        bincode::serde::decode_from_slice(body, config())
-            .map_err(|e| corrupt(e.to_string()))?;
+        bincode::serde::decode_from_slice(body, config()).map_err(|e| corrupt(e.to_string()))?;
     if used != body.len() {
         return Err(corrupt(format!(
             "{} trailing bytes after the record",
