@@ -161,10 +161,9 @@ async fn a_panicking_source_fails_the_turn_and_releases_everything() {
         .await;
     match result {
         Err(warden_core::TurnError::Fatal(StreamError::Internal { message })) => {
-            assert!(
-                message.contains("panicked: boom in the source"),
-                "{message}"
-            )
+            // The payload may quote stream text: never in the error.
+            assert!(message.contains("panicked"), "{message}");
+            assert!(!message.contains("boom in the source"), "{message}");
         }
         other => panic!("{other:?}"),
     }

@@ -65,17 +65,25 @@ enum Command {
 fn main() -> ExitCode {
     // A bug must still be one line, not a backtrace.
     std::panic::set_hook(Box::new(|info| {
-        let message = info
-            .payload()
-            .downcast_ref::<&str>()
-            .map(|s| (*s).to_owned())
-            .or_else(|| info.payload().downcast_ref::<String>().cloned())
-            .unwrap_or_else(|| "unknown panic".into());
         let place = info
             .location()
             .map(|l| format!(" at {}:{}", l.file(), l.line()))
             .unwrap_or_default();
-        eprintln!("warden: internal error{place}: {message} (please report this)");
+        // The payload may quote stream text (a dependency's panic on a
+        // malformed stream did): shown only when logs are asked for.
+        if std::env::var_os("RUST_LOG").is_some() {
+            let message = info
+                .payload()
+                .downcast_ref::<&str>()
+                .map(|s| (*s).to_owned())
+                .or_else(|| info.payload().downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "unknown panic".into());
+            eprintln!("warden: internal error{place}: {message} (please report this)");
+        } else {
+            eprintln!(
+                "warden: internal error{place} (please report this; RUST_LOG=debug shows its message)"
+            );
+        }
     }));
     let cli = Cli::parse();
     let runtime = match tokio::runtime::Builder::new_multi_thread()

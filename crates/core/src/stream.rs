@@ -343,9 +343,22 @@ async fn run(args: StreamArgs, guard: WatchGuard, control: Arc<Control>) {
             Err(Stop::Cancel) => StreamOutcome::Cancelled,
             Ok(Ok(Ok(()))) => StreamOutcome::Completed,
             Ok(Ok(Err(error))) => StreamOutcome::Failed(error),
-            Ok(Err(panic)) => StreamOutcome::Failed(StreamError::Internal {
-                message: format!("the stream reader panicked: {}", panic_message(&*panic)),
-            }),
+            Ok(Err(panic)) => {
+                // A source's panic message may quote the stream (prompt or
+                // completion text): only a debug log, which is opt-in,
+                // carries it; the error says what happened.
+                tracing::debug!(
+                    event = "stream.reader_panicked",
+                    session.key = key.as_str(),
+                    payload = %panic_message(&*panic),
+                    "the stream reader panicked"
+                );
+                StreamOutcome::Failed(StreamError::Internal {
+                    message: "the stream reader panicked (a bug in the event source; \
+                              RUST_LOG=warden_core=debug shows its message)"
+                        .to_owned(),
+                })
+            }
         }
         // Leaving this block drops the reader: the stream and its
         // connection (or child pipe) are gone before anything is reported.
