@@ -283,8 +283,25 @@ mod tests {
         assert_eq!(run(&mut t, 1000 * MS), 1);
         let e = fired.lock().expect("lock")[0];
         assert_eq!(e.silent_for, Duration::from_millis(1000));
+        assert_eq!(e.timeout, Duration::from_millis(1000));
+        assert_eq!(e.id, WatchId(1));
         assert!(!t.contains(WatchId(1)));
         assert_eq!(t.len(), 0);
+    }
+
+    #[test]
+    fn contains_sees_exactly_the_live_streams() {
+        let (mut t, cell, _) = setup(1000);
+        assert!(t.contains(WatchId(1)));
+        assert!(!t.contains(WatchId(2)));
+        // A superseded heap item is not a second entry, and a removed
+        // stream is gone even while its item is still in the heap.
+        cell.set_timeout(Duration::from_millis(10));
+        t.rearm(&cell);
+        assert!(t.contains(WatchId(1)));
+        assert!(t.remove(&cell));
+        assert!(!t.contains(WatchId(1)));
+        assert!(t.queued() > 0, "the stale items are dropped lazily");
     }
 
     #[test]
