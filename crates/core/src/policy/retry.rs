@@ -133,6 +133,31 @@ mod tests {
     }
 
     #[test]
+    fn the_builders_set_what_they_name_and_delay_after_follows_them() {
+        let p = RetryPolicy::default()
+            .with_backoff(Duration::from_millis(100), Duration::from_millis(250))
+            .with_jitter(0.0);
+        assert_eq!(
+            p.delay_after(1, &timeout()),
+            Some(Duration::from_millis(100))
+        );
+        assert_eq!(
+            p.delay_after(2, &timeout()),
+            Some(Duration::from_millis(200))
+        );
+        assert_eq!(
+            p.delay_after(3, &timeout()),
+            Some(Duration::from_millis(250))
+        );
+        assert_eq!(p.delay_after(p.max_attempts, &timeout()), None);
+        // Full jitter may cut a delay to anything down to zero, never more.
+        let p = p.with_jitter(1.0);
+        assert_eq!(p.jitter, 1.0);
+        assert!(p.delay_after(1, &timeout()) <= Some(Duration::from_millis(100)));
+        assert_eq!(RetryPolicy::default().with_jitter(f64::NAN).jitter, 0.0);
+    }
+
+    #[test]
     fn base_delay_doubles_up_to_the_cap() {
         let p = RetryPolicy::default();
         let got: Vec<_> = (1..=6).map(|n| p.base_delay(n).as_millis()).collect();
