@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 use warden_core::{AgentEvent, EventSource, EventStream, Frame, StreamError, TurnRequest, Usage};
 
 use crate::decode::{EventMapper, Flow, Protocol, parse_json};
-use crate::http::{BuildError, Endpoint, ErrorBody, HttpOptions, stream_error_event};
+use crate::http::{Begin, BuildError, Endpoint, ErrorBody, HttpOptions, stream_error_event};
 
 /// The `anthropic-version` header sent by default.
 pub const ANTHROPIC_VERSION: &str = "2023-06-01";
@@ -208,15 +208,9 @@ impl EventSource for AnthropicSource {
     fn open(&self, request: TurnRequest) -> BoxFuture<'static, Result<EventStream, StreamError>> {
         let inner = Arc::clone(&self.inner);
         Box::pin(async move {
-            let conversation = match inner.endpoint.conversation(&request).await? {
-                // Already answered (a re-delivery after a crash): replayed.
-                Some(c) => match inner.endpoint.replay(&request, &c) {
-                    Some(replayed) => {
-                        return Ok(c.record(replayed, request.message, inner.model.clone()));
-                    }
-                    None => Some(c),
-                },
-                None => None,
+            let conversation = match inner.endpoint.begin(&request, &inner.model).await? {
+                Begin::Send(conversation) => conversation,
+                Begin::Replayed(stream) => return Ok(stream),
             };
             let history = conversation.as_ref().map_or(&[][..], |c| c.history());
             let mut messages: Vec<Message<'_>> = history

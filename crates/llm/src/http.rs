@@ -181,6 +181,14 @@ pub fn validate_base_url(base_url: &str) -> Result<(), BuildError> {
     Ok(())
 }
 
+/// How a turn begins; see [`Endpoint::begin`].
+pub(crate) enum Begin {
+    /// Send the request, continuing this conversation if there is one.
+    Send(Option<Conversation>),
+    /// Already answered: this stream replays the stored reply.
+    Replayed(EventStream),
+}
+
 /// One streaming endpoint: URL, headers, client, limits.
 pub(crate) struct Endpoint {
     provider: &'static str,
@@ -271,7 +279,7 @@ impl Endpoint {
     }
 
     /// The conversation `request` continues, when transcripts are kept.
-    pub(crate) async fn conversation(
+    async fn conversation(
         &self,
         request: &TurnRequest,
     ) -> Result<Option<Conversation>, StreamError> {
@@ -281,14 +289,30 @@ impl Endpoint {
         transcripts.begin(request).await.map(Some)
     }
 
-    /// The stored reply of a re-delivered message that `conversation`
-    /// already answered, as a stream: no request is sent, so the message is
-    /// not answered twice (see the transcript module, "Crashes").
-    pub(crate) fn replay(
+    /// How `request` begins: with its conversation (when transcripts are
+    /// kept) to send, or, for a re-delivered message the conversation
+    /// already answered, with the stored reply as the stream: no request is
+    /// sent, so the message is not answered twice (see the transcript
+    /// module, "Crashes").
+    pub(crate) async fn begin(
         &self,
         request: &TurnRequest,
-        conversation: &Conversation,
-    ) -> Option<EventStream> {
+        model: &str,
+    ) -> Result<Begin, StreamError> {
+        Ok(match self.conversation(request).await? {
+            Some(c) => match self.replay(request, &c) {
+                Some(replayed) => {
+                    Begin::Replayed(c.record(replayed, request.message.clone(), model.to_owned()))
+                }
+                None => Begin::Send(Some(c)),
+            },
+            None => Begin::Send(None),
+        })
+    }
+
+    /// The stored reply of a re-delivered message that `conversation`
+    /// already answered, as a stream.
+    fn replay(&self, request: &TurnRequest, conversation: &Conversation) -> Option<EventStream> {
         let reply = conversation.replay()?;
         tracing::info!(
             event = "llm.replay",

@@ -5,54 +5,14 @@
 //! typed `StreamError` that ends the stream, and valid turns round-trip
 //! whatever their chunking.
 
-use futures_util::{FutureExt, StreamExt, stream};
 use proptest::prelude::*;
 use proptest::test_runner::FileFailurePersistence;
-use warden_core::{AgentEvent, EventStream, Frame, StreamError};
-use warden_llm::decode::{Protocol, decode_frames};
+use warden_core::{AgentEvent, Frame, StreamError};
+use warden_llm::decode::Protocol;
 
-fn drain(mut stream: EventStream, max_items: usize) -> (Vec<Frame>, Option<StreamError>) {
-    let mut frames = Vec::new();
-    for _ in 0..max_items {
-        match stream.next().now_or_never() {
-            None => panic!("the decoder waited on an in-memory stream"),
-            Some(None) => return (frames, None),
-            Some(Some(Ok(frame))) => frames.push(frame),
-            Some(Some(Err(e))) => {
-                assert!(
-                    matches!(stream.next().now_or_never(), Some(None)),
-                    "nothing after an error"
-                );
-                return (frames, Some(e));
-            }
-        }
-    }
-    panic!("the decoder did not end within {max_items} items");
-}
-
-fn decode(
-    protocol: Protocol,
-    chunks: Vec<Vec<u8>>,
-    limit: usize,
-) -> (Vec<Frame>, Option<StreamError>) {
-    let total: usize = chunks.iter().map(Vec::len).sum();
-    let bytes = stream::iter(chunks.into_iter().map(Ok::<_, StreamError>));
-    drain(decode_frames(protocol, bytes, limit), 4 * total + 16)
-}
-
-fn split(bytes: &[u8], mut points: Vec<usize>) -> Vec<Vec<u8>> {
-    points.retain(|&p| p > 0 && p < bytes.len());
-    points.sort_unstable();
-    points.dedup();
-    let mut chunks = Vec::new();
-    let mut start = 0;
-    for p in points {
-        chunks.push(bytes[start..p].to_vec());
-        start = p;
-    }
-    chunks.push(bytes[start..].to_vec());
-    chunks
-}
+#[path = "support/memory.rs"]
+mod memory;
+use memory::{decode, split};
 
 fn protocol() -> impl Strategy<Value = Protocol> {
     prop_oneof![Just(Protocol::Anthropic), Just(Protocol::OpenAi)]
