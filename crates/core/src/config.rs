@@ -86,6 +86,15 @@ mod tests {
     use super::*;
 
     #[test]
+    fn the_bounds_are_one_millisecond_and_one_day_inclusive() {
+        assert_eq!(MAX_STREAM_TIMEOUT, Duration::from_millis(86_400_000));
+        assert!(validate_timeout("t", MAX_STREAM_TIMEOUT).is_ok());
+        assert!(validate_timeout("t", MAX_STREAM_TIMEOUT + Duration::from_nanos(1)).is_err());
+        assert!(validate_timeout("t", Duration::from_millis(1)).is_ok());
+        assert!(validate_timeout("t", Duration::from_micros(999)).is_err());
+    }
+
+    #[test]
     fn default_is_45_seconds_when_unset_or_empty() {
         assert_eq!(stream_timeout_from(|_| None), Ok(Duration::from_secs(45)));
         assert_eq!(

@@ -113,6 +113,21 @@ mod tests {
     use crate::event::Usage;
 
     #[test]
+    fn a_self_report_needs_one_to_three_digits_and_its_closing() {
+        assert_eq!(strip_self_report("a [ctx: ~7%]"), ("a".into(), Some(7)));
+        assert_eq!(strip_self_report("a [ctx: ~100%]"), ("a".into(), Some(100)));
+        // Not markers: no digits, four digits, no `%]`.
+        for text in ["a [ctx: ~%]", "a [ctx: ~1000%]", "a [ctx: ~12]"] {
+            assert_eq!(strip_self_report(text), (text.into(), None), "{text}");
+        }
+        // The last of several wins; every marker is stripped.
+        assert_eq!(
+            strip_self_report("[ctx: ~1%]x [ctx: ~2%] y"),
+            ("x  y".into(), Some(2))
+        );
+    }
+
+    #[test]
     fn context_counts_input_and_both_cache_fields_of_the_last_report() {
         let last = Usage {
             input_tokens: 3,
