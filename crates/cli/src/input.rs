@@ -9,9 +9,6 @@ use crate::exit::CliError;
 /// accepted: 32 MiB. Larger ones are usage errors naming this limit.
 pub(crate) const MAX_INPUT_BYTES: u64 = 32 * 1024 * 1024;
 
-/// The limit as the errors and `--help` spell it.
-pub(crate) const MAX_INPUT_TEXT: &str = "32 MiB";
-
 /// Reads all of `reader`, at most `limit` bytes: one byte more is read to
 /// tell "exactly the limit" from "larger", and is a usage error that names
 /// `what` and the limit.
@@ -22,13 +19,14 @@ pub(crate) fn read_bounded(reader: impl Read, limit: u64, what: &str) -> Result<
         .read_to_end(&mut bytes)
         .map_err(|e| CliError::usage(format!("cannot read {what}: {e}")))?;
     if bytes.len() as u64 > limit {
+        const MIB: u64 = 1024 * 1024;
+        let shown = if limit > 0 && limit % MIB == 0 {
+            format!("{} MiB", limit / MIB)
+        } else {
+            format!("{limit} bytes")
+        };
         return Err(CliError::usage(format!(
-            "{what} is larger than the limit of {}",
-            if limit == MAX_INPUT_BYTES {
-                MAX_INPUT_TEXT.to_owned()
-            } else {
-                format!("{limit} bytes")
-            }
+            "{what} is larger than the limit of {shown}"
         )));
     }
     Ok(bytes)
