@@ -20,9 +20,9 @@ use std::time::Duration;
 use tokio::sync::mpsc::UnboundedReceiver;
 use warden_claude::{ClaudeOptions, ClaudeSource};
 use warden_core::{
-    Durability, EventSource, LifecycleEvent, MemoryStore, Notice, RetryPolicy, SessionConfig,
-    SessionKey, SessionRecord, SessionStore, Supervisor, SupervisorConfig, WatchdogConfig,
-    normalize_workspace,
+    Durability, EventSource, LifecycleEvent, MemoryStore, Notice, ResumeCause, RetryPolicy,
+    SessionConfig, SessionKey, SessionRecord, SessionStore, Supervisor, SupervisorConfig,
+    WatchdogConfig, normalize_workspace,
 };
 use warden_mock::{MockConfig, MockServer, Scenario, Selection};
 
@@ -468,7 +468,7 @@ async fn an_unknown_stored_id_falls_back_to_a_fresh_conversation() {
             ..
         } => {
             assert_eq!(failed_session_id, gone);
-            assert_eq!(cause, "unknown_session");
+            assert_eq!(cause, ResumeCause::UnknownSession);
         }
         other => panic!("expected FreshStart, got {other:?}"),
     }
@@ -593,7 +593,7 @@ async fn a_prompt_too_long_resume_falls_back_fresh_and_notifies() {
             ..
         } => {
             assert_eq!(failed_session_id, old);
-            assert_eq!(cause, "prompt_too_long");
+            assert_eq!(cause, ResumeCause::PromptTooLong);
         }
         other => panic!("expected FreshStart, got {other:?}"),
     }

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use common::*;
 use warden_core::{
-    AgentEvent, Frame, LifecycleEvent, MemoryStore, Notice, RecordStatus, SessionKey,
+    AgentEvent, Frame, LifecycleEvent, MemoryStore, Notice, RecordStatus, ResumeCause, SessionKey,
     SessionRecord, SessionStore, StreamError, SupervisorError, TurnError, TurnEvent,
 };
 
@@ -29,7 +29,7 @@ async fn store_with_old_id(key: &str) -> Arc<MemoryStore> {
 
 fn too_long() -> StreamError {
     StreamError::ContextOverflow {
-        reason: "prompt_too_long".into(),
+        reason: ResumeCause::PromptTooLong,
         message: "Prompt is too long".into(),
     }
 }
@@ -120,7 +120,7 @@ async fn falls_back(
             message,
         } => {
             assert_eq!(failed_session_id, OLD);
-            assert_eq!(c, cause);
+            assert_eq!(c.as_str(), cause);
             assert!(message.contains("starting fresh"), "{message}");
         }
         other => panic!("unexpected {other:?}"),
@@ -165,7 +165,7 @@ async fn blocking_limit_after_start_falls_back() {
     falls_back(
         |_, a| {
             a.expect("attempt").fail(StreamError::ContextOverflow {
-                reason: "blocking_limit".into(),
+                reason: ResumeCause::BlockingLimit,
                 message: "Prompt is too long".into(),
             });
         },

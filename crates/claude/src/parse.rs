@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use serde_json::Value;
-use warden_core::{AgentEvent, Frame, StreamError, Usage};
+use warden_core::{AgentEvent, Frame, ResumeCause, StreamError, Usage, retryable_status};
 
 /// Longest piece of agent text (an error message, a stderr line) copied
 /// into an error.
@@ -472,15 +472,18 @@ fn result_error(v: &Value, subtype: &str, resume_id: Option<&str>) -> StreamErro
     if text.contains(NO_CONVERSATION) {
         return unknown_session(&text, resume_id);
     }
-    if let Some(reason @ ("prompt_too_long" | "blocking_limit")) = terminal {
+    if let Some(reason) = terminal
+        .and_then(ResumeCause::from_name)
+        .filter(|c| *c != ResumeCause::UnknownSession)
+    {
         return StreamError::ContextOverflow {
-            reason: reason.to_owned(),
+            reason,
             message: text,
         };
     }
     if text.to_ascii_lowercase().contains("prompt is too long") {
         return StreamError::ContextOverflow {
-            reason: "prompt_too_long".to_owned(),
+            reason: ResumeCause::PromptTooLong,
             message: text,
         };
     }
@@ -499,7 +502,7 @@ fn result_error(v: &Value, subtype: &str, resume_id: Option<&str>) -> StreamErro
         };
     }
     // `success` with is_error: an API error after Claude Code's own retries.
-    let retryable = matches!(status, Some(408 | 409 | 429) | Some(500..=599));
+    let retryable = status.is_some_and(retryable_status);
     StreamError::Api {
         status,
         kind: terminal.unwrap_or("api_error").to_owned(),
@@ -765,7 +768,7 @@ mod tests {
             &mut parser(),
             r#"{"type":"result","subtype":"error_during_execution","is_error":true,"errors":["No conversation found with session ID: zz-9"]}"#,
         );
-        assert_eq!(e.resume_failure_cause(), Some("unknown_session"));
+        assert_eq!(e.resume_failure_cause(), Some(ResumeCause::UnknownSession));
         assert!(
             matches!(e, StreamError::UnknownSession { session_id, .. } if session_id == "zz-9")
         );
@@ -780,7 +783,7 @@ mod tests {
         assert_eq!(
             e,
             StreamError::ContextOverflow {
-                reason: "prompt_too_long".into(),
+                reason: ResumeCause::PromptTooLong,
                 message: "Prompt is too long".into()
             }
         );
@@ -788,12 +791,12 @@ mod tests {
             &mut parser(),
             r#"{"type":"result","subtype":"success","is_error":true,"terminal_reason":"blocking_limit","result":"Context limit reached"}"#,
         );
-        assert_eq!(e.resume_failure_cause(), Some("blocking_limit"));
+        assert_eq!(e.resume_failure_cause(), Some(ResumeCause::BlockingLimit));
         let e = fail(
             &mut parser(),
             r#"{"type":"result","subtype":"success","is_error":true,"result":"Prompt is too long"}"#,
         );
-        assert_eq!(e.resume_failure_cause(), Some("prompt_too_long"));
+        assert_eq!(e.resume_failure_cause(), Some(ResumeCause::PromptTooLong));
     }
 
     #[test]
@@ -925,7 +928,7 @@ mod tests {
             Some("not-a-uuid"),
             false,
         );
-        assert_eq!(e.resume_failure_cause(), Some("unknown_session"));
+        assert_eq!(e.resume_failure_cause(), Some(ResumeCause::UnknownSession));
         let e = early_exit_error(
             ExitInfo::Code(1),
             &["Error: Session ID abc is already in use.".into()],

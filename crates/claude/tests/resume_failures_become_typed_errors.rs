@@ -7,7 +7,7 @@ mod common;
 use common::*;
 use serde_json::{Value, json};
 use warden_claude::{ClaudeOptions, ClaudeSource};
-use warden_core::{EventSource, StreamError};
+use warden_core::{EventSource, ResumeCause, StreamError};
 
 const ID: &str = "9753c268-1111-4111-8111-111111111111";
 
@@ -58,7 +58,10 @@ async fn an_unknown_session_result_line_is_unknown_session() {
             message: format!("No conversation found with session ID: {ID}"),
         }
     );
-    assert_eq!(error.resume_failure_cause(), Some("unknown_session"));
+    assert_eq!(
+        error.resume_failure_cause(),
+        Some(ResumeCause::UnknownSession)
+    );
     assert!(fx.args(0).windows(2).any(|w| w == ["--resume", ID]));
 }
 
@@ -82,7 +85,10 @@ async fn an_invalid_resume_id_is_unknown_session() {
         {"exit": 1},
     ]))
     .await;
-    assert_eq!(error.resume_failure_cause(), Some("unknown_session"));
+    assert_eq!(
+        error.resume_failure_cause(),
+        Some(ResumeCause::UnknownSession)
+    );
 }
 
 #[tokio::test]
@@ -108,7 +114,7 @@ async fn prompt_too_long_with_subtype_success_is_context_overflow() {
     assert_eq!(
         error,
         StreamError::ContextOverflow {
-            reason: "prompt_too_long".into(),
+            reason: ResumeCause::PromptTooLong,
             message: "Prompt is too long".into(),
         }
     );
@@ -121,7 +127,10 @@ async fn a_blocking_limit_result_is_context_overflow() {
         out(r#"{"is_error":true,"terminal_reason":"blocking_limit","result":"Context limit reached","subtype":"success","type":"result"}"#),
     ]))
     .await;
-    assert_eq!(error.resume_failure_cause(), Some("blocking_limit"));
+    assert_eq!(
+        error.resume_failure_cause(),
+        Some(ResumeCause::BlockingLimit)
+    );
 }
 
 #[tokio::test]

@@ -61,8 +61,8 @@ pub enum StreamError {
     /// feeds the supervisor's resume-failure path instead of a retry.
     #[error("context cannot be resumed ({reason}): {message}")]
     ContextOverflow {
-        /// Machine-readable cause, e.g. `prompt_too_long`.
-        reason: String,
+        /// Machine-readable cause.
+        reason: ResumeCause,
         /// What the agent said.
         message: String,
     },
@@ -139,14 +139,13 @@ impl StreamError {
         }
     }
 
-    /// When this error means a stored conversation cannot be resumed, the
-    /// machine cause (`prompt_too_long`, `blocking_limit`,
-    /// `unknown_session`, ...): such errors go to the supervisor's
-    /// resume-failure path instead of a retry.
-    pub fn resume_failure_cause(&self) -> Option<&str> {
+    /// When this error means a stored conversation cannot be resumed, its
+    /// cause: such errors go to the supervisor's resume-failure path
+    /// instead of a retry.
+    pub fn resume_failure_cause(&self) -> Option<ResumeCause> {
         match self {
-            Self::ContextOverflow { reason, .. } => Some(reason),
-            Self::UnknownSession { .. } => Some("unknown_session"),
+            Self::ContextOverflow { reason, .. } => Some(*reason),
+            Self::UnknownSession { .. } => Some(ResumeCause::UnknownSession),
             _ => None,
         }
     }
@@ -158,6 +157,64 @@ impl StreamError {
             _ => None,
         }
     }
+}
+
+/// Why a stored conversation cannot be resumed.
+///
+/// Carried by [`StreamError::ContextOverflow`] and returned by
+/// [`StreamError::resume_failure_cause`]; the supervisor starts such a
+/// session fresh instead of retrying it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum ResumeCause {
+    /// The conversation no longer fits the context window ("Prompt is too
+    /// long", HTTP 400 `prompt is too long`, `context_length_exceeded`).
+    PromptTooLong,
+    /// The agent refused to go on at its blocking context limit (Claude
+    /// Code's `terminal_reason: blocking_limit`).
+    BlockingLimit,
+    /// The agent has no conversation with the stored id ("No conversation
+    /// found with session ID").
+    UnknownSession,
+}
+
+impl ResumeCause {
+    /// The stable machine name: `prompt_too_long`, `blocking_limit`,
+    /// `unknown_session`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::PromptTooLong => "prompt_too_long",
+            Self::BlockingLimit => "blocking_limit",
+            Self::UnknownSession => "unknown_session",
+        }
+    }
+
+    /// The cause named `name` ([`as_str`](Self::as_str) backwards), e.g.
+    /// an agent's `terminal_reason`.
+    pub fn from_name(name: &str) -> Option<Self> {
+        match name {
+            "prompt_too_long" => Some(Self::PromptTooLong),
+            "blocking_limit" => Some(Self::BlockingLimit),
+            "unknown_session" => Some(Self::UnknownSession),
+            _ => None,
+        }
+    }
+}
+
+impl std::fmt::Display for ResumeCause {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Whether an HTTP error status is worth a retry: 408 (timeout), 409
+/// (conflict), 429 (rate limit) and every 5xx (529 overloaded included),
+/// as the official SDKs decide. One rule for every source: the HTTP
+/// sources apply it to response statuses (unless `x-should-retry` says
+/// otherwise), the Claude Code source to the `api_error_status` the CLI
+/// reports.
+pub fn retryable_status(status: u16) -> bool {
+    matches!(status, 408 | 409 | 429 | 500..=599)
 }
 
 /// How a turn ended when it did not succeed.
@@ -264,10 +321,41 @@ mod tests {
     }
 
     #[test]
+    fn resume_causes_round_trip_their_names() {
+        for c in [
+            ResumeCause::PromptTooLong,
+            ResumeCause::BlockingLimit,
+            ResumeCause::UnknownSession,
+        ] {
+            assert_eq!(ResumeCause::from_name(c.as_str()), Some(c));
+            assert_eq!(c.to_string(), c.as_str());
+        }
+        assert_eq!(ResumeCause::from_name("max_turns"), None);
+        assert_eq!(
+            StreamError::UnknownSession {
+                session_id: "s".into(),
+                message: "m".into()
+            }
+            .resume_failure_cause(),
+            Some(ResumeCause::UnknownSession)
+        );
+    }
+
+    #[test]
+    fn retryable_statuses_are_the_sdks_set() {
+        for s in [408, 409, 429, 500, 502, 503, 529, 599] {
+            assert!(retryable_status(s), "{s}");
+        }
+        for s in [200, 301, 400, 401, 403, 404, 410, 413, 422, 499, 600] {
+            assert!(!retryable_status(s), "{s}");
+        }
+    }
+
+    #[test]
     fn classification_of_fatal_errors() {
         let fatal = [
             StreamError::ContextOverflow {
-                reason: "prompt_too_long".into(),
+                reason: ResumeCause::PromptTooLong,
                 message: "Prompt is too long".into(),
             },
             StreamError::Malformed {

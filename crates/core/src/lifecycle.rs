@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use tokio::sync::broadcast;
 
+use crate::error::ResumeCause;
 use crate::source::SessionKey;
 use crate::stream::AttemptId;
 
@@ -62,8 +63,8 @@ pub enum LifecycleEvent {
         key: SessionKey,
         /// The id that failed.
         failed_id: String,
-        /// Machine cause (`prompt_too_long`, `unknown_session`, ...).
-        cause: String,
+        /// Why the conversation could not be resumed.
+        cause: ResumeCause,
     },
     /// The session restarted fresh after a resume failure, its unanswered
     /// messages re-delivered.

@@ -5,7 +5,7 @@
 //! good, and to deliver the answer of a message recovered after a crash
 //! (whose original caller is gone).
 
-use crate::error::TurnError;
+use crate::error::{ResumeCause, TurnError};
 use crate::source::SessionKey;
 
 /// Something the user should be told.
@@ -17,9 +17,8 @@ pub enum Notice {
     FreshStart {
         /// The id that failed.
         failed_session_id: String,
-        /// Machine cause: `prompt_too_long`, `blocking_limit`,
-        /// `unknown_session`, ...
-        cause: String,
+        /// Why the conversation could not be resumed.
+        cause: ResumeCause,
         /// The text to show the user.
         message: String,
     },
@@ -42,11 +41,10 @@ pub enum Notice {
 
 impl Notice {
     /// The user-facing text of a fresh start caused by `cause`.
-    pub fn fresh_start_message(cause: &str) -> String {
+    pub fn fresh_start_message(cause: ResumeCause) -> String {
         match cause {
-            "prompt_too_long" | "blocking_limit" => "Session context was too large to resume — starting fresh. Project context is preserved in CLAUDE.md.".into(),
-            "unknown_session" => "The previous conversation could not be found — starting fresh. Project context is preserved in CLAUDE.md.".into(),
-            _ => "The previous conversation could not be resumed — starting fresh. Project context is preserved in CLAUDE.md.".into(),
+            ResumeCause::PromptTooLong | ResumeCause::BlockingLimit => "Session context was too large to resume — starting fresh. Project context is preserved in CLAUDE.md.".into(),
+            ResumeCause::UnknownSession => "The previous conversation could not be found — starting fresh. Project context is preserved in CLAUDE.md.".into(),
         }
     }
 }

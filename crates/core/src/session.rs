@@ -27,7 +27,7 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 use crate::context::{self, ContextConfig};
-use crate::error::{ActorError, StreamError, TurnError};
+use crate::error::{ActorError, ResumeCause, StreamError, TurnError};
 use crate::event::{AgentEvent, Usage};
 use crate::lifecycle::{EventBus, LifecycleEvent};
 use crate::notify::{Notice, Notifier};
@@ -245,8 +245,8 @@ pub enum TurnEvent {
     /// The stored conversation could not be resumed; the message moves to a
     /// fresh session and this turn continues there.
     Restarting {
-        /// The machine cause.
-        cause: String,
+        /// Why the conversation could not be resumed.
+        cause: ResumeCause,
     },
     /// The turn is over.
     Finished(Result<TurnSummary, TurnError>),
@@ -1118,7 +1118,6 @@ async fn on_ended(
                 (error.resume_failure_cause(), turn.resume_id.clone())
                 && state.args.escalate.is_some()
             {
-                let cause = cause.to_owned();
                 return escalate_resume_failure(myself, state, failed_id, cause, error);
             }
             match state
@@ -1185,7 +1184,7 @@ fn escalate_resume_failure(
     myself: &ActorRef<SessionMsg>,
     state: &mut SessionState,
     failed_id: String,
-    cause: String,
+    cause: ResumeCause,
     error: StreamError,
 ) -> Result<(), ActorProcessingErr> {
     let Some(escalate) = state.args.escalate.clone() else {
@@ -1194,9 +1193,7 @@ fn escalate_resume_failure(
     let mut handoff = Vec::new();
     if let Some(turn) = state.turn.take() {
         spans::fail(&turn.span, error.code());
-        turn.send(TurnEvent::Restarting {
-            cause: cause.clone(),
-        });
+        turn.send(TurnEvent::Restarting { cause });
         handoff.push(Handoff {
             message: turn.queued.message,
             reply: turn.queued.reply,

@@ -671,10 +671,11 @@ impl SupervisorState {
             anchor,
             ..
         } = f;
-        let cause = error
-            .resume_failure_cause()
-            .unwrap_or("resume_failed")
-            .to_owned();
+        let Some(cause) = error.resume_failure_cause() else {
+            // Sessions escalate only errors with a resume cause.
+            fail_handoff(handoff, &format!("resume failed: {error}"));
+            return;
+        };
         let span = tracing::error_span!(
             "session.resume_failed",
             warden.session.key = key.as_str(),
@@ -708,7 +709,7 @@ impl SupervisorState {
         self.bus.publish(LifecycleEvent::ResumeFailed {
             key: key.clone(),
             failed_id: failed_id.clone(),
-            cause: cause.clone(),
+            cause,
         });
         self.forget(&key);
         record.clear_agent_session_id();
@@ -751,7 +752,7 @@ impl SupervisorState {
                     &key,
                     Notice::FreshStart {
                         failed_session_id: failed_id,
-                        message: Notice::fresh_start_message(&cause),
+                        message: Notice::fresh_start_message(cause),
                         cause,
                     },
                 );

@@ -11,7 +11,7 @@ use reqwest::header::{
     LOCATION,
 };
 use serde::Deserialize;
-use warden_core::{EventStream, StreamError, TurnRequest};
+use warden_core::{EventStream, ResumeCause, StreamError, TurnRequest, retryable_status};
 
 use crate::decode::{Protocol, decode_frames, json_error_message};
 use crate::transcript::{Conversation, Transcripts, replay_stream};
@@ -648,13 +648,12 @@ pub(crate) fn classify_response(
         }
         if code == 400 && error.says_prompt_too_long() {
             return StreamError::ContextOverflow {
-                reason: "prompt_too_long".to_owned(),
+                reason: ResumeCause::PromptTooLong,
                 message,
             };
         }
     }
-    let retryable =
-        should_retry.unwrap_or(matches!(code, 408 | 409 | 429) || status.is_server_error());
+    let retryable = should_retry.unwrap_or_else(|| retryable_status(code));
     StreamError::Api {
         status: Some(code),
         kind: error.kind().unwrap_or_else(|| "http_error".to_owned()),
@@ -791,7 +790,7 @@ mod tests {
     fn openai_context_length_code_is_a_context_overflow() {
         let body = br#"{"error":{"message":"too many","type":"invalid_request_error","code":"context_length_exceeded"}}"#;
         let e = classify_response(StatusCode::BAD_REQUEST, &HeaderMap::new(), body, CAP);
-        assert_eq!(e.resume_failure_cause(), Some("prompt_too_long"));
+        assert_eq!(e.resume_failure_cause(), Some(ResumeCause::PromptTooLong));
     }
 
     #[test]

@@ -8,7 +8,7 @@ mod support;
 use std::time::{Duration, SystemTime};
 
 use support::*;
-use warden_core::{EventSource, StreamError};
+use warden_core::{EventSource, ResumeCause, StreamError};
 
 const OVERLOADED: &str =
     r#"{"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}}"#;
@@ -156,11 +156,11 @@ async fn a_400_prompt_too_long_is_a_context_overflow() {
     assert_eq!(
         e,
         StreamError::ContextOverflow {
-            reason: "prompt_too_long".into(),
+            reason: ResumeCause::PromptTooLong,
             message: "prompt is too long: 210000 tokens > 200000 maximum".into(),
         }
     );
-    assert_eq!(e.resume_failure_cause(), Some("prompt_too_long"));
+    assert_eq!(e.resume_failure_cause(), Some(ResumeCause::PromptTooLong));
     assert!(!e.is_retryable());
 }
 
@@ -191,7 +191,11 @@ async fn openai_error_bodies_are_read_too() {
         Ok(_) => panic!("must fail"),
         Err(e) => e,
     };
-    assert_eq!(e.resume_failure_cause(), Some("prompt_too_long"), "{e:?}");
+    assert_eq!(
+        e.resume_failure_cause(),
+        Some(ResumeCause::PromptTooLong),
+        "{e:?}"
+    );
 
     let server = Server::start(vec![Reply::error(
         429,

@@ -279,7 +279,7 @@ fn describe(note: &Note) -> (&'static str, String, Value, Option<String>) {
         Note::Notice(Notice::FreshStart { message, cause, .. }) => (
             "user_notified",
             format!("user told: \"{message}\""),
-            json!({ "cause": cause, "message": message }),
+            json!({ "cause": cause.as_str(), "message": message }),
             None,
         ),
         Note::Notice(Notice::SessionFailed { message, reason }) => (
@@ -333,7 +333,7 @@ fn describe(note: &Note) -> (&'static str, String, Value, Option<String>) {
             } => (
                 "resume_failed",
                 format!("cannot resume {failed_id}: {cause}"),
-                json!({ "failed_id": failed_id, "cause": cause }),
+                json!({ "failed_id": failed_id, "cause": cause.as_str() }),
                 Some("resume failed".into()),
             ),
             L::FreshFallback {
