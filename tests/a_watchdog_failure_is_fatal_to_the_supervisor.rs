@@ -24,7 +24,6 @@ async fn the_tree_goes_down_when(
         .expect("opened");
     break_it(&sup);
     sup.actor()
-        .get_cell()
         .wait(Some(LIMIT))
         .await
         .expect("the supervisor stops when its watchdog is gone");

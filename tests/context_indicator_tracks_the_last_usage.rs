@@ -4,9 +4,10 @@
 mod common;
 
 use common::*;
+use std::sync::Arc;
 use warden_core::context::ContextConfig;
-use warden_core::testing::AttemptControl;
-use warden_core::{AgentEvent, Frame, SessionConfig, Usage};
+use warden_core::testing::{AttemptControl, ChannelSource, ChannelSourceControl};
+use warden_core::{AgentEvent, EventSource, Frame, SessionConfig, SessionKey, Supervisor, Usage};
 
 fn usage(input: u64, creation: u64, read: u64, output: u64) -> Frame {
     Frame::Event(AgentEvent::Usage(Usage {
@@ -66,9 +67,21 @@ async fn indicator_counts_cache_tokens_of_the_last_report_only() {
     sup.shutdown().await;
 }
 
+/// A supervisor whose source knows `model`'s window (as `warden-claude`
+/// knows Claude Code's `[1m]` models).
+async fn supervisor_knowing(model: &str, window: u64) -> (Supervisor, ChannelSourceControl) {
+    let (source, control) = ChannelSource::new();
+    source.set_context_window(model, window);
+    let factory = move |_: &SessionKey| source.clone() as Arc<dyn EventSource>;
+    let sup = Supervisor::start(config(), Arc::new(factory))
+        .await
+        .expect("supervisor starts");
+    (sup, control)
+}
+
 #[tokio::test(start_paused = true)]
-async fn one_million_windows_from_the_model_name_or_the_agent() {
-    let (sup, ctl) = supervisor_with(config()).await;
+async fn one_million_windows_from_the_source_or_the_agent() {
+    let (sup, ctl) = supervisor_knowing("claude-sonnet-4-5[1m]", 1_000_000).await;
     let text = turn_text(&sup, &ctl, |a| {
         a.send(Frame::Event(AgentEvent::SessionStarted {
             session_id: "s".into(),

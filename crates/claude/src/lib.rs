@@ -171,4 +171,4 @@ mod source;
 pub mod transcript;
 
 pub use options::{ClaudeOptions, PermissionMode};
-pub use source::{ClaudeSource, ClaudeSourceFactory};
+pub use source::{ClaudeSource, ClaudeSourceFactory, FRESH_START_NOTE, window_for_model};

@@ -148,6 +148,21 @@ async fn shut(slots: Vec<Slot>) {
     }
 }
 
+/// What survives a fresh start of a Claude Code session: the project's
+/// memory file, read again by the new conversation.
+pub const FRESH_START_NOTE: &str = "Project context is preserved in CLAUDE.md.";
+
+/// The context window Claude Code gives `model`: 1,000,000 tokens for the
+/// `[1m]` variants (`sonnet[1m]`, `claude-sonnet-4-5[1m]`, any case);
+/// `None` (warden's 200,000 default) otherwise. A window Claude Code
+/// reports with a turn (`modelUsage.*.contextWindow`) wins over this.
+pub fn window_for_model(model: &str) -> Option<u64> {
+    model
+        .to_ascii_lowercase()
+        .contains("[1m]")
+        .then_some(1_000_000)
+}
+
 impl EventSource for ClaudeSource {
     fn open(&self, request: TurnRequest) -> BoxFuture<'static, Result<EventStream, StreamError>> {
         let shared = self.shared.clone();
@@ -156,6 +171,14 @@ impl EventSource for ClaudeSource {
 
     fn provider(&self) -> &str {
         "claude-code"
+    }
+
+    fn context_window(&self, model: Option<&str>) -> Option<u64> {
+        model.and_then(window_for_model)
+    }
+
+    fn fresh_start_note(&self) -> Option<String> {
+        Some(FRESH_START_NOTE.to_owned())
     }
 
     fn diagnostics(&self, session_id: &str, workspace: Option<&Path>) -> Diagnostics {
@@ -575,5 +598,18 @@ impl ClaudeSourceFactory {
 impl SourceFactory for ClaudeSourceFactory {
     fn source_for(&self, _key: &SessionKey) -> Arc<dyn EventSource> {
         Arc::new(ClaudeSource::new(self.options.clone()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_million_windows_come_from_the_1m_model_names() {
+        assert_eq!(window_for_model("claude-sonnet-4-5"), None);
+        assert_eq!(window_for_model("claude-sonnet-4-5[1m]"), Some(1_000_000));
+        assert_eq!(window_for_model("Claude-Opus[1M]"), Some(1_000_000));
+        assert_eq!(window_for_model("sonnet[1m]"), Some(1_000_000));
     }
 }

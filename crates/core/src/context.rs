@@ -3,14 +3,14 @@
 //! Tokens in context = input + cache creation + cache read of the **last**
 //! usage report of a turn, not the per-turn sum (which counts cache reads
 //! once per sub-call and can exceed the window). The window comes from the
-//! agent when it reports one (Claude Code's `modelUsage.*.contextWindow`),
-//! else from the model name: 1,000,000 when it carries `[1m]`, else 200,000;
-//! [`ContextConfig::window`] overrides both.
+//! agent when it reports one with a turn (Claude Code's
+//! `modelUsage.*.contextWindow`), else from the source's knowledge of the
+//! model ([`EventSource::context_window`](crate::EventSource::context_window);
+//! Claude Code's `[1m]` names are 1,000,000), else [`DEFAULT_WINDOW`];
+//! [`ContextConfig::window`] overrides all of them.
 
-/// Default context window.
+/// Context window when neither the agent nor its source says otherwise.
 pub const DEFAULT_WINDOW: u64 = 200_000;
-/// Window of `[1m]` models.
-pub const ONE_MILLION_WINDOW: u64 = 1_000_000;
 
 /// The instruction appended to the system prompt for the self-report track.
 pub const SELF_REPORT_INSTRUCTION: &str = "At the very end of every response, append your own estimate of how full your context window is, in the exact form [ctx: ~NN%].";
@@ -56,15 +56,6 @@ impl ContextConfig {
     pub fn with_self_report(mut self, on: bool) -> Self {
         self.self_report = on;
         self
-    }
-}
-
-/// The window for `model`: 1,000,000 when its name carries `[1m]`
-/// (any case), else 200,000.
-pub fn window_for_model(model: Option<&str>) -> u64 {
-    match model {
-        Some(m) if m.to_ascii_lowercase().contains("[1m]") => ONE_MILLION_WINDOW,
-        _ => DEFAULT_WINDOW,
     }
 }
 
@@ -138,17 +129,9 @@ mod tests {
         assert_eq!(last.context_tokens(), 14_203);
         assert_eq!(percent(last.context_tokens(), DEFAULT_WINDOW), 7);
         assert_eq!(percent(124_000, DEFAULT_WINDOW), 62);
-        assert_eq!(percent(124_000, ONE_MILLION_WINDOW), 12);
+        assert_eq!(percent(124_000, 1_000_000), 12);
         assert_eq!(percent(1, 0), 0);
         assert_eq!(percent(99_999, 200_000), 50, "rounds half up");
-    }
-
-    #[test]
-    fn window_from_the_model_name() {
-        assert_eq!(window_for_model(Some("claude-sonnet-4-5")), 200_000);
-        assert_eq!(window_for_model(Some("claude-sonnet-4-5[1m]")), 1_000_000);
-        assert_eq!(window_for_model(Some("Claude-Opus[1M]")), 1_000_000);
-        assert_eq!(window_for_model(None), 200_000);
     }
 
     #[test]

@@ -59,35 +59,63 @@
 //! - `thiserror`: the typed error enums.
 //! - `tracing`: structured events; this library never installs a subscriber.
 //! - `rand`: retry jitter.
+//!
+//! # Public surface
+//!
+//! Everything a user needs is re-exported at the root by name; the modules
+//! that stay public hold settings and helpers best read by path
+//! ([`config`], [`context`], [`spans`], [`store`]) and the in-process test
+//! source ([`testing`]). The actors' state, their messages and the contract
+//! between a session and its supervisor are private: build on
+//! [`Supervisor`] and its handles, or on the reusable parts
+//! ([`WatchdogActor`], [`StreamActor`], [`RetryPolicy`], [`SessionStore`]).
+//! Feature `testing` adds hooks for tests outside this crate
+//! (`SessionHandle::fail`, `testing::spawn_session`).
+
 pub mod config;
 pub mod context;
-pub mod error;
-pub mod event;
-pub mod lifecycle;
-pub mod notify;
-pub mod policy;
-pub mod session;
-pub mod source;
+mod error;
+mod event;
+mod lifecycle;
+mod notify;
+mod policy;
+mod session;
+mod source;
 pub mod spans;
 pub mod store;
-pub mod stream;
-pub mod supervisor;
+mod stream;
+mod supervisor;
 pub mod testing;
+mod transition;
 mod util;
-pub mod watchdog;
-pub mod workspace;
+mod watchdog;
+mod workspace;
 
 pub use context::ContextConfig;
-pub use error::*;
-pub use event::*;
-pub use lifecycle::*;
-pub use notify::*;
-pub use policy::*;
-pub use session::*;
-pub use source::*;
+pub use error::{ActorError, ConfigError, ResumeCause, StreamError, TurnError, retryable_status};
+pub use event::{AgentEvent, Frame, Usage};
+pub use lifecycle::{EventBus, LifecycleEvent};
+pub use notify::{LogNotifier, Notice, Notifier};
+pub use policy::{Restart, RestartIntensity, RetryPolicy};
+pub use session::{
+    ContextReport, SessionConfig, SessionHandle, SessionStatus, SubmitError, TurnEvent, TurnHandle,
+    TurnSummary,
+};
+pub use source::{Diagnostics, EventSource, EventStream, SessionKey, SourceFactory, TurnRequest};
 pub use spans::TraceAnchor;
-pub use store::*;
-pub use stream::*;
-pub use supervisor::*;
-pub use watchdog::*;
+pub use store::{
+    Durability, MemoryStore, PendingMessage, RecordStatus, SessionRecord, SessionStore, StoreError,
+    StoredUsage,
+};
+pub use stream::{
+    AttemptId, Credit, ReportSink, StreamActor, StreamArgs, StreamHandle, StreamOptions,
+    StreamOutcome, StreamReport,
+};
+pub use supervisor::{
+    ShutdownTimeouts, Supervisor, SupervisorBuilder, SupervisorConfig, SupervisorError,
+};
+pub use watchdog::{
+    Expiry, Heartbeat, WatchGuard, WatchId, WatchdogActor, WatchdogConfig, WatchdogHandle,
+    WatchdogMsg, WatchdogStats,
+};
 pub use workspace::normalize_workspace;

@@ -40,12 +40,48 @@ pub enum Notice {
 }
 
 impl Notice {
-    /// The user-facing text of a fresh start caused by `cause`.
-    pub fn fresh_start_message(cause: ResumeCause) -> String {
-        match cause {
-            ResumeCause::PromptTooLong | ResumeCause::BlockingLimit => "Session context was too large to resume — starting fresh. Project context is preserved in CLAUDE.md.".into(),
-            ResumeCause::UnknownSession => "The previous conversation could not be found — starting fresh. Project context is preserved in CLAUDE.md.".into(),
+    /// The user-facing text of a fresh start caused by `cause`, followed by
+    /// the source's `note` about what survives a fresh start (for Claude
+    /// Code: "Project context is preserved in CLAUDE.md."), if it has one
+    /// ([`EventSource::fresh_start_note`](crate::EventSource::fresh_start_note)).
+    pub fn fresh_start_message(cause: ResumeCause, note: Option<&str>) -> String {
+        let what = match cause {
+            ResumeCause::PromptTooLong | ResumeCause::BlockingLimit => {
+                "Session context was too large to resume — starting fresh."
+            }
+            ResumeCause::UnknownSession => {
+                "The previous conversation could not be found — starting fresh."
+            }
+        };
+        match note {
+            Some(note) => format!("{what} {note}"),
+            None => what.to_owned(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_fresh_start_text_names_the_cause_and_adds_only_the_sources_note() {
+        let plain = Notice::fresh_start_message(ResumeCause::UnknownSession, None);
+        assert_eq!(
+            plain,
+            "The previous conversation could not be found — starting fresh."
+        );
+        let noted = Notice::fresh_start_message(
+            ResumeCause::PromptTooLong,
+            Some("Project context is preserved in CLAUDE.md."),
+        );
+        assert_eq!(
+            noted,
+            "Session context was too large to resume — starting fresh. Project context is preserved in CLAUDE.md."
+        );
+        assert!(
+            Notice::fresh_start_message(ResumeCause::BlockingLimit, None).contains("too large")
+        );
     }
 }
 

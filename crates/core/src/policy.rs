@@ -6,5 +6,6 @@
 mod restart;
 mod retry;
 
-pub use restart::{Restart, RestartDecision, RestartIntensity, RestartTracker};
+pub use restart::{Restart, RestartIntensity};
+pub(crate) use restart::{RestartDecision, RestartTracker};
 pub use retry::RetryPolicy;

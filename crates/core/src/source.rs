@@ -103,6 +103,24 @@ pub trait EventSource: Send + Sync + 'static {
         "unknown"
     }
 
+    /// The context window of `model` (as the agent reported it in
+    /// `SessionStarted`), when the source knows it better than the default
+    /// of [`DEFAULT_WINDOW`](crate::context::DEFAULT_WINDOW) tokens. A window
+    /// the agent reports with a turn (`TurnComplete::context_window`) and
+    /// [`ContextConfig::window`](crate::ContextConfig) take precedence.
+    fn context_window(&self, model: Option<&str>) -> Option<u64> {
+        let _ = model;
+        None
+    }
+
+    /// A sentence telling the user what survives when a session whose
+    /// conversation cannot be resumed starts fresh (appended to
+    /// [`Notice::FreshStart`](crate::Notice)'s text), if the agent keeps
+    /// anything.
+    fn fresh_start_note(&self) -> Option<String> {
+        None
+    }
+
     /// What the source knows about a failed resume of `session_id` (the
     /// agent's stderr tail, the transcript file and its size). Called once
     /// per resume failure; the default knows nothing.

@@ -26,7 +26,9 @@
 use opentelemetry::trace::{SpanContext, TraceContextExt as _};
 use tracing_opentelemetry::OpenTelemetrySpanExt as _;
 
-/// Span names, as exported.
+/// Span names, as exported, and the `event` names of the log events of
+/// transitions that are not spans. Every transition records its span and
+/// its log event under the same name.
 pub mod names {
     /// Anchor of a new session's first incarnation.
     pub const SESSION_SPAWN: &str = "session.spawn";
@@ -56,6 +58,21 @@ pub mod names {
     pub const SUPERVISOR_ESCALATE: &str = "supervisor.escalate";
     /// A workspace path was normalized.
     pub const WORKSPACE_NORMALIZE: &str = "workspace.normalize";
+    /// Log event: the agent's session id was stored.
+    pub const SESSION_AGENT_ID: &str = "session.agent_id";
+    /// Log event: context usage at the end of a turn.
+    pub const CONTEXT_USAGE: &str = "context_usage";
+    /// Log event: a turn ended (recorded onto its `session.turn` span).
+    pub const SESSION_TURN_FINISHED: &str = "session.turn_finished";
+    /// Log event: a session actor stopped.
+    pub const SESSION_STOPPED: &str = "session.stopped";
+    /// Log event: the supervisor restarted a session fresh with its
+    /// unanswered messages.
+    pub const SUPERVISOR_FRESH_START: &str = "supervisor.fresh_start";
+    /// Log event: a session failed for good.
+    pub const SESSION_FAILED: &str = "session.failed";
+    /// Log event: a session's record could not be read or written.
+    pub const STORE_FAILED: &str = "store.failed";
 }
 
 /// The trace context of one session incarnation's anchor span: the parent
@@ -68,6 +85,11 @@ impl TraceAnchor {
     /// installed).
     pub fn span_context(&self) -> SpanContext {
         self.0.span().span_context().clone()
+    }
+
+    /// The anchor of `span` (an incarnation's anchor span).
+    pub(crate) fn of(span: &tracing::Span) -> Self {
+        Self(span.context())
     }
 
     /// Makes `span` a child of this anchor. Call before entering `span`.
@@ -94,50 +116,4 @@ pub(crate) fn context_of(span: &tracing::Span) -> SpanContext {
 pub(crate) fn fail(span: &tracing::Span, code: &str) {
     span.record("error.type", code);
     span.record("otel.status_code", "ERROR");
-}
-
-/// Opens and closes the anchor span of a session incarnation.
-pub(crate) fn anchor(
-    name: &'static str,
-    key: &str,
-    conversation: Option<&str>,
-    workspace: Option<&std::path::Path>,
-    restart_count: u32,
-    previous: Option<&TraceAnchor>,
-) -> TraceAnchor {
-    let span = match name {
-        names::SESSION_RESUME => tracing::info_span!(
-            "session.resume",
-            warden.session.key = key,
-            gen_ai.conversation.id = tracing::field::Empty,
-            warden.workspace = tracing::field::Empty,
-            warden.restart_count = restart_count,
-        ),
-        names::SESSION_FRESH_FALLBACK => tracing::info_span!(
-            "session.fresh_fallback",
-            warden.session.key = key,
-            gen_ai.conversation.id = tracing::field::Empty,
-            warden.workspace = tracing::field::Empty,
-            warden.restart_count = restart_count,
-        ),
-        _ => tracing::info_span!(
-            "session.spawn",
-            warden.session.key = key,
-            gen_ai.conversation.id = tracing::field::Empty,
-            warden.workspace = tracing::field::Empty,
-            warden.restart_count = restart_count,
-        ),
-    };
-    // A new trace per incarnation, linked to the one before.
-    let _ = span.set_parent(opentelemetry::Context::new());
-    if let Some(c) = conversation {
-        span.record("gen_ai.conversation.id", c);
-    }
-    if let Some(w) = workspace {
-        span.record("warden.workspace", w.display().to_string());
-    }
-    if let Some(p) = previous {
-        link(&span, &p.span_context());
-    }
-    TraceAnchor(span.context())
 }

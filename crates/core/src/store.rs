@@ -20,6 +20,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::event::Usage;
 use crate::source::SessionKey;
+use crate::util::lock;
 
 /// The schema version this build writes and the newest it reads.
 pub const SCHEMA_VERSION: u16 = 1;
@@ -73,6 +74,11 @@ pub struct StoredUsage {
 }
 
 impl StoredUsage {
+    /// Tokens in context: input + cache creation + cache read.
+    pub fn context_tokens(&self) -> u64 {
+        self.input_tokens + self.cache_creation_input_tokens + self.cache_read_input_tokens
+    }
+
     /// From a usage report and the window it is measured against.
     pub fn from_usage(u: Usage, window: u64) -> Self {
         Self {
@@ -280,20 +286,10 @@ impl MemoryStore {
     }
 }
 
-fn poisoned() -> StoreError {
-    StoreError::Backend {
-        message: "memory store lock poisoned".into(),
-    }
-}
-
 impl SessionStore for MemoryStore {
     fn load(&self, key: &SessionKey) -> BoxFuture<'_, Result<Option<SessionRecord>, StoreError>> {
-        let r = self
-            .records
-            .lock()
-            .map(|m| m.get(key.as_str()).cloned())
-            .map_err(|_| poisoned());
-        Box::pin(async move { r })
+        let r = lock(&self.records).get(key.as_str()).cloned();
+        Box::pin(async move { Ok(r) })
     }
 
     fn save<'a>(
@@ -301,27 +297,14 @@ impl SessionStore for MemoryStore {
         record: &'a SessionRecord,
         _durability: Durability,
     ) -> BoxFuture<'a, Result<(), StoreError>> {
-        let r = self
-            .records
-            .lock()
-            .map(|mut m| {
-                m.insert(record.key.clone(), record.clone());
-            })
-            .map_err(|_| poisoned());
-        Box::pin(async move { r })
+        lock(&self.records).insert(record.key.clone(), record.clone());
+        Box::pin(async move { Ok(()) })
     }
 
     fn list(&self) -> BoxFuture<'_, Result<Vec<Result<SessionRecord, StoreError>>, StoreError>> {
-        let r = self
-            .records
-            .lock()
-            .map(|m| {
-                let mut v: Vec<_> = m.values().cloned().collect();
-                v.sort_by(|a, b| a.key.cmp(&b.key));
-                v.into_iter().map(Ok).collect()
-            })
-            .map_err(|_| poisoned());
-        Box::pin(async move { r })
+        let mut v: Vec<_> = lock(&self.records).values().cloned().collect();
+        v.sort_by(|a, b| a.key.cmp(&b.key));
+        Box::pin(async move { Ok(v.into_iter().map(Ok).collect()) })
     }
 }
 

@@ -36,8 +36,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use std::panic::AssertUnwindSafe;
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Mutex, PoisonError};
 
 use futures_util::task::AtomicWaker;
 use futures_util::{FutureExt, StreamExt};
@@ -49,6 +49,8 @@ use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, TryAcquireError};
 use crate::error::{ActorError, StreamError};
 use crate::event::{AgentEvent, Frame};
 use crate::source::{EventSource, TurnRequest};
+use crate::transition::{At, Parent, Transition};
+use crate::util::lock;
 use crate::watchdog::{Expiry, Heartbeat, WatchGuard, WatchId, WatchdogHandle};
 
 /// Identifies one attempt of one turn within a session.
@@ -200,7 +202,7 @@ struct Control {
 
 impl Control {
     fn request(&self, stop: Stop) {
-        let mut slot = self.stop.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut slot = lock(&self.stop);
         if slot.is_none() {
             *slot = Some(stop);
             drop(slot);
@@ -210,7 +212,7 @@ impl Control {
     }
 
     fn requested(&self) -> Option<Stop> {
-        *self.stop.lock().unwrap_or_else(PoisonError::into_inner)
+        *lock(&self.stop)
     }
 }
 
@@ -327,17 +329,19 @@ async fn run(args: StreamArgs, guard: WatchGuard, control: Arc<Control>) {
         };
         match ended.await {
             Err(Stop::Expired(expiry)) => {
-                drop(tracing::warn_span!(
-                    parent: &span,
-                    "watchdog.kill",
-                    warden.session.key = key.as_str(),
-                    gen_ai.conversation.id = conversation.as_deref().unwrap_or(""),
-                    warden.watch_id = expiry.id.get(),
-                    warden.silent_ms = expiry.silent_for.as_millis() as u64,
-                    warden.timeout_ms = expiry.timeout.as_millis() as u64,
-                    error.r#type = "ESTREAM_TIMEOUT",
-                    otel.status_code = "ERROR",
-                ));
+                drop(
+                    Transition::WatchdogKill {
+                        watch_id: expiry.id.get(),
+                        silent_for: expiry.silent_for,
+                        timeout: expiry.timeout,
+                    }
+                    .record(At {
+                        key: &key,
+                        conversation: conversation.as_deref(),
+                        parent: Parent::Span(&span),
+                        bus: None,
+                    }),
+                );
                 StreamOutcome::Failed(expiry.into())
             }
             Err(Stop::Cancel) => StreamOutcome::Cancelled,

@@ -13,6 +13,7 @@ use tokio::sync::{Mutex, mpsc, watch};
 use crate::error::StreamError;
 use crate::event::{AgentEvent, Frame};
 use crate::source::{EventSource, EventStream, TurnRequest};
+use crate::util::lock;
 
 /// A source whose every opened stream is handed to the test as an
 /// [`AttemptControl`].
@@ -20,6 +21,7 @@ use crate::source::{EventSource, EventStream, TurnRequest};
 pub struct ChannelSource {
     opened: mpsc::UnboundedSender<AttemptControl>,
     open_errors: std::sync::Mutex<std::collections::VecDeque<StreamError>>,
+    windows: std::sync::Mutex<std::collections::HashMap<String, u64>>,
 }
 
 /// The receiving side of a [`ChannelSource`]: one [`AttemptControl`] per
@@ -47,6 +49,7 @@ impl ChannelSource {
             Arc::new(Self {
                 opened: tx,
                 open_errors: Default::default(),
+                windows: Default::default(),
             }),
             ChannelSourceControl {
                 opened: Mutex::new(rx),
@@ -59,15 +62,20 @@ impl ChannelSource {
     /// Makes the next `open` fail with `error` (as a connect error or an
     /// agent process exiting at start would), without a stream.
     pub fn fail_next_open(&self, error: StreamError) {
-        if let Ok(mut q) = self.open_errors.lock() {
-            q.push_back(error);
-        }
+        lock(&self.open_errors).push_back(error);
+    }
+
+    /// Makes the source report `window` as the context window of `model`
+    /// ([`EventSource::context_window`]), as an agent source knows its
+    /// models' windows.
+    pub fn set_context_window(&self, model: impl Into<String>, window: u64) {
+        lock(&self.windows).insert(model.into(), window);
     }
 }
 
 impl EventSource for ChannelSource {
     fn open(&self, request: TurnRequest) -> BoxFuture<'static, Result<EventStream, StreamError>> {
-        let failure = self.open_errors.lock().ok().and_then(|mut q| q.pop_front());
+        let failure = lock(&self.open_errors).pop_front();
         if let Some(error) = failure {
             return Box::pin(async move { Err(error) });
         }
@@ -93,6 +101,10 @@ impl EventSource for ChannelSource {
     fn provider(&self) -> &str {
         "channel"
     }
+
+    fn context_window(&self, model: Option<&str>) -> Option<u64> {
+        model.and_then(|m| lock(&self.windows).get(m).copied())
+    }
 }
 
 impl ChannelSourceControl {
@@ -110,10 +122,9 @@ impl AttemptControl {
     }
 
     fn push(&self, item: Result<Frame, StreamError>) -> bool {
-        match self.tx.lock() {
-            Ok(tx) => tx.as_ref().is_some_and(|tx| tx.send(item).is_ok()),
-            Err(_) => false,
-        }
+        lock(&self.tx)
+            .as_ref()
+            .is_some_and(|tx| tx.send(item).is_ok())
     }
 
     /// Sends a text delta.
@@ -145,9 +156,7 @@ impl AttemptControl {
     pub fn close(&self) {
         // Replacing the sender drops the original: the receiver sees EOF once
         // the queued frames are read.
-        if let Ok(mut tx) = self.tx.lock() {
-            *tx = None;
-        }
+        *lock(&self.tx) = None;
     }
 
     /// Whether warden has dropped the stream (its reader is gone).
@@ -160,4 +169,38 @@ impl AttemptControl {
         let mut alive = self.alive.clone();
         while alive.changed().await.is_ok() {}
     }
+}
+
+/// Spawns a session without a supervisor (feature `testing`): loads its
+/// record from `store` (or starts a new one), as the supervisor would for a
+/// new key, with the log notifier and no escalation (a resume failure ends
+/// the turn with its fatal error). For benchmarks and tests that measure or
+/// drive one session on its own.
+#[cfg(feature = "testing")]
+pub async fn spawn_session(
+    key: crate::SessionKey,
+    source: Arc<dyn EventSource>,
+    watchdog: crate::WatchdogHandle,
+    store: Arc<dyn crate::SessionStore>,
+    config: crate::SessionConfig,
+) -> Result<crate::SessionHandle, Box<dyn std::error::Error + Send + Sync>> {
+    let record = match store.load(&key).await? {
+        Some(r) => r,
+        None => crate::SessionRecord::new(&key, None),
+    };
+    let args = crate::session::SessionArgs {
+        key,
+        record,
+        source,
+        watchdog,
+        config,
+        bus: crate::EventBus::default(),
+        store,
+        notifier: Arc::new(crate::LogNotifier),
+        escalate: None,
+        mode: crate::session::StartMode::Resume,
+        previous: None,
+    };
+    let (handle, _) = crate::session::SessionActor::spawn(args, Vec::new(), None).await?;
+    Ok(handle)
 }

@@ -33,8 +33,9 @@ use tokio::time::Instant;
 
 use crate::config::{DEFAULT_STREAM_TIMEOUT, validate_timeout};
 use crate::error::{ActorError, ConfigError};
-use crate::util::{AbortOnDrop, call};
+use crate::util::call;
 use table::{Cell, WatchTable};
+use tokio_util::task::AbortOnDropHandle;
 
 /// Identifies one watched stream.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -76,7 +77,7 @@ impl From<Expiry> for crate::StreamError {
 
 /// The callback run (once, on the watchdog's task) when a stream expires.
 /// It must not block: typically it casts a message to the stream's actor.
-pub type OnExpire = Box<dyn FnOnce(Expiry) + Send + 'static>;
+pub(crate) type OnExpire = Box<dyn FnOnce(Expiry) + Send + 'static>;
 
 /// Configuration of a [`WatchdogActor`].
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -273,24 +274,15 @@ impl WatchdogHandle {
 
     /// Current counters.
     pub async fn stats(&self) -> Result<WatchdogStats, ActorError> {
-        call(
-            &self.actor,
-            "watchdog",
-            |r| WatchdogMsg(Inner::Stats(r)),
-            None,
-        )
-        .await
+        call(&self.actor, "watchdog", |r| WatchdogMsg(Inner::Stats(r))).await
     }
 
     /// Whether `id` is still watched. Scans every queued deadline: meant
     /// for diagnostics and tests, not hot paths.
     pub async fn is_watching(&self, id: WatchId) -> Result<bool, ActorError> {
-        call(
-            &self.actor,
-            "watchdog",
-            |r| WatchdogMsg(Inner::IsWatching(id, r)),
-            None,
-        )
+        call(&self.actor, "watchdog", |r| {
+            WatchdogMsg(Inner::IsWatching(id, r))
+        })
         .await
     }
 
@@ -317,7 +309,7 @@ pub struct WatchdogState {
     kills: u64,
     /// The next wake-up (ns since epoch), watched by the timer task.
     wake: watch::Sender<Option<u64>>,
-    _timer: AbortOnDrop,
+    _timer: AbortOnDropHandle<()>,
 }
 
 impl WatchdogActor {
@@ -379,7 +371,7 @@ impl Actor for WatchdogActor {
             table: WatchTable::default(),
             kills: 0,
             wake,
-            _timer: AbortOnDrop(timer),
+            _timer: AbortOnDropHandle::new(timer),
         })
     }
 
@@ -399,13 +391,9 @@ impl Actor for WatchdogActor {
                 let now = nanos_since(state.epoch);
                 for (expiry, on_expire) in state.table.expire(now) {
                     state.kills += 1;
-                    tracing::warn!(
-                        event = "watchdog.kill",
-                        watch_id = expiry.id.get(),
-                        silent_ms = expiry.silent_for.as_millis() as u64,
-                        timeout_ms = expiry.timeout.as_millis() as u64,
-                        "watchdog killing silent stream"
-                    );
+                    // The kill is recorded (span, log, lifecycle event) by
+                    // the stream and its session, which know whose it was.
+                    tracing::trace!(watch_id = expiry.id.get(), "expiry callback");
                     on_expire(expiry);
                 }
                 // Always re-arm the timer after a tick, changed or not.

@@ -36,7 +36,7 @@ pub fn normalize_workspace(path: impl AsRef<Path>) -> io::Result<PathBuf> {
 
 /// Lexical cleaning: drops `.`, applies `..` to the previous component,
 /// collapses separators. Never touches the file system.
-pub fn clean(path: &Path) -> PathBuf {
+pub(crate) fn clean(path: &Path) -> PathBuf {
     let mut out = PathBuf::new();
     for c in path.components() {
         match c {

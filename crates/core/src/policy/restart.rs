@@ -67,7 +67,7 @@ impl RestartIntensity {
 
 /// What to do about one failure.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum RestartDecision {
+pub(crate) enum RestartDecision {
     /// Restart; this is restart number `n` inside the window.
     Restart(u32),
     /// The intensity is exceeded: stop restarting and escalate.
@@ -76,15 +76,18 @@ pub enum RestartDecision {
 
 /// The restart history of one child.
 #[derive(Debug, Clone, Default)]
-pub struct RestartTracker {
+pub(crate) struct RestartTracker {
     history: VecDeque<Instant>,
-    total: u32,
 }
 
 impl RestartTracker {
     /// Records a failure at `now` and decides: restart, or escalate when
     /// this restart would be one more than `intensity` allows.
-    pub fn on_failure(&mut self, intensity: RestartIntensity, now: Instant) -> RestartDecision {
+    pub(crate) fn on_failure(
+        &mut self,
+        intensity: RestartIntensity,
+        now: Instant,
+    ) -> RestartDecision {
         while let Some(&oldest) = self.history.front() {
             if now.saturating_duration_since(oldest) >= intensity.within {
                 self.history.pop_front();
@@ -96,13 +99,7 @@ impl RestartTracker {
             return RestartDecision::Escalate;
         }
         self.history.push_back(now);
-        self.total = self.total.saturating_add(1);
         RestartDecision::Restart(self.history.len() as u32)
-    }
-
-    /// Restarts over the child's whole life.
-    pub fn total(&self) -> u32 {
-        self.total
     }
 }
 
@@ -145,7 +142,6 @@ mod tests {
             t.on_failure(i, t0 + Duration::from_secs(10)),
             RestartDecision::Restart(1)
         );
-        assert_eq!(t.total(), 2);
         let mut none = RestartTracker::default();
         assert_eq!(
             none.on_failure(RestartIntensity::new(0, Duration::from_secs(1)), t0),

@@ -1,0 +1,249 @@
+//! The public side of a session: [`SessionHandle`], and one turn's
+//! [`TurnHandle`] with its [`TurnEvent`]s and [`TurnSummary`].
+
+use std::time::Duration;
+
+use ractor::{ActorCell, ActorRef, RpcReplyPort};
+use tokio::sync::mpsc;
+
+use crate::error::{ActorError, ResumeCause, StreamError, TurnError};
+use crate::event::{AgentEvent, Usage};
+use crate::source::SessionKey;
+use crate::spans::TraceAnchor;
+use crate::store::{SessionRecord, StoreError};
+use crate::stream::{AttemptId, Credit, StreamReport};
+use crate::util::call;
+
+/// The session's end of a turn's event channel (the other end is the
+/// [`TurnHandle`]). Events carry their stream [`Credit`], returned when the
+/// caller takes them out, so a caller that does not read holds the stream
+/// back instead of filling memory.
+#[derive(Debug, Clone)]
+pub(crate) struct TurnSender(mpsc::UnboundedSender<(TurnEvent, Credit)>);
+
+impl TurnSender {
+    /// A new channel: the sender and the caller's receiving end.
+    pub(crate) fn channel() -> (Self, mpsc::UnboundedReceiver<(TurnEvent, Credit)>) {
+        let (tx, rx) = mpsc::unbounded_channel();
+        (Self(tx), rx)
+    }
+
+    /// Sends an event that holds no stream credit; `false` if the caller is
+    /// gone.
+    pub(crate) fn send(&self, event: TurnEvent) -> bool {
+        self.send_with(event, Credit::none())
+    }
+
+    /// Sends a stream event with its credit; `false` if the caller is gone
+    /// (the credit is then returned at once).
+    pub(crate) fn send_with(&self, event: TurnEvent, credit: Credit) -> bool {
+        self.0.send((event, credit)).is_ok()
+    }
+}
+
+/// Progress of one turn, in order: `Started` (once per attempt), any
+/// `Event`s and `Retrying`s, then exactly one `Finished`.
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub enum TurnEvent {
+    /// An attempt started.
+    Started(AttemptId),
+    /// An event of the current attempt.
+    Event(AgentEvent),
+    /// The attempt failed; the turn restarts from scratch after `delay`.
+    /// Discard partial output received for this attempt.
+    Retrying {
+        /// The attempt that failed.
+        failed: AttemptId,
+        /// Backoff before the next attempt.
+        delay: Duration,
+        /// Why it failed.
+        error: StreamError,
+    },
+    /// The stored conversation could not be resumed; the message moves to a
+    /// fresh session and this turn continues there.
+    Restarting {
+        /// Why the conversation could not be resumed.
+        cause: ResumeCause,
+    },
+    /// The turn is over.
+    Finished(Result<TurnSummary, TurnError>),
+}
+
+/// Context usage at the end of a turn.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ContextReport {
+    /// Tokens in context (input + cache creation + cache read of the last
+    /// usage report).
+    pub tokens: u64,
+    /// The window measured against.
+    pub window: u64,
+    /// Percent, rounded.
+    pub percent: u32,
+    /// The agent's own estimate, when the self-report track is on.
+    pub self_reported: Option<u32>,
+}
+
+/// A completed turn.
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub struct TurnSummary {
+    /// Turn number (the pending message id).
+    pub turn: u64,
+    /// Attempts used, the first included.
+    pub attempts: u32,
+    /// The last usage report of the turn, if any.
+    pub usage: Option<Usage>,
+    /// Context in use, once any usage is known.
+    pub context: Option<ContextReport>,
+    /// The text to relay: the successful attempt's text, the self-report
+    /// stripped, `[ctx: NN%]` appended when enabled and known.
+    pub text: String,
+}
+
+/// The caller's side of one submitted message.
+#[derive(Debug)]
+pub struct TurnHandle {
+    rx: mpsc::UnboundedReceiver<(TurnEvent, Credit)>,
+    done: bool,
+}
+
+impl TurnHandle {
+    pub(crate) fn new(rx: mpsc::UnboundedReceiver<(TurnEvent, Credit)>) -> Self {
+        Self { rx, done: false }
+    }
+
+    /// The next progress event; `None` after `Finished`.
+    pub async fn recv(&mut self) -> Option<TurnEvent> {
+        if self.done {
+            return None;
+        }
+        // Taking the event out returns its credit: the stream reads on.
+        let ev = self
+            .rx
+            .recv()
+            .await
+            .map(|(ev, _credit)| ev)
+            .unwrap_or(TurnEvent::Finished(Err(TurnError::SessionStopped {
+                reason: "session ended without answering (crashed)".into(),
+            })));
+        if matches!(ev, TurnEvent::Finished(_)) {
+            self.done = true;
+        }
+        Some(ev)
+    }
+
+    /// Waits for the end; returns the text to relay and the summary.
+    pub async fn finish(mut self) -> Result<(String, TurnSummary), TurnError> {
+        while let Some(ev) = self.recv().await {
+            if let TurnEvent::Finished(r) = ev {
+                return r.map(|s| (s.text.clone(), s));
+            }
+        }
+        Err(TurnError::SessionStopped {
+            reason: "turn already finished".into(),
+        })
+    }
+}
+
+/// Why a message was not accepted.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum SubmitError {
+    /// The session is not running (stopped, reaped, or restarting).
+    #[error(transparent)]
+    Actor(#[from] ActorError),
+    /// The message could not be persisted; it was not accepted.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// A snapshot of a session.
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub struct SessionStatus {
+    /// The key.
+    pub key: SessionKey,
+    /// The running turn, if any.
+    pub turn: Option<u64>,
+    /// The current attempt, if a stream is running.
+    pub streaming: Option<AttemptId>,
+    /// Whether the running turn waits in backoff.
+    pub backing_off: bool,
+    /// Messages queued behind the running turn.
+    pub queued: usize,
+    /// Turns finished since the session started.
+    pub turns_finished: u64,
+    /// The record as last written.
+    pub record: SessionRecord,
+}
+
+/// Message of the session actor; use [`SessionHandle`].
+pub(crate) enum SessionMsg {
+    Submit(
+        String,
+        RpcReplyPort<Result<mpsc::UnboundedReceiver<(TurnEvent, Credit)>, StoreError>>,
+    ),
+    Cancel,
+    Report(StreamReport),
+    Retry(AttemptId),
+    IdleCheck(u64),
+    Status(RpcReplyPort<SessionStatus>),
+    #[cfg_attr(not(feature = "testing"), allow(dead_code))]
+    Fail(String),
+}
+
+/// A cloneable handle to a running session.
+#[derive(Debug, Clone)]
+pub struct SessionHandle {
+    actor: ActorRef<SessionMsg>,
+    key: SessionKey,
+    anchor: TraceAnchor,
+}
+
+impl SessionHandle {
+    /// This incarnation's trace anchor.
+    pub fn anchor(&self) -> &TraceAnchor {
+        &self.anchor
+    }
+
+    /// Persists `message` (flushed) and queues it; its turn runs after the
+    /// turns before it. Returns once the message is durable.
+    pub async fn submit(&self, message: impl Into<String>) -> Result<TurnHandle, SubmitError> {
+        let message = message.into();
+        let rx = call(&self.actor, "session", |r| SessionMsg::Submit(message, r)).await??;
+        Ok(TurnHandle::new(rx))
+    }
+
+    /// Cancels the running turn (the Escape key). Queued messages stay.
+    pub fn cancel(&self) {
+        let _ = self.actor.cast(SessionMsg::Cancel);
+    }
+
+    /// Fails the session as a crash would, so its supervisor applies the
+    /// restart policy. A test hook (feature `testing`).
+    #[cfg(feature = "testing")]
+    pub fn fail(&self, reason: impl Into<String>) {
+        let _ = self.actor.cast(SessionMsg::Fail(reason.into()));
+    }
+
+    /// A snapshot of the session.
+    pub async fn status(&self) -> Result<SessionStatus, ActorError> {
+        call(&self.actor, "session", SessionMsg::Status).await
+    }
+
+    /// The key.
+    pub fn key(&self) -> &SessionKey {
+        &self.key
+    }
+
+    /// The session's actor cell, for linking, waiting and stopping.
+    pub fn actor(&self) -> &ActorCell {
+        &self.actor
+    }
+
+    /// Builds a handle (the actor's spawn does this).
+    pub(crate) fn new(actor: ActorRef<SessionMsg>, key: SessionKey, anchor: TraceAnchor) -> Self {
+        Self { actor, key, anchor }
+    }
+}

@@ -1,0 +1,105 @@
+//! Sessions: one agent conversation, its turns and their retries.
+//!
+//! Messages are persisted (flushed) before they are acknowledged, then run
+//! one turn at a time. Each attempt of a turn is a
+//! [`StreamActor`](crate::StreamActor) (a task the session cancels and waits
+//! for when it stops). A failed attempt is retried from scratch when its
+//! error is retryable and the [`RetryPolicy`] allows it; `ESTREAM_TIMEOUT` from the
+//! watchdog is retryable. A user cancel wins over everything that has not
+//! already ended the turn: it is never retried, and no event of the
+//! cancelled attempt reaches the user after it. Events of attempts that are
+//! no longer current are dropped.
+//!
+//! A stored conversation that cannot be resumed (unknown id, prompt too
+//! long) is escalated to the supervisor with every unanswered turn, so the
+//! supervisor can start the session fresh and re-deliver them. A session
+//! idle for [`SessionConfig::idle_timeout`] stops itself ("reaped") and
+//! keeps its record; the next message resumes it.
+//!
+//! | file | owns | may not |
+//! | --- | --- | --- |
+//! | `turn.rs` | the rules: retry, cancel, escalate, fresh-start verdict, reap | do I/O, read a clock, touch an actor |
+//! | `actor.rs` | the actor: record writes, queue, stream, timers; carries out decisions | decide a rule itself |
+//! | `handle.rs` | the public handles and turn events | hold state |
+//! | `escalation.rs` | the contract with the supervisor (escalations, stop reasons) | — |
+
+mod actor;
+mod escalation;
+mod handle;
+mod turn;
+
+use std::time::Duration;
+
+use crate::context::ContextConfig;
+use crate::policy::RetryPolicy;
+use crate::stream::StreamOptions;
+
+pub(crate) use actor::{SessionActor, SessionArgs};
+pub(crate) use escalation::{Escalation, Handoff, ResumeFailure, StopReason};
+pub use handle::{
+    ContextReport, SessionHandle, SessionStatus, SubmitError, TurnEvent, TurnHandle, TurnSummary,
+};
+pub(crate) use turn::StartMode;
+
+/// Configuration of a session.
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub struct SessionConfig {
+    /// How failed attempts are retried. Default: [`RetryPolicy::default`].
+    pub retry: RetryPolicy,
+    /// Options of every stream. Default: [`StreamOptions::default`].
+    pub stream: StreamOptions,
+    /// Stop the session after this long without activity, keeping its
+    /// record; `Duration::ZERO` disables. Default 15 min. Never while a turn
+    /// runs or messages wait.
+    pub idle_timeout: Duration,
+    /// The context indicator. Default: [`ContextConfig::default`].
+    pub context: ContextConfig,
+    /// How long a stopping session waits for its running stream to release
+    /// its source (socket, child process). Default 5 s.
+    pub stream_stop_timeout: Duration,
+}
+
+impl Default for SessionConfig {
+    fn default() -> Self {
+        Self {
+            retry: RetryPolicy::default(),
+            stream: StreamOptions::default(),
+            idle_timeout: Duration::from_secs(15 * 60),
+            context: ContextConfig::default(),
+            stream_stop_timeout: actor::DEFAULT_STREAM_STOP_TIMEOUT,
+        }
+    }
+}
+
+impl SessionConfig {
+    /// Sets the retry policy.
+    pub fn with_retry(mut self, retry: RetryPolicy) -> Self {
+        self.retry = retry;
+        self
+    }
+
+    /// Sets the stream options.
+    pub fn with_stream(mut self, stream: StreamOptions) -> Self {
+        self.stream = stream;
+        self
+    }
+
+    /// Sets the idle timeout (`Duration::ZERO` disables reaping).
+    pub fn with_idle_timeout(mut self, idle: Duration) -> Self {
+        self.idle_timeout = idle;
+        self
+    }
+
+    /// Sets how long a stopping session waits for its stream to release.
+    pub fn with_stream_stop_timeout(mut self, wait: Duration) -> Self {
+        self.stream_stop_timeout = wait;
+        self
+    }
+
+    /// Sets the context indicator configuration.
+    pub fn with_context(mut self, context: ContextConfig) -> Self {
+        self.context = context;
+        self
+    }
+}

@@ -1,0 +1,578 @@
+//! The turn state machine: every rule about retries, cancel and escalation
+//! in one place, with no actor, no clock and no I/O.
+//!
+//! The [`SessionActor`](super::actor) feeds it what happened (an attempt
+//! ended, the user cancelled, a retry timer fired) and carries out the
+//! [`Decision`] it returns: start an attempt after a delay, escalate to the
+//! supervisor, or finish the turn. The rules are those of
+//! `docs/runtime-semantics.md` ("Turns and retries", "Cancel versus kill",
+//! "Resume failure → fresh session"); the unit tests below state each one.
+
+use std::time::Duration;
+
+use rand::Rng;
+
+use crate::error::{ResumeCause, StreamError, TurnError};
+use crate::policy::RetryPolicy;
+use crate::stream::{AttemptId, StreamOutcome};
+
+/// Where a turn is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Phase {
+    /// Created; no attempt started yet.
+    Starting,
+    /// An attempt's stream runs.
+    Streaming,
+    /// Waiting to start the next attempt.
+    BackingOff,
+}
+
+/// What the session does next with its turn.
+#[derive(Debug, PartialEq)]
+pub(crate) enum Decision {
+    /// Start attempt `next` after `delay` (a retry from scratch); tell the
+    /// caller `error` ended the failed attempt.
+    Retry {
+        /// The attempt to start.
+        next: AttemptId,
+        /// Backoff before it.
+        delay: Duration,
+        /// Why the previous attempt failed.
+        error: StreamError,
+    },
+    /// The stored conversation cannot be resumed: hand the turn (and every
+    /// queued one) to the supervisor.
+    Escalate {
+        /// Why.
+        cause: ResumeCause,
+        /// The agent session id that failed to resume.
+        failed_id: String,
+        /// The attempt's error.
+        error: StreamError,
+    },
+    /// The turn is over.
+    Finish(Result<(), TurnError>),
+}
+
+/// What a cancel request does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum OnCancel {
+    /// Already cancelled: nothing more.
+    AlreadyRequested,
+    /// Ask the running stream to stop; its end finishes the turn.
+    StopStream,
+    /// Nothing runs (starting or backing off): finish cancelled now.
+    FinishNow,
+}
+
+/// What the machine needs to know about the session.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Rules<'a> {
+    /// How failed attempts are retried.
+    pub(crate) retry: &'a RetryPolicy,
+    /// Whether a supervisor takes resume failures (else they are fatal).
+    pub(crate) can_escalate: bool,
+}
+
+/// One turn's progress.
+#[derive(Debug)]
+pub(crate) struct TurnMachine {
+    turn: u64,
+    attempt: u32,
+    phase: Phase,
+    cancel_requested: bool,
+    /// The agent session id the current attempt resumes, if any.
+    resume_id: Option<String>,
+}
+
+impl TurnMachine {
+    /// A new turn for pending message `turn`.
+    pub(crate) fn new(turn: u64) -> Self {
+        Self {
+            turn,
+            attempt: 0,
+            phase: Phase::Starting,
+            cancel_requested: false,
+            resume_id: None,
+        }
+    }
+
+    /// The turn number (the pending message id).
+    pub(crate) fn id(&self) -> u64 {
+        self.turn
+    }
+
+    /// Attempts started so far.
+    pub(crate) fn attempts(&self) -> u32 {
+        self.attempt
+    }
+
+    /// Where the turn is.
+    pub(crate) fn phase(&self) -> Phase {
+        self.phase
+    }
+
+    /// Begins the next attempt, which resumes `resume_id` if given.
+    pub(crate) fn start_attempt(&mut self, resume_id: Option<String>) -> AttemptId {
+        self.attempt += 1;
+        self.phase = Phase::Streaming;
+        self.resume_id = resume_id;
+        AttemptId {
+            turn: self.turn,
+            attempt: self.attempt,
+        }
+    }
+
+    /// Whether `attempt` is the one streaming now (reports of any other are
+    /// stale and dropped).
+    pub(crate) fn is_current(&self, attempt: AttemptId) -> bool {
+        self.turn == attempt.turn
+            && self.attempt == attempt.attempt
+            && self.phase == Phase::Streaming
+    }
+
+    /// Whether an event of `attempt` reaches the caller: only the current
+    /// attempt's, and none after a cancel.
+    pub(crate) fn forwards(&self, attempt: AttemptId) -> bool {
+        self.is_current(attempt) && !self.cancel_requested
+    }
+
+    /// Whether the retry timer for `next` is still wanted.
+    pub(crate) fn retry_due(&self, next: AttemptId) -> bool {
+        self.phase == Phase::BackingOff
+            && self.turn == next.turn
+            && self.attempt + 1 == next.attempt
+    }
+
+    /// The user cancelled the turn.
+    pub(crate) fn cancel(&mut self) -> OnCancel {
+        if self.cancel_requested {
+            return OnCancel::AlreadyRequested;
+        }
+        self.cancel_requested = true;
+        match self.phase {
+            Phase::Streaming => OnCancel::StopStream,
+            Phase::Starting | Phase::BackingOff => OnCancel::FinishNow,
+        }
+    }
+
+    /// `attempt` ended with `outcome`. `None` when the attempt is stale.
+    pub(crate) fn ended(
+        &mut self,
+        attempt: AttemptId,
+        outcome: StreamOutcome,
+        rules: Rules<'_>,
+        rng: &mut impl Rng,
+    ) -> Option<Decision> {
+        if !self.is_current(attempt) {
+            return None;
+        }
+        let error = match outcome {
+            // After Escape the turn ends Cancelled whatever the stream
+            // reports: a completion queued behind the cancel had its late
+            // text suppressed, so it must not pass for a whole answer.
+            _ if self.cancel_requested => return Some(Decision::Finish(Err(TurnError::Cancelled))),
+            StreamOutcome::Completed => return Some(Decision::Finish(Ok(()))),
+            StreamOutcome::Cancelled => return Some(Decision::Finish(Err(TurnError::Cancelled))),
+            StreamOutcome::Failed(error) => error,
+        };
+        // A resumed conversation that cannot be resumed is never retried.
+        if let (Some(cause), Some(failed_id), true) = (
+            error.resume_failure_cause(),
+            self.resume_id.as_ref(),
+            rules.can_escalate,
+        ) {
+            return Some(Decision::Escalate {
+                cause,
+                failed_id: failed_id.clone(),
+                error,
+            });
+        }
+        Some(match rules.retry.next_delay(self.attempt, &error, rng) {
+            Some(delay) => {
+                self.phase = Phase::BackingOff;
+                Decision::Retry {
+                    next: AttemptId {
+                        turn: self.turn,
+                        attempt: self.attempt + 1,
+                    },
+                    delay,
+                    error,
+                }
+            }
+            None if error.is_retryable() => Decision::Finish(Err(TurnError::RetriesExhausted {
+                attempts: self.attempt,
+                last: error,
+            })),
+            None => Decision::Finish(Err(TurnError::Fatal(error))),
+        })
+    }
+}
+
+/// How a session starts.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub(crate) enum StartMode {
+    /// Resume the stored agent session id, if any.
+    #[default]
+    Resume,
+    /// Started fresh after a resume failure; if its first finished turn
+    /// fails too, the session is given up ([`FreshVerdict::GiveUp`]).
+    FreshFallback {
+        /// Why the stored conversation could not be resumed.
+        cause: ResumeCause,
+        /// The error that said so.
+        error: String,
+    },
+}
+
+/// What a finished turn means for a session started fresh.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum FreshVerdict {
+    /// Nothing changes (not a fresh start, or the turn was cancelled).
+    Unchanged,
+    /// The fresh start worked: from now on the session resumes normally.
+    Recovered,
+    /// The fresh start failed too: give the session up, no loop.
+    GiveUp {
+        /// The resume failure that led to the fresh start.
+        first_cause: String,
+        /// Why the fresh start failed.
+        error: TurnError,
+    },
+}
+
+impl StartMode {
+    /// The verdict on this start mode after a turn ended with `result`.
+    pub(crate) fn after_turn(&self, result: &Result<(), TurnError>) -> FreshVerdict {
+        match (self, result) {
+            (Self::Resume, _) | (Self::FreshFallback { .. }, Err(TurnError::Cancelled)) => {
+                FreshVerdict::Unchanged
+            }
+            (Self::FreshFallback { .. }, Ok(())) => FreshVerdict::Recovered,
+            (Self::FreshFallback { cause, error }, Err(e)) => FreshVerdict::GiveUp {
+                first_cause: format!("{cause}: {error}"),
+                error: e.clone(),
+            },
+        }
+    }
+}
+
+/// Whether an idle check armed at activity `armed` may reap the session:
+/// nothing happened since, no turn runs and nothing waits.
+pub(crate) fn reap_due(armed: u64, activity: u64, turn_running: bool, queued: usize) -> bool {
+    armed == activity && !turn_running && queued == 0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::SeedableRng;
+    use rand::rngs::SmallRng;
+
+    fn rng() -> SmallRng {
+        SmallRng::seed_from_u64(7)
+    }
+
+    fn timeout() -> StreamError {
+        StreamError::InactivityTimeout {
+            silent_for: Duration::from_secs(45),
+            timeout: Duration::from_secs(45),
+        }
+    }
+
+    fn unknown() -> StreamError {
+        StreamError::UnknownSession {
+            session_id: "old".into(),
+            message: "No conversation found with session ID: old".into(),
+        }
+    }
+
+    fn policy(attempts: u32) -> RetryPolicy {
+        RetryPolicy::default()
+            .with_max_attempts(attempts)
+            .with_jitter(0.0)
+    }
+
+    fn rules(p: &RetryPolicy) -> Rules<'_> {
+        Rules {
+            retry: p,
+            can_escalate: true,
+        }
+    }
+
+    fn failed(m: &mut TurnMachine, e: StreamError, p: &RetryPolicy) -> Option<Decision> {
+        let a = AttemptId {
+            turn: m.id(),
+            attempt: m.attempts(),
+        };
+        m.ended(a, StreamOutcome::Failed(e), rules(p), &mut rng())
+    }
+
+    #[test]
+    fn a_retryable_failure_is_retried_from_scratch_with_the_policys_delay() {
+        let p = policy(4);
+        let mut m = TurnMachine::new(3);
+        m.start_attempt(None);
+        let d = failed(&mut m, timeout(), &p);
+        assert_eq!(
+            d,
+            Some(Decision::Retry {
+                next: AttemptId {
+                    turn: 3,
+                    attempt: 2
+                },
+                delay: Duration::from_millis(500),
+                error: timeout(),
+            })
+        );
+        assert_eq!(m.phase(), Phase::BackingOff);
+        assert!(m.retry_due(AttemptId {
+            turn: 3,
+            attempt: 2
+        }));
+        assert!(!m.retry_due(AttemptId {
+            turn: 3,
+            attempt: 3
+        }));
+        assert!(!m.retry_due(AttemptId {
+            turn: 4,
+            attempt: 2
+        }));
+    }
+
+    #[test]
+    fn a_server_retry_after_sets_the_delay() {
+        let p = policy(4);
+        let mut m = TurnMachine::new(1);
+        m.start_attempt(None);
+        let e = StreamError::Api {
+            status: Some(429),
+            kind: "rate_limit_error".into(),
+            message: "slow down".into(),
+            retryable: true,
+            retry_after: Some(Duration::from_secs(2)),
+        };
+        match failed(&mut m, e, &p) {
+            Some(Decision::Retry { delay, .. }) => assert_eq!(delay, Duration::from_secs(2)),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn retries_stop_after_the_policys_attempts_with_the_last_error() {
+        let p = policy(2);
+        let mut m = TurnMachine::new(1);
+        m.start_attempt(None);
+        assert!(matches!(
+            failed(&mut m, timeout(), &p),
+            Some(Decision::Retry { .. })
+        ));
+        m.start_attempt(None);
+        assert_eq!(
+            failed(&mut m, timeout(), &p),
+            Some(Decision::Finish(Err(TurnError::RetriesExhausted {
+                attempts: 2,
+                last: timeout()
+            })))
+        );
+    }
+
+    #[test]
+    fn a_fatal_error_ends_the_turn_at_once() {
+        let p = policy(4);
+        let mut m = TurnMachine::new(1);
+        m.start_attempt(None);
+        let e = StreamError::Malformed {
+            message: "expected value".into(),
+        };
+        assert_eq!(
+            failed(&mut m, e.clone(), &p),
+            Some(Decision::Finish(Err(TurnError::Fatal(e))))
+        );
+    }
+
+    #[test]
+    fn a_completed_attempt_finishes_the_turn() {
+        let p = policy(4);
+        let mut m = TurnMachine::new(1);
+        let a = m.start_attempt(None);
+        assert_eq!(
+            m.ended(a, StreamOutcome::Completed, rules(&p), &mut rng()),
+            Some(Decision::Finish(Ok(())))
+        );
+    }
+
+    #[test]
+    fn reports_of_an_attempt_that_is_not_current_are_dropped() {
+        let p = policy(4);
+        let mut m = TurnMachine::new(1);
+        let first = m.start_attempt(None);
+        assert!(matches!(
+            failed(&mut m, timeout(), &p),
+            Some(Decision::Retry { .. })
+        ));
+        // The failed attempt reports again (a late event, a second end).
+        assert!(!m.forwards(first));
+        assert_eq!(
+            m.ended(first, StreamOutcome::Completed, rules(&p), &mut rng()),
+            None
+        );
+        let second = m.start_attempt(None);
+        assert!(m.forwards(second));
+        assert!(!m.forwards(first));
+        let other_turn = AttemptId {
+            turn: 2,
+            attempt: 2,
+        };
+        assert!(!m.is_current(other_turn));
+    }
+
+    #[test]
+    fn a_cancel_while_streaming_stops_the_stream_and_no_event_passes_after_it() {
+        let mut m = TurnMachine::new(1);
+        let a = m.start_attempt(None);
+        assert!(m.forwards(a));
+        assert_eq!(m.cancel(), OnCancel::StopStream);
+        assert!(
+            !m.forwards(a),
+            "no event of a cancelled attempt reaches the user"
+        );
+        assert_eq!(m.cancel(), OnCancel::AlreadyRequested);
+    }
+
+    #[test]
+    fn after_a_cancel_every_end_of_the_stream_is_cancelled_and_never_retried() {
+        let p = policy(4);
+        for outcome in [
+            StreamOutcome::Cancelled,
+            StreamOutcome::Completed,
+            StreamOutcome::Failed(timeout()),
+            StreamOutcome::Failed(unknown()),
+        ] {
+            let mut m = TurnMachine::new(1);
+            let a = m.start_attempt(Some("old".into()));
+            m.cancel();
+            assert_eq!(
+                m.ended(a, outcome.clone(), rules(&p), &mut rng()),
+                Some(Decision::Finish(Err(TurnError::Cancelled))),
+                "{outcome:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_cancel_during_backoff_or_before_the_first_attempt_finishes_now() {
+        let p = policy(4);
+        let mut m = TurnMachine::new(1);
+        assert_eq!(m.cancel(), OnCancel::FinishNow);
+        let mut m = TurnMachine::new(1);
+        m.start_attempt(None);
+        failed(&mut m, timeout(), &p);
+        assert_eq!(m.cancel(), OnCancel::FinishNow);
+    }
+
+    #[test]
+    fn a_stream_cancelled_without_a_user_cancel_ends_cancelled() {
+        let p = policy(4);
+        let mut m = TurnMachine::new(1);
+        let a = m.start_attempt(None);
+        assert_eq!(
+            m.ended(a, StreamOutcome::Cancelled, rules(&p), &mut rng()),
+            Some(Decision::Finish(Err(TurnError::Cancelled)))
+        );
+    }
+
+    #[test]
+    fn a_resume_failure_of_a_resumed_attempt_escalates_and_is_not_retried() {
+        let p = policy(4);
+        for (e, cause) in [
+            (unknown(), ResumeCause::UnknownSession),
+            (
+                StreamError::ContextOverflow {
+                    reason: ResumeCause::PromptTooLong,
+                    message: "Prompt is too long".into(),
+                },
+                ResumeCause::PromptTooLong,
+            ),
+            (
+                StreamError::ContextOverflow {
+                    reason: ResumeCause::BlockingLimit,
+                    message: "Context limit reached".into(),
+                },
+                ResumeCause::BlockingLimit,
+            ),
+        ] {
+            let mut m = TurnMachine::new(1);
+            m.start_attempt(Some("old".into()));
+            assert_eq!(
+                failed(&mut m, e.clone(), &p),
+                Some(Decision::Escalate {
+                    cause,
+                    failed_id: "old".into(),
+                    error: e
+                })
+            );
+        }
+    }
+
+    #[test]
+    fn a_resume_failure_without_a_resumed_id_or_a_supervisor_is_fatal() {
+        let p = policy(4);
+        // Already fresh: no fallback.
+        let mut m = TurnMachine::new(1);
+        m.start_attempt(None);
+        assert_eq!(
+            failed(&mut m, unknown(), &p),
+            Some(Decision::Finish(Err(TurnError::Fatal(unknown()))))
+        );
+        // No supervisor to take it.
+        let mut m = TurnMachine::new(1);
+        let a = m.start_attempt(Some("old".into()));
+        let alone = Rules {
+            retry: &p,
+            can_escalate: false,
+        };
+        assert_eq!(
+            m.ended(a, StreamOutcome::Failed(unknown()), alone, &mut rng()),
+            Some(Decision::Finish(Err(TurnError::Fatal(unknown()))))
+        );
+    }
+
+    #[test]
+    fn a_fresh_start_recovers_on_success_and_gives_up_on_any_failure_but_a_cancel() {
+        let fresh = StartMode::FreshFallback {
+            cause: ResumeCause::UnknownSession,
+            error: "no conversation".into(),
+        };
+        assert_eq!(fresh.after_turn(&Ok(())), FreshVerdict::Recovered);
+        assert_eq!(
+            fresh.after_turn(&Err(TurnError::Cancelled)),
+            FreshVerdict::Unchanged
+        );
+        let e = TurnError::Fatal(StreamError::Unauthorized {
+            message: "bad key".into(),
+        });
+        assert_eq!(
+            fresh.after_turn(&Err(e.clone())),
+            FreshVerdict::GiveUp {
+                first_cause: "unknown_session: no conversation".into(),
+                error: e.clone(),
+            }
+        );
+        assert_eq!(
+            StartMode::Resume.after_turn(&Err(e)),
+            FreshVerdict::Unchanged
+        );
+    }
+
+    #[test]
+    fn an_idle_check_reaps_only_an_untouched_empty_session() {
+        assert!(reap_due(4, 4, false, 0));
+        assert!(
+            !reap_due(3, 4, false, 0),
+            "activity since the check was armed"
+        );
+        assert!(!reap_due(4, 4, true, 0), "a turn runs");
+        assert!(!reap_due(4, 4, false, 1), "a message waits");
+    }
+}

@@ -1,0 +1,398 @@
+//! The supervisor actor: the session map, restarts and give-ups, and the
+//! shutdown order. Resume failures are in [`super::fallback`].
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use ractor::{
+    Actor, ActorId, ActorProcessingErr, ActorRef, ActorStatus, RpcReplyPort, SupervisionEvent,
+};
+use tokio::time::Instant;
+
+use crate::lifecycle::EventBus;
+use crate::notify::Notifier;
+use crate::policy::{RestartDecision, RestartTracker};
+use crate::session::{Escalation, SessionActor, SessionArgs, SessionHandle, StartMode, StopReason};
+use crate::source::{SessionKey, SourceFactory};
+use crate::spans::TraceAnchor;
+use crate::store::{Durability, RecordStatus, SessionRecord, SessionStore, StoreError};
+use crate::transition::{At, Parent, Transition};
+use crate::watchdog::{WatchdogActor, WatchdogHandle};
+
+use super::{SupervisorConfig, SupervisorError};
+
+/// Message of the supervisor actor; use [`Supervisor`](super::Supervisor).
+#[allow(clippy::large_enum_variant)] // escalations are rare
+pub(crate) enum SupervisorMsg {
+    Session(
+        SessionKey,
+        Option<PathBuf>,
+        RpcReplyPort<Result<SessionHandle, SupervisorError>>,
+    ),
+    List(RpcReplyPort<Vec<SessionKey>>),
+    Reset(SessionKey, RpcReplyPort<Result<(), SupervisorError>>),
+    Escalated(Escalation),
+}
+
+/// Spawns and supervises sessions; see the module docs.
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct WorkspaceSupervisor;
+
+/// Arguments of the [`WorkspaceSupervisor`].
+pub(crate) struct SupervisorArgs {
+    pub(crate) config: SupervisorConfig,
+    pub(crate) factory: Arc<dyn SourceFactory>,
+    pub(crate) store: Arc<dyn SessionStore>,
+    pub(crate) notifier: Arc<dyn Notifier>,
+    pub(crate) bus: EventBus,
+    pub(crate) watchdog_tx: tokio::sync::oneshot::Sender<WatchdogHandle>,
+}
+
+/// State of the [`WorkspaceSupervisor`].
+pub(crate) struct SupervisorState {
+    pub(super) config: SupervisorConfig,
+    pub(super) factory: Arc<dyn SourceFactory>,
+    pub(super) store: Arc<dyn SessionStore>,
+    pub(super) notifier: Arc<dyn Notifier>,
+    pub(super) bus: EventBus,
+    pub(super) watchdog: WatchdogHandle,
+    pub(super) sessions: HashMap<SessionKey, SessionHandle>,
+    pub(super) by_id: HashMap<ActorId, SessionKey>,
+    pub(super) trackers: HashMap<SessionKey, RestartTracker>,
+    /// Sessions given up, with the cause, until [`Supervisor::reset`](super::Supervisor::reset).
+    pub(super) given_up: HashMap<SessionKey, String>,
+}
+
+impl SupervisorState {
+    /// Where a transition of session `key` is recorded.
+    pub(super) fn at<'a>(&'a self, key: &'a SessionKey, parent: Parent<'a>) -> At<'a> {
+        At {
+            key,
+            conversation: None,
+            parent,
+            bus: Some(&self.bus),
+        }
+    }
+
+    pub(super) fn session_args(
+        &self,
+        myself: &ActorRef<SupervisorMsg>,
+        key: SessionKey,
+        record: SessionRecord,
+        mode: StartMode,
+        previous: Option<TraceAnchor>,
+    ) -> SessionArgs {
+        let me = myself.clone();
+        SessionArgs {
+            source: self.factory.source_for(&key),
+            key,
+            record,
+            watchdog: self.watchdog.clone(),
+            config: self.config.session.clone(),
+            bus: self.bus.clone(),
+            store: self.store.clone(),
+            notifier: self.notifier.clone(),
+            escalate: Some(Arc::new(move |e| {
+                let _ = me.cast(SupervisorMsg::Escalated(e));
+            })),
+            mode,
+            previous,
+        }
+    }
+
+    /// Records an unusable record and makes it the caller's error.
+    pub(super) fn store_failed(&self, key: &SessionKey, error: &StoreError) -> SupervisorError {
+        Transition::StoreFailed { error }.record(self.at(key, Parent::Root));
+        SupervisorError::Store {
+            key: key.clone(),
+            error: error.clone(),
+        }
+    }
+
+    /// Loads (or creates) the record and spawns the session.
+    async fn spawn_session(
+        &mut self,
+        myself: &ActorRef<SupervisorMsg>,
+        key: SessionKey,
+        workspace: Option<PathBuf>,
+        restarted: Option<TraceAnchor>,
+    ) -> Result<SessionHandle, SupervisorError> {
+        let mut record = match self.store.load(&key).await {
+            Ok(Some(r)) => r,
+            Ok(None) => SessionRecord::new(&key, workspace.clone()),
+            Err(e) => return Err(self.store_failed(&key, &e)),
+        };
+        if let RecordStatus::Failed { reason } = &record.status {
+            return Err(SupervisorError::SessionFailed {
+                key,
+                cause: reason.clone(),
+            });
+        }
+        if record.workspace.is_none() {
+            record.workspace = workspace;
+        }
+        if restarted.is_some() {
+            record.restart_count = record.restart_count.saturating_add(1);
+        }
+        let args = self.session_args(myself, key.clone(), record, StartMode::Resume, restarted);
+        let (handle, _) = SessionActor::spawn(args, Vec::new(), Some(myself.get_cell())).await?;
+        self.register(&key, &handle);
+        Ok(handle)
+    }
+
+    pub(super) fn register(&mut self, key: &SessionKey, handle: &SessionHandle) {
+        self.by_id.insert(handle.actor().get_id(), key.clone());
+        self.sessions.insert(key.clone(), handle.clone());
+    }
+
+    pub(super) fn forget(&mut self, key: &SessionKey) {
+        if let Some(h) = self.sessions.remove(key) {
+            self.by_id.remove(&h.actor().get_id());
+        }
+    }
+
+    /// A session exited; restart or give up per policy.
+    async fn on_exit(
+        &mut self,
+        myself: &ActorRef<SupervisorMsg>,
+        id: ActorId,
+        abnormal: bool,
+        cause: String,
+    ) -> Result<(), ActorProcessingErr> {
+        let Some(key) = self.by_id.remove(&id) else {
+            return Ok(()); // already handled (escalated) or a stale actor
+        };
+        let mut anchor = TraceAnchor::default();
+        if self
+            .sessions
+            .get(&key)
+            .is_some_and(|h| h.actor().get_id() == id)
+            && let Some(h) = self.sessions.remove(&key)
+        {
+            anchor = h.anchor().clone();
+        }
+        Transition::SessionStopped {
+            reason: &cause,
+            abnormal,
+        }
+        .record(self.at(&key, Parent::Root));
+        let deliberate = StopReason::parse(&cause).is_some_and(StopReason::is_deliberate);
+        // A newer incarnation already serves the key: nothing to restart.
+        let replaced = self.sessions.contains_key(&key);
+        if deliberate || replaced || !self.config.restart.should_restart(abnormal) {
+            return Ok(());
+        }
+        let decision = self
+            .trackers
+            .entry(key.clone())
+            .or_default()
+            .on_failure(self.config.intensity, Instant::now());
+        match decision {
+            RestartDecision::Restart(n) => {
+                drop(
+                    Transition::Restarted {
+                        restarts_in_window: n,
+                        cause: &cause,
+                    }
+                    .record(self.at(&key, Parent::Anchor(&anchor))),
+                );
+                if let Err(e) = self
+                    .spawn_session(myself, key.clone(), None, Some(anchor.clone()))
+                    .await
+                {
+                    self.give_up(key, format!("{cause}; restart failed: {e}"), &anchor)
+                        .await;
+                }
+            }
+            RestartDecision::Escalate => self.give_up(key, cause, &anchor).await,
+        }
+        Ok(())
+    }
+
+    /// Restart intensity exceeded: stop restarting `key` and mark its record
+    /// failed (flushed), so an orchestrator restart does not bring it back
+    /// until [`Supervisor::reset`](super::Supervisor::reset).
+    async fn give_up(&mut self, key: SessionKey, cause: String, anchor: &TraceAnchor) {
+        self.persist_failed(&key, &cause).await;
+        drop(Transition::GivenUp { cause: &cause }.record(self.at(&key, Parent::Anchor(anchor))));
+        self.given_up.insert(key, cause);
+    }
+
+    /// Marks `key`'s record `Failed { reason }`, flushed. The session is not
+    /// running: the supervisor is its record's only writer now.
+    pub(super) async fn persist_failed(&self, key: &SessionKey, reason: &str) {
+        match self.store.load(key).await {
+            Ok(Some(mut record)) => {
+                record.status = RecordStatus::Failed {
+                    reason: reason.to_owned(),
+                };
+                if let Err(e) = self.store.save(&record, Durability::Flushed).await {
+                    self.store_failed(key, &e);
+                }
+            }
+            Ok(None) => {}
+            Err(e) => {
+                self.store_failed(key, &e);
+            }
+        }
+    }
+}
+
+impl Actor for WorkspaceSupervisor {
+    type Msg = SupervisorMsg;
+    type State = SupervisorState;
+    type Arguments = SupervisorArgs;
+
+    async fn pre_start(
+        &self,
+        myself: ActorRef<Self::Msg>,
+        args: SupervisorArgs,
+    ) -> Result<Self::State, ActorProcessingErr> {
+        let (watchdog, _) =
+            WatchdogActor::spawn_linked(args.config.watchdog.clone(), myself.get_cell()).await?;
+        let _ = args.watchdog_tx.send(watchdog.clone());
+        Ok(SupervisorState {
+            config: args.config,
+            factory: args.factory,
+            store: args.store,
+            notifier: args.notifier,
+            bus: args.bus,
+            watchdog,
+            sessions: HashMap::new(),
+            by_id: HashMap::new(),
+            trackers: HashMap::new(),
+            given_up: HashMap::new(),
+        })
+    }
+
+    async fn handle(
+        &self,
+        myself: ActorRef<Self::Msg>,
+        msg: Self::Msg,
+        state: &mut Self::State,
+    ) -> Result<(), ActorProcessingErr> {
+        match msg {
+            SupervisorMsg::Session(key, workspace, reply) => {
+                let result = if let Some(cause) = state.given_up.get(&key) {
+                    Err(SupervisorError::SessionFailed {
+                        key,
+                        cause: cause.clone(),
+                    })
+                } else if let Some(h) = state
+                    .sessions
+                    .get(&key)
+                    // A session that is stopping (reaped, escalated) is
+                    // replaced now rather than handed out to fail.
+                    .filter(|h| h.actor().get_status() < ActorStatus::Draining)
+                {
+                    Ok(h.clone())
+                } else {
+                    state.spawn_session(&myself, key, workspace, None).await
+                };
+                let _ = reply.send(result);
+            }
+            SupervisorMsg::List(reply) => {
+                let mut keys: Vec<_> = state.sessions.keys().cloned().collect();
+                keys.sort();
+                let _ = reply.send(keys);
+            }
+            SupervisorMsg::Reset(key, reply) => {
+                state.given_up.remove(&key);
+                state.trackers.remove(&key);
+                let result = match state.store.load(&key).await {
+                    Ok(Some(mut r)) if matches!(r.status, RecordStatus::Failed { .. }) => {
+                        r.status = RecordStatus::Idle;
+                        state
+                            .store
+                            .save(&r, Durability::Flushed)
+                            .await
+                            .map_err(|e| state.store_failed(&key, &e))
+                    }
+                    Ok(_) => Ok(()),
+                    Err(e) => Err(state.store_failed(&key, &e)),
+                };
+                let _ = reply.send(result);
+            }
+            SupervisorMsg::Escalated(Escalation::ResumeFailed(f)) => {
+                state.on_resume_failure(&myself, *f).await;
+            }
+            SupervisorMsg::Escalated(Escalation::FreshStartFailed {
+                key,
+                first_cause,
+                error,
+            }) => {
+                let reason =
+                    format!("resume failed ({first_cause}); fresh start failed too: {error}");
+                state.mark_failed(key, reason).await;
+            }
+        }
+        Ok(())
+    }
+
+    async fn handle_supervisor_evt(
+        &self,
+        myself: ActorRef<Self::Msg>,
+        event: SupervisionEvent,
+        state: &mut Self::State,
+    ) -> Result<(), ActorProcessingErr> {
+        let watchdog_id = state.watchdog.actor().get_id();
+        match event {
+            SupervisionEvent::ActorFailed(cell, err) if cell.get_id() == watchdog_id => {
+                // ractor runs no post_stop for a failing supervisor: stop
+                // the sessions (and so their streams) now, or they would
+                // go on reading with nothing watching them.
+                stop_sessions(&myself, state).await;
+                Err(format!("watchdog failed: {err}").into())
+            }
+            SupervisionEvent::ActorTerminated(cell, _, reason) if cell.get_id() == watchdog_id => {
+                stop_sessions(&myself, state).await;
+                Err(format!("watchdog stopped: {}", reason.unwrap_or_default()).into())
+            }
+            SupervisionEvent::ActorFailed(cell, err) => {
+                state
+                    .on_exit(&myself, cell.get_id(), true, err.to_string())
+                    .await
+            }
+            SupervisionEvent::ActorTerminated(cell, _, reason) => {
+                let cause = reason.unwrap_or_else(|| "stopped".into());
+                state.on_exit(&myself, cell.get_id(), false, cause).await
+            }
+            _ => Ok(()),
+        }
+    }
+
+    async fn post_stop(
+        &self,
+        myself: ActorRef<Self::Msg>,
+        state: &mut Self::State,
+    ) -> Result<(), ActorProcessingErr> {
+        // Sessions first (each stops its streams, which unwatch), then the
+        // watchdog last so no stream is ever unwatched while running.
+        stop_sessions(&myself, state).await;
+        state.watchdog.actor().unlink(myself.get_cell());
+        let _ = state
+            .watchdog
+            .actor()
+            .stop_and_wait(
+                Some(StopReason::Shutdown.as_str().into()),
+                Some(state.config.shutdown.watchdog),
+            )
+            .await;
+        Ok(())
+    }
+}
+
+/// Stops every session and waits for each (its stream released first).
+async fn stop_sessions(myself: &ActorRef<SupervisorMsg>, state: &mut SupervisorState) {
+    let sessions: Vec<_> = state.sessions.drain().map(|(_, h)| h).collect();
+    for h in &sessions {
+        h.actor().unlink(myself.get_cell());
+    }
+    let wait = state.config.shutdown.session;
+    let stops = sessions.iter().map(|h| {
+        h.actor()
+            .stop_and_wait(Some(StopReason::Shutdown.as_str().into()), Some(wait))
+    });
+    futures_util::future::join_all(stops).await;
+}

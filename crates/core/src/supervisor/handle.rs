@@ -1,0 +1,319 @@
+//! The [`Supervisor`] handle and its builder.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, PoisonError, RwLock};
+use std::time::Duration;
+
+use ractor::{Actor, ActorCell, ActorRef};
+use tokio::sync::broadcast;
+
+use crate::error::ActorError;
+use crate::lifecycle::{EventBus, LifecycleEvent};
+use crate::notify::{LogNotifier, Notifier};
+use crate::session::{SessionHandle, StopReason, SubmitError, TurnHandle};
+use crate::source::{SessionKey, SourceFactory};
+use crate::store::{MemoryStore, SessionRecord, SessionStore, StoreError};
+use crate::transition::{At, Parent, Transition};
+use crate::util::call;
+use crate::watchdog::WatchdogHandle;
+use crate::workspace::normalize_workspace;
+
+use super::actor::{self, SupervisorMsg};
+use super::{SupervisorConfig, SupervisorError};
+
+/// Builds a [`Supervisor`] with a store, a notifier and a bus of your
+/// choice.
+pub struct SupervisorBuilder {
+    config: SupervisorConfig,
+    factory: Arc<dyn SourceFactory>,
+    store: Arc<dyn SessionStore>,
+    notifier: Arc<dyn Notifier>,
+    bus: EventBus,
+}
+
+impl SupervisorBuilder {
+    /// Sets the configuration (default: [`SupervisorConfig::default`]).
+    pub fn config(mut self, config: SupervisorConfig) -> Self {
+        self.config = config;
+        self
+    }
+
+    /// Sets the store (default: a [`MemoryStore`]; use `warden-store`'s
+    /// sled store to survive restarts).
+    pub fn store(mut self, store: Arc<dyn SessionStore>) -> Self {
+        self.store = store;
+        self
+    }
+
+    /// Sets the notifier (default: [`LogNotifier`]).
+    pub fn notifier(mut self, notifier: Arc<dyn Notifier>) -> Self {
+        self.notifier = notifier;
+        self
+    }
+
+    /// Publishes lifecycle events on `bus` (default: a new bus).
+    pub fn bus(mut self, bus: EventBus) -> Self {
+        self.bus = bus;
+        self
+    }
+
+    /// Starts the supervisor and its watchdog.
+    pub async fn start(self) -> Result<Supervisor, ActorError> {
+        let (tx, mut rx) = tokio::sync::oneshot::channel();
+        let shutdown = self.config.shutdown.tree;
+        let args = actor::SupervisorArgs {
+            config: self.config,
+            factory: self.factory,
+            store: self.store.clone(),
+            notifier: self.notifier,
+            bus: self.bus.clone(),
+            watchdog_tx: tx,
+        };
+        let (actor, _) = Actor::spawn(None, actor::WorkspaceSupervisor, args)
+            .await
+            .map_err(|e| ActorError::Spawn {
+                what: "supervisor",
+                message: e.to_string(),
+            })?;
+        let watchdog = rx
+            .try_recv()
+            .map_err(|_| ActorError::NotRunning { what: "watchdog" })?;
+        Ok(Supervisor {
+            actor,
+            watchdog,
+            bus: self.bus,
+            store: self.store,
+            bindings: Arc::default(),
+            shutdown,
+        })
+    }
+}
+
+/// A handle to a running supervisor tree.
+#[derive(Clone)]
+pub struct Supervisor {
+    actor: ActorRef<SupervisorMsg>,
+    watchdog: WatchdogHandle,
+    bus: EventBus,
+    store: Arc<dyn SessionStore>,
+    bindings: Arc<RwLock<HashMap<String, PathBuf>>>,
+    shutdown: Duration,
+}
+
+impl std::fmt::Debug for Supervisor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Supervisor").finish_non_exhaustive()
+    }
+}
+
+impl Supervisor {
+    /// A builder for a supervisor whose sessions get their streams from
+    /// `factory`.
+    pub fn builder(factory: Arc<dyn SourceFactory>) -> SupervisorBuilder {
+        SupervisorBuilder {
+            config: SupervisorConfig::default(),
+            factory,
+            store: Arc::new(MemoryStore::new()),
+            notifier: Arc::new(LogNotifier),
+            bus: EventBus::default(),
+        }
+    }
+
+    /// Starts a supervisor with an in-memory store and the log notifier.
+    pub async fn start(
+        config: SupervisorConfig,
+        factory: Arc<dyn SourceFactory>,
+    ) -> Result<Self, ActorError> {
+        Self::builder(factory).config(config).start().await
+    }
+
+    /// The session for `key`, spawned (and resumed from the store) if it is
+    /// not running.
+    pub async fn session(
+        &self,
+        key: impl Into<SessionKey>,
+    ) -> Result<SessionHandle, SupervisorError> {
+        self.session_inner(key.into(), None).await
+    }
+
+    async fn session_inner(
+        &self,
+        key: SessionKey,
+        workspace: Option<PathBuf>,
+    ) -> Result<SessionHandle, SupervisorError> {
+        call(&self.actor, "supervisor", |r| {
+            SupervisorMsg::Session(key, workspace, r)
+        })
+        .await?
+    }
+
+    /// The session of workspace `path` (normalized; its key is the
+    /// normalized path).
+    pub async fn workspace(
+        &self,
+        path: impl AsRef<Path>,
+    ) -> Result<SessionHandle, SupervisorError> {
+        let path = self.normalize(path.as_ref())?;
+        let key = SessionKey::new(path.to_string_lossy());
+        self.session_inner(key, Some(path)).await
+    }
+
+    /// Sends `message` to the session for `key` (spawning it if needed).
+    /// Returns once the message is durably accepted.
+    pub async fn send(
+        &self,
+        key: impl Into<SessionKey>,
+        message: impl Into<String>,
+    ) -> Result<TurnHandle, SupervisorError> {
+        let key = key.into();
+        self.send_inner(key, None, message.into()).await
+    }
+
+    /// Sends `message` to the session of workspace `path` (normalized).
+    pub async fn send_to_workspace(
+        &self,
+        path: impl AsRef<Path>,
+        message: impl Into<String>,
+    ) -> Result<TurnHandle, SupervisorError> {
+        let path = self.normalize(path.as_ref())?;
+        let key = SessionKey::new(path.to_string_lossy());
+        self.send_inner(key, Some(path), message.into()).await
+    }
+
+    async fn send_inner(
+        &self,
+        key: SessionKey,
+        workspace: Option<PathBuf>,
+        message: String,
+    ) -> Result<TurnHandle, SupervisorError> {
+        // A session may stop between lookup and submit (reaped, restarting
+        // after a resume failure): look it up again once.
+        let mut last = None;
+        for _ in 0..3 {
+            let session = self.session_inner(key.clone(), workspace.clone()).await?;
+            match session.submit(message.clone()).await {
+                Ok(t) => return Ok(t),
+                Err(SubmitError::Actor(e)) => {
+                    last = Some(e);
+                    tokio::task::yield_now().await;
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Err(SupervisorError::Actor(
+            last.unwrap_or(ActorError::NotRunning { what: "session" }),
+        ))
+    }
+
+    /// Binds a name (a chat channel, a user) to a workspace; the path is
+    /// normalized here, once.
+    pub fn bind(
+        &self,
+        name: impl Into<String>,
+        path: impl AsRef<Path>,
+    ) -> Result<PathBuf, SupervisorError> {
+        let path = self.normalize(path.as_ref())?;
+        // A panic while holding the lock cannot leave the map half-written
+        // (one insert or one get): the data is sound, use it.
+        self.bindings
+            .write()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(name.into(), path.clone());
+        Ok(path)
+    }
+
+    /// The workspace bound to `name`.
+    pub fn bound(&self, name: &str) -> Option<PathBuf> {
+        self.bindings
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(name)
+            .cloned()
+    }
+
+    /// Sends `message` to the workspace bound to `name`.
+    pub async fn send_bound(
+        &self,
+        name: &str,
+        message: impl Into<String>,
+    ) -> Result<TurnHandle, SupervisorError> {
+        let path = self
+            .bound(name)
+            .ok_or_else(|| SupervisorError::Unbound(name.to_owned()))?;
+        let key = SessionKey::new(path.to_string_lossy());
+        self.send_inner(key, Some(path), message.into()).await
+    }
+
+    fn normalize(&self, path: &Path) -> Result<PathBuf, SupervisorError> {
+        let normalized = normalize_workspace(path).map_err(|e| SupervisorError::Workspace {
+            path: path.to_path_buf(),
+            message: e.to_string(),
+        })?;
+        if normalized.as_os_str() != path.as_os_str() {
+            let key = SessionKey::new(normalized.to_string_lossy());
+            drop(
+                Transition::WorkspaceNormalized {
+                    original: path,
+                    normalized: &normalized,
+                }
+                .record(At {
+                    key: &key,
+                    conversation: None,
+                    parent: Parent::Root,
+                    bus: Some(&self.bus),
+                }),
+            );
+        }
+        Ok(normalized)
+    }
+
+    /// Keys of the running sessions.
+    pub async fn sessions(&self) -> Result<Vec<SessionKey>, ActorError> {
+        call(&self.actor, "supervisor", SupervisorMsg::List).await
+    }
+
+    /// Every stored record (running or not); a corrupt one is an `Err` in
+    /// its slot.
+    pub async fn stored_sessions(
+        &self,
+    ) -> Result<Vec<Result<SessionRecord, StoreError>>, StoreError> {
+        self.store.list().await
+    }
+
+    /// Forgets that `key` was given up (in memory and in its record), so
+    /// the next message spawns it again.
+    pub async fn reset(&self, key: impl Into<SessionKey>) -> Result<(), SupervisorError> {
+        let key = key.into();
+        call(&self.actor, "supervisor", |r| SupervisorMsg::Reset(key, r)).await?
+    }
+
+    /// Lifecycle events from now on.
+    pub fn subscribe(&self) -> broadcast::Receiver<LifecycleEvent> {
+        self.bus.subscribe()
+    }
+
+    /// The watchdog of this tree.
+    pub fn watchdog(&self) -> &WatchdogHandle {
+        &self.watchdog
+    }
+
+    /// The supervisor's actor cell, for linking it under your own
+    /// supervisor and for waiting on it.
+    pub fn actor(&self) -> &ActorCell {
+        &self.actor
+    }
+
+    /// Stops the tree in order: sessions (each stopping its streams first),
+    /// then the watchdog, then the supervisor. Running turns end with
+    /// `SessionStopped`; their messages stay pending in the store.
+    pub async fn shutdown(&self) {
+        let _ = self
+            .actor
+            .stop_and_wait(
+                Some(StopReason::Shutdown.as_str().into()),
+                Some(self.shutdown),
+            )
+            .await;
+    }
+}

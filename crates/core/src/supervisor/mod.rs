@@ -1,0 +1,197 @@
+//! The supervisor: spawns sessions on demand, restarts them
+//! per policy, recovers them from failed resumes, owns the watchdog, and
+//! shuts the tree down in order.
+//!
+//! ```text
+//! WorkspaceSupervisor         (actor.rs; use the [`Supervisor`] handle)
+//!  ├─ WatchdogActor            (one; every stream registers here)
+//!  └─ SessionActor  (per key)
+//!      └─ StreamActor (per attempt)
+//! ```
+//!
+//! **Restarts** follow [`Restart`] and [`RestartIntensity`], counted per
+//! session. When a session fails more often than the intensity allows, the
+//! supervisor *escalates*: it stops restarting that session, keeps the
+//! original cause (returned by [`Supervisor::session`] for that key until
+//! [`Supervisor::reset`]), logs it and publishes
+//! [`LifecycleEvent::SupervisorEscalated`]. Other sessions are unaffected.
+//! A failure of the watchdog is fatal to the supervisor: warden never runs
+//! streams without a watchdog.
+//!
+//! **Resume failures** (unknown id, prompt too long, blocking limit) arrive
+//! as an escalation from the session with every unanswered turn. The
+//! supervisor logs the diagnostics, clears the stored id durably (keeping it
+//! among the past ids), starts the session fresh with those turns, and
+//! tells the user through the [`Notifier`]. If the fresh start fails too,
+//! the record is marked failed with both causes and the user is told; there
+//! is no loop.
+//!
+//! **Workspaces**: every path entry point ([`Supervisor::workspace`],
+//! [`Supervisor::send_to_workspace`], [`Supervisor::bind`]) normalizes the
+//! path first, so two spellings of one directory reach one session.
+//!
+//! | file | owns | may not |
+//! | --- | --- | --- |
+//! | `handle.rs` | [`Supervisor`], [`SupervisorBuilder`]: the API, path normalization, bindings | hold session state |
+//! | `actor.rs` | the actor: the session map, restarts, give-ups, shutdown order | write a running session's record |
+//! | `fallback.rs` | resume failure → fresh start, and the failed mark | — |
+
+mod actor;
+mod fallback;
+mod handle;
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use crate::error::{ActorError, ConfigError};
+use crate::policy::{Restart, RestartIntensity};
+use crate::session::{SessionConfig, SubmitError};
+use crate::source::SessionKey;
+use crate::store::StoreError;
+use crate::watchdog::WatchdogConfig;
+
+pub use handle::{Supervisor, SupervisorBuilder};
+
+/// Configuration of a supervisor tree.
+#[derive(Debug, Clone, Default, PartialEq)]
+#[non_exhaustive]
+pub struct SupervisorConfig {
+    /// Which session exits are restarted. Default [`Restart::Transient`].
+    pub restart: Restart,
+    /// Restart limit per session. Default 3 within 60 s.
+    pub intensity: RestartIntensity,
+    /// Configuration of every session (retries, idle reap, context).
+    pub session: SessionConfig,
+    /// Configuration of the watchdog. Default 45 s.
+    pub watchdog: WatchdogConfig,
+    /// How long each step of a shutdown may take.
+    pub shutdown: ShutdownTimeouts,
+}
+
+/// How long each step of a supervisor's shutdown may take before it is cut
+/// short (the actor is then dropped; a stream's source is released when
+/// its task is dropped).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ShutdownTimeouts {
+    /// The whole tree, [`Supervisor::shutdown`]. Default 30 s.
+    pub tree: Duration,
+    /// Each session (its stream released, its record written). Default
+    /// 10 s. A session's own wait for its stream is
+    /// [`SessionConfig::stream_stop_timeout`](crate::SessionConfig).
+    pub session: Duration,
+    /// The watchdog, stopped last. Default 5 s.
+    pub watchdog: Duration,
+}
+
+impl Default for ShutdownTimeouts {
+    fn default() -> Self {
+        Self {
+            tree: Duration::from_secs(30),
+            session: Duration::from_secs(10),
+            watchdog: Duration::from_secs(5),
+        }
+    }
+}
+
+impl ShutdownTimeouts {
+    /// Sets the wait for the whole tree.
+    pub fn with_tree(mut self, wait: Duration) -> Self {
+        self.tree = wait;
+        self
+    }
+
+    /// Sets the wait for each session.
+    pub fn with_session(mut self, wait: Duration) -> Self {
+        self.session = wait;
+        self
+    }
+
+    /// Sets the wait for the watchdog.
+    pub fn with_watchdog(mut self, wait: Duration) -> Self {
+        self.watchdog = wait;
+        self
+    }
+}
+
+impl SupervisorConfig {
+    /// The defaults with `WARDEN_STREAM_TIMEOUT` applied.
+    pub fn from_env() -> Result<Self, ConfigError> {
+        Ok(Self {
+            watchdog: WatchdogConfig::from_env()?,
+            ..Self::default()
+        })
+    }
+
+    /// Sets the restart kind.
+    pub fn with_restart(mut self, restart: Restart) -> Self {
+        self.restart = restart;
+        self
+    }
+
+    /// Sets the restart intensity.
+    pub fn with_intensity(mut self, intensity: RestartIntensity) -> Self {
+        self.intensity = intensity;
+        self
+    }
+
+    /// Sets the session configuration.
+    pub fn with_session(mut self, session: SessionConfig) -> Self {
+        self.session = session;
+        self
+    }
+
+    /// Sets the shutdown timeouts.
+    pub fn with_shutdown(mut self, shutdown: ShutdownTimeouts) -> Self {
+        self.shutdown = shutdown;
+        self
+    }
+
+    /// Sets the watchdog configuration.
+    pub fn with_watchdog(mut self, watchdog: WatchdogConfig) -> Self {
+        self.watchdog = watchdog;
+        self
+    }
+}
+
+/// Errors of the supervisor API.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum SupervisorError {
+    /// The session was given up (restart intensity exceeded, or a fresh
+    /// start after a resume failure failed too); `cause` says why. Fatal
+    /// until [`Supervisor::reset`].
+    #[error("session {key} failed and was given up: {cause}")]
+    SessionFailed {
+        /// The session.
+        key: SessionKey,
+        /// The original failure.
+        cause: String,
+    },
+    /// The session's record could not be read or written (corrupt, newer
+    /// schema, I/O). The record is left as it is.
+    #[error("session {key}: {error}")]
+    Store {
+        /// The session.
+        key: SessionKey,
+        /// The store's error.
+        error: StoreError,
+    },
+    /// The workspace path could not be normalized.
+    #[error("workspace {path}: {message}")]
+    Workspace {
+        /// The path as given.
+        path: PathBuf,
+        /// What failed.
+        message: String,
+    },
+    /// No workspace is bound to this name.
+    #[error("nothing is bound to {0:?}")]
+    Unbound(String),
+    /// The message could not be accepted.
+    #[error(transparent)]
+    Submit(#[from] SubmitError),
+    /// Actor plumbing failed (the supervisor is stopping or stopped).
+    #[error(transparent)]
+    Actor(#[from] ActorError),
+}
