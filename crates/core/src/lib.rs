@@ -17,9 +17,9 @@
 //!   (default 45 s, `WARDEN_STREAM_TIMEOUT` in ms, per-stream override);
 //!   the kill closes the stream for real and surfaces as the retryable
 //!   [`StreamError::InactivityTimeout`] (`ESTREAM_TIMEOUT`).
-//! - A [`SessionActor`] retries failed attempts from scratch under its
+//! - A session actor ([`SessionHandle`]) retries failed attempts from scratch under its
 //!   [`RetryPolicy`]; a user cancel wins the race and is never retried.
-//! - The [`WorkspaceSupervisor`] spawns sessions on demand and restarts them
+//! - The supervisor ([`Supervisor`]) spawns sessions on demand and restarts them
 //!   per [`Restart`] and [`RestartIntensity`].
 //!
 //! # Example
