@@ -112,13 +112,16 @@
 //! - `rand`: random conversation ids.
 
 mod anthropic;
+mod classify;
 pub mod decode;
 mod http;
+mod json;
 mod openai;
 pub mod sse;
 pub mod transcript;
 
 pub use anthropic::{ANTHROPIC_VERSION, AnthropicOptions, AnthropicSource};
-pub use http::{BuildError, HttpOptions, NOT_AN_EVENT_STREAM, validate_base_url};
+pub use classify::NOT_AN_EVENT_STREAM;
+pub use http::{BuildError, HttpOptions, validate_base_url};
 pub use openai::{OpenAiOptions, OpenAiSource};
 pub use transcript::{TornTail, Transcript, Transcripts};

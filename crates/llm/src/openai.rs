@@ -10,8 +10,10 @@ use futures_util::future::BoxFuture;
 use serde::{Deserialize, Serialize};
 use warden_core::{AgentEvent, EventSource, EventStream, Frame, StreamError, TurnRequest, Usage};
 
-use crate::decode::{EventMapper, Flow, Protocol, parse_json};
-use crate::http::{Begin, BuildError, Endpoint, ErrorBody, HttpOptions, stream_error_event};
+use crate::classify::{ErrorBody, stream_error_event};
+use crate::decode::{EventMapper, Flow, Protocol};
+use crate::http::{Begin, BuildError, Endpoint, HttpOptions};
+use crate::json::parse_json;
 
 /// Settings of an [`OpenAiSource`].
 ///
