@@ -1,22 +1,15 @@
 //! Anthropic Messages API streaming: [`AnthropicSource`].
 
-use std::collections::{HashMap, VecDeque};
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::sse::SseEvent as Event;
 use futures_util::future::BoxFuture;
-use serde::{Deserialize, Serialize};
-use warden_core::{AgentEvent, EventSource, EventStream, Frame, StreamError, TurnRequest, Usage};
+use warden_core::{EventSource, EventStream, StreamError, TurnRequest};
 
-use crate::classify::{ErrorBody, stream_error_event};
-use crate::decode::{EventMapper, Flow, Protocol};
 use crate::http::{Begin, BuildError, Endpoint, HttpOptions};
-use crate::json::parse_json;
-
-/// The `anthropic-version` header sent by default.
-pub const ANTHROPIC_VERSION: &str = "2023-06-01";
+use crate::provider::Protocol;
+use crate::wire::{Message, Turn, auth_headers, request_body};
 
 /// Settings of an [`AnthropicSource`].
 ///
@@ -159,10 +152,7 @@ impl AnthropicSource {
             Protocol::Anthropic,
             &options.base_url,
             "/v1/messages",
-            &[
-                ("x-api-key", options.api_key),
-                ("anthropic-version", ANTHROPIC_VERSION.to_owned()),
-            ],
+            &auth_headers(Protocol::Anthropic, &options.api_key),
             &options.http,
         )?;
         Ok(Self {
@@ -173,22 +163,6 @@ impl AnthropicSource {
             }),
         })
     }
-}
-
-#[derive(Serialize)]
-struct MessagesRequest<'a> {
-    model: &'a str,
-    max_tokens: u32,
-    stream: bool,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    system: Option<&'a str>,
-    messages: Vec<Message<'a>>,
-}
-
-#[derive(Serialize)]
-struct Message<'a> {
-    role: &'a str,
-    content: &'a str,
 }
 
 impl AnthropicSource {
@@ -215,27 +189,24 @@ impl EventSource for AnthropicSource {
                 Begin::Replayed(stream) => return Ok(stream),
             };
             let history = conversation.as_ref().map_or(&[][..], |c| c.history());
-            let mut messages: Vec<Message<'_>> = history
-                .iter()
-                .map(|e| Message {
-                    role: e.role.as_str(),
-                    content: &e.content,
-                })
-                .collect();
-            messages.push(Message {
+            let user = Message {
                 role: "user",
                 content: &request.message,
-            });
-            let body = MessagesRequest {
-                model: &inner.model,
-                max_tokens: inner.max_tokens,
-                stream: true,
-                system: request.append_system_prompt.as_deref(),
-                messages,
             };
-            let body = serde_json::to_vec(&body).map_err(|e| StreamError::Internal {
-                message: format!("could not encode the request: {e}"),
-            })?;
+            let turn = Turn {
+                model: &inner.model,
+                max_tokens: Some(inner.max_tokens),
+                system: request.append_system_prompt.as_deref(),
+                messages: history
+                    .iter()
+                    .map(|e| Message {
+                        role: e.role.as_str(),
+                        content: &e.content,
+                    })
+                    .chain([user])
+                    .collect(),
+            };
+            let body = request_body(Protocol::Anthropic, &turn)?;
             let stream = inner.endpoint.open(body, &request, &inner.model).await?;
             Ok(match conversation {
                 Some(c) => c.record(stream, request.message, inner.model.clone()),
@@ -246,218 +217,5 @@ impl EventSource for AnthropicSource {
 
     fn provider(&self) -> &str {
         "anthropic"
-    }
-}
-
-// --- Wire format -----------------------------------------------------------
-
-#[derive(Deserialize)]
-#[serde(tag = "type", rename_all = "snake_case")]
-enum WireEvent {
-    MessageStart {
-        message: WireMessage,
-    },
-    ContentBlockStart {
-        index: u64,
-        content_block: WireBlock,
-    },
-    ContentBlockDelta {
-        index: u64,
-        delta: WireDelta,
-    },
-    ContentBlockStop {
-        index: u64,
-    },
-    MessageDelta {
-        #[serde(default)]
-        delta: WireMessageDelta,
-        #[serde(default)]
-        usage: Option<WireUsage>,
-    },
-    MessageStop,
-    Ping,
-    Error {
-        error: ErrorBody,
-    },
-    #[serde(other)]
-    Other,
-}
-
-#[derive(Deserialize)]
-struct WireMessage {
-    #[serde(default)]
-    usage: Option<WireUsage>,
-}
-
-#[derive(Deserialize)]
-#[serde(tag = "type", rename_all = "snake_case")]
-enum WireBlock {
-    Text {
-        #[serde(default)]
-        text: String,
-    },
-    Thinking {
-        #[serde(default)]
-        thinking: String,
-    },
-    ToolUse {
-        id: String,
-        name: String,
-    },
-    ServerToolUse {
-        id: String,
-        name: String,
-    },
-    McpToolUse {
-        id: String,
-        name: String,
-    },
-    #[serde(other)]
-    Other,
-}
-
-#[derive(Deserialize)]
-#[serde(tag = "type", rename_all = "snake_case")]
-enum WireDelta {
-    TextDelta {
-        text: String,
-    },
-    ThinkingDelta {
-        thinking: String,
-    },
-    InputJsonDelta {
-        partial_json: String,
-    },
-    #[serde(other)]
-    Other,
-}
-
-#[derive(Deserialize, Default)]
-struct WireMessageDelta {
-    #[serde(default)]
-    stop_reason: Option<String>,
-}
-
-#[derive(Deserialize)]
-struct WireUsage {
-    #[serde(default)]
-    input_tokens: Option<u64>,
-    #[serde(default)]
-    cache_creation_input_tokens: Option<u64>,
-    #[serde(default)]
-    cache_read_input_tokens: Option<u64>,
-    #[serde(default)]
-    output_tokens: Option<u64>,
-}
-
-impl WireUsage {
-    /// Overwrites the fields this report carries; the others keep their
-    /// earlier value (`message_delta` usually reports only output tokens).
-    fn merge_into(&self, usage: &mut Usage) {
-        let fields = [
-            (self.input_tokens, &mut usage.input_tokens),
-            (
-                self.cache_creation_input_tokens,
-                &mut usage.cache_creation_input_tokens,
-            ),
-            (
-                self.cache_read_input_tokens,
-                &mut usage.cache_read_input_tokens,
-            ),
-            (self.output_tokens, &mut usage.output_tokens),
-        ];
-        for (reported, field) in fields {
-            if let Some(v) = reported {
-                *field = v;
-            }
-        }
-    }
-}
-
-/// Anthropic events → frames. Tracks which content blocks are tool calls
-/// (by index) and the usage reported so far.
-#[derive(Debug, Default)]
-pub(crate) struct AnthropicMapper {
-    /// Open tool-use blocks: index → tool-use id.
-    tools: HashMap<u64, String>,
-    usage: Usage,
-}
-
-impl EventMapper for AnthropicMapper {
-    fn map(&mut self, event: &Event, out: &mut VecDeque<Frame>) -> Result<Flow, StreamError> {
-        if event.event == "ping" {
-            return Ok(Flow::Continue);
-        }
-        let mut push = |e: AgentEvent| out.push_back(Frame::Event(e));
-        match parse_json::<WireEvent>(&event.data)? {
-            WireEvent::MessageStart { message } => {
-                if let Some(usage) = message.usage {
-                    self.usage = Usage::default();
-                    usage.merge_into(&mut self.usage);
-                    push(AgentEvent::Usage(self.usage));
-                }
-            }
-            WireEvent::ContentBlockStart {
-                index,
-                content_block,
-            } => match content_block {
-                WireBlock::ToolUse { id, name }
-                | WireBlock::ServerToolUse { id, name }
-                | WireBlock::McpToolUse { id, name } => {
-                    self.tools.insert(index, id.clone());
-                    push(AgentEvent::ToolUseStarted { id, name });
-                }
-                WireBlock::Text { text } if !text.is_empty() => push(AgentEvent::TextDelta(text)),
-                WireBlock::Thinking { thinking } if !thinking.is_empty() => {
-                    push(AgentEvent::ThinkingDelta(thinking));
-                }
-                WireBlock::Text { .. } | WireBlock::Thinking { .. } | WireBlock::Other => {}
-            },
-            WireEvent::ContentBlockDelta { index, delta } => match delta {
-                WireDelta::TextDelta { text } if !text.is_empty() => {
-                    push(AgentEvent::TextDelta(text));
-                }
-                WireDelta::ThinkingDelta { thinking } if !thinking.is_empty() => {
-                    push(AgentEvent::ThinkingDelta(thinking));
-                }
-                WireDelta::InputJsonDelta { partial_json } if !partial_json.is_empty() => {
-                    let id = self
-                        .tools
-                        .get(&index)
-                        .cloned()
-                        .unwrap_or_else(|| index.to_string());
-                    push(AgentEvent::ToolInputDelta { id, partial_json });
-                }
-                _ => {}
-            },
-            WireEvent::ContentBlockStop { index } => {
-                if let Some(id) = self.tools.remove(&index) {
-                    push(AgentEvent::ToolUseFinished { id });
-                }
-            }
-            WireEvent::MessageDelta { delta, usage } => {
-                if let Some(usage) = usage {
-                    usage.merge_into(&mut self.usage);
-                    push(AgentEvent::Usage(self.usage));
-                }
-                if let Some(reason) = delta.stop_reason {
-                    push(AgentEvent::Stop { reason });
-                }
-            }
-            WireEvent::MessageStop => {
-                push(AgentEvent::TurnComplete {
-                    context_window: None,
-                    duration: None,
-                });
-                return Ok(Flow::Done);
-            }
-            WireEvent::Error { error } => return Err(stream_error_event(error)),
-            WireEvent::Ping | WireEvent::Other => {}
-        }
-        Ok(Flow::Continue)
-    }
-
-    fn terminal(&self) -> &'static str {
-        "message_stop"
     }
 }

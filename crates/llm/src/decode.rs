@@ -29,20 +29,9 @@ use std::task::{Context, Poll};
 use futures_util::Stream;
 use warden_core::{EventStream, Frame, StreamError};
 
-use crate::anthropic::AnthropicMapper;
-use crate::openai::OpenAiMapper;
-use crate::sse::{Parsed, SseEvent, SseParser};
-
-/// Which wire protocol a byte stream carries.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub enum Protocol {
-    /// Anthropic Messages streaming (`event: message_start` ... `message_stop`).
-    Anthropic,
-    /// OpenAI-compatible chat-completions streaming (`data: {chunk}` ...
-    /// `data: [DONE]`).
-    OpenAi,
-}
+pub use crate::provider::Protocol;
+use crate::sse::{Parsed, SseParser};
+use crate::wire::{EventMapper, Flow, mapper};
 
 /// Decodes an SSE byte stream into warden frames.
 ///
@@ -61,48 +50,22 @@ where
     S: Stream<Item = Result<B, StreamError>> + Send + 'static,
     B: AsRef<[u8]> + Send + 'static,
 {
-    let bytes: ByteStream<B> = Box::pin(bytes);
-    match protocol {
-        Protocol::Anthropic => Box::pin(SseFrames::new(
-            bytes,
-            max_frame_bytes,
-            AnthropicMapper::default(),
-        )),
-        Protocol::OpenAi => Box::pin(SseFrames::new(
-            bytes,
-            max_frame_bytes,
-            OpenAiMapper::default(),
-        )),
-    }
+    Box::pin(SseFrames::new(
+        Box::pin(bytes),
+        max_frame_bytes,
+        mapper(protocol),
+    ))
 }
 
 type ByteStream<B> = Pin<Box<dyn Stream<Item = Result<B, StreamError>> + Send>>;
 
-/// Whether the mapped event ended the turn.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Flow {
-    /// Keep reading.
-    Continue,
-    /// The terminal event: stop reading, end the stream.
-    Done,
-}
-
-/// Maps the parsed SSE events of one protocol to frames.
-pub(crate) trait EventMapper: Send + Unpin + 'static {
-    /// Maps one parsed event, pushing its frames to `out` (pushing none is
-    /// fine: the caller then yields a `KeepAlive`).
-    fn map(&mut self, event: &SseEvent, out: &mut VecDeque<Frame>) -> Result<Flow, StreamError>;
-
-    /// The terminal event, for the `Truncated` message.
-    fn terminal(&self) -> &'static str;
-}
-
 /// Parsed SSE events → frames.
-struct SseFrames<B, M> {
+struct SseFrames<B> {
     /// `None` once the stream has ended (this drops the body).
     bytes: Option<ByteStream<B>>,
     parser: SseParser,
-    mapper: M,
+    /// The protocol's event mapper.
+    mapper: Box<dyn EventMapper>,
     /// Frames parsed from the last chunk, not yet yielded.
     parsed: VecDeque<Parsed>,
     /// Frames of the last mapped event, not yet yielded.
@@ -111,8 +74,8 @@ struct SseFrames<B, M> {
     error: Option<StreamError>,
 }
 
-impl<B: AsRef<[u8]>, M: EventMapper> SseFrames<B, M> {
-    fn new(bytes: ByteStream<B>, max_frame_bytes: usize, mapper: M) -> Self {
+impl<B: AsRef<[u8]>> SseFrames<B> {
+    fn new(bytes: ByteStream<B>, max_frame_bytes: usize, mapper: Box<dyn EventMapper>) -> Self {
         Self {
             bytes: Some(bytes),
             parser: SseParser::new(max_frame_bytes),
@@ -137,7 +100,7 @@ impl<B: AsRef<[u8]>, M: EventMapper> SseFrames<B, M> {
     }
 }
 
-impl<B: AsRef<[u8]>, M: EventMapper> Stream for SseFrames<B, M> {
+impl<B: AsRef<[u8]>> Stream for SseFrames<B> {
     type Item = Result<Frame, StreamError>;
 
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {

@@ -117,11 +117,15 @@ pub mod decode;
 mod http;
 mod json;
 mod openai;
+mod provider;
 pub mod sse;
 pub mod transcript;
+mod wire;
 
-pub use anthropic::{ANTHROPIC_VERSION, AnthropicOptions, AnthropicSource};
+pub use anthropic::{AnthropicOptions, AnthropicSource};
 pub use classify::NOT_AN_EVENT_STREAM;
 pub use http::{BuildError, HttpOptions, validate_base_url};
 pub use openai::{OpenAiOptions, OpenAiSource};
+pub use provider::{Anthropic, Api, OpenAi, Protocol, Provider};
 pub use transcript::{TornTail, Transcript, Transcripts};
+pub use wire::ANTHROPIC_VERSION;

@@ -1,19 +1,15 @@
 //! OpenAI-compatible chat-completions streaming: [`OpenAiSource`].
 
-use std::collections::{BTreeMap, VecDeque};
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::sse::SseEvent as Event;
 use futures_util::future::BoxFuture;
-use serde::{Deserialize, Serialize};
-use warden_core::{AgentEvent, EventSource, EventStream, Frame, StreamError, TurnRequest, Usage};
+use warden_core::{EventSource, EventStream, StreamError, TurnRequest};
 
-use crate::classify::{ErrorBody, stream_error_event};
-use crate::decode::{EventMapper, Flow, Protocol};
 use crate::http::{Begin, BuildError, Endpoint, HttpOptions};
-use crate::json::parse_json;
+use crate::provider::Protocol;
+use crate::wire::{Message, Turn, auth_headers, request_body};
 
 /// Settings of an [`OpenAiSource`].
 ///
@@ -151,17 +147,12 @@ impl fmt::Debug for OpenAiSource {
 impl OpenAiSource {
     /// A source with these options. Fails on a bad base URL or header.
     pub fn new(options: OpenAiOptions) -> Result<Self, BuildError> {
-        let authorization = if options.api_key.is_empty() {
-            String::new()
-        } else {
-            format!("Bearer {}", options.api_key)
-        };
         let endpoint = Endpoint::new(
             "openai",
             Protocol::OpenAi,
             &options.base_url,
             "/v1/chat/completions",
-            &[("authorization", authorization)],
+            &auth_headers(Protocol::OpenAi, &options.api_key),
             &options.http,
         )?;
         Ok(Self {
@@ -172,27 +163,6 @@ impl OpenAiSource {
             }),
         })
     }
-}
-
-#[derive(Serialize)]
-struct ChatRequest<'a> {
-    model: &'a str,
-    stream: bool,
-    stream_options: StreamOptions,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    max_tokens: Option<u32>,
-    messages: Vec<Message<'a>>,
-}
-
-#[derive(Serialize)]
-struct StreamOptions {
-    include_usage: bool,
-}
-
-#[derive(Serialize)]
-struct Message<'a> {
-    role: &'a str,
-    content: &'a str,
 }
 
 impl OpenAiSource {
@@ -219,33 +189,24 @@ impl EventSource for OpenAiSource {
                 Begin::Replayed(stream) => return Ok(stream),
             };
             let history = conversation.as_ref().map_or(&[][..], |c| c.history());
-            let mut messages = Vec::with_capacity(history.len() + 2);
-            if let Some(system) = request.append_system_prompt.as_deref() {
-                messages.push(Message {
-                    role: "system",
-                    content: system,
-                });
-            }
-            messages.extend(history.iter().map(|e| Message {
-                role: e.role.as_str(),
-                content: &e.content,
-            }));
-            messages.push(Message {
+            let user = Message {
                 role: "user",
                 content: &request.message,
-            });
-            let body = ChatRequest {
-                model: &inner.model,
-                stream: true,
-                stream_options: StreamOptions {
-                    include_usage: true,
-                },
-                max_tokens: inner.max_tokens,
-                messages,
             };
-            let body = serde_json::to_vec(&body).map_err(|e| StreamError::Internal {
-                message: format!("could not encode the request: {e}"),
-            })?;
+            let turn = Turn {
+                model: &inner.model,
+                max_tokens: inner.max_tokens,
+                system: request.append_system_prompt.as_deref(),
+                messages: history
+                    .iter()
+                    .map(|e| Message {
+                        role: e.role.as_str(),
+                        content: &e.content,
+                    })
+                    .chain([user])
+                    .collect(),
+            };
+            let body = request_body(Protocol::OpenAi, &turn)?;
             let stream = inner.endpoint.open(body, &request, &inner.model).await?;
             Ok(match conversation {
                 Some(c) => c.record(stream, request.message, inner.model.clone()),
@@ -256,151 +217,5 @@ impl EventSource for OpenAiSource {
 
     fn provider(&self) -> &str {
         "openai"
-    }
-}
-
-// --- Wire format -----------------------------------------------------------
-
-#[derive(Deserialize)]
-struct Chunk {
-    #[serde(default)]
-    choices: Option<Vec<Choice>>,
-    #[serde(default)]
-    usage: Option<WireUsage>,
-    #[serde(default)]
-    error: Option<ErrorBody>,
-}
-
-#[derive(Deserialize)]
-struct Choice {
-    #[serde(default)]
-    delta: Option<Delta>,
-    #[serde(default)]
-    finish_reason: Option<String>,
-}
-
-#[derive(Deserialize)]
-struct Delta {
-    #[serde(default)]
-    content: Option<String>,
-    /// Reasoning text of compatible servers (DeepSeek, vLLM).
-    #[serde(default)]
-    reasoning_content: Option<String>,
-    #[serde(default)]
-    tool_calls: Option<Vec<ToolCallDelta>>,
-}
-
-#[derive(Deserialize)]
-struct ToolCallDelta {
-    #[serde(default)]
-    index: Option<u64>,
-    #[serde(default)]
-    id: Option<String>,
-    #[serde(default)]
-    function: Option<FunctionDelta>,
-}
-
-#[derive(Deserialize)]
-struct FunctionDelta {
-    #[serde(default)]
-    name: Option<String>,
-    #[serde(default)]
-    arguments: Option<String>,
-}
-
-#[derive(Deserialize)]
-struct WireUsage {
-    #[serde(default)]
-    prompt_tokens: Option<u64>,
-    #[serde(default)]
-    completion_tokens: Option<u64>,
-}
-
-/// OpenAI chunks → frames. Tracks the tool calls in progress by index;
-/// they are finished (`ToolUseFinished`) at the `finish_reason`, or at
-/// `[DONE]` if none came.
-#[derive(Debug, Default)]
-pub(crate) struct OpenAiMapper {
-    /// Tool calls in progress: index → id.
-    tools: BTreeMap<u64, String>,
-}
-
-impl OpenAiMapper {
-    fn finish_tools(&mut self, out: &mut VecDeque<Frame>) {
-        for (_, id) in std::mem::take(&mut self.tools) {
-            out.push_back(Frame::Event(AgentEvent::ToolUseFinished { id }));
-        }
-    }
-
-    fn tool_call(&mut self, call: ToolCallDelta, out: &mut VecDeque<Frame>) {
-        let index = call.index.unwrap_or(0);
-        let (name, arguments) = call
-            .function
-            .map_or((None, None), |f| (f.name, f.arguments));
-        let id = match self.tools.get(&index) {
-            Some(id) => id.clone(),
-            None if call.id.is_some() || name.is_some() => {
-                let id = call.id.unwrap_or_else(|| index.to_string());
-                self.tools.insert(index, id.clone());
-                out.push_back(Frame::Event(AgentEvent::ToolUseStarted {
-                    id: id.clone(),
-                    name: name.unwrap_or_default(),
-                }));
-                id
-            }
-            None => index.to_string(),
-        };
-        if let Some(partial_json) = arguments.filter(|a| !a.is_empty()) {
-            out.push_back(Frame::Event(AgentEvent::ToolInputDelta {
-                id,
-                partial_json,
-            }));
-        }
-    }
-}
-
-impl EventMapper for OpenAiMapper {
-    fn map(&mut self, event: &Event, out: &mut VecDeque<Frame>) -> Result<Flow, StreamError> {
-        if event.data.trim() == "[DONE]" {
-            self.finish_tools(out);
-            out.push_back(Frame::Event(AgentEvent::TurnComplete {
-                context_window: None,
-                duration: None,
-            }));
-            return Ok(Flow::Done);
-        }
-        let chunk = parse_json::<Chunk>(&event.data)?;
-        if let Some(error) = chunk.error {
-            return Err(stream_error_event(error));
-        }
-        for choice in chunk.choices.unwrap_or_default() {
-            if let Some(delta) = choice.delta {
-                if let Some(text) = delta.reasoning_content.filter(|t| !t.is_empty()) {
-                    out.push_back(Frame::Event(AgentEvent::ThinkingDelta(text)));
-                }
-                if let Some(text) = delta.content.filter(|t| !t.is_empty()) {
-                    out.push_back(Frame::Event(AgentEvent::TextDelta(text)));
-                }
-                for call in delta.tool_calls.unwrap_or_default() {
-                    self.tool_call(call, out);
-                }
-            }
-            if let Some(reason) = choice.finish_reason {
-                self.finish_tools(out);
-                out.push_back(Frame::Event(AgentEvent::Stop { reason }));
-            }
-        }
-        if let Some(usage) = chunk.usage {
-            out.push_back(Frame::Event(AgentEvent::Usage(Usage {
-                input_tokens: usage.prompt_tokens.unwrap_or(0),
-                output_tokens: usage.completion_tokens.unwrap_or(0),
-                ..Usage::default()
-            })));
-        }
-        Ok(Flow::Continue)
-    }
-
-    fn terminal(&self) -> &'static str {
-        "data: [DONE]"
     }
 }
