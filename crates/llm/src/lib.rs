@@ -111,21 +111,21 @@
 //!   pool, off the runtime's workers.
 //! - `rand`: random conversation ids.
 
-mod anthropic;
 mod classify;
 pub mod decode;
-mod http;
 mod json;
-mod openai;
+mod options;
 mod provider;
+mod source;
 pub mod sse;
 pub mod transcript;
+mod transport;
 mod wire;
 
-pub use anthropic::{AnthropicOptions, AnthropicSource};
 pub use classify::NOT_AN_EVENT_STREAM;
-pub use http::{BuildError, HttpOptions, validate_base_url};
-pub use openai::{OpenAiOptions, OpenAiSource};
+pub use options::{AnthropicOptions, HttpOptions, OpenAiOptions, SourceOptions};
 pub use provider::{Anthropic, Api, OpenAi, Protocol, Provider};
+pub use source::{AnthropicSource, HttpSource, OpenAiSource};
 pub use transcript::{TornTail, Transcript, Transcripts};
+pub use transport::{BuildError, validate_base_url};
 pub use wire::ANTHROPIC_VERSION;

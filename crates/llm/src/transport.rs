@@ -1,4 +1,7 @@
-//! The HTTP side shared by both sources: the client and the request.
+//! The transport of every HTTP source: the client, the request, the checks
+//! on the answer, and how a turn begins (send, or replay from the
+//! transcript). Protocol-neutral: what differs between APIs comes in as a
+//! [`Protocol`] value and header pairs from the wire module.
 
 use std::fmt;
 use std::time::Duration;
@@ -10,98 +13,14 @@ use warden_core::{EventStream, StreamError, TurnRequest};
 use crate::classify::{
     classify_response, connection_error, error_chain, not_an_event_stream, refuse_gzip_magic,
 };
-use crate::decode::{Protocol, decode_frames};
+use crate::decode::decode_frames;
+use crate::options::HttpOptions;
+use crate::provider::Protocol;
 use crate::transcript::{Conversation, Transcripts, replay_stream};
 
 /// Bytes of an error response body read for its message; the rest is
 /// dropped.
 const MAX_ERROR_BODY: usize = 64 * 1024;
-
-/// HTTP settings shared by [`AnthropicOptions`](crate::AnthropicOptions)
-/// and [`OpenAiOptions`](crate::OpenAiOptions).
-///
-/// `Debug` prints the names of the extra headers, never their values.
-#[derive(Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct HttpOptions {
-    /// How long establishing the TCP (and TLS) connection may take. Default
-    /// 10 s. There is deliberately no read or total timeout: silence on an
-    /// open stream is the watchdog's business.
-    pub connect_timeout: Duration,
-    /// The largest SSE event accepted, in bytes (its non-comment lines, line
-    /// ends included). Default 1 MiB. A larger event fails the stream with
-    /// [`StreamError::FrameTooLarge`] as soon as the limit is crossed.
-    pub max_frame_bytes: usize,
-    /// The longest server-requested wait (`retry-after-ms`, `retry-after`)
-    /// reported in [`StreamError::Api::retry_after`]; longer requests are
-    /// capped to it. Default 60 s.
-    pub max_retry_after: Duration,
-    /// Headers added to every request, after the provider's own (a header of
-    /// the same name replaces the default one, e.g. `anthropic-version`).
-    /// Values are marked sensitive. Default none.
-    pub extra_headers: Vec<(String, String)>,
-    /// Where conversations are kept, making the source resumable (see
-    /// [`Transcripts`]). Default `None`: every turn is a one-message
-    /// conversation and `resume_id` is ignored.
-    pub transcripts: Option<Transcripts>,
-}
-
-impl Default for HttpOptions {
-    fn default() -> Self {
-        Self {
-            connect_timeout: Duration::from_secs(10),
-            max_frame_bytes: 1024 * 1024,
-            max_retry_after: Duration::from_secs(60),
-            extra_headers: Vec::new(),
-            transcripts: None,
-        }
-    }
-}
-
-impl fmt::Debug for HttpOptions {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let names: Vec<&str> = self.extra_headers.iter().map(|(n, _)| n.as_str()).collect();
-        f.debug_struct("HttpOptions")
-            .field("connect_timeout", &self.connect_timeout)
-            .field("max_frame_bytes", &self.max_frame_bytes)
-            .field("max_retry_after", &self.max_retry_after)
-            .field("extra_headers", &names)
-            .field("transcripts", &self.transcripts)
-            .finish()
-    }
-}
-
-impl HttpOptions {
-    /// Sets [`connect_timeout`](Self::connect_timeout).
-    pub fn with_connect_timeout(mut self, timeout: Duration) -> Self {
-        self.connect_timeout = timeout;
-        self
-    }
-
-    /// Sets [`max_frame_bytes`](Self::max_frame_bytes).
-    pub fn with_max_frame_bytes(mut self, bytes: usize) -> Self {
-        self.max_frame_bytes = bytes;
-        self
-    }
-
-    /// Sets [`max_retry_after`](Self::max_retry_after).
-    pub fn with_max_retry_after(mut self, cap: Duration) -> Self {
-        self.max_retry_after = cap;
-        self
-    }
-
-    /// Adds one of the [`extra_headers`](Self::extra_headers).
-    pub fn with_header(mut self, name: impl Into<String>, value: impl Into<String>) -> Self {
-        self.extra_headers.push((name.into(), value.into()));
-        self
-    }
-
-    /// Sets [`transcripts`](Self::transcripts): keep conversations there.
-    pub fn with_transcripts(mut self, transcripts: Transcripts) -> Self {
-        self.transcripts = Some(transcripts);
-        self
-    }
-}
 
 /// Why a source could not be built from its options.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -214,18 +133,18 @@ impl fmt::Debug for Endpoint {
 }
 
 impl Endpoint {
-    /// `headers` are the provider's own, the key included; an empty value
-    /// is left out (no key for a local server).
+    /// The endpoint of `protocol`'s [`Provider`](crate::Provider) under
+    /// `base_url`. `headers` are the provider's own, the key included; an
+    /// empty value is left out (no key for a local server).
     pub(crate) fn new(
-        provider: &'static str,
         protocol: Protocol,
         base_url: &str,
-        path: &str,
         headers: &[(&str, String)],
         http: &HttpOptions,
     ) -> Result<Self, BuildError> {
         validate_base_url(base_url)?;
-        let url = format!("{}{path}", base_url.trim().trim_end_matches('/'));
+        let provider = protocol.provider();
+        let url = format!("{}{}", base_url.trim().trim_end_matches('/'), provider.path);
         let url = reqwest::Url::parse(&url).map_err(|e| BuildError::InvalidBaseUrl {
             reason: e.to_string(),
         })?;
@@ -264,7 +183,7 @@ impl Endpoint {
             })?;
 
         Ok(Self {
-            provider,
+            provider: provider.name,
             protocol,
             client,
             url,
