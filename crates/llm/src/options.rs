@@ -144,10 +144,10 @@ pub struct HttpOptions {
     pub connect_timeout: Duration,
     /// The largest SSE event accepted, in bytes (its non-comment lines, line
     /// ends included). Default 1 MiB. A larger event fails the stream with
-    /// [`StreamError::FrameTooLarge`] as soon as the limit is crossed.
+    /// [`StreamError::FrameTooLarge`](warden_core::StreamError::FrameTooLarge) as soon as the limit is crossed.
     pub max_frame_bytes: usize,
     /// The longest server-requested wait (`retry-after-ms`, `retry-after`)
-    /// reported in [`StreamError::Api::retry_after`]; longer requests are
+    /// reported in [`StreamError::Api::retry_after`](warden_core::StreamError::Api::retry_after); longer requests are
     /// capped to it. Default 60 s.
     pub max_retry_after: Duration,
     /// Headers added to every request, after the provider's own (a header of
