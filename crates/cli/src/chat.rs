@@ -108,7 +108,7 @@ fn claude_options(
         options = options.with_model(model);
     }
     if let Some(url) = base_url {
-        options = options.with_env("ANTHROPIC_BASE_URL", url);
+        options = options.with_env(warden_llm::Provider::ANTHROPIC.base_url_env, url);
     }
     options
 }

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use futures_util::future::BoxFuture;
 use warden_core::{EventSource, EventStream, StreamError, TurnRequest};
 use warden_llm::{
-    AnthropicOptions, AnthropicSource, BuildError, HttpOptions, OpenAiOptions, OpenAiSource,
+    Anthropic, AnthropicSource, Api, BuildError, HttpOptions, OpenAi, OpenAiSource, SourceOptions,
     Transcripts,
 };
 
@@ -23,24 +23,12 @@ pub(crate) enum Provider {
 }
 
 impl Provider {
-    fn path(self) -> &'static str {
+    /// warden-llm's description of this API: endpoint path, variables,
+    /// name.
+    pub(crate) fn api(self) -> &'static warden_llm::Provider {
         match self {
-            Provider::Anthropic => "/v1/messages",
-            Provider::Openai => "/v1/chat/completions",
-        }
-    }
-
-    fn key_env(self) -> &'static str {
-        match self {
-            Provider::Anthropic => "ANTHROPIC_API_KEY",
-            Provider::Openai => "OPENAI_API_KEY",
-        }
-    }
-
-    fn base_url_env(self) -> &'static str {
-        match self {
-            Provider::Anthropic => "ANTHROPIC_BASE_URL",
-            Provider::Openai => "OPENAI_BASE_URL",
+            Provider::Anthropic => &warden_llm::Provider::ANTHROPIC,
+            Provider::Openai => &warden_llm::Provider::OPENAI,
         }
     }
 
@@ -50,7 +38,7 @@ impl Provider {
         let path = path.trim_end_matches('/');
         [Provider::Anthropic, Provider::Openai]
             .into_iter()
-            .find(|p| path.ends_with(p.path()))
+            .find(|p| path.ends_with(p.api().path))
     }
 
     /// `url` without this provider's endpoint path (and query): the base URL
@@ -58,7 +46,9 @@ impl Provider {
     pub(crate) fn base_url(self, url: &str) -> String {
         let path = url.split(['?', '#']).next().unwrap_or(url);
         let path = path.trim_end_matches('/');
-        path.strip_suffix(self.path()).unwrap_or(path).to_owned()
+        path.strip_suffix(self.api().path)
+            .unwrap_or(path)
+            .to_owned()
     }
 }
 
@@ -89,40 +79,25 @@ impl HttpSource {
         // endpoint; an empty variable counts as unset.
         let base_url = match settings.base_url {
             Some(url) => Some(url),
-            None => std::env::var(provider.base_url_env())
+            None => std::env::var(provider.api().base_url_env)
                 .ok()
                 .filter(|u| !u.trim().is_empty()),
         };
         if let Some(url) = &base_url {
             check_url(url)?;
         }
-        let key = std::env::var(provider.key_env()).unwrap_or_default();
+        let key = std::env::var(provider.api().api_key_env).unwrap_or_default();
         let mut http = HttpOptions::default();
         if let Some(t) = settings.transcripts {
             http = http.with_transcripts(t);
         }
+        let base = base_url.as_deref().map(|url| provider.base_url(url));
         let built = match provider {
             Provider::Anthropic => {
-                let mut o = AnthropicOptions::default()
-                    .with_api_key(key)
-                    .with_http(http);
-                if let Some(url) = &base_url {
-                    o = o.with_base_url(provider.base_url(url));
-                }
-                if let Some(m) = settings.model {
-                    o = o.with_model(m);
-                }
-                AnthropicSource::new(o).map(HttpSource::Anthropic)
+                build::<Anthropic>(key, http, base, settings.model).map(HttpSource::Anthropic)
             }
             Provider::Openai => {
-                let mut o = OpenAiOptions::default().with_api_key(key).with_http(http);
-                if let Some(url) = &base_url {
-                    o = o.with_base_url(provider.base_url(url));
-                }
-                if let Some(m) = settings.model {
-                    o = o.with_model(m);
-                }
-                OpenAiSource::new(o).map(HttpSource::Openai)
+                build::<OpenAi>(key, http, base, settings.model).map(HttpSource::Openai)
             }
         };
         built.map_err(|e| match e {
@@ -153,6 +128,25 @@ impl HttpSource {
             HttpSource::Openai(s) => Arc::new(s),
         }
     }
+}
+
+/// A source for the API `P`: its defaults, overridden where given.
+fn build<P: Api>(
+    key: String,
+    http: HttpOptions,
+    base_url: Option<String>,
+    model: Option<String>,
+) -> Result<warden_llm::HttpSource<P>, BuildError> {
+    let mut options = SourceOptions::<P>::default()
+        .with_api_key(key)
+        .with_http(http);
+    if let Some(url) = base_url {
+        options = options.with_base_url(url);
+    }
+    if let Some(model) = model {
+        options = options.with_model(model);
+    }
+    warden_llm::HttpSource::new(options)
 }
 
 /// A usage error unless `url` is an `http(s)` URL with a host and a

@@ -109,10 +109,7 @@ pub(crate) async fn run(args: StreamArgs) -> Result<Exit, CliError> {
         inner: http.clone().into_source(),
         http,
         body: body.map(Arc::new),
-        provider: match provider {
-            Provider::Anthropic => "anthropic",
-            Provider::Openai => "openai",
-        },
+        provider: provider.api().name,
     });
     let config = SupervisorConfig::default()
         .with_watchdog(

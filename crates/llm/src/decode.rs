@@ -27,23 +27,11 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 
 use futures_util::Stream;
-use serde::de::DeserializeOwned;
 use warden_core::{EventStream, Frame, StreamError};
 
-use crate::anthropic::AnthropicMapper;
-use crate::openai::OpenAiMapper;
-use crate::sse::{Parsed, SseEvent, SseParser};
-
-/// Which wire protocol a byte stream carries.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub enum Protocol {
-    /// Anthropic Messages streaming (`event: message_start` ... `message_stop`).
-    Anthropic,
-    /// OpenAI-compatible chat-completions streaming (`data: {chunk}` ...
-    /// `data: [DONE]`).
-    OpenAi,
-}
+pub use crate::provider::Protocol;
+use crate::sse::{Parsed, SseParser};
+use crate::wire::{EventMapper, Flow, mapper};
 
 /// Decodes an SSE byte stream into warden frames.
 ///
@@ -62,90 +50,22 @@ where
     S: Stream<Item = Result<B, StreamError>> + Send + 'static,
     B: AsRef<[u8]> + Send + 'static,
 {
-    let bytes: ByteStream<B> = Box::pin(bytes);
-    match protocol {
-        Protocol::Anthropic => Box::pin(SseFrames::new(
-            bytes,
-            max_frame_bytes,
-            AnthropicMapper::default(),
-        )),
-        Protocol::OpenAi => Box::pin(SseFrames::new(
-            bytes,
-            max_frame_bytes,
-            OpenAiMapper::default(),
-        )),
-    }
+    Box::pin(SseFrames::new(
+        Box::pin(bytes),
+        max_frame_bytes,
+        mapper(protocol),
+    ))
 }
 
 type ByteStream<B> = Pin<Box<dyn Stream<Item = Result<B, StreamError>> + Send>>;
 
-/// Whether the mapped event ended the turn.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Flow {
-    /// Keep reading.
-    Continue,
-    /// The terminal event: stop reading, end the stream.
-    Done,
-}
-
-/// Maps the parsed SSE events of one protocol to frames.
-pub(crate) trait EventMapper: Send + Unpin + 'static {
-    /// Maps one parsed event, pushing its frames to `out` (pushing none is
-    /// fine: the caller then yields a `KeepAlive`).
-    fn map(&mut self, event: &SseEvent, out: &mut VecDeque<Frame>) -> Result<Flow, StreamError>;
-
-    /// The terminal event, for the `Truncated` message.
-    fn terminal(&self) -> &'static str;
-}
-
-/// Parses `data` as JSON. The error message is serde's, with any quoted
-/// literal it echoes from the input redacted: never the frame text.
-pub(crate) fn parse_json<T: DeserializeOwned>(data: &str) -> Result<T, StreamError> {
-    serde_json::from_str(data).map_err(|e| StreamError::Malformed {
-        message: json_error_message(&e),
-    })
-}
-
-/// serde_json's message, safe to log. Syntax and EOF messages never quote
-/// the input; data errors may (`invalid type: string "..."`), so their
-/// quoted parts are replaced by `…`.
-pub(crate) fn json_error_message(e: &serde_json::Error) -> String {
-    let message = e.to_string();
-    match e.classify() {
-        serde_json::error::Category::Data => redact_literals(&message),
-        _ => message,
-    }
-}
-
-fn redact_literals(message: &str) -> String {
-    let mut out = String::with_capacity(message.len());
-    let mut chars = message.chars();
-    while let Some(c) = chars.next() {
-        out.push(c);
-        if c == '"' || c == '`' {
-            let mut escaped = false;
-            for d in chars.by_ref() {
-                if escaped {
-                    escaped = false;
-                } else if d == '\\' && c == '"' {
-                    escaped = true;
-                } else if d == c {
-                    break;
-                }
-            }
-            out.push('…');
-            out.push(c);
-        }
-    }
-    out
-}
-
 /// Parsed SSE events → frames.
-struct SseFrames<B, M> {
+struct SseFrames<B> {
     /// `None` once the stream has ended (this drops the body).
     bytes: Option<ByteStream<B>>,
     parser: SseParser,
-    mapper: M,
+    /// The protocol's event mapper.
+    mapper: Box<dyn EventMapper>,
     /// Frames parsed from the last chunk, not yet yielded.
     parsed: VecDeque<Parsed>,
     /// Frames of the last mapped event, not yet yielded.
@@ -154,8 +74,8 @@ struct SseFrames<B, M> {
     error: Option<StreamError>,
 }
 
-impl<B: AsRef<[u8]>, M: EventMapper> SseFrames<B, M> {
-    fn new(bytes: ByteStream<B>, max_frame_bytes: usize, mapper: M) -> Self {
+impl<B: AsRef<[u8]>> SseFrames<B> {
+    fn new(bytes: ByteStream<B>, max_frame_bytes: usize, mapper: Box<dyn EventMapper>) -> Self {
         Self {
             bytes: Some(bytes),
             parser: SseParser::new(max_frame_bytes),
@@ -180,7 +100,7 @@ impl<B: AsRef<[u8]>, M: EventMapper> SseFrames<B, M> {
     }
 }
 
-impl<B: AsRef<[u8]>, M: EventMapper> Stream for SseFrames<B, M> {
+impl<B: AsRef<[u8]>> Stream for SseFrames<B> {
     type Item = Result<Frame, StreamError>;
 
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
@@ -238,25 +158,5 @@ impl<B: AsRef<[u8]>, M: EventMapper> Stream for SseFrames<B, M> {
                 }
             }
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn data_errors_are_redacted() {
-        #[derive(serde::Deserialize, Debug)]
-        #[allow(dead_code)]
-        struct T {
-            n: u64,
-        }
-        let err = parse_json::<T>(r#"{"n":"secret \"quoted\" text"}"#).expect_err("bad type");
-        let message = err.to_string();
-        assert!(!message.contains("secret"), "{message}");
-        assert!(message.contains("invalid type"), "{message}");
-        let err = parse_json::<T>(r#"{"n": 1, secret"#).expect_err("bad syntax");
-        assert!(!err.to_string().contains("secret"));
     }
 }

@@ -10,6 +10,12 @@
 //!   {base_url}/v1/chat/completions` with `Authorization: Bearer`, `stream:
 //!   true` and `stream_options: {include_usage: true}`.
 //!
+//! Both are one type, [`HttpSource`], parameterised by the [`Api`] it talks
+//! to, with [`SourceOptions`] of the same parameter. Where each API is and
+//! what a command line reads to configure it (endpoint path, key and
+//! base-URL variables, defaults, the provider name) is written once, in
+//! [`Provider`].
+//!
 //! Each [`open`](warden_core::EventSource::open) sends one request (one
 //! user message, the turn's `append_system_prompt` as system text) and
 //! returns a stream that owns the response body: dropping it closes the
@@ -92,6 +98,26 @@
 //! policy. Logs carry statuses, kinds and sizes, never prompt or completion
 //! text nor the key.
 //!
+//! # Modules
+//!
+//! Each module imports only the ones above it in this table (children of
+//! `wire` also import `wire`); no cycle.
+//!
+//! | module | owns | imports | may not import |
+//! | --- | --- | --- | --- |
+//! | `provider` | [`Protocol`], [`Provider`], [`Api`] and its [`Anthropic`] / [`OpenAi`] | nothing | anything |
+//! | [`sse`] | the SSE parser: bytes → events and keep-alives | nothing | anything |
+//! | `json` | JSON parsing whose errors redact quoted input | nothing | anything |
+//! | `classify` | HTTP status, headers, error bodies and error events → [`StreamError`](warden_core::StreamError); `retry-after`; prompt too long | `json` | `wire`, `decode`, `transport`, `source` |
+//! | `wire` (`wire/anthropic`, `wire/openai`) | per protocol: request body, auth headers, serde wire types, the event mapper (events → frames) | `provider`, `sse`, `json`, `classify` | `decode`, `transport`, `source`, `reqwest` |
+//! | [`decode`] | SSE bytes → frames through a protocol's mapper; names no provider | `provider`, `sse`, `wire` | `transport`, `source`, `reqwest` |
+//! | [`transcript`] | conversations on disk, replay | `json` | `wire`, `decode`, `transport`, `source` |
+//! | `options` | [`HttpOptions`], [`SourceOptions`] | `provider`, `transcript` | `wire`, `decode`, `transport`, `source` |
+//! | `transport` | [`BuildError`], [`validate_base_url`], the endpoint: client, request, answer checks, send-or-replay | `provider`, `classify`, `decode`, `transcript`, `options` | `wire`, `source` |
+//! | `source` | [`HttpSource`]: options → endpoint, turn → body, recording | `provider`, `wire`, `options`, `transport` | — |
+//!
+//! The test `modules_import_only_the_layers_below` checks the table.
+//!
 //! # Dependencies and why
 //! - `warden-core`: the `EventSource` trait, frames, events and errors.
 //! - `reqwest` (0.12, rustls, `stream`; no default features): a well-kept
@@ -111,14 +137,21 @@
 //!   pool, off the runtime's workers.
 //! - `rand`: random conversation ids.
 
-mod anthropic;
+mod classify;
 pub mod decode;
-mod http;
-mod openai;
+mod json;
+mod options;
+mod provider;
+mod source;
 pub mod sse;
 pub mod transcript;
+mod transport;
+mod wire;
 
-pub use anthropic::{ANTHROPIC_VERSION, AnthropicOptions, AnthropicSource};
-pub use http::{BuildError, HttpOptions, NOT_AN_EVENT_STREAM, validate_base_url};
-pub use openai::{OpenAiOptions, OpenAiSource};
+pub use classify::NOT_AN_EVENT_STREAM;
+pub use options::{AnthropicOptions, HttpOptions, OpenAiOptions, SourceOptions};
+pub use provider::{Anthropic, Api, OpenAi, Protocol, Provider};
+pub use source::{AnthropicSource, HttpSource, OpenAiSource};
 pub use transcript::{TornTail, Transcript, Transcripts};
+pub use transport::{BuildError, validate_base_url};
+pub use wire::ANTHROPIC_VERSION;

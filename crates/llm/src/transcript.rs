@@ -63,7 +63,7 @@ use futures_util::StreamExt;
 use serde::{Deserialize, Serialize};
 use warden_core::{AgentEvent, EventStream, Frame, StreamError, TurnRequest};
 
-use crate::decode::json_error_message;
+use crate::json::json_error_message;
 
 /// Stored as the reply of a turn that produced no text (tool calls only):
 /// the APIs refuse an empty assistant message.

@@ -1,0 +1,136 @@
+//! The one HTTP [`EventSource`]: [`HttpSource`], parameterised by the
+//! [`Api`] it talks to ([`AnthropicSource`], [`OpenAiSource`]).
+
+use std::fmt;
+use std::sync::Arc;
+
+use futures_util::future::BoxFuture;
+use warden_core::{EventSource, EventStream, StreamError, TurnRequest};
+
+use crate::options::SourceOptions;
+use crate::provider::{Anthropic, Api, OpenAi};
+use crate::transport::{Begin, BuildError, Endpoint};
+use crate::wire::{Message, Turn, auth_headers, request_body};
+
+/// Streams turns from the Anthropic Messages API (`POST
+/// {base_url}/v1/messages`, `stream: true`); see [`Anthropic`] and
+/// [`HttpSource`].
+pub type AnthropicSource = HttpSource<Anthropic>;
+
+/// Streams turns from an OpenAI-compatible chat-completions API (`POST
+/// {base_url}/v1/chat/completions`, `stream: true`, `stream_options:
+/// {include_usage: true}`); see [`OpenAi`] and [`HttpSource`].
+pub type OpenAiSource = HttpSource<OpenAi>;
+
+/// Streams turns from the HTTP API `P`: [`AnthropicSource`] or
+/// [`OpenAiSource`].
+///
+/// Each attempt sends one user message (the turn's
+/// [`message`](TurnRequest::message)), with the turn's
+/// [`append_system_prompt`](TurnRequest::append_system_prompt) as system
+/// text (the API's way: see [`Anthropic`], [`OpenAi`]). The APIs keep no
+/// conversation: without [`HttpOptions::transcripts`](crate::HttpOptions::transcripts)
+/// `resume_id` is ignored and every turn is a one-message conversation;
+/// with them the source keeps, resumes and replays conversations, sending
+/// the stored history before the new message (see
+/// [`Transcripts`](crate::Transcripts)). `workspace` is not used. Cloning
+/// shares the HTTP client and its connection pool.
+pub struct HttpSource<P: Api> {
+    inner: Arc<Inner<P>>,
+}
+
+struct Inner<P: Api> {
+    endpoint: Endpoint,
+    model: String,
+    max_tokens: P::MaxTokens,
+}
+
+impl<P: Api> Clone for HttpSource<P> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: Arc::clone(&self.inner),
+        }
+    }
+}
+
+impl<P: Api> fmt::Debug for HttpSource<P> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("HttpSource")
+            .field("endpoint", &self.inner.endpoint)
+            .field("model", &self.inner.model)
+            .field("max_tokens", &self.inner.max_tokens)
+            .finish()
+    }
+}
+
+impl<P: Api> HttpSource<P> {
+    /// A source with these options. Fails on a bad base URL or header.
+    pub fn new(options: SourceOptions<P>) -> Result<Self, BuildError> {
+        let endpoint = Endpoint::new(
+            P::PROTOCOL,
+            &options.base_url,
+            &auth_headers(P::PROTOCOL, &options.api_key),
+            &options.http,
+        )?;
+        Ok(Self {
+            inner: Arc::new(Inner {
+                endpoint,
+                model: options.model,
+                max_tokens: options.max_tokens,
+            }),
+        })
+    }
+
+    /// Sends `body`, a complete request the caller wrote (it must ask for a
+    /// stream), instead of one built from the turn, and decodes the answer
+    /// like [`open`](EventSource::open) does. `request` only labels the
+    /// logs; transcripts are not used.
+    pub fn open_body(
+        &self,
+        body: Vec<u8>,
+        request: TurnRequest,
+    ) -> BoxFuture<'static, Result<EventStream, StreamError>> {
+        let inner = Arc::clone(&self.inner);
+        Box::pin(async move { inner.endpoint.open(body, &request, &inner.model).await })
+    }
+}
+
+impl<P: Api> EventSource for HttpSource<P> {
+    fn open(&self, request: TurnRequest) -> BoxFuture<'static, Result<EventStream, StreamError>> {
+        let inner = Arc::clone(&self.inner);
+        Box::pin(async move {
+            let conversation = match inner.endpoint.begin(&request, &inner.model).await? {
+                Begin::Send(conversation) => conversation,
+                Begin::Replayed(stream) => return Ok(stream),
+            };
+            let history = conversation.as_ref().map_or(&[][..], |c| c.history());
+            let user = Message {
+                role: "user",
+                content: &request.message,
+            };
+            let turn = Turn {
+                model: &inner.model,
+                max_tokens: inner.max_tokens.into(),
+                system: request.append_system_prompt.as_deref(),
+                messages: history
+                    .iter()
+                    .map(|e| Message {
+                        role: e.role.as_str(),
+                        content: &e.content,
+                    })
+                    .chain([user])
+                    .collect(),
+            };
+            let body = request_body(P::PROTOCOL, &turn)?;
+            let stream = inner.endpoint.open(body, &request, &inner.model).await?;
+            Ok(match conversation {
+                Some(c) => c.record(stream, request.message, inner.model.clone()),
+                None => stream,
+            })
+        })
+    }
+
+    fn provider(&self) -> &str {
+        P::PROTOCOL.provider().name
+    }
+}
