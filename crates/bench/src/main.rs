@@ -50,18 +50,32 @@ struct Counting;
 
 static LIVE_BYTES: AtomicUsize = AtomicUsize::new(0);
 
+// SAFETY: every method forwards to `System` with the arguments it was given,
+// so the pointers handed out are `System`'s and meet `GlobalAlloc`'s contract
+// (alignment, size, ownership) exactly as `System` does. The bookkeeping is
+// a relaxed atomic add/sub on a static: it neither allocates (no reentry into
+// the allocator) nor panics, and it does not touch the memory itself.
 unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         LIVE_BYTES.fetch_add(layout.size(), Ordering::Relaxed);
+        // SAFETY: our caller upholds `GlobalAlloc::alloc`'s contract for
+        // `layout` (non-zero size), which is the contract `System.alloc` has.
         unsafe { System.alloc(layout) }
     }
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
         LIVE_BYTES.fetch_sub(layout.size(), Ordering::Relaxed);
+        // SAFETY: our caller guarantees `ptr` came from this allocator with
+        // `layout`; this allocator's pointers all come from `System`, so
+        // `ptr` was allocated by `System` with `layout`.
         unsafe { System.dealloc(ptr, layout) }
     }
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
         LIVE_BYTES.fetch_add(new_size, Ordering::Relaxed);
         LIVE_BYTES.fetch_sub(layout.size(), Ordering::Relaxed);
+        // SAFETY: as in `dealloc`, `ptr` was allocated by `System` with
+        // `layout`; our caller guarantees `new_size` is non-zero and does not
+        // overflow when rounded to `layout.align()`, as `System.realloc`
+        // requires.
         unsafe { System.realloc(ptr, layout, new_size) }
     }
 }
