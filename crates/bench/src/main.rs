@@ -23,6 +23,11 @@
 //! 5. `telemetry`: turns per second through the supervisor with OTLP export
 //!    to a real receiver versus no exporter (each in a child process, since a
 //!    global subscriber is set once per process).
+//! 6. `sends`: first sends to many workspaces at once through one
+//!    supervisor (its mailbox loads each record and spawns each session)
+//!    versus as many sessions started directly, concurrently (issue #12);
+//!    bare flushed store saves shown for context. `WARDEN_BENCH_RAW=1`
+//!    prints every run.
 #![allow(unsafe_code)] // the counting global allocator below
 #![allow(missing_docs, unreachable_pub)]
 
@@ -50,18 +55,32 @@ struct Counting;
 
 static LIVE_BYTES: AtomicUsize = AtomicUsize::new(0);
 
+// SAFETY: every method forwards to `System` with the arguments it was given,
+// so the pointers handed out are `System`'s and meet `GlobalAlloc`'s contract
+// (alignment, size, ownership) exactly as `System` does. The bookkeeping is
+// a relaxed atomic add/sub on a static: it neither allocates (no reentry into
+// the allocator) nor panics, and it does not touch the memory itself.
 unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         LIVE_BYTES.fetch_add(layout.size(), Ordering::Relaxed);
+        // SAFETY: our caller upholds `GlobalAlloc::alloc`'s contract for
+        // `layout` (non-zero size), which is the contract `System.alloc` has.
         unsafe { System.alloc(layout) }
     }
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
         LIVE_BYTES.fetch_sub(layout.size(), Ordering::Relaxed);
+        // SAFETY: our caller guarantees `ptr` came from this allocator with
+        // `layout`; this allocator's pointers all come from `System`, so
+        // `ptr` was allocated by `System` with `layout`.
         unsafe { System.dealloc(ptr, layout) }
     }
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
         LIVE_BYTES.fetch_add(new_size, Ordering::Relaxed);
         LIVE_BYTES.fetch_sub(layout.size(), Ordering::Relaxed);
+        // SAFETY: as in `dealloc`, `ptr` was allocated by `System` with
+        // `layout`; our caller guarantees `new_size` is non-zero and does not
+        // overflow when rounded to `layout.align()`, as `System.realloc`
+        // requires.
         unsafe { System.realloc(ptr, layout, new_size) }
     }
 }
@@ -714,6 +733,183 @@ async fn bench_fallback(quick: bool) {
     sup.shutdown().await;
 }
 
+// ---------------------------------------------------------------- sends
+
+/// Starts an unsupervised session for `key` as the supervisor does for a
+/// key it has no session for: load the record, a new one if there is none,
+/// spawn. The one place the bench spawns a session without a supervisor.
+async fn spawn_direct(
+    key: SessionKey,
+    source: Arc<dyn EventSource>,
+    watchdog: WatchdogHandle,
+    store: Arc<dyn warden_core::SessionStore>,
+    config: warden_core::SessionConfig,
+) -> warden_core::SessionHandle {
+    use warden_core::{EventBus, LogNotifier, SessionActor, SessionArgs, SessionRecord, StartMode};
+    let record = match store.load(&key).await.expect("load") {
+        Some(r) => r,
+        None => SessionRecord::new(&key, None),
+    };
+    let (handle, _join) = SessionActor::spawn(SessionArgs {
+        key,
+        record,
+        source,
+        watchdog,
+        config,
+        // Nobody subscribes; capacity 1 keeps the bus from costing more
+        // than the supervisor's one shared bus does.
+        bus: EventBus::new(1),
+        store,
+        notifier: Arc::new(LogNotifier),
+        escalate: None,
+        mode: StartMode::Resume,
+        previous: None,
+    })
+    .await
+    .expect("spawn session");
+    handle
+}
+
+const SENDS_BOUND: Duration = Duration::from_secs(60);
+
+fn sled_store(dir: &tempfile::TempDir) -> Arc<warden_store::SledStore> {
+    Arc::new(warden_store::SledStore::open(dir.path().join("db")).expect("open"))
+}
+
+/// `n` concurrent first sends, each to its own key, through one supervisor
+/// on a fresh sled store; ms until every send is acknowledged (flushed).
+async fn sends_supervised(n: usize) -> f64 {
+    use warden_core::{Supervisor, SupervisorConfig};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let factory = |_: &SessionKey| Arc::new(Pending) as Arc<dyn EventSource>;
+    let sup = Supervisor::builder(Arc::new(factory))
+        .config(SupervisorConfig::default())
+        .store(sled_store(&dir))
+        .start()
+        .await
+        .expect("supervisor");
+    let t = Instant::now();
+    let sends = futures_util::future::join_all((0..n).map(|i| sup.send(format!("w{i}"), "msg")));
+    let turns = tokio::time::timeout(SENDS_BOUND, sends)
+        .await
+        .expect("sends within the bound");
+    let ms = t.elapsed().as_secs_f64() * 1e3;
+    for t in turns {
+        t.expect("send");
+    }
+    sup.shutdown().await;
+    ms
+}
+
+/// The baseline: `n` sessions started directly and concurrently on a fresh
+/// sled store, each submitting one message; ms until every submit is
+/// acknowledged (flushed).
+async fn sends_direct(n: usize) -> f64 {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = sled_store(&dir);
+    let (wd, wd_join) = WatchdogActor::spawn(WatchdogConfig::default())
+        .await
+        .expect("watchdog");
+    let source: Arc<dyn EventSource> = Arc::new(Pending);
+    let t = Instant::now();
+    let sends = futures_util::future::join_all((0..n).map(|i| {
+        let (source, wd, store) = (source.clone(), wd.clone(), store.clone());
+        async move {
+            let session = spawn_direct(
+                SessionKey::new(format!("w{i}")),
+                source,
+                wd,
+                store,
+                warden_core::SessionConfig::default(),
+            )
+            .await;
+            let turn = session.submit("msg").await;
+            (session, turn)
+        }
+    }));
+    let done = tokio::time::timeout(SENDS_BOUND, sends)
+        .await
+        .expect("sends within the bound");
+    let ms = t.elapsed().as_secs_f64() * 1e3;
+    let stops = done.into_iter().map(|(session, turn)| {
+        turn.expect("submit");
+        async move {
+            let _ = session
+                .actor()
+                .stop_and_wait(None, Some(Duration::from_secs(10)))
+                .await;
+        }
+    });
+    futures_util::future::join_all(stops).await;
+    wd.actor().stop(None);
+    let _ = tokio::time::timeout(Duration::from_secs(10), wd_join).await;
+    ms
+}
+
+/// Context, not a baseline: `n` concurrent flushed saves of new records
+/// straight to a fresh sled store (no actors), the floor both cases sit on.
+async fn sends_store_only(n: usize) -> f64 {
+    use warden_core::{Durability, SessionRecord, SessionStore};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = sled_store(&dir);
+    let records: Vec<_> = (0..n)
+        .map(|i| SessionRecord::new(&SessionKey::new(format!("w{i}")), None))
+        .collect();
+    let t = Instant::now();
+    let saves =
+        futures_util::future::join_all(records.iter().map(|r| store.save(r, Durability::Flushed)));
+    let done = tokio::time::timeout(SENDS_BOUND, saves)
+        .await
+        .expect("saves within the bound");
+    let ms = t.elapsed().as_secs_f64() * 1e3;
+    for r in done {
+        r.expect("save");
+    }
+    ms
+}
+
+async fn bench_sends(quick: bool) {
+    println!(
+        "\n## 6. Concurrent first sends to distinct workspaces (sled, flushed): supervisor vs sessions started directly"
+    );
+    // The runs spread widely (the slowest is often twice the fastest), so
+    // a median needs many.
+    let runs = if quick { 5 } else { 15 };
+    println!(
+        "| sends | supervisor ms (median of {runs}) | direct ms (baseline) | ratio | > 1.5x | bare flushed saves ms |"
+    );
+    println!("|---:|---:|---:|---:|---|---:|");
+    for n in [100usize, 1_000] {
+        let (mut sup, mut direct, mut bare) = (Vec::new(), Vec::new(), Vec::new());
+        // Interleaved, so drift (page cache, disk) hits both alike.
+        // Each run settles first: the previous one's store and actors wind
+        // down in the background.
+        for _ in 0..runs {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            sup.push(sends_supervised(n).await);
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            direct.push(sends_direct(n).await);
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            bare.push(sends_store_only(n).await);
+        }
+        let median = |v: &mut Vec<f64>| {
+            v.sort_by(f64::total_cmp);
+            percentile(v, 0.5)
+        };
+        let (a, b, floor) = (median(&mut sup), median(&mut direct), median(&mut bare));
+        if std::env::var_os("WARDEN_BENCH_RAW").is_some() {
+            eprintln!(
+                "{n}: supervisor {sup:.1?}\n{n}: direct     {direct:.1?}\n{n}: bare       {bare:.1?}"
+            );
+        }
+        println!(
+            "| {n} | {a:.1} | {b:.1} | {:.2}x | {} | {floor:.1} |",
+            a / b,
+            if a / b > 1.5 { "yes" } else { "no" }
+        );
+    }
+}
+
 // ---------------------------------------------------------------- telemetry
 
 /// The supervised workload: `turns` turns over 50 sessions, 20 frames each.
@@ -862,6 +1058,9 @@ fn main() {
         }
         if want("fallback") {
             bench_fallback(quick).await;
+        }
+        if want("sends") {
+            bench_sends(quick).await;
         }
     });
     if want("telemetry") {
