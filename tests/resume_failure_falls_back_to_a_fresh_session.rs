@@ -304,3 +304,96 @@ async fn queued_messages_move_to_the_fresh_session_in_order() {
     }
     sup.shutdown().await;
 }
+
+/// Every save of one store, in order: (agent session id, status).
+#[derive(Default)]
+struct RecordingStore {
+    inner: MemoryStore,
+    saves: std::sync::Mutex<Vec<(Option<String>, RecordStatus)>>,
+}
+
+impl SessionStore for RecordingStore {
+    fn load(
+        &self,
+        key: &SessionKey,
+    ) -> futures_util::future::BoxFuture<'_, Result<Option<SessionRecord>, warden_core::StoreError>>
+    {
+        self.inner.load(key)
+    }
+
+    fn save<'a>(
+        &'a self,
+        record: &'a SessionRecord,
+        durability: warden_core::Durability,
+    ) -> futures_util::future::BoxFuture<'a, Result<(), warden_core::StoreError>> {
+        self.saves
+            .lock()
+            .expect("saves")
+            .push((record.agent_session_id.clone(), record.status.clone()));
+        self.inner.save(record, durability)
+    }
+
+    fn list(
+        &self,
+    ) -> futures_util::future::BoxFuture<
+        '_,
+        Result<Vec<Result<SessionRecord, warden_core::StoreError>>, warden_core::StoreError>,
+    > {
+        self.inner.list()
+    }
+}
+
+/// The session is its record's only writer while it runs; once it escalates
+/// the supervisor is. The escalated session must not write its own copy
+/// (still carrying the failed id) when it stops: that would race the
+/// supervisor's cleared id and could bring the dead conversation back.
+#[tokio::test(start_paused = true)]
+async fn an_escalated_session_never_writes_its_record_again() {
+    let store = Arc::new(RecordingStore::default());
+    let mut r = SessionRecord::new(&SessionKey::new("ws"), None);
+    r.set_agent_session_id(OLD);
+    store
+        .inner
+        .save(&r, warden_core::Durability::Flushed)
+        .await
+        .expect("seed");
+    let (sup, _source, ctl, _notices) = supervisor_with_store(config(), store.clone()).await;
+    let turn = sup.send("ws", "keep this message").await.expect("send");
+    let resumed = ctl
+        .next_attempt()
+        .within("the resumed attempt")
+        .await
+        .expect("resumed attempt");
+    resumed.fail(unknown());
+    let fresh = ctl
+        .next_attempt()
+        .within("the fresh attempt")
+        .await
+        .expect("fresh attempt");
+    fresh.text("fresh answer");
+    fresh.finish();
+    turn.finish().within("the turn").await.expect("answered");
+    settle().await;
+    sup.shutdown().await;
+    let saves = store.saves.lock().expect("saves").clone();
+    let cleared = saves
+        .iter()
+        .position(|(id, _)| id.is_none())
+        .expect("the supervisor saved the cleared id");
+    let late: Vec<_> = saves[cleared..]
+        .iter()
+        .filter(|(id, _)| id.as_deref() == Some(OLD))
+        .collect();
+    assert!(
+        late.is_empty(),
+        "the failed id written after it was cleared: {saves:?}"
+    );
+    let stale_stop = saves
+        .iter()
+        .filter(|(id, status)| id.as_deref() == Some(OLD) && *status == RecordStatus::Idle)
+        .count();
+    assert_eq!(
+        stale_stop, 0,
+        "the escalated session wrote its stale copy: {saves:?}"
+    );
+}

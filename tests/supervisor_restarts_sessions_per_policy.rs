@@ -290,3 +290,41 @@ async fn by_default_a_failure_60_s_after_the_first_restart_is_restarted_again() 
     );
     sup.shutdown().await;
 }
+
+/// A session given up is `Failed` on disk with its cause, so a restarted
+/// orchestrator does not bring it back until `Supervisor::reset`.
+#[tokio::test(start_paused = true)]
+async fn a_session_given_up_stays_given_up_after_an_orchestrator_restart() {
+    use std::sync::Arc;
+    use warden_core::{MemoryStore, RecordStatus, SessionKey, SessionStore};
+    let store = Arc::new(MemoryStore::new());
+    let config = config().with_intensity(RestartIntensity::new(0, Duration::from_secs(60)));
+    let (sup, _source, _ctl, _notices) = supervisor_with_store(config.clone(), store.clone()).await;
+    let mut events = sup.subscribe();
+    match fail_once(&sup, &mut events, "crash 1".into()).await {
+        LifecycleEvent::SupervisorEscalated { .. } => {}
+        other => panic!("unexpected {other:?}"),
+    }
+    let record = store
+        .load(&SessionKey::new("ws"))
+        .await
+        .expect("load")
+        .expect("record");
+    match &record.status {
+        RecordStatus::Failed { reason } => assert!(reason.contains("crash 1"), "{reason}"),
+        other => panic!("the give-up is not on disk: {other:?}"),
+    }
+    sup.shutdown().await;
+
+    // The orchestrator restarts on the same store.
+    let (sup, _source, _ctl, _notices) = supervisor_with_store(config, store.clone()).await;
+    match sup.send("ws", "hello again").await {
+        Err(SupervisorError::SessionFailed { cause, .. }) => {
+            assert!(cause.contains("crash 1"), "{cause}")
+        }
+        other => panic!("a given-up session came back: {other:?}"),
+    }
+    sup.reset("ws").await.expect("reset");
+    assert!(sup.session("ws").await.is_ok());
+    sup.shutdown().await;
+}

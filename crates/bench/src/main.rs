@@ -745,29 +745,11 @@ async fn spawn_direct(
     store: Arc<dyn warden_core::SessionStore>,
     config: warden_core::SessionConfig,
 ) -> warden_core::SessionHandle {
-    use warden_core::{EventBus, LogNotifier, SessionActor, SessionArgs, SessionRecord, StartMode};
-    let record = match store.load(&key).await.expect("load") {
-        Some(r) => r,
-        None => SessionRecord::new(&key, None),
-    };
-    let (handle, _join) = SessionActor::spawn(SessionArgs {
-        key,
-        record,
-        source,
-        watchdog,
-        config,
-        // Nobody subscribes; capacity 1 keeps the bus from costing more
-        // than the supervisor's one shared bus does.
-        bus: EventBus::new(1),
-        store,
-        notifier: Arc::new(LogNotifier),
-        escalate: None,
-        mode: StartMode::Resume,
-        previous: None,
-    })
-    .await
-    .expect("spawn session");
-    handle
+    // What the supervisor does for a new key (load, new record, spawn),
+    // without its mailbox.
+    warden_core::testing::spawn_session(key, source, watchdog, store, config)
+        .await
+        .expect("spawn session")
 }
 
 const SENDS_BOUND: Duration = Duration::from_secs(60);
