@@ -19,13 +19,15 @@
 //! | file | owns | may not |
 //! | --- | --- | --- |
 //! | `turn.rs` | the rules: retry, cancel, escalate, fresh-start verdict, reap | do I/O, read a clock, touch an actor |
-//! | `actor.rs` | the actor: record writes, queue, stream, timers; carries out decisions | decide a rule itself |
+//! | `actor.rs` | the actor: state, mailbox, start, idle reap, stop | decide a rule itself |
+//! | `run.rs` | running a turn: attempts, events, retries, cancel, escalation, the answer; carries out decisions | decide a rule itself |
 //! | `handle.rs` | the public handles and turn events | hold state |
 //! | `escalation.rs` | the contract with the supervisor (escalations, stop reasons) | — |
 
 mod actor;
 mod escalation;
 mod handle;
+mod run;
 mod turn;
 
 use std::time::Duration;

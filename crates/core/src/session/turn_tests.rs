@@ -1,0 +1,313 @@
+//! Unit tests of the turn state machine: one per rule of
+//! `docs/runtime-semantics.md` about retries, cancel and escalation.
+
+use super::*;
+use rand::SeedableRng;
+use rand::rngs::SmallRng;
+
+fn rng() -> SmallRng {
+    SmallRng::seed_from_u64(7)
+}
+
+fn timeout() -> StreamError {
+    StreamError::InactivityTimeout {
+        silent_for: Duration::from_secs(45),
+        timeout: Duration::from_secs(45),
+    }
+}
+
+fn unknown() -> StreamError {
+    StreamError::UnknownSession {
+        session_id: "old".into(),
+        message: "No conversation found with session ID: old".into(),
+    }
+}
+
+fn policy(attempts: u32) -> RetryPolicy {
+    RetryPolicy::default()
+        .with_max_attempts(attempts)
+        .with_jitter(0.0)
+}
+
+fn rules(p: &RetryPolicy) -> Rules<'_> {
+    Rules {
+        retry: p,
+        can_escalate: true,
+    }
+}
+
+fn failed(m: &mut TurnMachine, e: StreamError, p: &RetryPolicy) -> Option<Decision> {
+    let a = AttemptId {
+        turn: m.id(),
+        attempt: m.attempts(),
+    };
+    m.ended(a, StreamOutcome::Failed(e), rules(p), &mut rng())
+}
+
+#[test]
+fn a_retryable_failure_is_retried_from_scratch_with_the_policys_delay() {
+    let p = policy(4);
+    let mut m = TurnMachine::new(3);
+    m.start_attempt(None);
+    let d = failed(&mut m, timeout(), &p);
+    assert_eq!(
+        d,
+        Some(Decision::Retry {
+            next: AttemptId {
+                turn: 3,
+                attempt: 2
+            },
+            delay: Duration::from_millis(500),
+            error: timeout(),
+        })
+    );
+    assert_eq!(m.phase(), Phase::BackingOff);
+    assert!(m.retry_due(AttemptId {
+        turn: 3,
+        attempt: 2
+    }));
+    assert!(!m.retry_due(AttemptId {
+        turn: 3,
+        attempt: 3
+    }));
+    assert!(!m.retry_due(AttemptId {
+        turn: 4,
+        attempt: 2
+    }));
+}
+
+#[test]
+fn a_server_retry_after_sets_the_delay() {
+    let p = policy(4);
+    let mut m = TurnMachine::new(1);
+    m.start_attempt(None);
+    let e = StreamError::Api {
+        status: Some(429),
+        kind: "rate_limit_error".into(),
+        message: "slow down".into(),
+        retryable: true,
+        retry_after: Some(Duration::from_secs(2)),
+    };
+    match failed(&mut m, e, &p) {
+        Some(Decision::Retry { delay, .. }) => assert_eq!(delay, Duration::from_secs(2)),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn retries_stop_after_the_policys_attempts_with_the_last_error() {
+    let p = policy(2);
+    let mut m = TurnMachine::new(1);
+    m.start_attempt(None);
+    assert!(matches!(
+        failed(&mut m, timeout(), &p),
+        Some(Decision::Retry { .. })
+    ));
+    m.start_attempt(None);
+    assert_eq!(
+        failed(&mut m, timeout(), &p),
+        Some(Decision::Finish(Err(TurnError::RetriesExhausted {
+            attempts: 2,
+            last: timeout()
+        })))
+    );
+}
+
+#[test]
+fn a_fatal_error_ends_the_turn_at_once() {
+    let p = policy(4);
+    let mut m = TurnMachine::new(1);
+    m.start_attempt(None);
+    let e = StreamError::Malformed {
+        message: "expected value".into(),
+    };
+    assert_eq!(
+        failed(&mut m, e.clone(), &p),
+        Some(Decision::Finish(Err(TurnError::Fatal(e))))
+    );
+}
+
+#[test]
+fn a_completed_attempt_finishes_the_turn() {
+    let p = policy(4);
+    let mut m = TurnMachine::new(1);
+    let a = m.start_attempt(None);
+    assert_eq!(
+        m.ended(a, StreamOutcome::Completed, rules(&p), &mut rng()),
+        Some(Decision::Finish(Ok(())))
+    );
+}
+
+#[test]
+fn reports_of_an_attempt_that_is_not_current_are_dropped() {
+    let p = policy(4);
+    let mut m = TurnMachine::new(1);
+    let first = m.start_attempt(None);
+    assert!(matches!(
+        failed(&mut m, timeout(), &p),
+        Some(Decision::Retry { .. })
+    ));
+    // The failed attempt reports again (a late event, a second end).
+    assert!(!m.forwards(first));
+    assert_eq!(
+        m.ended(first, StreamOutcome::Completed, rules(&p), &mut rng()),
+        None
+    );
+    let second = m.start_attempt(None);
+    assert!(m.forwards(second));
+    assert!(!m.forwards(first));
+    let other_turn = AttemptId {
+        turn: 2,
+        attempt: 2,
+    };
+    assert!(!m.is_current(other_turn));
+}
+
+#[test]
+fn a_cancel_while_streaming_stops_the_stream_and_no_event_passes_after_it() {
+    let mut m = TurnMachine::new(1);
+    let a = m.start_attempt(None);
+    assert!(m.forwards(a));
+    assert_eq!(m.cancel(), OnCancel::StopStream);
+    assert!(
+        !m.forwards(a),
+        "no event of a cancelled attempt reaches the user"
+    );
+    assert_eq!(m.cancel(), OnCancel::AlreadyRequested);
+}
+
+#[test]
+fn after_a_cancel_every_end_of_the_stream_is_cancelled_and_never_retried() {
+    let p = policy(4);
+    for outcome in [
+        StreamOutcome::Cancelled,
+        StreamOutcome::Completed,
+        StreamOutcome::Failed(timeout()),
+        StreamOutcome::Failed(unknown()),
+    ] {
+        let mut m = TurnMachine::new(1);
+        let a = m.start_attempt(Some("old".into()));
+        m.cancel();
+        assert_eq!(
+            m.ended(a, outcome.clone(), rules(&p), &mut rng()),
+            Some(Decision::Finish(Err(TurnError::Cancelled))),
+            "{outcome:?}"
+        );
+    }
+}
+
+#[test]
+fn a_cancel_during_backoff_or_before_the_first_attempt_finishes_now() {
+    let p = policy(4);
+    let mut m = TurnMachine::new(1);
+    assert_eq!(m.cancel(), OnCancel::FinishNow);
+    let mut m = TurnMachine::new(1);
+    m.start_attempt(None);
+    failed(&mut m, timeout(), &p);
+    assert_eq!(m.cancel(), OnCancel::FinishNow);
+}
+
+#[test]
+fn a_stream_cancelled_without_a_user_cancel_ends_cancelled() {
+    let p = policy(4);
+    let mut m = TurnMachine::new(1);
+    let a = m.start_attempt(None);
+    assert_eq!(
+        m.ended(a, StreamOutcome::Cancelled, rules(&p), &mut rng()),
+        Some(Decision::Finish(Err(TurnError::Cancelled)))
+    );
+}
+
+#[test]
+fn a_resume_failure_of_a_resumed_attempt_escalates_and_is_not_retried() {
+    let p = policy(4);
+    for (e, cause) in [
+        (unknown(), ResumeCause::UnknownSession),
+        (
+            StreamError::ContextOverflow {
+                reason: ResumeCause::PromptTooLong,
+                message: "Prompt is too long".into(),
+            },
+            ResumeCause::PromptTooLong,
+        ),
+        (
+            StreamError::ContextOverflow {
+                reason: ResumeCause::BlockingLimit,
+                message: "Context limit reached".into(),
+            },
+            ResumeCause::BlockingLimit,
+        ),
+    ] {
+        let mut m = TurnMachine::new(1);
+        m.start_attempt(Some("old".into()));
+        assert_eq!(
+            failed(&mut m, e.clone(), &p),
+            Some(Decision::Escalate {
+                cause,
+                failed_id: "old".into(),
+                error: e
+            })
+        );
+    }
+}
+
+#[test]
+fn a_resume_failure_without_a_resumed_id_or_a_supervisor_is_fatal() {
+    let p = policy(4);
+    // Already fresh: no fallback.
+    let mut m = TurnMachine::new(1);
+    m.start_attempt(None);
+    assert_eq!(
+        failed(&mut m, unknown(), &p),
+        Some(Decision::Finish(Err(TurnError::Fatal(unknown()))))
+    );
+    // No supervisor to take it.
+    let mut m = TurnMachine::new(1);
+    let a = m.start_attempt(Some("old".into()));
+    let alone = Rules {
+        retry: &p,
+        can_escalate: false,
+    };
+    assert_eq!(
+        m.ended(a, StreamOutcome::Failed(unknown()), alone, &mut rng()),
+        Some(Decision::Finish(Err(TurnError::Fatal(unknown()))))
+    );
+}
+
+#[test]
+fn a_fresh_start_recovers_on_success_and_gives_up_on_any_failure_but_a_cancel() {
+    let fresh = StartMode::FreshFallback {
+        cause: ResumeCause::UnknownSession,
+        error: "no conversation".into(),
+    };
+    assert_eq!(fresh.after_turn(&Ok(())), FreshVerdict::Recovered);
+    assert_eq!(
+        fresh.after_turn(&Err(TurnError::Cancelled)),
+        FreshVerdict::Unchanged
+    );
+    let e = TurnError::Fatal(StreamError::Unauthorized {
+        message: "bad key".into(),
+    });
+    assert_eq!(
+        fresh.after_turn(&Err(e.clone())),
+        FreshVerdict::GiveUp {
+            first_cause: "unknown_session: no conversation".into(),
+            error: e.clone(),
+        }
+    );
+    assert_eq!(
+        StartMode::Resume.after_turn(&Err(e)),
+        FreshVerdict::Unchanged
+    );
+}
+
+#[test]
+fn an_idle_check_reaps_only_an_untouched_empty_session() {
+    assert!(reap_due(4, 4, false, 0));
+    assert!(
+        !reap_due(3, 4, false, 0),
+        "activity since the check was armed"
+    );
+    assert!(!reap_due(4, 4, true, 0), "a turn runs");
+    assert!(!reap_due(4, 4, false, 1), "a message waits");
+}

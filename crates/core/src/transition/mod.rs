@@ -1,0 +1,293 @@
+//! One typed [`Transition`] per thing that happens to a session, recorded
+//! in one place.
+//!
+//! Recording a transition emits, together and from the same values:
+//!
+//! - its **span** (name from [`Transition::name`], one of
+//!   [`crate::spans::names`]), parented per the trace shape in
+//!   [`crate::spans`];
+//! - its **log event**, inside that span, with `event = <name>`;
+//! - its [`LifecycleEvent`] on the [`EventBus`], when it has one.
+//!
+//! The actors never call `tracing` or `EventBus::publish` for a transition
+//! themselves, so the three views cannot drift apart. No variant carries
+//! prompt or completion text.
+
+use std::path::Path;
+use std::time::Duration;
+
+use opentelemetry::trace::SpanContext;
+use tracing_opentelemetry::OpenTelemetrySpanExt as _;
+
+use crate::error::{ResumeCause, StreamError};
+use crate::event::Usage;
+use crate::lifecycle::EventBus;
+use crate::session::ContextReport;
+use crate::source::{Diagnostics, SessionKey};
+use crate::spans::{TraceAnchor, names};
+use crate::store::StoreError;
+use crate::stream::AttemptId;
+
+/// Which incarnation of a session starts (its anchor span's name).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Incarnation {
+    /// A session with no stored conversation.
+    Spawn,
+    /// A session resuming its stored conversation.
+    Resume,
+    /// A fresh start after a resume failure.
+    FreshFallback,
+}
+
+/// Something that happened to a session; see the module docs.
+#[derive(Debug)]
+pub(crate) enum Transition<'a> {
+    /// A session incarnation started: its anchor span.
+    Incarnated {
+        /// Which kind.
+        incarnation: Incarnation,
+        /// The agent's working directory.
+        workspace: Option<&'a Path>,
+        /// Restarts so far.
+        restart_count: u32,
+        /// The model, when known.
+        model: Option<&'a str>,
+        /// The previous incarnation, linked from this one.
+        previous: Option<&'a TraceAnchor>,
+        /// Unanswered messages re-delivered from the record.
+        recovered: usize,
+    },
+    /// A turn began (its span stays open while it runs).
+    TurnStarted {
+        /// Turn number.
+        turn: u64,
+        /// The source's provider name.
+        provider: &'a str,
+    },
+    /// An attempt's stream started (its span stays open while it runs).
+    AttemptStarted {
+        /// The attempt.
+        attempt: AttemptId,
+        /// Its silence allowance.
+        timeout: Duration,
+        /// The source's provider name.
+        provider: &'a str,
+        /// The failed attempt this one retries, linked.
+        retries: Option<&'a SpanContext>,
+    },
+    /// The watchdog killed a silent stream (the stream's own view).
+    WatchdogKill {
+        /// The watch entry.
+        watch_id: u64,
+        /// Silence observed.
+        silent_for: Duration,
+        /// The allowance.
+        timeout: Duration,
+    },
+    /// The session learned its attempt was killed for silence.
+    StreamTimedOut {
+        /// The attempt.
+        attempt: AttemptId,
+        /// Silence observed.
+        silent_for: Duration,
+        /// The allowance.
+        timeout: Duration,
+    },
+    /// A failed attempt will be retried from scratch.
+    RetryScheduled {
+        /// The failed attempt.
+        failed: AttemptId,
+        /// Backoff before the next one.
+        delay: Duration,
+        /// The failure's code.
+        error_code: &'static str,
+        /// The failed attempt's span, linked.
+        retries: Option<&'a SpanContext>,
+    },
+    /// The user cancelled the turn.
+    TurnCancelled {
+        /// Turn number.
+        turn: u64,
+    },
+    /// The agent announced (or changed) its session id; stored durably.
+    AgentSessionId {
+        /// The new id.
+        session_id: &'a str,
+        /// The id before, if any.
+        previous: Option<&'a str>,
+    },
+    /// Context usage at the end of a turn.
+    ContextUsage(ContextReport),
+    /// A turn ended; recorded onto the turn's own span.
+    TurnFinished {
+        /// Turn number.
+        turn: u64,
+        /// Attempts used.
+        attempts: u32,
+        /// `None` on success.
+        error_code: Option<&'static str>,
+        /// The turn's last usage report.
+        usage: Option<Usage>,
+        /// Context in use.
+        context: Option<ContextReport>,
+    },
+    /// An idle session stops itself.
+    Reaped {
+        /// How long it was idle.
+        idle_for: Duration,
+        /// Tokens in context, if known.
+        context_tokens: Option<u64>,
+        /// Its workspace.
+        workspace: Option<&'a Path>,
+    },
+    /// A session actor stopped (published only; its spans are elsewhere).
+    SessionStopped {
+        /// Why.
+        reason: &'a str,
+        /// Whether it crashed.
+        abnormal: bool,
+    },
+    /// The supervisor restarts a crashed session.
+    Restarted {
+        /// Restarts inside the intensity window.
+        restarts_in_window: u32,
+        /// The crash.
+        cause: &'a str,
+    },
+    /// The supervisor gives a session up (restart intensity exceeded).
+    GivenUp {
+        /// The original failure.
+        cause: &'a str,
+    },
+    /// A stored conversation could not be resumed.
+    ResumeFailed {
+        /// The id that failed.
+        failed_id: &'a str,
+        /// Why.
+        cause: ResumeCause,
+        /// The error.
+        error: &'a StreamError,
+        /// The agent's working directory.
+        workspace: Option<&'a Path>,
+        /// What the source knows.
+        diagnostics: &'a Diagnostics,
+    },
+    /// The session restarted fresh with its unanswered messages.
+    FreshFallback {
+        /// The id that failed.
+        failed_id: &'a str,
+        /// Messages re-delivered.
+        redelivered: usize,
+    },
+    /// The session failed for good.
+    SessionFailed {
+        /// Every cause.
+        reason: &'a str,
+    },
+    /// The session's record could not be read or written.
+    StoreFailed {
+        /// The store's error.
+        error: &'a StoreError,
+    },
+    /// A workspace path was normalized to another spelling.
+    WorkspaceNormalized {
+        /// As given.
+        original: &'a Path,
+        /// As used (also the session key).
+        normalized: &'a Path,
+    },
+}
+
+/// Where a transition's span hangs.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Parent<'a> {
+    /// Under a session incarnation's anchor.
+    Anchor(&'a TraceAnchor),
+    /// Under an open span (a turn, an attempt).
+    Span(&'a tracing::Span),
+    /// A new trace (anchors, workspace normalization).
+    Root,
+}
+
+/// The session a transition belongs to.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct At<'a> {
+    /// The session.
+    pub(crate) key: &'a SessionKey,
+    /// Its agent session id, once known.
+    pub(crate) conversation: Option<&'a str>,
+    /// Where the span hangs.
+    pub(crate) parent: Parent<'a>,
+    /// Where the lifecycle event goes (none for the stream's own view).
+    pub(crate) bus: Option<&'a EventBus>,
+}
+
+impl Transition<'_> {
+    /// The span name (and the log event's `event` field).
+    pub(crate) fn name(&self) -> &'static str {
+        match self {
+            Self::Incarnated { incarnation, .. } => match incarnation {
+                Incarnation::Spawn => names::SESSION_SPAWN,
+                Incarnation::Resume => names::SESSION_RESUME,
+                Incarnation::FreshFallback => names::SESSION_FRESH_FALLBACK,
+            },
+            Self::TurnStarted { .. } => names::SESSION_TURN,
+            Self::AttemptStarted { .. } => names::STREAM_ATTEMPT,
+            Self::WatchdogKill { .. } => names::WATCHDOG_KILL,
+            Self::StreamTimedOut { .. } => names::STREAM_TIMEOUT,
+            Self::RetryScheduled { .. } => names::STREAM_RETRY,
+            Self::TurnCancelled { .. } => names::STREAM_CANCEL,
+            Self::AgentSessionId { .. } => names::SESSION_AGENT_ID,
+            Self::ContextUsage(_) => names::CONTEXT_USAGE,
+            Self::TurnFinished { .. } => names::SESSION_TURN_FINISHED,
+            Self::Reaped { .. } => names::SESSION_REAP,
+            Self::SessionStopped { .. } => names::SESSION_STOPPED,
+            Self::Restarted { .. } => names::SUPERVISOR_RESTART,
+            Self::GivenUp { .. } => names::SUPERVISOR_ESCALATE,
+            Self::ResumeFailed { .. } => names::SESSION_RESUME_FAILED,
+            Self::FreshFallback { .. } => names::SUPERVISOR_FRESH_START,
+            Self::SessionFailed { .. } => names::SESSION_FAILED,
+            Self::StoreFailed { .. } => names::STORE_FAILED,
+            Self::WorkspaceNormalized { .. } => names::WORKSPACE_NORMALIZE,
+        }
+    }
+
+    /// Emits the span, the log event and the lifecycle event. Returns the
+    /// span (open until dropped; `Span::none()` for transitions that are
+    /// not spans).
+    pub(crate) fn record(self, at: At<'_>) -> tracing::Span {
+        let span = self.span(at);
+        if !span.is_none() {
+            match at.parent {
+                Parent::Anchor(anchor) => anchor.adopt(&span),
+                Parent::Span(parent) => {
+                    let _ = span.set_parent(parent.context());
+                }
+                // A new trace, whatever span is current.
+                Parent::Root => {
+                    let _ = span.set_parent(opentelemetry::Context::new());
+                }
+            }
+        }
+        if let (Self::TurnFinished { .. }, Parent::Span(turn)) = (&self, at.parent) {
+            self.finish_onto(turn, at.conversation);
+        }
+        {
+            let _entered = span.enter();
+            self.log(at.key);
+        }
+        if let (Some(bus), Some(event)) = (at.bus, self.lifecycle(at.key)) {
+            bus.publish(event);
+        }
+        span
+    }
+}
+
+/// Whole milliseconds, saturating.
+pub(super) fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+mod emit;
+#[cfg(test)]
+mod tests;

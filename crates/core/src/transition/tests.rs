@@ -1,0 +1,218 @@
+//! Every transition emits its span, log event and lifecycle event under
+//! one name.
+
+use std::sync::{Arc, Mutex};
+
+use tracing::field::{Field, Visit};
+use tracing::span::Attributes;
+use tracing::{Event, Id, Subscriber};
+use tracing_subscriber::layer::{Context, Layer, SubscriberExt as _};
+
+use super::*;
+
+/// What one recording emitted.
+#[derive(Debug, Default)]
+struct Seen {
+    spans: Vec<&'static str>,
+    events: Vec<String>,
+}
+
+struct Capture(Arc<Mutex<Seen>>);
+
+struct EventName(Option<String>);
+
+impl Visit for EventName {
+    fn record_str(&mut self, field: &Field, value: &str) {
+        if field.name() == "event" {
+            self.0 = Some(value.to_owned());
+        }
+    }
+
+    fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
+        if field.name() == "event" {
+            self.0 = Some(format!("{value:?}").trim_matches('"').to_owned());
+        }
+    }
+}
+
+impl<S: Subscriber> Layer<S> for Capture {
+    fn on_new_span(&self, attrs: &Attributes<'_>, _: &Id, _: Context<'_, S>) {
+        crate::util::lock(&self.0)
+            .spans
+            .push(attrs.metadata().name());
+    }
+
+    fn on_event(&self, event: &Event<'_>, _: Context<'_, S>) {
+        let mut name = EventName(None);
+        event.record(&mut name);
+        if let Some(n) = name.0 {
+            crate::util::lock(&self.0).events.push(n);
+        }
+    }
+}
+
+fn all<'a>(
+    attempt: AttemptId,
+    error: &'a StreamError,
+    store_error: &'a StoreError,
+    diagnostics: &'a Diagnostics,
+    anchor: &'a TraceAnchor,
+) -> Vec<Transition<'a>> {
+    let d = Duration::from_secs(1);
+    let ws = Path::new("/work/repo");
+    let report = ContextReport {
+        tokens: 1,
+        window: 2,
+        percent: 50,
+        self_reported: None,
+    };
+    let mut v: Vec<Transition<'a>> = [
+        Incarnation::Spawn,
+        Incarnation::Resume,
+        Incarnation::FreshFallback,
+    ]
+    .into_iter()
+    .map(|incarnation| Transition::Incarnated {
+        incarnation,
+        workspace: Some(ws),
+        restart_count: 0,
+        model: None,
+        previous: Some(anchor),
+        recovered: 0,
+    })
+    .collect();
+    v.extend([
+        Transition::TurnStarted {
+            turn: 1,
+            provider: "p",
+        },
+        Transition::AttemptStarted {
+            attempt,
+            timeout: d,
+            provider: "p",
+            retries: None,
+        },
+        Transition::WatchdogKill {
+            watch_id: 1,
+            silent_for: d,
+            timeout: d,
+        },
+        Transition::StreamTimedOut {
+            attempt,
+            silent_for: d,
+            timeout: d,
+        },
+        Transition::RetryScheduled {
+            failed: attempt,
+            delay: d,
+            error_code: "ESTREAM_TIMEOUT",
+            retries: None,
+        },
+        Transition::TurnCancelled { turn: 1 },
+        Transition::AgentSessionId {
+            session_id: "s",
+            previous: None,
+        },
+        Transition::ContextUsage(report),
+        Transition::TurnFinished {
+            turn: 1,
+            attempts: 1,
+            error_code: None,
+            usage: None,
+            context: Some(report),
+        },
+        Transition::Reaped {
+            idle_for: d,
+            context_tokens: None,
+            workspace: Some(ws),
+        },
+        Transition::SessionStopped {
+            reason: "x",
+            abnormal: false,
+        },
+        Transition::Restarted {
+            restarts_in_window: 1,
+            cause: "x",
+        },
+        Transition::GivenUp { cause: "x" },
+        Transition::ResumeFailed {
+            failed_id: "s",
+            cause: ResumeCause::UnknownSession,
+            error,
+            workspace: Some(ws),
+            diagnostics,
+        },
+        Transition::FreshFallback {
+            failed_id: "s",
+            redelivered: 1,
+        },
+        Transition::SessionFailed { reason: "x" },
+        Transition::StoreFailed { error: store_error },
+        Transition::WorkspaceNormalized {
+            original: Path::new("/work/repo/"),
+            normalized: ws,
+        },
+    ]);
+    v
+}
+
+#[test]
+fn every_transition_emits_its_span_log_and_lifecycle_event_under_one_name() {
+    let attempt = AttemptId {
+        turn: 1,
+        attempt: 1,
+    };
+    let error = StreamError::UnknownSession {
+        session_id: "s".into(),
+        message: "gone".into(),
+    };
+    let store_error = StoreError::Backend {
+        message: "disk".into(),
+    };
+    let diagnostics = Diagnostics::default();
+    let anchor = TraceAnchor::default();
+    let key = SessionKey::new("ws");
+    let bus = EventBus::new(64);
+    let turn_span = tracing::Span::none();
+    let mut names = std::collections::HashSet::new();
+    for t in all(attempt, &error, &store_error, &diagnostics, &anchor) {
+        let name = t.name();
+        let spans_expected = !matches!(
+            t,
+            Transition::AgentSessionId { .. }
+                | Transition::ContextUsage(_)
+                | Transition::TurnFinished { .. }
+                | Transition::SessionStopped { .. }
+                | Transition::FreshFallback { .. }
+                | Transition::SessionFailed { .. }
+                | Transition::StoreFailed { .. }
+        );
+        let published_expected = !matches!(
+            t,
+            Transition::WatchdogKill { .. } | Transition::TurnCancelled { .. }
+        );
+        let seen = Arc::new(Mutex::new(Seen::default()));
+        let subscriber = tracing_subscriber::registry().with(Capture(seen.clone()));
+        let mut rx = bus.subscribe();
+        tracing::subscriber::with_default(subscriber, || {
+            t.record(At {
+                key: &key,
+                conversation: Some("conv"),
+                parent: Parent::Span(&turn_span),
+                bus: Some(&bus),
+            });
+        });
+        let seen = crate::util::lock(&seen);
+        if spans_expected {
+            assert_eq!(seen.spans, [name], "span of {name}");
+        } else {
+            assert!(seen.spans.is_empty(), "{name} is not a span: {seen:?}");
+        }
+        assert_eq!(seen.events, [name], "log event of {name}");
+        assert_eq!(rx.try_recv().is_ok(), published_expected, "bus for {name}");
+        assert!(rx.try_recv().is_err(), "{name} published once");
+        // Names are unique, and come from `spans::names`.
+        assert!(names.insert(name), "{name} used twice");
+    }
+    assert_eq!(names.len(), 21);
+}
