@@ -20,28 +20,22 @@ impl Transition<'_> {
                 restart_count,
                 ..
             } => {
+                // Span names are static metadata: one call site per name.
+                macro_rules! anchor {
+                    ($name:expr) => {
+                        tracing::info_span!(
+                            $name,
+                            warden.session.key = key,
+                            gen_ai.conversation.id = Empty,
+                            warden.workspace = Empty,
+                            warden.restart_count = restart_count,
+                        )
+                    };
+                }
                 let span = match incarnation {
-                    Incarnation::Spawn => tracing::info_span!(
-                        names::SESSION_SPAWN,
-                        warden.session.key = key,
-                        gen_ai.conversation.id = Empty,
-                        warden.workspace = Empty,
-                        warden.restart_count = restart_count,
-                    ),
-                    Incarnation::Resume => tracing::info_span!(
-                        names::SESSION_RESUME,
-                        warden.session.key = key,
-                        gen_ai.conversation.id = Empty,
-                        warden.workspace = Empty,
-                        warden.restart_count = restart_count,
-                    ),
-                    Incarnation::FreshFallback => tracing::info_span!(
-                        names::SESSION_FRESH_FALLBACK,
-                        warden.session.key = key,
-                        gen_ai.conversation.id = Empty,
-                        warden.workspace = Empty,
-                        warden.restart_count = restart_count,
-                    ),
+                    Incarnation::Spawn => anchor!(names::SESSION_SPAWN),
+                    Incarnation::Resume => anchor!(names::SESSION_RESUME),
+                    Incarnation::FreshFallback => anchor!(names::SESSION_FRESH_FALLBACK),
                 };
                 if let Some(c) = at.conversation {
                     span.record("gen_ai.conversation.id", c);
