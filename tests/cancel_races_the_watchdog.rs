@@ -32,7 +32,7 @@ async fn cancel_before_the_deadline_wins_and_no_late_event_leaks() {
     a.text("partial");
     sleep(Duration::from_secs(30)).await;
     let session = sup.session("ws").await.expect("session");
-    session.cancel();
+    session.cancel().expect("the session runs");
     // The stream keeps talking after Escape: none of it may reach the user.
     a.text("LATE");
     let mut seen = Vec::new();
@@ -66,7 +66,11 @@ async fn watchdog_first_then_cancel_during_backoff_stops_the_retry() {
     })
     .await;
     assert!(a.is_dropped());
-    sup.session("ws").await.expect("session").cancel();
+    sup.session("ws")
+        .await
+        .expect("session")
+        .cancel()
+        .expect("the session runs");
     assert_eq!(
         turn.finish().within("the turn to finish").await.map(|_| ()),
         Err(TurnError::Cancelled)
@@ -88,7 +92,7 @@ async fn cancel_and_watchdog_at_the_same_instant_end_cancelled_without_retry() {
         .expect("opened");
     // Wake exactly at the watchdog's deadline, on the same tick as its timer.
     sleep(T45).await;
-    session.cancel();
+    session.cancel().expect("the session runs");
     assert_eq!(
         turn.finish().within("the turn to finish").await.map(|_| ()),
         Err(TurnError::Cancelled)
@@ -119,15 +123,15 @@ async fn cancel_and_watchdog_at_the_same_instant_end_cancelled_without_retry() {
 async fn cancel_when_idle_or_twice_is_harmless() {
     let (sup, ctl) = supervisor_with(config()).await;
     let session = sup.session("ws").await.expect("session");
-    session.cancel();
+    session.cancel().expect("the session runs");
     let turn = session.submit("hi").await.expect("submit");
     let _a = ctl
         .next_attempt()
         .within("the next attempt to open")
         .await
         .expect("opened");
-    session.cancel();
-    session.cancel();
+    session.cancel().expect("the session runs");
+    session.cancel().expect("the session runs");
     assert_eq!(
         turn.finish().within("the turn to finish").await.map(|_| ()),
         Err(TurnError::Cancelled)
@@ -223,7 +227,7 @@ async fn a_kill_reported_after_the_cancel_was_requested_ends_cancelled_without_r
     let (sup, store, session, mut turn, a, second, ctl) = busy_session().await;
     // Escape is queued first; then the watchdog kills the silent stream and
     // its `Ended(ESTREAM_TIMEOUT)` is queued behind the cancel.
-    session.cancel();
+    session.cancel().expect("the session runs");
     sleep(T45 + Duration::from_secs(1)).await;
     assert_eq!(sup.watchdog().stats().await.expect("alive").kills, 1);
     assert!(a.is_dropped(), "the kill ended the stream");
@@ -243,7 +247,7 @@ async fn events_the_stream_forwards_after_escape_never_reach_the_user() {
     let (sup, store, session, mut turn, a, second, ctl) = busy_session().await;
     // Escape is queued first; the stream has not heard of it yet, so it
     // reads and forwards these, queued behind the cancel.
-    session.cancel();
+    session.cancel().expect("the session runs");
     a.text("LATE");
     a.send(warden_core::Frame::Event(AgentEvent::Usage(
         warden_core::Usage {
@@ -273,7 +277,7 @@ async fn events_the_stream_forwards_after_escape_never_reach_the_user() {
 #[tokio::test(start_paused = true)]
 async fn a_stream_that_completes_after_escape_still_ends_the_turn_cancelled() {
     let (sup, store, session, mut turn, a, second, ctl) = busy_session().await;
-    session.cancel();
+    session.cancel().expect("the session runs");
     a.text(" and the rest");
     a.finish();
     a.dropped().within("the stream to end").await;

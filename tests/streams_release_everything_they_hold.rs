@@ -53,7 +53,7 @@ async fn run(end: End) {
                 message: "reset".into(),
             });
         }
-        End::Cancel => session.cancel(),
+        End::Cancel => session.cancel().expect("the session runs"),
         End::Kill => {} // silence: the watchdog kills it at 45 s
     }
     let result = turn.finish().within("the turn to finish").await;

@@ -27,7 +27,15 @@ async fn symlink_trailing_slash_and_dotdot_spellings_reach_one_session() {
     for s in &spellings {
         let h = sup.workspace(s).await.expect("session");
         assert_eq!(h.actor().get_id(), canonical.actor().get_id(), "{s}");
+        // `key_for` says which key a spelling maps to, without a session.
+        assert_eq!(&sup.key_for(s).expect("key"), canonical.key(), "{s}");
     }
+    assert_eq!(
+        sup.key_for(&real).expect("key").as_str(),
+        std::fs::canonicalize(&real)
+            .expect("canonical")
+            .to_string_lossy()
+    );
     assert_eq!(sup.sessions().await.expect("alive").len(), 1);
     let ev = wait_for(&mut events, |e| {
         matches!(e, LifecycleEvent::WorkspaceNormalized { .. })

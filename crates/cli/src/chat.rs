@@ -206,14 +206,14 @@ pub(crate) async fn run(args: ChatArgs) -> Result<Exit, CliError> {
         .await?;
     let result = async {
         if args.reset {
-            let path = warden_core::normalize_workspace(&args.workspace).map_err(|e| {
-                CliError::usage(format!("workspace {}: {e}", args.workspace.display()))
-            })?;
-            supervisor.reset(path.to_string_lossy().as_ref()).await?;
+            supervisor
+                .reset(supervisor.key_for(&args.workspace)?)
+                .await?;
         }
-        let session = supervisor.workspace(&args.workspace).await?;
-        let turn = session.submit(message).await?;
-        relay(turn, &session).await
+        let turn = supervisor
+            .send_to_workspace(&args.workspace, message)
+            .await?;
+        relay(turn).await
     }
     .await;
     supervisor.shutdown().await;

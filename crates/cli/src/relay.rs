@@ -3,7 +3,7 @@
 
 use std::io::{IsTerminal, Write};
 
-use warden_core::{AgentEvent, SessionHandle, StreamError, TurnEvent, TurnHandle, TurnSummary};
+use warden_core::{AgentEvent, StreamError, TurnEvent, TurnHandle, TurnSummary};
 
 use crate::exit::CliError;
 
@@ -20,14 +20,13 @@ pub(crate) struct Relayed {
 /// printed as it arrives; when an attempt fails and is retried, the next
 /// attempt's text starts over (stderr says so). The first Ctrl-C cancels
 /// the turn at once; the result is then `TurnError::Cancelled`.
-pub(crate) async fn relay(
-    mut turn: TurnHandle,
-    session: &SessionHandle,
-) -> Result<Relayed, CliError> {
+pub(crate) async fn relay(mut turn: TurnHandle) -> Result<Relayed, CliError> {
     let mut stdout = std::io::stdout();
     let terminal = stdout.is_terminal();
     let mut line_open = false;
     let mut cancelled = false;
+    // Cancels this turn only (a handle that follows it to a fresh session).
+    let canceller = turn.canceller();
     let ctrl_c = crate::signal::shutdown_signal();
     tokio::pin!(ctrl_c);
     loop {
@@ -35,7 +34,8 @@ pub(crate) async fn relay(
             event = turn.recv() => event,
             _ = &mut ctrl_c, if !cancelled => {
                 cancelled = true;
-                session.cancel();
+                // An error means the session is gone: the turn ends anyway.
+                let _ = canceller.cancel().await;
                 continue;
             }
         };
@@ -48,7 +48,7 @@ pub(crate) async fn relay(
                     .write_all(text.as_bytes())
                     .and_then(|()| stdout.flush());
                 if let Err(e) = written {
-                    session.cancel();
+                    let _ = canceller.cancel().await;
                     return Err(CliError::failure(format!("cannot write to stdout: {e}")));
                 }
                 if !text.is_empty() {

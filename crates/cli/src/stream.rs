@@ -130,9 +130,8 @@ pub(crate) async fn run(args: StreamArgs) -> Result<Exit, CliError> {
         .start()
         .await?;
     let result = async {
-        let session = supervisor.session("stream").await?;
-        let turn = session.submit(args.message).await?;
-        relay(turn, &session).await
+        let turn = supervisor.send("stream", args.message).await?;
+        relay(turn).await
     }
     .await;
     supervisor.shutdown().await;

@@ -98,8 +98,8 @@ pub use lifecycle::{EventBus, LifecycleEvent};
 pub use notify::{LogNotifier, Notice, Notifier};
 pub use policy::{Restart, RestartIntensity, RetryPolicy};
 pub use session::{
-    ContextReport, SessionConfig, SessionHandle, SessionStatus, SubmitError, TurnEvent, TurnHandle,
-    TurnSummary,
+    ContextReport, SessionConfig, SessionHandle, SessionStatus, SubmitError, TurnCanceller,
+    TurnEvent, TurnHandle, TurnSummary,
 };
 pub use source::{Diagnostics, EventSource, EventStream, SessionKey, SourceFactory, TurnRequest};
 pub use spans::TraceAnchor;

@@ -29,7 +29,7 @@ use crate::watchdog::WatchdogHandle;
 use super::SessionConfig;
 use super::escalation::{EscalationSink, Handoff, StopReason};
 use super::handle::{SessionHandle, SessionMsg, SessionStatus, TurnEvent, TurnSender};
-use super::run::{cancel, on_ended, on_event, start_attempt, start_next_turn};
+use super::run::{cancel, cancel_turn, on_ended, on_event, start_attempt, start_next_turn};
 use super::turn::{Phase, StartMode, TurnMachine, reap_due};
 
 /// A timer task that dies with the state that owns it.
@@ -171,7 +171,7 @@ impl Actor for SessionActor {
 
     async fn pre_start(
         &self,
-        _myself: ActorRef<Self::Msg>,
+        myself: ActorRef<Self::Msg>,
         (args, handoff, anchor_tx): Self::Arguments,
     ) -> Result<Self::State, ActorProcessingErr> {
         let mut record = args.record.clone();
@@ -180,9 +180,15 @@ impl Actor for SessionActor {
         // that the handoff does not already carry.
         let mut queue: VecDeque<Queued> = handoff
             .into_iter()
-            .map(|h| Queued {
-                message: h.message,
-                reply: h.reply,
+            .map(|h| {
+                // The callers' cancellers follow their turns here.
+                if let Some(r) = &h.reply {
+                    r.moved_to(&myself);
+                }
+                Queued {
+                    message: h.message,
+                    reply: h.reply,
+                }
             })
             .collect();
         for m in &record.pending {
@@ -268,8 +274,8 @@ impl Actor for SessionActor {
                     let _ = reply.send(Err(e));
                     return Ok(());
                 }
-                let (tx, rx) = TurnSender::channel();
-                let _ = reply.send(Ok(rx));
+                let (tx, handle) = TurnSender::channel(id, myself.clone());
+                let _ = reply.send(Ok(handle));
                 touch(state);
                 state.queue.push_back(Queued {
                     message,
@@ -278,6 +284,10 @@ impl Actor for SessionActor {
                 start_next_turn(&myself, state).await?;
             }
             SessionMsg::Cancel => cancel(&myself, state).await?,
+            SessionMsg::CancelTurn(id, reply) => {
+                let was_live = cancel_turn(&myself, state, id).await?;
+                let _ = reply.send(was_live);
+            }
             SessionMsg::Report(StreamReport::Event {
                 attempt,
                 event,

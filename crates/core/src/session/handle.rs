@@ -1,6 +1,7 @@
 //! The public side of a session: [`SessionHandle`], and one turn's
 //! [`TurnHandle`] with its [`TurnEvent`]s and [`TurnSummary`].
 
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use ractor::{ActorCell, ActorRef, RpcReplyPort};
@@ -12,20 +13,43 @@ use crate::source::SessionKey;
 use crate::spans::TraceAnchor;
 use crate::store::{SessionRecord, StoreError};
 use crate::stream::{AttemptId, Credit, StreamReport};
-use crate::util::call;
+use crate::util::{call, lock};
 
 /// The session's end of a turn's event channel (the other end is the
 /// [`TurnHandle`]). Events carry their stream [`Credit`], returned when the
 /// caller takes them out, so a caller that does not read holds the stream
 /// back instead of filling memory.
 #[derive(Debug, Clone)]
-pub(crate) struct TurnSender(mpsc::UnboundedSender<(TurnEvent, Credit)>);
+pub(crate) struct TurnSender {
+    tx: mpsc::UnboundedSender<(TurnEvent, Credit)>,
+    owner: Owner,
+}
+
+/// The session that runs a turn now. A turn handed to a fresh session
+/// (resume failure) moves its owner with it, so the caller's
+/// [`TurnCanceller`] follows the turn.
+pub(crate) type Owner = Arc<Mutex<ActorRef<SessionMsg>>>;
 
 impl TurnSender {
-    /// A new channel: the sender and the caller's receiving end.
-    pub(crate) fn channel() -> (Self, mpsc::UnboundedReceiver<(TurnEvent, Credit)>) {
+    /// A new channel for turn `turn` run by `session`: the sender and the
+    /// caller's handle.
+    pub(crate) fn channel(turn: u64, session: ActorRef<SessionMsg>) -> (Self, TurnHandle) {
         let (tx, rx) = mpsc::unbounded_channel();
-        (Self(tx), rx)
+        let owner = Arc::new(Mutex::new(session));
+        let handle = TurnHandle {
+            rx,
+            done: false,
+            canceller: TurnCanceller {
+                turn,
+                owner: owner.clone(),
+            },
+        };
+        (Self { tx, owner }, handle)
+    }
+
+    /// The turn now runs in `session`.
+    pub(crate) fn moved_to(&self, session: &ActorRef<SessionMsg>) {
+        *lock(&self.owner) = session.clone();
     }
 
     /// Sends an event that holds no stream credit; `false` if the caller is
@@ -37,7 +61,7 @@ impl TurnSender {
     /// Sends a stream event with its credit; `false` if the caller is gone
     /// (the credit is then returned at once).
     pub(crate) fn send_with(&self, event: TurnEvent, credit: Credit) -> bool {
-        self.0.send((event, credit)).is_ok()
+        self.tx.send((event, credit)).is_ok()
     }
 }
 
@@ -106,11 +130,52 @@ pub struct TurnSummary {
 pub struct TurnHandle {
     rx: mpsc::UnboundedReceiver<(TurnEvent, Credit)>,
     done: bool,
+    canceller: TurnCanceller,
+}
+
+/// Cancels one turn, from any task: see [`TurnHandle::canceller`].
+#[derive(Debug, Clone)]
+pub struct TurnCanceller {
+    turn: u64,
+    owner: Owner,
+}
+
+impl TurnCanceller {
+    /// The turn's number (its pending message id).
+    pub fn turn(&self) -> u64 {
+        self.turn
+    }
+
+    /// Cancels this turn, and only this one: if it runs, as the Escape key
+    /// does (never retried, no event of it after this); if it still waits
+    /// in the queue, it is removed and answered `Cancelled` without ever
+    /// opening a stream. `Ok(true)` if the turn was still running or
+    /// queued, `Ok(false)` if it had already finished. An error when the
+    /// session that runs it is gone (stopped or crashed).
+    pub async fn cancel(&self) -> Result<bool, ActorError> {
+        let session = lock(&self.owner).clone();
+        call(&session, "session", |r| {
+            SessionMsg::CancelTurn(self.turn, r)
+        })
+        .await
+    }
 }
 
 impl TurnHandle {
-    pub(crate) fn new(rx: mpsc::UnboundedReceiver<(TurnEvent, Credit)>) -> Self {
-        Self { rx, done: false }
+    /// The turn's number (its pending message id).
+    pub fn id(&self) -> u64 {
+        self.canceller.turn
+    }
+
+    /// Cancels this turn; see [`TurnCanceller::cancel`].
+    pub async fn cancel(&self) -> Result<bool, ActorError> {
+        self.canceller.cancel().await
+    }
+
+    /// A cloneable canceller of this turn, for another task (a UI's stop
+    /// button) while this handle is read.
+    pub fn canceller(&self) -> TurnCanceller {
+        self.canceller.clone()
     }
 
     /// The next progress event; `None` after `Finished`.
@@ -180,11 +245,9 @@ pub struct SessionStatus {
 
 /// Message of the session actor; use [`SessionHandle`].
 pub(crate) enum SessionMsg {
-    Submit(
-        String,
-        RpcReplyPort<Result<mpsc::UnboundedReceiver<(TurnEvent, Credit)>, StoreError>>,
-    ),
+    Submit(String, RpcReplyPort<Result<TurnHandle, StoreError>>),
     Cancel,
+    CancelTurn(u64, RpcReplyPort<bool>),
     Report(StreamReport),
     Retry(AttemptId),
     IdleCheck(u64),
@@ -211,13 +274,17 @@ impl SessionHandle {
     /// turns before it. Returns once the message is durable.
     pub async fn submit(&self, message: impl Into<String>) -> Result<TurnHandle, SubmitError> {
         let message = message.into();
-        let rx = call(&self.actor, "session", |r| SessionMsg::Submit(message, r)).await??;
-        Ok(TurnHandle::new(rx))
+        Ok(call(&self.actor, "session", |r| SessionMsg::Submit(message, r)).await??)
     }
 
-    /// Cancels the running turn (the Escape key). Queued messages stay.
-    pub fn cancel(&self) {
-        let _ = self.actor.cast(SessionMsg::Cancel);
+    /// Cancels whatever turn runs now (the Escape key); queued messages
+    /// stay. To cancel one particular turn, use [`TurnHandle::cancel`]. An
+    /// error when this incarnation of the session is gone (a handle kept
+    /// across a restart): nothing was cancelled.
+    pub fn cancel(&self) -> Result<(), ActorError> {
+        self.actor
+            .cast(SessionMsg::Cancel)
+            .map_err(|_| ActorError::NotRunning { what: "session" })
     }
 
     /// Fails the session as a crash would, so its supervisor applies the

@@ -351,6 +351,38 @@ pub(super) async fn cancel(
     }
 }
 
+/// Cancels turn `id` only: the running one as [`cancel`] does, a queued
+/// one by removing it (answered `Cancelled`, never streamed). Whether it
+/// was still running or queued.
+pub(super) async fn cancel_turn(
+    myself: &ActorRef<SessionMsg>,
+    state: &mut SessionState,
+    id: u64,
+) -> Result<bool, ActorProcessingErr> {
+    if state.turn.as_ref().is_some_and(|t| t.machine.id() == id) {
+        cancel(myself, state).await?;
+        return Ok(true);
+    }
+    let Some(pos) = state.queue.iter().position(|q| q.message.id == id) else {
+        return Ok(false); // already answered
+    };
+    let Some(queued) = state.queue.remove(pos) else {
+        return Ok(false);
+    };
+    // Answered: no longer pending, not re-delivered after a restart.
+    state.record.answered(id);
+    state
+        .args
+        .store
+        .save(&state.record, Durability::Buffered)
+        .await?;
+    drop(Transition::TurnCancelled { turn: id }.record(state.at(Parent::Anchor(&state.anchor))));
+    if let Some(r) = queued.reply {
+        r.send(TurnEvent::Finished(Err(TurnError::Cancelled)));
+    }
+    Ok(true)
+}
+
 /// The context report of a finished turn; updates the record's usage.
 fn context_of_turn(
     record: &mut SessionRecord,

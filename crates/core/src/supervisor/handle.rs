@@ -148,6 +148,15 @@ impl Supervisor {
         .await?
     }
 
+    /// The key the workspace at `path` maps to: the path normalized
+    /// (absolute, symlinks and `.`/`..` resolved, no trailing separator),
+    /// as every workspace entry point computes it. Two spellings of one
+    /// directory give one key.
+    pub fn key_for(&self, path: impl AsRef<Path>) -> Result<SessionKey, SupervisorError> {
+        let path = self.normalize(path.as_ref())?;
+        Ok(SessionKey::new(path.to_string_lossy()))
+    }
+
     /// The session of workspace `path` (normalized; its key is the
     /// normalized path).
     pub async fn workspace(
