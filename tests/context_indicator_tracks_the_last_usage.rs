@@ -158,3 +158,42 @@ async fn configuration_overrides_the_window_disables_the_indicator_and_strips_se
     assert_eq!(text, "plain");
     sup.shutdown().await;
 }
+
+/// The summary's `text` is the raw answer (to feed another agent); the
+/// indicator is a field of its own, appended only by `relay_text`.
+#[tokio::test(start_paused = true)]
+async fn the_raw_answer_and_the_indicator_are_separate() {
+    let (sup, ctl) = supervisor_with(config()).await;
+    let t = sup.send("ws", "q").await.expect("send");
+    let a = ctl
+        .next_attempt()
+        .within("the attempt")
+        .await
+        .expect("attempt");
+    a.send(usage(1000, 0, 0, 5));
+    a.text("Raw answer.");
+    a.finish();
+    let (relayed, summary) = t.finish().within("the turn").await.expect("ok");
+    assert_eq!(summary.text, "Raw answer.");
+    assert_eq!(summary.indicator.as_deref(), Some("[ctx: 1%]"));
+    assert_eq!(summary.relay_text(), "Raw answer.\n[ctx: 1%]");
+    assert_eq!(relayed, summary.relay_text());
+    sup.shutdown().await;
+
+    // Indicator off: no indicator, relay text is the answer.
+    let ctx = ContextConfig::default().with_indicator(false);
+    let (sup, ctl) =
+        supervisor_with(config().with_session(SessionConfig::default().with_context(ctx))).await;
+    let t = sup.send("ws", "q").await.expect("send");
+    let a = ctl
+        .next_attempt()
+        .within("the attempt")
+        .await
+        .expect("attempt");
+    a.send(usage(1000, 0, 0, 5));
+    a.text("Plain.");
+    a.finish();
+    let (relayed, summary) = t.finish().within("the turn").await.expect("ok");
+    assert_eq!((relayed.as_str(), summary.indicator), ("Plain.", None));
+    sup.shutdown().await;
+}

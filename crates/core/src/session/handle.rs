@@ -120,9 +120,12 @@ pub struct TurnSummary {
     pub usage: Option<Usage>,
     /// Context in use, once any usage is known.
     pub context: Option<ContextReport>,
-    /// The text to relay: the successful attempt's text, the self-report
-    /// stripped, `[ctx: NN%]` appended when enabled and known.
+    /// The answer: the successful attempt's text, the self-report
+    /// stripped, nothing appended. Feed this to another agent.
     pub text: String,
+    /// The context indicator (`[ctx: NN%]`) when it is on and any usage is
+    /// known; [`relay_text`](Self::relay_text) appends it for a human.
+    pub indicator: Option<String>,
 }
 
 /// The caller's side of one submitted message.
@@ -158,6 +161,18 @@ impl TurnCanceller {
             SessionMsg::CancelTurn(self.turn, r)
         })
         .await
+    }
+}
+
+impl TurnSummary {
+    /// The text to show a human: [`text`](Self::text) with the
+    /// [`indicator`](Self::indicator) on a line of its own after it.
+    pub fn relay_text(&self) -> String {
+        match &self.indicator {
+            Some(i) if self.text.is_empty() => i.clone(),
+            Some(i) => format!("{}\n{i}", self.text),
+            None => self.text.clone(),
+        }
     }
 }
 
@@ -198,11 +213,13 @@ impl TurnHandle {
         Some(ev)
     }
 
-    /// Waits for the end; returns the text to relay and the summary.
+    /// Waits for the end; returns the text to relay to a human
+    /// ([`TurnSummary::relay_text`]) and the summary (whose `text` is the
+    /// raw answer).
     pub async fn finish(mut self) -> Result<(String, TurnSummary), TurnError> {
         while let Some(ev) = self.recv().await {
             if let TurnEvent::Finished(r) = ev {
-                return r.map(|s| (s.text.clone(), s));
+                return r.map(|s| (s.relay_text(), s));
             }
         }
         Err(TurnError::SessionStopped {

@@ -453,11 +453,10 @@ async fn finish_turn(
         attempts: turn.machine.attempts(),
         usage: turn.usage,
         context,
-        text: match (cfg.indicator, context) {
-            (true, Some(c)) if text.is_empty() => context::indicator(c.percent),
-            (true, Some(c)) => format!("{text}\n{}", context::indicator(c.percent)),
-            _ => text,
-        },
+        indicator: context
+            .filter(|_| cfg.indicator)
+            .map(|c| context::indicator(c.percent)),
+        text,
     });
     Transition::TurnFinished {
         turn: id,
@@ -475,7 +474,7 @@ async fn finish_turn(
             &state.args.key,
             Notice::RecoveredReply {
                 message_id: id,
-                result: summary.map(|s| s.text),
+                result: summary.map(|s| s.relay_text()),
             },
         ),
     }
