@@ -96,12 +96,15 @@ pub use error::{ActorError, ConfigError, ResumeCause, StreamError, TurnError, re
 pub use event::{AgentEvent, Frame, Usage};
 pub use lifecycle::{EventBus, LifecycleEvent};
 pub use notify::{LogNotifier, Notice, Notifier};
-pub use policy::{Restart, RestartIntensity, RetryPolicy};
+pub use policy::{Restart, RestartIntensity, RetryHook, RetryPolicy, RetryVerdict};
 pub use session::{
     ContextReport, SessionConfig, SessionHandle, SessionStatus, SubmitError, TurnCanceller,
     TurnEvent, TurnHandle, TurnSummary,
 };
-pub use source::{Diagnostics, EventSource, EventStream, SessionKey, SourceFactory, TurnRequest};
+pub use source::{
+    Diagnostics, EventSource, EventStream, SessionKey, SessionSpec, SourceFactory, TurnRequest,
+    specs,
+};
 pub use spans::TraceAnchor;
 pub use store::{
     Durability, MemoryStore, PendingMessage, RecordStatus, SessionRecord, SessionStore, StoreError,

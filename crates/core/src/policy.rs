@@ -8,4 +8,4 @@ mod retry;
 
 pub use restart::{Restart, RestartIntensity};
 pub(crate) use restart::{RestartDecision, RestartTracker};
-pub use retry::RetryPolicy;
+pub use retry::{RetryHook, RetryPolicy, RetryVerdict};

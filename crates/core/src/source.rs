@@ -142,10 +142,78 @@ pub struct Diagnostics {
     pub transcript_bytes: Option<u64>,
 }
 
-/// Makes the [`EventSource`] of a new session.
+/// What a new session is made of: where its streams come from, and the
+/// settings in which it differs from its supervisor's (a planner that
+/// retries more than its workers, a worker that is never restarted). Every
+/// setting left `None` is the supervisor's.
+#[derive(Clone)]
+#[non_exhaustive]
+pub struct SessionSpec {
+    /// The session's source.
+    pub source: Arc<dyn EventSource>,
+    /// Its session configuration (retries, timeouts, idle reap, context),
+    /// instead of [`SupervisorConfig::session`](crate::SupervisorConfig).
+    pub config: Option<crate::SessionConfig>,
+    /// Its restart kind, instead of the supervisor's.
+    pub restart: Option<crate::Restart>,
+    /// Its restart intensity, instead of the supervisor's.
+    pub intensity: Option<crate::RestartIntensity>,
+}
+
+impl std::fmt::Debug for SessionSpec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SessionSpec")
+            .field("provider", &self.source.provider())
+            .field("config", &self.config)
+            .field("restart", &self.restart)
+            .field("intensity", &self.intensity)
+            .finish()
+    }
+}
+
+impl SessionSpec {
+    /// A session from `source` with the supervisor's settings.
+    pub fn new(source: Arc<dyn EventSource>) -> Self {
+        Self {
+            source,
+            config: None,
+            restart: None,
+            intensity: None,
+        }
+    }
+
+    /// Gives the session its own configuration.
+    pub fn with_config(mut self, config: crate::SessionConfig) -> Self {
+        self.config = Some(config);
+        self
+    }
+
+    /// Gives the session its own restart kind.
+    pub fn with_restart(mut self, restart: crate::Restart) -> Self {
+        self.restart = Some(restart);
+        self
+    }
+
+    /// Gives the session its own restart intensity.
+    pub fn with_intensity(mut self, intensity: crate::RestartIntensity) -> Self {
+        self.intensity = Some(intensity);
+        self
+    }
+}
+
+/// Makes the [`EventSource`] of a new session, and optionally its own
+/// settings ([`SourceFactory::spec_for`]). A closure
+/// `Fn(&SessionKey) -> Arc<dyn EventSource>` is a factory; wrap a closure
+/// returning [`SessionSpec`]s in [`specs`].
 pub trait SourceFactory: Send + Sync + 'static {
     /// The source for session `key`.
     fn source_for(&self, key: &SessionKey) -> Arc<dyn EventSource>;
+
+    /// Everything session `key` is made of. Default: its source with the
+    /// supervisor's settings.
+    fn spec_for(&self, key: &SessionKey) -> SessionSpec {
+        SessionSpec::new(self.source_for(key))
+    }
 }
 
 impl<F> SourceFactory for F
@@ -154,5 +222,28 @@ where
 {
     fn source_for(&self, key: &SessionKey) -> Arc<dyn EventSource> {
         self(key)
+    }
+}
+
+/// A factory from a closure returning each session's [`SessionSpec`].
+pub fn specs<F>(f: F) -> impl SourceFactory
+where
+    F: Fn(&SessionKey) -> SessionSpec + Send + Sync + 'static,
+{
+    SpecFactory(f)
+}
+
+struct SpecFactory<F>(F);
+
+impl<F> SourceFactory for SpecFactory<F>
+where
+    F: Fn(&SessionKey) -> SessionSpec + Send + Sync + 'static,
+{
+    fn source_for(&self, key: &SessionKey) -> Arc<dyn EventSource> {
+        (self.0)(key).source
+    }
+
+    fn spec_for(&self, key: &SessionKey) -> SessionSpec {
+        (self.0)(key)
     }
 }

@@ -5,6 +5,8 @@
 //! follows the official Anthropic SDK rule: `min(initial * 2^n, max)` minus
 //! up to 25 %, and a server's `retry-after` wins when present.
 
+use std::fmt;
+use std::sync::Arc;
 use std::time::Duration;
 
 use rand::Rng;
@@ -15,7 +17,7 @@ use crate::error::StreamError;
 ///
 /// Every attempt is retried *from scratch* (a new request, a new stream);
 /// partial output of a failed attempt is discarded.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Clone)]
 #[non_exhaustive]
 pub struct RetryPolicy {
     /// Attempts per turn, the first included. Default `4` (three retries).
@@ -32,6 +34,63 @@ pub struct RetryPolicy {
     pub jitter: f64,
     /// Upper bound on a server-requested `retry-after`. Default 60 s.
     pub max_retry_after: Duration,
+    /// Your own rule, asked first about every failed attempt (see
+    /// [`with_hook`](Self::with_hook)). Default none.
+    pub hook: Option<RetryHook>,
+}
+
+/// What a [`RetryHook`] says about a failed attempt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum RetryVerdict {
+    /// Use the built-in classification ([`StreamError::is_retryable`],
+    /// the server's `retry-after`, the backoff).
+    Default,
+    /// Retry after the policy's backoff, even if the error is fatal by
+    /// default.
+    Retry,
+    /// Retry after this wait (capped at `max_retry_after`).
+    RetryAfter(Duration),
+    /// Do not retry: the turn ends with the error as fatal.
+    Fatal,
+}
+
+/// A retry rule of your own: given the error and the number of attempts
+/// made so far (from 1), a [`RetryVerdict`]. It may be called more than
+/// once per failure, so it should not have side effects. `max_attempts`
+/// still bounds the attempts of a turn, and a user's cancel and a resume
+/// failure (which the supervisor takes) never reach it.
+pub type RetryHook = Arc<dyn Fn(&StreamError, u32) -> RetryVerdict + Send + Sync>;
+
+impl fmt::Debug for RetryPolicy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RetryPolicy")
+            .field("max_attempts", &self.max_attempts)
+            .field("initial_backoff", &self.initial_backoff)
+            .field("max_backoff", &self.max_backoff)
+            .field("multiplier", &self.multiplier)
+            .field("jitter", &self.jitter)
+            .field("max_retry_after", &self.max_retry_after)
+            .field("hook", &self.hook.as_ref().map(|_| "Fn"))
+            .finish()
+    }
+}
+
+/// Equal when every setting is, and both have no hook or the same one.
+impl PartialEq for RetryPolicy {
+    fn eq(&self, other: &Self) -> bool {
+        self.max_attempts == other.max_attempts
+            && self.initial_backoff == other.initial_backoff
+            && self.max_backoff == other.max_backoff
+            && self.multiplier == other.multiplier
+            && self.jitter == other.jitter
+            && self.max_retry_after == other.max_retry_after
+            && match (&self.hook, &other.hook) {
+                (None, None) => true,
+                (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+                _ => false,
+            }
+    }
 }
 
 impl Default for RetryPolicy {
@@ -43,6 +102,7 @@ impl Default for RetryPolicy {
             multiplier: 2.0,
             jitter: 0.25,
             max_retry_after: Duration::from_secs(60),
+            hook: None,
         }
     }
 }
@@ -79,6 +139,31 @@ impl RetryPolicy {
         self
     }
 
+    /// Asks `hook` first about every failed attempt; see [`RetryHook`].
+    pub fn with_hook(
+        mut self,
+        hook: impl Fn(&StreamError, u32) -> RetryVerdict + Send + Sync + 'static,
+    ) -> Self {
+        self.hook = Some(Arc::new(hook));
+        self
+    }
+
+    fn verdict(&self, attempts_made: u32, error: &StreamError) -> RetryVerdict {
+        self.hook
+            .as_ref()
+            .map_or(RetryVerdict::Default, |h| h(error, attempts_made))
+    }
+
+    /// Whether `error` after `attempts_made` attempts is worth a retry at
+    /// all: the hook's verdict, else [`StreamError::is_retryable`].
+    pub fn is_retryable(&self, attempts_made: u32, error: &StreamError) -> bool {
+        match self.verdict(attempts_made, error) {
+            RetryVerdict::Retry | RetryVerdict::RetryAfter(_) => true,
+            RetryVerdict::Fatal => false,
+            RetryVerdict::Default => error.is_retryable(),
+        }
+    }
+
     /// The un-jittered delay before retry number `retry` (1-based).
     pub fn base_delay(&self, retry: u32) -> Duration {
         let exp = retry.saturating_sub(1).min(63) as i32;
@@ -102,7 +187,8 @@ impl RetryPolicy {
     }
 
     /// Decides what follows a failed attempt: `Some(delay)` to retry after
-    /// `delay`, `None` to give up (fatal error, or `attempts_made` reached
+    /// `delay`, `None` to give up (not retryable, by the hook or the
+    /// built-in rule, or `attempts_made` reached
     /// [`max_attempts`](Self::max_attempts)).
     pub fn next_delay(
         &self,
@@ -110,10 +196,16 @@ impl RetryPolicy {
         error: &StreamError,
         rng: &mut impl Rng,
     ) -> Option<Duration> {
-        if !error.is_retryable() || attempts_made >= self.max_attempts {
+        if attempts_made >= self.max_attempts {
             return None;
         }
-        Some(match error.retry_after() {
+        let asked = match self.verdict(attempts_made, error) {
+            RetryVerdict::Fatal => return None,
+            RetryVerdict::Default if !error.is_retryable() => return None,
+            RetryVerdict::RetryAfter(wait) => Some(wait),
+            RetryVerdict::Default | RetryVerdict::Retry => error.retry_after(),
+        };
+        Some(match asked {
             Some(wait) => wait.min(self.max_retry_after),
             None => self.jittered_delay(attempts_made, rng),
         })

@@ -200,10 +200,12 @@ impl TurnMachine {
                     error,
                 }
             }
-            None if error.is_retryable() => Decision::Finish(Err(TurnError::RetriesExhausted {
-                attempts: self.attempt,
-                last: error,
-            })),
+            None if rules.retry.is_retryable(self.attempt, &error) => {
+                Decision::Finish(Err(TurnError::RetriesExhausted {
+                    attempts: self.attempt,
+                    last: error,
+                }))
+            }
             None => Decision::Finish(Err(TurnError::Fatal(error))),
         })
     }

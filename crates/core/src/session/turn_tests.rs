@@ -311,3 +311,58 @@ fn an_idle_check_reaps_only_an_untouched_empty_session() {
     assert!(!reap_due(4, 4, true, 0), "a turn runs");
     assert!(!reap_due(4, 4, false, 1), "a message waits");
 }
+
+#[test]
+fn a_retry_hook_overrides_the_built_in_classification_within_max_attempts() {
+    use crate::policy::RetryVerdict;
+    let malformed = StreamError::Malformed {
+        message: "bad".into(),
+    };
+    // Fatal by default, retried by the hook.
+    let p = policy(2).with_hook(|e, _| match e {
+        StreamError::Malformed { .. } => RetryVerdict::Retry,
+        StreamError::InactivityTimeout { .. } => RetryVerdict::Fatal,
+        _ => RetryVerdict::Default,
+    });
+    let mut m = TurnMachine::new(1);
+    m.start_attempt(None);
+    assert!(matches!(
+        failed(&mut m, malformed.clone(), &p),
+        Some(Decision::Retry { delay, .. }) if delay == Duration::from_millis(500)
+    ));
+    // max_attempts still bounds it.
+    m.start_attempt(None);
+    assert_eq!(
+        failed(&mut m, malformed.clone(), &p),
+        Some(Decision::Finish(Err(TurnError::RetriesExhausted {
+            attempts: 2,
+            last: malformed
+        })))
+    );
+    // Retryable by default, fatal by the hook.
+    let mut m = TurnMachine::new(1);
+    m.start_attempt(None);
+    assert_eq!(
+        failed(&mut m, timeout(), &p),
+        Some(Decision::Finish(Err(TurnError::Fatal(timeout()))))
+    );
+    // The hook's wait wins, and sees the attempt count.
+    let p = policy(4).with_hook(|_, attempt| {
+        RetryVerdict::RetryAfter(Duration::from_secs(u64::from(attempt) * 3))
+    });
+    let mut m = TurnMachine::new(1);
+    m.start_attempt(None);
+    m.start_attempt(None);
+    match failed(&mut m, timeout(), &p) {
+        Some(Decision::Retry { delay, .. }) => assert_eq!(delay, Duration::from_secs(6)),
+        other => panic!("{other:?}"),
+    }
+    // A resume failure goes to the supervisor whatever the hook says.
+    let p = policy(4).with_hook(|_, _| RetryVerdict::Retry);
+    let mut m = TurnMachine::new(1);
+    m.start_attempt(Some("old".into()));
+    assert!(matches!(
+        failed(&mut m, unknown(), &p),
+        Some(Decision::Escalate { .. })
+    ));
+}

@@ -12,7 +12,7 @@ use tokio::time::Instant;
 
 use crate::lifecycle::EventBus;
 use crate::notify::Notifier;
-use crate::policy::{RestartDecision, RestartTracker};
+use crate::policy::{Restart, RestartDecision, RestartIntensity, RestartTracker};
 use crate::session::{Escalation, SessionActor, SessionArgs, SessionHandle, StartMode, StopReason};
 use crate::source::{SessionKey, SourceFactory};
 use crate::spans::TraceAnchor;
@@ -60,6 +60,9 @@ pub(crate) struct SupervisorState {
     pub(super) sessions: HashMap<SessionKey, SessionHandle>,
     pub(super) by_id: HashMap<ActorId, SessionKey>,
     pub(super) trackers: HashMap<SessionKey, RestartTracker>,
+    /// Each session's restart kind and intensity (its spec's, else the
+    /// supervisor's), as of its last spawn.
+    pub(super) policies: HashMap<SessionKey, (Restart, RestartIntensity)>,
     /// Sessions given up, with the cause, until [`Supervisor::reset`](super::Supervisor::reset).
     pub(super) given_up: HashMap<SessionKey, String>,
 }
@@ -76,7 +79,7 @@ impl SupervisorState {
     }
 
     pub(super) fn session_args(
-        &self,
+        &mut self,
         myself: &ActorRef<SupervisorMsg>,
         key: SessionKey,
         record: SessionRecord,
@@ -84,12 +87,20 @@ impl SupervisorState {
         previous: Option<TraceAnchor>,
     ) -> SessionArgs {
         let me = myself.clone();
+        let spec = self.factory.spec_for(&key);
+        self.policies.insert(
+            key.clone(),
+            (
+                spec.restart.unwrap_or(self.config.restart),
+                spec.intensity.unwrap_or(self.config.intensity),
+            ),
+        );
         SessionArgs {
-            source: self.factory.source_for(&key),
+            source: spec.source,
             key,
             record,
             watchdog: self.watchdog.clone(),
-            config: self.config.session.clone(),
+            config: spec.config.unwrap_or_else(|| self.config.session.clone()),
             bus: self.bus.clone(),
             store: self.store.clone(),
             notifier: self.notifier.clone(),
@@ -180,14 +191,19 @@ impl SupervisorState {
         let deliberate = StopReason::parse(&cause).is_some_and(StopReason::is_deliberate);
         // A newer incarnation already serves the key: nothing to restart.
         let replaced = self.sessions.contains_key(&key);
-        if deliberate || replaced || !self.config.restart.should_restart(abnormal) {
+        let (restart, intensity) = self
+            .policies
+            .get(&key)
+            .copied()
+            .unwrap_or((self.config.restart, self.config.intensity));
+        if deliberate || replaced || !restart.should_restart(abnormal) {
             return Ok(());
         }
         let decision = self
             .trackers
             .entry(key.clone())
             .or_default()
-            .on_failure(self.config.intensity, Instant::now());
+            .on_failure(intensity, Instant::now());
         match decision {
             RestartDecision::Restart(n) => {
                 drop(
@@ -262,6 +278,7 @@ impl Actor for WorkspaceSupervisor {
             sessions: HashMap::new(),
             by_id: HashMap::new(),
             trackers: HashMap::new(),
+            policies: HashMap::new(),
             given_up: HashMap::new(),
         })
     }
