@@ -72,6 +72,7 @@
 //! Feature `testing` adds hooks for tests outside this crate
 //! (`SessionHandle::fail`, `testing::spawn_session`).
 
+mod admission;
 pub mod config;
 pub mod context;
 mod error;
@@ -91,6 +92,9 @@ mod util;
 mod watchdog;
 mod workspace;
 
+pub use admission::{
+    Admission, AdmissionConfig, AdmissionPermit, AdmissionStats, DEFAULT_RELEASE_JITTER, Ticket,
+};
 pub use context::ContextConfig;
 pub use error::{ActorError, ConfigError, ResumeCause, StreamError, TurnError, retryable_status};
 pub use event::{AgentEvent, Frame, Usage};

@@ -126,6 +126,25 @@ pub enum LifecycleEvent {
         /// Turn number.
         turn: u64,
     },
+    /// An attempt waits for admission (a concurrency limit or a shared
+    /// backoff); its stream is not started and nothing is watched yet.
+    AttemptQueued {
+        /// The session.
+        key: SessionKey,
+        /// The attempt.
+        attempt: AttemptId,
+        /// The admission pool it waits in.
+        pool: String,
+    },
+    /// A queued attempt was admitted; its stream starts now.
+    AttemptAdmitted {
+        /// The session.
+        key: SessionKey,
+        /// The attempt.
+        attempt: AttemptId,
+        /// How long it waited.
+        waited: Duration,
+    },
     /// An attempt's stream was started (watchdog already armed).
     AttemptStarted {
         /// The session.

@@ -158,6 +158,11 @@ pub struct SessionSpec {
     pub restart: Option<crate::Restart>,
     /// Its restart intensity, instead of the supervisor's.
     pub intensity: Option<crate::RestartIntensity>,
+    /// The admission pool its streams count against (limits and shared
+    /// backoff), instead of its source's
+    /// [`provider`](EventSource::provider). Give sessions that use
+    /// different API keys different pools.
+    pub pool: Option<String>,
 }
 
 impl std::fmt::Debug for SessionSpec {
@@ -167,6 +172,7 @@ impl std::fmt::Debug for SessionSpec {
             .field("config", &self.config)
             .field("restart", &self.restart)
             .field("intensity", &self.intensity)
+            .field("pool", &self.pool)
             .finish()
     }
 }
@@ -179,6 +185,7 @@ impl SessionSpec {
             config: None,
             restart: None,
             intensity: None,
+            pool: None,
         }
     }
 
@@ -191,6 +198,12 @@ impl SessionSpec {
     /// Gives the session its own restart kind.
     pub fn with_restart(mut self, restart: crate::Restart) -> Self {
         self.restart = Some(restart);
+        self
+    }
+
+    /// Counts the session's streams against admission pool `pool`.
+    pub fn with_pool(mut self, pool: impl Into<String>) -> Self {
+        self.pool = Some(pool.into());
         self
     }
 

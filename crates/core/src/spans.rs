@@ -11,7 +11,8 @@
 //! - every transition of the incarnation is a span whose parent is that
 //!   anchor: `session.turn` (open while the turn runs), under it one
 //!   `stream.attempt` per attempt (a retry is a sibling *linked* to the
-//!   failed attempt), `stream.timeout`, `watchdog.kill`, `stream.retry`,
+//!   failed attempt), before it a `stream.queued` when the attempt waited
+//!   for admission, `stream.timeout`, `watchdog.kill`, `stream.retry`,
 //!   `stream.cancel`; `session.reap`, `session.resume_failed`,
 //!   `supervisor.restart`, `supervisor.escalate` hang off the anchor too;
 //! - `workspace.normalize` is a root span.
@@ -44,6 +45,11 @@ pub mod names {
     pub const SESSION_TURN: &str = "session.turn";
     /// One attempt of a turn (one stream).
     pub const STREAM_ATTEMPT: &str = "stream.attempt";
+    /// An attempt waiting for admission (open while it waits; its
+    /// `warden.wait_ms` is set when it is admitted).
+    pub const STREAM_QUEUED: &str = "stream.queued";
+    /// Log event: a queued attempt was admitted.
+    pub const STREAM_ADMITTED: &str = "stream.admitted";
     /// An attempt ended by the watchdog.
     pub const STREAM_TIMEOUT: &str = "stream.timeout";
     /// A failed attempt is retried.

@@ -189,6 +189,8 @@ pub async fn spawn_session(
         None => crate::SessionRecord::new(&key, None),
     };
     let args = crate::session::SessionArgs {
+        admission: crate::Admission::default(),
+        pool: Arc::from(source.provider()),
         key,
         record,
         source,

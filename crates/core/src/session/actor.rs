@@ -15,6 +15,7 @@ use rand::rngs::SmallRng;
 use tokio::time::Instant;
 use tokio_util::task::AbortOnDropHandle;
 
+use crate::admission::{Admission, AdmissionPermit};
 use crate::error::{ActorError, TurnError};
 use crate::event::Usage;
 use crate::lifecycle::EventBus;
@@ -29,7 +30,9 @@ use crate::watchdog::WatchdogHandle;
 use super::SessionConfig;
 use super::escalation::{EscalationSink, Handoff, StopReason};
 use super::handle::{SessionHandle, SessionMsg, SessionStatus, TurnEvent, TurnSender};
-use super::run::{cancel, cancel_turn, on_ended, on_event, start_attempt, start_next_turn};
+use super::run::{
+    cancel, cancel_turn, on_admitted, on_ended, on_event, start_attempt, start_next_turn,
+};
 use super::turn::{Phase, StartMode, TurnMachine, reap_due};
 
 /// A timer task that dies with the state that owns it.
@@ -46,6 +49,10 @@ pub(crate) struct SessionArgs {
     pub(crate) source: Arc<dyn EventSource>,
     /// The watchdog its streams register with.
     pub(crate) watchdog: WatchdogHandle,
+    /// Admits its streams (limits, shared backoff).
+    pub(crate) admission: Admission,
+    /// The admission pool its streams count against.
+    pub(crate) pool: Arc<str>,
     /// Configuration.
     pub(crate) config: SessionConfig,
     /// Where lifecycle events go.
@@ -73,10 +80,26 @@ pub(super) struct Queued {
     pub(super) reply: Option<TurnSender>,
 }
 
+/// An attempt waiting for admission.
+pub(super) struct Admitting {
+    /// Awaits the admission ticket; dropping it leaves the queue.
+    pub(super) _task: AbortOnDropHandle<()>,
+    /// `stream.queued`, open while it waits.
+    pub(super) span: tracing::Span,
+    /// Since when.
+    pub(super) since: Instant,
+}
+
 /// The running turn: its rules ([`TurnMachine`]) and its resources.
 pub(super) struct Turn {
     pub(super) machine: TurnMachine,
     pub(super) queued: Queued,
+    /// When the turn started.
+    pub(super) started: Instant,
+    /// The attempt waiting for admission, if one waits.
+    pub(super) admitting: Option<Admitting>,
+    /// The running attempt's admission; its slot is freed when dropped.
+    pub(super) permit: Option<AdmissionPermit>,
     /// `session.turn`, open while the turn runs.
     pub(super) span: tracing::Span,
     /// `stream.attempt` of the running attempt.
@@ -305,6 +328,9 @@ impl Actor for SessionActor {
                     start_attempt(&myself, state)?;
                 }
             }
+            SessionMsg::Admitted(attempt, permit) => {
+                on_admitted(&myself, state, attempt, permit)?;
+            }
             SessionMsg::IdleCheck(armed) => {
                 if reap_due(
                     armed,
@@ -322,6 +348,8 @@ impl Actor for SessionActor {
                     turn: t.map(|t| t.machine.id()),
                     streaming: t.and_then(|t| t.stream.as_ref()).map(StreamHandle::attempt),
                     backing_off: t.is_some_and(|t| t.machine.phase() == Phase::BackingOff),
+                    admitting: t.is_some_and(|t| t.machine.phase() == Phase::Admitting),
+                    turn_running_for: t.map(|t| t.started.elapsed()),
                     queued: state.queue.len(),
                     turns_finished: state.turns_finished,
                     record: state.record.clone(),

@@ -65,11 +65,16 @@ impl TurnSender {
     }
 }
 
-/// Progress of one turn, in order: `Started` (once per attempt), any
-/// `Event`s and `Retrying`s, then exactly one `Finished`.
+/// Progress of one turn, in order: per attempt an optional `Queued` (it
+/// waits for admission) then `Started`, any `Event`s and `Retrying`s, then
+/// exactly one `Finished`.
 #[derive(Debug, Clone, PartialEq)]
 #[non_exhaustive]
 pub enum TurnEvent {
+    /// The attempt waits for admission (a concurrency limit or a shared
+    /// backoff of its source); no stream is open and no silence is counted.
+    /// `Started` follows when it is admitted.
+    Queued(AttemptId),
     /// An attempt started.
     Started(AttemptId),
     /// An event of the current attempt.
@@ -252,6 +257,12 @@ pub struct SessionStatus {
     pub streaming: Option<AttemptId>,
     /// Whether the running turn waits in backoff.
     pub backing_off: bool,
+    /// Whether the running turn's attempt waits for admission (a
+    /// concurrency limit or a shared backoff).
+    pub admitting: bool,
+    /// How long the running turn has run (queued, streaming and backing
+    /// off included), if one runs.
+    pub turn_running_for: Option<Duration>,
     /// Messages queued behind the running turn.
     pub queued: usize,
     /// Turns finished since the session started.
@@ -267,6 +278,7 @@ pub(crate) enum SessionMsg {
     CancelTurn(u64, RpcReplyPort<bool>),
     Report(StreamReport),
     Retry(AttemptId),
+    Admitted(AttemptId, crate::admission::AdmissionPermit),
     IdleCheck(u64),
     Status(RpcReplyPort<SessionStatus>),
     #[cfg_attr(not(feature = "testing"), allow(dead_code))]

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use ractor::{ActorProcessingErr, ActorRef};
 use tokio_util::task::AbortOnDropHandle;
 
+use crate::admission::AdmissionPermit;
 use crate::context::{self, ContextConfig};
 use crate::error::{ResumeCause, StreamError, TurnError};
 use crate::event::AgentEvent;
@@ -17,7 +18,7 @@ use crate::store::{Durability, SessionRecord, StoredUsage};
 use crate::stream::{AttemptId, Credit, StreamActor, StreamArgs, StreamOutcome};
 use crate::transition::{At, Parent, Transition};
 
-use super::actor::{SessionState, Turn, arm_idle, touch};
+use super::actor::{Admitting, SessionState, Turn, arm_idle, touch};
 use super::escalation::{Escalation, Handoff, ResumeFailure, StopReason};
 use super::handle::{ContextReport, SessionMsg, TurnEvent, TurnSummary};
 use super::turn::{Decision, FreshVerdict, OnCancel, Rules, StartMode, TurnMachine};
@@ -45,6 +46,9 @@ pub(super) async fn start_next_turn(
     state.turn = Some(Turn {
         machine: TurnMachine::new(id),
         queued,
+        started: tokio::time::Instant::now(),
+        admitting: None,
+        permit: None,
         span,
         attempt_span: None,
         last_attempt: None,
@@ -58,9 +62,85 @@ pub(super) async fn start_next_turn(
     start_attempt(myself, state)
 }
 
+/// Begins the turn's next attempt: asks for admission before anything is
+/// opened or watched; the stream starts at once when admitted at once, else
+/// the attempt is queued (its wait is never counted as silence).
 pub(super) fn start_attempt(
     myself: &ActorRef<SessionMsg>,
     state: &mut SessionState,
+) -> Result<(), ActorProcessingErr> {
+    let resume_id = state.record.agent_session_id.clone();
+    let Some(turn) = state.turn.as_mut() else {
+        return Ok(());
+    };
+    let attempt = turn.machine.begin_attempt(resume_id);
+    turn.backoff = None;
+    let mut ticket = state.args.admission.enqueue(&state.args.pool);
+    if let Some(permit) = ticket.try_take() {
+        turn.machine.admitted(attempt);
+        return launch(myself, state, attempt, permit);
+    }
+    let span = Transition::AttemptQueued {
+        attempt,
+        pool: &state.args.pool,
+    }
+    .record(At {
+        key: &state.args.key,
+        conversation: state.record.agent_session_id.as_deref(),
+        parent: Parent::Span(&turn.span),
+        bus: Some(&state.args.bus),
+    });
+    turn.send(TurnEvent::Queued(attempt));
+    let me = myself.clone();
+    let task = tokio::spawn(async move {
+        let permit = ticket.await;
+        // A session gone meanwhile drops the permit with the message.
+        let _ = me.cast(SessionMsg::Admitted(attempt, permit));
+    });
+    turn.admitting = Some(Admitting {
+        _task: AbortOnDropHandle::new(task),
+        span,
+        since: tokio::time::Instant::now(),
+    });
+    Ok(())
+}
+
+/// A queued attempt was admitted: its stream starts, unless the turn moved
+/// on meanwhile (the permit is then dropped, freeing the slot).
+pub(super) fn on_admitted(
+    myself: &ActorRef<SessionMsg>,
+    state: &mut SessionState,
+    attempt: AttemptId,
+    permit: AdmissionPermit,
+) -> Result<(), ActorProcessingErr> {
+    let Some(turn) = state.turn.as_mut() else {
+        return Ok(());
+    };
+    if !turn.machine.admitted(attempt) {
+        return Ok(());
+    }
+    if let Some(waited) = turn.admitting.take() {
+        Transition::AttemptAdmitted {
+            attempt,
+            waited: waited.since.elapsed(),
+        }
+        .record(At {
+            key: &state.args.key,
+            conversation: state.record.agent_session_id.as_deref(),
+            parent: Parent::Span(&waited.span),
+            bus: Some(&state.args.bus),
+        });
+    }
+    launch(myself, state, attempt, permit)
+}
+
+/// Starts the admitted attempt's stream (registered with the watchdog
+/// before the source is opened).
+fn launch(
+    myself: &ActorRef<SessionMsg>,
+    state: &mut SessionState,
+    attempt: AttemptId,
+    permit: AdmissionPermit,
 ) -> Result<(), ActorProcessingErr> {
     let resume_id = state.record.agent_session_id.clone();
     let timeout = state
@@ -72,8 +152,7 @@ pub(super) fn start_attempt(
     let Some(turn) = state.turn.as_mut() else {
         return Ok(());
     };
-    let attempt = turn.machine.start_attempt(resume_id.clone());
-    turn.backoff = None;
+    turn.permit = Some(permit);
     turn.text.clear();
     turn.usage = None;
     turn.context_usage = None;
@@ -193,6 +272,15 @@ pub(super) async fn on_ended(
         return Ok(()); // a stale attempt
     };
     turn.stream = None;
+    turn.permit = None;
+    if let StreamOutcome::Failed(e) = &outcome
+        && let Some(wait) = e.retry_after()
+    {
+        // The server asked the whole source to wait: hold every session's
+        // new attempts on it (shared backoff), not only this one's.
+        args.admission
+            .hold(&args.pool, wait.min(args.config.retry.max_retry_after));
+    }
     if let Some(span) = turn.attempt_span.take() {
         match &outcome {
             StreamOutcome::Failed(e) => spans::fail(&span, e.code()),

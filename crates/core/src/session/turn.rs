@@ -21,6 +21,9 @@ use crate::stream::{AttemptId, StreamOutcome};
 pub(crate) enum Phase {
     /// Created; no attempt started yet.
     Starting,
+    /// An attempt waits for admission (a concurrency limit or a shared
+    /// backoff); no stream exists yet, so nothing can go silent.
+    Admitting,
     /// An attempt's stream runs.
     Streaming,
     /// Waiting to start the next attempt.
@@ -61,7 +64,8 @@ pub(crate) enum OnCancel {
     AlreadyRequested,
     /// Ask the running stream to stop; its end finishes the turn.
     StopStream,
-    /// Nothing runs (starting or backing off): finish cancelled now.
+    /// Nothing runs (starting, waiting for admission or backing off):
+    /// finish cancelled now.
     FinishNow,
 }
 
@@ -112,15 +116,29 @@ impl TurnMachine {
         self.phase
     }
 
-    /// Begins the next attempt, which resumes `resume_id` if given.
-    pub(crate) fn start_attempt(&mut self, resume_id: Option<String>) -> AttemptId {
+    /// Begins the next attempt, which resumes `resume_id` if given: it
+    /// waits for admission until [`admitted`](Self::admitted).
+    pub(crate) fn begin_attempt(&mut self, resume_id: Option<String>) -> AttemptId {
         self.attempt += 1;
-        self.phase = Phase::Streaming;
+        self.phase = Phase::Admitting;
         self.resume_id = resume_id;
         AttemptId {
             turn: self.turn,
             attempt: self.attempt,
         }
+    }
+
+    /// `attempt` was admitted: whether its stream starts now (`false` when
+    /// it is stale or the turn was cancelled while it waited).
+    pub(crate) fn admitted(&mut self, attempt: AttemptId) -> bool {
+        let due = self.phase == Phase::Admitting
+            && self.turn == attempt.turn
+            && self.attempt == attempt.attempt
+            && !self.cancel_requested;
+        if due {
+            self.phase = Phase::Streaming;
+        }
+        due
     }
 
     /// Whether `attempt` is the one streaming now (reports of any other are
@@ -152,7 +170,7 @@ impl TurnMachine {
         self.cancel_requested = true;
         match self.phase {
             Phase::Streaming => OnCancel::StopStream,
-            Phase::Starting | Phase::BackingOff => OnCancel::FinishNow,
+            Phase::Starting | Phase::Admitting | Phase::BackingOff => OnCancel::FinishNow,
         }
     }
 

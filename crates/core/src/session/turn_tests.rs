@@ -36,6 +36,13 @@ fn rules(p: &RetryPolicy) -> Rules<'_> {
     }
 }
 
+/// Begins an attempt and admits it at once (no limit).
+fn start(m: &mut TurnMachine, resume_id: Option<String>) -> AttemptId {
+    let a = m.begin_attempt(resume_id);
+    assert!(m.admitted(a), "admitted");
+    a
+}
+
 fn failed(m: &mut TurnMachine, e: StreamError, p: &RetryPolicy) -> Option<Decision> {
     let a = AttemptId {
         turn: m.id(),
@@ -48,7 +55,7 @@ fn failed(m: &mut TurnMachine, e: StreamError, p: &RetryPolicy) -> Option<Decisi
 fn a_retryable_failure_is_retried_from_scratch_with_the_policys_delay() {
     let p = policy(4);
     let mut m = TurnMachine::new(3);
-    m.start_attempt(None);
+    start(&mut m, None);
     let d = failed(&mut m, timeout(), &p);
     assert_eq!(
         d,
@@ -80,7 +87,7 @@ fn a_retryable_failure_is_retried_from_scratch_with_the_policys_delay() {
 fn a_server_retry_after_sets_the_delay() {
     let p = policy(4);
     let mut m = TurnMachine::new(1);
-    m.start_attempt(None);
+    start(&mut m, None);
     let e = StreamError::Api {
         status: Some(429),
         kind: "rate_limit_error".into(),
@@ -98,12 +105,12 @@ fn a_server_retry_after_sets_the_delay() {
 fn retries_stop_after_the_policys_attempts_with_the_last_error() {
     let p = policy(2);
     let mut m = TurnMachine::new(1);
-    m.start_attempt(None);
+    start(&mut m, None);
     assert!(matches!(
         failed(&mut m, timeout(), &p),
         Some(Decision::Retry { .. })
     ));
-    m.start_attempt(None);
+    start(&mut m, None);
     assert_eq!(
         failed(&mut m, timeout(), &p),
         Some(Decision::Finish(Err(TurnError::RetriesExhausted {
@@ -117,7 +124,7 @@ fn retries_stop_after_the_policys_attempts_with_the_last_error() {
 fn a_fatal_error_ends_the_turn_at_once() {
     let p = policy(4);
     let mut m = TurnMachine::new(1);
-    m.start_attempt(None);
+    start(&mut m, None);
     let e = StreamError::Malformed {
         message: "expected value".into(),
     };
@@ -131,7 +138,7 @@ fn a_fatal_error_ends_the_turn_at_once() {
 fn a_completed_attempt_finishes_the_turn() {
     let p = policy(4);
     let mut m = TurnMachine::new(1);
-    let a = m.start_attempt(None);
+    let a = start(&mut m, None);
     assert_eq!(
         m.ended(a, StreamOutcome::Completed, rules(&p), &mut rng()),
         Some(Decision::Finish(Ok(())))
@@ -142,7 +149,7 @@ fn a_completed_attempt_finishes_the_turn() {
 fn reports_of_an_attempt_that_is_not_current_are_dropped() {
     let p = policy(4);
     let mut m = TurnMachine::new(1);
-    let first = m.start_attempt(None);
+    let first = start(&mut m, None);
     assert!(matches!(
         failed(&mut m, timeout(), &p),
         Some(Decision::Retry { .. })
@@ -153,7 +160,7 @@ fn reports_of_an_attempt_that_is_not_current_are_dropped() {
         m.ended(first, StreamOutcome::Completed, rules(&p), &mut rng()),
         None
     );
-    let second = m.start_attempt(None);
+    let second = start(&mut m, None);
     assert!(m.forwards(second));
     assert!(!m.forwards(first));
     let other_turn = AttemptId {
@@ -166,7 +173,7 @@ fn reports_of_an_attempt_that_is_not_current_are_dropped() {
 #[test]
 fn a_cancel_while_streaming_stops_the_stream_and_no_event_passes_after_it() {
     let mut m = TurnMachine::new(1);
-    let a = m.start_attempt(None);
+    let a = start(&mut m, None);
     assert!(m.forwards(a));
     assert_eq!(m.cancel(), OnCancel::StopStream);
     assert!(
@@ -186,7 +193,7 @@ fn after_a_cancel_every_end_of_the_stream_is_cancelled_and_never_retried() {
         StreamOutcome::Failed(unknown()),
     ] {
         let mut m = TurnMachine::new(1);
-        let a = m.start_attempt(Some("old".into()));
+        let a = start(&mut m, Some("old".into()));
         m.cancel();
         assert_eq!(
             m.ended(a, outcome.clone(), rules(&p), &mut rng()),
@@ -202,7 +209,7 @@ fn a_cancel_during_backoff_or_before_the_first_attempt_finishes_now() {
     let mut m = TurnMachine::new(1);
     assert_eq!(m.cancel(), OnCancel::FinishNow);
     let mut m = TurnMachine::new(1);
-    m.start_attempt(None);
+    start(&mut m, None);
     failed(&mut m, timeout(), &p);
     assert_eq!(m.cancel(), OnCancel::FinishNow);
 }
@@ -211,7 +218,7 @@ fn a_cancel_during_backoff_or_before_the_first_attempt_finishes_now() {
 fn a_stream_cancelled_without_a_user_cancel_ends_cancelled() {
     let p = policy(4);
     let mut m = TurnMachine::new(1);
-    let a = m.start_attempt(None);
+    let a = start(&mut m, None);
     assert_eq!(
         m.ended(a, StreamOutcome::Cancelled, rules(&p), &mut rng()),
         Some(Decision::Finish(Err(TurnError::Cancelled)))
@@ -239,7 +246,7 @@ fn a_resume_failure_of_a_resumed_attempt_escalates_and_is_not_retried() {
         ),
     ] {
         let mut m = TurnMachine::new(1);
-        m.start_attempt(Some("old".into()));
+        start(&mut m, Some("old".into()));
         assert_eq!(
             failed(&mut m, e.clone(), &p),
             Some(Decision::Escalate {
@@ -256,14 +263,14 @@ fn a_resume_failure_without_a_resumed_id_or_a_supervisor_is_fatal() {
     let p = policy(4);
     // Already fresh: no fallback.
     let mut m = TurnMachine::new(1);
-    m.start_attempt(None);
+    start(&mut m, None);
     assert_eq!(
         failed(&mut m, unknown(), &p),
         Some(Decision::Finish(Err(TurnError::Fatal(unknown()))))
     );
     // No supervisor to take it.
     let mut m = TurnMachine::new(1);
-    let a = m.start_attempt(Some("old".into()));
+    let a = start(&mut m, Some("old".into()));
     let alone = Rules {
         retry: &p,
         can_escalate: false,
@@ -325,13 +332,13 @@ fn a_retry_hook_overrides_the_built_in_classification_within_max_attempts() {
         _ => RetryVerdict::Default,
     });
     let mut m = TurnMachine::new(1);
-    m.start_attempt(None);
+    start(&mut m, None);
     assert!(matches!(
         failed(&mut m, malformed.clone(), &p),
         Some(Decision::Retry { delay, .. }) if delay == Duration::from_millis(500)
     ));
     // max_attempts still bounds it.
-    m.start_attempt(None);
+    start(&mut m, None);
     assert_eq!(
         failed(&mut m, malformed.clone(), &p),
         Some(Decision::Finish(Err(TurnError::RetriesExhausted {
@@ -341,7 +348,7 @@ fn a_retry_hook_overrides_the_built_in_classification_within_max_attempts() {
     );
     // Retryable by default, fatal by the hook.
     let mut m = TurnMachine::new(1);
-    m.start_attempt(None);
+    start(&mut m, None);
     assert_eq!(
         failed(&mut m, timeout(), &p),
         Some(Decision::Finish(Err(TurnError::Fatal(timeout()))))
@@ -351,8 +358,8 @@ fn a_retry_hook_overrides_the_built_in_classification_within_max_attempts() {
         RetryVerdict::RetryAfter(Duration::from_secs(u64::from(attempt) * 3))
     });
     let mut m = TurnMachine::new(1);
-    m.start_attempt(None);
-    m.start_attempt(None);
+    start(&mut m, None);
+    start(&mut m, None);
     match failed(&mut m, timeout(), &p) {
         Some(Decision::Retry { delay, .. }) => assert_eq!(delay, Duration::from_secs(6)),
         other => panic!("{other:?}"),
@@ -360,9 +367,46 @@ fn a_retry_hook_overrides_the_built_in_classification_within_max_attempts() {
     // A resume failure goes to the supervisor whatever the hook says.
     let p = policy(4).with_hook(|_, _| RetryVerdict::Retry);
     let mut m = TurnMachine::new(1);
-    m.start_attempt(Some("old".into()));
+    start(&mut m, Some("old".into()));
     assert!(matches!(
         failed(&mut m, unknown(), &p),
         Some(Decision::Escalate { .. })
     ));
+}
+
+#[test]
+fn an_attempt_waiting_for_admission_is_not_streaming_and_cancels_at_once() {
+    let p = policy(4);
+    let mut m = TurnMachine::new(1);
+    let a = m.begin_attempt(None);
+    assert_eq!(m.phase(), Phase::Admitting);
+    assert!(!m.is_current(a), "no stream yet: no report can be current");
+    assert_eq!(
+        m.ended(a, StreamOutcome::Completed, rules(&p), &mut rng()),
+        None,
+        "an end report before admission is stale"
+    );
+    assert_eq!(
+        m.cancel(),
+        OnCancel::FinishNow,
+        "nothing to stop: finish now"
+    );
+    assert!(
+        !m.admitted(a),
+        "a cancelled turn's admission starts nothing"
+    );
+}
+
+#[test]
+fn only_the_current_attempt_is_admitted() {
+    let mut m = TurnMachine::new(1);
+    let a = m.begin_attempt(None);
+    let stale = AttemptId {
+        turn: 1,
+        attempt: a.attempt + 1,
+    };
+    assert!(!m.admitted(stale));
+    assert!(m.admitted(a));
+    assert!(m.is_current(a));
+    assert!(!m.admitted(a), "admitted once");
 }

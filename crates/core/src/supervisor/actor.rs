@@ -10,6 +10,7 @@ use ractor::{
 };
 use tokio::time::Instant;
 
+use crate::admission::Admission;
 use crate::lifecycle::EventBus;
 use crate::notify::Notifier;
 use crate::policy::{Restart, RestartDecision, RestartIntensity, RestartTracker};
@@ -46,6 +47,7 @@ pub(crate) struct SupervisorArgs {
     pub(crate) store: Arc<dyn SessionStore>,
     pub(crate) notifier: Arc<dyn Notifier>,
     pub(crate) bus: EventBus,
+    pub(crate) admission: Admission,
     pub(crate) watchdog_tx: tokio::sync::oneshot::Sender<WatchdogHandle>,
 }
 
@@ -57,6 +59,7 @@ pub(crate) struct SupervisorState {
     pub(super) notifier: Arc<dyn Notifier>,
     pub(super) bus: EventBus,
     pub(super) watchdog: WatchdogHandle,
+    pub(super) admission: Admission,
     pub(super) sessions: HashMap<SessionKey, SessionHandle>,
     pub(super) by_id: HashMap<ActorId, SessionKey>,
     pub(super) trackers: HashMap<SessionKey, RestartTracker>,
@@ -95,7 +98,13 @@ impl SupervisorState {
                 spec.intensity.unwrap_or(self.config.intensity),
             ),
         );
+        let pool = spec
+            .pool
+            .clone()
+            .map_or_else(|| Arc::from(spec.source.provider()), Arc::from);
         SessionArgs {
+            admission: self.admission.clone(),
+            pool,
             source: spec.source,
             key,
             record,
@@ -275,6 +284,7 @@ impl Actor for WorkspaceSupervisor {
             notifier: args.notifier,
             bus: args.bus,
             watchdog,
+            admission: args.admission,
             sessions: HashMap::new(),
             by_id: HashMap::new(),
             trackers: HashMap::new(),

@@ -8,6 +8,7 @@ use std::time::Duration;
 use ractor::{Actor, ActorCell, ActorRef};
 use tokio::sync::broadcast;
 
+use crate::admission::Admission;
 use crate::error::ActorError;
 use crate::lifecycle::{EventBus, LifecycleEvent};
 use crate::notify::{LogNotifier, Notifier};
@@ -30,9 +31,18 @@ pub struct SupervisorBuilder {
     store: Arc<dyn SessionStore>,
     notifier: Arc<dyn Notifier>,
     bus: EventBus,
+    admission: Admission,
 }
 
 impl SupervisorBuilder {
+    /// Admits its sessions' streams through `admission` (default: no
+    /// limits, shared backoff on). Give several supervisors one admission
+    /// (a clone) to share its limits and holds.
+    pub fn admission(mut self, admission: Admission) -> Self {
+        self.admission = admission;
+        self
+    }
+
     /// Sets the configuration (default: [`SupervisorConfig::default`]).
     pub fn config(mut self, config: SupervisorConfig) -> Self {
         self.config = config;
@@ -68,6 +78,7 @@ impl SupervisorBuilder {
             store: self.store.clone(),
             notifier: self.notifier,
             bus: self.bus.clone(),
+            admission: self.admission.clone(),
             watchdog_tx: tx,
         };
         let (actor, _) = Actor::spawn(None, actor::WorkspaceSupervisor, args)
@@ -82,6 +93,7 @@ impl SupervisorBuilder {
         Ok(Supervisor {
             actor,
             watchdog,
+            admission: self.admission,
             bus: self.bus,
             store: self.store,
             bindings: Arc::default(),
@@ -95,6 +107,7 @@ impl SupervisorBuilder {
 pub struct Supervisor {
     actor: ActorRef<SupervisorMsg>,
     watchdog: WatchdogHandle,
+    admission: Admission,
     bus: EventBus,
     store: Arc<dyn SessionStore>,
     bindings: Arc<RwLock<HashMap<String, PathBuf>>>,
@@ -117,6 +130,7 @@ impl Supervisor {
             store: Arc::new(MemoryStore::new()),
             notifier: Arc::new(LogNotifier),
             bus: EventBus::default(),
+            admission: Admission::default(),
         }
     }
 
@@ -300,6 +314,12 @@ impl Supervisor {
     /// Lifecycle events from now on.
     pub fn subscribe(&self) -> broadcast::Receiver<LifecycleEvent> {
         self.bus.subscribe()
+    }
+
+    /// The admission its sessions' streams go through (for its
+    /// [`stats`](Admission::stats), or to hold a source by hand).
+    pub fn admission(&self) -> &Admission {
+        &self.admission
     }
 
     /// The watchdog of this tree.

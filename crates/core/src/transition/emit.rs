@@ -90,6 +90,15 @@ impl Transition<'_> {
                 }
                 span
             }
+            Self::AttemptQueued { attempt, pool } => tracing::info_span!(
+                names::STREAM_QUEUED,
+                warden.session.key = key,
+                gen_ai.conversation.id = conv,
+                warden.turn = attempt.turn,
+                warden.attempt = attempt.attempt,
+                warden.pool = pool,
+                warden.wait_ms = Empty,
+            ),
             Self::WatchdogKill {
                 watch_id,
                 silent_for,
@@ -196,6 +205,7 @@ impl Transition<'_> {
                 warden.workspace = normalized.to_string_lossy().as_ref(),
             ),
             Self::AgentSessionId { .. }
+            | Self::AttemptAdmitted { .. }
             | Self::ContextUsage(_)
             | Self::TurnFinished { .. }
             | Self::SessionStopped { .. }
@@ -205,8 +215,14 @@ impl Transition<'_> {
         }
     }
 
-    /// Records a finished turn's outcome onto its span.
+    /// Records what a transition without its own span adds to its parent:
+    /// a finished turn's outcome onto `session.turn`, an admission's wait
+    /// onto `stream.queued`.
     pub(super) fn finish_onto(&self, turn_span: &tracing::Span, conversation: Option<&str>) {
+        if let Self::AttemptAdmitted { waited, .. } = *self {
+            turn_span.record("warden.wait_ms", millis(waited));
+            return;
+        }
         let Self::TurnFinished {
             attempts,
             error_code,
@@ -263,6 +279,14 @@ impl Transition<'_> {
             } => tracing::debug!(
                 event, session.key = %key, turn = attempt.turn, attempt = attempt.attempt,
                 timeout_ms = millis(timeout), "stream attempt started"
+            ),
+            Self::AttemptQueued { attempt, pool } => tracing::info!(
+                event, session.key = %key, turn = attempt.turn, attempt = attempt.attempt, pool,
+                "waiting for admission"
+            ),
+            Self::AttemptAdmitted { attempt, waited } => tracing::info!(
+                event, session.key = %key, turn = attempt.turn, attempt = attempt.attempt,
+                wait_ms = millis(waited), "admitted"
             ),
             Self::WatchdogKill { watch_id, .. } => {
                 tracing::debug!(event, session.key = %key, watch_id, "watchdog killed the stream")
@@ -382,6 +406,16 @@ impl Transition<'_> {
                 key,
                 attempt,
                 timeout,
+            },
+            Self::AttemptQueued { attempt, pool } => LifecycleEvent::AttemptQueued {
+                key,
+                attempt,
+                pool: pool.to_owned(),
+            },
+            Self::AttemptAdmitted { attempt, waited } => LifecycleEvent::AttemptAdmitted {
+                key,
+                attempt,
+                waited,
             },
             Self::StreamTimedOut {
                 attempt,

@@ -75,6 +75,22 @@ pub(crate) enum Transition<'a> {
         /// The failed attempt this one retries, linked.
         retries: Option<&'a SpanContext>,
     },
+    /// An attempt waits for admission (a concurrency limit or a shared
+    /// backoff); its span stays open until it is admitted or dropped.
+    AttemptQueued {
+        /// The attempt.
+        attempt: AttemptId,
+        /// The admission pool it waits in.
+        pool: &'a str,
+    },
+    /// A queued attempt was admitted; recorded onto its `stream.queued`
+    /// span.
+    AttemptAdmitted {
+        /// The attempt.
+        attempt: AttemptId,
+        /// How long it waited.
+        waited: Duration,
+    },
     /// The watchdog killed a silent stream (the stream's own view).
     WatchdogKill {
         /// The watch entry.
@@ -233,6 +249,8 @@ impl Transition<'_> {
             },
             Self::TurnStarted { .. } => names::SESSION_TURN,
             Self::AttemptStarted { .. } => names::STREAM_ATTEMPT,
+            Self::AttemptQueued { .. } => names::STREAM_QUEUED,
+            Self::AttemptAdmitted { .. } => names::STREAM_ADMITTED,
             Self::WatchdogKill { .. } => names::WATCHDOG_KILL,
             Self::StreamTimedOut { .. } => names::STREAM_TIMEOUT,
             Self::RetryScheduled { .. } => names::STREAM_RETRY,
@@ -269,8 +287,8 @@ impl Transition<'_> {
                 }
             }
         }
-        if let (Self::TurnFinished { .. }, Parent::Span(turn)) = (&self, at.parent) {
-            self.finish_onto(turn, at.conversation);
+        if let Parent::Span(parent) = at.parent {
+            self.finish_onto(parent, at.conversation);
         }
         {
             let _entered = span.enter();

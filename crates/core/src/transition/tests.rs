@@ -92,6 +92,8 @@ fn all<'a>(
             provider: "p",
             retries: None,
         },
+        Transition::AttemptQueued { attempt, pool: "p" },
+        Transition::AttemptAdmitted { attempt, waited: d },
         Transition::WatchdogKill {
             watch_id: 1,
             silent_for: d,
@@ -180,6 +182,7 @@ fn every_transition_emits_its_span_log_and_lifecycle_event_under_one_name() {
         let spans_expected = !matches!(
             t,
             Transition::AgentSessionId { .. }
+                | Transition::AttemptAdmitted { .. }
                 | Transition::ContextUsage(_)
                 | Transition::TurnFinished { .. }
                 | Transition::SessionStopped { .. }
@@ -214,5 +217,5 @@ fn every_transition_emits_its_span_log_and_lifecycle_event_under_one_name() {
         // Names are unique, and come from `spans::names`.
         assert!(names.insert(name), "{name} used twice");
     }
-    assert_eq!(names.len(), 21);
+    assert_eq!(names.len(), 23);
 }
