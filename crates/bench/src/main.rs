@@ -28,8 +28,13 @@
 //!    versus as many sessions started directly, concurrently (issue #12);
 //!    bare flushed store saves shown for context. `WARDEN_BENCH_RAW=1`
 //!    prints every run.
+//! 7. `backoff`: requests a rate-limited API sees while it answers 429
+//!    `retry-after: 2`, warden's shared backoff versus independent
+//!    per-session retries (issue #13); see [`backoff`].
 #![allow(unsafe_code)] // the counting global allocator below
 #![allow(missing_docs, unreachable_pub)]
+
+mod backoff;
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::pin::Pin;
@@ -1043,6 +1048,9 @@ fn main() {
         }
         if want("sends") {
             bench_sends(quick).await;
+        }
+        if want("backoff") {
+            backoff::bench_backoff(quick).await;
         }
     });
     if want("telemetry") {

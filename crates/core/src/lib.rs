@@ -72,6 +72,7 @@
 //! Feature `testing` adds hooks for tests outside this crate
 //! (`SessionHandle::fail`, `testing::spawn_session`).
 
+mod adapter;
 mod admission;
 pub mod config;
 pub mod context;
@@ -92,6 +93,7 @@ mod util;
 mod watchdog;
 mod workspace;
 
+pub use adapter::{Ending, FnSource, WrappedSource, source_fn};
 pub use admission::{
     Admission, AdmissionConfig, AdmissionPermit, AdmissionStats, DEFAULT_RELEASE_JITTER, Ticket,
 };
@@ -126,3 +128,14 @@ pub use watchdog::{
     WatchdogMsg, WatchdogStats,
 };
 pub use workspace::normalize_workspace;
+
+/// What implementing or adapting an [`EventSource`] needs, in one import:
+/// `use warden_core::prelude::*;`.
+pub mod prelude {
+    pub use crate::{
+        AgentEvent, Diagnostics, Ending, EventSource, EventStream, Frame, SessionKey, StreamError,
+        TurnRequest, Usage, source_fn,
+    };
+    pub use futures_util::Stream;
+    pub use futures_util::future::BoxFuture;
+}

@@ -1,9 +1,13 @@
 //! Where streams come from: the [`EventSource`] trait.
 //!
 //! A source opens one stream per *attempt* of a turn. warden calls
-//! [`EventSource::open`] only after the stream is registered with the
+//! [`EventSource::open`] only after the attempt is admitted
+//! ([`Admission`](crate::Admission)) and its stream registered with the
 //! watchdog, so connecting and waiting for the first byte are covered by the
-//! silence allowance too. Real sources (Anthropic/OpenAI SSE over HTTP, the
+//! silence allowance too (a wait for admission is not). To adapt another
+//! client's stream without implementing the trait, see
+//! [`source_fn`](crate::source_fn); to change how a source opens while
+//! keeping the rest, [`WrappedSource`](crate::WrappedSource). Real sources (Anthropic/OpenAI SSE over HTTP, the
 //! Claude Code CLI) live in `warden-llm`; [`crate::testing::ChannelSource`]
 //! is an in-process source for tests.
 
