@@ -97,6 +97,15 @@ pub enum StreamError {
         /// Provider message.
         message: String,
     },
+    /// The attempt was stopped on purpose to run the turn again
+    /// ([`Supervisor::recover`](crate::Supervisor::recover) with
+    /// [`Recovery::Retry`](crate::Recovery)): a stream that stays alive but
+    /// never finishes. Retryable.
+    #[error("stream interrupted: {reason}")]
+    Interrupted {
+        /// Who stopped it, and why.
+        reason: String,
+    },
     /// The stream's actor or reader task died unexpectedly (a bug in a
     /// source). **Fatal.**
     #[error("stream task failed: {message}")]
@@ -119,6 +128,7 @@ impl StreamError {
             Self::FrameTooLarge { .. } => "EFRAME_TOO_LARGE",
             Self::Malformed { .. } => "EMALFORMED",
             Self::Unauthorized { .. } => "EUNAUTHORIZED",
+            Self::Interrupted { .. } => "ESTREAM_INTERRUPTED",
             Self::Internal { .. } => "EINTERNAL",
         }
     }
@@ -126,9 +136,10 @@ impl StreamError {
     /// Whether retrying the turn from scratch may succeed.
     pub fn is_retryable(&self) -> bool {
         match self {
-            Self::InactivityTimeout { .. } | Self::Connection { .. } | Self::Truncated { .. } => {
-                true
-            }
+            Self::InactivityTimeout { .. }
+            | Self::Connection { .. }
+            | Self::Truncated { .. }
+            | Self::Interrupted { .. } => true,
             Self::Api { retryable, .. } => *retryable,
             Self::ContextOverflow { .. }
             | Self::UnknownSession { .. }
@@ -176,16 +187,20 @@ pub enum ResumeCause {
     /// The agent has no conversation with the stored id ("No conversation
     /// found with session ID").
     UnknownSession,
+    /// An operator (or your code) dropped the conversation to unstick the
+    /// session ([`Recovery::Fresh`](crate::Recovery)).
+    OperatorReset,
 }
 
 impl ResumeCause {
     /// The stable machine name: `prompt_too_long`, `blocking_limit`,
-    /// `unknown_session`.
+    /// `unknown_session`, `operator_reset`.
     pub fn as_str(self) -> &'static str {
         match self {
             Self::PromptTooLong => "prompt_too_long",
             Self::BlockingLimit => "blocking_limit",
             Self::UnknownSession => "unknown_session",
+            Self::OperatorReset => "operator_reset",
         }
     }
 
@@ -196,6 +211,7 @@ impl ResumeCause {
             "prompt_too_long" => Some(Self::PromptTooLong),
             "blocking_limit" => Some(Self::BlockingLimit),
             "unknown_session" => Some(Self::UnknownSession),
+            "operator_reset" => Some(Self::OperatorReset),
             _ => None,
         }
     }
@@ -326,6 +342,7 @@ mod tests {
             ResumeCause::PromptTooLong,
             ResumeCause::BlockingLimit,
             ResumeCause::UnknownSession,
+            ResumeCause::OperatorReset,
         ] {
             assert_eq!(ResumeCause::from_name(c.as_str()), Some(c));
             assert_eq!(c.to_string(), c.as_str());

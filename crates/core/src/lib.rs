@@ -104,8 +104,8 @@ pub use lifecycle::{EventBus, LifecycleEvent};
 pub use notify::{LogNotifier, Notice, Notifier};
 pub use policy::{Restart, RestartIntensity, RetryHook, RetryPolicy, RetryVerdict};
 pub use session::{
-    ContextReport, SessionConfig, SessionHandle, SessionStatus, SubmitError, TurnCanceller,
-    TurnEvent, TurnHandle, TurnSummary,
+    ContextReport, Recovery, SessionConfig, SessionHandle, SessionStatus, SubmitError,
+    TurnCanceller, TurnEvent, TurnHandle, TurnSummary,
 };
 pub use source::{
     Diagnostics, EventSource, EventStream, SessionKey, SessionSpec, SourceFactory, TurnRequest,

@@ -52,6 +52,9 @@ impl Notice {
             ResumeCause::UnknownSession => {
                 "The previous conversation could not be found — starting fresh."
             }
+            ResumeCause::OperatorReset => {
+                "The session was stuck and has been restarted — starting fresh."
+            }
         };
         match note {
             Some(note) => format!("{what} {note}"),

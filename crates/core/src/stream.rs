@@ -183,6 +183,7 @@ pub struct StreamArgs {
 enum Stop {
     Expired(Expiry),
     Cancel,
+    Interrupt,
 }
 
 /// What the stream's owner and the watchdog share with the stream's task.
@@ -230,6 +231,14 @@ impl StreamHandle {
     /// ended it first, this does nothing.
     pub fn cancel(&self) {
         self.control.request(Stop::Cancel);
+    }
+
+    /// Asks the stream to stop as failed with
+    /// [`StreamError::Interrupted`] (retryable), so its session runs the
+    /// turn again. If the reader, the watchdog or a cancel ended it first,
+    /// this does nothing.
+    pub fn interrupt(&self) {
+        self.control.request(Stop::Interrupt);
     }
 
     /// The attempt.
@@ -345,6 +354,9 @@ async fn run(args: StreamArgs, guard: WatchGuard, control: Arc<Control>) {
                 StreamOutcome::Failed(expiry.into())
             }
             Err(Stop::Cancel) => StreamOutcome::Cancelled,
+            Err(Stop::Interrupt) => StreamOutcome::Failed(StreamError::Interrupted {
+                reason: "interrupted to run the turn again".into(),
+            }),
             Ok(Ok(Ok(()))) => StreamOutcome::Completed,
             Ok(Ok(Err(error))) => StreamOutcome::Failed(error),
             Ok(Err(panic)) => {

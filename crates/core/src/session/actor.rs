@@ -31,7 +31,7 @@ use super::SessionConfig;
 use super::escalation::{EscalationSink, Handoff, StopReason};
 use super::handle::{SessionHandle, SessionMsg, SessionStatus, TurnEvent, TurnSender};
 use super::run::{
-    cancel, cancel_turn, on_admitted, on_ended, on_event, start_attempt, start_next_turn,
+    cancel, cancel_turn, on_admitted, on_ended, on_event, recover, start_attempt, start_next_turn,
 };
 use super::turn::{Phase, StartMode, TurnMachine, reap_due};
 
@@ -330,6 +330,10 @@ impl Actor for SessionActor {
             }
             SessionMsg::Admitted(attempt, permit) => {
                 on_admitted(&myself, state, attempt, permit)?;
+            }
+            SessionMsg::Recover(how, reply) => {
+                let done = recover(&myself, state, how)?;
+                let _ = reply.send(done);
             }
             SessionMsg::IdleCheck(armed) => {
                 if reap_due(

@@ -29,6 +29,9 @@ pub(crate) struct ResumeFailure {
     /// The id that failed to resume.
     pub(crate) failed_id: String,
     /// The error.
+    /// Why it cannot be resumed (the error's own cause, or
+    /// [`ResumeCause::OperatorReset`] for a recovery).
+    pub(crate) cause: crate::error::ResumeCause,
     pub(crate) error: StreamError,
     /// The workspace (the agent's cwd).
     pub(crate) cwd: Option<PathBuf>,

@@ -245,6 +245,26 @@ pub enum SubmitError {
     Store(#[from] StoreError),
 }
 
+/// How [`Supervisor::recover`](crate::Supervisor::recover) (or
+/// [`SessionHandle::recover`]) unsticks a session whose turn runs too long
+/// (a stream that keeps sending keep-alives but never finishes is alive to
+/// the watchdog).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Recovery {
+    /// Stop the running attempt as failed
+    /// ([`StreamError::Interrupted`], retryable) so the turn is retried per
+    /// its policy; a turn in backoff starts its next attempt now. The
+    /// conversation is kept.
+    Retry,
+    /// Drop the stored conversation: the session restarts fresh with the
+    /// running turn and every queued message, as after a resume failure
+    /// (cause [`ResumeCause::OperatorReset`]; the user gets the fresh-start
+    /// notice). A session with no stored conversation has nothing to drop:
+    /// this is then [`Retry`](Self::Retry).
+    Fresh,
+}
+
 /// A snapshot of a session.
 #[derive(Debug, Clone, PartialEq)]
 #[non_exhaustive]
@@ -279,6 +299,7 @@ pub(crate) enum SessionMsg {
     Report(StreamReport),
     Retry(AttemptId),
     Admitted(AttemptId, crate::admission::AdmissionPermit),
+    Recover(Recovery, RpcReplyPort<bool>),
     IdleCheck(u64),
     Status(RpcReplyPort<SessionStatus>),
     #[cfg_attr(not(feature = "testing"), allow(dead_code))]
@@ -294,6 +315,13 @@ pub struct SessionHandle {
 }
 
 impl SessionHandle {
+    /// Unsticks the running turn as `how` says; `false` when no turn runs,
+    /// or the one running waits for admission or has no stream yet (there
+    /// is nothing stuck to stop).
+    pub async fn recover(&self, how: Recovery) -> Result<bool, ActorError> {
+        call(&self.actor, "session", |r| SessionMsg::Recover(how, r)).await
+    }
+
     /// This incarnation's trace anchor.
     pub fn anchor(&self) -> &TraceAnchor {
         &self.anchor

@@ -39,8 +39,8 @@ use crate::stream::StreamOptions;
 pub(crate) use actor::{SessionActor, SessionArgs};
 pub(crate) use escalation::{Escalation, Handoff, ResumeFailure, StopReason};
 pub use handle::{
-    ContextReport, SessionHandle, SessionStatus, SubmitError, TurnCanceller, TurnEvent, TurnHandle,
-    TurnSummary,
+    ContextReport, Recovery, SessionHandle, SessionStatus, SubmitError, TurnCanceller, TurnEvent,
+    TurnHandle, TurnSummary,
 };
 pub(crate) use turn::StartMode;
 

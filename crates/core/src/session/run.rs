@@ -20,8 +20,8 @@ use crate::transition::{At, Parent, Transition};
 
 use super::actor::{Admitting, SessionState, Turn, arm_idle, touch};
 use super::escalation::{Escalation, Handoff, ResumeFailure, StopReason};
-use super::handle::{ContextReport, SessionMsg, TurnEvent, TurnSummary};
-use super::turn::{Decision, FreshVerdict, OnCancel, Rules, StartMode, TurnMachine};
+use super::handle::{ContextReport, Recovery, SessionMsg, TurnEvent, TurnSummary};
+use super::turn::{Decision, FreshVerdict, OnCancel, Phase, Rules, StartMode, TurnMachine};
 
 /// Starts the next queued turn when none runs; arms the idle timer when
 /// nothing is left.
@@ -392,6 +392,7 @@ fn escalate_resume_failure(
     escalate(Escalation::ResumeFailed(Box::new(ResumeFailure {
         key: state.args.key.clone(),
         failed_id,
+        cause,
         error,
         cwd: state.record.workspace.clone(),
         diagnostics,
@@ -435,6 +436,45 @@ pub(super) async fn cancel(
         // Nothing running: drop the pending retry and finish now.
         OnCancel::FinishNow | OnCancel::AlreadyRequested => {
             finish_turn(myself, state, Err(TurnError::Cancelled)).await
+        }
+    }
+}
+
+/// Unsticks the running turn (see [`Recovery`]); whether anything was done.
+pub(super) fn recover(
+    myself: &ActorRef<SessionMsg>,
+    state: &mut SessionState,
+    how: Recovery,
+) -> Result<bool, ActorProcessingErr> {
+    let Some(turn) = state.turn.as_ref() else {
+        return Ok(false);
+    };
+    let phase = turn.machine.phase();
+    let fresh = match (how, state.record.agent_session_id.clone()) {
+        (Recovery::Fresh, Some(id)) if state.args.escalate.is_some() => Some(id),
+        _ => None,
+    };
+    match (phase, fresh) {
+        (Phase::Admitting | Phase::Starting, _) => Ok(false),
+        (_, Some(failed_id)) => {
+            if let Some(s) = &turn.stream {
+                s.cancel();
+            }
+            let error = StreamError::Interrupted {
+                reason: "the conversation was dropped to recover the session".into(),
+            };
+            escalate_resume_failure(myself, state, failed_id, ResumeCause::OperatorReset, error);
+            Ok(true)
+        }
+        (Phase::Streaming, None) => {
+            if let Some(s) = &turn.stream {
+                s.interrupt();
+            }
+            Ok(true)
+        }
+        (Phase::BackingOff, None) => {
+            start_attempt(myself, state)?;
+            Ok(true)
         }
     }
 }

@@ -32,6 +32,8 @@ pub(crate) enum SupervisorMsg {
         RpcReplyPort<Result<SessionHandle, SupervisorError>>,
     ),
     List(RpcReplyPort<Vec<SessionKey>>),
+    /// The running sessions' handles.
+    Handles(RpcReplyPort<Vec<SessionHandle>>),
     Reset(SessionKey, RpcReplyPort<Result<(), SupervisorError>>),
     Escalated(Escalation),
 }
@@ -318,6 +320,9 @@ impl Actor for WorkspaceSupervisor {
                     state.spawn_session(&myself, key, workspace, None).await
                 };
                 let _ = reply.send(result);
+            }
+            SupervisorMsg::Handles(reply) => {
+                let _ = reply.send(state.sessions.values().cloned().collect());
             }
             SupervisorMsg::List(reply) => {
                 let mut keys: Vec<_> = state.sessions.keys().cloned().collect();

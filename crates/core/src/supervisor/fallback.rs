@@ -25,6 +25,7 @@ impl SupervisorState {
         let ResumeFailure {
             key,
             failed_id,
+            cause,
             error,
             cwd,
             diagnostics,
@@ -32,11 +33,6 @@ impl SupervisorState {
             handoff,
             anchor,
         } = f;
-        let Some(cause) = error.resume_failure_cause() else {
-            // Sessions escalate only errors with a resume cause.
-            fail_handoff(handoff, &format!("resume failed: {error}"));
-            return;
-        };
         drop(
             Transition::ResumeFailed {
                 failed_id: &failed_id,

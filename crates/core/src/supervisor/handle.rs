@@ -12,7 +12,7 @@ use crate::admission::Admission;
 use crate::error::ActorError;
 use crate::lifecycle::{EventBus, LifecycleEvent};
 use crate::notify::{LogNotifier, Notifier};
-use crate::session::{SessionHandle, StopReason, SubmitError, TurnHandle};
+use crate::session::{Recovery, SessionHandle, SessionStatus, StopReason, SubmitError, TurnHandle};
 use crate::source::{SessionKey, SourceFactory};
 use crate::store::{MemoryStore, SessionRecord, SessionStore, StoreError};
 use crate::transition::{At, Parent, Transition};
@@ -294,6 +294,39 @@ impl Supervisor {
     /// Keys of the running sessions.
     pub async fn sessions(&self) -> Result<Vec<SessionKey>, ActorError> {
         call(&self.actor, "supervisor", SupervisorMsg::List).await
+    }
+
+    /// The running sessions whose turn has run longer than `longer_than`
+    /// (queued for admission, streaming and backing off included; see
+    /// [`SessionStatus::admitting`]), longest first: for operators, with
+    /// [`recover`](Self::recover). A stream that keeps sending keep-alives
+    /// but never finishes is alive to the watchdog; this finds it.
+    pub async fn stuck(&self, longer_than: Duration) -> Result<Vec<SessionStatus>, ActorError> {
+        let handles = call(&self.actor, "supervisor", SupervisorMsg::Handles).await?;
+        let statuses = futures_util::future::join_all(handles.iter().map(|h| h.status())).await;
+        let mut stuck: Vec<SessionStatus> = statuses
+            .into_iter()
+            .filter_map(Result::ok) // a session that stopped meanwhile is not stuck
+            .filter(|s| s.turn_running_for.is_some_and(|d| d > longer_than))
+            .collect();
+        stuck.sort_by(|a, b| b.turn_running_for.cmp(&a.turn_running_for));
+        Ok(stuck)
+    }
+
+    /// Unsticks session `key`'s running turn as `how` says (see
+    /// [`Recovery`]); `false` when the session is not running or has
+    /// nothing stuck to stop. Never starts a session.
+    pub async fn recover(
+        &self,
+        key: impl Into<SessionKey>,
+        how: Recovery,
+    ) -> Result<bool, SupervisorError> {
+        let key = key.into();
+        let handles = call(&self.actor, "supervisor", SupervisorMsg::Handles).await?;
+        match handles.into_iter().find(|h| *h.key() == key) {
+            Some(h) => Ok(h.recover(how).await.unwrap_or(false)),
+            None => Ok(false),
+        }
     }
 
     /// Every stored record (running or not); a corrupt one is an `Err` in
