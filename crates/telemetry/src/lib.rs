@@ -10,6 +10,26 @@
 //!   Only spans from `warden*` targets go to the exporter: ractor's, tonic's
 //!   and the exporter's own spans are filtered out.
 //!
+//! [`init`] installs the global subscriber. To keep your own subscriber,
+//! add [`layer`] to it instead (OTLP export with the same filtering and
+//! guard), or [`export_layer`] with a tracer you built yourself. The OTLP
+//! exporter is the `otlp` cargo feature (default): without it this crate
+//! builds no gRPC stack, and [`export_layer`] and the console remain.
+//!
+//! ```no_run
+//! use tracing_subscriber::layer::SubscriberExt as _;
+//! use tracing_subscriber::util::SubscriberInitExt as _;
+//!
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let config = warden_telemetry::TelemetryConfig::from_env();
+//! let (otlp, _guard) = warden_telemetry::layer(&config)?;
+//! tracing_subscriber::registry()
+//!     .with(tracing_subscriber::fmt::layer()) // your own layers
+//!     .with(otlp)
+//!     .init();
+//! # Ok(()) }
+//! ```
+//!
 //! [`init`] returns a [`TelemetryGuard`]; dropping it (or a normal exit of
 //! `main` while it is alive) flushes every finished span and shuts the
 //! exporter down. The exporter runs on its own single-thread tokio runtime
@@ -34,17 +54,27 @@
 //! `RUST_LOG` filtering, console output), `tokio` (the exporter's runtime).
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+#[cfg(feature = "otlp")]
+use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+#[cfg(feature = "otlp")]
 use opentelemetry::trace::TracerProvider as _;
+#[cfg(feature = "otlp")]
 use opentelemetry_otlp::WithExportConfig;
+#[cfg(feature = "otlp")]
 use opentelemetry_sdk::Resource;
+#[cfg(feature = "otlp")]
 use opentelemetry_sdk::error::OTelSdkResult;
+#[cfg(feature = "otlp")]
 use opentelemetry_sdk::trace::{SdkTracerProvider, SpanData, SpanExporter};
+use tracing::Subscriber;
+use tracing_opentelemetry::OpenTelemetryLayer;
 use tracing_subscriber::Layer as _;
-use tracing_subscriber::filter::{EnvFilter, Targets};
+use tracing_subscriber::filter::{EnvFilter, Filtered, Targets};
 use tracing_subscriber::layer::SubscriberExt as _;
+use tracing_subscriber::registry::LookupSpan;
 use tracing_subscriber::util::SubscriberInitExt as _;
 
 /// How telemetry is set up.
@@ -132,12 +162,20 @@ pub enum TelemetryError {
     /// The exporter's runtime could not start.
     #[error("telemetry runtime: {0}")]
     Runtime(String),
+    /// An OTLP endpoint is configured but this build has no exporter (the
+    /// `otlp` cargo feature is off).
+    #[error(
+        "OTLP endpoint {0} configured, but warden-telemetry was built without its `otlp` feature"
+    )]
+    OtlpDisabled(String),
 }
 
 /// Flushes and shuts the exporter down when dropped.
 #[must_use = "dropping the guard flushes and stops span export"]
 pub struct TelemetryGuard {
+    #[cfg(feature = "otlp")]
     provider: Option<SdkTracerProvider>,
+    #[cfg(feature = "otlp")]
     runtime: Option<tokio::runtime::Runtime>,
     failures_reported: Arc<AtomicU64>,
 }
@@ -145,7 +183,7 @@ pub struct TelemetryGuard {
 impl std::fmt::Debug for TelemetryGuard {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("TelemetryGuard")
-            .field("exporting", &self.provider.is_some())
+            .field("exporting", &self.is_exporting())
             .finish()
     }
 }
@@ -153,7 +191,10 @@ impl std::fmt::Debug for TelemetryGuard {
 impl TelemetryGuard {
     /// Whether spans are exported over OTLP.
     pub fn is_exporting(&self) -> bool {
-        self.provider.is_some()
+        #[cfg(feature = "otlp")]
+        return self.provider.is_some();
+        #[cfg(not(feature = "otlp"))]
+        false
     }
 
     /// How many export failures were reported (once per outage).
@@ -163,12 +204,24 @@ impl TelemetryGuard {
 
     /// Exports every finished span now.
     pub fn flush(&self) {
+        #[cfg(feature = "otlp")]
         if let Some(p) = &self.provider {
             let _ = p.force_flush();
         }
     }
+
+    fn inactive(failures_reported: Arc<AtomicU64>) -> Self {
+        Self {
+            #[cfg(feature = "otlp")]
+            provider: None,
+            #[cfg(feature = "otlp")]
+            runtime: None,
+            failures_reported,
+        }
+    }
 }
 
+#[cfg(feature = "otlp")]
 impl Drop for TelemetryGuard {
     fn drop(&mut self) {
         if let Some(p) = self.provider.take() {
@@ -182,6 +235,7 @@ impl Drop for TelemetryGuard {
 }
 
 /// Reports export failures once, then again only after a recovery.
+#[cfg(feature = "otlp")]
 #[derive(Debug)]
 struct ReportOnce<E> {
     inner: E,
@@ -190,6 +244,7 @@ struct ReportOnce<E> {
     endpoint: String,
 }
 
+#[cfg(feature = "otlp")]
 impl<E: SpanExporter> SpanExporter for ReportOnce<E> {
     fn export(&self, batch: Vec<SpanData>) -> impl Future<Output = OTelSdkResult> + Send {
         let failing = self.failing.clone();
@@ -239,7 +294,61 @@ fn export_targets() -> Targets {
         .with_default(tracing::level_filters::LevelFilter::OFF)
 }
 
+/// A layer exporting warden's spans (only those of `warden*` targets)
+/// through `tracer`, for a subscriber and tracer provider of your own (any
+/// exporter; no gRPC stack needed). Add it to your subscriber next to your
+/// own layers.
+pub fn export_layer<S, T>(tracer: T) -> Filtered<OpenTelemetryLayer<S, T>, Targets, S>
+where
+    S: Subscriber + for<'span> LookupSpan<'span>,
+    T: opentelemetry::trace::Tracer + 'static,
+    T::Span: Send + Sync,
+{
+    tracing_opentelemetry::layer()
+        .with_tracer(tracer)
+        .with_filter(export_targets())
+}
+
+/// The layer [`layer`] returns: warden's spans exported over OTLP/gRPC.
+#[cfg(feature = "otlp")]
+pub type OtlpLayer<S> =
+    Filtered<OpenTelemetryLayer<S, opentelemetry_sdk::trace::Tracer>, Targets, S>;
+
+/// The OTLP/gRPC export layer `config` describes, for your own subscriber
+/// (see the [crate docs](crate)), and the guard that flushes it: `None`
+/// when `config` names no endpoint. Installs nothing globally; the console
+/// settings of `config` are not used (your subscriber has its own).
+#[cfg(feature = "otlp")]
+pub fn layer<S>(
+    config: &TelemetryConfig,
+) -> Result<(Option<OtlpLayer<S>>, TelemetryGuard), TelemetryError>
+where
+    S: Subscriber + for<'span> LookupSpan<'span>,
+{
+    let reported = Arc::new(AtomicU64::new(0));
+    let Some(endpoint) = &config.otlp_endpoint else {
+        return Ok((None, TelemetryGuard::inactive(reported)));
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .thread_name("warden-otlp")
+        .enable_all()
+        .build()
+        .map_err(|e| TelemetryError::Runtime(e.to_string()))?;
+    let provider = provider(config, endpoint, &runtime, reported.clone())?;
+    let layer = export_layer(provider.tracer("warden"));
+    Ok((
+        Some(layer),
+        TelemetryGuard {
+            provider: Some(provider),
+            runtime: Some(runtime),
+            failures_reported: reported,
+        },
+    ))
+}
+
 /// Builds the tracer provider for `endpoint` on `runtime`.
+#[cfg(feature = "otlp")]
 fn provider(
     config: &TelemetryConfig,
     endpoint: &str,
@@ -288,36 +397,14 @@ pub fn init(config: TelemetryConfig) -> Result<TelemetryGuard, TelemetryError> {
             .with_target(false)
             .with_filter(console_filter)
     });
-    let reported = Arc::new(AtomicU64::new(0));
+    #[cfg(feature = "otlp")]
+    let (otel, guard) = layer(&config)?;
+    #[cfg(not(feature = "otlp"))]
     let (otel, guard) = match &config.otlp_endpoint {
-        Some(endpoint) => {
-            let runtime = tokio::runtime::Builder::new_multi_thread()
-                .worker_threads(1)
-                .thread_name("warden-otlp")
-                .enable_all()
-                .build()
-                .map_err(|e| TelemetryError::Runtime(e.to_string()))?;
-            let provider = provider(&config, endpoint, &runtime, reported.clone())?;
-            let tracer = provider.tracer("warden");
-            let layer = tracing_opentelemetry::layer()
-                .with_tracer(tracer)
-                .with_filter(export_targets());
-            (
-                Some(layer),
-                TelemetryGuard {
-                    provider: Some(provider),
-                    runtime: Some(runtime),
-                    failures_reported: reported,
-                },
-            )
-        }
+        Some(endpoint) => return Err(TelemetryError::OtlpDisabled(endpoint.clone())),
         None => (
-            None,
-            TelemetryGuard {
-                provider: None,
-                runtime: None,
-                failures_reported: reported,
-            },
+            None::<tracing_subscriber::layer::Identity>,
+            TelemetryGuard::inactive(Arc::default()),
         ),
     };
     tracing_subscriber::registry()
