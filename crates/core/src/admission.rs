@@ -111,8 +111,24 @@ pub struct AdmissionStats {
 }
 
 /// Admits streams under a global and per-pool limit, FIFO, with shared
-/// backoff; see the [module docs](self). Cheap to clone; clones share
-/// everything.
+/// backoff. Cheap to clone; clones share everything.
+///
+/// A session asks for admission **before** its stream is registered with
+/// the watchdog, so a turn that waits for a free slot is *queued*, not
+/// silent: its wait never counts against the silence allowance and never
+/// burns an attempt. Waiting turns are admitted first come, first served
+/// (within a pool; a pool at its own limit does not hold back another).
+///
+/// **Shared backoff**: when a stream fails with a server `retry-after` (a
+/// 429 or 529), its whole pool is held until that time passes, instead of
+/// each session retrying on its own; the waiting turns are then released
+/// spread over up to [`AdmissionConfig::release_jitter`].
+///
+/// A session's pool is its source's
+/// [`provider`](crate::EventSource::provider), or the name set with
+/// [`SessionSpec::with_pool`](crate::SessionSpec::with_pool) (one pool per
+/// API key). Give one admission (clones) to several supervisors to share
+/// its limits and holds.
 #[derive(Clone, Default)]
 pub struct Admission {
     inner: Arc<Inner>,

@@ -77,7 +77,10 @@ fn warden_spans_are_exported_from_a_users_own_subscriber() {
     let spans = collector_rt.block_on(collector.exported_spans(3, Duration::from_secs(10)));
     let names: Vec<&str> = spans.iter().map(|s| s.name.as_str()).collect();
     for expected in ["session.spawn", "session.turn", "stream.attempt"] {
-        assert!(names.contains(&expected), "no {expected} exported: {names:?}");
+        assert!(
+            names.contains(&expected),
+            "no {expected} exported: {names:?}"
+        );
     }
     assert!(
         !names.contains(&"my.own.span"),

@@ -309,7 +309,7 @@ impl Supervisor {
             .filter_map(Result::ok) // a session that stopped meanwhile is not stuck
             .filter(|s| s.turn_running_for.is_some_and(|d| d > longer_than))
             .collect();
-        stuck.sort_by(|a, b| b.turn_running_for.cmp(&a.turn_running_for));
+        stuck.sort_by_key(|s| std::cmp::Reverse(s.turn_running_for));
         Ok(stuck)
     }
 
