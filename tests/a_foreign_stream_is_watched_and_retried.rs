@@ -12,6 +12,13 @@ use common::*;
 use warden_core::prelude::*;
 use warden_core::{LifecycleEvent, Supervisor};
 
+/// A supervisor whose every session streams from `source`.
+async fn supervisor_over(source: Arc<dyn EventSource>) -> Supervisor {
+    Supervisor::start(config(), Arc::new(move |_: &SessionKey| source.clone()))
+        .await
+        .expect("supervisor")
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_foreign_stream_that_stalls_is_killed_and_retried() {
     let opens = Arc::new(AtomicU32::new(0));
@@ -37,12 +44,7 @@ async fn a_foreign_stream_that_stalls_is_killed_and_retried() {
             Ok(head.chain(tail))
         }
     }));
-    let sup = Supervisor::start(
-        config(),
-        Arc::new(move |_: &SessionKey| source.clone() as Arc<dyn EventSource>),
-    )
-    .await
-    .expect("supervisor");
+    let sup = supervisor_over(source).await;
     let mut events = sup.subscribe();
     let turn = sup.send("ws", "hello").await.expect("send");
     let (_, summary) = turn.finish().within("the turn").await.expect("answered");
@@ -62,8 +64,7 @@ async fn a_foreign_stream_that_stalls_is_killed_and_retried() {
 
 #[tokio::test(start_paused = true)]
 async fn a_foreign_stream_ending_without_turn_complete_is_retried_as_truncated() {
-    let opens = Arc::new(AtomicU32::new(0));
-    let counter = opens.clone();
+    let counter = AtomicU32::new(0);
     let source = Arc::new(source_fn("foreign", move |_: TurnRequest| {
         let n = counter.fetch_add(1, Ordering::SeqCst) + 1;
         async move {
@@ -77,12 +78,7 @@ async fn a_foreign_stream_ending_without_turn_complete_is_retried_as_truncated()
             Ok(stream::iter(items))
         }
     }));
-    let sup = Supervisor::start(
-        config(),
-        Arc::new(move |_: &SessionKey| source.clone() as Arc<dyn EventSource>),
-    )
-    .await
-    .expect("supervisor");
+    let sup = supervisor_over(source).await;
     let mut events = sup.subscribe();
     let turn = sup.send("ws", "hello").await.expect("send");
     let (_, summary) = turn.finish().within("the turn").await.expect("answered");

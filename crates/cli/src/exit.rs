@@ -97,8 +97,10 @@ impl fmt::Display for CliError {
 /// The exit code of a stream error ending a turn.
 pub(crate) fn exit_for_stream_error(error: &StreamError) -> Exit {
     match error {
-        StreamError::InactivityTimeout { .. } => Exit::Timeout,
-        StreamError::Connection { .. } | StreamError::Truncated { .. } => Exit::Unavailable,
+        StreamError::InactivityTimeout { .. } | StreamError::NoProgress { .. } => Exit::Timeout,
+        StreamError::Connection { .. }
+        | StreamError::Truncated { .. }
+        | StreamError::Interrupted { .. } => Exit::Unavailable,
         StreamError::Api {
             retryable: true, ..
         } => Exit::Unavailable,
@@ -113,6 +115,7 @@ impl From<TurnError> for CliError {
             TurnError::Cancelled => Exit::Cancelled,
             TurnError::RetriesExhausted { last, .. } => exit_for_stream_error(last),
             TurnError::Fatal(e) => exit_for_stream_error(e),
+            TurnError::DeadlineExceeded { .. } => Exit::Timeout,
             _ => Exit::Failure,
         };
         CliError::new(exit, error.to_string())

@@ -3,6 +3,8 @@
 //! | variable | meaning | accepted | default |
 //! |---|---|---|---|
 //! | `WARDEN_STREAM_TIMEOUT` | stream silence allowance, milliseconds | integer `1..=86_400_000` | `45000` |
+//! | `WARDEN_PROGRESS_TIMEOUT` | progress allowance (no content while only keep-alives arrive), milliseconds | integer `1..=86_400_000` | off |
+//! | `WARDEN_TURN_DEADLINE` | wall-clock cap of one turn, milliseconds | integer `1..=86_400_000` | off |
 //!
 //! An invalid value is a [`ConfigError`], never a panic and never "no
 //! watchdog": `abc`, `0`, `-5`, `1.5` or a value above one day are all
@@ -43,10 +45,34 @@ pub fn validate_timeout(what: &'static str, timeout: Duration) -> Result<Duratio
     Ok(timeout)
 }
 
+/// Name of the progress-allowance environment variable (milliseconds).
+pub const PROGRESS_TIMEOUT_ENV: &str = "WARDEN_PROGRESS_TIMEOUT";
+
+/// Name of the turn-deadline environment variable (milliseconds).
+pub const TURN_DEADLINE_ENV: &str = "WARDEN_TURN_DEADLINE";
+
 /// Parses a `WARDEN_STREAM_TIMEOUT` value (milliseconds).
 pub fn parse_stream_timeout(value: &str) -> Result<Duration, ConfigError> {
+    parse_millis(STREAM_TIMEOUT_ENV, value)
+}
+
+/// An optional allowance from variable `var` (`WARDEN_PROGRESS_TIMEOUT`,
+/// `WARDEN_TURN_DEADLINE`): `None` when unset or empty, else whole
+/// milliseconds in `1..=86400000`.
+pub fn optional_millis_from(
+    var: &'static str,
+    lookup: impl FnOnce(&str) -> Option<String>,
+) -> Result<Option<Duration>, ConfigError> {
+    match lookup(var) {
+        Some(v) if !v.trim().is_empty() => parse_millis(var, &v).map(Some),
+        _ => Ok(None),
+    }
+}
+
+/// Parses whole milliseconds in `1..=86400000` from variable `var`.
+fn parse_millis(var: &'static str, value: &str) -> Result<Duration, ConfigError> {
     let invalid = |reason: &str| ConfigError::InvalidEnv {
-        var: STREAM_TIMEOUT_ENV,
+        var,
         value: value.to_owned(),
         reason: format!("{reason}; expected whole milliseconds in 1..=86400000"),
     };
@@ -127,6 +153,25 @@ mod tests {
             assert!(msg.contains("WARDEN_STREAM_TIMEOUT"), "{msg}");
             assert!(msg.contains("1..=86400000"), "{msg}");
         }
+    }
+
+    #[test]
+    fn optional_allowances_are_off_when_unset_and_checked_when_set() {
+        assert_eq!(
+            optional_millis_from(PROGRESS_TIMEOUT_ENV, |_| None),
+            Ok(None)
+        );
+        assert_eq!(
+            optional_millis_from(TURN_DEADLINE_ENV, |k| {
+                assert_eq!(k, "WARDEN_TURN_DEADLINE");
+                Some("600000".into())
+            }),
+            Ok(Some(Duration::from_secs(600)))
+        );
+        let err = optional_millis_from(PROGRESS_TIMEOUT_ENV, |_| Some("0".into()))
+            .expect_err("zero")
+            .to_string();
+        assert!(err.contains("WARDEN_PROGRESS_TIMEOUT"), "{err}");
     }
 
     #[test]

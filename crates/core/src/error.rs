@@ -26,6 +26,21 @@ pub enum StreamError {
         /// The silence allowance that was exceeded.
         timeout: Duration,
     },
+    /// The stream stayed alive (keep-alives, pings) but delivered no
+    /// content (text, thinking, tool input) for its progress allowance
+    /// ([`StreamOptions::progress_timeout`](crate::StreamOptions)).
+    /// **Retryable.**
+    #[error(
+        "stream made no progress for {:.1}s (allowance {:.1}s); only keep-alives arrived",
+        idle_for.as_secs_f64(),
+        allowance.as_secs_f64()
+    )]
+    NoProgress {
+        /// How long no content had arrived when it was killed.
+        idle_for: Duration,
+        /// The progress allowance that was exceeded.
+        allowance: Duration,
+    },
     /// Connecting failed or the connection broke (reset, refused, DNS).
     /// **Retryable.**
     #[error("connection error: {message}")]
@@ -120,6 +135,7 @@ impl StreamError {
     pub fn code(&self) -> &'static str {
         match self {
             Self::InactivityTimeout { .. } => "ESTREAM_TIMEOUT",
+            Self::NoProgress { .. } => "ESTREAM_NO_PROGRESS",
             Self::Connection { .. } => "ECONNECTION",
             Self::Truncated { .. } => "ESTREAM_TRUNCATED",
             Self::Api { .. } => "EAPI",
@@ -137,6 +153,7 @@ impl StreamError {
     pub fn is_retryable(&self) -> bool {
         match self {
             Self::InactivityTimeout { .. }
+            | Self::NoProgress { .. }
             | Self::Connection { .. }
             | Self::Truncated { .. }
             | Self::Interrupted { .. } => true,
@@ -257,6 +274,14 @@ pub enum TurnError {
         /// Why the session stopped.
         reason: String,
     },
+    /// The turn ran past its wall-clock cap
+    /// ([`SessionConfig::turn_deadline`](crate::SessionConfig)); its
+    /// attempt was stopped. Not retried.
+    #[error("turn exceeded its deadline of {:.1}s", after.as_secs_f64())]
+    DeadlineExceeded {
+        /// The cap.
+        after: Duration,
+    },
 }
 
 impl TurnError {
@@ -267,6 +292,7 @@ impl TurnError {
             Self::RetriesExhausted { last, .. } => last.code(),
             Self::Fatal(e) => e.code(),
             Self::SessionStopped { .. } => "ESESSION_STOPPED",
+            Self::DeadlineExceeded { .. } => "ETURN_DEADLINE",
         }
     }
 }

@@ -123,6 +123,15 @@ pub struct StreamOptions {
     /// Silence allowance while a tool runs (after `ToolUseStarted`, before
     /// its `ToolUseFinished`). Default 10 min.
     pub tool_timeout: Duration,
+    /// Progress allowance: an attempt that delivers no content (text,
+    /// thinking, tool call or tool input) for this long is killed with
+    /// [`StreamError::NoProgress`] even though keep-alives arrive — a
+    /// server that only pings. `None` (default) disables it. While a tool
+    /// runs, or while the consumer holds the stream back, it does not run
+    /// down (the tool allowance and backpressure cover those). Env:
+    /// `WARDEN_PROGRESS_TIMEOUT` via
+    /// [`SupervisorConfig::from_env`](crate::SupervisorConfig::from_env).
+    pub progress_timeout: Option<Duration>,
     /// Events forwarded but not yet consumed (their [`Credit`] not yet
     /// dropped) before the reader stops reading the source. Default 256;
     /// values below 1 count as 1.
@@ -134,6 +143,7 @@ impl Default for StreamOptions {
         Self {
             timeout: None,
             tool_timeout: Duration::from_secs(600),
+            progress_timeout: None,
             max_in_flight: 256,
         }
     }
@@ -149,6 +159,13 @@ impl StreamOptions {
     /// Sets the tool allowance.
     pub fn with_tool_timeout(mut self, timeout: Duration) -> Self {
         self.tool_timeout = timeout;
+        self
+    }
+
+    /// Sets the progress allowance (see
+    /// [`progress_timeout`](Self::progress_timeout)).
+    pub fn with_progress_timeout(mut self, allowance: Duration) -> Self {
+        self.progress_timeout = Some(allowance);
         self
     }
 
@@ -182,6 +199,7 @@ pub struct StreamArgs {
 #[derive(Debug, Clone, Copy)]
 enum Stop {
     Expired(Expiry),
+    NoProgress(Expiry),
     Cancel,
     Interrupt,
 }
@@ -297,18 +315,36 @@ impl StreamActor {
                 control.request(Stop::Expired(expiry));
             }
         })?;
+        // The progress allowance is a second entry of the same watchdog,
+        // beaten only by content.
+        let progress = match args.options.progress_timeout {
+            Some(allowance) => {
+                let on_expire = Arc::downgrade(&control);
+                Some(args.watchdog.watch(Some(allowance), move |expiry| {
+                    if let Some(control) = on_expire.upgrade() {
+                        control.request(Stop::NoProgress(expiry));
+                    }
+                })?)
+            }
+            None => None,
+        };
         let handle = StreamHandle {
             control: control.clone(),
             attempt: args.attempt,
             watch_id: guard.id(),
         };
-        tokio::spawn(run(args, guard, control));
+        tokio::spawn(run(args, guard, progress, control));
         Ok(handle)
     }
 }
 
 /// The stream's task: the reader raced against the stop slot.
-async fn run(args: StreamArgs, guard: WatchGuard, control: Arc<Control>) {
+async fn run(
+    args: StreamArgs,
+    guard: WatchGuard,
+    progress: Option<WatchGuard>,
+    control: Arc<Control>,
+) {
     let StreamArgs {
         attempt,
         source,
@@ -325,6 +361,7 @@ async fn run(args: StreamArgs, guard: WatchGuard, control: Arc<Control>) {
         source,
         request,
         guard.heartbeat(),
+        progress.as_ref().map(WatchGuard::heartbeat),
         &options,
         attempt,
         sink.clone(),
@@ -353,6 +390,10 @@ async fn run(args: StreamArgs, guard: WatchGuard, control: Arc<Control>) {
                 );
                 StreamOutcome::Failed(expiry.into())
             }
+            Err(Stop::NoProgress(expiry)) => StreamOutcome::Failed(StreamError::NoProgress {
+                idle_for: expiry.silent_for,
+                allowance: expiry.timeout,
+            }),
             Err(Stop::Cancel) => StreamOutcome::Cancelled,
             Err(Stop::Interrupt) => StreamOutcome::Failed(StreamError::Interrupted {
                 reason: "interrupted to run the turn again".into(),
@@ -379,6 +420,7 @@ async fn run(args: StreamArgs, guard: WatchGuard, control: Arc<Control>) {
         // Leaving this block drops the reader: the stream and its
         // connection (or child pipe) are gone before anything is reported.
     };
+    drop(progress);
     drop(guard); // unwatch
     sink(StreamReport::Ended {
         attempt,
@@ -443,12 +485,14 @@ async fn read(
     source: Arc<dyn EventSource>,
     request: TurnRequest,
     heartbeat: Heartbeat,
+    progress: Option<Heartbeat>,
     options: &StreamOptions,
     attempt: AttemptId,
     sink: ReportSink,
 ) -> Result<(), StreamError> {
     {
         let tool_timeout = options.tool_timeout;
+        let progress_timeout = options.progress_timeout;
         let window = Arc::new(Semaphore::new(
             options.max_in_flight.clamp(1, Semaphore::MAX_PERMITS),
         ));
@@ -467,19 +511,37 @@ async fn read(
                             if tools_running == 1 && tool_timeout > stream_timeout {
                                 let _ = heartbeat.set_timeout(tool_timeout);
                             }
+                            // A running tool produces nothing for the stream:
+                            // the tool allowance covers it.
+                            if let (1, Some(p), Some(allowance)) =
+                                (tools_running, &progress, progress_timeout)
+                                && tool_timeout > allowance
+                            {
+                                let _ = p.set_timeout(tool_timeout);
+                            }
                         }
                         AgentEvent::ToolUseFinished { .. } if tools_running > 0 => {
                             tools_running -= 1;
                             if tools_running == 0 {
                                 let _ = heartbeat.set_timeout(stream_timeout);
+                                if let (Some(p), Some(allowance)) = (&progress, progress_timeout) {
+                                    let _ = p.set_timeout(allowance);
+                                }
                             }
                         }
                         _ => {}
                     }
+                    if let Some(p) = &progress
+                        && is_content(&event)
+                    {
+                        p.beat();
+                    }
                     let credit = match Arc::clone(&window).try_acquire_owned() {
                         Ok(permit) => Credit(Some(permit)),
+                        // Held back by the consumer: not the source's silence,
+                        // nor its lack of progress.
                         Err(TryAcquireError::NoPermits) => {
-                            wait_for_credit(&window, &heartbeat).await
+                            wait_for_credit(&window, &heartbeat, progress.as_ref()).await
                         }
                         Err(TryAcquireError::Closed) => Credit::none(), // never closed
                     };
@@ -495,20 +557,46 @@ async fn read(
     }
 }
 
+/// Whether `event` is progress: content the model produced.
+fn is_content(event: &AgentEvent) -> bool {
+    matches!(
+        event,
+        AgentEvent::TextDelta(_)
+            | AgentEvent::ThinkingDelta(_)
+            | AgentEvent::ToolUseStarted { .. }
+            | AgentEvent::ToolInputDelta { .. }
+            | AgentEvent::ToolUseFinished { .. }
+            | AgentEvent::TurnComplete { .. }
+    )
+}
+
 /// Waits until the consumer returns a credit. The source is not read
 /// meanwhile, and its silence is not its fault: the stream is kept alive,
 /// and its allowance starts afresh once a credit is back.
-async fn wait_for_credit(window: &Arc<Semaphore>, heartbeat: &Heartbeat) -> Credit {
+async fn wait_for_credit(
+    window: &Arc<Semaphore>,
+    heartbeat: &Heartbeat,
+    progress: Option<&Heartbeat>,
+) -> Credit {
     let acquire = Arc::clone(window).acquire_owned();
     tokio::pin!(acquire);
+    let beat = || {
+        heartbeat.beat();
+        if let Some(p) = progress {
+            p.beat();
+        }
+    };
     loop {
-        let period = (heartbeat.timeout() / 3).max(Duration::from_millis(1));
+        let shortest = progress.map_or(heartbeat.timeout(), |p| {
+            p.timeout().min(heartbeat.timeout())
+        });
+        let period = (shortest / 3).max(Duration::from_millis(1));
         tokio::select! {
             permit = &mut acquire => {
-                heartbeat.beat();
+                beat();
                 return Credit(permit.ok());
             }
-            () = tokio::time::sleep(period) => heartbeat.beat(),
+            () = tokio::time::sleep(period) => beat(),
         }
     }
 }

@@ -31,7 +31,8 @@ use super::SessionConfig;
 use super::escalation::{EscalationSink, Handoff, StopReason};
 use super::handle::{SessionHandle, SessionMsg, SessionStatus, TurnEvent, TurnSender};
 use super::run::{
-    cancel, cancel_turn, on_admitted, on_ended, on_event, recover, start_attempt, start_next_turn,
+    cancel, cancel_turn, deadline, on_admitted, on_ended, on_event, recover, start_attempt,
+    start_next_turn,
 };
 use super::turn::{Phase, StartMode, TurnMachine, reap_due};
 
@@ -100,6 +101,8 @@ pub(super) struct Turn {
     pub(super) admitting: Option<Admitting>,
     /// The running attempt's admission; its slot is freed when dropped.
     pub(super) permit: Option<AdmissionPermit>,
+    /// The turn's wall-clock cap; dropping it disarms it.
+    pub(super) _deadline: Option<Timer>,
     /// `session.turn`, open while the turn runs.
     pub(super) span: tracing::Span,
     /// `stream.attempt` of the running attempt.
@@ -330,6 +333,9 @@ impl Actor for SessionActor {
             }
             SessionMsg::Admitted(attempt, permit) => {
                 on_admitted(&myself, state, attempt, permit)?;
+            }
+            SessionMsg::Deadline(turn) => {
+                deadline(&myself, state, turn).await?;
             }
             SessionMsg::Recover(how, reply) => {
                 let done = recover(&myself, state, how)?;

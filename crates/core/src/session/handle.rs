@@ -300,6 +300,7 @@ pub(crate) enum SessionMsg {
     Retry(AttemptId),
     Admitted(AttemptId, crate::admission::AdmissionPermit),
     Recover(Recovery, RpcReplyPort<bool>),
+    Deadline(u64),
     IdleCheck(u64),
     Status(RpcReplyPort<SessionStatus>),
     #[cfg_attr(not(feature = "testing"), allow(dead_code))]

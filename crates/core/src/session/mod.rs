@@ -61,6 +61,12 @@ pub struct SessionConfig {
     /// How long a stopping session waits for its running stream to release
     /// its source (socket, child process). Default 5 s.
     pub stream_stop_timeout: Duration,
+    /// Wall-clock cap of one turn (queueing, every attempt and backoff
+    /// included): past it the running attempt is stopped and the turn ends
+    /// [`TurnError::DeadlineExceeded`](crate::TurnError), not retried.
+    /// `None` (default) means no cap. Env: `WARDEN_TURN_DEADLINE` via
+    /// [`SupervisorConfig::from_env`](crate::SupervisorConfig::from_env).
+    pub turn_deadline: Option<Duration>,
 }
 
 impl Default for SessionConfig {
@@ -71,6 +77,7 @@ impl Default for SessionConfig {
             idle_timeout: Duration::from_secs(15 * 60),
             context: ContextConfig::default(),
             stream_stop_timeout: actor::DEFAULT_STREAM_STOP_TIMEOUT,
+            turn_deadline: None,
         }
     }
 }
@@ -97,6 +104,12 @@ impl SessionConfig {
     /// Sets how long a stopping session waits for its stream to release.
     pub fn with_stream_stop_timeout(mut self, wait: Duration) -> Self {
         self.stream_stop_timeout = wait;
+        self
+    }
+
+    /// Caps every turn at `deadline` of wall-clock time.
+    pub fn with_turn_deadline(mut self, deadline: Duration) -> Self {
+        self.turn_deadline = Some(deadline);
         self
     }
 

@@ -43,12 +43,16 @@ pub(super) async fn start_next_turn(
         provider: state.args.source.provider(),
     }
     .record(state.at(Parent::Anchor(&state.anchor)));
+    let deadline = state.args.config.turn_deadline.map(|after| {
+        AbortOnDropHandle::new(myself.send_after(after, move || SessionMsg::Deadline(id)))
+    });
     state.turn = Some(Turn {
         machine: TurnMachine::new(id),
         queued,
         started: tokio::time::Instant::now(),
         admitting: None,
         permit: None,
+        _deadline: deadline,
         span,
         attempt_span: None,
         last_attempt: None,
@@ -407,24 +411,50 @@ pub(super) async fn cancel(
     myself: &ActorRef<SessionMsg>,
     state: &mut SessionState,
 ) -> Result<(), ActorProcessingErr> {
+    stop_turn(myself, state, TurnError::Cancelled).await
+}
+
+/// Turn `id`'s wall-clock cap passed: it is stopped and ends
+/// `DeadlineExceeded` (a stale timer of an earlier turn does nothing).
+pub(super) async fn deadline(
+    myself: &ActorRef<SessionMsg>,
+    state: &mut SessionState,
+    id: u64,
+) -> Result<(), ActorProcessingErr> {
+    let Some(after) = state.args.config.turn_deadline else {
+        return Ok(());
+    };
+    if state.turn.as_ref().is_some_and(|t| t.machine.id() == id) {
+        stop_turn(myself, state, TurnError::DeadlineExceeded { after }).await?;
+    }
+    Ok(())
+}
+
+/// Stops the running turn so that it ends with `why` (a cancel or its
+/// deadline), whatever its stream reports afterwards.
+async fn stop_turn(
+    myself: &ActorRef<SessionMsg>,
+    state: &mut SessionState,
+    why: TurnError,
+) -> Result<(), ActorProcessingErr> {
     let Some(turn) = state.turn.as_mut() else {
         return Ok(());
     };
-    let decision = turn.machine.cancel();
+    let decision = turn.machine.stop(why.clone());
     if decision == OnCancel::AlreadyRequested {
         return Ok(());
     }
-    drop(
-        Transition::TurnCancelled {
-            turn: turn.machine.id(),
-        }
-        .record(At {
-            key: &state.args.key,
-            conversation: state.record.agent_session_id.as_deref(),
-            parent: Parent::Span(&turn.span),
-            bus: Some(&state.args.bus),
-        }),
-    );
+    let id = turn.machine.id();
+    let transition = match why {
+        TurnError::DeadlineExceeded { after } => Transition::TurnDeadline { turn: id, after },
+        _ => Transition::TurnCancelled { turn: id },
+    };
+    drop(transition.record(At {
+        key: &state.args.key,
+        conversation: state.record.agent_session_id.as_deref(),
+        parent: Parent::Span(&turn.span),
+        bus: Some(&state.args.bus),
+    }));
     match decision {
         // The stream decides the race; its end finishes the turn as cancelled.
         OnCancel::StopStream => {
@@ -435,7 +465,7 @@ pub(super) async fn cancel(
         }
         // Nothing running: drop the pending retry and finish now.
         OnCancel::FinishNow | OnCancel::AlreadyRequested => {
-            finish_turn(myself, state, Err(TurnError::Cancelled)).await
+            finish_turn(myself, state, Err(why)).await
         }
     }
 }

@@ -85,6 +85,8 @@ pub(crate) struct TurnMachine {
     attempt: u32,
     phase: Phase,
     cancel_requested: bool,
+    /// How a stopped turn ends: cancelled, or past its deadline.
+    stopped_with: TurnError,
     /// The agent session id the current attempt resumes, if any.
     resume_id: Option<String>,
 }
@@ -97,6 +99,7 @@ impl TurnMachine {
             attempt: 0,
             phase: Phase::Starting,
             cancel_requested: false,
+            stopped_with: TurnError::Cancelled,
             resume_id: None,
         }
     }
@@ -162,12 +165,22 @@ impl TurnMachine {
             && self.attempt + 1 == next.attempt
     }
 
-    /// The user cancelled the turn.
+    /// The user cancelled the turn (the session calls
+    /// [`stop`](Self::stop) with `Cancelled`).
+    #[cfg(test)]
     pub(crate) fn cancel(&mut self) -> OnCancel {
+        self.stop(TurnError::Cancelled)
+    }
+
+    /// The turn is stopped and ends with `why` (a cancel, or its deadline):
+    /// like a cancel, whatever the stream reports afterwards. The first
+    /// stop wins.
+    pub(crate) fn stop(&mut self, why: TurnError) -> OnCancel {
         if self.cancel_requested {
             return OnCancel::AlreadyRequested;
         }
         self.cancel_requested = true;
+        self.stopped_with = why;
         match self.phase {
             Phase::Streaming => OnCancel::StopStream,
             Phase::Starting | Phase::Admitting | Phase::BackingOff => OnCancel::FinishNow,
@@ -189,7 +202,9 @@ impl TurnMachine {
             // After Escape the turn ends Cancelled whatever the stream
             // reports: a completion queued behind the cancel had its late
             // text suppressed, so it must not pass for a whole answer.
-            _ if self.cancel_requested => return Some(Decision::Finish(Err(TurnError::Cancelled))),
+            _ if self.cancel_requested => {
+                return Some(Decision::Finish(Err(self.stopped_with.clone())));
+            }
             StreamOutcome::Completed => return Some(Decision::Finish(Ok(()))),
             StreamOutcome::Cancelled => return Some(Decision::Finish(Err(TurnError::Cancelled))),
             StreamOutcome::Failed(error) => error,

@@ -410,3 +410,40 @@ fn only_the_current_attempt_is_admitted() {
     assert!(m.is_current(a));
     assert!(!m.admitted(a), "admitted once");
 }
+
+#[test]
+fn a_turn_past_its_deadline_ends_with_the_deadline_whatever_the_stream_reports() {
+    let p = policy(4);
+    let mut m = TurnMachine::new(1);
+    let a = start(&mut m, None);
+    let after = Duration::from_secs(600);
+    assert_eq!(
+        m.stop(TurnError::DeadlineExceeded { after }),
+        OnCancel::StopStream
+    );
+    assert_eq!(
+        m.cancel(),
+        OnCancel::AlreadyRequested,
+        "the first stop wins"
+    );
+    assert_eq!(
+        m.ended(a, StreamOutcome::Cancelled, rules(&p), &mut rng()),
+        Some(Decision::Finish(Err(TurnError::DeadlineExceeded { after })))
+    );
+}
+
+#[test]
+fn a_deadline_while_backing_off_finishes_now_and_is_never_retried() {
+    let p = policy(4);
+    let mut m = TurnMachine::new(1);
+    start(&mut m, None);
+    assert!(matches!(
+        failed(&mut m, timeout(), &p),
+        Some(Decision::Retry { .. })
+    ));
+    let after = Duration::from_secs(1);
+    assert_eq!(
+        m.stop(TurnError::DeadlineExceeded { after }),
+        OnCancel::FinishNow
+    );
+}

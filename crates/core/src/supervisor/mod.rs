@@ -115,10 +115,18 @@ impl ShutdownTimeouts {
 }
 
 impl SupervisorConfig {
-    /// The defaults with `WARDEN_STREAM_TIMEOUT` applied.
+    /// The defaults with `WARDEN_STREAM_TIMEOUT`, `WARDEN_PROGRESS_TIMEOUT`
+    /// and `WARDEN_TURN_DEADLINE` applied (see [`crate::config`]).
     pub fn from_env() -> Result<Self, ConfigError> {
+        let var = |k: &str| std::env::var(k).ok();
+        let mut session = SessionConfig::default();
+        session.stream.progress_timeout =
+            crate::config::optional_millis_from(crate::config::PROGRESS_TIMEOUT_ENV, var)?;
+        session.turn_deadline =
+            crate::config::optional_millis_from(crate::config::TURN_DEADLINE_ENV, var)?;
         Ok(Self {
             watchdog: WatchdogConfig::from_env()?,
+            session,
             ..Self::default()
         })
     }

@@ -152,6 +152,15 @@ impl Transition<'_> {
                 gen_ai.conversation.id = conv,
                 warden.turn = turn,
             ),
+            Self::TurnDeadline { turn, after } => tracing::warn_span!(
+                names::SESSION_TURN_DEADLINE,
+                warden.session.key = key,
+                gen_ai.conversation.id = conv,
+                warden.turn = turn,
+                warden.deadline_ms = millis(after),
+                error.r#type = "ETURN_DEADLINE",
+                otel.status_code = "ERROR",
+            ),
             Self::Reaped {
                 idle_for,
                 context_tokens,
@@ -313,6 +322,10 @@ impl Transition<'_> {
             Self::TurnCancelled { turn } => {
                 tracing::info!(event, session.key = %key, turn, "turn cancelled by user")
             }
+            Self::TurnDeadline { turn, after } => tracing::warn!(
+                event, session.key = %key, turn, deadline_ms = millis(after),
+                error.r#type = "ETURN_DEADLINE", "turn exceeded its deadline; stopped"
+            ),
             Self::AgentSessionId {
                 session_id,
                 previous,
@@ -515,7 +528,9 @@ impl Transition<'_> {
                 original: original.to_path_buf(),
                 normalized: normalized.to_path_buf(),
             },
-            Self::WatchdogKill { .. } | Self::TurnCancelled { .. } => return None,
+            Self::WatchdogKill { .. } | Self::TurnCancelled { .. } | Self::TurnDeadline { .. } => {
+                return None;
+            }
         })
     }
 }

@@ -125,6 +125,13 @@ pub(crate) enum Transition<'a> {
         /// Turn number.
         turn: u64,
     },
+    /// The turn ran past its wall-clock cap and is stopped.
+    TurnDeadline {
+        /// Turn number.
+        turn: u64,
+        /// The cap.
+        after: Duration,
+    },
     /// The agent announced (or changed) its session id; stored durably.
     AgentSessionId {
         /// The new id.
@@ -255,6 +262,7 @@ impl Transition<'_> {
             Self::StreamTimedOut { .. } => names::STREAM_TIMEOUT,
             Self::RetryScheduled { .. } => names::STREAM_RETRY,
             Self::TurnCancelled { .. } => names::STREAM_CANCEL,
+            Self::TurnDeadline { .. } => names::SESSION_TURN_DEADLINE,
             Self::AgentSessionId { .. } => names::SESSION_AGENT_ID,
             Self::ContextUsage(_) => names::CONTEXT_USAGE,
             Self::TurnFinished { .. } => names::SESSION_TURN_FINISHED,

@@ -111,6 +111,7 @@ fn all<'a>(
             retries: None,
         },
         Transition::TurnCancelled { turn: 1 },
+        Transition::TurnDeadline { turn: 1, after: d },
         Transition::AgentSessionId {
             session_id: "s",
             previous: None,
@@ -192,7 +193,9 @@ fn every_transition_emits_its_span_log_and_lifecycle_event_under_one_name() {
         );
         let published_expected = !matches!(
             t,
-            Transition::WatchdogKill { .. } | Transition::TurnCancelled { .. }
+            Transition::WatchdogKill { .. }
+                | Transition::TurnCancelled { .. }
+                | Transition::TurnDeadline { .. }
         );
         let seen = Arc::new(Mutex::new(Seen::default()));
         let subscriber = tracing_subscriber::registry().with(Capture(seen.clone()));
@@ -217,5 +220,5 @@ fn every_transition_emits_its_span_log_and_lifecycle_event_under_one_name() {
         // Names are unique, and come from `spans::names`.
         assert!(names.insert(name), "{name} used twice");
     }
-    assert_eq!(names.len(), 23);
+    assert_eq!(names.len(), 24);
 }
