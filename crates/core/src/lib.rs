@@ -76,6 +76,7 @@ mod adapter;
 mod admission;
 pub mod config;
 pub mod context;
+pub mod continuation;
 mod error;
 mod event;
 mod lifecycle;
@@ -98,6 +99,7 @@ pub use admission::{
     Admission, AdmissionConfig, AdmissionPermit, AdmissionStats, DEFAULT_RELEASE_JITTER, Ticket,
 };
 pub use context::ContextConfig;
+pub use continuation::{Continuation, StreamPhase};
 pub use error::{ActorError, ConfigError, ResumeCause, StreamError, TurnError, retryable_status};
 pub use event::{AgentEvent, Frame, Usage};
 pub use lifecycle::{EventBus, LifecycleEvent};
