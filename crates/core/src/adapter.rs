@@ -256,6 +256,10 @@ where
         self.inner.provider()
     }
 
+    fn continues(&self) -> bool {
+        self.inner.continues()
+    }
+
     fn context_window(&self, model: Option<&str>) -> Option<u64> {
         self.inner.context_window(model)
     }

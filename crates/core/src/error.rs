@@ -112,6 +112,15 @@ pub enum StreamError {
         /// Provider message.
         message: String,
     },
+    /// A continuation could not be stitched onto the text the consumer has
+    /// (the model started over, or the provider refused every way to
+    /// continue): the turn restarts from scratch, and the consumer is told
+    /// to discard. Retryable.
+    #[error("continuation failed: {message}")]
+    ContinuationFailed {
+        /// Why.
+        message: String,
+    },
     /// The attempt was stopped on purpose to run the turn again
     /// ([`Supervisor::recover`](crate::Supervisor::recover) with
     /// [`Recovery::Retry`](crate::Recovery)): a stream that stays alive but
@@ -145,6 +154,7 @@ impl StreamError {
             Self::Malformed { .. } => "EMALFORMED",
             Self::Unauthorized { .. } => "EUNAUTHORIZED",
             Self::Interrupted { .. } => "ESTREAM_INTERRUPTED",
+            Self::ContinuationFailed { .. } => "ECONTINUATION_FAILED",
             Self::Internal { .. } => "EINTERNAL",
         }
     }
@@ -156,7 +166,8 @@ impl StreamError {
             | Self::NoProgress { .. }
             | Self::Connection { .. }
             | Self::Truncated { .. }
-            | Self::Interrupted { .. } => true,
+            | Self::Interrupted { .. }
+            | Self::ContinuationFailed { .. } => true,
             Self::Api { retryable, .. } => *retryable,
             Self::ContextOverflow { .. }
             | Self::UnknownSession { .. }

@@ -174,6 +174,20 @@ pub enum LifecycleEvent {
         /// Code of the error, e.g. `ESTREAM_TIMEOUT`.
         error_code: &'static str,
     },
+    /// An attempt broke mid-text; the reply will be continued after
+    /// `delay` (the consumer keeps `kept_bytes` of text).
+    ContinueScheduled {
+        /// The session.
+        key: SessionKey,
+        /// The attempt that broke.
+        failed: AttemptId,
+        /// Backoff before the continuation.
+        delay: Duration,
+        /// Code of the error, e.g. `ESTREAM_TIMEOUT`.
+        error_code: &'static str,
+        /// Bytes of reply text kept.
+        kept_bytes: usize,
+    },
     /// A turn ended.
     TurnFinished {
         /// The session.

@@ -79,6 +79,11 @@ pub struct TurnRequest {
     /// Text to append to the agent's system prompt, if any (the context
     /// self-report instruction).
     pub append_system_prompt: Option<String>,
+    /// Set when this attempt continues a reply that broke mid-text (only
+    /// for sources that [`continue`](EventSource::continues)): the stream
+    /// must yield only the text after
+    /// [`partial_text`](crate::Continuation::partial_text).
+    pub continuation: Option<crate::Continuation>,
 }
 
 impl TurnRequest {
@@ -92,6 +97,7 @@ impl TurnRequest {
             resume_id: None,
             workspace: None,
             append_system_prompt: None,
+            continuation: None,
         }
     }
 }
@@ -101,6 +107,17 @@ pub trait EventSource: Send + Sync + 'static {
     /// Opens the stream of one attempt (send the request, start reading).
     /// The returned stream owns its connection: dropping it must close it.
     fn open(&self, request: TurnRequest) -> BoxFuture<'static, Result<EventStream, StreamError>>;
+
+    /// Whether this source continues a reply that broke mid-text instead of
+    /// replaying it: when `true`, an attempt after such a break gets
+    /// [`TurnRequest::continuation`], and its stream must yield only the
+    /// text that follows the partial text — with whatever the model repeats
+    /// trimmed ([`crate::continuation::Stitcher`]) — or fail with
+    /// [`StreamError::ContinuationFailed`], after which the turn restarts
+    /// from scratch. Default `false`: every retry starts from scratch.
+    fn continues(&self) -> bool {
+        false
+    }
 
     /// The provider's name for telemetry (`anthropic`, `openai`, ...).
     fn provider(&self) -> &str {

@@ -56,6 +56,8 @@ pub mod names {
     pub const STREAM_RETRY: &str = "stream.retry";
     /// The user cancelled the turn.
     pub const STREAM_CANCEL: &str = "stream.cancel";
+    /// A reply broken mid-text is continued (not replayed).
+    pub const STREAM_CONTINUE: &str = "stream.continue";
     /// A turn ran past its wall-clock cap and was stopped.
     pub const SESSION_TURN_DEADLINE: &str = "session.turn_deadline";
     /// The watchdog killed a silent stream.

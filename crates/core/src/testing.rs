@@ -22,6 +22,7 @@ pub struct ChannelSource {
     opened: mpsc::UnboundedSender<AttemptControl>,
     open_errors: std::sync::Mutex<std::collections::VecDeque<StreamError>>,
     windows: std::sync::Mutex<std::collections::HashMap<String, u64>>,
+    continues: std::sync::atomic::AtomicBool,
 }
 
 /// The receiving side of a [`ChannelSource`]: one [`AttemptControl`] per
@@ -50,6 +51,7 @@ impl ChannelSource {
                 opened: tx,
                 open_errors: Default::default(),
                 windows: Default::default(),
+                continues: Default::default(),
             }),
             ChannelSourceControl {
                 opened: Mutex::new(rx),
@@ -63,6 +65,14 @@ impl ChannelSource {
     /// agent process exiting at start would), without a stream.
     pub fn fail_next_open(&self, error: StreamError) {
         lock(&self.open_errors).push_back(error);
+    }
+
+    /// Makes the source declare that it continues broken replies
+    /// ([`EventSource::continues`]): the test then plays the provider,
+    /// reading [`TurnRequest::continuation`] and sending only what follows.
+    pub fn set_continues(&self, on: bool) {
+        self.continues
+            .store(on, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// Makes the source report `window` as the context window of `model`
@@ -100,6 +110,10 @@ impl EventSource for ChannelSource {
 
     fn provider(&self) -> &str {
         "channel"
+    }
+
+    fn continues(&self) -> bool {
+        self.continues.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     fn context_window(&self, model: Option<&str>) -> Option<u64> {

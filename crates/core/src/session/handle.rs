@@ -79,6 +79,17 @@ pub enum TurnEvent {
     Started(AttemptId),
     /// An event of the current attempt.
     Event(AgentEvent),
+    /// The attempt broke mid-text; after `delay` the next attempt
+    /// *continues* the reply. Keep what you received: the text that follows
+    /// extends it (nothing repeated, nothing missing).
+    Continuing {
+        /// The attempt that broke.
+        failed: AttemptId,
+        /// Backoff before the continuation.
+        delay: Duration,
+        /// Why it broke.
+        error: StreamError,
+    },
     /// The attempt failed; the turn restarts from scratch after `delay`.
     /// Discard partial output received for this attempt.
     Retrying {
@@ -121,6 +132,8 @@ pub struct TurnSummary {
     pub turn: u64,
     /// Attempts used, the first included.
     pub attempts: u32,
+    /// How many of them continued a broken reply (instead of restarting).
+    pub continuations: u32,
     /// The last usage report of the turn, if any.
     pub usage: Option<Usage>,
     /// Context in use, once any usage is known.

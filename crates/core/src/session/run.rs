@@ -157,7 +157,13 @@ fn launch(
         return Ok(());
     };
     turn.permit = Some(permit);
-    turn.text.clear();
+    let continuation = turn
+        .machine
+        .continuing()
+        .then(|| crate::continuation::Continuation::new(turn.text.clone(), attempt.attempt - 1));
+    if continuation.is_none() {
+        turn.text.clear(); // a restart: the consumer discards what it had
+    }
     turn.usage = None;
     turn.context_usage = None;
     let mut request = TurnRequest::new(
@@ -168,6 +174,7 @@ fn launch(
     request.attempt = attempt.attempt;
     request.resume_id = resume_id;
     request.workspace = state.record.workspace.clone();
+    request.continuation = continuation;
     if state.args.config.context.self_report {
         request.append_system_prompt = Some(context::SELF_REPORT_INSTRUCTION.to_owned());
     }
@@ -214,6 +221,7 @@ pub(super) async fn on_event(
     if !turn.machine.forwards(attempt) {
         return Ok(()); // a dead attempt, or the user already pressed Escape
     }
+    turn.machine.saw(&event);
     match &event {
         AgentEvent::Usage(u) => {
             turn.usage = Some(*u);
@@ -298,6 +306,7 @@ pub(super) async fn on_ended(
         {
             Transition::StreamTimedOut {
                 attempt,
+                phase: turn.machine.stream_phase(),
                 silent_for,
                 timeout,
             }
@@ -313,6 +322,7 @@ pub(super) async fn on_ended(
     let rules = Rules {
         retry: &args.config.retry,
         can_escalate: args.escalate.is_some(),
+        continues: args.source.continues(),
     };
     match turn.machine.ended(attempt, outcome, rules, rng) {
         Some(decision) => carry_out(myself, state, attempt, decision).await,
@@ -345,6 +355,29 @@ async fn carry_out(
                 bus: Some(&state.args.bus),
             });
             turn.send(TurnEvent::Retrying {
+                failed: attempt,
+                delay,
+                error,
+            });
+            let timer = myself.send_after(delay, move || SessionMsg::Retry(next));
+            turn.backoff = Some(AbortOnDropHandle::new(timer));
+            Ok(())
+        }
+        Decision::Continue { next, delay, error } => {
+            Transition::ContinueScheduled {
+                failed: attempt,
+                delay,
+                error_code: error.code(),
+                kept_bytes: turn.text.len(),
+                retries: turn.last_attempt.as_ref(),
+            }
+            .record(At {
+                key: &state.args.key,
+                conversation: state.record.agent_session_id.as_deref(),
+                parent: Parent::Span(&turn.span),
+                bus: Some(&state.args.bus),
+            });
+            turn.send(TurnEvent::Continuing {
                 failed: attempt,
                 delay,
                 error,
@@ -609,6 +642,7 @@ async fn finish_turn(
     let summary = result.map(|()| TurnSummary {
         turn: id,
         attempts: turn.machine.attempts(),
+        continuations: turn.machine.continuations(),
         usage: turn.usage,
         context,
         indicator: context

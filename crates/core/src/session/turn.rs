@@ -12,7 +12,9 @@ use std::time::Duration;
 
 use rand::Rng;
 
+use crate::continuation::StreamPhase;
 use crate::error::{ResumeCause, StreamError, TurnError};
+use crate::event::AgentEvent;
 use crate::policy::RetryPolicy;
 use crate::stream::{AttemptId, StreamOutcome};
 
@@ -36,6 +38,17 @@ pub(crate) enum Decision {
     /// Start attempt `next` after `delay` (a retry from scratch); tell the
     /// caller `error` ended the failed attempt.
     Retry {
+        /// The attempt to start.
+        next: AttemptId,
+        /// Backoff before it.
+        delay: Duration,
+        /// Why the previous attempt failed.
+        error: StreamError,
+    },
+    /// Start attempt `next` after `delay` as a *continuation*: the consumer
+    /// keeps the text it has, and the next attempt continues it (see
+    /// [`crate::continuation`]).
+    Continue {
         /// The attempt to start.
         next: AttemptId,
         /// Backoff before it.
@@ -76,6 +89,9 @@ pub(crate) struct Rules<'a> {
     pub(crate) retry: &'a RetryPolicy,
     /// Whether a supervisor takes resume failures (else they are fatal).
     pub(crate) can_escalate: bool,
+    /// Whether the source continues a broken reply
+    /// ([`EventSource::continues`](crate::EventSource::continues)).
+    pub(crate) continues: bool,
 }
 
 /// One turn's progress.
@@ -89,6 +105,18 @@ pub(crate) struct TurnMachine {
     stopped_with: TurnError,
     /// The agent session id the current attempt resumes, if any.
     resume_id: Option<String>,
+    /// Where the current attempt's stream is.
+    stream_phase: StreamPhase,
+    /// Whether the consumer keeps text of this turn (a continuation chain
+    /// has begun); cleared by a restart from scratch.
+    kept_text: bool,
+    /// Whether the next attempt continues (else it starts from scratch).
+    continuing: bool,
+    /// A continuation failed to stitch: the turn restarts and does not try
+    /// again.
+    continuation_refused: bool,
+    /// Continuations started.
+    continuations: u32,
 }
 
 impl TurnMachine {
@@ -101,6 +129,11 @@ impl TurnMachine {
             cancel_requested: false,
             stopped_with: TurnError::Cancelled,
             resume_id: None,
+            stream_phase: StreamPhase::BeforeContent,
+            kept_text: false,
+            continuing: false,
+            continuation_refused: false,
+            continuations: 0,
         }
     }
 
@@ -123,12 +156,37 @@ impl TurnMachine {
     /// waits for admission until [`admitted`](Self::admitted).
     pub(crate) fn begin_attempt(&mut self, resume_id: Option<String>) -> AttemptId {
         self.attempt += 1;
+        self.stream_phase = StreamPhase::BeforeContent;
         self.phase = Phase::Admitting;
         self.resume_id = resume_id;
         AttemptId {
             turn: self.turn,
             attempt: self.attempt,
         }
+    }
+
+    /// The current attempt's stream delivered `event` (to the consumer).
+    pub(crate) fn saw(&mut self, event: &AgentEvent) {
+        self.stream_phase = self.stream_phase.after(event);
+        if matches!(event, AgentEvent::TextDelta(t) if !t.is_empty()) {
+            self.kept_text = true;
+        }
+    }
+
+    /// Where the current (or last) attempt's stream is.
+    pub(crate) fn stream_phase(&self) -> StreamPhase {
+        self.stream_phase
+    }
+
+    /// Whether the current attempt continues the text the consumer has
+    /// (else it starts the reply from scratch).
+    pub(crate) fn continuing(&self) -> bool {
+        self.continuing
+    }
+
+    /// Continuations started so far.
+    pub(crate) fn continuations(&self) -> u32 {
+        self.continuations
     }
 
     /// `attempt` was admitted: whether its stream starts now (`false` when
@@ -224,13 +282,30 @@ impl TurnMachine {
         Some(match rules.retry.next_delay(self.attempt, &error, rng) {
             Some(delay) => {
                 self.phase = Phase::BackingOff;
-                Decision::Retry {
-                    next: AttemptId {
-                        turn: self.turn,
-                        attempt: self.attempt + 1,
-                    },
-                    delay,
-                    error,
+                let next = AttemptId {
+                    turn: self.turn,
+                    attempt: self.attempt + 1,
+                };
+                if matches!(error, StreamError::ContinuationFailed { .. }) {
+                    self.continuation_refused = true;
+                }
+                // Continue what the consumer has: text broke mid-way, or a
+                // continuation broke before adding to it. Thinking, a tool
+                // call or nothing shown: restart from scratch.
+                let continues = rules.continues
+                    && !self.continuation_refused
+                    && self.kept_text
+                    && matches!(
+                        self.stream_phase,
+                        StreamPhase::Text | StreamPhase::BeforeContent
+                    );
+                self.continuing = continues;
+                if continues {
+                    self.continuations += 1;
+                    Decision::Continue { next, delay, error }
+                } else {
+                    self.kept_text = false;
+                    Decision::Retry { next, delay, error }
                 }
             }
             None if rules.retry.is_retryable(self.attempt, &error) => {

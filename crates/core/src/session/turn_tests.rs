@@ -2,6 +2,7 @@
 //! `docs/runtime-semantics.md` about retries, cancel and escalation.
 
 use super::*;
+use crate::continuation::StreamPhase;
 use rand::SeedableRng;
 use rand::rngs::SmallRng;
 
@@ -33,7 +34,27 @@ fn rules(p: &RetryPolicy) -> Rules<'_> {
     Rules {
         retry: p,
         can_escalate: true,
+        continues: false,
     }
+}
+
+fn continuing(p: &RetryPolicy) -> Rules<'_> {
+    Rules {
+        continues: true,
+        ..rules(p)
+    }
+}
+
+fn ended_with(m: &mut TurnMachine, e: StreamError, r: Rules<'_>) -> Option<Decision> {
+    let a = AttemptId {
+        turn: m.id(),
+        attempt: m.attempts(),
+    };
+    m.ended(a, StreamOutcome::Failed(e), r, &mut rng())
+}
+
+fn text(t: &str) -> AgentEvent {
+    AgentEvent::TextDelta(t.into())
 }
 
 /// Begins an attempt and admits it at once (no limit).
@@ -274,6 +295,7 @@ fn a_resume_failure_without_a_resumed_id_or_a_supervisor_is_fatal() {
     let alone = Rules {
         retry: &p,
         can_escalate: false,
+        continues: false,
     };
     assert_eq!(
         m.ended(a, StreamOutcome::Failed(unknown()), alone, &mut rng()),
@@ -446,4 +468,128 @@ fn a_deadline_while_backing_off_finishes_now_and_is_never_retried() {
         m.stop(TurnError::DeadlineExceeded { after }),
         OnCancel::FinishNow
     );
+}
+
+#[test]
+fn a_reply_broken_mid_text_is_continued_when_the_source_can() {
+    let p = policy(4);
+    let mut m = TurnMachine::new(1);
+    start(&mut m, None);
+    m.saw(&text("Hello wor"));
+    assert_eq!(m.stream_phase(), StreamPhase::Text);
+    assert!(matches!(
+        ended_with(&mut m, timeout(), continuing(&p)),
+        Some(Decision::Continue { next, .. }) if next.attempt == 2
+    ));
+    let a2 = start(&mut m, None);
+    assert!(m.continuing(), "the next attempt continues");
+    assert_eq!(m.stream_phase(), StreamPhase::BeforeContent);
+    // It breaks before adding anything: the consumer still has the text.
+    assert!(matches!(
+        ended_with(&mut m, timeout(), continuing(&p)),
+        Some(Decision::Continue { .. })
+    ));
+    assert_eq!(m.continuations(), 2);
+    let _ = a2;
+}
+
+#[test]
+fn without_a_continuing_source_a_mid_text_break_restarts() {
+    let p = policy(4);
+    let mut m = TurnMachine::new(1);
+    start(&mut m, None);
+    m.saw(&text("Hello"));
+    assert!(matches!(
+        ended_with(&mut m, timeout(), rules(&p)),
+        Some(Decision::Retry { .. })
+    ));
+    start(&mut m, None);
+    assert!(!m.continuing());
+}
+
+#[test]
+fn nothing_shown_mid_thinking_or_mid_tool_call_restarts() {
+    let p = policy(8);
+    let tool = AgentEvent::ToolUseStarted {
+        id: "t".into(),
+        name: "Bash".into(),
+    };
+    for seen in [
+        vec![],
+        vec![AgentEvent::ThinkingDelta("hmm".into())],
+        vec![text("Let me run it."), tool.clone()],
+        vec![text("a"), AgentEvent::ThinkingDelta("hmm".into())],
+    ] {
+        let mut m = TurnMachine::new(1);
+        start(&mut m, None);
+        for e in &seen {
+            m.saw(e);
+        }
+        assert!(
+            matches!(
+                ended_with(&mut m, timeout(), continuing(&p)),
+                Some(Decision::Retry { .. })
+            ),
+            "after {seen:?}"
+        );
+        start(&mut m, None);
+        assert!(!m.continuing(), "after {seen:?}");
+        // A restart discards the text: breaking before content again
+        // restarts again.
+        assert!(matches!(
+            ended_with(&mut m, timeout(), continuing(&p)),
+            Some(Decision::Retry { .. })
+        ));
+    }
+}
+
+#[test]
+fn a_continuation_that_fails_to_stitch_restarts_and_is_not_tried_again() {
+    let p = policy(8);
+    let mut m = TurnMachine::new(1);
+    start(&mut m, None);
+    m.saw(&text("Once upon"));
+    assert!(matches!(
+        ended_with(&mut m, timeout(), continuing(&p)),
+        Some(Decision::Continue { .. })
+    ));
+    start(&mut m, None);
+    let failed = StreamError::ContinuationFailed {
+        message: "the continuation starts the reply over".into(),
+    };
+    assert!(matches!(
+        ended_with(&mut m, failed, continuing(&p)),
+        Some(Decision::Retry { .. })
+    ));
+    start(&mut m, None);
+    assert!(!m.continuing());
+    m.saw(&text("Once upon a time"));
+    assert!(
+        matches!(
+            ended_with(&mut m, timeout(), continuing(&p)),
+            Some(Decision::Retry { .. })
+        ),
+        "no second try at continuing this turn"
+    );
+}
+
+#[test]
+fn continuations_count_against_max_attempts() {
+    let p = policy(2);
+    let mut m = TurnMachine::new(1);
+    start(&mut m, None);
+    m.saw(&text("a"));
+    assert!(matches!(
+        ended_with(&mut m, timeout(), continuing(&p)),
+        Some(Decision::Continue { .. })
+    ));
+    start(&mut m, None);
+    m.saw(&text("b"));
+    assert!(matches!(
+        ended_with(&mut m, timeout(), continuing(&p)),
+        Some(Decision::Finish(Err(TurnError::RetriesExhausted {
+            attempts: 2,
+            ..
+        })))
+    ));
 }

@@ -115,6 +115,7 @@ impl Transition<'_> {
             ),
             Self::StreamTimedOut {
                 attempt,
+                phase,
                 silent_for,
                 timeout,
             } => tracing::info_span!(
@@ -122,6 +123,7 @@ impl Transition<'_> {
                 warden.session.key = key,
                 gen_ai.conversation.id = conv,
                 warden.attempt = attempt.attempt,
+                stream.phase = phase.as_str(),
                 warden.silent_ms = millis(silent_for),
                 warden.timeout_ms = millis(timeout),
                 error.r#type = "ESTREAM_TIMEOUT",
@@ -139,6 +141,27 @@ impl Transition<'_> {
                     gen_ai.conversation.id = conv,
                     warden.attempt = failed.attempt + 1,
                     warden.delay_ms = millis(delay),
+                    error.r#type = error_code,
+                );
+                if let Some(prev) = retries {
+                    spans::link(&span, prev);
+                }
+                span
+            }
+            Self::ContinueScheduled {
+                failed,
+                delay,
+                error_code,
+                kept_bytes,
+                retries,
+            } => {
+                let span = tracing::info_span!(
+                    names::STREAM_CONTINUE,
+                    warden.session.key = key,
+                    gen_ai.conversation.id = conv,
+                    warden.attempt = failed.attempt + 1,
+                    warden.delay_ms = millis(delay),
+                    warden.kept_bytes = kept_bytes,
                     error.r#type = error_code,
                 );
                 if let Some(prev) = retries {
@@ -303,9 +326,11 @@ impl Transition<'_> {
             Self::StreamTimedOut {
                 attempt,
                 silent_for,
+                phase,
                 ..
             } => tracing::warn!(
                 event, session.key = %key, turn = attempt.turn, attempt = attempt.attempt,
+                stream.phase = phase.as_str(),
                 error.r#type = "ESTREAM_TIMEOUT", silent_ms = millis(silent_for),
                 "Connection lost during streaming"
             ),
@@ -318,6 +343,17 @@ impl Transition<'_> {
                 event, session.key = %key, turn = failed.turn, attempt = failed.attempt,
                 delay_ms = millis(delay), error.r#type = error_code,
                 "retrying turn from scratch"
+            ),
+            Self::ContinueScheduled {
+                failed,
+                delay,
+                error_code,
+                kept_bytes,
+                ..
+            } => tracing::info!(
+                event, session.key = %key, turn = failed.turn, attempt = failed.attempt,
+                delay_ms = millis(delay), error.r#type = error_code, kept_bytes,
+                "continuing the broken reply"
             ),
             Self::TurnCancelled { turn } => {
                 tracing::info!(event, session.key = %key, turn, "turn cancelled by user")
@@ -449,6 +485,19 @@ impl Transition<'_> {
                 failed,
                 delay,
                 error_code,
+            },
+            Self::ContinueScheduled {
+                failed,
+                delay,
+                error_code,
+                kept_bytes,
+                ..
+            } => LifecycleEvent::ContinueScheduled {
+                key,
+                failed,
+                delay,
+                error_code,
+                kept_bytes,
             },
             Self::AgentSessionId { session_id, .. } => LifecycleEvent::AgentSessionId {
                 key,

@@ -19,6 +19,7 @@ use std::time::Duration;
 use opentelemetry::trace::SpanContext;
 use tracing_opentelemetry::OpenTelemetrySpanExt as _;
 
+use crate::continuation::StreamPhase;
 use crate::error::{ResumeCause, StreamError};
 use crate::event::Usage;
 use crate::lifecycle::EventBus;
@@ -104,6 +105,8 @@ pub(crate) enum Transition<'a> {
     StreamTimedOut {
         /// The attempt.
         attempt: AttemptId,
+        /// Where its stream was (`stream.phase`).
+        phase: StreamPhase,
         /// Silence observed.
         silent_for: Duration,
         /// The allowance.
@@ -118,6 +121,19 @@ pub(crate) enum Transition<'a> {
         /// The failure's code.
         error_code: &'static str,
         /// The failed attempt's span, linked.
+        retries: Option<&'a SpanContext>,
+    },
+    /// A reply that broke mid-text will be continued.
+    ContinueScheduled {
+        /// The attempt that broke.
+        failed: AttemptId,
+        /// Backoff before the continuation.
+        delay: Duration,
+        /// The failure's code.
+        error_code: &'static str,
+        /// Bytes of text the consumer keeps.
+        kept_bytes: usize,
+        /// The broken attempt's span, linked.
         retries: Option<&'a SpanContext>,
     },
     /// The user cancelled the turn.
@@ -261,6 +277,7 @@ impl Transition<'_> {
             Self::WatchdogKill { .. } => names::WATCHDOG_KILL,
             Self::StreamTimedOut { .. } => names::STREAM_TIMEOUT,
             Self::RetryScheduled { .. } => names::STREAM_RETRY,
+            Self::ContinueScheduled { .. } => names::STREAM_CONTINUE,
             Self::TurnCancelled { .. } => names::STREAM_CANCEL,
             Self::TurnDeadline { .. } => names::SESSION_TURN_DEADLINE,
             Self::AgentSessionId { .. } => names::SESSION_AGENT_ID,

@@ -101,6 +101,7 @@ fn all<'a>(
         },
         Transition::StreamTimedOut {
             attempt,
+            phase: crate::continuation::StreamPhase::Text,
             silent_for: d,
             timeout: d,
         },
@@ -108,6 +109,13 @@ fn all<'a>(
             failed: attempt,
             delay: d,
             error_code: "ESTREAM_TIMEOUT",
+            retries: None,
+        },
+        Transition::ContinueScheduled {
+            failed: attempt,
+            delay: d,
+            error_code: "ESTREAM_TIMEOUT",
+            kept_bytes: 10,
             retries: None,
         },
         Transition::TurnCancelled { turn: 1 },
@@ -220,5 +228,5 @@ fn every_transition_emits_its_span_log_and_lifecycle_event_under_one_name() {
         // Names are unique, and come from `spans::names`.
         assert!(names.insert(name), "{name} used twice");
     }
-    assert_eq!(names.len(), 24);
+    assert_eq!(names.len(), 25);
 }
