@@ -10,6 +10,7 @@ use hyper::{Method, Request, Response, StatusCode};
 use serde_json::{Value, json};
 
 use crate::body::{MockBody, Tracker};
+use crate::continuation::Continue;
 use crate::journal::{Endpoint, Journal, Outcome, RequestId, Selection};
 use crate::reply::{self, Reply};
 use crate::script::{self, Extras};
@@ -319,6 +320,26 @@ pub(crate) async fn handle(
         "mock request"
     );
 
+    // A continuation is validated before anything is played, as the API
+    // does (see `continuation`).
+    let cont = match api {
+        Api::Anthropic => Continue::of(&request),
+        Api::OpenAi => Ok(None),
+    };
+    let cont = match cont {
+        Ok(c) => c,
+        Err(message) => {
+            return Ok(answer.error(
+                &mut tracker,
+                api,
+                400,
+                "invalid_request_error",
+                message,
+                &[],
+            ));
+        }
+    };
+
     let config = &ctx.config;
     match scenario {
         Scenario::ServerError => {
@@ -365,7 +386,18 @@ pub(crate) async fn handle(
         Api::Anthropic => reply::anthropic_message_id(id),
         Api::OpenAi => reply::openai_completion_id(id),
     };
-    let mut reply = Reply::new(config, message_id, &request, size);
+    let mut reply = Reply::new(
+        config,
+        message_id,
+        &request,
+        size,
+        cont.as_ref().map_or(0, Continue::answered_from_end),
+    );
+    if let Some(c) = &cont {
+        reply.text = c.text(&reply.text);
+        reply.output_tokens = reply::estimate_tokens(reply.text.len());
+    }
+    journal.generated(id, cont.as_ref().map(Continue::kind), reply.output_tokens);
 
     if stream {
         let include_usage = request

@@ -180,6 +180,12 @@ pub struct RequestRecord {
     pub frames: usize,
     /// How the response ended (so far).
     pub outcome: Outcome,
+    /// How the request continued a partial reply, if it did: `"prefill"`
+    /// or `"turn"` (see the crate docs, "Continuing a broken reply").
+    pub continuation: Option<&'static str>,
+    /// Output tokens the reply generated (what a continuation saves shows
+    /// here), for replies that got that far.
+    pub output_tokens: Option<u64>,
 }
 
 /// The server's shared log (crate-internal).
@@ -244,8 +250,20 @@ impl Journal {
             status: None,
             frames: 0,
             outcome: Outcome::InProgress,
+            continuation: None,
+            output_tokens: None,
         });
         id
+    }
+
+    /// Records how request `id` continued a partial reply and what its
+    /// reply generated.
+    pub(crate) fn generated(&self, id: RequestId, continuation: Option<&'static str>, tokens: u64) {
+        let mut st = self.lock();
+        if let Some(rec) = st.records.iter_mut().find(|r| r.id == id) {
+            rec.continuation = continuation;
+            rec.output_tokens = Some(tokens);
+        }
     }
 
     /// Takes the next slot of the sequence script (0-based).

@@ -88,6 +88,20 @@
 //!
 //! [`Scenario::all`] lists every scenario with a one-line description.
 //!
+//! # Continuing a broken reply
+//!
+//! The Anthropic endpoint continues a partial reply as the real API does:
+//! a request ending with the assistant's partial text (a *prefill*) gets
+//! the rest of the reply the mock intended, generating only that; a prefill
+//! ending in whitespace gets the API's 400 ([`TRAILING_WHITESPACE`]);
+//! models of Claude 4.6 and later (`claude-opus-4-8`, …, or any model named
+//! `…no-prefill…`) refuse prefill with the API's 400 ([`NO_PREFILL`]) and
+//! take a *continuation turn* instead — the partial text as an assistant
+//! message, then a user message asking to continue (it must say "continue"
+//! and "cut off") — answered with the partial text's last three words
+//! repeated, then the rest. [`RequestRecord::continuation`] and
+//! [`RequestRecord::output_tokens`] show what each request did and cost.
+//!
 //! # What a test can check
 //!
 //! - [`MockServer::requests_to`], [`MockServer::request_counts`] and
@@ -116,6 +130,7 @@
 mod anthropic;
 mod body;
 mod config;
+mod continuation;
 mod error;
 mod handler;
 mod journal;
@@ -129,6 +144,7 @@ pub use config::{
     DEFAULT_FAULT_AFTER_FRAMES, DEFAULT_FRAME_INTERVAL, DEFAULT_OVERSIZED_BYTES,
     DEFAULT_PING_INTERVAL, DEFAULT_RETRY_AFTER, DEFAULT_THINKING_PAUSE, MockConfig, TokenUsage,
 };
+pub use continuation::{NO_PREFILL, TRAILING_WHITESPACE};
 pub use error::MockError;
 pub use journal::{Endpoint, Outcome, RequestId, RequestRecord, Selection, ServerEvent};
 pub use scenario::{ParseScenarioError, Scenario};

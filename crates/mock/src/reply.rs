@@ -32,11 +32,15 @@ pub(crate) struct Reply {
 pub(crate) const FALLBACK_MODEL: &str = "mock";
 
 impl Reply {
+    /// The reply to `request`; `answered_from_end` skips that many final
+    /// messages (a partial reply and the ask to continue it) when looking
+    /// for the user message it answers.
     pub(crate) fn new(
         config: &MockConfig,
         id: String,
         request: &Value,
         request_bytes: usize,
+        answered_from_end: usize,
     ) -> Self {
         let model = request
             .get("model")
@@ -47,7 +51,7 @@ impl Reply {
             Some(text) => text.clone(),
             None => format!(
                 "Hello from warden-mock. Your last message had {} characters.",
-                last_user_chars(request)
+                last_user_chars(request, answered_from_end)
             ),
         };
         let usage = config.usage;
@@ -85,19 +89,20 @@ pub(crate) fn openai_completion_id(id: RequestId) -> String {
 }
 
 /// Roughly four bytes per token, at least one.
-fn estimate_tokens(bytes: usize) -> u64 {
+pub(crate) fn estimate_tokens(bytes: usize) -> u64 {
     (bytes as u64).div_ceil(4).max(1)
 }
 
 /// Characters of text in the last `user` message (string content or text
-/// blocks), 0 when there is none.
-fn last_user_chars(request: &Value) -> usize {
+/// blocks) before the final `skip` messages, 0 when there is none.
+fn last_user_chars(request: &Value, skip: usize) -> usize {
     let Some(messages) = request.get("messages").and_then(Value::as_array) else {
         return 0;
     };
     let Some(last) = messages
         .iter()
         .rev()
+        .skip(skip)
         .find(|m| m.get("role").and_then(Value::as_str) == Some("user"))
     else {
         return 0;
@@ -156,7 +161,7 @@ mod tests {
                 {"role": "user", "content": [{"type": "text", "text": "sécret"}, {"type": "text", "text": "!!"}]}
             ]
         });
-        let reply = Reply::new(&MockConfig::default(), "x".into(), &req, 400);
+        let reply = Reply::new(&MockConfig::default(), "x".into(), &req, 400, 0);
         assert!(reply.text.contains("had 8 characters"), "{}", reply.text);
         assert!(!reply.text.contains("sécret"));
         assert_eq!(reply.model, "m");
