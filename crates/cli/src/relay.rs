@@ -18,7 +18,8 @@ pub(crate) struct Relayed {
 
 /// Prints `turn` as it streams until it finishes. Each attempt's text is
 /// printed as it arrives; when an attempt fails and is retried, the next
-/// attempt's text starts over (stderr says so). The first Ctrl-C cancels
+/// attempt's text starts over (stderr says so) — unless the reply is
+/// continued, when stdout simply goes on. The first Ctrl-C cancels
 /// the turn at once; the result is then `TurnError::Cancelled`.
 pub(crate) async fn relay(mut turn: TurnHandle) -> Result<Relayed, CliError> {
     let mut stdout = std::io::stdout();
@@ -71,6 +72,23 @@ pub(crate) async fn relay(mut turn: TurnHandle) -> Result<Relayed, CliError> {
                         delay.as_secs_f64()
                     ),
                 }
+            }
+            // The reply goes on where it broke: stdout is not restarted.
+            TurnEvent::Continuing { error, delay, .. } => {
+                if line_open && terminal {
+                    eprintln!(); // the notice on its own line, stdout untouched
+                }
+                match error {
+                    StreamError::InactivityTimeout { .. } => {
+                        eprintln!("Connection lost during streaming. Retrying...");
+                    }
+                    other => eprintln!(
+                        "warden: {}; retrying in {:.1}s",
+                        CliError::failure(other.to_string()),
+                        delay.as_secs_f64()
+                    ),
+                }
+                eprintln!("warden: continuing the reply where it stopped");
             }
             // A fresh start after a resume failure is told by the notifier.
             TurnEvent::Finished(Ok(summary)) => return Ok(Relayed { summary, line_open }),

@@ -19,8 +19,10 @@ use crate::sources::{HttpSettings, HttpSource, Provider, check_url};
 #[derive(Debug, clap::Args)]
 #[command(after_help = "\
 Text deltas go to stdout as they arrive. When the stream is silent for longer than
---timeout, the watchdog kills it, stderr says \"Connection lost during streaming.
-Retrying...\" and the request starts over (its text is printed again from the start).
+--timeout, the watchdog kills it and stderr says \"Connection lost during streaming.
+Retrying...\". A reply that broke mid-text is continued where it stopped (Anthropic,
+without --body: stdout just goes on, stderr says \"continuing\"); otherwise the request
+starts over and its text is printed again from the start.
 API keys come from ANTHROPIC_API_KEY / OPENAI_API_KEY (none is sent when unset).
 
 Examples:

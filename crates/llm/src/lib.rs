@@ -138,6 +138,7 @@
 //! - `rand`: random conversation ids.
 
 mod classify;
+mod continuation;
 pub mod decode;
 mod json;
 mod options;
@@ -149,6 +150,7 @@ mod transport;
 mod wire;
 
 pub use classify::NOT_AN_EVENT_STREAM;
+pub use continuation::CONTINUE_ASK;
 pub use options::{AnthropicOptions, HttpOptions, OpenAiOptions, SourceOptions};
 pub use provider::{Anthropic, Api, OpenAi, Protocol, Provider};
 pub use source::{AnthropicSource, HttpSource, OpenAiSource};

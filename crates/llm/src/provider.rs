@@ -95,6 +95,10 @@ pub trait Api: sealed::Sealed + Send + Sync + 'static {
     type MaxTokens: Copy + Eq + fmt::Debug + From<u32> + Into<Option<u32>> + Send + Sync;
     /// `max_tokens` by default: 8192 (Anthropic), `None` (OpenAI).
     const DEFAULT_MAX_TOKENS: Self::MaxTokens;
+    /// Whether a reply broken mid-text is continued instead of replayed
+    /// (Anthropic: prefill or a continuation turn; chat completions have no
+    /// way).
+    const CONTINUES: bool;
 }
 
 /// The Anthropic Messages API: `POST {base_url}/v1/messages` with `stream:
@@ -108,6 +112,7 @@ impl Api for Anthropic {
     const PROTOCOL: Protocol = Protocol::Anthropic;
     type MaxTokens = u32;
     const DEFAULT_MAX_TOKENS: u32 = 8192;
+    const CONTINUES: bool = true;
 }
 
 /// OpenAI-compatible chat completions: `POST {base_url}/v1/chat/completions`
@@ -121,6 +126,7 @@ impl Api for OpenAi {
     const PROTOCOL: Protocol = Protocol::OpenAi;
     type MaxTokens = Option<u32>;
     const DEFAULT_MAX_TOKENS: Option<u32> = None;
+    const CONTINUES: bool = false;
 }
 
 mod sealed {

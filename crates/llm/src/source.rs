@@ -7,6 +7,7 @@ use std::sync::Arc;
 use futures_util::future::BoxFuture;
 use warden_core::{EventSource, EventStream, StreamError, TurnRequest};
 
+use crate::continuation::{self, Mode, Modes};
 use crate::options::SourceOptions;
 use crate::provider::{Anthropic, Api, OpenAi};
 use crate::transport::{Begin, BuildError, Endpoint};
@@ -43,6 +44,8 @@ struct Inner<P: Api> {
     endpoint: Endpoint,
     model: String,
     max_tokens: P::MaxTokens,
+    /// How each model takes a continuation, as learned.
+    modes: Modes,
 }
 
 impl<P: Api> Clone for HttpSource<P> {
@@ -77,6 +80,7 @@ impl<P: Api> HttpSource<P> {
                 endpoint,
                 model: options.model,
                 max_tokens: options.max_tokens,
+                modes: Modes::default(),
             }),
         })
     }
@@ -104,27 +108,69 @@ impl<P: Api> EventSource for HttpSource<P> {
                 Begin::Replayed(stream) => return Ok(stream),
             };
             let history = conversation.as_ref().map_or(&[][..], |c| c.history());
-            let user = Message {
-                role: "user",
-                content: &request.message,
+            let partial = request
+                .continuation
+                .as_ref()
+                .filter(|_| P::CONTINUES)
+                .map(|c| c.partial_text.as_str());
+            let mut mode = partial.map(|_| inner.modes.mode_for(&inner.model));
+            let stream = loop {
+                let body = {
+                    let user = Message {
+                        role: "user",
+                        content: &request.message,
+                    };
+                    let mut messages: Vec<Message<'_>> = history
+                        .iter()
+                        .map(|e| Message {
+                            role: e.role.as_str(),
+                            content: &e.content,
+                        })
+                        .chain([user])
+                        .collect();
+                    if let (Some(partial), Some(mode)) = (partial, mode) {
+                        messages.push(Message {
+                            role: "assistant",
+                            content: continuation::assistant_text(partial),
+                        });
+                        if mode == Mode::Turn {
+                            messages.push(Message {
+                                role: "user",
+                                content: continuation::CONTINUE_ASK,
+                            });
+                        }
+                    }
+                    let turn = Turn {
+                        model: &inner.model,
+                        max_tokens: inner.max_tokens.into(),
+                        system: request.append_system_prompt.as_deref(),
+                        messages,
+                    };
+                    request_body(P::PROTOCOL, &turn)?
+                };
+                match inner.endpoint.open(body, &request, &inner.model).await {
+                    // The model refuses prefill: remember it, ask again
+                    // with a continuation turn (one extra request, once).
+                    Err(e)
+                        if mode == Some(Mode::Prefill) && continuation::is_prefill_refusal(&e) =>
+                    {
+                        inner.modes.refuses_prefill(&inner.model);
+                        mode = Some(Mode::Turn);
+                    }
+                    other => break other?,
+                }
             };
-            let turn = Turn {
-                model: &inner.model,
-                max_tokens: inner.max_tokens.into(),
-                system: request.append_system_prompt.as_deref(),
-                messages: history
-                    .iter()
-                    .map(|e| Message {
-                        role: e.role.as_str(),
-                        content: &e.content,
-                    })
-                    .chain([user])
-                    .collect(),
+            let stream = match (partial, mode) {
+                (Some(partial), Some(mode)) => continuation::adapt(stream, mode, partial),
+                _ => stream,
             };
-            let body = request_body(P::PROTOCOL, &turn)?;
-            let stream = inner.endpoint.open(body, &request, &inner.model).await?;
             Ok(match conversation {
-                Some(c) => c.record(stream, request.message, inner.model.clone()),
+                Some(c) => c.record(
+                    stream,
+                    request.message,
+                    inner.model.clone(),
+                    partial.unwrap_or_default().to_owned(),
+                ),
                 None => stream,
             })
         })
@@ -132,5 +178,9 @@ impl<P: Api> EventSource for HttpSource<P> {
 
     fn provider(&self) -> &str {
         P::PROTOCOL.provider().name
+    }
+
+    fn continues(&self) -> bool {
+        P::CONTINUES
     }
 }

@@ -527,7 +527,16 @@ impl Conversation {
     /// appends the turn to the transcript when the stream completes, before
     /// `TurnComplete` is passed on (so an acknowledged turn is on disk). A
     /// turn already answered is not appended again.
-    pub(crate) fn record(self, inner: EventStream, user: String, model: String) -> EventStream {
+    /// Records the reply `inner` streams (after `partial`, the text a
+    /// continuation continues) as the answer to `user`, saved at the turn's
+    /// end.
+    pub(crate) fn record(
+        self,
+        inner: EventStream,
+        user: String,
+        model: String,
+        partial: String,
+    ) -> EventStream {
         let started = Frame::Event(AgentEvent::SessionStarted {
             session_id: self.id.clone(),
             model: Some(model),
@@ -535,7 +544,7 @@ impl Conversation {
         let state = Recording {
             inner,
             user,
-            reply: String::new(),
+            reply: partial,
             conversation: self,
         };
         let rest = futures_util::stream::unfold(Some(state), |state| async move {

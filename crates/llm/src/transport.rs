@@ -217,9 +217,12 @@ impl Endpoint {
     ) -> Result<Begin, StreamError> {
         Ok(match self.conversation(request).await? {
             Some(c) => match self.replay(request, &c) {
-                Some(replayed) => {
-                    Begin::Replayed(c.record(replayed, request.message.clone(), model.to_owned()))
-                }
+                Some(replayed) => Begin::Replayed(c.record(
+                    replayed,
+                    request.message.clone(),
+                    model.to_owned(),
+                    String::new(),
+                )),
                 None => Begin::Send(Some(c)),
             },
             None => Begin::Send(None),
