@@ -159,7 +159,7 @@ fn refuses_prefill(model: &str) -> bool {
     };
     let mut numbers = rest.split('-').filter_map(|p| p.parse::<u32>().ok());
     match (numbers.next(), numbers.next()) {
-        (Some(major), _) if major >= 5 && major < 100 => true,
+        (Some(major), _) if (5..100).contains(&major) => true,
         (Some(4), Some(minor)) => (6..100).contains(&minor),
         _ => false,
     }
