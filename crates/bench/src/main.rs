@@ -31,10 +31,14 @@
 //! 7. `backoff`: requests a rate-limited API sees while it answers 429
 //!    `retry-after: 2`, warden's shared backoff versus independent
 //!    per-session retries (issue #13); see [`backoff`].
+//! 8. `continuation`: a 2,000-token reply killed at 10/50/90 %: output
+//!    tokens and time to the whole reply, continuation vs restart (issue
+//!    #14); see [`continuation`].
 #![allow(unsafe_code)] // the counting global allocator below
 #![allow(missing_docs, unreachable_pub)]
 
 mod backoff;
+mod continuation;
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::pin::Pin;
@@ -1051,6 +1055,9 @@ fn main() {
         }
         if want("backoff") {
             backoff::bench_backoff(quick).await;
+        }
+        if want("continuation") {
+            continuation::bench_continuation(quick).await;
         }
     });
     if want("telemetry") {
