@@ -173,6 +173,13 @@ impl EventSource for ClaudeSource {
         "claude-code"
     }
 
+    /// The CLI runs tools itself and a retry resumes its session, whose
+    /// transcript holds their results: a retry does not hand a tool call
+    /// to the caller again.
+    fn restarts_repeat_tool_calls(&self) -> bool {
+        false
+    }
+
     fn context_window(&self, model: Option<&str>) -> Option<u64> {
         model.and_then(window_for_model)
     }

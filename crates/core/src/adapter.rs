@@ -260,6 +260,10 @@ where
         self.inner.continues()
     }
 
+    fn restarts_repeat_tool_calls(&self) -> bool {
+        self.inner.restarts_repeat_tool_calls()
+    }
+
     fn context_window(&self, model: Option<&str>) -> Option<u64> {
         self.inner.context_window(model)
     }

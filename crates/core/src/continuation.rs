@@ -130,6 +130,8 @@ struct Ends {
     longer: bool,
     /// The last [`MAX_OVERLAP`] bytes (at a char boundary).
     tail: String,
+    /// Whether `tail` is the whole partial text.
+    whole: bool,
 }
 
 impl Ends {
@@ -143,6 +145,7 @@ impl Ends {
             probe: probe.to_owned(),
             longer: partial.len() > probe.len(),
             tail: partial[from..].to_owned(),
+            whole: from == 0,
         }
     }
 
@@ -150,7 +153,7 @@ impl Ends {
         if self.tail.is_empty() || continuation.is_empty() {
             return Ok(0);
         }
-        let overlap_at = |j: usize| overlap(&self.tail, &continuation[j..]);
+        let overlap_at = |j: usize| overlap(&self.tail, self.whole, &continuation[j..]);
         if let Some(k) = overlap_at(0) {
             return Ok(k);
         }
@@ -170,8 +173,9 @@ impl Ends {
 /// starting at a word boundary of `partial` and spanning one (a repeated
 /// word and what follows it, not just a fragment: "fo" then "fox" is
 /// ambiguous — the word may have been "fofox" — "brown fo" then
-/// "brown fox" is not).
-fn overlap(partial: &str, cont: &str) -> Option<usize> {
+/// "brown fox" is not), or being all of it (`whole`: `partial` is the
+/// whole partial text, and the model started over from its first word).
+fn overlap(partial: &str, whole: bool, cont: &str) -> Option<usize> {
     let max = partial.len().min(cont.len()).min(MAX_OVERLAP);
     (1..=max).rev().find(|&k| {
         let start = partial.len() - k;
@@ -179,7 +183,7 @@ fn overlap(partial: &str, cont: &str) -> Option<usize> {
             && cont.is_char_boundary(k)
             && partial[start..] == cont[..k]
             && at_word_start(partial, start)
-            && spans_a_boundary(&partial[start..])
+            && (spans_a_boundary(&partial[start..]) || (whole && start == 0))
     })
 }
 

@@ -49,6 +49,8 @@ fn a_repeated_fragment_alone_is_ambiguous_and_kept() {
     // boundary is trimmed.
     assert_eq!(stitch("a quick fo", "fox jumps"), Ok(0));
     assert_eq!(stitch("a quick fo", "quick fox jumps"), Ok(8));
+    // All of a one-word partial text, repeated, is a repeat.
+    assert_eq!(stitch("Hel", "Hello there"), Ok(3));
 }
 
 #[test]
@@ -185,7 +187,7 @@ proptest! {
         let from = word_starts(&text)
             .into_iter()
             .filter(|&w| w < p && p - w <= back.min(MAX_OVERLAP))
-            .filter(|&w| spans_a_boundary(&text[w..p]))
+            .filter(|&w| w == 0 || spans_a_boundary(&text[w..p]))
             .min()
             .unwrap_or(p);
         let repeat = p - from;

@@ -285,6 +285,19 @@ pub enum TurnError {
         /// Why the session stopped.
         reason: String,
     },
+    /// An attempt failed after it had delivered complete tool calls, which
+    /// your code may have run; a restart would issue them again, so the
+    /// turn is not retried (unless
+    /// [`RetryPolicy::with_repeat_tool_calls`](crate::RetryPolicy::with_repeat_tool_calls)).
+    #[error(
+        "turn failed after {completed} tool call(s) were delivered; not retried, a restart would repeat them: {last}"
+    )]
+    ToolCallsWouldRepeat {
+        /// Tool calls the failed attempt delivered complete.
+        completed: u32,
+        /// The attempt's error.
+        last: StreamError,
+    },
     /// The turn ran past its wall-clock cap
     /// ([`SessionConfig::turn_deadline`](crate::SessionConfig)); its
     /// attempt was stopped. Not retried.
@@ -304,6 +317,7 @@ impl TurnError {
             Self::Fatal(e) => e.code(),
             Self::SessionStopped { .. } => "ESESSION_STOPPED",
             Self::DeadlineExceeded { .. } => "ETURN_DEADLINE",
+            Self::ToolCallsWouldRepeat { .. } => "ETOOL_CALLS_WOULD_REPEAT",
         }
     }
 }

@@ -119,6 +119,18 @@ pub trait EventSource: Send + Sync + 'static {
         false
     }
 
+    /// Whether restarting a turn from scratch issues again the tool calls a
+    /// failed attempt delivered (an HTTP API: your code runs them, and a
+    /// new request asks for them anew). Default `true`; a source whose
+    /// agent runs tools itself and keeps their results across a retry (the
+    /// Claude Code CLI resuming its session) says `false`. When `true`, a
+    /// failure after complete tool calls ends the turn
+    /// [`TurnError::ToolCallsWouldRepeat`](crate::TurnError) unless the
+    /// policy allows repeats.
+    fn restarts_repeat_tool_calls(&self) -> bool {
+        true
+    }
+
     /// The provider's name for telemetry (`anthropic`, `openai`, ...).
     fn provider(&self) -> &str {
         "unknown"

@@ -37,6 +37,12 @@ pub struct RetryPolicy {
     /// Your own rule, asked first about every failed attempt (see
     /// [`with_hook`](Self::with_hook)). Default none.
     pub hook: Option<RetryHook>,
+    /// Whether a restart may repeat tool calls the failed attempt already
+    /// delivered complete (your code may have run them). Default `false`:
+    /// such a turn ends [`TurnError::ToolCallsWouldRepeat`](crate::TurnError)
+    /// instead of being retried. Only for sources whose restarts re-issue
+    /// tool calls ([`EventSource::restarts_repeat_tool_calls`](crate::EventSource::restarts_repeat_tool_calls)).
+    pub repeat_tool_calls: bool,
 }
 
 /// What a [`RetryHook`] says about a failed attempt.
@@ -72,6 +78,7 @@ impl fmt::Debug for RetryPolicy {
             .field("jitter", &self.jitter)
             .field("max_retry_after", &self.max_retry_after)
             .field("hook", &self.hook.as_ref().map(|_| "Fn"))
+            .field("repeat_tool_calls", &self.repeat_tool_calls)
             .finish()
     }
 }
@@ -85,6 +92,7 @@ impl PartialEq for RetryPolicy {
             && self.multiplier == other.multiplier
             && self.jitter == other.jitter
             && self.max_retry_after == other.max_retry_after
+            && self.repeat_tool_calls == other.repeat_tool_calls
             && match (&self.hook, &other.hook) {
                 (None, None) => true,
                 (Some(a), Some(b)) => Arc::ptr_eq(a, b),
@@ -103,6 +111,7 @@ impl Default for RetryPolicy {
             jitter: 0.25,
             max_retry_after: Duration::from_secs(60),
             hook: None,
+            repeat_tool_calls: false,
         }
     }
 }
@@ -114,6 +123,14 @@ impl RetryPolicy {
             max_attempts: 1,
             ..Self::default()
         }
+    }
+
+    /// Lets a restart repeat tool calls already delivered (see
+    /// [`repeat_tool_calls`](Self::repeat_tool_calls)): your code runs
+    /// each tool call idempotently, or not at all before the turn ends.
+    pub fn with_repeat_tool_calls(mut self, allow: bool) -> Self {
+        self.repeat_tool_calls = allow;
+        self
     }
 
     /// Sets [`max_attempts`](Self::max_attempts) (at least 1).

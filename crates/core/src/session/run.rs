@@ -323,6 +323,7 @@ pub(super) async fn on_ended(
         retry: &args.config.retry,
         can_escalate: args.escalate.is_some(),
         continues: args.source.continues(),
+        restarts_repeat_tools: args.source.restarts_repeat_tool_calls(),
     };
     match turn.machine.ended(attempt, outcome, rules, rng) {
         Some(decision) => carry_out(myself, state, attempt, decision).await,

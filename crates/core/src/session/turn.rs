@@ -92,10 +92,13 @@ pub(crate) struct Rules<'a> {
     /// Whether the source continues a broken reply
     /// ([`EventSource::continues`](crate::EventSource::continues)).
     pub(crate) continues: bool,
+    /// Whether a restart re-issues delivered tool calls
+    /// ([`EventSource::restarts_repeat_tool_calls`](crate::EventSource::restarts_repeat_tool_calls)).
+    pub(crate) restarts_repeat_tools: bool,
 }
 
 /// One turn's progress.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub(crate) struct TurnMachine {
     turn: u64,
     attempt: u32,
@@ -117,6 +120,8 @@ pub(crate) struct TurnMachine {
     continuation_refused: bool,
     /// Continuations started.
     continuations: u32,
+    /// Tool calls the current attempt delivered complete.
+    completed_tools: u32,
 }
 
 impl TurnMachine {
@@ -134,6 +139,7 @@ impl TurnMachine {
             continuing: false,
             continuation_refused: false,
             continuations: 0,
+            completed_tools: 0,
         }
     }
 
@@ -157,6 +163,7 @@ impl TurnMachine {
     pub(crate) fn begin_attempt(&mut self, resume_id: Option<String>) -> AttemptId {
         self.attempt += 1;
         self.stream_phase = StreamPhase::BeforeContent;
+        self.completed_tools = 0;
         self.phase = Phase::Admitting;
         self.resume_id = resume_id;
         AttemptId {
@@ -168,6 +175,9 @@ impl TurnMachine {
     /// The current attempt's stream delivered `event` (to the consumer).
     pub(crate) fn saw(&mut self, event: &AgentEvent) {
         self.stream_phase = self.stream_phase.after(event);
+        if matches!(event, AgentEvent::ToolUseFinished { .. }) {
+            self.completed_tools += 1;
+        }
         if matches!(event, AgentEvent::TextDelta(t) if !t.is_empty()) {
             self.kept_text = true;
         }
@@ -281,7 +291,6 @@ impl TurnMachine {
         }
         Some(match rules.retry.next_delay(self.attempt, &error, rng) {
             Some(delay) => {
-                self.phase = Phase::BackingOff;
                 let next = AttemptId {
                     turn: self.turn,
                     attempt: self.attempt + 1,
@@ -299,6 +308,18 @@ impl TurnMachine {
                         self.stream_phase,
                         StreamPhase::Text | StreamPhase::BeforeContent
                     );
+                if !continues
+                    && self.completed_tools > 0
+                    && rules.restarts_repeat_tools
+                    && !rules.retry.repeat_tool_calls
+                {
+                    // Never silently re-issue a tool call that may have run.
+                    return Some(Decision::Finish(Err(TurnError::ToolCallsWouldRepeat {
+                        completed: self.completed_tools,
+                        last: error,
+                    })));
+                }
+                self.phase = Phase::BackingOff;
                 self.continuing = continues;
                 if continues {
                     self.continuations += 1;

@@ -35,6 +35,7 @@ fn rules(p: &RetryPolicy) -> Rules<'_> {
         retry: p,
         can_escalate: true,
         continues: false,
+        restarts_repeat_tools: true,
     }
 }
 
@@ -296,6 +297,7 @@ fn a_resume_failure_without_a_resumed_id_or_a_supervisor_is_fatal() {
         retry: &p,
         can_escalate: false,
         continues: false,
+        restarts_repeat_tools: true,
     };
     assert_eq!(
         m.ended(a, StreamOutcome::Failed(unknown()), alone, &mut rng()),
@@ -592,4 +594,75 @@ fn continuations_count_against_max_attempts() {
             ..
         })))
     ));
+}
+
+fn tool_call(m: &mut TurnMachine) {
+    m.saw(&AgentEvent::ToolUseStarted {
+        id: "t1".into(),
+        name: "Bash".into(),
+    });
+    m.saw(&AgentEvent::ToolInputDelta {
+        id: "t1".into(),
+        partial_json: "{}".into(),
+    });
+    m.saw(&AgentEvent::ToolUseFinished { id: "t1".into() });
+}
+
+#[test]
+fn a_restart_never_silently_repeats_a_delivered_tool_call() {
+    let p = policy(4);
+    let mut m = TurnMachine::new(1);
+    start(&mut m, None);
+    m.saw(&text("Running it."));
+    tool_call(&mut m);
+    m.saw(&text("Done, now"));
+    // Mid-text, but a continuing source would continue (no repeat)...
+    assert!(matches!(
+        ended_with(&mut m.clone(), timeout(), continuing(&p)),
+        Some(Decision::Continue { .. })
+    ));
+    // ...a restart would issue the tool call again: the turn ends.
+    assert_eq!(
+        ended_with(&mut m, timeout(), rules(&p)),
+        Some(Decision::Finish(Err(TurnError::ToolCallsWouldRepeat {
+            completed: 1,
+            last: timeout(),
+        })))
+    );
+}
+
+#[test]
+fn repeats_are_allowed_by_the_policy_or_by_a_source_that_keeps_tool_results() {
+    let allowed = policy(4).with_repeat_tool_calls(true);
+    let p = policy(4);
+    let keeps = Rules {
+        restarts_repeat_tools: false,
+        ..rules(&p)
+    };
+    for r in [rules(&allowed), keeps] {
+        let mut m = TurnMachine::new(1);
+        start(&mut m, None);
+        tool_call(&mut m);
+        assert!(matches!(
+            ended_with(&mut m, timeout(), r),
+            Some(Decision::Retry { .. })
+        ));
+    }
+    // A tool call in an earlier, restarted attempt does not count.
+    let mut m = TurnMachine::new(1);
+    start(&mut m, None);
+    start_again_after_failure(&mut m, &allowed);
+    assert!(matches!(
+        ended_with(&mut m, timeout(), rules(&p)),
+        Some(Decision::Retry { .. })
+    ));
+}
+
+fn start_again_after_failure(m: &mut TurnMachine, p: &RetryPolicy) {
+    tool_call(m);
+    assert!(matches!(
+        ended_with(m, timeout(), rules(p)),
+        Some(Decision::Retry { .. })
+    ));
+    start(m, None);
 }
