@@ -14,7 +14,7 @@ use crate::continuation::Continue;
 use crate::journal::{Endpoint, Journal, Outcome, RequestId, Selection};
 use crate::reply::{self, Reply};
 use crate::script::{self, Extras};
-use crate::{MockConfig, ParseScenarioError, Scenario, anthropic, openai};
+use crate::{MockConfig, ParseScenarioError, Scenario, anthropic, openai, responses};
 
 /// Header that selects a scenario for one request.
 pub(crate) const SCENARIO_HEADER: &str = "x-mock-scenario";
@@ -26,6 +26,8 @@ const MAX_REQUEST_BYTES: usize = 64 * 1024 * 1024;
 pub(crate) struct Ctx {
     pub(crate) journal: Arc<Journal>,
     pub(crate) config: MockConfig,
+    /// Background responses of the Responses API, by id: their frames.
+    pub(crate) background: std::sync::Mutex<std::collections::HashMap<String, (Reply, Vec<Bytes>)>>,
 }
 
 /// Returned by the service to make hyper drop the connection without
@@ -35,10 +37,12 @@ pub(crate) struct Ctx {
 pub(crate) struct AbruptClose;
 
 /// Which wire format to speak.
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, PartialEq, Eq)]
 enum Api {
     Anthropic,
     OpenAi,
+    /// The OpenAI Responses API (OpenAI's error shape).
+    Responses,
 }
 
 /// Splits an optional `/scenario/NAME` prefix off `path` and names the
@@ -58,6 +62,13 @@ fn route(path: &str) -> (Option<Result<Scenario, ParseScenarioError>>, Endpoint)
         Endpoint::AnthropicMessages
     } else if rest.ends_with("/chat/completions") {
         Endpoint::OpenAiChatCompletions
+    } else if rest.ends_with("/v1/responses") {
+        Endpoint::OpenAiResponses
+    } else if rest
+        .rsplit_once("/v1/responses/")
+        .is_some_and(|(_, id)| !id.is_empty() && !id.contains('/'))
+    {
+        Endpoint::OpenAiResponse
     } else if rest.ends_with("/v1/models") || rest == "/models" {
         Endpoint::Models
     } else if rest.is_empty() {
@@ -159,7 +170,7 @@ impl Answer<'_> {
     ) -> Response<MockBody> {
         let (value, id_header) = match api {
             Api::Anthropic => (anthropic::error_body(kind, message), "request-id"),
-            Api::OpenAi => {
+            Api::OpenAi | Api::Responses => {
                 let (kind, code) = match kind {
                     "api_error" => ("server_error", None),
                     "overloaded_error" => ("overloaded_error", Some("overloaded")),
@@ -212,7 +223,13 @@ pub(crate) async fn handle(
         ));
     }
     match endpoint {
-        Endpoint::AnthropicMessages | Endpoint::OpenAiChatCompletions => {}
+        Endpoint::AnthropicMessages
+        | Endpoint::OpenAiChatCompletions
+        | Endpoint::OpenAiResponses => {}
+        Endpoint::OpenAiResponse if get_like => {
+            journal.started(id, None, false, None);
+            return Ok(reattach(&ctx, &answer, tracker, &path, req.uri().query()));
+        }
         Endpoint::Root if get_like => {
             journal.started(id, None, false, None);
             return Ok(answer.full(
@@ -261,10 +278,10 @@ pub(crate) async fn handle(
     }
 
     // The two streaming APIs.
-    let api = if endpoint == Endpoint::AnthropicMessages {
-        Api::Anthropic
-    } else {
-        Api::OpenAi
+    let api = match endpoint {
+        Endpoint::AnthropicMessages => Api::Anthropic,
+        Endpoint::OpenAiResponses => Api::Responses,
+        _ => Api::OpenAi,
     };
     if method != Method::POST {
         journal.started(id, None, false, None);
@@ -324,7 +341,7 @@ pub(crate) async fn handle(
     // does (see `continuation`).
     let cont = match api {
         Api::Anthropic => Continue::of(&request),
-        Api::OpenAi => Ok(None),
+        Api::OpenAi | Api::Responses => Ok(None),
     };
     let cont = match cont {
         Ok(c) => c,
@@ -385,6 +402,7 @@ pub(crate) async fn handle(
     let message_id = match api {
         Api::Anthropic => reply::anthropic_message_id(id),
         Api::OpenAi => reply::openai_completion_id(id),
+        Api::Responses => responses::response_id(id),
     };
     let mut reply = Reply::new(
         config,
@@ -422,6 +440,16 @@ pub(crate) async fn handle(
                 },
                 "request-id",
             ),
+            Api::Responses => (
+                responses::frames(&reply),
+                Extras {
+                    ping: openai::ping(),
+                    error: responses::midstream_error(),
+                    malformed: responses::malformed(),
+                    oversized: oversized(&|| responses::oversized(config.oversized_bytes)),
+                },
+                "x-request-id",
+            ),
             Api::OpenAi => (
                 openai::frames(&reply, include_usage),
                 Extras {
@@ -435,6 +463,13 @@ pub(crate) async fn handle(
                 "x-request-id",
             ),
         };
+        // A background response is kept whole, whatever this connection
+        // plays: a client can re-attach to it.
+        if api == Api::Responses && request.get("background").and_then(Value::as_bool) == Some(true)
+        {
+            crate::util_lock(&ctx.background)
+                .insert(reply.id.clone(), (reply.clone(), frames.frames.clone()));
+        }
         let steps = script::stream_steps(scenario, frames, extras, config);
         let headers = [
             ("content-type", "text/event-stream".to_owned()),
@@ -474,12 +509,55 @@ pub(crate) async fn handle(
     let value = match api {
         Api::Anthropic => anthropic::message_json(&reply),
         Api::OpenAi => openai::completion_json(&reply),
+        Api::Responses => responses::response_json(&reply),
     };
     let id_header = match api {
         Api::Anthropic => "request-id",
-        Api::OpenAi => "x-request-id",
+        Api::OpenAi | Api::Responses => "x-request-id",
     };
     Ok(answer.json(&mut tracker, 200, &value, &[(id_header, request_id(id))]))
+}
+
+/// `GET …/v1/responses/{id}`: a kept (background) response, as JSON, or
+/// with `stream=true` its events after `starting_after` (a re-attach; no
+/// token is generated again). An unknown id is a 404.
+fn reattach(
+    ctx: &Ctx,
+    answer: &Answer<'_>,
+    mut tracker: Tracker,
+    path: &str,
+    query: Option<&str>,
+) -> Response<MockBody> {
+    let rid = path.rsplit('/').next().unwrap_or("");
+    let kept = crate::util_lock(&ctx.background).get(rid).cloned();
+    let Some((reply, frames)) = kept else {
+        return answer.error(
+            &mut tracker,
+            Api::Responses,
+            404,
+            "invalid_request_error",
+            &format!("Response with id '{rid}' not found."),
+            &[],
+        );
+    };
+    let param = |name: &str| {
+        query?
+            .split('&')
+            .find_map(|kv| kv.strip_prefix(name)?.strip_prefix('='))
+            .map(str::to_owned)
+    };
+    if param("stream").as_deref() != Some("true") {
+        return answer.json(&mut tracker, 200, &responses::response_json(&reply), &[]);
+    }
+    let after = param("starting_after").and_then(|n| n.parse::<usize>().ok());
+    let rest = responses::after(&frames, after);
+    let steps = script::paced_frames(rest, ctx.config.frame_interval);
+    ctx.journal.generated(answer.id, Some("reattach"), 0);
+    let headers = [
+        ("content-type", "text/event-stream".to_owned()),
+        ("cache-control", "no-cache".to_owned()),
+    ];
+    answer.response(200, MockBody::stream(steps, tracker), &headers)
 }
 
 /// Reads the whole request body as a JSON object; returns it and its size.

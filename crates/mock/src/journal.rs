@@ -32,6 +32,11 @@ pub enum Endpoint {
     AnthropicCountTokens,
     /// `POST …/chat/completions`.
     OpenAiChatCompletions,
+    /// `POST …/v1/responses` (the Responses API).
+    OpenAiResponses,
+    /// `GET …/v1/responses/{id}` (`?stream=true&starting_after=N`
+    /// re-attaches to a background response).
+    OpenAiResponse,
     /// `GET …/v1/models`.
     Models,
     /// `GET /` or `HEAD /`.
@@ -45,7 +50,9 @@ impl Endpoint {
     pub fn is_api(self) -> bool {
         matches!(
             self,
-            Endpoint::AnthropicMessages | Endpoint::OpenAiChatCompletions
+            Endpoint::AnthropicMessages
+                | Endpoint::OpenAiChatCompletions
+                | Endpoint::OpenAiResponses
         )
     }
 }

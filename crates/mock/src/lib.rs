@@ -1,7 +1,8 @@
 //! # warden-mock
 //!
 //! A fault-injecting mock LLM streaming server: it speaks the Anthropic
-//! Messages API and the OpenAI-compatible chat completions API on
+//! Messages API, the OpenAI-compatible chat completions API and OpenAI's
+//! Responses API on
 //! `127.0.0.1`, faithfully enough for the official SDKs and the Claude Code
 //! CLI, and plays a chosen [`Scenario`] on each request: a normal reply, a
 //! long thinking pause kept alive by pings, a stall that holds the socket
@@ -62,6 +63,8 @@
 //! |---|---|
 //! | `POST /v1/messages` (any query, e.g. `?beta=true`) | Anthropic Messages: SSE when `"stream": true`, else one JSON message |
 //! | `POST /v1/chat/completions` | OpenAI chunks, usage chunk with `stream_options.include_usage`, `data: [DONE]`; JSON when not streaming |
+//! | `POST /v1/responses` | OpenAI Responses API: typed events numbered by `sequence_number`, ending `response.completed`; JSON when not streaming. With `"background": true` the response is kept |
+//! | `GET /v1/responses/{id}?stream=true&starting_after=N` | a kept response's events after `N` again (re-attach; nothing generated twice); without `stream`, its JSON; unknown or not kept: 404 |
 //! | `POST /v1/messages/count_tokens` | `{"input_tokens": N}` |
 //! | `GET /v1/models` | one `mock-NAME` model per scenario (readable by both SDKs) |
 //! | `GET /`, `HEAD /` | 200 |
@@ -136,6 +139,7 @@ mod handler;
 mod journal;
 mod openai;
 mod reply;
+mod responses;
 mod scenario;
 mod script;
 mod server;
@@ -152,3 +156,8 @@ pub use server::MockServer;
 
 /// The header that selects a scenario for one request: `x-mock-scenario`.
 pub const SCENARIO_HEADER: &str = handler::SCENARIO_HEADER;
+
+/// Locks `m`, ignoring poison (each value is changed in one step).
+fn util_lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}

@@ -9,6 +9,7 @@ use crate::MockConfig;
 use crate::journal::RequestId;
 
 /// Text, token counts and ids of one reply.
+#[derive(Clone)]
 pub(crate) struct Reply {
     /// Message id (`msg_…` or `chatcmpl-…`).
     pub(crate) id: String,
@@ -96,7 +97,15 @@ pub(crate) fn estimate_tokens(bytes: usize) -> u64 {
 /// Characters of text in the last `user` message (string content or text
 /// blocks) before the final `skip` messages, 0 when there is none.
 fn last_user_chars(request: &Value, skip: usize) -> usize {
-    let Some(messages) = request.get("messages").and_then(Value::as_array) else {
+    // The Responses API takes `input`: a string, or messages.
+    if let Some(Value::String(s)) = request.get("input") {
+        return s.chars().count();
+    }
+    let Some(messages) = request
+        .get("messages")
+        .or_else(|| request.get("input"))
+        .and_then(Value::as_array)
+    else {
         return 0;
     };
     let Some(last) = messages

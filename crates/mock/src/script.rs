@@ -97,6 +97,11 @@ pub(crate) fn stream_steps(
 }
 
 /// The frames with `interval` between two of them (none before the first).
+/// `frames` one `interval` apart, played through to the end (a re-attach).
+pub(crate) fn paced_frames(frames: Vec<Bytes>, interval: Duration) -> Vec<Step> {
+    paced(frames, interval)
+}
+
 fn paced(frames: impl IntoIterator<Item = Bytes>, interval: Duration) -> Vec<Step> {
     let mut steps = Vec::new();
     for (i, frame) in frames.into_iter().enumerate() {

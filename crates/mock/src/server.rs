@@ -56,6 +56,7 @@ impl MockServer {
         let ctx = Arc::new(Ctx {
             journal: journal.clone(),
             config,
+            background: Default::default(),
         });
         let (stop, stopped) = oneshot::channel();
         let task = tokio::spawn(accept_loop(listener, ctx, stopped));
