@@ -7,8 +7,8 @@ use std::sync::Arc;
 use futures_util::future::BoxFuture;
 use warden_core::{EventSource, EventStream, StreamError, TurnRequest};
 use warden_llm::{
-    Anthropic, AnthropicSource, Api, BuildError, HttpOptions, OpenAi, OpenAiSource, SourceOptions,
-    Transcripts,
+    Anthropic, AnthropicSource, Api, BuildError, HttpOptions, OpenAi, OpenAiResponses,
+    OpenAiResponsesSource, OpenAiSource, SourceOptions, Transcripts,
 };
 
 use crate::exit::CliError;
@@ -20,6 +20,9 @@ pub(crate) enum Provider {
     Anthropic,
     /// OpenAI-compatible chat completions (`POST /v1/chat/completions`).
     Openai,
+    /// OpenAI's Responses API (`POST /v1/responses`; a broken stream is
+    /// re-attached, not replayed).
+    OpenaiResponses,
 }
 
 impl Provider {
@@ -29,6 +32,7 @@ impl Provider {
         match self {
             Provider::Anthropic => &warden_llm::Provider::ANTHROPIC,
             Provider::Openai => &warden_llm::Provider::OPENAI,
+            Provider::OpenaiResponses => &warden_llm::Provider::OPENAI_RESPONSES,
         }
     }
 
@@ -36,9 +40,13 @@ impl Provider {
     pub(crate) fn from_url(url: &str) -> Option<Provider> {
         let path = url.split(['?', '#']).next().unwrap_or(url);
         let path = path.trim_end_matches('/');
-        [Provider::Anthropic, Provider::Openai]
-            .into_iter()
-            .find(|p| path.ends_with(p.api().path))
+        [
+            Provider::Anthropic,
+            Provider::Openai,
+            Provider::OpenaiResponses,
+        ]
+        .into_iter()
+        .find(|p| path.ends_with(p.api().path))
     }
 
     /// `url` without this provider's endpoint path (and query): the base URL
@@ -57,6 +65,7 @@ impl Provider {
 pub(crate) enum HttpSource {
     Anthropic(AnthropicSource),
     Openai(OpenAiSource),
+    OpenaiResponses(OpenAiResponsesSource),
 }
 
 /// Settings for [`HttpSource::new`].
@@ -99,6 +108,8 @@ impl HttpSource {
             Provider::Openai => {
                 build::<OpenAi>(key, http, base, settings.model).map(HttpSource::Openai)
             }
+            Provider::OpenaiResponses => build::<OpenAiResponses>(key, http, base, settings.model)
+                .map(HttpSource::OpenaiResponses),
         };
         built.map_err(|e| match e {
             BuildError::InvalidBaseUrl { reason } => CliError::usage(format!(
@@ -118,6 +129,7 @@ impl HttpSource {
         match self {
             HttpSource::Anthropic(s) => s.open_body(body, request),
             HttpSource::Openai(s) => s.open_body(body, request),
+            HttpSource::OpenaiResponses(s) => s.open_body(body, request),
         }
     }
 
@@ -126,6 +138,7 @@ impl HttpSource {
         match self {
             HttpSource::Anthropic(s) => Arc::new(s),
             HttpSource::Openai(s) => Arc::new(s),
+            HttpSource::OpenaiResponses(s) => Arc::new(s),
         }
     }
 }

@@ -20,17 +20,18 @@ use crate::sources::{HttpSettings, HttpSource, Provider, check_url};
 #[command(after_help = "\
 Text deltas go to stdout as they arrive. When the stream is silent for longer than
 --timeout, the watchdog kills it and stderr says \"Connection lost during streaming.
-Retrying...\". A reply that broke mid-text is continued where it stopped (Anthropic,
-without --body: stdout just goes on, stderr says \"continuing\"); otherwise the request
-starts over and its text is printed again from the start.
+Retrying...\". A reply that broke mid-text is continued where it stopped (Anthropic by
+prefill or a continuation turn, the Responses API by re-attaching; not with --body): stdout
+just goes on and stderr says \"continuing\". Otherwise the request starts over and its text
+is printed again from the start.
 API keys come from ANTHROPIC_API_KEY / OPENAI_API_KEY (none is sent when unset).
 
 Examples:
   warden stream http://127.0.0.1:8080/v1/messages --timeout 2000
   warden stream https://api.openai.com/v1/chat/completions --body request.json")]
 pub(crate) struct StreamArgs {
-    /// The endpoint: a full URL (`…/v1/messages`, `…/v1/chat/completions`) or
-    /// a base URL the provider's path is appended to.
+    /// The endpoint: a full URL (`…/v1/messages`, `…/v1/chat/completions`,
+    /// `…/v1/responses`) or a base URL the provider's path is appended to.
     url: String,
     /// The wire protocol. Default: taken from the URL's path, else anthropic.
     #[arg(long, value_enum)]
@@ -78,6 +79,15 @@ impl EventSource for StreamSource {
 
     fn provider(&self) -> &str {
         self.provider
+    }
+
+    /// A body given as is cannot be turned into a continuation.
+    fn continues(&self) -> bool {
+        self.body.is_none() && self.inner.continues()
+    }
+
+    fn restarts_repeat_tool_calls(&self) -> bool {
+        self.inner.restarts_repeat_tool_calls()
     }
 }
 

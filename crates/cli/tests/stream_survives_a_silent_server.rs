@@ -32,12 +32,13 @@ async fn a_stalled_stream_is_killed_retried_and_completed() {
         1,
         "stderr: {err}"
     );
-    // The retry's full reply is on stdout (after the stalled attempt's text).
-    assert!(
-        stdout(&out).ends_with("Hello from warden-mock. Your last message had 7 characters.\n"),
-        "{}",
-        stdout(&out)
+    // The reply broke mid-text and was continued: stdout has it once,
+    // stderr says so.
+    assert_eq!(
+        stdout(&out),
+        "Hello from warden-mock. Your last message had 7 characters.\n"
     );
+    assert!(err.contains("continuing the reply"), "stderr: {err}");
     // The watchdog's kill closed the stalled connection.
     assert!(
         server
@@ -45,6 +46,35 @@ async fn a_stalled_stream_is_killed_retried_and_completed() {
             .await
     );
     assert_eq!(server.requests_to("/v1/messages"), 2);
+    server.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_responses_stream_is_reattached_and_printed_once() {
+    let server = MockServer::start(
+        MockConfig::default()
+            .with_sequence([Scenario::Stall, Scenario::Normal])
+            .with_fault_after_frames(5),
+    )
+    .await
+    .expect("mock starts");
+    let url = server.url("/v1/responses");
+    let out = run(&["stream", &url, "--timeout", "300", "--message", "ping me"]).await;
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    assert_eq!(
+        stdout(&out),
+        "Hello from warden-mock. Your last message had 7 characters.\n"
+    );
+    let err = stderr(&out);
+    assert_eq!(
+        err.lines().filter(|l| *l == STALL_MESSAGE).count(),
+        1,
+        "stderr: {err}"
+    );
+    assert!(err.contains("continuing the reply"), "stderr: {err}");
+    let requests = server.requests();
+    assert_eq!(requests.len(), 2);
+    assert_eq!(requests[1].method, "GET", "re-attached, not re-sent");
     server.shutdown().await;
 }
 

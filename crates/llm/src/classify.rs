@@ -166,6 +166,7 @@ pub(crate) fn stream_error_event(error: ErrorBody) -> StreamError {
             | "rate_limit_error"
             | "timeout_error"
             | "server_error"
+            | "server_is_overloaded"
             | "rate_limit_exceeded"
     );
     StreamError::Api {

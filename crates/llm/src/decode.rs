@@ -57,6 +57,20 @@ where
     ))
 }
 
+/// [`decode_frames`] with a mapper of the caller's (one that notes where
+/// the stream is, for a re-attach).
+pub(crate) fn decode_with<S, B>(
+    mapper: Box<dyn EventMapper>,
+    bytes: S,
+    max_frame_bytes: usize,
+) -> EventStream
+where
+    S: Stream<Item = Result<B, StreamError>> + Send + 'static,
+    B: AsRef<[u8]> + Send + 'static,
+{
+    Box::pin(SseFrames::new(Box::pin(bytes), max_frame_bytes, mapper))
+}
+
 type ByteStream<B> = Pin<Box<dyn Stream<Item = Result<B, StreamError>> + Send>>;
 
 /// Parsed SSE events → frames.

@@ -151,9 +151,16 @@ mod wire;
 
 pub use classify::NOT_AN_EVENT_STREAM;
 pub use continuation::CONTINUE_ASK;
-pub use options::{AnthropicOptions, HttpOptions, OpenAiOptions, SourceOptions};
-pub use provider::{Anthropic, Api, OpenAi, Protocol, Provider};
-pub use source::{AnthropicSource, HttpSource, OpenAiSource};
+pub use options::{
+    AnthropicOptions, HttpOptions, OpenAiOptions, OpenAiResponsesOptions, SourceOptions,
+};
+pub use provider::{Anthropic, Api, OpenAi, OpenAiResponses, Protocol, Provider};
+pub use source::{AnthropicSource, HttpSource, OpenAiResponsesSource, OpenAiSource};
 pub use transcript::{TornTail, Transcript, Transcripts};
 pub use transport::{BuildError, validate_base_url};
 pub use wire::ANTHROPIC_VERSION;
+
+/// Locks `m`, ignoring poison (each value is changed in one step).
+fn util_lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}

@@ -6,7 +6,7 @@ use std::fmt;
 use std::marker::PhantomData;
 use std::time::Duration;
 
-use crate::provider::{Anthropic, Api, OpenAi};
+use crate::provider::{Anthropic, Api, OpenAi, OpenAiResponses};
 use crate::transcript::Transcripts;
 
 /// Settings of an [`AnthropicSource`](crate::AnthropicSource).
@@ -14,6 +14,9 @@ pub type AnthropicOptions = SourceOptions<Anthropic>;
 
 /// Settings of an [`OpenAiSource`](crate::OpenAiSource).
 pub type OpenAiOptions = SourceOptions<OpenAi>;
+
+/// Options of an [`OpenAiResponsesSource`](crate::OpenAiResponsesSource).
+pub type OpenAiResponsesOptions = SourceOptions<OpenAiResponses>;
 
 /// Settings of an [`HttpSource`](crate::HttpSource) for the API `P`:
 /// [`AnthropicOptions`] or [`OpenAiOptions`].

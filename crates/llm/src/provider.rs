@@ -14,6 +14,9 @@ pub enum Protocol {
     /// OpenAI-compatible chat-completions streaming (`data: {chunk}` ...
     /// `data: [DONE]`).
     OpenAi,
+    /// OpenAI's Responses API streaming (typed events numbered by
+    /// `sequence_number`, `response.created` ... `response.completed`).
+    OpenAiResponses,
 }
 
 impl Protocol {
@@ -27,6 +30,7 @@ impl Protocol {
         match self {
             Protocol::Anthropic => &Provider::ANTHROPIC,
             Protocol::OpenAi => &Provider::OPENAI,
+            Protocol::OpenAiResponses => &Provider::OPENAI_RESPONSES,
         }
     }
 }
@@ -71,6 +75,18 @@ impl Provider {
         default_model: "claude-sonnet-4-5",
         api_key_env: "ANTHROPIC_API_KEY",
         base_url_env: "ANTHROPIC_BASE_URL",
+    };
+
+    /// OpenAI's Responses API (`/v1/responses`), the one OpenAI recommends;
+    /// streams are requested in background so a dropped one can be
+    /// re-attached.
+    pub const OPENAI_RESPONSES: Provider = Provider {
+        name: "openai",
+        path: "/v1/responses",
+        default_base_url: "https://api.openai.com",
+        default_model: "gpt-5-mini",
+        api_key_env: "OPENAI_API_KEY",
+        base_url_env: "OPENAI_BASE_URL",
     };
 
     /// OpenAI's chat-completions API (and compatible servers).
@@ -129,10 +145,26 @@ impl Api for OpenAi {
     const CONTINUES: bool = false;
 }
 
+/// OpenAI's Responses API: `POST {base_url}/v1/responses` with
+/// `Authorization: Bearer <key>`, `stream`, `background` and `store` set; the
+/// turn's `append_system_prompt` is sent as `instructions`. A stream that
+/// breaks is re-attached (`GET /v1/responses/{id}?stream=true&starting_after=N`):
+/// nothing is generated twice.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct OpenAiResponses;
+
+impl Api for OpenAiResponses {
+    const PROTOCOL: Protocol = Protocol::OpenAiResponses;
+    type MaxTokens = Option<u32>;
+    const DEFAULT_MAX_TOKENS: Option<u32> = None;
+    const CONTINUES: bool = true;
+}
+
 mod sealed {
     /// Keeps [`Api`](super::Api) to the types of this module.
     #[allow(unreachable_pub)]
     pub trait Sealed {}
     impl Sealed for super::Anthropic {}
     impl Sealed for super::OpenAi {}
+    impl Sealed for super::OpenAiResponses {}
 }

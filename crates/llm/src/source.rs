@@ -7,10 +7,17 @@ use std::sync::Arc;
 use futures_util::future::BoxFuture;
 use warden_core::{EventSource, EventStream, StreamError, TurnRequest};
 
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+use warden_core::SessionKey;
+
 use crate::continuation::{self, Mode, Modes};
 use crate::options::SourceOptions;
-use crate::provider::{Anthropic, Api, OpenAi};
+use crate::provider::Protocol;
+use crate::provider::{Anthropic, Api, OpenAi, OpenAiResponses};
 use crate::transport::{Begin, BuildError, Endpoint};
+use crate::wire::responses::{ResponsesMapper, SharedPoint};
 use crate::wire::{Message, Turn, auth_headers, request_body};
 
 /// Streams turns from the Anthropic Messages API (`POST
@@ -22,6 +29,12 @@ pub type AnthropicSource = HttpSource<Anthropic>;
 /// {base_url}/v1/chat/completions`, `stream: true`, `stream_options:
 /// {include_usage: true}`); see [`OpenAi`] and [`HttpSource`].
 pub type OpenAiSource = HttpSource<OpenAi>;
+
+/// Streams turns from OpenAI's Responses API (`POST {base_url}/v1/responses`,
+/// `stream`, `background`, `store`); a broken stream is re-attached after
+/// the last event received, so nothing is generated twice. See
+/// [`OpenAiResponses`] and [`HttpSource`].
+pub type OpenAiResponsesSource = HttpSource<OpenAiResponses>;
 
 /// Streams turns from the HTTP API `P`: [`AnthropicSource`] or
 /// [`OpenAiSource`].
@@ -46,6 +59,8 @@ struct Inner<P: Api> {
     max_tokens: P::MaxTokens,
     /// How each model takes a continuation, as learned.
     modes: Modes,
+    /// Where each session's last Responses stream is, for a re-attach.
+    points: Mutex<HashMap<(SessionKey, u64), SharedPoint>>,
 }
 
 impl<P: Api> Clone for HttpSource<P> {
@@ -81,6 +96,7 @@ impl<P: Api> HttpSource<P> {
                 model: options.model,
                 max_tokens: options.max_tokens,
                 modes: Modes::default(),
+                points: Mutex::default(),
             }),
         })
     }
@@ -99,6 +115,135 @@ impl<P: Api> HttpSource<P> {
     }
 }
 
+impl<P: Api> Inner<P> {
+    /// The request body: the stored history, the user's message, then
+    /// `extra` (a continuation's partial text and ask).
+    fn body(
+        &self,
+        request: &TurnRequest,
+        history: &[crate::transcript::Entry],
+        extra: &[Message<'_>],
+    ) -> Result<Vec<u8>, StreamError> {
+        let user = Message {
+            role: "user",
+            content: &request.message,
+        };
+        let messages: Vec<Message<'_>> = history
+            .iter()
+            .map(|e| Message {
+                role: e.role.as_str(),
+                content: &e.content,
+            })
+            .chain([user])
+            .chain(extra.iter().copied())
+            .collect();
+        let turn = Turn {
+            model: &self.model,
+            max_tokens: self.max_tokens.into(),
+            system: request.append_system_prompt.as_deref(),
+            messages,
+        };
+        request_body(P::PROTOCOL, &turn)
+    }
+
+    /// Messages and chat completions: a continuation (Anthropic) by prefill
+    /// or, for a model that refuses it, a continuation turn.
+    async fn open_messages(
+        &self,
+        request: &TurnRequest,
+        history: &[crate::transcript::Entry],
+        partial: Option<&str>,
+    ) -> Result<EventStream, StreamError> {
+        let mut mode = partial.map(|_| self.modes.mode_for(&self.model));
+        let stream = loop {
+            let mut extra = Vec::new();
+            if let (Some(partial), Some(mode)) = (partial, mode) {
+                extra.push(Message {
+                    role: "assistant",
+                    content: continuation::assistant_text(partial),
+                });
+                if mode == Mode::Turn {
+                    extra.push(Message {
+                        role: "user",
+                        content: continuation::CONTINUE_ASK,
+                    });
+                }
+            }
+            let body = self.body(request, history, &extra)?;
+            match self.endpoint.open(body, request, &self.model).await {
+                // The model refuses prefill: remember it, ask again with a
+                // continuation turn (one extra request, once).
+                Err(e) if mode == Some(Mode::Prefill) && continuation::is_prefill_refusal(&e) => {
+                    self.modes.refuses_prefill(&self.model);
+                    mode = Some(Mode::Turn);
+                }
+                other => break other?,
+            }
+        };
+        Ok(match (partial, mode) {
+            (Some(partial), Some(mode)) => continuation::adapt(stream, mode, partial),
+            _ => stream,
+        })
+    }
+
+    /// The Responses API: a new response in background, or, for a
+    /// continuation, a re-attach to the broken one after the last event the
+    /// consumer has. A response that cannot be re-attached (gone, or its
+    /// events do not line up with the consumer's text) fails the attempt
+    /// with `ContinuationFailed`: the turn restarts.
+    async fn open_response(
+        &self,
+        request: &TurnRequest,
+        history: &[crate::transcript::Entry],
+        partial: Option<&str>,
+    ) -> Result<EventStream, StreamError> {
+        let key = (request.session_key.clone(), request.turn_id);
+        if let Some(partial) = partial {
+            let point = crate::util_lock(&self.points).get(&key).cloned();
+            let Some((id, after, point)) = point.and_then(|p| {
+                let mut g = crate::util_lock(&p);
+                let after = g.after_text(partial.len())?;
+                let id = g.id.clone()?;
+                // Events after `after` come again: forget them.
+                g.truncate(after, partial.len());
+                drop(g);
+                Some((id, after, p))
+            }) else {
+                return Err(StreamError::ContinuationFailed {
+                    message: "no response to re-attach to at this point".into(),
+                });
+            };
+            let mapper = Box::new(ResponsesMapper::new(point));
+            return match self.endpoint.reattach(&id, after, request, mapper).await {
+                Err(StreamError::Api {
+                    status: Some(404),
+                    message,
+                    ..
+                }) => Err(StreamError::ContinuationFailed {
+                    message: format!("the response is gone: {message}"),
+                }),
+                other => other,
+            };
+        }
+        let point = SharedPoint::default();
+        {
+            let mut points = crate::util_lock(&self.points);
+            // One broken response per session is all a re-attach needs.
+            points.retain(|(k, _), _| *k != request.session_key);
+            points.insert(key, point.clone());
+        }
+        let body = self.body(request, history, &[])?;
+        self.endpoint
+            .open_mapped(
+                body,
+                request,
+                &self.model,
+                Box::new(ResponsesMapper::new(point)),
+            )
+            .await
+    }
+}
+
 impl<P: Api> EventSource for HttpSource<P> {
     fn open(&self, request: TurnRequest) -> BoxFuture<'static, Result<EventStream, StreamError>> {
         let inner = Arc::clone(&self.inner);
@@ -113,56 +258,11 @@ impl<P: Api> EventSource for HttpSource<P> {
                 .as_ref()
                 .filter(|_| P::CONTINUES)
                 .map(|c| c.partial_text.as_str());
-            let mut mode = partial.map(|_| inner.modes.mode_for(&inner.model));
-            let stream = loop {
-                let body = {
-                    let user = Message {
-                        role: "user",
-                        content: &request.message,
-                    };
-                    let mut messages: Vec<Message<'_>> = history
-                        .iter()
-                        .map(|e| Message {
-                            role: e.role.as_str(),
-                            content: &e.content,
-                        })
-                        .chain([user])
-                        .collect();
-                    if let (Some(partial), Some(mode)) = (partial, mode) {
-                        messages.push(Message {
-                            role: "assistant",
-                            content: continuation::assistant_text(partial),
-                        });
-                        if mode == Mode::Turn {
-                            messages.push(Message {
-                                role: "user",
-                                content: continuation::CONTINUE_ASK,
-                            });
-                        }
-                    }
-                    let turn = Turn {
-                        model: &inner.model,
-                        max_tokens: inner.max_tokens.into(),
-                        system: request.append_system_prompt.as_deref(),
-                        messages,
-                    };
-                    request_body(P::PROTOCOL, &turn)?
-                };
-                match inner.endpoint.open(body, &request, &inner.model).await {
-                    // The model refuses prefill: remember it, ask again
-                    // with a continuation turn (one extra request, once).
-                    Err(e)
-                        if mode == Some(Mode::Prefill) && continuation::is_prefill_refusal(&e) =>
-                    {
-                        inner.modes.refuses_prefill(&inner.model);
-                        mode = Some(Mode::Turn);
-                    }
-                    other => break other?,
+            let stream = match P::PROTOCOL {
+                Protocol::OpenAiResponses => {
+                    inner.open_response(&request, history, partial).await?
                 }
-            };
-            let stream = match (partial, mode) {
-                (Some(partial), Some(mode)) => continuation::adapt(stream, mode, partial),
-                _ => stream,
+                _ => inner.open_messages(&request, history, partial).await?,
             };
             Ok(match conversation {
                 Some(c) => c.record(

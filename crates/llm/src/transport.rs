@@ -13,10 +13,11 @@ use warden_core::{EventStream, StreamError, TurnRequest};
 use crate::classify::{
     classify_response, connection_error, error_chain, not_an_event_stream, refuse_gzip_magic,
 };
-use crate::decode::decode_frames;
+use crate::decode::decode_with;
 use crate::options::HttpOptions;
 use crate::provider::Protocol;
 use crate::transcript::{Conversation, Transcripts, replay_stream};
+use crate::wire::{EventMapper, mapper};
 
 /// Bytes of an error response body read for its message; the rest is
 /// dropped.
@@ -252,6 +253,18 @@ impl Endpoint {
         request: &TurnRequest,
         model: &str,
     ) -> Result<EventStream, StreamError> {
+        self.open_mapped(body, request, model, mapper(self.protocol))
+            .await
+    }
+
+    /// [`open`](Self::open) with `mapper` decoding the events.
+    pub(crate) async fn open_mapped(
+        &self,
+        body: Vec<u8>,
+        request: &TurnRequest,
+        model: &str,
+        mapper: Box<dyn EventMapper>,
+    ) -> Result<EventStream, StreamError> {
         tracing::debug!(
             event = "llm.request",
             provider = self.provider,
@@ -262,23 +275,66 @@ impl Endpoint {
             request_bytes = body.len(),
             "opening stream"
         );
-        let response = self
+        let sent = self
             .client
             .post(self.url.clone())
             .headers(self.headers.clone())
             .body(body)
             .send()
-            .await
-            .map_err(|e| {
-                let error = connection_error(e);
-                tracing::warn!(
-                    event = "llm.connect_failed",
-                    provider = self.provider,
-                    error = %error,
-                    "request failed"
-                );
-                error
-            })?;
+            .await;
+        self.stream_of(sent, mapper).await
+    }
+
+    /// Re-attaches to Responses API response `id` after event `after`
+    /// (`GET {url}/{id}?stream=true&starting_after=N`): only later events
+    /// come, nothing is generated again.
+    pub(crate) async fn reattach(
+        &self,
+        id: &str,
+        after: u64,
+        request: &TurnRequest,
+        mapper: Box<dyn EventMapper>,
+    ) -> Result<EventStream, StreamError> {
+        let mut url = self.url.clone();
+        url.path_segments_mut()
+            .map_err(|()| StreamError::Internal {
+                message: "the endpoint URL cannot take a path".into(),
+            })?
+            .push(id);
+        url.query_pairs_mut()
+            .append_pair("stream", "true")
+            .append_pair("starting_after", &after.to_string());
+        tracing::debug!(
+            event = "llm.reattach",
+            provider = self.provider,
+            session.key = %request.session_key,
+            turn = request.turn_id,
+            attempt = request.attempt,
+            after,
+            "re-attaching to the response"
+        );
+        let mut headers = self.headers.clone();
+        headers.remove(CONTENT_TYPE);
+        let sent = self.client.get(url).headers(headers).send().await;
+        self.stream_of(sent, mapper).await
+    }
+
+    /// The decoded stream of a sent request's answer, or its typed error.
+    async fn stream_of(
+        &self,
+        sent: Result<reqwest::Response, reqwest::Error>,
+        mapper: Box<dyn EventMapper>,
+    ) -> Result<EventStream, StreamError> {
+        let response = sent.map_err(|e| {
+            let error = connection_error(e);
+            tracing::warn!(
+                event = "llm.connect_failed",
+                provider = self.provider,
+                error = %error,
+                "request failed"
+            );
+            error
+        })?;
 
         let status = response.status();
         if !status.is_success() {
@@ -313,7 +369,7 @@ impl Endpoint {
             "streaming"
         );
         let bytes = refuse_gzip_magic(response.bytes_stream().map_err(connection_error));
-        Ok(decode_frames(self.protocol, bytes, self.max_frame_bytes))
+        Ok(decode_with(mapper, bytes, self.max_frame_bytes))
     }
 }
 

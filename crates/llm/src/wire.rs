@@ -8,6 +8,7 @@
 
 mod anthropic;
 mod openai;
+pub(crate) mod responses;
 
 use std::collections::VecDeque;
 
@@ -45,10 +46,11 @@ pub(crate) fn mapper(protocol: Protocol) -> Box<dyn EventMapper> {
     match protocol {
         Protocol::Anthropic => Box::<anthropic::AnthropicMapper>::default(),
         Protocol::OpenAi => Box::<openai::OpenAiMapper>::default(),
+        Protocol::OpenAiResponses => Box::<responses::ResponsesMapper>::default(),
     }
 }
 
-/// One message of a conversation, as both APIs take it.
+/// One message of a conversation, as every API takes it.
 #[derive(Debug, Clone, Copy, Serialize)]
 pub(crate) struct Message<'a> {
     /// `user`, `assistant` or `system`.
@@ -75,6 +77,7 @@ pub(crate) fn request_body(protocol: Protocol, turn: &Turn<'_>) -> Result<Vec<u8
     let encoded = match protocol {
         Protocol::Anthropic => serde_json::to_vec(&anthropic::request(turn)),
         Protocol::OpenAi => serde_json::to_vec(&openai::request(turn)),
+        Protocol::OpenAiResponses => serde_json::to_vec(&responses::request(turn)),
     };
     encoded.map_err(|e| StreamError::Internal {
         message: format!("could not encode the request: {e}"),
@@ -86,6 +89,6 @@ pub(crate) fn request_body(protocol: Protocol, turn: &Turn<'_>) -> Result<Vec<u8
 pub(crate) fn auth_headers(protocol: Protocol, api_key: &str) -> Vec<(&'static str, String)> {
     match protocol {
         Protocol::Anthropic => anthropic::headers(api_key),
-        Protocol::OpenAi => openai::headers(api_key),
+        Protocol::OpenAi | Protocol::OpenAiResponses => openai::headers(api_key),
     }
 }

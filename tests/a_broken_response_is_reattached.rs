@@ -1,0 +1,104 @@
+//! OpenAI's Responses API end to end over HTTP through the mock: a stream
+//! that stalls mid-text is killed by the watchdog and re-attached after the
+//! last event received (`GET /v1/responses/{id}?stream=true&starting_after=N`)
+//! — the consumer gets the reply once, and no token is generated again.
+//! Real time with a short allowance.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::Within;
+use warden_core::{
+    AgentEvent, EventSource, RetryPolicy, SessionConfig, SessionKey, Supervisor, SupervisorConfig,
+    TurnEvent, WatchdogConfig,
+};
+use warden_mock::{Endpoint, MockConfig, MockServer, Scenario};
+
+const REPLY: &str = "Background responses keep generating when the connection drops, \
+so a client that comes back asks only for the events it has not seen yet.";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_response_is_reattached_and_nothing_is_generated_twice() {
+    let mock = MockServer::start(
+        MockConfig::default()
+            .with_sequence([Scenario::Stall, Scenario::Normal])
+            .with_reply(REPLY)
+            .with_fault_after_frames(7), // 4 opening events, 3 text deltas
+    )
+    .await
+    .expect("mock");
+    let source = Arc::new(
+        warden_llm::OpenAiResponsesSource::new(
+            warden_llm::OpenAiResponsesOptions::default()
+                .with_base_url(mock.base_url())
+                .with_api_key("dummy"),
+        )
+        .expect("source"),
+    );
+    let config = SupervisorConfig::default()
+        .with_watchdog(
+            WatchdogConfig::default()
+                .with_default_timeout(Duration::from_millis(300))
+                .expect("valid"),
+        )
+        .with_session(
+            SessionConfig::default().with_retry(
+                RetryPolicy::default()
+                    .with_backoff(Duration::from_millis(10), Duration::from_millis(20)),
+            ),
+        );
+    let sup = Supervisor::start(
+        config,
+        Arc::new(move |_: &SessionKey| source.clone() as Arc<dyn EventSource>),
+    )
+    .await
+    .expect("supervisor");
+
+    let mut turn = sup.send("ws", "why background mode?").await.expect("send");
+    let mut shown = String::new();
+    let mut notices = Vec::new();
+    let summary = async {
+        while let Some(ev) = turn.recv().await {
+            match ev {
+                TurnEvent::Event(AgentEvent::TextDelta(t)) => shown.push_str(&t),
+                TurnEvent::Retrying { .. } => {
+                    notices.push("retrying");
+                    shown.clear();
+                }
+                TurnEvent::Continuing { .. } => notices.push("continuing"),
+                TurnEvent::Finished(r) => return r,
+                _ => {}
+            }
+        }
+        panic!("no Finished")
+    }
+    .patiently("the turn")
+    .await
+    .expect("answered");
+
+    assert_eq!(summary.text, REPLY);
+    assert_eq!(shown, REPLY, "the consumer's text, nothing twice");
+    assert_eq!(notices, ["continuing"]);
+    let requests = mock.requests();
+    assert_eq!(requests.len(), 2, "{requests:#?}");
+    assert_eq!(requests[0].endpoint, Endpoint::OpenAiResponses);
+    assert_eq!(requests[1].endpoint, Endpoint::OpenAiResponse);
+    assert_eq!(requests[1].method, "GET");
+    assert!(
+        requests[1]
+            .query
+            .as_deref()
+            .is_some_and(|q| q.contains("stream=true") && q.contains("starting_after=6")),
+        "re-attached after the last event seen: {:?}",
+        requests[1].query
+    );
+    assert_eq!(
+        requests[1].output_tokens,
+        Some(0),
+        "nothing generated again"
+    );
+    sup.shutdown().await;
+    mock.shutdown().await;
+}
