@@ -57,13 +57,17 @@ where
     ))
 }
 
+/// A protocol's event mapper, boxed.
+pub(crate) type Mapper = Box<dyn EventMapper>;
+
+/// The default mapper of `protocol`.
+pub(crate) fn mapper_for(protocol: Protocol) -> Mapper {
+    mapper(protocol)
+}
+
 /// [`decode_frames`] with a mapper of the caller's (one that notes where
 /// the stream is, for a re-attach).
-pub(crate) fn decode_with<S, B>(
-    mapper: Box<dyn EventMapper>,
-    bytes: S,
-    max_frame_bytes: usize,
-) -> EventStream
+pub(crate) fn decode_with<S, B>(mapper: Mapper, bytes: S, max_frame_bytes: usize) -> EventStream
 where
     S: Stream<Item = Result<B, StreamError>> + Send + 'static,
     B: AsRef<[u8]> + Send + 'static,

@@ -105,16 +105,17 @@
 //!
 //! | module | owns | imports | may not import |
 //! | --- | --- | --- | --- |
-//! | `provider` | [`Protocol`], [`Provider`], [`Api`] and its [`Anthropic`] / [`OpenAi`] | nothing | anything |
+//! | `provider` | [`Protocol`], [`Provider`], [`Api`] and its [`Anthropic`] / [`OpenAi`] / [`OpenAiResponses`] | nothing | anything |
 //! | [`sse`] | the SSE parser: bytes → events and keep-alives | nothing | anything |
 //! | `json` | JSON parsing whose errors redact quoted input | nothing | anything |
 //! | `classify` | HTTP status, headers, error bodies and error events → [`StreamError`](warden_core::StreamError); `retry-after`; prompt too long | `json` | `wire`, `decode`, `transport`, `source` |
-//! | `wire` (`wire/anthropic`, `wire/openai`) | per protocol: request body, auth headers, serde wire types, the event mapper (events → frames) | `provider`, `sse`, `json`, `classify` | `decode`, `transport`, `source`, `reqwest` |
+//! | `wire` (`wire/anthropic`, `wire/openai`, `wire/responses`) | per protocol: request body, auth headers, serde wire types, the event mapper (events → frames) | `provider`, `sse`, `json`, `classify` | `decode`, `transport`, `source`, `reqwest` |
 //! | [`decode`] | SSE bytes → frames through a protocol's mapper; names no provider | `provider`, `sse`, `wire` | `transport`, `source`, `reqwest` |
 //! | [`transcript`] | conversations on disk, replay | `json` | `wire`, `decode`, `transport`, `source` |
 //! | `options` | [`HttpOptions`], [`SourceOptions`] | `provider`, `transcript` | `wire`, `decode`, `transport`, `source` |
 //! | `transport` | [`BuildError`], [`validate_base_url`], the endpoint: client, request, answer checks, send-or-replay | `provider`, `classify`, `decode`, `transcript`, `options` | `wire`, `source` |
-//! | `source` | [`HttpSource`]: options → endpoint, turn → body, recording | `provider`, `wire`, `options`, `transport` | — |
+//! | `continuation` | continuing a broken Anthropic reply: prefill or continuation turn, learned per model; stitching the stream | nothing (core only) | anything |
+//! | `source` | [`HttpSource`]: options → endpoint, turn → body, recording; continuation (Anthropic) and re-attach (Responses) | `provider`, `wire`, `options`, `transport`, `continuation` | — |
 //!
 //! The test `modules_import_only_the_layers_below` checks the table.
 //!

@@ -13,11 +13,10 @@ use warden_core::{EventStream, StreamError, TurnRequest};
 use crate::classify::{
     classify_response, connection_error, error_chain, not_an_event_stream, refuse_gzip_magic,
 };
-use crate::decode::decode_with;
+use crate::decode::{Mapper, decode_with, mapper_for};
 use crate::options::HttpOptions;
 use crate::provider::Protocol;
 use crate::transcript::{Conversation, Transcripts, replay_stream};
-use crate::wire::{EventMapper, mapper};
 
 /// Bytes of an error response body read for its message; the rest is
 /// dropped.
@@ -253,7 +252,7 @@ impl Endpoint {
         request: &TurnRequest,
         model: &str,
     ) -> Result<EventStream, StreamError> {
-        self.open_mapped(body, request, model, mapper(self.protocol))
+        self.open_mapped(body, request, model, mapper_for(self.protocol))
             .await
     }
 
@@ -263,7 +262,7 @@ impl Endpoint {
         body: Vec<u8>,
         request: &TurnRequest,
         model: &str,
-        mapper: Box<dyn EventMapper>,
+        mapper: Mapper,
     ) -> Result<EventStream, StreamError> {
         tracing::debug!(
             event = "llm.request",
@@ -293,7 +292,7 @@ impl Endpoint {
         id: &str,
         after: u64,
         request: &TurnRequest,
-        mapper: Box<dyn EventMapper>,
+        mapper: Mapper,
     ) -> Result<EventStream, StreamError> {
         let mut url = self.url.clone();
         url.path_segments_mut()
@@ -323,7 +322,7 @@ impl Endpoint {
     async fn stream_of(
         &self,
         sent: Result<reqwest::Response, reqwest::Error>,
-        mapper: Box<dyn EventMapper>,
+        mapper: Mapper,
     ) -> Result<EventStream, StreamError> {
         let response = sent.map_err(|e| {
             let error = connection_error(e);

@@ -14,6 +14,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("wire", &["provider", "sse", "json", "classify"]),
     ("wire/anthropic", &["provider", "sse", "json", "classify"]),
     ("wire/openai", &["provider", "sse", "json", "classify"]),
+    ("wire/responses", &["provider", "sse", "json", "classify"]),
     ("decode", &["provider", "sse", "wire"]),
     ("transcript", &["json"]),
     ("options", &["provider", "transcript"]),
@@ -21,7 +22,11 @@ const ALLOWED: &[(&str, &[&str])] = &[
         "transport",
         &["provider", "classify", "decode", "transcript", "options"],
     ),
-    ("source", &["provider", "wire", "options", "transport"]),
+    ("continuation", &[]),
+    (
+        "source",
+        &["provider", "wire", "options", "transport", "continuation"],
+    ),
 ];
 
 const MODULES: &[&str] = &[
@@ -34,6 +39,7 @@ const MODULES: &[&str] = &[
     "transcript",
     "options",
     "transport",
+    "continuation",
     "source",
 ];
 
@@ -68,7 +74,13 @@ fn every_module_imports_only_the_modules_below_it() {
 
 #[test]
 fn wire_formats_and_the_decoder_know_nothing_of_http() {
-    for module in ["wire", "wire/anthropic", "wire/openai", "decode"] {
+    for module in [
+        "wire",
+        "wire/anthropic",
+        "wire/openai",
+        "wire/responses",
+        "decode",
+    ] {
         assert!(
             !code(module).contains("reqwest"),
             "{module} uses reqwest; HTTP belongs to transport"
