@@ -115,7 +115,7 @@
 //! | `options` | [`HttpOptions`], [`SourceOptions`] | `provider`, `transcript` | `wire`, `decode`, `transport`, `source` |
 //! | `transport` | [`BuildError`], [`validate_base_url`], the endpoint: client, request, answer checks, send-or-replay | `provider`, `classify`, `decode`, `transcript`, `options` | `wire`, `source` |
 //! | `continuation` | continuing a broken Anthropic reply: prefill or continuation turn, learned per model; stitching the stream | nothing (core only) | anything |
-//! | `source` | [`HttpSource`]: options → endpoint, turn → body, recording; continuation (Anthropic) and re-attach (Responses) | `provider`, `wire`, `options`, `transport`, `continuation` | — |
+//! | `source` | [`HttpSource`]: options → endpoint, turn → body, recording; continuation (Anthropic) and re-attach (Responses) | `provider`, `wire`, `transcript`, `options`, `transport`, `continuation` | — |
 //!
 //! The test `modules_import_only_the_layers_below` checks the table.
 //!

@@ -25,7 +25,14 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("continuation", &[]),
     (
         "source",
-        &["provider", "wire", "options", "transport", "continuation"],
+        &[
+            "provider",
+            "wire",
+            "transcript",
+            "options",
+            "transport",
+            "continuation",
+        ],
     ),
 ];
 
