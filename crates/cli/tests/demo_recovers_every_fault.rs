@@ -37,14 +37,20 @@ async fn demo_quick_shows_each_fault_and_its_recovery() {
     );
     let events = events(&stdout(&out));
 
-    // The stall: one kill on the first attempt, then a retry.
+    // The stall: one kill mid-reply on the first attempt, then the reply
+    // continued (not replayed).
     let kill = events
         .iter()
         .find(|e| e["workspace"] == "api-server" && e["event"] == "stream_timed_out")
         .expect("the watchdog killed the stalled stream");
     assert_eq!(kill["attempt"], 1);
     assert!(kill["silent_ms"].as_u64().expect("silent_ms") >= 1000);
-    assert!(count(&events, "api-server", "retry_scheduled") >= 1);
+    let continued = events
+        .iter()
+        .find(|e| e["workspace"] == "api-server" && e["event"] == "continue_scheduled")
+        .expect("the broken reply was continued");
+    assert!(continued["kept_bytes"].as_u64() > Some(0), "{continued}");
+    assert_eq!(count(&events, "api-server", "retry_scheduled"), 0);
     // Pings through the thinking pause: never killed.
     assert_eq!(count(&events, "docs-site", "stream_timed_out"), 0);
     // The 429: retried after retry-after.
@@ -109,6 +115,19 @@ async fn demo_quick_shows_each_fault_and_its_recovery() {
         .and_then(|c| c["metrics"]["recovery_ms"].as_u64())
         .expect("the stall's recovery time");
     assert!(recovery < 5_000, "{recovery}");
+    let api = checks
+        .iter()
+        .find(|c| c["name"] == "api-server")
+        .map(|c| &c["metrics"])
+        .expect("api-server");
+    let (generated, restart) = (
+        api["tokens_generated"].as_u64().expect("tokens generated"),
+        api["tokens_if_restarted"].as_u64().expect("restart cost"),
+    );
+    assert!(
+        generated < restart,
+        "continued {generated} vs restart {restart}"
+    );
 
     // What the demo stored, through `warden sessions`.
     let listed = run(&["sessions", "--json", "--data-dir", arg(dir.path())]).await;

@@ -131,6 +131,12 @@ impl EventSource for WorkspaceAgent {
     fn provider(&self) -> &str {
         "anthropic"
     }
+
+    /// Every source behind it is an Anthropic source, which continues a
+    /// reply broken mid-text.
+    fn continues(&self) -> bool {
+        true
+    }
 }
 
 /// Gives each workspace session its [`WorkspaceAgent`].

@@ -4,7 +4,7 @@
 //!
 //! | workspace | what happens | what must hold |
 //! |---|---|---|
-//! | `api-server` | the first stream stalls with the socket held open | the watchdog kills it at the timeout; the retry answers |
+//! | `api-server` | the first stream stalls mid-reply with the socket held open | the watchdog kills it at the timeout; the reply is continued where it broke (only the rest is generated) |
 //! | `docs-site` | a thinking pause longer than the timeout, kept alive by pings | never killed |
 //! | `billing` | HTTP 429 with `retry-after` | the retry waits exactly that long, then answers |
 //! | `legacy-app` | its stored conversation's transcript is gone | fresh session, message re-delivered, user told |
@@ -55,7 +55,7 @@ connection in the middle of a response to prove the fix. All tests pass now.";
 #[derive(Debug, clap::Args)]
 #[command(after_help = "\
 Six workspaces talk to the built-in mock LLM server (in-process, loopback) through the
-real stack: a stall killed by the watchdog and retried, pings through a long thinking
+real stack: a stall killed by the watchdog and the reply continued, pings through a long thinking
 pause, a 429 with retry-after, two resume failures that fall back to a fresh session,
 an idle reap and resume, and the context indicator climbing. Ends with a summary and
 exits 1 if any expected recovery did not happen. Exports spans when
@@ -272,6 +272,9 @@ pub(crate) async fn run(args: DemoArgs, exporting: bool) -> Result<Exit, CliErro
             .with_thinking_pause(t.thinking)
             .with_ping_interval(t.ping)
             .with_retry_after(t.retry_after)
+            // The stall breaks the reply a good way in: its continuation
+            // saves most of the tokens a restart would spend again.
+            .with_fault_after_frames(14)
             .with_reply(REPLY),
     )
     .await
@@ -474,6 +477,7 @@ fn event_key(event: &LifecycleEvent) -> Option<SessionKey> {
             | L::AttemptStarted { key, .. }
             | L::StreamTimedOut { key, .. }
             | L::RetryScheduled { key, .. }
+            | L::ContinueScheduled { key, .. }
             | L::TurnFinished { key, .. } => key,
             _ => return None,
         }

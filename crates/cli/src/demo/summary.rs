@@ -9,7 +9,7 @@ use serde_json::{Value, json};
 use warden_core::SessionRecord;
 
 use super::view::{Transition, View};
-use super::{Plan, Timings, TurnOutcome};
+use super::{Plan, REPLY, Timings, TurnOutcome};
 use crate::paths;
 
 /// One expectation of the demo.
@@ -90,21 +90,38 @@ impl Report<'_> {
         let t = &self.timings;
         let mut checks = Vec::new();
 
-        // The stall.
+        // The stall, and the reply continued.
         let kills: Vec<&Transition> = self.events("api-server", "stream_timed_out").collect();
+        let kept = self
+            .events("api-server", "continue_scheduled")
+            .next()
+            .and_then(|c| c.fields.get("kept_bytes").and_then(Value::as_u64));
+        let generated = self
+            .turns("api-server")
+            .first()
+            .and_then(|o| o.result.as_ref().ok())
+            .and_then(|s| s.usage)
+            .map(|u| u.output_tokens);
         let (detail, metrics) = match (kills.first(), self.first_finish("api-server")) {
             (Some(kill), Some(done)) => {
                 let silent = Duration::from_millis(ms(&kill.fields, "silent_ms").unwrap_or(0));
                 let late = silent.saturating_sub(t.timeout);
                 let recovery = done.saturating_sub(kill.at);
+                // Tokens as the mock counts them (four bytes a token): the
+                // broken attempt's text, then what the next one generated;
+                // a restart would have generated the whole reply again.
+                let broken = kept.unwrap_or(0).div_ceil(4);
+                let continued = generated.map(|g| broken + g);
+                let restart = broken + (REPLY.len() as u64).div_ceil(4);
                 (
                     format!(
-                        "stall: killed after {:.2}s of silence ({} ms past the deadline), answered {:.2}s after the kill",
+                        "stall: killed after {:.2}s of silence ({} ms past the deadline), reply continued and answered {:.2}s after the kill; tokens generated {} (a restart: {restart})",
                         s(silent),
                         late.as_millis(),
-                        s(recovery)
+                        s(recovery),
+                        continued.map_or("?".to_owned(), |c| c.to_string()),
                     ),
-                    json!({ "silent_ms": silent.as_millis() as u64, "late_ms": late.as_millis() as u64, "recovery_ms": recovery.as_millis() as u64 }),
+                    json!({ "silent_ms": silent.as_millis() as u64, "late_ms": late.as_millis() as u64, "recovery_ms": recovery.as_millis() as u64, "kept_bytes": kept, "tokens_generated": continued, "tokens_if_restarted": restart }),
                 )
             }
             _ => ("stall: no watchdog kill was seen".to_owned(), json!({})),
@@ -112,6 +129,7 @@ impl Report<'_> {
         checks.push(Check {
             name: "api-server",
             ok: kills.len() == 1
+                && kept.is_some_and(|k| k > 0)
                 && self.attempts("api-server", 0) == Some(2)
                 && self.all_answered("api-server"),
             detail,

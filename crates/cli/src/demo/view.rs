@@ -128,6 +128,7 @@ impl View {
                 Note::Life(
                     LifecycleEvent::StreamTimedOut { .. }
                     | LifecycleEvent::RetryScheduled { .. }
+                    | LifecycleEvent::ContinueScheduled { .. }
                     | LifecycleEvent::ResumeFailed { .. }
                     | LifecycleEvent::TurnFinished { .. }
                     | LifecycleEvent::SessionReaped { .. }
@@ -421,6 +422,21 @@ fn describe(note: &Note) -> (&'static str, String, Value, Option<String>) {
                 format!("retrying in {:.2}s after {error_code}", secs(*delay)),
                 json!({ "failed_attempt": failed.attempt, "delay_ms": ms(*delay), "error_code": error_code }),
                 Some(format!("backoff {:.1}s", secs(*delay))),
+            ),
+            L::ContinueScheduled {
+                failed,
+                delay,
+                error_code,
+                kept_bytes,
+                ..
+            } => (
+                "continue_scheduled",
+                format!(
+                    "continuing the reply in {:.2}s after {error_code} (keeps {kept_bytes} bytes)",
+                    secs(*delay)
+                ),
+                json!({ "failed_attempt": failed.attempt, "delay_ms": ms(*delay), "error_code": error_code, "kept_bytes": kept_bytes }),
+                Some(format!("continue in {:.1}s", secs(*delay))),
             ),
             L::TurnFinished {
                 turn,
