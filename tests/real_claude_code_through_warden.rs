@@ -685,6 +685,28 @@ async fn a_stalled_api_stream_is_killed_with_the_cli_process_group_and_retried()
         "the stalled CLI (pid {stalled_pid}) and its process group are gone"
     );
 
+    // What the killed CLI left: its transcript has the user's message but
+    // no assistant message — the partial reply it had streamed is not
+    // persisted (2.1.332, killed with SIGTERM mid-text). So there is
+    // nothing to continue: warden resumes the session with the same
+    // message (ClaudeSource does not `continue`). Should a later CLI keep
+    // the partial reply, this fails and continuation becomes possible.
+    let transcripts = jsonl_files(&fx.home);
+    assert!(!transcripts.is_empty(), "the CLI wrote a transcript");
+    for path in &transcripts {
+        let text = std::fs::read_to_string(path).unwrap_or_default();
+        assert!(
+            text.contains("\"type\":\"user\""),
+            "the user's message is in {}",
+            path.display()
+        );
+        assert!(
+            !text.contains("\"type\":\"assistant\""),
+            "the killed run persisted an assistant message in {}: continuation via \
+             --resume would now be possible",
+            path.display()
+        );
+    }
     let (text, summary) = tokio::time::timeout(TURN, turn.finish())
         .await
         .expect("the retry ends in time")
@@ -715,4 +737,20 @@ async fn a_stalled_api_stream_is_killed_with_the_cli_process_group_and_retried()
     assert!(notices.try_recv().is_err(), "no fallback, no notice");
     shut(&fx, sup).await;
     fx.mock.shutdown().await;
+}
+
+/// Every `*.jsonl` file under `dir` (the CLI's transcripts under HOME).
+fn jsonl_files(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    if let Ok(entries) = std::fs::read_dir(dir) {
+        for entry in entries.flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                out.extend(jsonl_files(&path));
+            } else if path.extension().is_some_and(|e| e == "jsonl") {
+                out.push(path);
+            }
+        }
+    }
+    out
 }
