@@ -89,6 +89,10 @@ impl EventSource for StreamSource {
     fn restarts_repeat_tool_calls(&self) -> bool {
         self.inner.restarts_repeat_tool_calls()
     }
+
+    fn tools_run_in_stream(&self) -> bool {
+        self.inner.tools_run_in_stream()
+    }
 }
 
 /// Runs `warden stream`.

@@ -264,6 +264,10 @@ where
         self.inner.restarts_repeat_tool_calls()
     }
 
+    fn tools_run_in_stream(&self) -> bool {
+        self.inner.tools_run_in_stream()
+    }
+
     fn context_window(&self, model: Option<&str>) -> Option<u64> {
         self.inner.context_window(model)
     }

@@ -119,6 +119,17 @@ pub trait EventSource: Send + Sync + 'static {
         false
     }
 
+    /// Whether tools run *inside* this source's stream, between
+    /// `ToolUseStarted` and `ToolUseFinished` (an agent CLI running a
+    /// command), so the stream may be silent for the longer
+    /// [`StreamOptions::tool_timeout`](crate::StreamOptions::tool_timeout).
+    /// Default `true`. An HTTP API source says `false`: its `tool_use`
+    /// block is the model still writing the call, silence there is a
+    /// stall like any other.
+    fn tools_run_in_stream(&self) -> bool {
+        true
+    }
+
     /// Whether restarting a turn from scratch issues again the tool calls a
     /// failed attempt delivered (an HTTP API: your code runs them, and a
     /// new request asks for them anew). Default `true`; a source whose

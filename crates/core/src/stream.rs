@@ -491,7 +491,13 @@ async fn read(
     sink: ReportSink,
 ) -> Result<(), StreamError> {
     {
-        let tool_timeout = options.tool_timeout;
+        // The tool allowance is for tools that run inside the stream (an
+        // agent CLI); an API's tool_use block is the model still writing.
+        let tool_timeout = if source.tools_run_in_stream() {
+            options.tool_timeout
+        } else {
+            Duration::ZERO
+        };
         let progress_timeout = options.progress_timeout;
         let window = Arc::new(Semaphore::new(
             options.max_in_flight.clamp(1, Semaphore::MAX_PERMITS),

@@ -283,4 +283,9 @@ impl<P: Api> EventSource for HttpSource<P> {
     fn continues(&self) -> bool {
         P::CONTINUES
     }
+
+    /// The API runs no tool: a silent `tool_use` block is a stall.
+    fn tools_run_in_stream(&self) -> bool {
+        false
+    }
 }

@@ -72,6 +72,51 @@ pub(crate) fn frames(reply: &Reply) -> Frames {
     }
 }
 
+/// The frames before a stall inside a thinking block (`in_tool` false) or
+/// inside a tool call's input (`in_tool` true); the stream then goes
+/// silent, so no block is ever closed.
+pub(crate) fn frames_until_phase_stall(reply: &Reply, in_tool: bool) -> Vec<Bytes> {
+    let full = frames(reply);
+    // message_start, then the phase's blocks.
+    let mut out = vec![full.frames[0].clone()];
+    if in_tool {
+        out.push(event(
+            "content_block_start",
+            &json!({"type": "content_block_start", "index": 0,
+                    "content_block": {"type": "text", "text": ""}}),
+        ));
+        out.push(text_delta("Let me run the tests first."));
+        out.push(event(
+            "content_block_stop",
+            &json!({"type": "content_block_stop", "index": 0}),
+        ));
+        out.push(event(
+            "content_block_start",
+            &json!({"type": "content_block_start", "index": 1,
+                    "content_block": {"type": "tool_use", "id": "toolu_01mock", "name": "Bash", "input": {}}}),
+        ));
+        out.push(event(
+            "content_block_delta",
+            &json!({"type": "content_block_delta", "index": 1,
+                    "delta": {"type": "input_json_delta", "partial_json": "{\"command\": \"cargo te"}}),
+        ));
+    } else {
+        out.push(event(
+            "content_block_start",
+            &json!({"type": "content_block_start", "index": 0,
+                    "content_block": {"type": "thinking", "thinking": ""}}),
+        ));
+        for t in ["Let me look at ", "the failing test ", "before answering."] {
+            out.push(event(
+                "content_block_delta",
+                &json!({"type": "content_block_delta", "index": 0,
+                        "delta": {"type": "thinking_delta", "thinking": t}}),
+            ));
+        }
+    }
+    out
+}
+
 fn text_delta(text: &str) -> Bytes {
     event(
         "content_block_delta",

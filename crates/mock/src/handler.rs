@@ -470,7 +470,19 @@ pub(crate) async fn handle(
             crate::util_lock(&ctx.background)
                 .insert(reply.id.clone(), (reply.clone(), frames.frames.clone()));
         }
-        let steps = script::stream_steps(scenario, frames, extras, config);
+        let in_phase = matches!(
+            scenario,
+            Scenario::StallInThinking | Scenario::StallInToolInput
+        );
+        let steps = if in_phase && api == Api::Anthropic {
+            let before =
+                anthropic::frames_until_phase_stall(&reply, scenario == Scenario::StallInToolInput);
+            script::held(before, config.frame_interval)
+        } else if in_phase {
+            script::stream_steps(Scenario::Stall, frames, extras, config)
+        } else {
+            script::stream_steps(scenario, frames, extras, config)
+        };
         let headers = [
             ("content-type", "text/event-stream".to_owned()),
             ("cache-control", "no-cache".to_owned()),

@@ -62,6 +62,14 @@ pub enum Scenario {
     /// HTTP 400 `invalid_request_error`: "prompt is too long: 210000 tokens >
     /// 200000 maximum".
     PromptTooLong,
+    /// A stall inside a thinking block (Anthropic endpoint: a few
+    /// `thinking_delta`s, no signature, then silence with the socket open;
+    /// elsewhere like [`Stall`](Self::Stall)).
+    StallInThinking,
+    /// A stall inside a tool call's input (Anthropic endpoint: some text, a
+    /// `tool_use` block and part of its `input_json_delta`, then silence;
+    /// elsewhere like [`Stall`](Self::Stall)).
+    StallInToolInput,
 }
 
 impl Scenario {
@@ -79,6 +87,8 @@ impl Scenario {
             Scenario::Malformed,
             Scenario::Oversized,
             Scenario::PromptTooLong,
+            Scenario::StallInThinking,
+            Scenario::StallInToolInput,
         ]
     }
 
@@ -96,6 +106,8 @@ impl Scenario {
             Scenario::Malformed => "malformed",
             Scenario::Oversized => "oversized",
             Scenario::PromptTooLong => "prompt-too-long",
+            Scenario::StallInThinking => "stall-in-thinking",
+            Scenario::StallInToolInput => "stall-in-tool-input",
         }
     }
 
@@ -113,6 +125,8 @@ impl Scenario {
             Scenario::Malformed => "one frame whose data is not valid JSON",
             Scenario::Oversized => "one huge data frame (size configurable)",
             Scenario::PromptTooLong => "HTTP 400 invalid_request_error: prompt is too long",
+            Scenario::StallInThinking => "silence inside a thinking block (no signature yet)",
+            Scenario::StallInToolInput => "silence inside a tool call's partial input JSON",
         }
     }
 

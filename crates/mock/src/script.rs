@@ -97,6 +97,13 @@ pub(crate) fn stream_steps(
 }
 
 /// The frames with `interval` between two of them (none before the first).
+/// `frames` one `interval` apart, then silence with the socket open.
+pub(crate) fn held(frames: Vec<Bytes>, interval: Duration) -> Vec<Step> {
+    let mut steps = paced(frames, interval);
+    steps.push(Step::Hold);
+    steps
+}
+
 /// `frames` one `interval` apart, played through to the end (a re-attach).
 pub(crate) fn paced_frames(frames: Vec<Bytes>, interval: Duration) -> Vec<Step> {
     paced(frames, interval)

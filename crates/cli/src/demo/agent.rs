@@ -137,6 +137,10 @@ impl EventSource for WorkspaceAgent {
     fn continues(&self) -> bool {
         true
     }
+
+    fn tools_run_in_stream(&self) -> bool {
+        false
+    }
 }
 
 /// Gives each workspace session its [`WorkspaceAgent`].

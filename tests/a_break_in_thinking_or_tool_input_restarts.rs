@@ -1,0 +1,106 @@
+//! End to end over HTTP through the mock: a stream that stalls inside a
+//! thinking block (no signature yet) or inside a tool call's partial input
+//! cannot be continued; the watchdog kills it and the turn restarts from
+//! scratch (no prefill is sent), the consumer told to discard. Real time
+//! with a short allowance.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::Within;
+use warden_core::{
+    AgentEvent, EventSource, RetryPolicy, SessionConfig, SessionKey, Supervisor, SupervisorConfig,
+    TurnEvent, WatchdogConfig,
+};
+use warden_mock::{MockConfig, MockServer, Scenario};
+
+const REPLY: &str = "All tests pass after the fix to the connection timeout.";
+
+async fn run(stall: Scenario) -> (Vec<&'static str>, String, MockServer) {
+    let mock = MockServer::start(
+        MockConfig::default()
+            .with_sequence([stall, Scenario::Normal])
+            .with_reply(REPLY),
+    )
+    .await
+    .expect("mock");
+    let source = Arc::new(
+        warden_llm::AnthropicSource::new(
+            warden_llm::AnthropicOptions::default()
+                .with_base_url(mock.base_url())
+                .with_api_key("dummy"),
+        )
+        .expect("source"),
+    );
+    let config = SupervisorConfig::default()
+        .with_watchdog(
+            WatchdogConfig::default()
+                .with_default_timeout(Duration::from_millis(300))
+                .expect("valid"),
+        )
+        .with_session(
+            SessionConfig::default().with_retry(
+                RetryPolicy::default()
+                    .with_backoff(Duration::from_millis(10), Duration::from_millis(20)),
+            ),
+        );
+    let sup = Supervisor::start(
+        config,
+        Arc::new(move |_: &SessionKey| source.clone() as Arc<dyn EventSource>),
+    )
+    .await
+    .expect("supervisor");
+    let mut turn = sup.send("ws", "run the tests").await.expect("send");
+    let mut notices = Vec::new();
+    let mut shown = String::new();
+    let text = async {
+        while let Some(ev) = turn.recv().await {
+            match ev {
+                TurnEvent::Event(AgentEvent::TextDelta(t)) => shown.push_str(&t),
+                TurnEvent::Retrying { .. } => {
+                    notices.push("retrying");
+                    shown.clear();
+                }
+                TurnEvent::Continuing { .. } => notices.push("continuing"),
+                TurnEvent::Finished(r) => return r.expect("answered").text,
+                _ => {}
+            }
+        }
+        panic!("no Finished")
+    }
+    .patiently("the turn")
+    .await;
+    assert_eq!(shown, text, "what the consumer shows is the answer");
+    sup.shutdown().await;
+    (notices, text, mock)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stall_inside_a_thinking_block_restarts_the_turn() {
+    let (notices, text, mock) = run(Scenario::StallInThinking).await;
+    assert_eq!(notices, ["retrying"]);
+    assert_eq!(text, REPLY);
+    let requests = mock.requests();
+    assert_eq!(requests.len(), 2);
+    assert_eq!(
+        requests[1].continuation, None,
+        "no prefill of a thinking block"
+    );
+    mock.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stall_inside_a_tool_calls_input_restarts_the_turn() {
+    let (notices, text, mock) = run(Scenario::StallInToolInput).await;
+    assert_eq!(notices, ["retrying"]);
+    assert_eq!(text, REPLY, "the partial text and tool call were discarded");
+    let requests = mock.requests();
+    assert_eq!(requests.len(), 2);
+    assert_eq!(
+        requests[1].continuation, None,
+        "a partial tool call is never continued"
+    );
+    mock.shutdown().await;
+}
