@@ -228,6 +228,14 @@ async fn demo_on_a_terminal_redraws_a_live_table_that_fits_the_width() {
     // Redrawn in place: cursor up and erase to the end of the screen.
     assert!(screen.contains("\x1b[7A\r\x1b[J"), "no in-place redraw");
     assert!(screen.contains("WORKSPACE   STATE"), "{screen}");
+    // The phase column: api-server's stream is seen stalled mid-text.
+    assert!(screen.contains("PHASE"), "{screen}");
+    assert!(
+        screen
+            .lines()
+            .any(|l| l.contains("api-server") && l.contains(" text ")),
+        "api-server was never shown streaming text: {screen}"
+    );
     // Table rows are cut to the terminal's width (69 columns and the newline).
     for line in screen
         .lines()

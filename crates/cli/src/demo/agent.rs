@@ -10,7 +10,8 @@ use std::time::Instant;
 use futures_util::StreamExt;
 use futures_util::future::BoxFuture;
 use warden_core::{
-    EventSource, EventStream, Frame, SessionKey, SourceFactory, StreamError, TurnRequest,
+    EventSource, EventStream, Frame, SessionKey, SourceFactory, StreamError, StreamPhase,
+    TurnRequest,
 };
 use warden_llm::{AnthropicOptions, AnthropicSource, Transcripts};
 use warden_mock::{MockServer, Scenario};
@@ -25,6 +26,33 @@ pub(super) struct Liveness {
     pub(super) last_frame_ms: AtomicU64,
     /// Keep-alive frames (pings) seen.
     pub(super) pings: AtomicU64,
+    /// Where the current attempt's stream is (a `StreamPhase`, as
+    /// [`phase_code`]).
+    pub(super) phase: std::sync::atomic::AtomicU8,
+}
+
+/// A phase as a number for [`Liveness::phase`].
+fn phase_code(p: StreamPhase) -> u8 {
+    match p {
+        StreamPhase::BeforeContent => 0,
+        StreamPhase::Thinking => 1,
+        StreamPhase::Text => 2,
+        StreamPhase::ToolCall => 3,
+        _ => 4,
+    }
+}
+
+impl Liveness {
+    /// The current attempt's phase.
+    pub(super) fn phase(&self) -> StreamPhase {
+        match self.phase.load(Ordering::Relaxed) {
+            0 => StreamPhase::BeforeContent,
+            1 => StreamPhase::Thinking,
+            2 => StreamPhase::Text,
+            3 => StreamPhase::ToolCall,
+            _ => StreamPhase::AfterToolCall,
+        }
+    }
 }
 
 /// Routes every workspace's requests; one per demo.
@@ -116,12 +144,22 @@ impl EventSource for WorkspaceAgent {
                 .store(started.elapsed().as_millis() as u64, Ordering::Relaxed);
         };
         stamp(&liveness);
+        liveness
+            .phase
+            .store(phase_code(StreamPhase::BeforeContent), Ordering::Relaxed);
         Box::pin(async move {
             let stream = source.open(request).await?;
             let stamped = stream.inspect(move |frame| {
                 stamp(&liveness);
-                if matches!(frame, Ok(Frame::KeepAlive)) {
-                    liveness.pings.fetch_add(1, Ordering::Relaxed);
+                match frame {
+                    Ok(Frame::KeepAlive) => {
+                        liveness.pings.fetch_add(1, Ordering::Relaxed);
+                    }
+                    Ok(Frame::Event(e)) => {
+                        let next = liveness.phase().after(e);
+                        liveness.phase.store(phase_code(next), Ordering::Relaxed);
+                    }
+                    Err(_) => {}
                 }
             });
             Ok(Box::pin(stamped) as EventStream)

@@ -210,10 +210,17 @@ impl View {
         }
         let now = self.started.elapsed();
         let mut lines = vec![format!(
-            "  {:<11} {:<15} {:>7} {:>4}  {:>8}  {}",
-            "WORKSPACE", "STATE", "ATTEMPT", "CTX", "WATCHDOG", "LAST EVENT"
+            "  {:<11} {:<15} {:>7} {:>4}  {:<14} {:>8}  {}",
+            "WORKSPACE", "STATE", "ATTEMPT", "CTX", "PHASE", "WATCHDOG", "LAST EVENT"
         )];
         for row in &self.rows {
+            // The phase the stream is in, and (WATCHDOG) what is left of
+            // that phase's silence allowance.
+            let phase = if row.streaming {
+                row.liveness.phase().as_str()
+            } else {
+                "-"
+            };
             let countdown = if row.streaming {
                 let last =
                     Duration::from_millis(row.liveness.last_frame_ms.load(Ordering::Relaxed));
@@ -227,7 +234,7 @@ impl View {
                 last.push('…');
             }
             lines.push(format!(
-                "  {:<11} {:<15} {:>7} {:>4}  {:>8}  {}",
+                "  {:<11} {:<15} {:>7} {:>4}  {:<14} {:>8}  {}",
                 row.name,
                 row.state.chars().take(15).collect::<String>(),
                 if row.attempt == 0 {
@@ -238,6 +245,7 @@ impl View {
                 row.ctx
                     .map(|c| format!("{c}%"))
                     .unwrap_or_else(|| "-".into()),
+                phase,
                 countdown,
                 last
             ));
