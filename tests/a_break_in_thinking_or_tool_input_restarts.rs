@@ -10,10 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::Within;
-use warden_core::{
-    AgentEvent, EventSource, RetryPolicy, SessionConfig, SessionKey, Supervisor, SupervisorConfig,
-    TurnEvent, WatchdogConfig,
-};
+use warden_core::{AgentEvent, TurnEvent};
 use warden_mock::{MockConfig, MockServer, Scenario};
 
 const REPLY: &str = "All tests pass after the fix to the connection timeout.";
@@ -34,24 +31,7 @@ async fn run(stall: Scenario) -> (Vec<&'static str>, String, MockServer) {
         )
         .expect("source"),
     );
-    let config = SupervisorConfig::default()
-        .with_watchdog(
-            WatchdogConfig::default()
-                .with_default_timeout(Duration::from_millis(300))
-                .expect("valid"),
-        )
-        .with_session(
-            SessionConfig::default().with_retry(
-                RetryPolicy::default()
-                    .with_backoff(Duration::from_millis(10), Duration::from_millis(20)),
-            ),
-        );
-    let sup = Supervisor::start(
-        config,
-        Arc::new(move |_: &SessionKey| source.clone() as Arc<dyn EventSource>),
-    )
-    .await
-    .expect("supervisor");
+    let sup = common::supervisor_over(source, Duration::from_millis(300)).await;
     let mut turn = sup.send("ws", "run the tests").await.expect("send");
     let mut notices = Vec::new();
     let mut shown = String::new();

@@ -11,10 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::Within;
-use warden_core::{
-    EventSource, RetryPolicy, SessionConfig, SessionKey, Supervisor, SupervisorConfig,
-    WatchdogConfig,
-};
+use warden_core::Supervisor;
 use warden_mock::{MockConfig, MockServer, Scenario};
 
 const REPLY: &str = "The quick brown fox jumps over the lazy dog, then naps under the old oak tree \
@@ -41,24 +38,7 @@ async fn supervisor(base_url: String, model: &str) -> Supervisor {
         )
         .expect("source"),
     );
-    let config = SupervisorConfig::default()
-        .with_watchdog(
-            WatchdogConfig::default()
-                .with_default_timeout(Duration::from_millis(300))
-                .expect("valid"),
-        )
-        .with_session(
-            SessionConfig::default().with_retry(
-                RetryPolicy::default()
-                    .with_backoff(Duration::from_millis(10), Duration::from_millis(20)),
-            ),
-        );
-    Supervisor::start(
-        config,
-        Arc::new(move |_: &SessionKey| source.clone() as Arc<dyn EventSource>),
-    )
-    .await
-    .expect("supervisor")
+    common::supervisor_over(source, Duration::from_millis(300)).await
 }
 
 fn tokens(text: &str) -> u64 {

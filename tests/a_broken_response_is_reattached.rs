@@ -10,10 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::Within;
-use warden_core::{
-    AgentEvent, EventSource, RetryPolicy, SessionConfig, SessionKey, Supervisor, SupervisorConfig,
-    TurnEvent, WatchdogConfig,
-};
+use warden_core::{AgentEvent, TurnEvent};
 use warden_mock::{Endpoint, MockConfig, MockServer, Scenario};
 
 const REPLY: &str = "Background responses keep generating when the connection drops, \
@@ -37,24 +34,7 @@ async fn a_stalled_response_is_reattached_and_nothing_is_generated_twice() {
         )
         .expect("source"),
     );
-    let config = SupervisorConfig::default()
-        .with_watchdog(
-            WatchdogConfig::default()
-                .with_default_timeout(Duration::from_millis(300))
-                .expect("valid"),
-        )
-        .with_session(
-            SessionConfig::default().with_retry(
-                RetryPolicy::default()
-                    .with_backoff(Duration::from_millis(10), Duration::from_millis(20)),
-            ),
-        );
-    let sup = Supervisor::start(
-        config,
-        Arc::new(move |_: &SessionKey| source.clone() as Arc<dyn EventSource>),
-    )
-    .await
-    .expect("supervisor");
+    let sup = common::supervisor_over(source, Duration::from_millis(300)).await;
 
     let mut turn = sup.send("ws", "why background mode?").await.expect("send");
     let mut shown = String::new();

@@ -233,3 +233,23 @@ pub async fn anthropic_supervisor(
         .await
         .expect("supervisor")
 }
+
+/// A supervisor whose every session streams from `source`, with a
+/// real-time watchdog allowance `timeout` and quick retries (10-20 ms).
+pub async fn supervisor_over(source: Arc<dyn EventSource>, timeout: Duration) -> Supervisor {
+    let config = SupervisorConfig::default()
+        .with_watchdog(
+            WatchdogConfig::default()
+                .with_default_timeout(timeout)
+                .expect("valid"),
+        )
+        .with_session(
+            SessionConfig::default().with_retry(
+                RetryPolicy::default()
+                    .with_backoff(Duration::from_millis(10), Duration::from_millis(20)),
+            ),
+        );
+    Supervisor::start(config, Arc::new(move |_: &SessionKey| source.clone()))
+        .await
+        .expect("supervisor")
+}

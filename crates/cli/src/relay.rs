@@ -62,32 +62,14 @@ pub(crate) async fn relay(mut turn: TurnHandle) -> Result<Relayed, CliError> {
                     let _ = writeln!(stdout);
                     line_open = false;
                 }
-                match error {
-                    StreamError::InactivityTimeout { .. } => {
-                        eprintln!("Connection lost during streaming. Retrying...");
-                    }
-                    other => eprintln!(
-                        "warden: {}; retrying in {:.1}s",
-                        CliError::failure(other.to_string()),
-                        delay.as_secs_f64()
-                    ),
-                }
+                tell_retry(&error, delay);
             }
             // The reply goes on where it broke: stdout is not restarted.
             TurnEvent::Continuing { error, delay, .. } => {
                 if line_open && terminal {
                     eprintln!(); // the notice on its own line, stdout untouched
                 }
-                match error {
-                    StreamError::InactivityTimeout { .. } => {
-                        eprintln!("Connection lost during streaming. Retrying...");
-                    }
-                    other => eprintln!(
-                        "warden: {}; retrying in {:.1}s",
-                        CliError::failure(other.to_string()),
-                        delay.as_secs_f64()
-                    ),
-                }
+                tell_retry(&error, delay);
                 eprintln!("warden: continuing the reply where it stopped");
             }
             // A fresh start after a resume failure is told by the notifier.
@@ -100,5 +82,19 @@ pub(crate) async fn relay(mut turn: TurnHandle) -> Result<Relayed, CliError> {
             }
             _ => {}
         }
+    }
+}
+
+/// Tells stderr why an attempt failed and when the next one starts.
+fn tell_retry(error: &StreamError, delay: std::time::Duration) {
+    match error {
+        StreamError::InactivityTimeout { .. } => {
+            eprintln!("Connection lost during streaming. Retrying...");
+        }
+        other => eprintln!(
+            "warden: {}; retrying in {:.1}s",
+            CliError::failure(other.to_string()),
+            delay.as_secs_f64()
+        ),
     }
 }

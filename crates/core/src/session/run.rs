@@ -342,47 +342,45 @@ async fn carry_out(
         return Ok(());
     };
     match decision {
-        Decision::Retry { next, delay, error } => {
-            Transition::RetryScheduled {
-                failed: attempt,
-                delay,
-                error_code: error.code(),
-                retries: turn.last_attempt.as_ref(),
-            }
-            .record(At {
+        Decision::Retry { next, delay, error } | Decision::Continue { next, delay, error } => {
+            // The machine has decided which: a continuation keeps the text.
+            let continues = turn.machine.continuing();
+            let at = At {
                 key: &state.args.key,
                 conversation: state.record.agent_session_id.as_deref(),
                 parent: Parent::Span(&turn.span),
                 bus: Some(&state.args.bus),
-            });
-            turn.send(TurnEvent::Retrying {
-                failed: attempt,
-                delay,
-                error,
-            });
-            let timer = myself.send_after(delay, move || SessionMsg::Retry(next));
-            turn.backoff = Some(AbortOnDropHandle::new(timer));
-            Ok(())
-        }
-        Decision::Continue { next, delay, error } => {
-            Transition::ContinueScheduled {
-                failed: attempt,
-                delay,
-                error_code: error.code(),
-                kept_bytes: turn.text.len(),
-                retries: turn.last_attempt.as_ref(),
-            }
-            .record(At {
-                key: &state.args.key,
-                conversation: state.record.agent_session_id.as_deref(),
-                parent: Parent::Span(&turn.span),
-                bus: Some(&state.args.bus),
-            });
-            turn.send(TurnEvent::Continuing {
-                failed: attempt,
-                delay,
-                error,
-            });
+            };
+            let (failed, error_code, retries) = (attempt, error.code(), turn.last_attempt.as_ref());
+            let event = if continues {
+                Transition::ContinueScheduled {
+                    failed,
+                    delay,
+                    error_code,
+                    kept_bytes: turn.text.len(),
+                    retries,
+                }
+                .record(at);
+                TurnEvent::Continuing {
+                    failed,
+                    delay,
+                    error,
+                }
+            } else {
+                Transition::RetryScheduled {
+                    failed,
+                    delay,
+                    error_code,
+                    retries,
+                }
+                .record(at);
+                TurnEvent::Retrying {
+                    failed,
+                    delay,
+                    error,
+                }
+            };
+            turn.send(event);
             let timer = myself.send_after(delay, move || SessionMsg::Retry(next));
             turn.backoff = Some(AbortOnDropHandle::new(timer));
             Ok(())
