@@ -113,6 +113,62 @@ fn claude_options(
     options
 }
 
+/// A session source, and the Claude Code source again when it is one (to
+/// shut its children down at the end).
+pub(crate) type AgentSource = (Arc<dyn EventSource>, Option<Arc<ClaudeSource>>);
+
+/// The source of `agent` (and, for Claude Code, the source again, to shut
+/// its children down at the end): the HTTP APIs keep transcripts under
+/// `data_dir`.
+pub(crate) fn agent_source(
+    agent: Agent,
+    base_url: Option<String>,
+    model: Option<String>,
+    claude_bin: Option<PathBuf>,
+    data_dir: &std::path::Path,
+) -> Result<AgentSource, CliError> {
+    Ok(match agent {
+        Agent::ClaudeCode => {
+            let options = claude_options(claude_binary(claude_bin)?, model, base_url);
+            let source = Arc::new(ClaudeSource::new(options));
+            (source.clone(), Some(source))
+        }
+        Agent::Anthropic | Agent::Openai => {
+            let provider = if agent == Agent::Anthropic {
+                Provider::Anthropic
+            } else {
+                Provider::Openai
+            };
+            let dir = data_dir.join(paths::TRANSCRIPTS);
+            let transcripts = Transcripts::open(&dir)
+                .map_err(|e| {
+                    CliError::failure(format!(
+                        "cannot create the transcript directory {}: {e}",
+                        dir.display()
+                    ))
+                })?
+                .on_torn_tail(|id, torn| {
+                    if torn.lost_turn {
+                        eprintln!(
+                            "warden: the last turn of conversation {id} was cut off by a crash and is lost ({} bytes dropped); the earlier turns are kept",
+                            torn.dropped_bytes
+                        );
+                    }
+                });
+            let source = HttpSource::new(
+                provider,
+                HttpSettings {
+                    base_url,
+                    model,
+                    transcripts: Some(transcripts),
+                },
+            )?
+            .into_source();
+            (source, None)
+        }
+    })
+}
+
 /// Runs `warden chat`.
 pub(crate) async fn run(args: ChatArgs) -> Result<Exit, CliError> {
     if let Some(url) = &args.base_url {
@@ -150,51 +206,13 @@ pub(crate) async fn run(args: ChatArgs) -> Result<Exit, CliError> {
     let config = SupervisorConfig::from_env().map_err(|e| CliError::usage(e.to_string()))?;
     let data_dir = paths::data_dir(args.data_dir.clone())?;
 
-    let mut claude = None;
-    let source: Arc<dyn EventSource> = match args.agent {
-        Agent::ClaudeCode => {
-            let options = claude_options(
-                claude_binary(args.claude_bin.clone())?,
-                args.model.clone(),
-                args.base_url.clone(),
-            );
-            let source = Arc::new(ClaudeSource::new(options));
-            claude = Some(source.clone());
-            source
-        }
-        Agent::Anthropic | Agent::Openai => {
-            let provider = if args.agent == Agent::Anthropic {
-                Provider::Anthropic
-            } else {
-                Provider::Openai
-            };
-            let dir = data_dir.join(paths::TRANSCRIPTS);
-            let transcripts = Transcripts::open(&dir)
-                .map_err(|e| {
-                    CliError::failure(format!(
-                        "cannot create the transcript directory {}: {e}",
-                        dir.display()
-                    ))
-                })?
-                .on_torn_tail(|id, torn| {
-                    if torn.lost_turn {
-                        eprintln!(
-                            "warden: the last turn of conversation {id} was cut off by a crash and is lost ({} bytes dropped); the earlier turns are kept",
-                            torn.dropped_bytes
-                        );
-                    }
-                });
-            HttpSource::new(
-                provider,
-                HttpSettings {
-                    base_url: args.base_url.clone(),
-                    model: args.model.clone(),
-                    transcripts: Some(transcripts),
-                },
-            )?
-            .into_source()
-        }
-    };
+    let (source, claude) = agent_source(
+        args.agent,
+        args.base_url.clone(),
+        args.model.clone(),
+        args.claude_bin.clone(),
+        &data_dir,
+    )?;
     let store = Arc::new(paths::open_store(&data_dir)?);
 
     let factory = move |_: &SessionKey| source.clone();

@@ -17,6 +17,7 @@ mod input;
 mod mock;
 mod paths;
 mod relay;
+mod serve;
 mod sessions;
 mod signal;
 mod sources;
@@ -60,6 +61,9 @@ enum Command {
     Sessions(sessions::SessionsArgs),
     /// Run the fault-injecting mock LLM server.
     Mock(mock::MockArgs),
+    /// Serve the workspace sessions over HTTP + SSE (for orchestrators in
+    /// any language).
+    Serve(serve::ServeArgs),
 }
 
 fn main() -> ExitCode {
@@ -163,6 +167,10 @@ async fn run(cli: Cli) -> Result<Exit, CliError> {
         Command::Stream(args) => with_signals(stream::run(args)).await,
         Command::Sessions(args) => sessions::run(args).await,
         Command::Mock(args) => mock::run(args).await,
+        Command::Serve(args) => {
+            signal::install()?;
+            serve::run(args).await
+        }
     };
     // Export what is left before the runtime goes away.
     tokio::task::spawn_blocking(move || drop(guard)).await.ok();

@@ -1,0 +1,217 @@
+//! `warden serve`: the workspace sessions as an HTTP + SSE service
+//! (`warden-serve`), for orchestrators in any language.
+
+use std::io::Write as _;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use warden_core::{Supervisor, SupervisorConfig};
+use warden_serve::ServeConfig;
+
+use crate::chat::{Agent, agent_source};
+use crate::exit::{CliError, Exit};
+use crate::paths;
+use crate::sources::check_url;
+
+/// Arguments of `warden serve`.
+#[derive(Debug, clap::Args)]
+#[command(after_help = "\
+Serves the workspace sessions over HTTP: POST /v1/turns {\"workspace\": DIR | \"key\": NAME,
+\"message\": TEXT} runs a turn (202 with its id, or its events as SSE with Accept:
+text/event-stream); GET /v1/turns/ID/events re-attaches (Last-Event-ID honoured); DELETE
+/v1/turns/ID cancels; GET /v1/sessions, /healthz, /readyz. Every route but /healthz needs
+Authorization: Bearer TOKEN, the token in --token-file (created 0600 with a random token on
+first start). The first line on stdout says where it listens. SIGTERM or Ctrl-C: stop
+accepting, let running turns finish for --grace seconds, then stop them; their messages stay
+pending and the next start re-sends them. See docs/serve.md.
+
+Examples:
+  warden serve
+  warden serve --listen 127.0.0.1:0 --agent anthropic --base-url http://127.0.0.1:8080")]
+pub(crate) struct ServeArgs {
+    /// Address to listen on (`127.0.0.1:0` picks a free port).
+    #[arg(long, default_value = "127.0.0.1:8700", value_name = "ADDR")]
+    listen: SocketAddr,
+    /// Allow listening on an address other than loopback.
+    #[arg(long)]
+    allow_remote: bool,
+    /// Where sessions, transcripts and the token are kept. Default
+    /// WARDEN_DATA_DIR, else the user's data directory.
+    #[arg(long, value_name = "DIR")]
+    data_dir: Option<PathBuf>,
+    /// The bearer token's file. Default DATA_DIR/token (created if missing).
+    #[arg(long, value_name = "FILE")]
+    token_file: Option<PathBuf>,
+    /// The agent of the sessions.
+    #[arg(long, value_enum, default_value_t = Agent::Anthropic)]
+    agent: Agent,
+    /// The API's base URL (for claude-code: its ANTHROPIC_BASE_URL).
+    #[arg(long, value_name = "URL")]
+    base_url: Option<String>,
+    /// The model.
+    #[arg(long)]
+    model: Option<String>,
+    /// The Claude Code binary. Default WARDEN_CLAUDE_BIN, else `claude` on PATH.
+    #[arg(long, value_name = "PATH")]
+    claude_bin: Option<PathBuf>,
+    /// Seconds running turns may take to finish after SIGTERM.
+    #[arg(long, default_value_t = 10, value_name = "SECONDS")]
+    grace: u64,
+}
+
+/// The token in `path`, or a new random one written there (0600).
+fn token(path: &Path) -> Result<String, CliError> {
+    match std::fs::read_to_string(path) {
+        Ok(t) if !t.trim().is_empty() => return Ok(t.trim().to_owned()),
+        Ok(_) => {
+            return Err(CliError::usage(format!(
+                "the token file {} is empty",
+                path.display()
+            )));
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => {
+            return Err(CliError::failure(format!(
+                "cannot read the token file {}: {e}",
+                path.display()
+            )));
+        }
+    }
+    let token = format!("{:032x}", rand::random::<u128>());
+    let write = || -> std::io::Result<()> {
+        use std::os::unix::fs::OpenOptionsExt as _;
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir)?;
+        }
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(path)?;
+        f.write_all(token.as_bytes())?;
+        f.write_all(b"\n")
+    };
+    write().map_err(|e| {
+        CliError::failure(format!(
+            "cannot write the token file {}: {e}",
+            path.display()
+        ))
+    })?;
+    eprintln!(
+        "warden: created the API token in {} (send it as Authorization: Bearer <token>)",
+        path.display()
+    );
+    Ok(token)
+}
+
+/// Starts every stored session that has pending messages (it re-sends
+/// them as it starts); how many. A record that cannot be read is left
+/// alone (`warden sessions` shows it).
+async fn resume_pending(supervisor: &Supervisor) -> usize {
+    let Ok(records) = supervisor.stored_sessions().await else {
+        return 0;
+    };
+    let mut started = 0;
+    for record in records.into_iter().flatten() {
+        if record.pending.is_empty() {
+            continue;
+        }
+        match supervisor.session(record.key.as_str()).await {
+            Ok(_) => started += 1,
+            Err(e) => eprintln!("warden: session {}: {e}", record.key),
+        }
+    }
+    started
+}
+
+/// Runs `warden serve`.
+pub(crate) async fn run(args: ServeArgs) -> Result<Exit, CliError> {
+    if !args.listen.ip().is_loopback() && !args.allow_remote {
+        return Err(CliError::usage(format!(
+            "refusing to listen on {} (not loopback) without --allow-remote",
+            args.listen
+        )));
+    }
+    if let Some(url) = &args.base_url {
+        check_url(url)?;
+    }
+    let config = SupervisorConfig::from_env().map_err(|e| CliError::usage(e.to_string()))?;
+    let data_dir = paths::data_dir(args.data_dir.clone())?;
+    let token = token(
+        &args
+            .token_file
+            .clone()
+            .unwrap_or_else(|| data_dir.join("token")),
+    )?;
+    let (source, claude) = agent_source(
+        args.agent,
+        args.base_url.clone(),
+        args.model.clone(),
+        args.claude_bin.clone(),
+        &data_dir,
+    )?;
+    let store = Arc::new(paths::open_store(&data_dir)?);
+    let listener = tokio::net::TcpListener::bind(args.listen)
+        .await
+        .map_err(|e| CliError::failure(format!("cannot listen on {}: {e}", args.listen)))?;
+    let addr = listener
+        .local_addr()
+        .map_err(|e| CliError::failure(e.to_string()))?;
+    let factory = move |_: &warden_core::SessionKey| source.clone();
+    let supervisor = Supervisor::builder(Arc::new(factory))
+        .config(config)
+        .store(store)
+        .start()
+        .await?;
+    // Messages a previous run left pending (stopped mid-turn, or a crash)
+    // are re-sent now, not when a client next talks to their session.
+    let resumed = resume_pending(&supervisor).await;
+    if resumed > 0 {
+        eprintln!("warden: re-sending the pending messages of {resumed} session(s)");
+    }
+    let app = warden_serve::router(supervisor.clone(), ServeConfig::new(token));
+    println!("listening on http://{addr}");
+    let _ = std::io::stdout().flush();
+
+    // On a signal: stop accepting; running turns get the grace period,
+    // then the sessions stop (their messages stay pending for the next
+    // start) and the open event streams end with them.
+    let grace = Duration::from_secs(args.grace);
+    let (stopping_tx, mut stopping) = tokio::sync::watch::channel(false);
+    let server = axum::serve(listener, app).with_graceful_shutdown(async move {
+        let _ = crate::signal::shutdown_signal().await;
+        let _ = stopping_tx.send(true);
+    });
+    let server = tokio::spawn(async move { server.await });
+    let _ = stopping.wait_for(|s| *s).await;
+    eprintln!(
+        "warden: stopping: no new requests; running turns have {}s to finish",
+        grace.as_secs()
+    );
+    let drained = tokio::time::timeout(grace, async {
+        loop {
+            let busy = match supervisor.stuck(Duration::ZERO).await {
+                Ok(running) => !running.is_empty(),
+                Err(_) => false,
+            };
+            if !busy {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    })
+    .await;
+    if drained.is_err() {
+        eprintln!("warden: stopping the turns still running; their messages stay pending");
+    }
+    supervisor.shutdown().await;
+    if let Some(claude) = claude {
+        claude.shutdown().await;
+    }
+    // The event streams end with their turns; a client still connected
+    // gets no more than a second.
+    let _ = tokio::time::timeout(Duration::from_secs(1), server).await;
+    Ok(Exit::Ok)
+}

@@ -1,0 +1,147 @@
+//! `warden serve` as a process, against the mock: it says where it
+//! listens, writes its token 0600, streams a turn over SSE; on SIGTERM with
+//! a turn still running it exits 0 after its grace period, and the next
+//! start re-sends that turn's message.
+
+mod common;
+
+use std::os::unix::fs::PermissionsExt as _;
+use std::time::Duration;
+
+use common::*;
+use futures_util::StreamExt as _;
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+use tokio::io::{AsyncBufReadExt as _, BufReader};
+use warden_mock::{MockConfig, MockServer, Scenario};
+
+const PATIENCE: Duration = Duration::from_secs(30);
+
+struct Node {
+    child: tokio::process::Child,
+    base: String,
+    token: String,
+}
+
+async fn start(data: &std::path::Path, mock: &MockServer) -> Node {
+    let mut cmd = command(&[
+        "serve",
+        "--listen",
+        "127.0.0.1:0",
+        "--data-dir",
+        data.to_str().expect("utf-8 path"),
+        "--agent",
+        "anthropic",
+        "--base-url",
+        &mock.base_url(),
+        "--grace",
+        "1",
+    ]);
+    cmd.env("WARDEN_STREAM_TIMEOUT", "60000");
+    let mut child = cmd.spawn().expect("warden serve starts");
+    let stdout = child.stdout.take().expect("stdout");
+    let mut lines = BufReader::new(stdout).lines();
+    let first = tokio::time::timeout(PATIENCE, lines.next_line())
+        .await
+        .expect("a first line in time")
+        .expect("read")
+        .expect("a line");
+    let base = first
+        .strip_prefix("listening on ")
+        .unwrap_or_else(|| panic!("first line: {first:?}"))
+        .to_owned();
+    let token_file = data.join("token");
+    let mode = std::fs::metadata(&token_file)
+        .expect("token file")
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o777, 0o600, "the token file is private");
+    let token = std::fs::read_to_string(&token_file)
+        .expect("token")
+        .trim()
+        .to_owned();
+    Node { child, base, token }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_streams_a_turn_then_stops_gracefully_and_resends_on_restart() {
+    let mock = MockServer::start(MockConfig::default().with_sequence([
+        Scenario::Normal,
+        Scenario::Stall,
+        Scenario::Normal,
+    ]))
+    .await
+    .expect("mock");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().join("data");
+    let mut node = start(&data, &mock).await;
+    let client = reqwest::Client::new();
+
+    // A turn streamed as SSE, ending with `done`.
+    let response = client
+        .post(format!("{}/v1/turns", node.base))
+        .bearer_auth(&node.token)
+        .header("accept", "text/event-stream")
+        .header("content-type", "application/json")
+        .body(r#"{"key": "ws", "message": "ping me"}"#)
+        .send()
+        .await
+        .expect("post");
+    assert_eq!(response.status(), 200);
+    let mut body = response.bytes_stream();
+    let mut text = String::new();
+    while let Some(chunk) = tokio::time::timeout(PATIENCE, body.next())
+        .await
+        .expect("events in time")
+    {
+        text.push_str(&String::from_utf8_lossy(&chunk.expect("chunk")));
+    }
+    assert!(text.contains("event: done"), "{text}");
+    assert!(
+        text.contains("Your last message had 7 characters"),
+        "{text}"
+    );
+
+    // A second turn stalls (the mock holds it); SIGTERM while it runs.
+    let created = client
+        .post(format!("{}/v1/turns", node.base))
+        .bearer_auth(&node.token)
+        .header("content-type", "application/json")
+        .body(r#"{"key": "ws", "message": "keep me"}"#)
+        .send()
+        .await
+        .expect("post");
+    assert_eq!(created.status(), 202);
+    assert!(
+        tokio::time::timeout(PATIENCE, async {
+            while mock.requests().len() < 2 {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
+        .await
+        .is_ok(),
+        "the second turn reached the API"
+    );
+    let pid = Pid::from_raw(node.child.id().expect("pid") as i32);
+    kill(pid, Signal::SIGTERM).expect("SIGTERM");
+    let status = tokio::time::timeout(PATIENCE, node.child.wait())
+        .await
+        .expect("exits in time")
+        .expect("wait");
+    assert_eq!(status.code(), Some(0), "a graceful stop exits 0");
+
+    // The next start re-sends the message the stop left pending.
+    let mut again = start(&data, &mock).await;
+    assert!(
+        tokio::time::timeout(PATIENCE, async {
+            while mock.requests().len() < 3 {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
+        .await
+        .is_ok(),
+        "the pending message was re-sent after the restart"
+    );
+    let _ = again.child.start_kill();
+    mock.shutdown().await;
+}

@@ -1,0 +1,364 @@
+//! # warden-serve
+//!
+//! warden's workspace sessions over HTTP/1.1 + SSE, for orchestrators in
+//! any language: the same [`Supervisor`] (store, sources, watchdog,
+//! telemetry) as the library, behind a small JSON API.
+//!
+//! | route | what |
+//! |---|---|
+//! | `POST /v1/turns` `{"workspace": PATH \| "key": KEY, "message": TEXT}` | runs a turn: `202 {"id", "key"}`, or with `Accept: text/event-stream` its events as SSE |
+//! | `GET /v1/turns/{id}/events` | the turn's events as SSE, from the first, or after `Last-Event-ID` |
+//! | `DELETE /v1/turns/{id}` | cancels it (queued or running): `{"id", "cancelled"}` |
+//! | `GET /v1/sessions` | the running sessions' keys |
+//! | `GET /healthz` | `ok` (no token needed) |
+//! | `GET /readyz` | `ok` while the supervisor runs, else 503 |
+//!
+//! Every event of a turn has an SSE `id:` unique and increasing within the
+//! turn (from 1), an `event:` type and JSON `data:`; text arrives as `text`
+//! events, and the last event is `done` (the summary) or `error` (`code`,
+//! `message`, and the `exit` class the CLI uses). A turn's events are kept
+//! until [`ServeConfig::keep_finished`] after it ends.
+//!
+//! Every route but `/healthz` needs `Authorization: Bearer <token>`
+//! (compared in constant time). Bad requests get a typed JSON error,
+//! `{"error": {"type", "message"}}`, with a 4xx status; bodies over
+//! [`ServeConfig::max_body_bytes`] get 413.
+
+mod turns;
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::rejection::JsonRejection;
+use axum::extract::{DefaultBodyLimit, Path, Request, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::middleware::{self, Next};
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use futures_util::Stream;
+use serde::Deserialize;
+use serde_json::json;
+use subtle::ConstantTimeEq as _;
+use warden_core::{SessionKey, Supervisor, SupervisorError};
+
+pub use turns::ServeEvent;
+use turns::{TurnLog, Turns};
+
+/// Request bodies larger than this get 413: 10 MiB.
+pub const DEFAULT_MAX_BODY_BYTES: usize = 10 * 1024 * 1024;
+
+/// How the server behaves.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct ServeConfig {
+    /// The bearer token every route but `/healthz` requires.
+    pub token: String,
+    /// How long a finished turn's events stay available for re-attach.
+    /// Default 10 min.
+    pub keep_finished: Duration,
+    /// Largest request body accepted. Default [`DEFAULT_MAX_BODY_BYTES`].
+    pub max_body_bytes: usize,
+}
+
+impl ServeConfig {
+    /// A configuration requiring `token`, with the defaults.
+    pub fn new(token: impl Into<String>) -> Self {
+        Self {
+            token: token.into(),
+            keep_finished: Duration::from_secs(600),
+            max_body_bytes: DEFAULT_MAX_BODY_BYTES,
+        }
+    }
+
+    /// Sets [`keep_finished`](Self::keep_finished).
+    pub fn with_keep_finished(mut self, keep: Duration) -> Self {
+        self.keep_finished = keep;
+        self
+    }
+}
+
+#[derive(Clone)]
+struct AppState {
+    supervisor: Supervisor,
+    turns: Arc<Turns>,
+    config: Arc<ServeConfig>,
+}
+
+/// The API as an axum [`Router`], serving `supervisor`'s sessions.
+pub fn router(supervisor: Supervisor, config: ServeConfig) -> Router {
+    let max_body = config.max_body_bytes;
+    let state = AppState {
+        supervisor,
+        turns: Arc::default(),
+        config: Arc::new(config),
+    };
+    let api = Router::new()
+        .route("/v1/turns", post(create_turn))
+        .route("/v1/turns/{id}/events", get(turn_events))
+        .route("/v1/turns/{id}", axum::routing::delete(cancel_turn))
+        .route("/v1/sessions", get(list_sessions))
+        .route("/readyz", get(ready))
+        .route_layer(middleware::from_fn_with_state(state.clone(), authorize));
+    Router::new()
+        .route("/healthz", get(|| async { "ok" }))
+        .merge(api)
+        .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such route") })
+        .layer(DefaultBodyLimit::max(max_body))
+        .with_state(state)
+}
+
+/// A typed error answer: `{"error": {"type", "message"}}`.
+#[derive(Debug)]
+struct ApiError {
+    status: StatusCode,
+    kind: &'static str,
+    message: String,
+}
+
+impl ApiError {
+    fn new(status: StatusCode, kind: &'static str, message: impl Into<String>) -> Self {
+        Self {
+            status,
+            kind,
+            message: message.into(),
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let body = Json(json!({"error": {"type": self.kind, "message": self.message}}));
+        let mut response = (self.status, body).into_response();
+        if self.status == StatusCode::UNAUTHORIZED {
+            response.headers_mut().insert(
+                header::WWW_AUTHENTICATE,
+                header::HeaderValue::from_static("Bearer"),
+            );
+        }
+        response
+    }
+}
+
+impl From<JsonRejection> for ApiError {
+    fn from(r: JsonRejection) -> Self {
+        let kind = match r.status() {
+            StatusCode::PAYLOAD_TOO_LARGE => "too_large",
+            StatusCode::UNSUPPORTED_MEDIA_TYPE => "unsupported_media_type",
+            _ => "invalid_request",
+        };
+        Self::new(r.status(), kind, r.body_text())
+    }
+}
+
+/// Requires `Authorization: Bearer <token>`.
+async fn authorize(State(state): State<AppState>, request: Request, next: Next) -> Response {
+    let given = request
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .unwrap_or("");
+    let ok: bool = given.as_bytes().ct_eq(state.config.token.as_bytes()).into();
+    if ok && !state.config.token.is_empty() {
+        next.run(request).await
+    } else {
+        ApiError::new(
+            StatusCode::UNAUTHORIZED,
+            "unauthorized",
+            "a valid `Authorization: Bearer <token>` header is required",
+        )
+        .into_response()
+    }
+}
+
+async fn ready(State(state): State<AppState>) -> Response {
+    match state.supervisor.sessions().await {
+        Ok(_) => "ok".into_response(),
+        Err(e) => ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "not_ready", e.to_string())
+            .into_response(),
+    }
+}
+
+/// The body of `POST /v1/turns`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct NewTurn {
+    workspace: Option<String>,
+    key: Option<String>,
+    message: String,
+}
+
+async fn create_turn(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    body: Result<Json<NewTurn>, JsonRejection>,
+) -> Result<Response, ApiError> {
+    let Json(new) = body?;
+    let sup = &state.supervisor;
+    let (key, handle) = match (new.workspace, new.key) {
+        (Some(ws), None) => {
+            // Relative to what? The server's working directory is no
+            // client's business.
+            if !std::path::Path::new(&ws).is_absolute() {
+                return Err(ApiError::new(
+                    StatusCode::BAD_REQUEST,
+                    "invalid_workspace",
+                    format!("workspace {ws:?} must be an absolute path"),
+                ));
+            }
+            let key = sup.key_for(&ws).map_err(bad_session)?;
+            (
+                key,
+                sup.send_to_workspace(&ws, new.message)
+                    .await
+                    .map_err(bad_session)?,
+            )
+        }
+        (None, Some(k)) if !k.trim().is_empty() => {
+            let key = SessionKey::new(&k);
+            (
+                key.clone(),
+                sup.send(key, new.message).await.map_err(bad_session)?,
+            )
+        }
+        _ => {
+            return Err(ApiError::new(
+                StatusCode::BAD_REQUEST,
+                "invalid_request",
+                "give exactly one of `workspace` (a directory) or `key` (a non-empty name)",
+            ));
+        }
+    };
+    let id = state
+        .turns
+        .start(key.clone(), handle, state.config.keep_finished);
+    if wants_events(&headers) {
+        let log = state.turns.get(&id).ok_or_else(gone)?;
+        let mut response = sse(log, 0).into_response();
+        if let Ok(v) = header::HeaderValue::from_str(&id) {
+            response.headers_mut().insert("x-warden-turn-id", v);
+        }
+        return Ok(response);
+    }
+    Ok((
+        StatusCode::ACCEPTED,
+        Json(json!({"id": id, "key": key.as_str()})),
+    )
+        .into_response())
+}
+
+fn wants_events(headers: &HeaderMap) -> bool {
+    headers
+        .get(header::ACCEPT)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.contains("text/event-stream"))
+}
+
+fn gone() -> ApiError {
+    ApiError::new(
+        StatusCode::NOT_FOUND,
+        "not_found",
+        "no such turn (or it expired)",
+    )
+}
+
+/// A session error as the client's error: a path that cannot be a
+/// workspace, a session given up, the store failing.
+fn bad_session(e: SupervisorError) -> ApiError {
+    match &e {
+        SupervisorError::Workspace { .. } => {
+            ApiError::new(StatusCode::BAD_REQUEST, "invalid_workspace", e.to_string())
+        }
+        SupervisorError::SessionFailed { .. } => {
+            ApiError::new(StatusCode::CONFLICT, "session_failed", e.to_string())
+        }
+        _ => ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "unavailable",
+            e.to_string(),
+        ),
+    }
+}
+
+async fn turn_events(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    let log = state.turns.get(&id).ok_or_else(gone)?;
+    let after = match headers.get("last-event-id") {
+        None => 0,
+        Some(v) => v
+            .to_str()
+            .ok()
+            .and_then(|s| s.trim().parse::<u64>().ok())
+            .ok_or_else(|| {
+                ApiError::new(
+                    StatusCode::BAD_REQUEST,
+                    "invalid_request",
+                    "Last-Event-ID must be an event id of this turn (a whole number)",
+                )
+            })?,
+    };
+    Ok(sse(log, after).into_response())
+}
+
+async fn cancel_turn(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+) -> Result<Response, ApiError> {
+    let log = state.turns.get(&id).ok_or_else(gone)?;
+    // An error means the session is gone: nothing left to cancel.
+    let cancelled = log.cancel().await.unwrap_or(false);
+    Ok(Json(json!({"id": id, "key": log.key.as_str(), "cancelled": cancelled})).into_response())
+}
+
+async fn list_sessions(State(state): State<AppState>) -> Result<Response, ApiError> {
+    let keys = state.supervisor.sessions().await.map_err(|e| {
+        ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "unavailable",
+            e.to_string(),
+        )
+    })?;
+    let list: Vec<_> = keys.iter().map(|k| json!({"key": k.as_str()})).collect();
+    Ok(Json(json!({"sessions": list})).into_response())
+}
+
+/// The turn's events after `after`, then its later ones as they come, until
+/// its last.
+fn sse(log: Arc<TurnLog>, after: u64) -> Sse<impl Stream<Item = Result<Event, Infallible>>> {
+    let events = futures_util::stream::unfold(
+        (log, after, std::collections::VecDeque::new(), false),
+        |(log, mut seen, mut queue, mut ended)| async move {
+            loop {
+                if let Some(e) = queue.pop_front() {
+                    let e: ServeEvent = e;
+                    seen = e.id;
+                    let event = Event::default()
+                        .id(e.id.to_string())
+                        .event(e.kind)
+                        .data(e.data.to_string());
+                    return Some((Ok(event), (log, seen, queue, ended)));
+                }
+                if ended {
+                    return None;
+                }
+                let (batch, last) = log.after(seen);
+                if batch.is_empty() {
+                    if last {
+                        return None;
+                    }
+                    log.wait_past(seen).await;
+                    continue;
+                }
+                ended = last;
+                queue.extend(batch);
+            }
+        },
+    );
+    Sse::new(events).keep_alive(KeepAlive::default())
+}

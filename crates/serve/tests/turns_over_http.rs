@@ -1,0 +1,404 @@
+//! The API over real HTTP (reqwest, and curl as a client no one here
+//! wrote): a turn streamed as numbered SSE events, a client that drops
+//! mid-turn re-attaching with `Last-Event-ID` (nothing lost, nothing twice),
+//! cancel, auth, and typed errors for bad requests. The agent is an
+//! in-process channel source the test drives.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::StreamExt as _;
+use serde_json::Value;
+use warden_core::testing::{ChannelSource, ChannelSourceControl};
+use warden_core::{EventSource, SessionKey, Supervisor};
+use warden_serve::ServeConfig;
+
+const TOKEN: &str = "test-token-0123456789";
+const PATIENCE: Duration = Duration::from_secs(20);
+
+async fn within<T>(what: &str, fut: impl std::future::Future<Output = T>) -> T {
+    tokio::time::timeout(PATIENCE, fut)
+        .await
+        .unwrap_or_else(|_| panic!("timed out waiting for {what}"))
+}
+
+struct Server {
+    base: String,
+    ctl: ChannelSourceControl,
+    client: reqwest::Client,
+    _task: tokio::task::JoinHandle<()>,
+}
+
+async fn server_with(config: ServeConfig) -> Server {
+    let (source, ctl) = ChannelSource::new();
+    let sup = Supervisor::start(
+        Default::default(),
+        Arc::new(move |_: &SessionKey| source.clone() as Arc<dyn EventSource>),
+    )
+    .await
+    .expect("supervisor");
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let base = format!("http://{}", listener.local_addr().expect("addr"));
+    let app = warden_serve::router(sup, config);
+    let task = tokio::spawn(async move {
+        axum_serve(listener, app).await;
+    });
+    Server {
+        base,
+        ctl,
+        client: reqwest::Client::new(),
+        _task: task,
+    }
+}
+
+async fn axum_serve(listener: tokio::net::TcpListener, app: axum::Router) {
+    let _ = axum::serve(listener, app).await;
+}
+
+async fn server() -> Server {
+    server_with(ServeConfig::new(TOKEN)).await
+}
+
+impl Server {
+    fn post(&self, body: &str) -> reqwest::RequestBuilder {
+        self.client
+            .post(format!("{}/v1/turns", self.base))
+            .bearer_auth(TOKEN)
+            .header("content-type", "application/json")
+            .body(body.to_owned())
+    }
+
+    fn events(&self, id: &str) -> reqwest::RequestBuilder {
+        self.client
+            .get(format!("{}/v1/turns/{id}/events", self.base))
+            .bearer_auth(TOKEN)
+    }
+}
+
+/// One parsed SSE event.
+#[derive(Debug, Clone, PartialEq)]
+struct Sse {
+    id: u64,
+    event: String,
+    data: Value,
+}
+
+/// Reads SSE events from `response` until `stop` says so or the body ends.
+async fn read_events(
+    response: reqwest::Response,
+    mut stop: impl FnMut(&[Sse]) -> bool,
+) -> Vec<Sse> {
+    let mut body = response.bytes_stream();
+    let mut buf = String::new();
+    let mut out = Vec::new();
+    while let Some(chunk) = within("an SSE chunk", body.next()).await {
+        buf.push_str(std::str::from_utf8(&chunk.expect("chunk")).expect("utf-8"));
+        while let Some(end) = buf.find("\n\n") {
+            let block: String = buf.drain(..end + 2).collect();
+            let (mut id, mut event, mut data) = (None, String::new(), String::new());
+            for line in block.lines() {
+                if let Some(v) = line.strip_prefix("id:") {
+                    id = v.trim().parse().ok();
+                } else if let Some(v) = line.strip_prefix("event:") {
+                    event = v.trim().to_owned();
+                } else if let Some(v) = line.strip_prefix("data:") {
+                    data.push_str(v.trim_start());
+                }
+            }
+            if let Some(id) = id {
+                out.push(Sse {
+                    id,
+                    event,
+                    data: serde_json::from_str(&data).expect("JSON data"),
+                });
+                if stop(&out) {
+                    return out;
+                }
+            }
+        }
+    }
+    out
+}
+
+fn ids(events: &[Sse]) -> Vec<u64> {
+    events.iter().map(|e| e.id).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_turn_streams_as_numbered_events_ending_with_done() {
+    let s = server().await;
+    let response = s
+        .post(r#"{"key": "ws-1", "message": "hi"}"#)
+        .header("accept", "text/event-stream")
+        .send()
+        .await
+        .expect("post");
+    assert_eq!(response.status(), 200);
+    assert!(response.headers().contains_key("x-warden-turn-id"));
+    let attempt = within("the stream to open", s.ctl.next_attempt())
+        .await
+        .expect("opened");
+    attempt.text("Hello");
+    attempt.text(" world");
+    attempt.finish();
+    let events = read_events(response, |_| false).await;
+    let kinds: Vec<&str> = events.iter().map(|e| e.event.as_str()).collect();
+    assert_eq!(kinds, ["started", "text", "text", "done"]);
+    assert_eq!(ids(&events), [1, 2, 3, 4]);
+    assert_eq!(events[3].data["text"], "Hello world");
+    assert_eq!(events[3].data["attempts"], 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_drops_mid_turn_reattaches_and_misses_nothing() {
+    let s = server().await;
+    let created: Value = serde_json::from_str(
+        &s.post(r#"{"key": "ws-2", "message": "hi"}"#)
+            .send()
+            .await
+            .expect("post")
+            .text()
+            .await
+            .expect("body"),
+    )
+    .expect("JSON");
+    let id = created["id"].as_str().expect("id").to_owned();
+    assert_eq!(created["key"], "ws-2");
+    let attempt = within("the stream to open", s.ctl.next_attempt())
+        .await
+        .expect("opened");
+    attempt.text("one ");
+    // A client reads two events, then its connection drops.
+    let first = s.events(&id).send().await.expect("get");
+    let seen = read_events(first, |e| e.len() == 2).await;
+    assert_eq!(ids(&seen), [1, 2]);
+    assert_eq!(seen[1].data["text"], "one ");
+    // Meanwhile the turn goes on.
+    attempt.text("two");
+    attempt.finish();
+    // It comes back with the last id it saw: exactly the rest.
+    let again = s
+        .events(&id)
+        .header("last-event-id", "2")
+        .send()
+        .await
+        .expect("get");
+    let rest = read_events(again, |_| false).await;
+    assert_eq!(ids(&rest), [3, 4]);
+    assert_eq!(rest[0].data["text"], "two");
+    assert_eq!(rest[1].event, "done");
+    assert_eq!(rest[1].data["text"], "one two");
+    // Without Last-Event-ID: the whole turn again, from its first event.
+    let all = read_events(s.events(&id).send().await.expect("get"), |_| false).await;
+    assert_eq!(ids(&all), [1, 2, 3, 4]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_turn_is_cancelled_by_its_id() {
+    let s = server().await;
+    let created: Value = serde_json::from_str(
+        &s.post(r#"{"key": "ws-3", "message": "hi"}"#)
+            .send()
+            .await
+            .expect("post")
+            .text()
+            .await
+            .expect("body"),
+    )
+    .expect("JSON");
+    let id = created["id"].as_str().expect("id").to_owned();
+    let attempt = within("the stream to open", s.ctl.next_attempt())
+        .await
+        .expect("opened");
+    let cancelled: Value = s
+        .client
+        .delete(format!("{}/v1/turns/{id}", s.base))
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .expect("delete")
+        .json_value()
+        .await;
+    assert_eq!(cancelled["cancelled"], true);
+    within("the stream to be dropped", attempt.dropped()).await;
+    let events = read_events(s.events(&id).send().await.expect("get"), |_| false).await;
+    let last = events.last().expect("events");
+    assert_eq!(last.event, "error");
+    assert_eq!(last.data["code"], "ECANCELLED");
+    assert_eq!(last.data["exit"], 130);
+    let unknown = s
+        .client
+        .delete(format!("{}/v1/turns/turn_nope", s.base))
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .expect("delete");
+    assert_eq!(unknown.status(), 404);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_route_but_healthz_needs_the_token() {
+    let s = server().await;
+    let health = s
+        .client
+        .get(format!("{}/healthz", s.base))
+        .send()
+        .await
+        .expect("get");
+    assert_eq!(health.status(), 200);
+    for token in [None, Some("wrong"), Some("")] {
+        let mut request = s.client.get(format!("{}/v1/sessions", s.base));
+        if let Some(t) = token {
+            request = request.bearer_auth(t);
+        }
+        let response = request.send().await.expect("get");
+        assert_eq!(response.status(), 401, "token {token:?}");
+        assert_eq!(
+            response
+                .headers()
+                .get("www-authenticate")
+                .and_then(|v| v.to_str().ok()),
+            Some("Bearer")
+        );
+        let body = response.json_value().await;
+        assert_eq!(body["error"]["type"], "unauthorized");
+    }
+    let ok = s
+        .client
+        .get(format!("{}/v1/sessions", s.base))
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .expect("get");
+    assert_eq!(ok.status(), 200);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_requests_get_typed_errors_never_a_500() {
+    let mut config = ServeConfig::new(TOKEN);
+    config.max_body_bytes = 1024;
+    let s = server_with(config).await;
+    let cases: Vec<(reqwest::RequestBuilder, u16, &str)> = vec![
+        (
+            s.post(r#"{"message": "no session"}"#),
+            400,
+            "invalid_request",
+        ),
+        (
+            s.post(r#"{"key": "a", "workspace": "/tmp", "message": "both"}"#),
+            400,
+            "invalid_request",
+        ),
+        (s.post("{not json"), 400, "invalid_request"),
+        (
+            s.post(r#"{"key": "a", "message": "x", "extra": 1}"#),
+            422,
+            "invalid_request",
+        ),
+        (
+            s.client
+                .post(format!("{}/v1/turns", s.base))
+                .bearer_auth(TOKEN)
+                .header("content-type", "text/plain")
+                .body(r#"{"key": "a", "message": "x"}"#),
+            415,
+            "unsupported_media_type",
+        ),
+        (
+            s.post(&format!(
+                r#"{{"key": "a", "message": "{}"}}"#,
+                "x".repeat(2048)
+            )),
+            413,
+            "too_large",
+        ),
+        (
+            s.post(r#"{"workspace": "relative/not/there", "message": "x"}"#),
+            400,
+            "invalid_workspace",
+        ),
+        (s.events("turn_unknown"), 404, "not_found"),
+        (
+            s.events("turn_unknown").header("last-event-id", "abc"),
+            404,
+            "not_found",
+        ),
+    ];
+    for (i, (request, status, kind)) in cases.into_iter().enumerate() {
+        let response = request.send().await.expect("send");
+        assert_eq!(response.status().as_u16(), status, "case {i}");
+        let body = response.json_value().await;
+        assert_eq!(body["error"]["type"], kind, "case {i}: {body}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn curl_streams_a_turn() {
+    let Some(curl) = which("curl") else {
+        assert_ne!(
+            std::env::var("WARDEN_REQUIRE_CURL").as_deref(),
+            Ok("1"),
+            "WARDEN_REQUIRE_CURL=1 but curl is not installed"
+        );
+        eprintln!("skipped: curl is not installed");
+        return;
+    };
+    let s = server().await;
+    let child = tokio::process::Command::new(curl)
+        .args([
+            "-sS",
+            "-N",
+            "-H",
+            &format!("Authorization: Bearer {TOKEN}"),
+            "-H",
+            "Accept: text/event-stream",
+            "-H",
+            "Content-Type: application/json",
+            "-d",
+            r#"{"key": "ws-curl", "message": "hi"}"#,
+            &format!("{}/v1/turns", s.base),
+        ])
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("curl starts");
+    let attempt = within("the stream to open", s.ctl.next_attempt())
+        .await
+        .expect("opened");
+    attempt.text("from curl");
+    attempt.finish();
+    let out = within("curl to finish", child.wait_with_output())
+        .await
+        .expect("curl output");
+    assert!(out.status.success(), "{out:?}");
+    let text = String::from_utf8(out.stdout).expect("utf-8");
+    assert!(
+        text.contains("id: 1\n") || text.contains("id:1\n"),
+        "{text}"
+    );
+    assert!(
+        text.contains("event: done") || text.contains("event:done"),
+        "{text}"
+    );
+    assert!(text.contains(r#""text":"from curl""#), "{text}");
+}
+
+fn which(bin: &str) -> Option<std::path::PathBuf> {
+    std::env::var_os("PATH").and_then(|paths| {
+        std::env::split_paths(&paths)
+            .map(|p| p.join(bin))
+            .find(|p| p.is_file())
+    })
+}
+
+trait JsonValue {
+    async fn json_value(self) -> Value;
+}
+
+impl JsonValue for reqwest::Response {
+    async fn json_value(self) -> Value {
+        serde_json::from_str(&self.text().await.expect("body")).expect("JSON body")
+    }
+}
