@@ -10,6 +10,9 @@
 //! | `GET /v1/turns/{id}/events` | the turn's events as SSE, from the first, or after `Last-Event-ID` |
 //! | `DELETE /v1/turns/{id}` | cancels it (queued or running): `{"id", "cancelled"}` |
 //! | `GET /v1/sessions` | the running sessions' keys |
+//! | `GET /v1/sessions/{key}` | one session (key percent-encoded): its record, and while it runs its turn |
+//! | `POST /v1/sessions/{key}/reset` | forgets that the session was given up |
+//! | `GET /v1/events` | lifecycle events of every session, as SSE, from now on |
 //! | `GET /healthz` | `ok` (no token needed) |
 //! | `GET /readyz` | `ok` while the supervisor runs, else 503 |
 //!
@@ -25,6 +28,7 @@
 //! [`ServeConfig::max_body_bytes`] get 413.
 
 mod turns;
+mod views;
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -100,6 +104,9 @@ pub fn router(supervisor: Supervisor, config: ServeConfig) -> Router {
         .route("/v1/turns/{id}/events", get(turn_events))
         .route("/v1/turns/{id}", axum::routing::delete(cancel_turn))
         .route("/v1/sessions", get(list_sessions))
+        .route("/v1/sessions/{key}", get(one_session))
+        .route("/v1/sessions/{key}/reset", post(reset_session))
+        .route("/v1/events", get(lifecycle_events))
         .route("/readyz", get(ready))
         .route_layer(middleware::from_fn_with_state(state.clone(), authorize));
     Router::new()
@@ -326,6 +333,81 @@ async fn list_sessions(State(state): State<AppState>) -> Result<Response, ApiErr
     })?;
     let list: Vec<_> = keys.iter().map(|k| json!({"key": k.as_str()})).collect();
     Ok(Json(json!({"sessions": list})).into_response())
+}
+
+async fn one_session(
+    State(state): State<AppState>,
+    Path(key): Path<String>,
+) -> Result<Response, ApiError> {
+    let key = SessionKey::new(&key);
+    let unavailable = |e: &dyn std::fmt::Display| {
+        ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "unavailable",
+            e.to_string(),
+        )
+    };
+    let running = match state.supervisor.running(key.clone()).await {
+        Ok(Some(handle)) => handle.status().await.ok(),
+        Ok(None) => None,
+        Err(e) => return Err(unavailable(&e)),
+    };
+    let record = match &running {
+        Some(_) => None,
+        None => state
+            .supervisor
+            .stored(&key)
+            .await
+            .map_err(|e| unavailable(&e))?,
+    };
+    if running.is_none() && record.is_none() {
+        return Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            "not_found",
+            format!("no session {key}"),
+        ));
+    }
+    Ok(Json(views::session(record.as_ref(), running.as_ref())).into_response())
+}
+
+async fn reset_session(
+    State(state): State<AppState>,
+    Path(key): Path<String>,
+) -> Result<Response, ApiError> {
+    state
+        .supervisor
+        .reset(key.as_str())
+        .await
+        .map_err(bad_session)?;
+    Ok(Json(json!({"key": key, "reset": true})).into_response())
+}
+
+/// Every session's lifecycle events from now on; a client too slow to
+/// keep up is told how many it missed (`lagged`).
+async fn lifecycle_events(State(state): State<AppState>) -> Response {
+    let rx = state.supervisor.subscribe();
+    let events = futures_util::stream::unfold((rx, 0u64), |(mut rx, mut n)| async move {
+        use tokio::sync::broadcast::error::RecvError;
+        loop {
+            let (kind, data) = match rx.recv().await {
+                Ok(e) => match views::lifecycle(&e) {
+                    Some(v) => v,
+                    None => continue,
+                },
+                Err(RecvError::Lagged(missed)) => ("lagged", json!({"missed": missed})),
+                Err(RecvError::Closed) => return None,
+            };
+            n += 1;
+            let event = Event::default()
+                .id(n.to_string())
+                .event(kind)
+                .data(data.to_string());
+            return Some((Ok::<_, Infallible>(event), (rx, n)));
+        }
+    });
+    Sse::new(events)
+        .keep_alive(KeepAlive::default())
+        .into_response()
 }
 
 /// The turn's events after `after`, then its later ones as they come, until

@@ -402,3 +402,61 @@ impl JsonValue for reqwest::Response {
         serde_json::from_str(&self.text().await.expect("body")).expect("JSON body")
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sessions_are_shown_reset_and_their_lifecycle_streamed() {
+    let s = server().await;
+    // Lifecycle events from now on.
+    let lifecycle = s
+        .client
+        .get(format!("{}/v1/events", s.base))
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .expect("get events");
+    assert_eq!(lifecycle.status(), 200);
+    let turn = s
+        .post(r#"{"key": "ws-s", "message": "hi"}"#)
+        .header("accept", "text/event-stream")
+        .send()
+        .await
+        .expect("post");
+    let attempt = within("the stream to open", s.ctl.next_attempt())
+        .await
+        .expect("opened");
+    attempt.text("ok");
+    attempt.finish();
+    read_events(turn, |_| false).await;
+    let seen = read_events(lifecycle, |e| e.iter().any(|e| e.event == "turn_finished")).await;
+    let kinds: Vec<&str> = seen.iter().map(|e| e.event.as_str()).collect();
+    assert!(kinds.contains(&"turn_started"), "{kinds:?}");
+    let finished = seen
+        .iter()
+        .find(|e| e.event == "turn_finished")
+        .expect("finished");
+    assert_eq!(finished.data["key"], "ws-s");
+    assert_eq!(finished.data["code"], Value::Null);
+
+    let get = |key: &str| {
+        s.client
+            .get(format!("{}/v1/sessions/{key}", s.base))
+            .bearer_auth(TOKEN)
+            .send()
+    };
+    let shown = get("ws-s").await.expect("get").json_value().await;
+    assert_eq!(shown["key"], "ws-s");
+    assert_eq!(shown["running"], true);
+    assert_eq!(shown["turns_finished"], 1);
+    assert_eq!(shown["pending"], 0);
+    assert_eq!(get("nobody").await.expect("get").status(), 404);
+    let reset = s
+        .client
+        .post(format!("{}/v1/sessions/ws-s/reset", s.base))
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .expect("post")
+        .json_value()
+        .await;
+    assert_eq!(reset["reset"], true);
+}

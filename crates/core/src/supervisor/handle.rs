@@ -321,12 +321,25 @@ impl Supervisor {
         key: impl Into<SessionKey>,
         how: Recovery,
     ) -> Result<bool, SupervisorError> {
-        let key = key.into();
-        let handles = call(&self.actor, "supervisor", SupervisorMsg::Handles).await?;
-        match handles.into_iter().find(|h| *h.key() == key) {
+        match self.running(key).await? {
             Some(h) => Ok(h.recover(how).await.unwrap_or(false)),
             None => Ok(false),
         }
+    }
+
+    /// The running session `key`, if it runs (never starts one).
+    pub async fn running(
+        &self,
+        key: impl Into<SessionKey>,
+    ) -> Result<Option<SessionHandle>, ActorError> {
+        let key = key.into();
+        let handles = call(&self.actor, "supervisor", SupervisorMsg::Handles).await?;
+        Ok(handles.into_iter().find(|h| *h.key() == key))
+    }
+
+    /// The stored record of `key`, running or not.
+    pub async fn stored(&self, key: &SessionKey) -> Result<Option<SessionRecord>, StoreError> {
+        self.store.load(key).await
     }
 
     /// Every stored record (running or not); a corrupt one is an `Err` in
