@@ -15,6 +15,7 @@
 //! | `GET /v1/events` | lifecycle events of every session, as SSE, from now on |
 //! | `GET /healthz` | `ok` (no token needed) |
 //! | `GET /readyz` | `ok` while the supervisor runs, else 503 |
+//! | `GET /metrics` | Prometheus text: sessions by state, admission queue, kills, retries, continuations, fallbacks, turns by outcome, turn durations |
 //!
 //! Every event of a turn has an SSE `id:` unique and increasing within the
 //! turn (from 1), an `event:` type and JSON `data:`; text arrives as `text`
@@ -27,6 +28,7 @@
 //! `{"error": {"type", "message"}}`, with a 4xx status; bodies over
 //! [`ServeConfig::max_body_bytes`] get 413.
 
+mod metrics;
 mod turns;
 mod views;
 
@@ -89,15 +91,19 @@ struct AppState {
     supervisor: Supervisor,
     turns: Arc<Turns>,
     config: Arc<ServeConfig>,
+    metrics: Arc<metrics::Metrics>,
 }
 
 /// The API as an axum [`Router`], serving `supervisor`'s sessions.
 pub fn router(supervisor: Supervisor, config: ServeConfig) -> Router {
     let max_body = config.max_body_bytes;
+    let metrics = Arc::new(metrics::Metrics::new());
+    metrics::watch(&supervisor, metrics.clone());
     let state = AppState {
         supervisor,
         turns: Arc::default(),
         config: Arc::new(config),
+        metrics,
     };
     let api = Router::new()
         .route("/v1/turns", post(create_turn))
@@ -108,6 +114,7 @@ pub fn router(supervisor: Supervisor, config: ServeConfig) -> Router {
         .route("/v1/sessions/{key}/reset", post(reset_session))
         .route("/v1/events", get(lifecycle_events))
         .route("/readyz", get(ready))
+        .route("/metrics", get(render_metrics))
         .route_layer(middleware::from_fn_with_state(state.clone(), authorize));
     Router::new()
         .route("/healthz", get(|| async { "ok" }))
@@ -179,6 +186,18 @@ async fn authorize(State(state): State<AppState>, request: Request, next: Next) 
         )
         .into_response()
     }
+}
+
+async fn render_metrics(State(state): State<AppState>) -> Response {
+    let body = state.metrics.render(&state.supervisor).await;
+    (
+        [(
+            header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        body,
+    )
+        .into_response()
 }
 
 async fn ready(State(state): State<AppState>) -> Response {

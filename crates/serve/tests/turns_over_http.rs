@@ -460,3 +460,61 @@ async fn sessions_are_shown_reset_and_their_lifecycle_streamed() {
         .await;
     assert_eq!(reset["reset"], true);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_count_turns_and_show_sessions_in_the_prometheus_format() {
+    let s = server().await;
+    let turn = s
+        .post(r#"{"key": "ws-m", "message": "hi"}"#)
+        .header("accept", "text/event-stream")
+        .send()
+        .await
+        .expect("post");
+    let attempt = within("the stream to open", s.ctl.next_attempt())
+        .await
+        .expect("opened");
+    attempt.text("ok");
+    attempt.finish();
+    read_events(turn, |_| false).await;
+    let scrape = || async {
+        s.client
+            .get(format!("{}/metrics", s.base))
+            .bearer_auth(TOKEN)
+            .send()
+            .await
+            .expect("get")
+            .text()
+            .await
+            .expect("body")
+    };
+    // The bus delivers the turn's end a moment after the reply.
+    let mut text = String::new();
+    for _ in 0..50 {
+        text = scrape().await;
+        if text.contains(r#"warden_turns_total{outcome="answered"} 1"#) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(
+        text.contains(r#"warden_turns_total{outcome="answered"} 1"#),
+        "{text}"
+    );
+    assert!(
+        text.contains(r#"warden_sessions{state="running"} 1"#),
+        "{text}"
+    );
+    assert!(
+        text.contains("warden_turn_duration_seconds_count 1"),
+        "{text}"
+    );
+    assert!(text.contains("warden_stream_kills_total 0"), "{text}");
+    assert!(text.ends_with("# EOF\n"), "{text}");
+    let unauthorized = s
+        .client
+        .get(format!("{}/metrics", s.base))
+        .send()
+        .await
+        .expect("get");
+    assert_eq!(unauthorized.status(), 401);
+}
