@@ -14,6 +14,7 @@
 //! | `POST /v1/sessions/{key}/reset` | forgets that the session was given up |
 //! | `GET /v1/events` | lifecycle events of every session, as SSE, from now on |
 //! | `GET /healthz` | `ok` (no token needed) |
+//! | `GET /openapi.json` | this API as an OpenAPI 3.1 document (no token needed) |
 //! | `GET /readyz` | `ok` while the supervisor runs, else 503 |
 //! | `GET /metrics` | Prometheus text: sessions by state, admission queue, kills, retries, continuations, fallbacks, turns by outcome, turn durations |
 //!
@@ -29,6 +30,7 @@
 //! [`ServeConfig::max_body_bytes`] get 413.
 
 mod metrics;
+mod openapi;
 mod turns;
 mod views;
 
@@ -118,6 +120,7 @@ pub fn router(supervisor: Supervisor, config: ServeConfig) -> Router {
         .route_layer(middleware::from_fn_with_state(state.clone(), authorize));
     Router::new()
         .route("/healthz", get(|| async { "ok" }))
+        .route("/openapi.json", get(|| async { Json(openapi::document()) }))
         .merge(api)
         .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such route") })
         .layer(DefaultBodyLimit::max(max_body))

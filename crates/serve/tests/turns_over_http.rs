@@ -518,3 +518,39 @@ async fn metrics_count_turns_and_show_sessions_in_the_prometheus_format() {
         .expect("get");
     assert_eq!(unauthorized.status(), 401);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_openapi_document_names_exactly_the_routes_served() {
+    let s = server().await;
+    let doc = s
+        .client
+        .get(format!("{}/openapi.json", s.base))
+        .send()
+        .await
+        .expect("get")
+        .json_value()
+        .await;
+    assert_eq!(doc["openapi"], "3.1.0");
+    let paths = doc["paths"].as_object().expect("paths");
+    assert!(paths.len() >= 10, "{paths:?}");
+    for (path, ops) in paths {
+        let concrete = path.replace("{id}", "turn_x").replace("{key}", "some-key");
+        for method in ops.as_object().expect("operations").keys() {
+            let m = reqwest::Method::from_bytes(method.to_uppercase().as_bytes()).expect("method");
+            // Unauthenticated: a routed path answers 401 (or 200 for the open
+            // ones), an unrouted one 404.
+            let status = s
+                .client
+                .request(m, format!("{}{concrete}", s.base))
+                .send()
+                .await
+                .expect("send")
+                .status()
+                .as_u16();
+            assert!(
+                status == 401 || status == 200,
+                "{method} {path} answered {status}: documented but not routed"
+            );
+        }
+    }
+}

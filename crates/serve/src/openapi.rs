@@ -1,0 +1,85 @@
+//! The OpenAPI 3.1 document served at `/openapi.json`: the routes, their
+//! bodies, answers and the event types. Kept next to the router; a test
+//! checks that every path it names is routed.
+
+use serde_json::{Value, json};
+
+/// The document.
+pub(crate) fn document() -> Value {
+    let error = json!({"$ref": "#/components/schemas/Error"});
+    let err = |description: &str| json!({"description": description, "content": {"application/json": {"schema": error}}});
+    let sse = |description: &str| {
+        json!({"description": description, "content": {"text/event-stream": {"schema": {"type": "string",
+        "description": "SSE: each event has `id:` (unique, increasing within the turn, from 1), `event:` (see TurnEvent) and JSON `data:`"}}}})
+    };
+    json!({
+        "openapi": "3.1.0",
+        "info": {
+            "title": "warden serve",
+            "version": env!("CARGO_PKG_VERSION"),
+            "description": "warden's workspace sessions over HTTP + SSE. Every route but /healthz needs `Authorization: Bearer <token>`."
+        },
+        "components": {
+            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
+            "schemas": {
+                "Error": {"type": "object", "required": ["error"], "properties": {"error": {"type": "object",
+                    "properties": {"type": {"type": "string"}, "message": {"type": "string"}}}}},
+                "NewTurn": {"type": "object", "required": ["message"], "additionalProperties": false,
+                    "description": "Exactly one of `workspace` (an absolute directory) or `key` (a name).",
+                    "properties": {"workspace": {"type": "string"}, "key": {"type": "string"}, "message": {"type": "string"}}},
+                "TurnEvent": {"type": "string", "enum": ["queued", "started", "text", "thinking", "tool", "retrying",
+                    "continuing", "restarting", "done", "error"],
+                    "description": "The SSE `event:` of a turn event; `done` (the summary) or `error` (`code`, `message`, `exit`) is the last."}
+            }
+        },
+        "security": [{"bearer": []}],
+        "paths": {
+            "/v1/turns": {"post": {
+                "summary": "Run a turn",
+                "requestBody": {"required": true, "content": {"application/json": {"schema": {"$ref": "#/components/schemas/NewTurn"}}}},
+                "responses": {
+                    "202": {"description": "Accepted", "content": {"application/json": {"schema": {"type": "object",
+                        "properties": {"id": {"type": "string"}, "key": {"type": "string"}}}}}},
+                    "200": sse("With `Accept: text/event-stream`: the turn's events"),
+                    "400": err("Bad JSON, neither or both of workspace/key, a workspace that is not absolute"),
+                    "401": err("No or a wrong token"),
+                    "409": err("The session was given up (reset it)"),
+                    "413": err("Body over the limit (10 MiB)"),
+                    "415": err("Not application/json"),
+                    "422": err("Unknown fields")
+                }
+            }},
+            "/v1/turns/{id}/events": {"get": {
+                "summary": "The turn's events (re-attach)",
+                "parameters": [
+                    {"name": "id", "in": "path", "required": true, "schema": {"type": "string"}},
+                    {"name": "Last-Event-ID", "in": "header", "required": false, "schema": {"type": "integer"},
+                     "description": "Only events after this id"}
+                ],
+                "responses": {"200": sse("The events"), "400": err("A Last-Event-ID that is not a number"),
+                              "404": err("Unknown or expired turn")}
+            }},
+            "/v1/turns/{id}": {"delete": {
+                "summary": "Cancel a turn (queued or running)",
+                "parameters": [{"name": "id", "in": "path", "required": true, "schema": {"type": "string"}}],
+                "responses": {"200": {"description": "`{id, key, cancelled}`"}, "404": err("Unknown or expired turn")}
+            }},
+            "/v1/sessions": {"get": {"summary": "Running sessions", "responses": {"200": {"description": "`{sessions: [{key}]}`"}}}},
+            "/v1/sessions/{key}": {"get": {
+                "summary": "One session (key percent-encoded)",
+                "parameters": [{"name": "key", "in": "path", "required": true, "schema": {"type": "string"}}],
+                "responses": {"200": {"description": "Its record, and while it runs its turn"}, "404": err("Unknown session")}
+            }},
+            "/v1/sessions/{key}/reset": {"post": {
+                "summary": "Forget that the session was given up",
+                "parameters": [{"name": "key", "in": "path", "required": true, "schema": {"type": "string"}}],
+                "responses": {"200": {"description": "`{key, reset: true}`"}}
+            }},
+            "/v1/events": {"get": {"summary": "Every session's lifecycle events", "responses": {"200": sse("Lifecycle events")}}},
+            "/metrics": {"get": {"summary": "Prometheus text", "responses": {"200": {"description": "OpenMetrics text"}}}},
+            "/readyz": {"get": {"summary": "Ready while the supervisor runs", "responses": {"200": {"description": "ok"}, "503": err("Not ready")}}},
+            "/healthz": {"get": {"summary": "Alive", "security": [], "responses": {"200": {"description": "ok"}}}},
+            "/openapi.json": {"get": {"summary": "This document", "security": [], "responses": {"200": {"description": "OpenAPI 3.1"}}}}
+        }
+    })
+}
