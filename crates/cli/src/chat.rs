@@ -68,6 +68,14 @@ pub(crate) struct ChatArgs {
     /// Forget that this workspace's session was given up before sending.
     #[arg(long)]
     reset: bool,
+    /// Talk to a running `warden serve` node at URL instead of opening the
+    /// store (which that node holds).
+    #[arg(long, value_name = "URL", conflicts_with_all = ["base_url", "model", "claude_bin", "reset"])]
+    server: Option<String>,
+    /// The node's token file (with --server). Default WARDEN_TOKEN, else
+    /// DATA_DIR/token.
+    #[arg(long, value_name = "FILE", requires = "server")]
+    token_file: Option<PathBuf>,
     /// The message, or `-` to read it from stdin (at most 32 MiB).
     message: String,
 }
@@ -202,6 +210,11 @@ pub(crate) async fn run(args: ChatArgs) -> Result<Exit, CliError> {
                 args.workspace.display()
             )));
         }
+    }
+    if let Some(server) = &args.server {
+        let client =
+            crate::client::Client::new(server, args.token_file.clone(), args.data_dir.clone())?;
+        return client.chat(&args.workspace, message).await;
     }
     let config = SupervisorConfig::from_env().map_err(|e| CliError::usage(e.to_string()))?;
     let data_dir = paths::data_dir(args.data_dir.clone())?;

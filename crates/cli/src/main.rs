@@ -11,6 +11,7 @@
 //! code ([`exit::EXIT_CODES`]), never a panic or a backtrace.
 
 mod chat;
+mod client;
 mod demo;
 mod exit;
 mod input;

@@ -64,7 +64,7 @@ pub(crate) fn open_existing_store(dir: &Path) -> Result<Option<SledStore>, CliEr
 fn store_error(dir: &Path, error: StoreError) -> CliError {
     match error {
         StoreError::Locked { path } => CliError::failure(format!(
-            "the session database {path} is in use by another warden process; stop it or pass another --data-dir"
+            "the session database {path} is in use by another warden process (for a running `warden serve`, pass --server URL to talk to it); stop it or pass another --data-dir"
         )),
         other => CliError::failure(format!(
             "cannot open the session database in {}: {}",

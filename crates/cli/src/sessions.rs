@@ -27,10 +27,22 @@ pub(crate) struct SessionsArgs {
     /// Exits 0 when every record was salvaged, 1 otherwise.
     #[arg(long, conflicts_with = "json")]
     repair: bool,
+    /// Ask a running `warden serve` node at URL instead of opening the
+    /// store (which that node holds).
+    #[arg(long, value_name = "URL", conflicts_with = "repair")]
+    server: Option<String>,
+    /// The node's token file (with --server). Default WARDEN_TOKEN, else
+    /// DATA_DIR/token.
+    #[arg(long, value_name = "FILE", requires = "server")]
+    token_file: Option<PathBuf>,
 }
 
 /// Runs `warden sessions`.
 pub(crate) async fn run(args: SessionsArgs) -> Result<Exit, CliError> {
+    if let Some(server) = &args.server {
+        let client = crate::client::Client::new(server, args.token_file, args.data_dir)?;
+        return client.sessions(args.json).await;
+    }
     let dir = paths::data_dir(args.data_dir)?;
     if args.repair {
         return tokio::task::spawn_blocking(move || repair(&dir))

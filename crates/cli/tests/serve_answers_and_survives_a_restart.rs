@@ -145,3 +145,85 @@ async fn serve_streams_a_turn_then_stops_gracefully_and_resends_on_restart() {
     let _ = again.child.start_kill();
     mock.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chat_and_sessions_talk_to_a_running_node_with_server() {
+    let mock = MockServer::start(MockConfig::default())
+        .await
+        .expect("mock");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().join("data");
+    let workspace = dir.path().join("app");
+    std::fs::create_dir_all(&workspace).expect("workspace");
+    let mut node = start(&data, &mock).await;
+    let data_arg = data.to_str().expect("utf-8");
+    let ws_arg = workspace.to_str().expect("utf-8");
+
+    // Without --server the store is held by the node: the error says what to do.
+    let held = run(&[
+        "chat",
+        "--workspace",
+        ws_arg,
+        "--agent",
+        "anthropic",
+        "--data-dir",
+        data_arg,
+        "hi",
+    ])
+    .await;
+    assert_ne!(code(&held), 0);
+    assert!(stderr(&held).contains("--server"), "{}", stderr(&held));
+
+    let out = run(&[
+        "chat",
+        "--workspace",
+        ws_arg,
+        "--server",
+        &node.base,
+        "--data-dir",
+        data_arg,
+        "ping me",
+    ])
+    .await;
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let printed = stdout(&out);
+    assert!(
+        printed.starts_with("Hello from warden-mock. Your last message had 7 characters.\n"),
+        "{printed}"
+    );
+    assert!(printed.contains("[ctx: "), "{printed}");
+
+    let listed = run(&[
+        "sessions",
+        "--server",
+        &node.base,
+        "--data-dir",
+        data_arg,
+        "--json",
+    ])
+    .await;
+    assert_eq!(code(&listed), 0, "{}", stderr(&listed));
+    let sessions: serde_json::Value = serde_json::from_str(&stdout(&listed)).expect("JSON");
+    let canonical = std::fs::canonicalize(&workspace).expect("canonical");
+    assert_eq!(
+        sessions[0]["key"],
+        canonical.to_str().expect("utf-8"),
+        "{sessions}"
+    );
+    assert_eq!(sessions[0]["pending"], 0);
+
+    let wrong = tempfile::NamedTempFile::new().expect("file");
+    std::fs::write(wrong.path(), "not-the-token").expect("write");
+    let refused = run(&[
+        "sessions",
+        "--server",
+        &node.base,
+        "--token-file",
+        wrong.path().to_str().expect("utf-8"),
+    ])
+    .await;
+    assert_ne!(code(&refused), 0);
+    assert!(stderr(&refused).contains("401"), "{}", stderr(&refused));
+    let _ = node.child.start_kill();
+    mock.shutdown().await;
+}

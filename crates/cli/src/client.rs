@@ -1,0 +1,272 @@
+//! `--server URL`: `warden chat` and `warden sessions` against a running
+//! `warden serve` node instead of opening the store (which only one process
+//! can hold).
+
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+
+use futures_util::StreamExt as _;
+use serde_json::Value;
+
+use crate::exit::{CliError, Exit};
+use crate::paths;
+
+/// A `warden serve` node and its token.
+pub(crate) struct Client {
+    base: reqwest::Url,
+    token: String,
+    http: reqwest::Client,
+}
+
+impl Client {
+    /// The node at `server`; the token from `token_file`, else
+    /// `WARDEN_TOKEN`, else `DATA_DIR/token`.
+    pub(crate) fn new(
+        server: &str,
+        token_file: Option<PathBuf>,
+        data_dir: Option<PathBuf>,
+    ) -> Result<Self, CliError> {
+        crate::sources::check_url(server)?;
+        let base = reqwest::Url::parse(server.trim_end_matches('/'))
+            .map_err(|e| CliError::usage(format!("invalid --server {server:?}: {e}")))?;
+        let token = match (token_file, std::env::var("WARDEN_TOKEN")) {
+            (Some(file), _) => read_token(&file)?,
+            (None, Ok(t)) if !t.trim().is_empty() => t.trim().to_owned(),
+            _ => read_token(&paths::data_dir(data_dir)?.join("token"))?,
+        };
+        let http = reqwest::Client::builder()
+            .build()
+            .map_err(|e| CliError::failure(e.to_string()))?;
+        Ok(Self { base, token, http })
+    }
+
+    fn url(&self, segments: &[&str]) -> Result<reqwest::Url, CliError> {
+        let mut url = self.base.clone();
+        url.path_segments_mut()
+            .map_err(|()| CliError::usage("--server cannot take a path"))?
+            .extend(segments);
+        Ok(url)
+    }
+
+    /// Sends `message` to `workspace`'s session and relays the reply:
+    /// text to stdout, notices to stderr, the context indicator last.
+    /// Ctrl-C cancels the turn on the node.
+    pub(crate) async fn chat(&self, workspace: &Path, message: String) -> Result<Exit, CliError> {
+        let workspace = std::fs::canonicalize(workspace)
+            .map_err(|e| CliError::usage(format!("workspace {}: {e}", workspace.display())))?;
+        let body = serde_json::json!({"workspace": workspace, "message": message});
+        let response = self
+            .http
+            .post(self.url(&["v1", "turns"])?)
+            .bearer_auth(&self.token)
+            .header("accept", "text/event-stream")
+            .header("content-type", "application/json")
+            .body(body.to_string())
+            .send()
+            .await
+            .map_err(|e| unreachable_node(&self.base, &e))?;
+        let response = ok_or_error(response).await?;
+        let id = response
+            .headers()
+            .get("x-warden-turn-id")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned);
+        let relay = relay_events(response);
+        tokio::pin!(relay);
+        tokio::select! {
+            result = &mut relay => result,
+            _ = crate::signal::shutdown_signal() => {
+                if let Some(id) = id {
+                    let _ = self
+                        .http
+                        .delete(self.url(&["v1", "turns", &id])?)
+                        .bearer_auth(&self.token)
+                        .send()
+                        .await;
+                }
+                Err(CliError::new(Exit::Cancelled, "turn cancelled"))
+            }
+        }
+    }
+
+    /// Lists the node's sessions: a table, or a JSON array.
+    pub(crate) async fn sessions(&self, json: bool) -> Result<Exit, CliError> {
+        let list = self.get(&["v1", "sessions"]).await?;
+        let mut sessions = Vec::new();
+        for s in list["sessions"].as_array().into_iter().flatten() {
+            if let Some(key) = s["key"].as_str() {
+                sessions.push(self.get(&["v1", "sessions", key]).await?);
+            }
+        }
+        if json {
+            println!("{}", Value::Array(sessions));
+            return Ok(Exit::Ok);
+        }
+        println!(
+            "{:<48} {:<8} {:>7} {:>5}",
+            "SESSION", "STATUS", "PENDING", "CTX"
+        );
+        for s in &sessions {
+            println!(
+                "{:<48} {:<8} {:>7} {:>5}",
+                s["key"].as_str().unwrap_or("?"),
+                s["status"].as_str().unwrap_or("?"),
+                s["pending"].as_u64().unwrap_or(0),
+                s["context"]["percent"]
+                    .as_u64()
+                    .map_or("-".to_owned(), |p| format!("{p}%")),
+            );
+        }
+        Ok(Exit::Ok)
+    }
+
+    async fn get(&self, segments: &[&str]) -> Result<Value, CliError> {
+        let response = self
+            .http
+            .get(self.url(segments)?)
+            .bearer_auth(&self.token)
+            .send()
+            .await
+            .map_err(|e| unreachable_node(&self.base, &e))?;
+        let response = ok_or_error(response).await?;
+        let text = response
+            .text()
+            .await
+            .map_err(|e| CliError::failure(e.to_string()))?;
+        serde_json::from_str(&text)
+            .map_err(|e| CliError::failure(format!("the node answered with bad JSON: {e}")))
+    }
+}
+
+fn read_token(file: &Path) -> Result<String, CliError> {
+    std::fs::read_to_string(file)
+        .map(|t| t.trim().to_owned())
+        .map_err(|e| {
+            CliError::usage(format!(
+                "cannot read the token file {}: {e} (pass --token-file or set WARDEN_TOKEN)",
+                file.display()
+            ))
+        })
+}
+
+fn unreachable_node(base: &reqwest::Url, e: &reqwest::Error) -> CliError {
+    CliError::new(
+        Exit::Unavailable,
+        format!("cannot reach the warden node at {base}: {e}"),
+    )
+}
+
+/// The answer if 2xx, else its `{"error": ..}` as the command's error.
+async fn ok_or_error(response: reqwest::Response) -> Result<reqwest::Response, CliError> {
+    let status = response.status();
+    if status.is_success() {
+        return Ok(response);
+    }
+    let text = response.text().await.unwrap_or_default();
+    let message = serde_json::from_str::<Value>(&text)
+        .ok()
+        .and_then(|v| v["error"]["message"].as_str().map(str::to_owned))
+        .unwrap_or(text);
+    let exit = match status.as_u16() {
+        400 | 413 | 415 | 422 => Exit::Usage,
+        503 => Exit::Unavailable,
+        _ => Exit::Failure,
+    };
+    Err(CliError::new(
+        exit,
+        format!("the node answered {status}: {message}"),
+    ))
+}
+
+/// Relays a turn's SSE events until its last.
+async fn relay_events(response: reqwest::Response) -> Result<Exit, CliError> {
+    let mut body = response.bytes_stream();
+    let mut buf = String::new();
+    let mut stdout = std::io::stdout();
+    let mut line_open = false;
+    while let Some(chunk) = body.next().await {
+        let chunk = chunk.map_err(|e| {
+            CliError::new(Exit::Unavailable, format!("the node's stream broke: {e}"))
+        })?;
+        buf.push_str(&String::from_utf8_lossy(&chunk));
+        while let Some(end) = buf.find("\n\n") {
+            let block: String = buf.drain(..end + 2).collect();
+            let (mut event, mut data) = (String::new(), String::new());
+            for line in block.lines() {
+                if let Some(v) = line.strip_prefix("event:") {
+                    event = v.trim().to_owned();
+                } else if let Some(v) = line.strip_prefix("data:") {
+                    data.push_str(v.trim_start());
+                }
+            }
+            let data: Value = serde_json::from_str(&data).unwrap_or(Value::Null);
+            match event.as_str() {
+                "text" => {
+                    let text = data["text"].as_str().unwrap_or("");
+                    let _ = stdout
+                        .write_all(text.as_bytes())
+                        .and_then(|()| stdout.flush());
+                    if !text.is_empty() {
+                        line_open = !text.ends_with('\n');
+                    }
+                }
+                "retrying" | "continuing" => {
+                    if line_open {
+                        eprintln!();
+                    }
+                    if data["code"] == "ESTREAM_TIMEOUT" {
+                        eprintln!("Connection lost during streaming. Retrying...");
+                    } else {
+                        eprintln!(
+                            "warden: {}; retrying in {:.1}s",
+                            data["code"].as_str().unwrap_or("error"),
+                            data["delay_ms"].as_f64().unwrap_or(0.0) / 1000.0
+                        );
+                    }
+                    if event == "continuing" {
+                        eprintln!("warden: continuing the reply where it stopped");
+                    }
+                }
+                "restarting" => {
+                    eprintln!(
+                        "warden: {}",
+                        data["notice"].as_str().unwrap_or("restarting")
+                    );
+                }
+                "done" => {
+                    if line_open {
+                        println!();
+                    }
+                    if let Some(p) = data["context"]["percent"].as_u64() {
+                        println!("[ctx: {p}%]");
+                    }
+                    return Ok(Exit::Ok);
+                }
+                "error" => {
+                    if line_open {
+                        println!();
+                    }
+                    let exit = match data["exit"].as_u64() {
+                        Some(4) => Exit::Timeout,
+                        Some(5) => Exit::Unavailable,
+                        Some(3) => Exit::Api,
+                        Some(130) => Exit::Cancelled,
+                        _ => Exit::Failure,
+                    };
+                    return Err(CliError::new(
+                        exit,
+                        data["message"]
+                            .as_str()
+                            .unwrap_or("the turn failed")
+                            .to_owned(),
+                    ));
+                }
+                _ => {}
+            }
+        }
+    }
+    Err(CliError::new(
+        Exit::Unavailable,
+        "the node closed the stream before the turn ended",
+    ))
+}
