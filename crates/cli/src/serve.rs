@@ -59,6 +59,9 @@ pub(crate) struct ServeArgs {
     /// Seconds running turns may take to finish after SIGTERM.
     #[arg(long, default_value_t = 10, value_name = "SECONDS")]
     grace: u64,
+    /// Seconds a finished turn's events stay available for re-attach.
+    #[arg(long, default_value_t = 600, value_name = "SECONDS")]
+    keep_events: u64,
 }
 
 /// The token in `path`, or a new random one written there (0600).
@@ -171,7 +174,10 @@ pub(crate) async fn run(args: ServeArgs) -> Result<Exit, CliError> {
     if resumed > 0 {
         eprintln!("warden: re-sending the pending messages of {resumed} session(s)");
     }
-    let app = warden_serve::router(supervisor.clone(), ServeConfig::new(token));
+    let app = warden_serve::router(
+        supervisor.clone(),
+        ServeConfig::new(token).with_keep_finished(Duration::from_secs(args.keep_events)),
+    );
     println!("listening on http://{addr}");
     let _ = std::io::stdout().flush();
 

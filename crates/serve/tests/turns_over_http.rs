@@ -554,3 +554,32 @@ async fn the_openapi_document_names_exactly_the_routes_served() {
         }
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_finished_turns_events_expire_after_the_configured_time() {
+    let s =
+        server_with(ServeConfig::new(TOKEN).with_keep_finished(Duration::from_millis(100))).await;
+    let created = s
+        .post(r#"{"key": "ws-e", "message": "hi"}"#)
+        .send()
+        .await
+        .expect("post")
+        .json_value()
+        .await;
+    let id = created["id"].as_str().expect("id").to_owned();
+    let attempt = within("the stream to open", s.ctl.next_attempt())
+        .await
+        .expect("opened");
+    attempt.finish();
+    let events = read_events(s.events(&id).send().await.expect("get"), |_| false).await;
+    assert_eq!(events.last().map(|e| e.event.as_str()), Some("done"));
+    let mut status = 200;
+    for _ in 0..100 {
+        status = s.events(&id).send().await.expect("get").status().as_u16();
+        if status == 404 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(status, 404, "forgotten after keep_finished");
+}
