@@ -70,6 +70,15 @@ impl Server {
             .body(body.to_owned())
     }
 
+    /// Creates a turn (`202`): its id, and the whole answer.
+    async fn create(&self, body: &str) -> (String, Value) {
+        let response = self.post(body).send().await.expect("post");
+        assert_eq!(response.status(), 202);
+        let created = response.json_value().await;
+        let id = created["id"].as_str().expect("id").to_owned();
+        (id, created)
+    }
+
     fn events(&self, id: &str) -> reqwest::RequestBuilder {
         self.client
             .get(format!("{}/v1/turns/{id}/events", self.base))
@@ -154,17 +163,7 @@ async fn a_turn_streams_as_numbered_events_ending_with_done() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_that_drops_mid_turn_reattaches_and_misses_nothing() {
     let s = server().await;
-    let created: Value = serde_json::from_str(
-        &s.post(r#"{"key": "ws-2", "message": "hi"}"#)
-            .send()
-            .await
-            .expect("post")
-            .text()
-            .await
-            .expect("body"),
-    )
-    .expect("JSON");
-    let id = created["id"].as_str().expect("id").to_owned();
+    let (id, created) = s.create(r#"{"key": "ws-2", "message": "hi"}"#).await;
     assert_eq!(created["key"], "ws-2");
     let attempt = within("the stream to open", s.ctl.next_attempt())
         .await
@@ -198,17 +197,7 @@ async fn a_client_that_drops_mid_turn_reattaches_and_misses_nothing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_turn_is_cancelled_by_its_id() {
     let s = server().await;
-    let created: Value = serde_json::from_str(
-        &s.post(r#"{"key": "ws-3", "message": "hi"}"#)
-            .send()
-            .await
-            .expect("post")
-            .text()
-            .await
-            .expect("body"),
-    )
-    .expect("JSON");
-    let id = created["id"].as_str().expect("id").to_owned();
+    let (id, _) = s.create(r#"{"key": "ws-3", "message": "hi"}"#).await;
     let attempt = within("the stream to open", s.ctl.next_attempt())
         .await
         .expect("opened");
@@ -559,14 +548,7 @@ async fn the_openapi_document_names_exactly_the_routes_served() {
 async fn a_finished_turns_events_expire_after_the_configured_time() {
     let s =
         server_with(ServeConfig::new(TOKEN).with_keep_finished(Duration::from_millis(100))).await;
-    let created = s
-        .post(r#"{"key": "ws-e", "message": "hi"}"#)
-        .send()
-        .await
-        .expect("post")
-        .json_value()
-        .await;
-    let id = created["id"].as_str().expect("id").to_owned();
+    let (id, _) = s.create(r#"{"key": "ws-e", "message": "hi"}"#).await;
     let attempt = within("the stream to open", s.ctl.next_attempt())
         .await
         .expect("opened");
