@@ -137,16 +137,10 @@ impl Metrics {
     /// The exposition, with the gauges read now.
     pub(crate) async fn render(&self, supervisor: &Supervisor) -> String {
         let (mut running, mut streaming, mut queued_turns) = (0i64, 0i64, 0i64);
-        if let Ok(keys) = supervisor.sessions().await {
-            for key in keys {
-                running += 1;
-                if let Ok(Some(h)) = supervisor.running(key).await
-                    && let Ok(s) = h.status().await
-                {
-                    streaming += i64::from(s.streaming.is_some());
-                    queued_turns += i64::try_from(s.queued).unwrap_or(i64::MAX);
-                }
-            }
+        for s in supervisor.statuses().await.unwrap_or_default() {
+            running += 1;
+            streaming += i64::from(s.streaming.is_some());
+            queued_turns += i64::try_from(s.queued).unwrap_or(i64::MAX);
         }
         self.sessions
             .get_or_create(&State { state: "running" })

@@ -296,17 +296,24 @@ impl Supervisor {
         call(&self.actor, "supervisor", SupervisorMsg::List).await
     }
 
+    /// A snapshot of every running session, asked concurrently (a session
+    /// that stops meanwhile is left out).
+    pub async fn statuses(&self) -> Result<Vec<SessionStatus>, ActorError> {
+        let handles = call(&self.actor, "supervisor", SupervisorMsg::Handles).await?;
+        let statuses = futures_util::future::join_all(handles.iter().map(|h| h.status())).await;
+        Ok(statuses.into_iter().filter_map(Result::ok).collect())
+    }
+
     /// The running sessions whose turn has run longer than `longer_than`
     /// (queued for admission, streaming and backing off included; see
     /// [`SessionStatus::admitting`]), longest first: for operators, with
     /// [`recover`](Self::recover). A stream that keeps sending keep-alives
     /// but never finishes is alive to the watchdog; this finds it.
     pub async fn stuck(&self, longer_than: Duration) -> Result<Vec<SessionStatus>, ActorError> {
-        let handles = call(&self.actor, "supervisor", SupervisorMsg::Handles).await?;
-        let statuses = futures_util::future::join_all(handles.iter().map(|h| h.status())).await;
-        let mut stuck: Vec<SessionStatus> = statuses
+        let mut stuck: Vec<SessionStatus> = self
+            .statuses()
+            .await?
             .into_iter()
-            .filter_map(Result::ok) // a session that stopped meanwhile is not stuck
             .filter(|s| s.turn_running_for.is_some_and(|d| d > longer_than))
             .collect();
         stuck.sort_by_key(|s| std::cmp::Reverse(s.turn_running_for));
