@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::Within;
-use warden_core::{AgentEvent, TurnEvent};
+
 use warden_mock::{MockConfig, MockServer, Scenario};
 
 const REPLY: &str = "All tests pass after the fix to the connection timeout.";
@@ -32,29 +32,12 @@ async fn run(stall: Scenario) -> (Vec<&'static str>, String, MockServer) {
         .expect("source"),
     );
     let sup = common::supervisor_over(source, Duration::from_millis(300)).await;
-    let mut turn = sup.send("ws", "run the tests").await.expect("send");
-    let mut notices = Vec::new();
-    let mut shown = String::new();
-    let text = async {
-        while let Some(ev) = turn.recv().await {
-            match ev {
-                TurnEvent::Event(AgentEvent::TextDelta(t)) => shown.push_str(&t),
-                TurnEvent::Retrying { .. } => {
-                    notices.push("retrying");
-                    shown.clear();
-                }
-                TurnEvent::Continuing { .. } => notices.push("continuing"),
-                TurnEvent::Finished(r) => return r.expect("answered").text,
-                _ => {}
-            }
-        }
-        panic!("no Finished")
-    }
-    .patiently("the turn")
-    .await;
-    assert_eq!(shown, text, "what the consumer shows is the answer");
+    let turn = sup.send("ws", "run the tests").await.expect("send");
+    let c = common::consume(turn).patiently("the turn").await;
+    let text = c.text().to_owned();
+    assert_eq!(c.shown, text, "what the consumer shows is the answer");
     sup.shutdown().await;
-    (notices, text, mock)
+    (c.notices, text, mock)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -11,8 +11,7 @@ use std::sync::Arc;
 use common::*;
 use warden_core::testing::{ChannelSource, ChannelSourceControl};
 use warden_core::{
-    AgentEvent, EventSource, Frame, LifecycleEvent, SessionKey, StreamError, Supervisor, TurnEvent,
-    TurnHandle,
+    AgentEvent, EventSource, Frame, LifecycleEvent, SessionKey, StreamError, Supervisor, TurnHandle,
 };
 
 async fn supervisor(continues: bool) -> (Supervisor, ChannelSourceControl) {
@@ -27,28 +26,11 @@ async fn supervisor(continues: bool) -> (Supervisor, ChannelSourceControl) {
     (sup, ctl)
 }
 
-/// Every event of the turn until it ends: the text as a consumer that
-/// honours `Retrying` (discard) and `Continuing` (keep) would show it, the
-/// notices in order, and the summary's text.
-async fn consume(mut turn: TurnHandle) -> (String, Vec<&'static str>, String) {
-    let mut shown = String::new();
-    let mut notices = Vec::new();
-    while let Some(ev) = turn.recv().within("the turn's events").await {
-        match ev {
-            TurnEvent::Event(AgentEvent::TextDelta(t)) => shown.push_str(&t),
-            TurnEvent::Retrying { .. } => {
-                shown.clear();
-                notices.push("retrying");
-            }
-            TurnEvent::Continuing { .. } => notices.push("continuing"),
-            TurnEvent::Finished(r) => {
-                let summary = r.expect("answered");
-                return (shown, notices, summary.text);
-            }
-            _ => {}
-        }
-    }
-    panic!("the turn ended without Finished");
+/// The consumer's text, its notices and the answer's text.
+async fn consumed(turn: TurnHandle) -> (String, Vec<&'static str>, String) {
+    let c = consume(turn).within("the turn's events").await;
+    let text = c.text().to_owned();
+    (c.shown, c.notices, text)
 }
 
 #[tokio::test(start_paused = true)]
@@ -56,7 +38,7 @@ async fn a_reply_killed_mid_text_is_continued_into_one_whole_reply() {
     let (sup, ctl) = supervisor(true).await;
     let mut events = sup.subscribe();
     let turn = sup.send("ws", "greet").await.expect("send");
-    let consumer = tokio::spawn(consume(turn));
+    let consumer = tokio::spawn(consumed(turn));
     let first = ctl
         .next_attempt()
         .within("the first attempt")
@@ -103,7 +85,7 @@ async fn a_reply_killed_mid_text_is_continued_into_one_whole_reply() {
 async fn a_continuation_broken_before_its_first_byte_continues_again() {
     let (sup, ctl) = supervisor(true).await;
     let turn = sup.send("ws", "greet").await.expect("send");
-    let consumer = tokio::spawn(consume(turn));
+    let consumer = tokio::spawn(consumed(turn));
     let first = ctl
         .next_attempt()
         .within("the first attempt")
@@ -144,7 +126,7 @@ async fn a_continuation_broken_before_its_first_byte_continues_again() {
 async fn a_break_mid_thinking_restarts_from_scratch() {
     let (sup, ctl) = supervisor(true).await;
     let turn = sup.send("ws", "think").await.expect("send");
-    let consumer = tokio::spawn(consume(turn));
+    let consumer = tokio::spawn(consumed(turn));
     let first = ctl
         .next_attempt()
         .within("the first attempt")
@@ -172,7 +154,7 @@ async fn a_break_mid_thinking_restarts_from_scratch() {
 async fn a_source_that_cannot_continue_replays_as_before() {
     let (sup, ctl) = supervisor(false).await;
     let turn = sup.send("ws", "greet").await.expect("send");
-    let consumer = tokio::spawn(consume(turn));
+    let consumer = tokio::spawn(consumed(turn));
     let first = ctl
         .next_attempt()
         .within("the first attempt")
@@ -200,7 +182,7 @@ async fn a_source_that_cannot_continue_replays_as_before() {
 async fn a_continuation_that_starts_over_restarts_the_turn_with_the_discard_notice() {
     let (sup, ctl) = supervisor(true).await;
     let turn = sup.send("ws", "tell").await.expect("send");
-    let consumer = tokio::spawn(consume(turn));
+    let consumer = tokio::spawn(consumed(turn));
     let first = ctl
         .next_attempt()
         .within("the first attempt")

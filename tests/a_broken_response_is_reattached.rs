@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::Within;
-use warden_core::{AgentEvent, TurnEvent};
+
 use warden_mock::{Endpoint, MockConfig, MockServer, Scenario};
 
 const REPLY: &str = "Background responses keep generating when the connection drops, \
@@ -36,31 +36,13 @@ async fn a_stalled_response_is_reattached_and_nothing_is_generated_twice() {
     );
     let sup = common::supervisor_over(source, Duration::from_millis(300)).await;
 
-    let mut turn = sup.send("ws", "why background mode?").await.expect("send");
-    let mut shown = String::new();
-    let mut notices = Vec::new();
-    let summary = async {
-        while let Some(ev) = turn.recv().await {
-            match ev {
-                TurnEvent::Event(AgentEvent::TextDelta(t)) => shown.push_str(&t),
-                TurnEvent::Retrying { .. } => {
-                    notices.push("retrying");
-                    shown.clear();
-                }
-                TurnEvent::Continuing { .. } => notices.push("continuing"),
-                TurnEvent::Finished(r) => return r,
-                _ => {}
-            }
-        }
-        panic!("no Finished")
-    }
-    .patiently("the turn")
-    .await
-    .expect("answered");
-
+    let turn = sup.send("ws", "why background mode?").await.expect("send");
+    let c = common::consume(turn).patiently("the turn").await;
+    let (shown, notices) = (&c.shown, &c.notices);
+    let summary = c.result.as_ref().expect("answered");
     assert_eq!(summary.text, REPLY);
     assert_eq!(shown, REPLY, "the consumer's text, nothing twice");
-    assert_eq!(notices, ["continuing"]);
+    assert_eq!(*notices, ["continuing"]);
     let requests = mock.requests();
     assert_eq!(requests.len(), 2, "{requests:#?}");
     assert_eq!(requests[0].endpoint, Endpoint::OpenAiResponses);

@@ -253,3 +253,47 @@ pub async fn supervisor_over(source: Arc<dyn EventSource>, timeout: Duration) ->
         .await
         .expect("supervisor")
 }
+
+/// What a consumer that honours `Retrying` (discard what it shows) and
+/// `Continuing` (keep it) ends with: the text it shows, the notices in
+/// order, and how the turn ended.
+#[derive(Debug)]
+pub struct Consumed {
+    pub shown: String,
+    pub notices: Vec<&'static str>,
+    pub result: Result<warden_core::TurnSummary, warden_core::TurnError>,
+}
+
+impl Consumed {
+    /// The answer's text; panics if the turn failed.
+    pub fn text(&self) -> &str {
+        &self.result.as_ref().expect("answered").text
+    }
+}
+
+/// Reads `turn` to its end as such a consumer. Not bounded itself: wrap it
+/// in `within` / `patiently`.
+pub async fn consume(mut turn: warden_core::TurnHandle) -> Consumed {
+    use warden_core::{AgentEvent, TurnEvent};
+    let mut shown = String::new();
+    let mut notices = Vec::new();
+    while let Some(ev) = turn.recv().await {
+        match ev {
+            TurnEvent::Event(AgentEvent::TextDelta(t)) => shown.push_str(&t),
+            TurnEvent::Retrying { .. } => {
+                shown.clear();
+                notices.push("retrying");
+            }
+            TurnEvent::Continuing { .. } => notices.push("continuing"),
+            TurnEvent::Finished(result) => {
+                return Consumed {
+                    shown,
+                    notices,
+                    result,
+                };
+            }
+            _ => {}
+        }
+    }
+    panic!("the turn ended without Finished");
+}

@@ -79,6 +79,23 @@ impl Server {
         (id, created)
     }
 
+    /// Runs a turn on session `key` over SSE, the agent answering `text`;
+    /// its events.
+    async fn answer(&self, key: &str, text: &str) -> Vec<Sse> {
+        let turn = self
+            .post(&format!(r#"{{"key": "{key}", "message": "hi"}}"#))
+            .header("accept", "text/event-stream")
+            .send()
+            .await
+            .expect("post");
+        let attempt = within("the stream to open", self.ctl.next_attempt())
+            .await
+            .expect("opened");
+        attempt.text(text);
+        attempt.finish();
+        read_events(turn, |_| false).await
+    }
+
     fn events(&self, id: &str) -> reqwest::RequestBuilder {
         self.client
             .get(format!("{}/v1/turns/{id}/events", self.base))
@@ -404,18 +421,7 @@ async fn sessions_are_shown_reset_and_their_lifecycle_streamed() {
         .await
         .expect("get events");
     assert_eq!(lifecycle.status(), 200);
-    let turn = s
-        .post(r#"{"key": "ws-s", "message": "hi"}"#)
-        .header("accept", "text/event-stream")
-        .send()
-        .await
-        .expect("post");
-    let attempt = within("the stream to open", s.ctl.next_attempt())
-        .await
-        .expect("opened");
-    attempt.text("ok");
-    attempt.finish();
-    read_events(turn, |_| false).await;
+    s.answer("ws-s", "ok").await;
     let seen = read_events(lifecycle, |e| e.iter().any(|e| e.event == "turn_finished")).await;
     let kinds: Vec<&str> = seen.iter().map(|e| e.event.as_str()).collect();
     assert!(kinds.contains(&"turn_started"), "{kinds:?}");
@@ -453,18 +459,7 @@ async fn sessions_are_shown_reset_and_their_lifecycle_streamed() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_count_turns_and_show_sessions_in_the_prometheus_format() {
     let s = server().await;
-    let turn = s
-        .post(r#"{"key": "ws-m", "message": "hi"}"#)
-        .header("accept", "text/event-stream")
-        .send()
-        .await
-        .expect("post");
-    let attempt = within("the stream to open", s.ctl.next_attempt())
-        .await
-        .expect("opened");
-    attempt.text("ok");
-    attempt.finish();
-    read_events(turn, |_| false).await;
+    s.answer("ws-m", "ok").await;
     let scrape = || async {
         s.client
             .get(format!("{}/metrics", s.base))
