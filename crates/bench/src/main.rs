@@ -34,11 +34,16 @@
 //! 8. `continuation`: a 2,000-token reply killed at 10/50/90 %: output
 //!    tokens and time to the whole reply, continuation vs restart (issue
 //!    #14); see [`continuation`].
+//! 9. `soak`: 1,000 concurrent SSE clients running turns on `warden serve`
+//!    for 60 s with 5 % stalls and 5 % client drops: lost turns, errors,
+//!    added latency per event against a 10-client baseline, RSS (issue
+//!    #15); see [`soak`].
 #![allow(unsafe_code)] // the counting global allocator below
 #![allow(missing_docs, unreachable_pub)]
 
 mod backoff;
 mod continuation;
+mod soak;
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::pin::Pin;
@@ -1058,6 +1063,9 @@ fn main() {
         }
         if want("continuation") {
             continuation::bench_continuation(quick).await;
+        }
+        if want("soak") {
+            soak::bench_soak(quick).await;
         }
     });
     if want("telemetry") {

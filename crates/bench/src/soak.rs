@@ -1,0 +1,535 @@
+//! Section 9, `soak`: `warden serve` under many concurrent SSE clients
+//! (issue #15). One process holds the mock LLM server, a real `warden
+//! serve` (the crate's router on a loopback socket, a sled store on disk,
+//! the Anthropic source) and the clients (`reqwest`, one connection each).
+//! Every client runs turns back to back in its own workspace for the
+//! duration; 5 % of first attempts stall mid-text with the socket open
+//! (the watchdog kills them and the reply is continued), and 5 % of turns
+//! drop their connection after a few events and re-attach with
+//! `Last-Event-ID`.
+//!
+//! Checked per turn: the event ids run 1, 2, 3 … without a gap or a
+//! repeat across the re-attach, the text equals the mock's reply exactly
+//! once, and the last event is `done`. Reported: turns, lost turns (a turn
+//! the client could not finish within 30 s), errors other than the
+//! injected faults, the latency each text event gains between the source
+//! yielding it and the client parsing it (p50/p99, at full load and with
+//! 10 clients as the baseline measured in the same run), and the process's
+//! RSS and live heap before, at the end, and once finished turns expire.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use futures_util::future::BoxFuture;
+use rand::{Rng, SeedableRng};
+use tokio::time::Instant;
+use warden_core::{
+    AgentEvent, EventSource, EventStream, Frame, RetryPolicy, SessionConfig, SessionKey,
+    StreamError, Supervisor, SupervisorConfig, TurnRequest, WatchdogConfig,
+};
+use warden_mock::{MockConfig, MockServer, Scenario};
+
+const TOKEN: &str = "soak-token";
+/// Watchdog timeout: a stalled attempt is killed this long after its last
+/// frame.
+const TIMEOUT: Duration = Duration::from_secs(1);
+/// Pause between the mock's frames.
+const FRAME: Duration = Duration::from_millis(50);
+/// How long one turn may take before the client calls it lost.
+const TURN_BOUND: Duration = Duration::from_secs(30);
+const STALL_RATE: f64 = 0.05;
+const DROP_RATE: f64 = 0.05;
+
+/// The reply every turn streams: 40 distinct words, about 20 deltas.
+fn reply() -> String {
+    (0..40)
+        .map(|i| format!("w{i:02}"))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// When the source yielded each text delta, by session: the end offset of
+/// the delta in the turn's text, and the instant.
+#[derive(Default)]
+struct Stamps(Mutex<HashMap<String, Vec<(usize, Instant)>>>);
+
+impl Stamps {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Vec<(usize, Instant)>>> {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// When the delta ending at `end` of `key`'s current turn was yielded.
+    fn at(&self, key: &str, end: usize) -> Option<Instant> {
+        let map = self.lock();
+        let v = map.get(key)?;
+        v.iter().rev().find(|(e, _)| *e == end).map(|(_, t)| *t)
+    }
+}
+
+/// The Anthropic source, stalling 5 % of first attempts (the mock's
+/// `stall` scenario, mid-text) and stamping every text delta it yields.
+struct Soaked {
+    normal: Arc<dyn EventSource>,
+    stalling: Arc<dyn EventSource>,
+    stamps: Arc<Stamps>,
+    stalls: Arc<AtomicU64>,
+}
+
+impl EventSource for Soaked {
+    fn open(&self, r: TurnRequest) -> BoxFuture<'static, Result<EventStream, StreamError>> {
+        let key = r.session_key.to_string();
+        let mut end = match &r.continuation {
+            Some(c) => c.partial_text.len(),
+            None => 0,
+        };
+        if r.attempt == 1 {
+            self.stamps.lock().insert(key.clone(), Vec::new());
+        }
+        let stall = r.attempt == 1 && rand::rng().random_bool(STALL_RATE);
+        let source = if stall {
+            self.stalls.fetch_add(1, Ordering::Relaxed);
+            &self.stalling
+        } else {
+            &self.normal
+        };
+        let opening = source.open(r);
+        let stamps = Arc::clone(&self.stamps);
+        Box::pin(async move {
+            let stream = opening.await?;
+            let stamped = stream.inspect(move |item| {
+                if let Ok(Frame::Event(AgentEvent::TextDelta(t))) = item {
+                    end += t.len();
+                    if let Some(v) = stamps.lock().get_mut(&key) {
+                        v.push((end, Instant::now()));
+                    }
+                }
+            });
+            Ok(Box::pin(stamped) as EventStream)
+        })
+    }
+
+    fn provider(&self) -> &str {
+        self.normal.provider()
+    }
+
+    fn continues(&self) -> bool {
+        self.normal.continues()
+    }
+}
+
+/// What the clients saw.
+#[derive(Default)]
+struct Tally {
+    turns: u64,
+    dropped: u64,
+    lost: u64,
+    errors: u64,
+    bad_ids: u64,
+    bad_text: u64,
+    continued: u64,
+    unstamped: u64,
+    latencies_us: Vec<u64>,
+    first_error: Option<String>,
+}
+
+impl Tally {
+    fn merge(&mut self, o: Tally) {
+        self.turns += o.turns;
+        self.dropped += o.dropped;
+        self.lost += o.lost;
+        self.errors += o.errors;
+        self.bad_ids += o.bad_ids;
+        self.bad_text += o.bad_text;
+        self.continued += o.continued;
+        self.unstamped += o.unstamped;
+        self.latencies_us.extend(o.latencies_us);
+        if self.first_error.is_none() {
+            self.first_error = o.first_error;
+        }
+    }
+
+    fn error(&mut self, what: String) {
+        self.errors += 1;
+        self.first_error.get_or_insert(what);
+    }
+}
+
+/// One parsed SSE event of a turn.
+struct Event {
+    id: u64,
+    kind: String,
+    data: serde_json::Value,
+}
+
+/// Parses SSE blocks out of `buf`, leaving a partial block in it.
+fn parse(buf: &mut String, out: &mut Vec<Event>) {
+    while let Some(end) = buf.find("\n\n") {
+        let block: String = buf.drain(..end + 2).collect();
+        let (mut id, mut kind, mut data) = (None, String::new(), String::new());
+        for line in block.lines() {
+            if let Some(v) = line.strip_prefix("id:") {
+                id = v.trim().parse().ok();
+            } else if let Some(v) = line.strip_prefix("event:") {
+                kind = v.trim().to_owned();
+            } else if let Some(v) = line.strip_prefix("data:") {
+                data.push_str(v.trim_start());
+            }
+        }
+        if let (Some(id), Ok(data)) = (id, serde_json::from_str(&data)) {
+            out.push(Event { id, kind, data });
+        }
+    }
+}
+
+struct Client {
+    http: reqwest::Client,
+    base: String,
+    key: String,
+    stamps: Arc<Stamps>,
+    expected: Arc<String>,
+}
+
+/// How a turn's read ended.
+enum Read {
+    /// The last event (`done` or `error`) arrived.
+    Ended,
+    /// The client dropped the connection on purpose.
+    Dropped,
+    /// The body ended or failed before the last event.
+    Broken(String),
+}
+
+impl Client {
+    /// Reads events into `seen`, stamping text latencies; drops the
+    /// connection after `drop_after` new events if set.
+    async fn read(
+        &self,
+        response: reqwest::Response,
+        seen: &mut Vec<Event>,
+        text_len: &mut usize,
+        drop_after: Option<usize>,
+        tally: &mut Tally,
+    ) -> Read {
+        let mut body = response.bytes_stream();
+        let mut buf = String::new();
+        let mut fresh = Vec::new();
+        let mut new_events = 0usize;
+        while let Some(chunk) = body.next().await {
+            let chunk = match chunk {
+                Ok(c) => c,
+                Err(e) => return Read::Broken(format!("body: {e}")),
+            };
+            buf.push_str(&String::from_utf8_lossy(&chunk));
+            parse(&mut buf, &mut fresh);
+            let now = Instant::now();
+            for ev in fresh.drain(..) {
+                if ev.kind == "text" {
+                    let t = ev.data["text"].as_str().unwrap_or("");
+                    *text_len += t.len();
+                    match self.stamps.at(&self.key, *text_len) {
+                        Some(at) => tally
+                            .latencies_us
+                            .push(u64::try_from(now.duration_since(at).as_micros()).unwrap_or(0)),
+                        None => tally.unstamped += 1,
+                    }
+                }
+                let last = ev.kind == "done" || ev.kind == "error";
+                seen.push(ev);
+                new_events += 1;
+                if last {
+                    return Read::Ended;
+                }
+                if drop_after.is_some_and(|n| new_events >= n) {
+                    return Read::Dropped;
+                }
+            }
+        }
+        Read::Broken("the event stream ended before the turn did".into())
+    }
+
+    /// One turn, checked; its outcome goes into `tally`.
+    async fn turn(&self, n: u64, drop_after: Option<usize>, tally: &mut Tally) {
+        tally.turns += 1;
+        let body = serde_json::json!({"key": self.key, "message": format!("turn {n}")});
+        let response = self
+            .http
+            .post(format!("{}/v1/turns", self.base))
+            .bearer_auth(TOKEN)
+            .header("accept", "text/event-stream")
+            .json(&body)
+            .send()
+            .await;
+        let response = match response {
+            Ok(r) if r.status().is_success() => r,
+            Ok(r) => return tally.error(format!("POST /v1/turns: {}", r.status())),
+            Err(e) => return tally.error(format!("POST /v1/turns: {e}")),
+        };
+        let Some(turn_id) = response
+            .headers()
+            .get("x-warden-turn-id")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned)
+        else {
+            return tally.error("no x-warden-turn-id header".into());
+        };
+        let mut seen = Vec::new();
+        let mut text_len = 0;
+        let mut read = self
+            .read(response, &mut seen, &mut text_len, drop_after, tally)
+            .await;
+        if matches!(read, Read::Dropped) {
+            tally.dropped += 1;
+            let last = seen.last().map_or(0, |e| e.id);
+            let again = self
+                .http
+                .get(format!("{}/v1/turns/{turn_id}/events", self.base))
+                .bearer_auth(TOKEN)
+                .header("last-event-id", last.to_string())
+                .send()
+                .await;
+            read = match again {
+                Ok(r) if r.status().is_success() => {
+                    self.read(r, &mut seen, &mut text_len, None, tally).await
+                }
+                Ok(r) => Read::Broken(format!("re-attach: {}", r.status())),
+                Err(e) => Read::Broken(format!("re-attach: {e}")),
+            };
+        }
+        if let Read::Broken(why) = read {
+            return tally.error(why);
+        }
+        let ids: Vec<u64> = seen.iter().map(|e| e.id).collect();
+        if !ids.iter().copied().eq(1..=ids.len() as u64) {
+            tally.bad_ids += 1;
+        }
+        let Some(last) = seen.last() else {
+            return tally.error("no events".into());
+        };
+        if last.kind != "done" {
+            return tally.error(format!("turn ended with {}: {}", last.kind, last.data));
+        }
+        if seen.iter().any(|e| e.kind == "continuing") {
+            tally.continued += 1;
+        }
+        let text: String = seen
+            .iter()
+            .filter(|e| e.kind == "text")
+            .filter_map(|e| e.data["text"].as_str())
+            .collect();
+        if text != *self.expected || last.data["text"].as_str() != Some(self.expected.as_str()) {
+            tally.bad_text += 1;
+        }
+    }
+
+    /// Turns back to back until `until`.
+    async fn run(self, until: Instant, seed: u64) -> Tally {
+        let mut rng = rand::rngs::SmallRng::seed_from_u64(seed);
+        let mut tally = Tally::default();
+        let mut n = 0;
+        while Instant::now() < until {
+            n += 1;
+            let drop_after = rng
+                .random_bool(DROP_RATE)
+                .then(|| rng.random_range(2..=12usize));
+            if tokio::time::timeout(TURN_BOUND, self.turn(n, drop_after, &mut tally))
+                .await
+                .is_err()
+            {
+                tally.lost += 1;
+            }
+        }
+        tally
+    }
+}
+
+fn rss_kib() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmRSS:"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|v| v.parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+fn percentile(sorted: &[u64], p: f64) -> u64 {
+    if sorted.is_empty() {
+        return 0;
+    }
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i.min(sorted.len() - 1)]
+}
+
+/// A served node (mock + supervisor + HTTP) and `clients` clients for
+/// `secs`; the merged tally and the number of stalls injected.
+async fn soak(clients: usize, secs: u64, keep: Duration) -> (Tally, u64, Duration) {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let expected = Arc::new(reply());
+    let mock = MockServer::start(
+        MockConfig::default()
+            .with_reply(expected.as_str())
+            .with_frame_interval(FRAME)
+            // message_start, content_block_start, ping, then ~10 deltas:
+            // the stall comes mid-text.
+            .with_fault_after_frames(13),
+    )
+    .await
+    .expect("mock");
+    let anthropic = |base: String| -> Arc<dyn EventSource> {
+        Arc::new(
+            warden_llm::AnthropicSource::new(
+                warden_llm::AnthropicOptions::default().with_base_url(base),
+            )
+            .expect("source"),
+        )
+    };
+    let stamps = Arc::new(Stamps::default());
+    let stalls = Arc::new(AtomicU64::new(0));
+    let source: Arc<dyn EventSource> = Arc::new(Soaked {
+        normal: anthropic(mock.base_url()),
+        stalling: anthropic(mock.scenario_base_url(Scenario::Stall)),
+        stamps: Arc::clone(&stamps),
+        stalls: Arc::clone(&stalls),
+    });
+    let store = Arc::new(warden_store::SledStore::open(dir.path().join("db")).expect("sled"));
+    let config = SupervisorConfig::default()
+        .with_watchdog(
+            WatchdogConfig::default()
+                .with_default_timeout(TIMEOUT)
+                .expect("valid"),
+        )
+        .with_session(SessionConfig::default().with_retry(
+            RetryPolicy::default().with_backoff(Duration::from_millis(50), Duration::from_secs(1)),
+        ));
+    let supervisor = Supervisor::builder(Arc::new(move |_: &SessionKey| source.clone()))
+        .config(config)
+        .store(store)
+        .start()
+        .await
+        .expect("supervisor");
+    let app = warden_serve::router(
+        supervisor.clone(),
+        warden_serve::ServeConfig::new(TOKEN).with_keep_finished(keep),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let base = format!("http://{}", listener.local_addr().expect("addr"));
+    let server = tokio::spawn(async move { axum::serve(listener, app).await });
+
+    let http = reqwest::Client::builder()
+        .pool_max_idle_per_host(clients)
+        .build()
+        .expect("client");
+    let t0 = Instant::now();
+    let until = t0 + Duration::from_secs(secs);
+    let tasks: Vec<_> = (0..clients)
+        .map(|i| {
+            let client = Client {
+                http: http.clone(),
+                base: base.clone(),
+                key: format!("soak-{i:04}"),
+                stamps: Arc::clone(&stamps),
+                expected: Arc::clone(&expected),
+            };
+            tokio::spawn(client.run(until, i as u64))
+        })
+        .collect();
+    let mut tally = Tally::default();
+    for t in tasks {
+        tally.merge(t.await.expect("client task"));
+    }
+    let elapsed = t0.elapsed();
+    supervisor.shutdown().await;
+    server.abort();
+    mock.shutdown().await;
+    (tally, stalls.load(Ordering::Relaxed), elapsed)
+}
+
+pub async fn bench_soak(quick: bool) {
+    let (clients, secs) = if quick { (200, 10) } else { (1_000, 60) };
+    println!(
+        "\n## 9. Soak: {clients} concurrent SSE clients on `warden serve` for {secs} s, 5 % stalls, 5 % client drops"
+    );
+    // Baseline first: 10 clients, same mock, same server, same checks.
+    let (base, _, _) = soak(10, if quick { 3 } else { 10 }, Duration::from_secs(2)).await;
+    crate::settle_memory().await;
+    let (rss0, heap0) = (rss_kib(), crate::live_bytes());
+    let keep = Duration::from_secs(5);
+    let cpu0 = crate::process_cpu();
+    let (mut tally, stalls, elapsed) = soak(clients, secs, keep).await;
+    let busy = (crate::process_cpu() - cpu0) / elapsed.as_secs_f64();
+    let (rss1, heap1) = (rss_kib(), crate::live_bytes());
+    tokio::time::sleep(keep + Duration::from_secs(1)).await;
+    crate::settle_memory().await;
+    let (rss2, heap2) = (rss_kib(), crate::live_bytes());
+
+    let mut b = base.latencies_us;
+    b.sort_unstable();
+    tally.latencies_us.sort_unstable();
+    let l = &tally.latencies_us;
+    println!(
+        "| turns | turns/s | lost | errors | bad ids | bad text | stalls injected | continued | client drops (re-attached) |"
+    );
+    println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    println!(
+        "| {} | {:.0} | {} | {} | {} | {} | {stalls} | {} | {} |",
+        tally.turns,
+        tally.turns as f64 / elapsed.as_secs_f64(),
+        tally.lost,
+        tally.errors,
+        tally.bad_ids,
+        tally.bad_text,
+        tally.continued,
+        tally.dropped
+    );
+    println!(
+        "\nCPU: {busy:.2} of 2 cores busy during the soak (mock, server and clients share them)"
+    );
+    if let Some(e) = &tally.first_error {
+        println!("first error: {e}");
+    }
+    println!(
+        "\nlatency a text event gains from the source to the client (µs; {} events, {} unmatched):",
+        l.len(),
+        tally.unstamped
+    );
+    println!("| load | p50 | p99 | p99.9 |");
+    println!("|---|---:|---:|---:|");
+    println!(
+        "| 10 clients (baseline) | {} | {} | {} |",
+        percentile(&b, 0.5),
+        percentile(&b, 0.99),
+        percentile(&b, 0.999)
+    );
+    println!(
+        "| {clients} clients | {} | {} | {} |",
+        percentile(l, 0.5),
+        percentile(l, 0.99),
+        percentile(l, 0.999)
+    );
+    println!(
+        "| ratio | {:.2}x | {:.2}x | |",
+        percentile(l, 0.5) as f64 / percentile(&b, 0.5).max(1) as f64,
+        percentile(l, 0.99) as f64 / percentile(&b, 0.99).max(1) as f64
+    );
+    println!("\n| memory | before | end of soak | after finished turns expired |");
+    println!("|---|---:|---:|---:|");
+    println!(
+        "| RSS (MiB) | {:.1} | {:.1} | {:.1} |",
+        rss0 as f64 / 1024.0,
+        rss1 as f64 / 1024.0,
+        rss2 as f64 / 1024.0
+    );
+    println!(
+        "| live heap (MiB) | {:.1} | {:.1} | {:.1} |",
+        heap0 as f64 / 1048576.0,
+        heap1 as f64 / 1048576.0,
+        heap2 as f64 / 1048576.0
+    );
+}
