@@ -192,7 +192,7 @@ pub(crate) fn stream_error_event(error: ErrorBody) -> StreamError {
 ///
 /// `retry_after` comes from `retry-after-ms`, else `retry-after` (seconds
 /// or an HTTP date), capped at `cap`.
-pub(crate) fn classify_response(
+pub fn classify_response(
     status: StatusCode,
     headers: &HeaderMap,
     body: &[u8],

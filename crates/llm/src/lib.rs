@@ -150,7 +150,7 @@ pub mod transcript;
 mod transport;
 mod wire;
 
-pub use classify::NOT_AN_EVENT_STREAM;
+pub use classify::{NOT_AN_EVENT_STREAM, classify_response};
 pub use continuation::CONTINUE_ASK;
 pub use options::{
     AnthropicOptions, HttpOptions, OpenAiOptions, OpenAiResponsesOptions, SourceOptions,

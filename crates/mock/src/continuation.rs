@@ -10,7 +10,8 @@
 //!   model does not support assistant message prefill. The conversation
 //!   must end with a user message.`): model names with `-4-6`, `-4-7`,
 //!   `-4-8`, `-5` after `claude-…`, or containing `no-prefill`.
-//! - **Continuation turn**: the partial text as an assistant message, then a
+//! - **Continuation turn** (also on `/v1/chat/completions`, which has no
+//!   prefill): the partial text as an assistant message, then a
 //!   user message asking to continue (it says "continue" and "cut off").
 //!   The model repeats the last few words of the partial text, then goes
 //!   on — the overlap a client must trim.
@@ -76,6 +77,16 @@ impl Continue {
                 }
             }
             _ => Ok(None),
+        }
+    }
+
+    /// A continuation turn in a chat-completions request (that API has no
+    /// prefill: a request ending with an assistant message is answered as
+    /// any other).
+    pub(crate) fn turn_of(request: &Value) -> Option<Self> {
+        match Self::of(request) {
+            Ok(Some(turn @ Self::Turn { .. })) => Some(turn),
+            _ => None,
         }
     }
 

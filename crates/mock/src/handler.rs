@@ -341,7 +341,8 @@ pub(crate) async fn handle(
     // does (see `continuation`).
     let cont = match api {
         Api::Anthropic => Continue::of(&request),
-        Api::OpenAi | Api::Responses => Ok(None),
+        Api::OpenAi => Ok(Continue::turn_of(&request)),
+        Api::Responses => Ok(None),
     };
     let cont = match cont {
         Ok(c) => c,

@@ -1,0 +1,409 @@
+//! The proxy in front of `warden-mock` (real loopback HTTP both sides):
+//! healthy streams pass through, broken ones are retried, continued and
+//! spliced, or ended with the provider's own error event — never a hang,
+//! never a torn event.
+
+mod common;
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use common::*;
+use serde_json::Value;
+use warden_mock::{MockConfig, Outcome, Scenario};
+
+const REPLY: &str = "alpha bravo charlie delta echo foxtrot golf hotel india juliet kilo lima mike november oscar papa quebec romeo sierra tango";
+
+fn mock(sequence: &[Scenario]) -> MockConfig {
+    MockConfig::default()
+        .with_sequence(sequence.iter().copied())
+        .with_reply(REPLY)
+        .with_frame_interval(Duration::from_millis(2))
+}
+
+#[tokio::test]
+async fn a_healthy_stream_passes_through_event_for_event() {
+    let s = setup(mock(&[]), |c| c).await;
+    let direct = s
+        .client
+        .post(s.mock.url("/v1/messages"))
+        .header("x-api-key", KEY)
+        .header("anthropic-version", "2023-06-01")
+        .body(messages_body("claude-test", "hi"))
+        .send()
+        .await
+        .expect("direct");
+    let direct = read_sse(direct).await;
+    let proxied = within(
+        "the proxied answer",
+        s.messages(messages_body("claude-test", "hi")).send(),
+    )
+    .await
+    .expect("proxied");
+    assert_eq!(proxied.status(), 200);
+    assert_eq!(
+        proxied.headers()["content-type"].to_str().ok(),
+        Some("text/event-stream")
+    );
+    let proxied = read_sse(proxied).await;
+    let names = |v: &[Sse]| v.iter().map(|e| e.event.clone()).collect::<Vec<_>>();
+    assert_eq!(names(&proxied), names(&direct));
+    // Byte for byte but the message id (the mock numbers its requests).
+    for (p, d) in proxied.iter().zip(&direct).skip(1) {
+        assert_eq!(p.data, d.data);
+    }
+    assert_eq!(well_formed_anthropic(&proxied), REPLY);
+    assert_eq!(s.mock.request_count(), 2, "one request each, no retry");
+}
+
+#[tokio::test]
+async fn a_stall_before_the_first_byte_is_retried_and_the_client_sees_one_stream() {
+    // The first attempt sends its headers and then nothing at all.
+    let s = setup(
+        mock(&[Scenario::Stall, Scenario::Normal]).with_fault_after_frames(0),
+        |c| c,
+    )
+    .await;
+    let t0 = Instant::now();
+    let response = within(
+        "the answer",
+        s.messages(messages_body("claude-test", "hi")).send(),
+    )
+    .await
+    .expect("answer");
+    assert_eq!(response.status(), 200);
+    assert!(t0.elapsed() >= TIMEOUT, "the head waited for the retry");
+    let events = read_sse(response).await;
+    assert_eq!(well_formed_anthropic(&events), REPLY);
+    let requests = s.mock.requests();
+    assert_eq!(requests.len(), 2);
+    assert_eq!(requests[0].frames, 0);
+    assert_eq!(requests[1].continuation, None, "the same request again");
+}
+
+#[tokio::test]
+async fn a_stall_mid_text_is_continued_and_spliced_into_one_well_formed_stream() {
+    // message_start, content_block_start, ping, then 6 deltas: mid-text.
+    let s = setup(
+        mock(&[Scenario::Stall, Scenario::Normal]).with_fault_after_frames(9),
+        |c| c,
+    )
+    .await;
+    let t0 = Instant::now();
+    let response = within(
+        "the answer",
+        s.messages(messages_body("claude-opus-4-8", "hi")).send(),
+    )
+    .await
+    .expect("answer");
+    let events = read_sse(response).await;
+    let took = t0.elapsed();
+    assert_eq!(
+        well_formed_anthropic(&events),
+        REPLY,
+        "the whole reply, once"
+    );
+    assert!(took < TIMEOUT + Duration::from_secs(1), "took {took:?}");
+    let requests = s.mock.requests();
+    assert_eq!(requests.len(), 2);
+    assert_eq!(requests[0].scenario, Some(Scenario::Stall));
+    assert_eq!(
+        requests[0].outcome,
+        Outcome::ClientClosed,
+        "the proxy closed the silent stream"
+    );
+    assert_eq!(
+        requests[1].continuation,
+        Some("turn"),
+        "a continuation turn, not a replay"
+    );
+    // One text block: Claude Code keeps only the last one.
+    let starts = events
+        .iter()
+        .filter(|e| e.event == "content_block_start")
+        .count();
+    assert_eq!(starts, 1);
+    // Usage counts both attempts.
+    let delta = events
+        .iter()
+        .find(|e| e.event == "message_delta")
+        .expect("message_delta");
+    let merged = delta.json()["usage"]["output_tokens"].as_u64().unwrap_or(0);
+    let second = requests[1].output_tokens.unwrap_or(0);
+    assert!(
+        merged > second,
+        "merged {merged} > the continuation's {second}"
+    );
+}
+
+#[tokio::test]
+async fn a_stall_inside_a_tool_call_ends_with_an_overloaded_error_event_not_a_hang() {
+    let s = setup(mock(&[Scenario::StallInToolInput]), |c| c).await;
+    let response = within(
+        "the answer",
+        s.messages(messages_body("claude-test", "hi")).send(),
+    )
+    .await
+    .expect("answer");
+    assert_eq!(response.status(), 200);
+    let events = read_sse(response).await;
+    let last = events.last().expect("events");
+    assert_eq!(last.event, "error");
+    assert_eq!(last.json()["error"]["type"], "overloaded_error");
+    assert_eq!(s.mock.request_count(), 1, "nothing could continue it");
+    assert_eq!(
+        events.iter().filter(|e| e.event == "message_start").count(),
+        1
+    );
+}
+
+#[tokio::test]
+async fn a_rate_limited_request_waits_for_retry_after_and_then_streams() {
+    let s = setup(
+        mock(&[Scenario::RateLimited, Scenario::Normal])
+            .with_retry_after(Duration::from_millis(400)),
+        |c| c,
+    )
+    .await;
+    let t0 = Instant::now();
+    let response = within(
+        "the answer",
+        s.messages(messages_body("claude-test", "hi")).send(),
+    )
+    .await
+    .expect("answer");
+    assert_eq!(response.status(), 200, "the 429 never reached the client");
+    assert!(
+        t0.elapsed() >= Duration::from_millis(400),
+        "retry-after-ms honoured"
+    );
+    assert_eq!(well_formed_anthropic(&read_sse(response).await), REPLY);
+}
+
+/// Every bad upstream, once then healthy and always: the client gets a
+/// well-formed stream (the whole reply when a retry or continuation could
+/// save it) or a well-formed error — within the bound.
+#[tokio::test]
+async fn bad_upstreams_give_a_well_formed_stream_or_a_well_formed_error() {
+    let bad = [
+        Scenario::Malformed,
+        Scenario::Oversized,
+        Scenario::AbruptClose,
+        Scenario::MidstreamError,
+        Scenario::ServerError,
+        Scenario::Overloaded,
+        Scenario::RateLimited,
+        Scenario::Stall,
+        Scenario::StallInThinking,
+        Scenario::PromptTooLong,
+    ];
+    for scenario in bad {
+        for always in [false, true] {
+            let sequence = if always {
+                vec![scenario]
+            } else {
+                vec![scenario, Scenario::Normal]
+            };
+            let s = setup(
+                mock(&sequence)
+                    .with_oversized_bytes(2 * 1024 * 1024)
+                    .with_retry_after(Duration::from_millis(20)),
+                |c| c.with_max_frame_bytes(1024 * 1024),
+            )
+            .await;
+            let what = format!("{scenario} (always: {always})");
+            let response = within(&what, s.messages(messages_body("claude-test", "hi")).send())
+                .await
+                .expect("an answer");
+            let status = response.status();
+            if status.is_success() {
+                let events = read_sse(response).await;
+                let last = events.last().unwrap_or_else(|| panic!("{what}: no events"));
+                if last.event == "error" {
+                    let t = last.json()["error"]["type"].as_str().map(str::to_owned);
+                    assert!(t.is_some(), "{what}: an error event with a type");
+                } else {
+                    let text = well_formed_anthropic(&events);
+                    assert_eq!(text, REPLY, "{what}: the whole reply");
+                }
+            } else {
+                let body: Value = response.json_value().await;
+                assert_eq!(body["type"], "error", "{what}: {body}");
+                assert!(body["error"]["type"].is_string(), "{what}: {body}");
+                assert!(
+                    always || scenario == Scenario::PromptTooLong,
+                    "{what}: a retry would have answered"
+                );
+            }
+            s.proxy.stop();
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_chat_completion_stalled_mid_text_is_continued_with_one_id() {
+    let s = setup(
+        mock(&[Scenario::Stall, Scenario::Normal]).with_fault_after_frames(6),
+        |c| c,
+    )
+    .await;
+    let response = within("the answer", s.chat("hi").send())
+        .await
+        .expect("answer");
+    assert_eq!(response.status(), 200);
+    let events = read_sse(response).await;
+    assert_eq!(events.last().map(|e| e.data.as_str()), Some("[DONE]"));
+    let chunks: Vec<Value> = events[..events.len() - 1].iter().map(Sse::json).collect();
+    let ids: std::collections::BTreeSet<&str> =
+        chunks.iter().filter_map(|c| c["id"].as_str()).collect();
+    assert_eq!(ids.len(), 1, "{ids:?}");
+    let text: String = chunks
+        .iter()
+        .filter_map(|c| {
+            c.pointer("/choices/0/delta/content")
+                .and_then(Value::as_str)
+        })
+        .collect();
+    assert_eq!(text, REPLY);
+    let requests = s.mock.requests();
+    assert_eq!(requests.len(), 2);
+    assert_eq!(requests[1].continuation, Some("turn"));
+}
+
+#[tokio::test]
+async fn other_requests_pass_through_untouched() {
+    let s = setup(mock(&[]), |c| c).await;
+    let response = within(
+        "a non-streaming answer",
+        s.messages(
+            serde_json::json!({"model": "claude-test", "max_tokens": 10, "messages": [{"role": "user", "content": "hi"}]})
+                .to_string(),
+        )
+        .send(),
+    )
+    .await
+    .expect("answer");
+    assert_eq!(response.status(), 200);
+    let body: Value = response.json_value().await;
+    assert_eq!(body["content"][0]["text"], REPLY);
+    let unknown = within(
+        "a 404",
+        s.client
+            .get(format!("{}/v1/nothing-here", s.base))
+            .header("anthropic-version", "2023-06-01")
+            .send(),
+    )
+    .await
+    .expect("answer");
+    assert_eq!(unknown.status(), 404, "the upstream's own answer");
+}
+
+/// A raw upstream that records the request head it receives.
+#[tokio::test]
+async fn credentials_and_provider_headers_reach_the_upstream_and_never_the_logs() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let upstream = format!("http://{}", listener.local_addr().expect("addr"));
+    let seen = Arc::new(Mutex::new(String::new()));
+    let record = Arc::clone(&seen);
+    tokio::spawn(async move {
+        let (mut socket, _) = listener.accept().await.expect("accept");
+        let mut buf = vec![0u8; 65536];
+        let mut head = Vec::new();
+        while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+            let n = socket.read(&mut buf).await.expect("read");
+            if n == 0 {
+                break;
+            }
+            head.extend_from_slice(&buf[..n]);
+        }
+        *record.lock().expect("lock") = String::from_utf8_lossy(&head).into_owned();
+        let body = "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{}}\n\nevent: message_stop\ndata: {\"type\":\"message_stop\"}\n\n";
+        let answer = format!(
+            "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncontent-length: {}\r\n\r\n{body}",
+            body.len()
+        );
+        socket.write_all(answer.as_bytes()).await.expect("write");
+    });
+
+    // Everything the proxy logs, at every level, into a buffer.
+    let logs = Arc::new(Mutex::new(Vec::<u8>::new()));
+    let sink = Arc::clone(&logs);
+    let subscriber = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::TRACE)
+        .with_writer(move || Writer(Arc::clone(&sink)))
+        .finish();
+    let _guard = tracing::subscriber::set_default(subscriber);
+
+    let mock = warden_mock::MockServer::start(MockConfig::default())
+        .await
+        .expect("mock");
+    let proxy = warden_proxy::Proxy::start(config_for(&mock).with_anthropic_upstream(upstream))
+        .await
+        .expect("proxy");
+    let base = serve(&proxy).await;
+    let prompt = "PROMPT-TEXT-THAT-MUST-NOT-BE-LOGGED";
+    let response = within(
+        "the answer",
+        reqwest::Client::new()
+            .post(format!("{base}/v1/messages?beta=true"))
+            .header("x-api-key", KEY)
+            .header("authorization", "Bearer sk-other-secret")
+            .header("anthropic-version", "2023-06-01")
+            .header(
+                "anthropic-beta",
+                "fine-grained-tool-streaming-2025-05-14,context-1m",
+            )
+            .header("x-claude-code-session-id", "abc")
+            .body(messages_body("claude-test", prompt))
+            .send(),
+    )
+    .await
+    .expect("answer");
+    assert_eq!(read_sse(response).await.len(), 2);
+    let head = seen.lock().expect("lock").to_lowercase();
+    assert!(head.starts_with("post /v1/messages?beta=true "), "{head}");
+    for line in [
+        format!("x-api-key: {KEY}").to_lowercase(),
+        "authorization: bearer sk-other-secret".to_owned(),
+        "anthropic-version: 2023-06-01".to_owned(),
+        "anthropic-beta: fine-grained-tool-streaming-2025-05-14,context-1m".to_owned(),
+        "x-claude-code-session-id: abc".to_owned(),
+        "accept-encoding: identity".to_owned(),
+    ] {
+        assert!(head.contains(&line), "missing {line:?} in\n{head}");
+    }
+    let logs = String::from_utf8_lossy(&logs.lock().expect("lock")).into_owned();
+    assert!(
+        logs.contains("proxy.request"),
+        "the request span was logged: {logs}"
+    );
+    for secret in [KEY, "sk-other-secret", prompt] {
+        assert!(!logs.contains(secret), "{secret} in the logs:\n{logs}");
+    }
+}
+
+struct Writer(Arc<Mutex<Vec<u8>>>);
+
+impl std::io::Write for Writer {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().expect("lock").extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+trait JsonValue {
+    async fn json_value(self) -> Value;
+}
+
+impl JsonValue for reqwest::Response {
+    async fn json_value(self) -> Value {
+        let bytes = within("a body", self.bytes()).await.expect("body");
+        serde_json::from_slice(&bytes).expect("a JSON body")
+    }
+}
