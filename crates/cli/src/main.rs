@@ -17,6 +17,7 @@ mod exit;
 mod input;
 mod mock;
 mod paths;
+mod proxy;
 mod relay;
 mod serve;
 mod sessions;
@@ -65,6 +66,9 @@ enum Command {
     /// Serve the workspace sessions over HTTP + SSE (for orchestrators in
     /// any language).
     Serve(serve::ServeArgs),
+    /// Put the watchdog, retries and continuation in front of unmodified
+    /// clients: a local Anthropic/OpenAI-compatible proxy.
+    Proxy(proxy::ProxyArgs),
 }
 
 fn main() -> ExitCode {
@@ -171,6 +175,10 @@ async fn run(cli: Cli) -> Result<Exit, CliError> {
         Command::Serve(args) => {
             signal::install()?;
             serve::run(args).await
+        }
+        Command::Proxy(args) => {
+            signal::install()?;
+            proxy::run(args).await
         }
     };
     // Export what is left before the runtime goes away.

@@ -55,6 +55,12 @@ pub(crate) struct Anthropic {
     /// This attempt's: the last `usage.output_tokens` seen, else estimated.
     attempt_output: Option<u64>,
     attempt_text_bytes: usize,
+    /// A text block's `content_block_stop` (its downstream index and
+    /// data), held until the next event: a stream that breaks right after
+    /// it leaves the block open downstream, so the continuation's text
+    /// joins it instead of becoming a second text block (of which Claude
+    /// Code would keep only the last).
+    held_stop: Option<(u64, String)>,
     done: bool,
 }
 
@@ -196,6 +202,12 @@ impl Anthropic {
 
 impl Splice for Anthropic {
     fn event(&mut self, event: &SseEvent, out: &mut String) -> Result<(), StreamError> {
+        if let Some((index, raw)) = self.held_stop.take() {
+            if self.open.as_ref().is_some_and(|o| o.index == index) {
+                self.close_open();
+            }
+            frame(out, "content_block_stop", &raw);
+        }
         let data: Value = serde_json::from_str(&event.data)
             .map_err(|e| malformed(format!("an event whose data is not JSON ({e})")))?;
         let kind = data
@@ -246,10 +258,31 @@ impl Splice for Anthropic {
                         self.close_join(out)?;
                     }
                     Some(index) => {
-                        if self.open.as_ref().is_some_and(|o| o.index == index) {
-                            self.close_open();
+                        let open = self.open.as_ref().filter(|o| o.index == index);
+                        let text = open.is_some_and(|o| {
+                            o.block.get("type").and_then(Value::as_str) == Some("text")
+                        });
+                        let mut stop = String::new();
+                        Self::emit_with_index(
+                            &mut stop,
+                            "content_block_stop",
+                            data,
+                            index,
+                            &event.data,
+                        );
+                        if text {
+                            let raw = stop
+                                .strip_prefix("event: content_block_stop\ndata: ")
+                                .and_then(|r| r.strip_suffix("\n\n"))
+                                .unwrap_or("")
+                                .to_owned();
+                            self.held_stop = Some((index, raw));
+                        } else {
+                            if open.is_some() {
+                                self.close_open();
+                            }
+                            out.push_str(&stop);
                         }
-                        Self::emit_with_index(out, "content_block_stop", data, index, &event.data);
                     }
                     None => {}
                 }
@@ -316,6 +349,8 @@ impl Splice for Anthropic {
             .unwrap_or(self.attempt_text_bytes.div_ceil(4) as u64);
         self.attempt_text_bytes = 0;
         self.map.clear();
+        // A held stop was never sent: its block is still open downstream.
+        self.held_stop = None;
         if let Some(join) = &self.join {
             // The continuation broke before its text joined: ask again.
             if !join.mapped {
@@ -532,6 +567,36 @@ mod tests {
             Some(json!(6 + 7)),
             "the broken attempt's 21 bytes count as 6 tokens"
         );
+    }
+
+    #[test]
+    fn a_break_right_after_a_text_block_ends_joins_the_continuation_to_it() {
+        let mut s = Anthropic::default();
+        let mut got = feed(
+            &mut s,
+            &[start(), block(0, "text"), text(0, "one two three"), stop(0)],
+        );
+        assert!(
+            got.iter().all(|(n, _)| n != "content_block_stop"),
+            "the text block's stop is held until the next event"
+        );
+        let Resume::Continue(_) = s.resume(&json!({"messages": []})) else {
+            panic!("continued")
+        };
+        let mut second = vec![start(), block(0, "text"), text(0, "two three"), stop(0)];
+        second.extend(end(2));
+        got.extend(feed(&mut s, &second));
+        let starts = got
+            .iter()
+            .filter(|(n, _)| n == "content_block_start")
+            .count();
+        assert_eq!(starts, 1, "one text block: {got:?}");
+        let all: String = got
+            .iter()
+            .filter_map(|(_, d)| d.pointer("/delta/text").and_then(Value::as_str))
+            .collect();
+        assert_eq!(all, "one two three");
+        assert!(s.done());
     }
 
     #[test]

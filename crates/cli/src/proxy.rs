@@ -1,0 +1,96 @@
+//! `warden proxy`: the watchdog, retries and continuation in front of
+//! unmodified clients (`warden-proxy`).
+
+use std::io::Write as _;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use warden_proxy::{Proxy, ProxyConfig};
+
+use crate::exit::{CliError, Exit};
+use crate::sources::check_url;
+
+/// Arguments of `warden proxy`.
+#[derive(Debug, clap::Args)]
+#[command(after_help = "\
+Forwards Anthropic Messages and OpenAI chat-completions / Responses requests to the real API
+and watches every streamed answer: silence past --timeout kills the upstream attempt; a
+request nothing of which reached the client yet is retried (retry-after honoured, backoff
+shared); a reply broken mid-text is continued and spliced into the same response; where
+neither is possible the stream ends with the provider's own retryable error event. Other
+requests pass through untouched. Headers (API keys) are forwarded, never logged. The first
+line on stdout says where it listens. See docs/proxy.md.
+
+Examples:
+  warden proxy &
+  ANTHROPIC_BASE_URL=http://127.0.0.1:8787 claude
+  OPENAI_BASE_URL=http://127.0.0.1:8787/v1 python my_agent.py")]
+pub(crate) struct ProxyArgs {
+    /// Address to listen on (`127.0.0.1:0` picks a free port).
+    #[arg(long, default_value = "127.0.0.1:8787", value_name = "ADDR")]
+    listen: SocketAddr,
+    /// Allow listening on an address other than loopback.
+    #[arg(long)]
+    allow_remote: bool,
+    /// Where Anthropic requests go (those with an `anthropic-version` header).
+    #[arg(long, default_value = warden_proxy::ANTHROPIC_API, value_name = "URL")]
+    anthropic_upstream: String,
+    /// Where OpenAI requests go (all others).
+    #[arg(long, default_value = warden_proxy::OPENAI_API, value_name = "URL")]
+    openai_upstream: String,
+    /// Silence allowed on an upstream stream, in milliseconds. Default
+    /// WARDEN_STREAM_TIMEOUT (seconds), else 45000.
+    #[arg(long, value_name = "MS")]
+    timeout: Option<u64>,
+    /// One JSON access-log line per request on stdout (status, duration,
+    /// attempts, kills, continuations; never headers or bodies).
+    #[arg(long)]
+    json: bool,
+}
+
+/// Runs `warden proxy` until SIGTERM or Ctrl-C.
+pub(crate) async fn run(args: ProxyArgs) -> Result<Exit, CliError> {
+    if !args.listen.ip().is_loopback() && !args.allow_remote {
+        return Err(CliError::usage(format!(
+            "refusing to listen on {} (not loopback) without --allow-remote: the proxy forwards \
+             whatever API key its clients send",
+            args.listen
+        )));
+    }
+    check_url(&args.anthropic_upstream)?;
+    check_url(&args.openai_upstream)?;
+    let mut config = ProxyConfig::default()
+        .with_anthropic_upstream(&args.anthropic_upstream)
+        .with_openai_upstream(&args.openai_upstream);
+    if let Some(ms) = args.timeout {
+        config = config.with_timeout(Duration::from_millis(ms));
+    }
+    if args.json {
+        config = config.with_access_log(|record| {
+            if let Ok(line) = serde_json::to_string(record) {
+                let mut out = std::io::stdout().lock();
+                let _ = writeln!(out, "{line}");
+                let _ = out.flush();
+            }
+        });
+    }
+    let proxy = Proxy::start(config)
+        .await
+        .map_err(|e| CliError::usage(e.to_string()))?;
+    let listener = tokio::net::TcpListener::bind(args.listen)
+        .await
+        .map_err(|e| CliError::failure(format!("cannot listen on {}: {e}", args.listen)))?;
+    let addr = listener
+        .local_addr()
+        .map_err(|e| CliError::failure(e.to_string()))?;
+    println!("listening on http://{addr}");
+    let _ = std::io::stdout().flush();
+    axum::serve(listener, proxy.router())
+        .with_graceful_shutdown(async {
+            let _ = crate::signal::shutdown_signal().await;
+        })
+        .await
+        .map_err(|e| CliError::failure(format!("the proxy stopped: {e}")))?;
+    proxy.stop();
+    Ok(Exit::Ok)
+}

@@ -1,0 +1,247 @@
+//! `warden proxy` as a process, in front of clients no one here wrote:
+//! the real Claude Code CLI and the official Python SDKs (`anthropic`,
+//! `openai`), against `warden-mock` stalling mid-text or before its first
+//! byte. Each client must get the whole reply with no error of its own.
+//!
+//! The clients come from `.ci/run`: `WARDEN_CLAUDE_BIN` (the pinned Claude
+//! Code) and `WARDEN_PYTHON` (a venv's python with the pinned SDKs). When
+//! one is missing its test says why and passes, unless
+//! `WARDEN_REQUIRE_CLAUDE=1` / `WARDEN_REQUIRE_PYTHON_SDKS=1` (CI) makes it
+//! fail.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use common::*;
+use serde_json::Value;
+use tokio::io::{AsyncBufReadExt as _, BufReader};
+use warden_mock::{MockConfig, MockServer, Scenario};
+
+const PATIENCE: Duration = Duration::from_secs(60);
+/// The proxy's watchdog timeout in these tests.
+const TIMEOUT_MS: u64 = 1_000;
+const REPLY: &str = "The proxy kept this reply whole: alpha bravo charlie delta echo foxtrot golf hotel india juliet kilo lima mike november oscar papa quebec romeo sierra tango.";
+
+struct ProxyProcess {
+    child: tokio::process::Child,
+    base: String,
+}
+
+impl Drop for ProxyProcess {
+    fn drop(&mut self) {
+        let _ = self.child.start_kill();
+    }
+}
+
+async fn start_proxy(mock: &MockServer) -> ProxyProcess {
+    let mut cmd = command(&[
+        "proxy",
+        "--listen",
+        "127.0.0.1:0",
+        "--anthropic-upstream",
+        &mock.base_url(),
+        "--openai-upstream",
+        &mock.base_url(),
+        "--timeout",
+        &TIMEOUT_MS.to_string(),
+        "--json",
+    ]);
+    cmd.kill_on_drop(true);
+    let mut child = cmd.spawn().expect("warden proxy starts");
+    let stdout = child.stdout.take().expect("stdout");
+    let mut lines = BufReader::new(stdout).lines();
+    let first = tokio::time::timeout(PATIENCE, lines.next_line())
+        .await
+        .expect("a first line in time")
+        .expect("read")
+        .expect("a line");
+    let base = first
+        .strip_prefix("listening on ")
+        .unwrap_or_else(|| panic!("first line: {first:?}"))
+        .to_owned();
+    // Keep reading the access log so the pipe never fills.
+    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    ProxyProcess { child, base }
+}
+
+fn mock_config(sequence: [Scenario; 2], fault_after_frames: usize) -> MockConfig {
+    MockConfig::default()
+        .with_sequence(sequence)
+        .with_reply(REPLY)
+        .with_frame_interval(Duration::from_millis(5))
+        .with_fault_after_frames(fault_after_frames)
+}
+
+/// The client binary named by `var`, or why the test cannot run.
+fn client(var: &str, require: &str) -> Option<PathBuf> {
+    match std::env::var_os(var).map(PathBuf::from) {
+        Some(p) if p.exists() => Some(p),
+        other => {
+            assert!(
+                std::env::var(require).as_deref() != Ok("1"),
+                "{require}=1 but {var} is {other:?}"
+            );
+            eprintln!("skipped: set {var} to run this test ({require}=1 makes it fail instead)");
+            None
+        }
+    }
+}
+
+/// One `claude -p` turn through the proxy: the result line and the wall
+/// time.
+async fn claude_turn(bin: &Path, base: &str, dir: &Path) -> (Value, Duration) {
+    let home = dir.join("home");
+    let scratch = dir.join("scratch");
+    let work = dir.join("work");
+    for d in [&home, &scratch, &work] {
+        std::fs::create_dir_all(d).expect("mkdir");
+    }
+    let mut cmd = tokio::process::Command::new(bin);
+    cmd.args(["-p", "say the sentence", "--output-format", "json"])
+        .current_dir(&work)
+        .env_clear()
+        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+        .env("HOME", &home)
+        .env("ANTHROPIC_BASE_URL", base)
+        .env("ANTHROPIC_API_KEY", "dummy")
+        .env("DISABLE_TELEMETRY", "1")
+        .env("DISABLE_AUTOUPDATER", "1")
+        .env("CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "1")
+        .env("CLAUDE_CODE_TMPDIR", &scratch)
+        .env("XDG_RUNTIME_DIR", &scratch)
+        .stdin(Stdio::null())
+        .kill_on_drop(true);
+    let t0 = Instant::now();
+    let out = tokio::time::timeout(PATIENCE, cmd.output())
+        .await
+        .expect("claude finishes within the bound")
+        .expect("claude runs");
+    let took = t0.elapsed();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "claude failed ({:?}): {stdout}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let result: Value = stdout
+        .lines()
+        .rev()
+        .find_map(|l| serde_json::from_str(l).ok())
+        .unwrap_or_else(|| panic!("no JSON result on stdout: {stdout}"));
+    (result, took)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claude_code_through_the_proxy_gets_the_whole_reply_when_the_api_stalls_mid_text() {
+    let Some(bin) = client("WARDEN_CLAUDE_BIN", "WARDEN_REQUIRE_CLAUDE") else {
+        return;
+    };
+    let dir = tempfile::tempdir().expect("tempdir");
+
+    // The anchor: the same CLI, proxy and reply with nothing broken.
+    let healthy = MockServer::start(mock_config([Scenario::Normal, Scenario::Normal], 0))
+        .await
+        .expect("mock");
+    let proxy = start_proxy(&healthy).await;
+    let (result, healthy_took) = claude_turn(&bin, &proxy.base, &dir.path().join("a")).await;
+    assert_eq!(result["result"], REPLY, "{result}");
+    drop(proxy);
+
+    // The API stalls (socket open, no FIN) on the first request: mid-text,
+    // and right after the text block's last delta.
+    for fault in [6, 12] {
+        let stalling = MockServer::start(mock_config([Scenario::Stall, Scenario::Normal], fault))
+            .await
+            .expect("mock");
+        let proxy = start_proxy(&stalling).await;
+        let run = dir.path().join(format!("stall-{fault}"));
+        let (result, took) = claude_turn(&bin, &proxy.base, &run).await;
+        let what = format!("stall after {fault} frames");
+        assert_eq!(result["is_error"], false, "{what}: {result}");
+        assert_eq!(
+            result["result"], REPLY,
+            "{what}: the full intended reply: {result}"
+        );
+        let bound = healthy_took + Duration::from_millis(TIMEOUT_MS) + Duration::from_secs(1);
+        assert!(
+            took <= bound,
+            "{what}: the stalled turn took {took:?}; a healthy one {healthy_took:?} (bound {bound:?})"
+        );
+        let messages: Vec<_> = stalling
+            .requests()
+            .into_iter()
+            .filter(|r| r.path == "/v1/messages")
+            .collect();
+        assert!(
+            messages.iter().any(|r| r.scenario == Some(Scenario::Stall)),
+            "{what}: the first request stalled"
+        );
+        assert_eq!(
+            messages.last().and_then(|r| r.continuation),
+            Some("turn"),
+            "{what}: the reply was continued, not re-sent: {messages:?}"
+        );
+    }
+}
+
+const SDK_SCRIPT: &str = r#"
+import sys
+sdk, base = sys.argv[1], sys.argv[2]
+if sdk == "anthropic":
+    import anthropic
+    client = anthropic.Anthropic(base_url=base, api_key="sk-test", max_retries=0)
+    with client.messages.stream(model="claude-test", max_tokens=1024,
+                                messages=[{"role": "user", "content": "say the sentence"}]) as s:
+        text = "".join(s.text_stream)
+        final = s.get_final_message()
+        assert final.content[-1].text == text, (final, text)
+else:
+    import openai
+    client = openai.OpenAI(base_url=base + "/v1", api_key="sk-test", max_retries=0)
+    stream = client.chat.completions.create(model="gpt-test", stream=True,
+                                            messages=[{"role": "user", "content": "say the sentence"}])
+    text = "".join((c.choices[0].delta.content or "") for c in stream if c.choices)
+sys.stdout.write(text)
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_official_python_sdks_get_the_whole_text_through_stalls_with_their_retries_off() {
+    let Some(python) = client("WARDEN_PYTHON", "WARDEN_REQUIRE_PYTHON_SDKS") else {
+        return;
+    };
+    // (sdk, frames before the stall): mid-text, and before the first byte.
+    for (sdk, fault) in [
+        ("anthropic", 9),
+        ("anthropic", 0),
+        ("openai", 6),
+        ("openai", 0),
+    ] {
+        let mock = MockServer::start(mock_config([Scenario::Stall, Scenario::Normal], fault))
+            .await
+            .expect("mock");
+        let proxy = start_proxy(&mock).await;
+        let mut cmd = tokio::process::Command::new(&python);
+        cmd.args(["-c", SDK_SCRIPT, sdk, &proxy.base])
+            .stdin(Stdio::null())
+            .kill_on_drop(true);
+        let out = tokio::time::timeout(PATIENCE, cmd.output())
+            .await
+            .expect("the SDK call finishes within the bound")
+            .expect("python runs");
+        let what = format!("{sdk}, stall after {fault} frames");
+        assert!(
+            out.status.success(),
+            "{what}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_eq!(String::from_utf8_lossy(&out.stdout), REPLY, "{what}");
+        let requests = mock.requests();
+        assert_eq!(requests.len(), 2, "{what}: {requests:?}");
+        let expected = if fault == 0 { None } else { Some("turn") };
+        assert_eq!(requests[1].continuation, expected, "{what}");
+    }
+}
