@@ -38,11 +38,15 @@
 //!    for 60 s with 5 % stalls and 5 % client drops: lost turns, errors,
 //!    added latency per event against a 10-client baseline, RSS (issue
 //!    #15); see [`soak`].
+//! 10. `proxy`: latency and CPU `warden proxy` adds per streamed event at 1
+//!    and 1,000 concurrent streams, against direct, and its memory per idle
+//!    stream (issue #16); see [`proxy`].
 #![allow(unsafe_code)] // the counting global allocator below
 #![allow(missing_docs, unreachable_pub)]
 
 mod backoff;
 mod continuation;
+mod proxy;
 mod soak;
 
 use std::alloc::{GlobalAlloc, Layout, System};
@@ -1012,6 +1016,10 @@ fn main() {
         telemetry_child(args.get(i + 2).cloned(), turns);
         return;
     }
+    if let Some(i) = args.iter().position(|a| a == "--proxy-child") {
+        proxy::proxy_child(args.get(i + 1).map_or("", String::as_str));
+        return;
+    }
     let quick = args.iter().any(|a| a == "--quick");
     let picked: Vec<&str> = args
         .iter()
@@ -1066,6 +1074,9 @@ fn main() {
         }
         if want("soak") {
             soak::bench_soak(quick).await;
+        }
+        if want("proxy") {
+            proxy::bench_proxy(quick).await;
         }
     });
     if want("telemetry") {

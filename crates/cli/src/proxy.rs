@@ -85,8 +85,8 @@ pub(crate) async fn run(args: ProxyArgs) -> Result<Exit, CliError> {
         .map_err(|e| CliError::failure(e.to_string()))?;
     println!("listening on http://{addr}");
     let _ = std::io::stdout().flush();
-    axum::serve(listener, proxy.router())
-        .with_graceful_shutdown(async {
+    proxy
+        .serve(listener, async {
             let _ = crate::signal::shutdown_signal().await;
         })
         .await

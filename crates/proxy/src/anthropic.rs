@@ -11,6 +11,7 @@
 //! cannot follow text inside one block); every other block gets the next
 //! downstream index.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 
 use serde_json::{Value, json};
@@ -25,10 +26,77 @@ use crate::run::{Resume, Splice};
 #[derive(Debug)]
 struct Open {
     index: u64,
-    /// The block as it stands (its start, deltas applied).
+    /// The block's `content_block_start` form.
     block: Value,
-    /// A tool call's input JSON so far.
-    input_json: String,
+    /// Its text, thinking, or tool input JSON so far (by its type).
+    text: String,
+    /// A thinking block's signature, once sent.
+    signature: Option<Value>,
+}
+
+impl Open {
+    fn new(index: u64, block: Value) -> Self {
+        Self {
+            index,
+            block,
+            text: String::new(),
+            signature: None,
+        }
+    }
+
+    fn kind(&self) -> &str {
+        self.block.get("type").and_then(Value::as_str).unwrap_or("")
+    }
+
+    /// The block whole, as a later request carries it.
+    fn whole(mut self) -> Value {
+        match self.kind() {
+            "text" => self.block["text"] = json!(self.text),
+            "thinking" => {
+                self.block["thinking"] = json!(self.text);
+                if let Some(sig) = self.signature {
+                    self.block["signature"] = sig;
+                }
+            }
+            "tool_use" | "server_tool_use" if !self.text.is_empty() => {
+                if let Ok(input) = serde_json::from_str::<Value>(&self.text) {
+                    self.block["input"] = input;
+                }
+            }
+            _ => {}
+        }
+        self.block
+    }
+}
+
+/// The fields of a `content_block_delta` the proxy reads, borrowed from
+/// the event's data (no allocation for text without escapes).
+#[derive(serde::Deserialize)]
+struct DeltaEvent<'a> {
+    index: u64,
+    #[serde(borrow)]
+    delta: Delta<'a>,
+}
+
+#[derive(serde::Deserialize)]
+struct Delta<'a> {
+    #[serde(rename = "type", borrow)]
+    kind: Cow<'a, str>,
+    #[serde(borrow, default)]
+    text: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    thinking: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    partial_json: Option<Cow<'a, str>>,
+    #[serde(default)]
+    signature: Option<Value>,
+}
+
+/// Just the event's type.
+#[derive(serde::Deserialize)]
+struct Typed<'a> {
+    #[serde(rename = "type", borrow)]
+    kind: Cow<'a, str>,
 }
 
 /// A continuation's text joining the open downstream text block.
@@ -129,34 +197,29 @@ impl Anthropic {
 
     fn append_text(&mut self, text: &str) {
         if let Some(open) = &mut self.open {
-            let t = open.block["text"].as_str().unwrap_or("").to_owned() + text;
-            open.block["text"] = json!(t);
+            open.text.push_str(text);
         }
     }
 
     fn close_open(&mut self) {
-        if let Some(mut open) = self.open.take() {
-            if open.block.get("type").and_then(Value::as_str) == Some("tool_use")
-                && !open.input_json.is_empty()
-            {
-                if let Ok(input) = serde_json::from_str::<Value>(&open.input_json) {
-                    open.block["input"] = input;
-                }
-            }
-            self.closed.push(open.block);
+        if let Some(open) = self.open.take() {
+            self.closed.push(open.whole());
         }
     }
 
-    fn on_delta(&mut self, data: Value, raw: &str, out: &mut String) -> Result<(), StreamError> {
-        let upstream = Self::index_of(&data)?;
+    /// A `content_block_delta`: the hot path, read through [`DeltaEvent`]
+    /// and passed on as it came unless its index changes.
+    fn on_delta(&mut self, raw: &str, out: &mut String) -> Result<(), StreamError> {
+        let event: DeltaEvent<'_> = serde_json::from_str(raw)
+            .map_err(|e| malformed(format!("a content_block_delta the proxy cannot read ({e})")))?;
+        let upstream = event.index;
         let Some(target) = self.map.get(&upstream).copied() else {
             return Err(malformed("a delta for a block that was never started"));
         };
         let Some(index) = target else { return Ok(()) };
-        let delta = &data["delta"];
-        let kind = delta.get("type").and_then(Value::as_str).unwrap_or("");
-        if kind == "text_delta" {
-            let text = delta.get("text").and_then(Value::as_str).unwrap_or("");
+        let delta = event.delta;
+        if delta.kind == "text_delta" {
+            let text = delta.text.as_deref().unwrap_or("");
             self.attempt_text_bytes += text.len();
             if let Some(join) = self.join.as_mut().filter(|j| j.index == index) {
                 let shown =
@@ -173,29 +236,29 @@ impl Anthropic {
             }
             self.append_text(text);
         } else if let Some(open) = &mut self.open {
-            match kind {
+            match &*delta.kind {
                 "thinking_delta" => {
-                    let t = delta.get("thinking").and_then(Value::as_str).unwrap_or("");
+                    let t = delta.thinking.as_deref().unwrap_or("");
                     self.attempt_text_bytes += t.len();
-                    let all = open.block["thinking"].as_str().unwrap_or("").to_owned() + t;
-                    open.block["thinking"] = json!(all);
+                    open.text.push_str(t);
                 }
-                "signature_delta" => {
-                    open.block["signature"] =
-                        delta.get("signature").cloned().unwrap_or(Value::Null);
-                }
+                "signature_delta" => open.signature = delta.signature,
                 "input_json_delta" => {
-                    let p = delta
-                        .get("partial_json")
-                        .and_then(Value::as_str)
-                        .unwrap_or("");
+                    let p = delta.partial_json.as_deref().unwrap_or("");
                     self.attempt_text_bytes += p.len();
-                    open.input_json.push_str(p);
+                    open.text.push_str(p);
                 }
                 _ => {}
             }
         }
-        Self::emit_with_index(out, "content_block_delta", data, index, raw);
+        if upstream == index {
+            frame(out, "content_block_delta", raw);
+        } else {
+            let mut data: Value = serde_json::from_str(raw)
+                .map_err(|e| malformed(format!("a delta that is not JSON ({e})")))?;
+            data["index"] = json!(index);
+            frame(out, "content_block_delta", &data.to_string());
+        }
         Ok(())
     }
 }
@@ -208,13 +271,17 @@ impl Splice for Anthropic {
             }
             frame(out, "content_block_stop", &raw);
         }
+        let typed: Typed<'_> = serde_json::from_str(&event.data).map_err(|e| {
+            malformed(format!(
+                "an event whose data is not a typed JSON object ({e})"
+            ))
+        })?;
+        if typed.kind == "content_block_delta" {
+            return self.on_delta(&event.data, out);
+        }
+        let kind = typed.kind.into_owned();
         let data: Value = serde_json::from_str(&event.data)
             .map_err(|e| malformed(format!("an event whose data is not JSON ({e})")))?;
-        let kind = data
-            .get("type")
-            .and_then(Value::as_str)
-            .unwrap_or(event.event.as_str())
-            .to_owned();
         match kind.as_str() {
             "message_start" => {
                 if !self.started {
@@ -243,14 +310,9 @@ impl Splice for Anthropic {
                 let index = self.next_index;
                 self.next_index += 1;
                 self.map.insert(upstream, Some(index));
-                self.open = Some(Open {
-                    index,
-                    block,
-                    input_json: String::new(),
-                });
+                self.open = Some(Open::new(index, block));
                 Self::emit_with_index(out, "content_block_start", data, index, &event.data);
             }
-            "content_block_delta" => self.on_delta(data, &event.data, out)?,
             "content_block_stop" => {
                 let upstream = Self::index_of(&data)?;
                 match self.map.get(&upstream).copied().flatten() {
@@ -259,9 +321,7 @@ impl Splice for Anthropic {
                     }
                     Some(index) => {
                         let open = self.open.as_ref().filter(|o| o.index == index);
-                        let text = open.is_some_and(|o| {
-                            o.block.get("type").and_then(Value::as_str) == Some("text")
-                        });
+                        let text = open.is_some_and(|o| o.kind() == "text");
                         let mut stop = String::new();
                         Self::emit_with_index(
                             &mut stop,
@@ -370,10 +430,10 @@ impl Splice for Anthropic {
                 Some("tool_use") | Some("server_tool_use") => Resume::GiveUp,
                 _ => self.continuation(original),
             },
-            Some(open) if open.block.get("type").and_then(Value::as_str) == Some("text") => {
+            Some(open) if open.kind() == "text" => {
                 self.join = Some(Join {
                     index: open.index,
-                    stitcher: Stitcher::new(open.block["text"].as_str().unwrap_or("")),
+                    stitcher: Stitcher::new(&open.text),
                     mapped: false,
                 });
                 self.continuation(original)
@@ -400,8 +460,8 @@ impl Anthropic {
     fn continuation(&mut self, original: &Value) -> Resume {
         let mut content: Vec<Value> = self.closed.clone();
         if let Some(open) = &self.open {
-            let text = open.block["text"].as_str().unwrap_or("");
-            if !text.is_empty() {
+            let text = &open.text;
+            if open.kind() == "text" && !text.is_empty() {
                 content.push(json!({"type": "text", "text": text}));
             }
         }

@@ -77,7 +77,7 @@
 //! use warden_proxy::{Proxy, ProxyConfig};
 //! let proxy = Proxy::start(ProxyConfig::default()).await?;
 //! let listener = tokio::net::TcpListener::bind("127.0.0.1:8787").await?;
-//! axum::serve(listener, proxy.router()).await?;
+//! proxy.serve(listener, std::future::pending()).await?;
 //! # Ok(()) }
 //! ```
 
@@ -324,6 +324,24 @@ impl Proxy {
     /// The proxy as an axum [`Router`]: every path and method.
     pub fn router(&self) -> Router {
         Router::new().fallback(handle).with_state(self.clone())
+    }
+
+    /// Serves the proxy on `listener` until `shutdown` completes (then
+    /// lets open responses finish). Sockets get `TCP_NODELAY`: a stream's
+    /// small events go out at once instead of waiting on Nagle's
+    /// algorithm for the previous segment's ACK.
+    pub async fn serve(
+        &self,
+        listener: tokio::net::TcpListener,
+        shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+    ) -> std::io::Result<()> {
+        use axum::serve::ListenerExt as _;
+        let listener = listener.tap_io(|tcp| {
+            let _ = tcp.set_nodelay(true);
+        });
+        axum::serve(listener, self.router())
+            .with_graceful_shutdown(shutdown)
+            .await
     }
 
     /// Stops the proxy's watchdog (streams still open are no longer

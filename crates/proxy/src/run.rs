@@ -13,7 +13,7 @@ use bytes::Bytes;
 use futures_util::StreamExt as _;
 use rand::SeedableRng as _;
 use serde_json::Value;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::oneshot;
 use tokio::time::Instant;
 use tracing::Instrument as _;
 use warden_core::StreamError;
@@ -45,31 +45,6 @@ pub(crate) trait Splice: Send + 'static {
     fn resume(&mut self, original: &Value) -> Resume;
     /// The provider's retryable error event, which ends the stream.
     fn error_event(&self, message: &str) -> String;
-}
-
-/// What the handler answers with.
-enum Head {
-    /// 200 with these headers; the body comes through the channel.
-    Stream(HeaderMap),
-    /// A whole answer (an upstream error passed on, or the proxy's own).
-    Answer(Response),
-}
-
-/// How one upstream attempt ended.
-enum Ended {
-    /// The terminal event reached the client.
-    Complete,
-    /// The client went away.
-    ClientGone,
-    /// An upstream answer was passed on whole (an error that is not
-    /// retried, or a non-stream answer).
-    Answered,
-    /// It broke. `answer` is the upstream's error answer, if it gave one.
-    Failed {
-        error: StreamError,
-        killed: bool,
-        answer: Option<Box<(StatusCode, HeaderMap, Bytes)>>,
-    },
 }
 
 fn upstream_url(inner: &Inner, upstream: Upstream, uri: &axum::http::Uri) -> String {
@@ -271,37 +246,56 @@ pub(crate) async fn watched(
         .instrument(span)
         .await;
     };
-    let (head_tx, head_rx) = oneshot::channel();
-    let (body_tx, body_rx) = mpsc::channel::<Bytes>(16);
     let url = upstream_url(&inner, upstream, &parts.uri);
-    let send_headers = headers::watched_request(&parts.headers);
-    let run = Run {
+    let mut record = record;
+    // Until the stream ends one way or another, the client left.
+    record.outcome = "client_gone";
+    let logged = Logged {
+        inner: Arc::clone(&inner),
+        record: Some(record),
+        started,
+        span: span.clone(),
+    };
+    let mut pump = Pump {
+        headers: headers::watched_request(&parts.headers),
         inner,
         upstream,
         url,
-        headers: send_headers,
         original: json,
+        body: bytes.clone(),
         original_bytes: bytes,
         splice,
-        head: Some(head_tx),
-        body: body_tx,
-        record,
-        started,
+        sent: false,
+        done: false,
+        attempts: 0,
+        current: None,
+        pending: None,
+        rng: rand::rngs::SmallRng::from_rng(&mut rand::rng()),
+        logged,
     };
-    tokio::spawn(run.drive().instrument(span));
-    match head_rx.await {
-        Ok(Head::Stream(headers)) => {
-            let body = futures_util::stream::unfold(body_rx, |mut rx| async move {
-                rx.recv()
-                    .await
-                    .map(|b| (Ok::<_, std::convert::Infallible>(b), rx))
+    match pump.next().instrument(span.clone()).await {
+        Step::Head(headers, first) => {
+            // The rest of the body is pulled by the connection as it
+            // writes: no task of its own, and a client that goes away
+            // drops the upstream stream with it.
+            let rest = futures_util::stream::unfold(pump, move |mut pump| {
+                let span = span.clone();
+                async move {
+                    match pump.next().instrument(span).await {
+                        Step::Chunk(b) | Step::Head(_, b) => Some((b, pump)),
+                        Step::Answer(_) | Step::End => None,
+                    }
+                }
             });
+            let body = futures_util::stream::once(std::future::ready(first))
+                .chain(rest)
+                .map(Ok::<_, std::convert::Infallible>);
             let mut response = Response::new(Body::from_stream(body));
             *response.headers_mut() = headers;
             response
         }
-        Ok(Head::Answer(response)) => response,
-        Err(_) => error_response(
+        Step::Answer(response) => response,
+        Step::Chunk(_) | Step::End => error_response(
             upstream,
             StatusCode::BAD_GATEWAY,
             "warden proxy: the request ended without an answer",
@@ -309,214 +303,233 @@ pub(crate) async fn watched(
     }
 }
 
-struct Run {
+/// What the next pull of a watched request gives.
+enum Step {
+    /// The first bytes of the stream, and the response's headers.
+    Head(HeaderMap, Bytes),
+    /// More bytes of the stream.
+    Chunk(Bytes),
+    /// A whole answer instead of a stream (only before any byte was sent).
+    Answer(Response),
+    /// The stream is over.
+    End,
+}
+
+/// Why an attempt broke.
+struct Failure {
+    error: StreamError,
+    killed: bool,
+    /// The upstream's own error answer, if it gave one.
+    answer: Option<Box<(StatusCode, HeaderMap, Bytes)>>,
+}
+
+impl Failure {
+    fn of(error: StreamError) -> Self {
+        Self {
+            error,
+            killed: false,
+            answer: None,
+        }
+    }
+
+    fn killed(expiry: Result<warden_core::Expiry, oneshot::error::RecvError>) -> Self {
+        match expiry {
+            Ok(e) => Self {
+                error: e.into(),
+                killed: true,
+                answer: None,
+            },
+            Err(_) => Self::of(StreamError::Internal {
+                message: "the watchdog stopped".to_owned(),
+            }),
+        }
+    }
+}
+
+/// The attempt being read.
+struct Current {
+    stream: futures_util::stream::BoxStream<'static, reqwest::Result<Bytes>>,
+    headers: HeaderMap,
+    parser: SseParser,
+    frames: VecDeque<Parsed>,
+    /// Unwatches the attempt when dropped.
+    _guard: warden_core::WatchGuard,
+    beat: warden_core::Heartbeat,
+    expired: oneshot::Receiver<warden_core::Expiry>,
+    span: tracing::Span,
+}
+
+/// A watched request's attempts, pulled one chunk at a time by whoever
+/// sends the response.
+struct Pump {
     inner: Arc<Inner>,
     upstream: Upstream,
     url: String,
     headers: HeaderMap,
     original: Value,
     original_bytes: Bytes,
+    /// The next attempt's request body.
+    body: Bytes,
     splice: Box<dyn Splice>,
-    /// Until the client has its response head.
-    head: Option<oneshot::Sender<Head>>,
-    body: mpsc::Sender<Bytes>,
-    record: AccessRecord,
-    started: Instant,
+    /// The client has bytes of the stream (and its head).
+    sent: bool,
+    done: bool,
+    attempts: u32,
+    current: Option<Current>,
+    /// A break found after output that was returned first.
+    pending: Option<Failure>,
+    rng: rand::rngs::SmallRng,
+    logged: Logged,
 }
 
-impl Run {
-    async fn drive(mut self) {
+impl Pump {
+    fn record(&mut self) -> &mut AccessRecord {
+        self.logged.record.get_or_insert_with(|| AccessRecord {
+            upstream: "",
+            method: String::new(),
+            path: String::new(),
+            status: 0,
+            duration_ms: 0,
+            attempts: 0,
+            kills: 0,
+            continuations: 0,
+            outcome: "",
+        })
+    }
+
+    fn end(&mut self, outcome: &'static str) {
+        self.done = true;
+        self.current = None;
+        let attempts = self.attempts;
+        let r = self.record();
+        r.outcome = outcome;
+        r.attempts = attempts;
+        if r.status == 0 {
+            r.status = 200;
+        }
+    }
+
+    async fn next(&mut self) -> Step {
+        loop {
+            if self.done {
+                return Step::End;
+            }
+            if let Some(failure) = self.pending.take() {
+                if let Some(step) = self.failed(failure).await {
+                    return step;
+                }
+                continue;
+            }
+            if self.current.is_none() {
+                match self.open().await {
+                    Ok(Some(current)) => self.current = Some(current),
+                    Ok(None) => continue,
+                    Err(answer) => return answer,
+                }
+            }
+            let span = self
+                .current
+                .as_ref()
+                .map_or_else(tracing::Span::none, |c| c.span.clone());
+            let (out, failure) = self.read().instrument(span.clone()).await;
+            let headers = match (&self.current, self.sent) {
+                (Some(c), false) => c.headers.clone(),
+                _ => HeaderMap::new(),
+            };
+            if let Some(failure) = failure {
+                span.record("warden.outcome", failure.error.code());
+                self.current = None;
+                if out.is_empty() {
+                    if let Some(step) = self.failed(failure).await {
+                        return step;
+                    }
+                    continue;
+                }
+                self.pending = Some(failure);
+            }
+            if self.splice.done() {
+                span.record("warden.outcome", "complete");
+                self.end("complete");
+            }
+            if out.is_empty() {
+                continue;
+            }
+            let bytes = Bytes::from(out);
+            if self.sent {
+                return Step::Chunk(bytes);
+            }
+            self.sent = true;
+            self.record().status = 200;
+            return Step::Head(headers, bytes);
+        }
+    }
+
+    /// Starts an attempt: `Ok(Some)` streaming, `Ok(None)` broke (already
+    /// handled: go on), `Err` with a whole answer for the client.
+    async fn open(&mut self) -> Result<Option<Current>, Step> {
+        self.attempts += 1;
+        let span = tracing::info_span!(
+            PROXY_ATTEMPT,
+            otel.name = PROXY_ATTEMPT,
+            warden.attempt = self.attempts,
+            warden.outcome = tracing::field::Empty,
+        );
         let pool = upstream_name(self.upstream);
-        let mut rng = rand::rngs::SmallRng::from_rng(&mut rand::rng());
-        let mut body = self.original_bytes.clone();
-        let mut attempts = 0u32;
-        let outcome = loop {
-            attempts += 1;
-            let span = tracing::info_span!(
-                PROXY_ATTEMPT,
-                otel.name = PROXY_ATTEMPT,
-                warden.attempt = attempts,
-                warden.outcome = tracing::field::Empty,
-            );
-            let permit = self.inner.admission.admit(pool).await;
-            let ended = self.attempt(body.clone()).instrument(span.clone()).await;
-            drop(permit);
-            let (error, killed, answer) = match ended {
-                Ended::Complete => {
-                    span.record("warden.outcome", "complete");
-                    break "complete";
+        let permit = self.inner.admission.admit(pool).await;
+        drop(permit);
+        let opened = self.send().instrument(span.clone()).await;
+        match opened {
+            Ok(Ok(mut current)) => {
+                current.span = span;
+                Ok(Some(current))
+            }
+            Ok(Err(answer)) => {
+                span.record("warden.outcome", "answered");
+                self.end("upstream_error");
+                Err(Step::Answer(answer))
+            }
+            Err(failure) => {
+                span.record("warden.outcome", failure.error.code());
+                match self.failed(failure).await {
+                    Some(step) => Err(step),
+                    None => Ok(None),
                 }
-                Ended::ClientGone => {
-                    span.record("warden.outcome", "client_gone");
-                    break "client_gone";
-                }
-                Ended::Answered => {
-                    span.record("warden.outcome", "answered");
-                    break "upstream_error";
-                }
-                Ended::Failed {
-                    error,
-                    killed,
-                    answer,
-                } => (error, killed, answer),
-            };
-            span.record("warden.outcome", error.code());
-            if killed {
-                self.record.kills += 1;
-                tracing::info!(
-                    event = PROXY_KILL,
-                    attempt = attempts,
-                    "upstream stream went silent; killed"
-                );
-            }
-            if let StreamError::Api {
-                status: Some(429),
-                retry_after: Some(wait),
-                ..
-            } = &error
-            {
-                self.inner.admission.hold(pool, *wait);
-            }
-            let delay = self
-                .inner
-                .config
-                .retry
-                .next_delay(attempts, &error, &mut rng);
-            let Some(delay) = delay else {
-                self.give_up(&error, answer).await;
-                break "error_event";
-            };
-            let resume = self.splice.resume(&self.original);
-            if self.head.is_some() {
-                // Nothing reached the client: the same request again.
-                body = self.original_bytes.clone();
-            } else {
-                match resume {
-                    Resume::Again => body = self.original_bytes.clone(),
-                    Resume::Continue(request) => {
-                        self.record.continuations += 1;
-                        tracing::info!(
-                            event = PROXY_CONTINUE,
-                            attempt = attempts,
-                            "continuing the broken reply"
-                        );
-                        body = Bytes::from(serde_json::to_vec(&request).unwrap_or_default());
-                    }
-                    Resume::GiveUp => {
-                        self.give_up(&error, None).await;
-                        break "error_event";
-                    }
-                }
-            }
-            tokio::select! {
-                () = tokio::time::sleep(delay) => {}
-                () = self.body.closed(), if self.head.is_none() => break "client_gone",
-            }
-        };
-        self.record.attempts = attempts;
-        self.record.outcome = outcome;
-        if self.record.status == 0 {
-            self.record.status = 200;
-        }
-        finish(&self.inner, self.record, self.started);
-    }
-
-    /// Ends the request after `error`: the upstream's own error answer or
-    /// the proxy's while the client has no head yet, else the provider's
-    /// error event on the open stream.
-    async fn give_up(
-        &mut self,
-        error: &StreamError,
-        answer: Option<Box<(StatusCode, HeaderMap, Bytes)>>,
-    ) {
-        let message = format!("warden proxy: the upstream stream failed: {}", error.code());
-        match self.head.take() {
-            Some(head) => {
-                let response = match answer {
-                    Some(answer) => {
-                        let (status, headers, bytes) = *answer;
-                        let mut r = Response::new(Body::from(bytes));
-                        *r.status_mut() = status;
-                        *r.headers_mut() = headers::end_to_end(&headers);
-                        r
-                    }
-                    None => error_response(
-                        self.upstream,
-                        match self.upstream {
-                            Upstream::Anthropic => {
-                                StatusCode::from_u16(529).unwrap_or(StatusCode::SERVICE_UNAVAILABLE)
-                            }
-                            Upstream::OpenAi => StatusCode::SERVICE_UNAVAILABLE,
-                        },
-                        &message,
-                    ),
-                };
-                self.record.status = response.status().as_u16();
-                let _ = head.send(Head::Answer(response));
-            }
-            None => {
-                let frame = self.splice.error_event(&message);
-                let _ = self.body.send(Bytes::from(frame)).await;
             }
         }
     }
 
-    async fn attempt(&mut self, body: Bytes) -> Ended {
+    /// Sends the attempt's request: the stream, a whole answer to pass on
+    /// (`Ok(Err)`), or why it failed.
+    async fn send(&mut self) -> Result<Result<Current, Response>, Failure> {
         let (expired_tx, mut expired) = oneshot::channel();
-        let guard = match self.inner.watchdog.watch(None, move |e| {
-            let _ = expired_tx.send(e);
-        }) {
-            Ok(g) => g,
-            Err(e) => {
-                return Ended::Failed {
-                    error: StreamError::Internal {
-                        message: e.to_string(),
-                    },
-                    killed: false,
-                    answer: None,
-                };
-            }
-        };
+        let guard = self
+            .inner
+            .watchdog
+            .watch(None, move |e| {
+                let _ = expired_tx.send(e);
+            })
+            .map_err(|e| {
+                Failure::of(StreamError::Internal {
+                    message: e.to_string(),
+                })
+            })?;
         let beat = guard.heartbeat();
-        let killed = |e: Result<warden_core::Expiry, oneshot::error::RecvError>| match e {
-            Ok(expiry) => Ended::Failed {
-                error: expiry.into(),
-                killed: true,
-                answer: None,
-            },
-            Err(_) => Ended::Failed {
-                error: StreamError::Internal {
-                    message: "the watchdog stopped".to_owned(),
-                },
-                killed: false,
-                answer: None,
-            },
-        };
         let send = self
             .inner
             .http
             .post(&self.url)
             .headers(self.headers.clone())
-            .body(body)
+            .body(self.body.clone())
             .send();
-        let body_tx = self.body.clone();
         let response = tokio::select! {
             r = send => r,
-            e = &mut expired => return killed(e),
-            () = body_tx.closed() => return Ended::ClientGone,
+            e = &mut expired => return Err(Failure::killed(e)),
         };
-        let response = match response {
-            Ok(r) => r,
-            Err(e) => {
-                return Ended::Failed {
-                    error: StreamError::Connection {
-                        message: reason(&e),
-                    },
-                    killed: false,
-                    answer: None,
-                };
-            }
-        };
+        let response = response.map_err(|e| {
+            Failure::of(StreamError::Connection {
+                message: reason(&e),
+            })
+        })?;
         let status = response.status();
         let response_headers = response.headers().clone();
         let is_stream = response_headers
@@ -526,7 +539,7 @@ impl Run {
         if !status.is_success() || !is_stream {
             let bytes = tokio::select! {
                 b = response.bytes() => b.unwrap_or_default(),
-                e = &mut expired => return killed(e),
+                e = &mut expired => return Err(Failure::killed(e)),
             };
             let error = if status.is_success() {
                 StreamError::Malformed {
@@ -541,100 +554,182 @@ impl Run {
                     self.inner.config.retry.max_retry_after,
                 )
             };
-            if !error.is_retryable() {
-                if let Some(head) = self.head.take() {
-                    let mut r = Response::new(Body::from(bytes));
-                    *r.status_mut() = status;
-                    *r.headers_mut() = headers::end_to_end(&response_headers);
-                    self.record.status = status.as_u16();
-                    let _ = head.send(Head::Answer(r));
-                    return Ended::Answered;
-                }
+            if !error.is_retryable() && !self.sent {
+                self.record().status = status.as_u16();
+                return Ok(Err(answer(status, &response_headers, bytes)));
             }
-            return Ended::Failed {
+            return Err(Failure {
                 error,
                 killed: false,
                 answer: Some(Box::new((status, response_headers, bytes))),
-            };
+            });
         }
         beat.beat();
-        let stream_headers = headers::watched_response(&response_headers);
-        let mut parser = SseParser::new(self.inner.config.max_frame_bytes);
-        let mut frames = VecDeque::new();
-        let mut stream = response.bytes_stream();
+        Ok(Ok(Current {
+            stream: Box::pin(response.bytes_stream()),
+            headers: headers::watched_response(&response_headers),
+            parser: SseParser::new(self.inner.config.max_frame_bytes),
+            frames: VecDeque::new(),
+            _guard: guard,
+            beat,
+            expired,
+            span: tracing::Span::none(),
+        }))
+    }
+
+    /// Reads the current attempt until it has output for the client, ends
+    /// complete, or breaks: the output, and the break if any.
+    async fn read(&mut self) -> (String, Option<Failure>) {
         let mut out = String::new();
+        let Some(current) = self.current.as_mut() else {
+            return (out, None);
+        };
         loop {
             let chunk = tokio::select! {
-                c = stream.next() => c,
-                e = &mut expired => return killed(e),
-                () = body_tx.closed() => return Ended::ClientGone,
+                c = current.stream.next() => c,
+                e = &mut current.expired => return (out, Some(Failure::killed(e))),
             };
             let bytes = match chunk {
                 Some(Ok(b)) => b,
                 Some(Err(e)) => {
-                    return Ended::Failed {
-                        error: StreamError::Connection {
-                            message: reason(&e),
-                        },
-                        killed: false,
-                        answer: None,
-                    };
+                    let failure = Failure::of(StreamError::Connection {
+                        message: reason(&e),
+                    });
+                    return (out, Some(failure));
                 }
                 None => {
-                    return Ended::Failed {
-                        error: StreamError::Truncated {
-                            message: "the upstream closed the stream before its last event"
-                                .to_owned(),
-                        },
-                        killed: false,
-                        answer: None,
-                    };
+                    let failure = Failure::of(StreamError::Truncated {
+                        message: "the upstream closed the stream before its last event".to_owned(),
+                    });
+                    return (out, Some(failure));
                 }
             };
-            let fed = parser.feed(&bytes, &mut frames);
-            let mut broke = fed.err();
-            for frame in frames.drain(..) {
-                beat.beat();
+            let mut broke = current
+                .parser
+                .feed(&bytes, &mut current.frames)
+                .err()
+                .map(Failure::of);
+            while let Some(frame) = current.frames.pop_front() {
+                current.beat.beat();
                 match frame {
                     Parsed::Event(event) => {
                         if let Err(e) = self.splice.event(&event, &mut out) {
-                            broke = Some(e);
+                            broke = Some(Failure::of(e));
                             break;
                         }
                     }
                     Parsed::KeepAlive => {
-                        if self.head.is_none() {
+                        if self.sent {
                             out.push_str(":\n\n");
                         }
                     }
                 }
                 if self.splice.done() {
-                    break;
+                    return (out, None);
                 }
             }
-            if !out.is_empty() {
-                if let Some(head) = self.head.take() {
-                    self.record.status = 200;
-                    let _ = head.send(Head::Stream(stream_headers.clone()));
-                }
-                if body_tx
-                    .send(Bytes::from(std::mem::take(&mut out)))
-                    .await
-                    .is_err()
-                {
-                    return Ended::ClientGone;
-                }
-            }
-            if self.splice.done() {
-                return Ended::Complete;
-            }
-            if let Some(error) = broke {
-                return Ended::Failed {
-                    error,
-                    killed: false,
-                    answer: None,
-                };
+            if broke.is_some() || !out.is_empty() {
+                current.frames.clear();
+                return (out, broke);
             }
         }
     }
+
+    /// After a broken attempt: `None` to try again (after the backoff),
+    /// or the step that ends the request.
+    async fn failed(&mut self, failure: Failure) -> Option<Step> {
+        let Failure {
+            error,
+            killed,
+            answer,
+        } = failure;
+        let pool = upstream_name(self.upstream);
+        if killed {
+            self.record().kills += 1;
+            tracing::info!(
+                event = PROXY_KILL,
+                attempt = self.attempts,
+                "upstream stream went silent; killed"
+            );
+        }
+        if let StreamError::Api {
+            status: Some(429),
+            retry_after: Some(wait),
+            ..
+        } = &error
+        {
+            self.inner.admission.hold(pool, *wait);
+        }
+        let delay = self
+            .inner
+            .config
+            .retry
+            .next_delay(self.attempts, &error, &mut self.rng);
+        let Some(delay) = delay else {
+            return Some(self.give_up(&error, answer));
+        };
+        let resume = self.splice.resume(&self.original);
+        if !self.sent {
+            // Nothing reached the client: the same request again.
+            self.body = self.original_bytes.clone();
+        } else {
+            match resume {
+                Resume::Again => self.body = self.original_bytes.clone(),
+                Resume::Continue(request) => {
+                    self.record().continuations += 1;
+                    tracing::info!(
+                        event = PROXY_CONTINUE,
+                        attempt = self.attempts,
+                        "continuing the broken reply"
+                    );
+                    self.body = Bytes::from(serde_json::to_vec(&request).unwrap_or_default());
+                }
+                Resume::GiveUp => return Some(self.give_up(&error, None)),
+            }
+        }
+        tokio::time::sleep(delay).await;
+        None
+    }
+
+    /// Ends the request after `error`: the upstream's own error answer or
+    /// the proxy's while the client has nothing yet, else the provider's
+    /// error event on the open stream.
+    fn give_up(
+        &mut self,
+        error: &StreamError,
+        upstream_answer: Option<Box<(StatusCode, HeaderMap, Bytes)>>,
+    ) -> Step {
+        let message = format!("warden proxy: the upstream stream failed: {}", error.code());
+        if self.sent {
+            self.end("error_event");
+            return Step::Chunk(Bytes::from(self.splice.error_event(&message)));
+        }
+        let response = match upstream_answer {
+            Some(a) => {
+                let (status, headers, bytes) = *a;
+                answer(status, &headers, bytes)
+            }
+            None => error_response(
+                self.upstream,
+                match self.upstream {
+                    Upstream::Anthropic => {
+                        StatusCode::from_u16(529).unwrap_or(StatusCode::SERVICE_UNAVAILABLE)
+                    }
+                    Upstream::OpenAi => StatusCode::SERVICE_UNAVAILABLE,
+                },
+                &message,
+            ),
+        };
+        self.record().status = response.status().as_u16();
+        self.end("upstream_error");
+        Step::Answer(response)
+    }
+}
+
+/// An upstream answer passed on whole.
+fn answer(status: StatusCode, headers: &HeaderMap, bytes: Bytes) -> Response {
+    let mut r = Response::new(Body::from(bytes));
+    *r.status_mut() = status;
+    *r.headers_mut() = headers::end_to_end(headers);
+    r
 }
