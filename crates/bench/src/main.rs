@@ -39,8 +39,8 @@
 //!    added latency per event against a 10-client baseline, RSS (issue
 //!    #15); see [`soak`].
 //! 10. `proxy`: latency and CPU `warden proxy` adds per streamed event at 1
-//!    and 1,000 concurrent streams, against direct, and its memory per idle
-//!    stream (issue #16); see [`proxy`].
+//!     and 1,000 concurrent streams, against direct, and its memory per
+//!     idle stream (issue #16); see [`proxy`].
 #![allow(unsafe_code)] // the counting global allocator below
 #![allow(missing_docs, unreachable_pub)]
 

@@ -161,6 +161,7 @@ async fn claude_code_through_the_proxy_gets_the_whole_reply_when_the_api_stalls_
         let run = dir.path().join(format!("stall-{fault}"));
         let (result, took) = claude_turn(&bin, &proxy.base, &run).await;
         let what = format!("stall after {fault} frames");
+        eprintln!("{what}: the turn took {took:?}; a healthy one {healthy_took:?}");
         assert_eq!(result["is_error"], false, "{what}: {result}");
         assert_eq!(
             result["result"], REPLY,
