@@ -247,6 +247,19 @@ pub enum StoreError {
         /// The database directory.
         path: String,
     },
+    /// A write was refused by the fence: this process no longer holds the
+    /// session's lease (another node took the session over, or the lease
+    /// expired while the process was paused). Fatal for this process's copy
+    /// of the session: stop it, and let the owner run it.
+    #[error(
+        "session {key:?} is no longer ours: its lease moved past epoch {epoch} (another node owns it now)"
+    )]
+    LeaseLost {
+        /// The key.
+        key: String,
+        /// The epoch this process held.
+        epoch: u64,
+    },
     /// I/O or backend failure. Retryable at the caller's discretion.
     #[error("session store error: {message}")]
     Backend {

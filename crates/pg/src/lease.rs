@@ -1,0 +1,176 @@
+//! Leases with fencing epochs: who runs a session, and the fence every
+//! write of its data goes through.
+
+use std::time::Duration;
+
+use warden_core::store::SCHEMA_VERSION;
+use warden_core::{SessionKey, SessionRecord, StoreError};
+
+use crate::{PgStore, backend, secs};
+
+/// A lease this node took: the session, the node and the epoch every write
+/// must carry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Lease {
+    /// The session key.
+    pub key: String,
+    /// The owner.
+    pub node: String,
+    /// The fencing epoch: grows by one at every take.
+    pub epoch: u64,
+}
+
+/// Who holds a session, as the database says now.
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub struct LeaseInfo {
+    /// The owner, if the session was ever taken.
+    pub owner: Option<String>,
+    /// The current epoch (0: never taken).
+    pub epoch: u64,
+    /// Time left on the lease by the database's clock; negative once
+    /// expired, `None` when never taken.
+    pub remaining_secs: Option<f64>,
+}
+
+fn epoch_of(v: i64) -> u64 {
+    u64::try_from(v).unwrap_or(0)
+}
+
+impl PgStore {
+    /// Takes the lease of `key` for `node` for `ttl` when it is free,
+    /// expired or already `node`'s: `Some` with the new epoch (one more
+    /// than any before), `None` while another node holds it.
+    pub async fn acquire(
+        &self,
+        key: &SessionKey,
+        node: &str,
+        ttl: Duration,
+    ) -> Result<Option<Lease>, StoreError> {
+        let client = self.client().await?;
+        let row = client
+            .query_opt(
+                "INSERT INTO warden_sessions AS s (key, owner, epoch, lease_until) \
+                 VALUES ($1, $2, 1, now() + make_interval(secs => $3)) \
+                 ON CONFLICT (key) DO UPDATE SET owner = EXCLUDED.owner, epoch = s.epoch + 1, \
+                 lease_until = EXCLUDED.lease_until \
+                 WHERE s.lease_until IS NULL OR s.lease_until < now() OR s.owner = EXCLUDED.owner \
+                 RETURNING epoch",
+                &[&key.as_str(), &node, &secs(ttl)],
+            )
+            .await
+            .map_err(backend)?;
+        Ok(row.map(|r| Lease {
+            key: key.as_str().to_owned(),
+            node: node.to_owned(),
+            epoch: epoch_of(r.get(0)),
+        }))
+    }
+
+    /// Extends `lease` by `ttl` from now; `false` when the session's epoch
+    /// or owner moved on (the lease is lost). A lease that expired but
+    /// that nobody took is extended: its epoch still fences every write.
+    pub async fn renew(&self, lease: &Lease, ttl: Duration) -> Result<bool, StoreError> {
+        let client = self.client().await?;
+        let n = client
+            .execute(
+                "UPDATE warden_sessions SET lease_until = now() + make_interval(secs => $4) \
+                 WHERE key = $1 AND owner = $2 AND epoch = $3",
+                &[
+                    &lease.key,
+                    &lease.node,
+                    &i64::try_from(lease.epoch).unwrap_or(i64::MAX),
+                    &secs(ttl),
+                ],
+            )
+            .await
+            .map_err(backend)?;
+        Ok(n == 1)
+    }
+
+    /// Gives `lease` up at once (another node may take the session without
+    /// waiting for it to expire). Nothing happens if it was lost already.
+    pub async fn release(&self, lease: &Lease) -> Result<(), StoreError> {
+        let client = self.client().await?;
+        client
+            .execute(
+                "UPDATE warden_sessions SET lease_until = NULL \
+                 WHERE key = $1 AND owner = $2 AND epoch = $3",
+                &[
+                    &lease.key,
+                    &lease.node,
+                    &i64::try_from(lease.epoch).unwrap_or(i64::MAX),
+                ],
+            )
+            .await
+            .map_err(backend)?;
+        Ok(())
+    }
+
+    /// Writes `record` through the fence: only while `lease` is still the
+    /// session's (same owner, same epoch), in the same statement.
+    /// [`StoreError::LeaseLost`] when it is not.
+    pub async fn save_fenced(
+        &self,
+        lease: &Lease,
+        record: &SessionRecord,
+    ) -> Result<(), StoreError> {
+        if record.key != lease.key {
+            return Err(StoreError::Backend {
+                message: format!(
+                    "the lease of {:?} cannot write the record of {:?}",
+                    lease.key, record.key
+                ),
+            });
+        }
+        let value = Self::encode(record)?;
+        let client = self.client().await?;
+        let n = client
+            .execute(
+                "UPDATE warden_sessions SET record = $2, schema_version = $3, updated_at = now() \
+                 WHERE key = $1 AND owner = $4 AND epoch = $5",
+                &[
+                    &record.key,
+                    &value,
+                    &(SCHEMA_VERSION as i16),
+                    &lease.node,
+                    &i64::try_from(lease.epoch).unwrap_or(i64::MAX),
+                ],
+            )
+            .await
+            .map_err(backend)?;
+        if n == 1 {
+            Ok(())
+        } else {
+            Err(StoreError::LeaseLost {
+                key: lease.key.clone(),
+                epoch: lease.epoch,
+            })
+        }
+    }
+
+    /// Who holds `key` now.
+    pub async fn lease_info(&self, key: &SessionKey) -> Result<LeaseInfo, StoreError> {
+        let client = self.client().await?;
+        let row = client
+            .query_opt(
+                "SELECT owner, epoch, EXTRACT(EPOCH FROM (lease_until - now()))::float8 \
+                 FROM warden_sessions WHERE key = $1",
+                &[&key.as_str()],
+            )
+            .await
+            .map_err(backend)?;
+        Ok(match row {
+            None => LeaseInfo {
+                owner: None,
+                epoch: 0,
+                remaining_secs: None,
+            },
+            Some(r) => LeaseInfo {
+                owner: r.get(0),
+                epoch: epoch_of(r.get(1)),
+                remaining_secs: r.get(2),
+            },
+        })
+    }
+}

@@ -1,0 +1,240 @@
+//! # warden-pg
+//!
+//! warden's sessions on PostgreSQL, for several warden nodes sharing one
+//! database (sled stays the embedded single-node default).
+//!
+//! - [`PgStore`]: the session records (a [`SessionStore`]), schema
+//!   migrated on connect, leases and node membership.
+//! - **Leases with fencing epochs** (the pattern Temporal uses for shard
+//!   ownership and DBOS for executor recovery): a node runs a session only
+//!   while it holds the session's lease. Taking it is one statement,
+//!
+//!   ```sql
+//!   UPDATE … SET owner = $node, epoch = epoch + 1, lease_until = now() + ttl
+//!    WHERE key = $k AND (lease_until < now() OR owner = $node) RETURNING epoch
+//!   ```
+//!
+//!   and every write of the session's data carries `AND owner = $node AND
+//!   epoch = $mine` in the same statement: a write that matches no row
+//!   means another node has taken the session over, and fails with
+//!   [`StoreError::LeaseLost`]. Time is the database's `now()`, never a
+//!   node's clock, so clock skew between nodes cannot extend a lease; a
+//!   node paused past its lease (GC, SIGSTOP, a VM migration) wakes up to a
+//!   rejected write, never to a silent double owner.
+//! - [`NodeStore`]: the [`SessionStore`] one node of a cluster uses: it
+//!   takes a session's lease at its first write, writes through the fence,
+//!   renews its leases at a third of their TTL, and reports every lease it
+//!   loses ([`NodeStore::lost`]) so the node stops its copy at once.
+//!
+//! ```no_run
+//! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+//! use std::time::Duration;
+//! use warden_pg::{NodeStore, PgStore};
+//! let pg = PgStore::connect("postgres://warden@127.0.0.1:5432/warden").await?;
+//! let node = NodeStore::new(pg, "node-a", Duration::from_secs(10));
+//! let _renewing = node.spawn_renewer();
+//! // Give `node` to the supervisor as its store.
+//! # Ok(()) }
+//! ```
+
+mod lease;
+mod migrate;
+mod node;
+
+use std::time::Duration;
+
+use futures_util::future::BoxFuture;
+use serde_json::Value;
+use tokio_postgres::NoTls;
+use warden_core::store::SCHEMA_VERSION;
+use warden_core::{Durability, SessionKey, SessionRecord, SessionStore, StoreError};
+
+pub use lease::{Lease, LeaseInfo};
+pub use migrate::MIGRATIONS;
+pub use node::{NodeInfo, NodeStore};
+
+/// Why the store could not be opened.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum PgError {
+    /// The URL is not a PostgreSQL connection string.
+    #[error("invalid PostgreSQL URL: {0}")]
+    Url(String),
+    /// The database cannot be reached or refused the connection.
+    #[error("cannot connect to PostgreSQL: {0}")]
+    Connect(String),
+    /// The schema could not be created or migrated.
+    #[error("cannot migrate the warden schema: {0}")]
+    Migrate(String),
+    /// The database was migrated by a newer warden.
+    #[error(
+        "the database has warden schema version {found}, newer than the supported {supported}; upgrade warden"
+    )]
+    NewerSchema {
+        /// Version found.
+        found: i32,
+        /// Newest version this build knows.
+        supported: i32,
+    },
+}
+
+/// The session store on PostgreSQL. Cheap to clone (a pool).
+#[derive(Clone)]
+pub struct PgStore {
+    pool: deadpool_postgres::Pool,
+}
+
+impl std::fmt::Debug for PgStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PgStore").finish_non_exhaustive()
+    }
+}
+
+pub(crate) fn backend(e: impl std::fmt::Display) -> StoreError {
+    StoreError::Backend {
+        message: format!("PostgreSQL: {e}"),
+    }
+}
+
+/// Seconds, as PostgreSQL's `make_interval` takes them.
+pub(crate) fn secs(d: Duration) -> f64 {
+    d.as_secs_f64()
+}
+
+impl PgStore {
+    /// Connects to `url` (`postgres://USER[:PASSWORD]@HOST:PORT/DB`, or the
+    /// key=value form) with a pool of 16 connections, and creates or
+    /// migrates the schema.
+    pub async fn connect(url: &str) -> Result<Self, PgError> {
+        let config: tokio_postgres::Config = url.parse().map_err(|e: tokio_postgres::Error| {
+            // The URL may hold a password: the parser's message does not.
+            PgError::Url(e.to_string())
+        })?;
+        Self::connect_config(config).await
+    }
+
+    /// [`connect`](Self::connect) with a parsed configuration.
+    pub async fn connect_config(config: tokio_postgres::Config) -> Result<Self, PgError> {
+        let manager = deadpool_postgres::Manager::from_config(
+            config,
+            NoTls,
+            deadpool_postgres::ManagerConfig {
+                recycling_method: deadpool_postgres::RecyclingMethod::Fast,
+            },
+        );
+        let pool = deadpool_postgres::Pool::builder(manager)
+            .max_size(16)
+            .runtime(deadpool_postgres::Runtime::Tokio1)
+            .build()
+            .map_err(|e| PgError::Connect(e.to_string()))?;
+        let store = Self { pool };
+        let mut client = store
+            .pool
+            .get()
+            .await
+            .map_err(|e| PgError::Connect(e.to_string()))?;
+        migrate::run(&mut client).await?;
+        Ok(store)
+    }
+
+    pub(crate) async fn client(&self) -> Result<deadpool_postgres::Object, StoreError> {
+        self.pool.get().await.map_err(backend)
+    }
+
+    /// The record of `key`, decoded: `None` when there is none yet.
+    fn decode(
+        key: &str,
+        version: i16,
+        record: Option<Value>,
+    ) -> Result<Option<SessionRecord>, StoreError> {
+        let Some(record) = record.filter(|r| !r.is_null()) else {
+            return Ok(None);
+        };
+        let version = u16::try_from(version).unwrap_or(u16::MAX);
+        if version > SCHEMA_VERSION {
+            return Err(StoreError::NewerSchema {
+                key: key.to_owned(),
+                found: version,
+                supported: SCHEMA_VERSION,
+            });
+        }
+        serde_json::from_value(record)
+            .map(Some)
+            .map_err(|e| StoreError::Corrupt {
+                key: key.to_owned(),
+                message: e.to_string(),
+            })
+    }
+
+    pub(crate) fn encode(record: &SessionRecord) -> Result<Value, StoreError> {
+        serde_json::to_value(record).map_err(|e| StoreError::Backend {
+            message: format!("cannot encode session record {:?}: {e}", record.key),
+        })
+    }
+}
+
+impl SessionStore for PgStore {
+    fn load(&self, key: &SessionKey) -> BoxFuture<'_, Result<Option<SessionRecord>, StoreError>> {
+        let key = key.as_str().to_owned();
+        Box::pin(async move {
+            let client = self.client().await?;
+            let row = client
+                .query_opt(
+                    "SELECT schema_version, record FROM warden_sessions WHERE key = $1",
+                    &[&key],
+                )
+                .await
+                .map_err(backend)?;
+            match row {
+                None => Ok(None),
+                Some(row) => Self::decode(&key, row.get(0), row.get(1)),
+            }
+        })
+    }
+
+    /// Writes without a lease: for one process alone on the database.
+    /// Nodes of a cluster write through [`NodeStore`] instead. Every
+    /// commit is durable (PostgreSQL's `synchronous_commit`), whatever
+    /// `durability` asks.
+    fn save<'a>(
+        &'a self,
+        record: &'a SessionRecord,
+        _durability: Durability,
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(async move {
+            let value = Self::encode(record)?;
+            let client = self.client().await?;
+            client
+                .execute(
+                    "INSERT INTO warden_sessions (key, schema_version, record) VALUES ($1, $2, $3) \
+                     ON CONFLICT (key) DO UPDATE SET record = EXCLUDED.record, \
+                     schema_version = EXCLUDED.schema_version, updated_at = now()",
+                    &[&record.key, &(SCHEMA_VERSION as i16), &value],
+                )
+                .await
+                .map_err(backend)?;
+            Ok(())
+        })
+    }
+
+    fn list(&self) -> BoxFuture<'_, Result<Vec<Result<SessionRecord, StoreError>>, StoreError>> {
+        Box::pin(async move {
+            let client = self.client().await?;
+            let rows = client
+                .query(
+                    "SELECT key, schema_version, record FROM warden_sessions \
+                     WHERE record IS NOT NULL AND record <> 'null'::jsonb ORDER BY key",
+                    &[],
+                )
+                .await
+                .map_err(backend)?;
+            Ok(rows
+                .into_iter()
+                .filter_map(|row| {
+                    let key: String = row.get(0);
+                    Self::decode(&key, row.get(1), row.get(2)).transpose()
+                })
+                .collect())
+        })
+    }
+}

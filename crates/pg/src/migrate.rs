@@ -1,0 +1,75 @@
+//! The schema, as numbered migrations applied in order, once each.
+//!
+//! Written here rather than with a migration crate: there are few, they
+//! are plain SQL, and applying them needs one thing a generic tool does
+//! not give for free here — several nodes starting at once against a fresh
+//! database must not race, so the whole run holds a transaction-scoped
+//! advisory lock.
+
+use crate::PgError;
+
+/// Every migration, oldest first: `(version, SQL)`.
+pub const MIGRATIONS: &[(i32, &str)] = &[(
+    1,
+    "CREATE TABLE warden_sessions (
+         key            TEXT PRIMARY KEY,
+         schema_version SMALLINT NOT NULL DEFAULT 1,
+         record         JSONB,
+         owner          TEXT,
+         epoch          BIGINT NOT NULL DEFAULT 0,
+         lease_until    TIMESTAMPTZ,
+         updated_at     TIMESTAMPTZ NOT NULL DEFAULT now()
+     );
+     CREATE INDEX warden_sessions_owner ON warden_sessions (owner);
+     CREATE TABLE warden_nodes (
+         node_id      TEXT PRIMARY KEY,
+         advertise    TEXT NOT NULL,
+         started_at   TIMESTAMPTZ NOT NULL DEFAULT now(),
+         heartbeat_at TIMESTAMPTZ NOT NULL DEFAULT now()
+     );",
+)];
+
+/// An arbitrary constant naming warden's migration lock.
+const LOCK: i64 = 0x7761_7264_656e; // "warden"
+
+pub(crate) async fn run(client: &mut deadpool_postgres::Object) -> Result<(), PgError> {
+    let fail = |e: tokio_postgres::Error| PgError::Migrate(e.to_string());
+    let tx = client.transaction().await.map_err(fail)?;
+    tx.execute("SELECT pg_advisory_xact_lock($1)", &[&LOCK])
+        .await
+        .map_err(fail)?;
+    tx.batch_execute(
+        "CREATE TABLE IF NOT EXISTS warden_schema_migrations (
+             version    INTEGER PRIMARY KEY,
+             applied_at TIMESTAMPTZ NOT NULL DEFAULT now()
+         )",
+    )
+    .await
+    .map_err(fail)?;
+    let current: i32 = tx
+        .query_one(
+            "SELECT COALESCE(MAX(version), 0) FROM warden_schema_migrations",
+            &[],
+        )
+        .await
+        .map_err(fail)?
+        .get(0);
+    let latest = MIGRATIONS.last().map_or(0, |(v, _)| *v);
+    if current > latest {
+        return Err(PgError::NewerSchema {
+            found: current,
+            supported: latest,
+        });
+    }
+    for (version, sql) in MIGRATIONS.iter().filter(|(v, _)| *v > current) {
+        tx.batch_execute(sql).await.map_err(fail)?;
+        tx.execute(
+            "INSERT INTO warden_schema_migrations (version) VALUES ($1)",
+            &[version],
+        )
+        .await
+        .map_err(fail)?;
+        tracing::info!(event = "pg.migrated", version, "applied a schema migration");
+    }
+    tx.commit().await.map_err(fail)
+}

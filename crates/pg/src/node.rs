@@ -1,0 +1,259 @@
+//! One node of a cluster: its membership row, and the store its sessions
+//! write through (leases taken on first write, renewed, fenced).
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use futures_util::future::BoxFuture;
+use tokio::sync::broadcast;
+use tokio_util::task::AbortOnDropHandle;
+use warden_core::{Durability, SessionKey, SessionRecord, SessionStore, StoreError};
+
+use crate::{Lease, PgStore, backend};
+
+/// A node as the database sees it.
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub struct NodeInfo {
+    /// The node's id (`--node-id`).
+    pub node_id: String,
+    /// Where other nodes reach it (`--advertise`).
+    pub advertise: String,
+    /// Seconds since its last heartbeat, by the database's clock.
+    pub heartbeat_age_secs: f64,
+    /// Sessions whose lease it holds now (unexpired).
+    pub sessions: u64,
+}
+
+impl PgStore {
+    /// Registers `node` (or updates its address) and beats its heart.
+    pub async fn register_node(&self, node: &str, advertise: &str) -> Result<(), StoreError> {
+        let client = self.client().await?;
+        client
+            .execute(
+                "INSERT INTO warden_nodes (node_id, advertise) VALUES ($1, $2) \
+                 ON CONFLICT (node_id) DO UPDATE SET advertise = EXCLUDED.advertise, \
+                 started_at = now(), heartbeat_at = now()",
+                &[&node, &advertise],
+            )
+            .await
+            .map_err(backend)?;
+        Ok(())
+    }
+
+    /// Beats `node`'s heart; `false` if it is not registered.
+    pub async fn heartbeat(&self, node: &str) -> Result<bool, StoreError> {
+        let client = self.client().await?;
+        let n = client
+            .execute(
+                "UPDATE warden_nodes SET heartbeat_at = now() WHERE node_id = $1",
+                &[&node],
+            )
+            .await
+            .map_err(backend)?;
+        Ok(n == 1)
+    }
+
+    /// Every registered node with its heartbeat age and live sessions,
+    /// freshest first.
+    pub async fn nodes(&self) -> Result<Vec<NodeInfo>, StoreError> {
+        let client = self.client().await?;
+        let rows = client
+            .query(
+                "SELECT n.node_id, n.advertise, \
+                 EXTRACT(EPOCH FROM (now() - n.heartbeat_at))::float8, \
+                 (SELECT COUNT(*) FROM warden_sessions s \
+                   WHERE s.owner = n.node_id AND s.lease_until >= now()) \
+                 FROM warden_nodes n ORDER BY n.heartbeat_at DESC, n.node_id",
+                &[],
+            )
+            .await
+            .map_err(backend)?;
+        Ok(rows
+            .into_iter()
+            .map(|r| NodeInfo {
+                node_id: r.get(0),
+                advertise: r.get(1),
+                heartbeat_age_secs: r.get(2),
+                sessions: u64::try_from(r.get::<_, i64>(3)).unwrap_or(0),
+            })
+            .collect())
+    }
+}
+
+/// The [`SessionStore`] of one node of a cluster. A session's first write
+/// takes its lease (or fails with [`StoreError::LeaseLost`] while another
+/// node holds it); every write goes through the fence with the epoch
+/// taken; [`spawn_renewer`](Self::spawn_renewer) keeps the leases alive
+/// and reports each one lost on [`lost`](Self::lost). Cheap to clone.
+#[derive(Clone)]
+pub struct NodeStore {
+    pg: PgStore,
+    node: String,
+    ttl: Duration,
+    leases: Arc<Mutex<HashMap<String, Lease>>>,
+    lost: broadcast::Sender<Lease>,
+}
+
+impl std::fmt::Debug for NodeStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NodeStore")
+            .field("node", &self.node)
+            .field("ttl", &self.ttl)
+            .finish_non_exhaustive()
+    }
+}
+
+impl NodeStore {
+    /// The store of node `node`, whose leases last `ttl` (10 s is the
+    /// cluster default; they are renewed at a third of it).
+    pub fn new(pg: PgStore, node: impl Into<String>, ttl: Duration) -> Self {
+        let (lost, _) = broadcast::channel(256);
+        Self {
+            pg,
+            node: node.into(),
+            ttl,
+            leases: Arc::default(),
+            lost,
+        }
+    }
+
+    /// This node's id.
+    pub fn node(&self) -> &str {
+        &self.node
+    }
+
+    /// The database underneath.
+    pub fn pg(&self) -> &PgStore {
+        &self.pg
+    }
+
+    fn leases(&self) -> std::sync::MutexGuard<'_, HashMap<String, Lease>> {
+        self.leases.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The leases this node believes it holds.
+    pub fn held(&self) -> Vec<Lease> {
+        let mut v: Vec<Lease> = self.leases().values().cloned().collect();
+        v.sort_by(|a, b| a.key.cmp(&b.key));
+        v
+    }
+
+    /// Every lease this node loses from now on (a renewal or a fenced
+    /// write refused): stop that session's copy here at once.
+    pub fn lost(&self) -> broadcast::Receiver<Lease> {
+        self.lost.subscribe()
+    }
+
+    /// Takes `key`'s lease now if it is free or expired: the lease, or
+    /// `None` while another node holds it.
+    pub async fn claim(&self, key: &SessionKey) -> Result<Option<Lease>, StoreError> {
+        let lease = self.pg.acquire(key, &self.node, self.ttl).await?;
+        if let Some(l) = &lease {
+            self.leases().insert(l.key.clone(), l.clone());
+        }
+        Ok(lease)
+    }
+
+    /// Gives `key`'s lease up (on a clean stop).
+    pub async fn release(&self, key: &SessionKey) -> Result<(), StoreError> {
+        let lease = self.leases().remove(key.as_str());
+        match lease {
+            Some(l) => self.pg.release(&l).await,
+            None => Ok(()),
+        }
+    }
+
+    fn forget(&self, lease: &Lease) {
+        let removed = {
+            let mut leases = self.leases();
+            match leases.get(&lease.key) {
+                Some(l) if l.epoch == lease.epoch => leases.remove(&lease.key),
+                _ => None,
+            }
+        };
+        if let Some(l) = removed {
+            tracing::warn!(
+                event = "pg.lease_lost",
+                session = %l.key,
+                epoch = l.epoch,
+                "lost a session's lease: another node owns it"
+            );
+            let _ = self.lost.send(l);
+        }
+    }
+
+    /// Renews every held lease once; the ones lost are forgotten and
+    /// reported. Returns how many were lost.
+    pub async fn renew_all(&self) -> Result<usize, StoreError> {
+        let mut lost = 0;
+        for lease in self.held() {
+            if !self.pg.renew(&lease, self.ttl).await? {
+                self.forget(&lease);
+                lost += 1;
+            }
+        }
+        Ok(lost)
+    }
+
+    /// Renews the leases every third of the TTL until the returned handle
+    /// is dropped or aborted. A renewal that fails on the database's side
+    /// (unreachable) is retried at the next tick; the leases then expire on
+    /// their own if it stays down, and the fence keeps writes safe.
+    pub fn spawn_renewer(&self) -> AbortOnDropHandle<()> {
+        let store = self.clone();
+        let every = self.ttl / 3;
+        let handle = tokio::spawn(async move {
+            let mut tick = tokio::time::interval(every);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tick.tick().await;
+                if let Err(e) = store.renew_all().await {
+                    tracing::warn!(event = "pg.renew_failed", error = %e, "cannot renew leases");
+                }
+            }
+        });
+        AbortOnDropHandle::new(handle)
+    }
+}
+
+impl SessionStore for NodeStore {
+    fn load(&self, key: &SessionKey) -> BoxFuture<'_, Result<Option<SessionRecord>, StoreError>> {
+        self.pg.load(key)
+    }
+
+    fn save<'a>(
+        &'a self,
+        record: &'a SessionRecord,
+        _durability: Durability,
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(async move {
+            let held = self.leases().get(&record.key).cloned();
+            let lease = match held {
+                Some(l) => l,
+                None => {
+                    let key = SessionKey::new(&record.key);
+                    match self.claim(&key).await? {
+                        Some(l) => l,
+                        None => {
+                            return Err(StoreError::LeaseLost {
+                                key: record.key.clone(),
+                                epoch: 0,
+                            });
+                        }
+                    }
+                }
+            };
+            let saved = self.pg.save_fenced(&lease, record).await;
+            if matches!(saved, Err(StoreError::LeaseLost { .. })) {
+                self.forget(&lease);
+            }
+            saved
+        })
+    }
+
+    fn list(&self) -> BoxFuture<'_, Result<Vec<Result<SessionRecord, StoreError>>, StoreError>> {
+        self.pg.list()
+    }
+}

@@ -1,0 +1,369 @@
+//! `warden-pg` against a real PostgreSQL (`WARDEN_PG_URL`, an admin URL;
+//! `.ci/run` starts a throwaway cluster and sets it). Each test makes its
+//! own database. Without the variable the tests say why and pass, unless
+//! `WARDEN_REQUIRE_POSTGRES=1` (CI) makes them fail.
+
+use std::time::Duration;
+
+use tokio_postgres::NoTls;
+use warden_core::{Durability, SessionKey, SessionRecord, SessionStore, StoreError};
+use warden_pg::{NodeStore, PgStore};
+
+const BOUND: Duration = Duration::from_secs(30);
+
+async fn within<T>(what: &str, fut: impl std::future::Future<Output = T>) -> T {
+    tokio::time::timeout(BOUND, fut)
+        .await
+        .unwrap_or_else(|_| panic!("timed out: {what}"))
+}
+
+/// A fresh database: its config, or `None` (with the reason printed) when
+/// no PostgreSQL is configured.
+async fn fresh_db() -> Option<tokio_postgres::Config> {
+    let url = match std::env::var("WARDEN_PG_URL") {
+        Ok(u) => u,
+        Err(_) => {
+            assert!(
+                std::env::var("WARDEN_REQUIRE_POSTGRES").as_deref() != Ok("1"),
+                "WARDEN_REQUIRE_POSTGRES=1 but WARDEN_PG_URL is unset"
+            );
+            eprintln!("skipped: set WARDEN_PG_URL to a PostgreSQL admin URL to run this test");
+            return None;
+        }
+    };
+    let admin: tokio_postgres::Config = url.parse().expect("WARDEN_PG_URL parses");
+    let (client, conn) = within("connect", admin.connect(NoTls))
+        .await
+        .expect("connect to WARDEN_PG_URL");
+    tokio::spawn(conn);
+    let name = format!("warden_t_{:016x}", rand_u64());
+    within(
+        "create database",
+        client.batch_execute(&format!("CREATE DATABASE {name}")),
+    )
+    .await
+    .expect("create database");
+    let mut config = admin.clone();
+    config.dbname(&name);
+    Some(config)
+}
+
+fn rand_u64() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0),
+    );
+    h.finish()
+}
+
+async fn store(config: &tokio_postgres::Config) -> PgStore {
+    within("connect", PgStore::connect_config(config.clone()))
+        .await
+        .expect("PgStore connects and migrates")
+}
+
+fn record(key: &str, text: &str) -> SessionRecord {
+    let mut r = SessionRecord::new(&SessionKey::new(key), None);
+    r.accept(text);
+    r
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn records_round_trip_and_a_corrupt_one_is_a_typed_error_in_its_slot() {
+    let Some(config) = fresh_db().await else {
+        return;
+    };
+    let pg = store(&config).await;
+    let a = record("a", "first");
+    pg.save(&a, Durability::Flushed).await.expect("save");
+    assert_eq!(
+        pg.load(&SessionKey::new("a")).await.expect("load"),
+        Some(a.clone())
+    );
+    assert_eq!(pg.load(&SessionKey::new("nope")).await.expect("load"), None);
+    pg.save(&record("b", "second"), Durability::Buffered)
+        .await
+        .expect("save");
+
+    // A record someone damaged by hand.
+    let (client, conn) = config.connect(NoTls).await.expect("connect");
+    tokio::spawn(conn);
+    client
+        .execute(
+            "INSERT INTO warden_sessions (key, schema_version, record) VALUES ('c', 1, '{\"key\": 5}')",
+            &[],
+        )
+        .await
+        .expect("insert");
+    client
+        .execute(
+            "INSERT INTO warden_sessions (key, schema_version, record) VALUES ('d', 99, '{}')",
+            &[],
+        )
+        .await
+        .expect("insert");
+    let listed = pg.list().await.expect("list");
+    assert_eq!(listed.len(), 4);
+    assert_eq!(listed[0].as_ref().map(|r| r.key.as_str()), Ok("a"));
+    assert!(
+        matches!(&listed[2], Err(StoreError::Corrupt { key, .. }) if key == "c"),
+        "{listed:?}"
+    );
+    assert!(
+        matches!(&listed[3], Err(StoreError::NewerSchema { key, found: 99, .. }) if key == "d"),
+        "{listed:?}"
+    );
+    assert!(matches!(
+        pg.load(&SessionKey::new("c")).await,
+        Err(StoreError::Corrupt { .. })
+    ));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_owner_at_a_time_and_a_takeover_fences_the_old_owner_out() {
+    let Some(config) = fresh_db().await else {
+        return;
+    };
+    let pg = store(&config).await;
+    let key = SessionKey::new("ws");
+    let ttl = Duration::from_millis(600);
+
+    let a = pg
+        .acquire(&key, "node-a", ttl)
+        .await
+        .expect("acquire")
+        .expect("free: taken");
+    assert_eq!(a.epoch, 1);
+    assert_eq!(
+        pg.acquire(&key, "node-b", ttl).await.expect("acquire"),
+        None,
+        "a live lease is not taken"
+    );
+    pg.save_fenced(&a, &record("ws", "by a"))
+        .await
+        .expect("the owner writes");
+    assert!(pg.renew(&a, ttl).await.expect("renew"));
+
+    // A pauses past its lease (by the database's clock); B takes over.
+    tokio::time::sleep(ttl + Duration::from_millis(200)).await;
+    let info = pg.lease_info(&key).await.expect("info");
+    assert!(info.remaining_secs.is_some_and(|s| s < 0.0), "{info:?}");
+    let b = pg
+        .acquire(&key, "node-b", ttl)
+        .await
+        .expect("acquire")
+        .expect("expired: taken");
+    assert_eq!(b.epoch, 2, "every take raises the epoch");
+
+    // A wakes up: its write is rejected by the fence, its renewal too.
+    let err = pg
+        .save_fenced(&a, &record("ws", "by a, late"))
+        .await
+        .expect_err("fenced");
+    assert_eq!(
+        err,
+        StoreError::LeaseLost {
+            key: "ws".into(),
+            epoch: 1
+        }
+    );
+    assert!(
+        !pg.renew(&a, ttl).await.expect("renew"),
+        "a lost lease is not renewed"
+    );
+    pg.save_fenced(&b, &record("ws", "by b"))
+        .await
+        .expect("the new owner writes");
+    let stored = pg.load(&key).await.expect("load").expect("record");
+    assert_eq!(
+        stored.pending[0].text, "by b",
+        "nothing of the old owner's late write"
+    );
+
+    // A release lets another node in at once.
+    pg.release(&b).await.expect("release");
+    let a2 = pg
+        .acquire(&key, "node-a", ttl)
+        .await
+        .expect("acquire")
+        .expect("released: taken");
+    assert_eq!(a2.epoch, 3);
+    // The same node's older lease is fenced out by the epoch alone.
+    assert!(matches!(
+        pg.save_fenced(&a, &record("ws", "stale handle")).await,
+        Err(StoreError::LeaseLost { epoch: 1, .. })
+    ));
+    pg.save_fenced(&a2, &record("ws", "current handle"))
+        .await
+        .expect("writes");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn racing_takeovers_elect_exactly_one_owner() {
+    let Some(config) = fresh_db().await else {
+        return;
+    };
+    let pg = store(&config).await;
+    let key = SessionKey::new("contested");
+    for round in 0..5u64 {
+        let tasks: Vec<_> = (0..12)
+            .map(|i| {
+                let pg = pg.clone();
+                let key = key.clone();
+                tokio::spawn(async move {
+                    pg.acquire(&key, &format!("node-{i}"), Duration::from_secs(30))
+                        .await
+                        .expect("acquire")
+                })
+            })
+            .collect();
+        let mut winners = Vec::new();
+        for t in tasks {
+            if let Some(l) = t.await.expect("task") {
+                winners.push(l);
+            }
+        }
+        assert_eq!(winners.len(), 1, "round {round}: {winners:?}");
+        assert_eq!(winners[0].epoch, round + 1);
+        // Expire it for the next round.
+        pg.release(&winners[0]).await.expect("release");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nodes_starting_together_migrate_once() {
+    let Some(config) = fresh_db().await else {
+        return;
+    };
+    let starts: Vec<_> = (0..6)
+        .map(|_| {
+            let c = config.clone();
+            tokio::spawn(async move { PgStore::connect_config(c).await.map(|_| ()) })
+        })
+        .collect();
+    for s in starts {
+        within("a start", s)
+            .await
+            .expect("task")
+            .expect("every start succeeds");
+    }
+    let (client, conn) = config.connect(NoTls).await.expect("connect");
+    tokio::spawn(conn);
+    let versions: Vec<i32> = client
+        .query(
+            "SELECT version FROM warden_schema_migrations ORDER BY version",
+            &[],
+        )
+        .await
+        .expect("query")
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    let expected: Vec<i32> = warden_pg::MIGRATIONS.iter().map(|(v, _)| *v).collect();
+    assert_eq!(versions, expected);
+    // A database migrated by a newer warden is refused, not downgraded.
+    client
+        .execute(
+            "INSERT INTO warden_schema_migrations (version) VALUES (999)",
+            &[],
+        )
+        .await
+        .expect("insert");
+    let newer = PgStore::connect_config(config.clone()).await;
+    assert!(
+        matches!(
+            newer,
+            Err(warden_pg::PgError::NewerSchema { found: 999, .. })
+        ),
+        "{newer:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_keeps_its_leases_alive_and_reports_the_one_it_loses() {
+    let Some(config) = fresh_db().await else {
+        return;
+    };
+    let pg = store(&config).await;
+    let ttl = Duration::from_millis(900);
+    let a = NodeStore::new(pg.clone(), "node-a", ttl);
+    let b = NodeStore::new(pg.clone(), "node-b", ttl);
+    let mut lost = a.lost();
+    let _renewing = a.spawn_renewer();
+
+    // The first write takes the lease; B cannot write the session.
+    a.save(&record("s1", "hello"), Durability::Flushed)
+        .await
+        .expect("a writes");
+    a.save(&record("s2", "hello"), Durability::Flushed)
+        .await
+        .expect("a writes");
+    assert!(matches!(
+        b.save(&record("s1", "b"), Durability::Flushed).await,
+        Err(StoreError::LeaseLost { epoch: 0, .. })
+    ));
+    // Renewed past three TTLs: still A's.
+    tokio::time::sleep(ttl * 3).await;
+    let info = pg.lease_info(&SessionKey::new("s1")).await.expect("info");
+    assert_eq!(info.owner.as_deref(), Some("node-a"));
+    assert!(info.remaining_secs.is_some_and(|s| s > 0.0), "{info:?}");
+    assert!(
+        b.claim(&SessionKey::new("s1"))
+            .await
+            .expect("claim")
+            .is_none()
+    );
+
+    // A stalls (its lease runs out by the database's clock) and B takes s1.
+    let (client, conn) = config.connect(NoTls).await.expect("connect");
+    tokio::spawn(conn);
+    client
+        .execute(
+            "UPDATE warden_sessions SET lease_until = now() - interval '1 second' WHERE key = 's1'",
+            &[],
+        )
+        .await
+        .expect("expire");
+    let taken = b
+        .claim(&SessionKey::new("s1"))
+        .await
+        .expect("claim")
+        .expect("taken over");
+    assert_eq!(taken.epoch, 2);
+
+    // A learns it lost s1 at its next renewal, and only s1.
+    let gone = within("the lost lease", lost.recv())
+        .await
+        .expect("a lost lease");
+    assert_eq!((gone.key.as_str(), gone.epoch), ("s1", 1));
+    assert_eq!(
+        a.held().iter().map(|l| l.key.as_str()).collect::<Vec<_>>(),
+        ["s2"]
+    );
+    // And cannot write it any more.
+    assert!(matches!(
+        a.save(&record("s1", "late"), Durability::Flushed).await,
+        Err(StoreError::LeaseLost { .. })
+    ));
+
+    // Membership: both registered, with their live sessions.
+    pg.register_node("node-a", "http://127.0.0.1:1")
+        .await
+        .expect("register");
+    pg.register_node("node-b", "http://127.0.0.1:2")
+        .await
+        .expect("register");
+    assert!(pg.heartbeat("node-a").await.expect("heartbeat"));
+    assert!(!pg.heartbeat("node-x").await.expect("heartbeat"));
+    let nodes = pg.nodes().await.expect("nodes");
+    let by = |id: &str| nodes.iter().find(|n| n.node_id == id).map(|n| n.sessions);
+    assert_eq!(
+        (by("node-a"), by("node-b")),
+        (Some(1), Some(1)),
+        "{nodes:?}"
+    );
+}
