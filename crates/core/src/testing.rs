@@ -217,6 +217,8 @@ pub async fn spawn_session(
         mode: crate::session::StartMode::Resume,
         previous: None,
     };
-    let (handle, _) = crate::session::SessionActor::spawn(args, Vec::new(), None).await?;
+    let (handle, _) = crate::session::SessionActor::spawn(args, Vec::new(), None)
+        .await
+        .map_err(crate::ActorError::from)?;
     Ok(handle)
 }

@@ -22,7 +22,7 @@ use crate::lifecycle::EventBus;
 use crate::notify::Notifier;
 use crate::source::{EventSource, SessionKey};
 use crate::spans::TraceAnchor;
-use crate::store::{Durability, RecordStatus, SessionRecord, SessionStore};
+use crate::store::{Durability, RecordStatus, SessionRecord, SessionStore, StoreError};
 use crate::stream::{Credit, StreamHandle, StreamReport};
 use crate::transition::{At, Incarnation, Parent, Transition};
 use crate::watchdog::WatchdogHandle;
@@ -163,6 +163,37 @@ impl SessionState {
     }
 }
 
+/// Why a session could not start.
+#[derive(Debug)]
+pub(crate) enum StartError {
+    /// Its record could not be written (corrupt, I/O, or a cluster store's
+    /// fence: another node owns it).
+    Store(StoreError),
+    /// The actor could not be spawned.
+    Actor(ActorError),
+}
+
+impl From<StartError> for ActorError {
+    fn from(e: StartError) -> Self {
+        match e {
+            StartError::Actor(a) => a,
+            StartError::Store(s) => ActorError::Spawn {
+                what: "session",
+                message: s.to_string(),
+            },
+        }
+    }
+}
+
+impl std::fmt::Display for StartError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Store(e) => e.fmt(f),
+            Self::Actor(e) => e.fmt(f),
+        }
+    }
+}
+
 impl SessionActor {
     /// Spawns a session, linked to `supervisor` when given, that first runs
     /// `handoff` (turns re-delivered from a failed session).
@@ -170,16 +201,23 @@ impl SessionActor {
         args: SessionArgs,
         handoff: Vec<Handoff>,
         supervisor: Option<ActorCell>,
-    ) -> Result<(SessionHandle, tokio::task::JoinHandle<()>), ActorError> {
+    ) -> Result<(SessionHandle, tokio::task::JoinHandle<()>), StartError> {
         let key = args.key.clone();
         let (tx, mut rx) = tokio::sync::oneshot::channel();
         let spawned = match supervisor {
             Some(s) => Actor::spawn_linked(None, SessionActor, (args, handoff, tx), s).await,
             None => Actor::spawn(None, SessionActor, (args, handoff, tx)).await,
         };
-        let (actor, join) = spawned.map_err(|e| ActorError::Spawn {
-            what: "session",
-            message: e.to_string(),
+        let (actor, join) = spawned.map_err(|e| {
+            if let ractor::SpawnErr::StartupFailed(inner) = &e
+                && let Some(store) = inner.downcast_ref::<StoreError>()
+            {
+                return StartError::Store(store.clone());
+            }
+            StartError::Actor(ActorError::Spawn {
+                what: "session",
+                message: e.to_string(),
+            })
         })?;
         let anchor = rx.try_recv().unwrap_or_default();
         Ok((SessionHandle::new(actor, key, anchor), join))

@@ -78,6 +78,11 @@ pub(crate) enum StopReason {
     Escalated,
     /// Stopped by the supervisor's shutdown or a user.
     Shutdown,
+    /// Its record is no longer this process's to write (the store refused a
+    /// write with [`StoreError::LeaseLost`](crate::StoreError::LeaseLost),
+    /// or [`Supervisor::evict`](crate::Supervisor::evict)): another node
+    /// runs it. Never restarted here.
+    Evicted,
 }
 
 impl StopReason {
@@ -87,19 +92,20 @@ impl StopReason {
             Self::Reaped => "reaped: idle",
             Self::Escalated => "escalated to supervisor",
             Self::Shutdown => "shutdown",
+            Self::Evicted => "evicted: another node owns the session",
         }
     }
 
     /// The reason a stop text stands for, if it is one of these.
     pub(crate) fn parse(text: &str) -> Option<Self> {
-        [Self::Reaped, Self::Escalated, Self::Shutdown]
+        [Self::Reaped, Self::Escalated, Self::Shutdown, Self::Evicted]
             .into_iter()
             .find(|r| r.as_str() == text)
     }
 
     /// Whether the session stopped deliberately (never restarted).
     pub(crate) fn is_deliberate(self) -> bool {
-        matches!(self, Self::Reaped | Self::Escalated)
+        matches!(self, Self::Reaped | Self::Escalated | Self::Evicted)
     }
 }
 
@@ -113,6 +119,7 @@ mod tests {
             StopReason::Reaped,
             StopReason::Escalated,
             StopReason::Shutdown,
+            StopReason::Evicted,
         ] {
             assert_eq!(StopReason::parse(r.as_str()), Some(r));
         }
@@ -120,5 +127,6 @@ mod tests {
         assert!(StopReason::Reaped.is_deliberate());
         assert!(StopReason::Escalated.is_deliberate());
         assert!(!StopReason::Shutdown.is_deliberate());
+        assert!(StopReason::Evicted.is_deliberate());
     }
 }

@@ -36,7 +36,7 @@ use crate::context::ContextConfig;
 use crate::policy::RetryPolicy;
 use crate::stream::StreamOptions;
 
-pub(crate) use actor::{SessionActor, SessionArgs};
+pub(crate) use actor::{SessionActor, SessionArgs, StartError};
 pub(crate) use escalation::{Escalation, Handoff, ResumeFailure, StopReason};
 pub use handle::{
     ContextReport, Recovery, SessionHandle, SessionStatus, SubmitError, TurnCanceller, TurnEvent,

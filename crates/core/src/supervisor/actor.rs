@@ -14,7 +14,9 @@ use crate::admission::Admission;
 use crate::lifecycle::EventBus;
 use crate::notify::Notifier;
 use crate::policy::{Restart, RestartDecision, RestartIntensity, RestartTracker};
-use crate::session::{Escalation, SessionActor, SessionArgs, SessionHandle, StartMode, StopReason};
+use crate::session::{
+    Escalation, SessionActor, SessionArgs, SessionHandle, StartError, StartMode, StopReason,
+};
 use crate::source::{SessionKey, SourceFactory};
 use crate::spans::TraceAnchor;
 use crate::store::{Durability, RecordStatus, SessionRecord, SessionStore, StoreError};
@@ -158,7 +160,12 @@ impl SupervisorState {
             record.restart_count = record.restart_count.saturating_add(1);
         }
         let args = self.session_args(myself, key.clone(), record, StartMode::Resume, restarted);
-        let (handle, _) = SessionActor::spawn(args, Vec::new(), Some(myself.get_cell())).await?;
+        let (handle, _) = SessionActor::spawn(args, Vec::new(), Some(myself.get_cell()))
+            .await
+            .map_err(|e| match e {
+                StartError::Store(e) => self.store_failed(&key, &e),
+                StartError::Actor(e) => e.into(),
+            })?;
         self.register(&key, &handle);
         Ok(handle)
     }
@@ -382,9 +389,15 @@ impl Actor for WorkspaceSupervisor {
                 Err(format!("watchdog stopped: {}", reason.unwrap_or_default()).into())
             }
             SupervisionEvent::ActorFailed(cell, err) => {
-                state
-                    .on_exit(&myself, cell.get_id(), true, err.to_string())
-                    .await
+                // A write refused by the store's fence: the session is
+                // another node's now; it is not restarted here.
+                let cause = match err.downcast_ref::<crate::StoreError>() {
+                    Some(crate::StoreError::LeaseLost { .. }) => {
+                        StopReason::Evicted.as_str().to_owned()
+                    }
+                    _ => err.to_string(),
+                };
+                state.on_exit(&myself, cell.get_id(), true, cause).await
             }
             SupervisionEvent::ActorTerminated(cell, _, reason) => {
                 let cause = reason.unwrap_or_else(|| "stopped".into());

@@ -334,6 +334,22 @@ impl Supervisor {
         }
     }
 
+    /// Stops the running session `key` at once — its stream cancelled, its
+    /// agent process stopped — and does not restart it: another node owns
+    /// it now (a cluster node calls this when it loses the session's
+    /// lease). Its stored record, pending messages included, is left as it
+    /// is for the owner. Whether it was running.
+    pub async fn evict(&self, key: impl Into<SessionKey>) -> Result<bool, ActorError> {
+        match self.running(key).await? {
+            Some(h) => {
+                h.actor()
+                    .stop(Some(crate::session::StopReason::Evicted.as_str().into()));
+                Ok(true)
+            }
+            None => Ok(false),
+        }
+    }
+
     /// The running session `key`, if it runs (never starts one).
     pub async fn running(
         &self,
