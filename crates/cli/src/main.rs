@@ -12,6 +12,7 @@
 
 mod chat;
 mod client;
+mod cluster;
 mod demo;
 mod exit;
 mod input;
@@ -69,6 +70,8 @@ enum Command {
     /// Put the watchdog, retries and continuation in front of unmodified
     /// clients: a local Anthropic/OpenAI-compatible proxy.
     Proxy(proxy::ProxyArgs),
+    /// Inspect a cluster of `warden serve` nodes sharing one PostgreSQL.
+    Cluster(cluster::ClusterArgs),
 }
 
 fn main() -> ExitCode {
@@ -176,6 +179,7 @@ async fn run(cli: Cli) -> Result<Exit, CliError> {
             signal::install()?;
             serve::run(args).await
         }
+        Command::Cluster(args) => cluster::run(args).await,
         Command::Proxy(args) => {
             signal::install()?;
             proxy::run(args).await

@@ -62,6 +62,23 @@ pub(crate) struct ServeArgs {
     /// Seconds a finished turn's events stay available for re-attach.
     #[arg(long, default_value_t = 600, value_name = "SECONDS")]
     keep_events: u64,
+    /// Keep the sessions in PostgreSQL, shared with the other nodes of a
+    /// cluster (`postgres://USER@HOST:PORT/DB`; the schema is created or
+    /// migrated on start). Default: sled in the data directory, this
+    /// process alone.
+    #[arg(long, env = "WARDEN_STORE", value_name = "URL")]
+    store: Option<String>,
+    /// This node's id in the cluster. Default: host name and process id.
+    #[arg(long, value_name = "NAME", requires = "store")]
+    node_id: Option<String>,
+    /// Where the other nodes and clients reach this one. Default: the
+    /// listen address.
+    #[arg(long, value_name = "URL", requires = "store")]
+    advertise: Option<String>,
+    /// Seconds a session's lease lasts without renewal (renewed at a
+    /// third of it): how long a dead node's sessions wait for a takeover.
+    #[arg(long, value_name = "SECONDS", requires = "store", default_value_t = crate::cluster::DEFAULT_LEASE_TTL_SECS)]
+    lease_ttl: f64,
 }
 
 /// The token in `path`, or a new random one written there (0600).
@@ -155,7 +172,22 @@ pub(crate) async fn run(args: ServeArgs) -> Result<Exit, CliError> {
         args.claude_bin.clone(),
         &data_dir,
     )?;
-    let store = Arc::new(paths::open_store(&data_dir)?);
+    let lease_ttl = Duration::try_from_secs_f64(args.lease_ttl)
+        .ok()
+        .filter(|t| *t >= Duration::from_millis(300))
+        .ok_or_else(|| CliError::usage("--lease-ttl must be at least 0.3 seconds"))?;
+    let cluster = match &args.store {
+        Some(url) => {
+            let pg = crate::cluster::connect(url).await?;
+            let id = crate::cluster::node_id(args.node_id.clone());
+            Some(warden_pg::NodeStore::new(pg, id, lease_ttl))
+        }
+        None => None,
+    };
+    let store: Arc<dyn warden_core::SessionStore> = match &cluster {
+        Some(node) => Arc::new(node.clone()),
+        None => Arc::new(paths::open_store(&data_dir)?),
+    };
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
         .map_err(|e| CliError::failure(format!("cannot listen on {}: {e}", args.listen)))?;
@@ -168,16 +200,38 @@ pub(crate) async fn run(args: ServeArgs) -> Result<Exit, CliError> {
         .store(store)
         .start()
         .await?;
-    // Messages a previous run left pending (stopped mid-turn, or a crash)
-    // are re-sent now, not when a client next talks to their session.
-    let resumed = resume_pending(&supervisor).await;
-    if resumed > 0 {
-        eprintln!("warden: re-sending the pending messages of {resumed} session(s)");
-    }
-    let app = warden_serve::router(
-        supervisor.clone(),
-        ServeConfig::new(token).with_keep_finished(Duration::from_secs(args.keep_events)),
-    );
+    let mut serve_config =
+        ServeConfig::new(token).with_keep_finished(Duration::from_secs(args.keep_events));
+    let _membership = match &cluster {
+        Some(node) => {
+            let advertise = args
+                .advertise
+                .clone()
+                .unwrap_or_else(|| format!("http://{addr}"));
+            serve_config = serve_config.with_placement(crate::cluster::placement(node));
+            let membership = crate::cluster::join(node, &advertise, &supervisor, lease_ttl).await?;
+            eprintln!(
+                "warden: node {} joined the cluster (lease TTL {:.1}s)",
+                node.node(),
+                lease_ttl.as_secs_f64()
+            );
+            // Sessions of dead nodes (and this node's previous life) whose
+            // leases ran out are taken over now; the rest as they expire.
+            crate::cluster::take_over(node, &supervisor).await;
+            Some(membership)
+        }
+        None => {
+            // Messages a previous run left pending (stopped mid-turn, or a
+            // crash) are re-sent now, not when a client next talks to
+            // their session.
+            let resumed = resume_pending(&supervisor).await;
+            if resumed > 0 {
+                eprintln!("warden: re-sending the pending messages of {resumed} session(s)");
+            }
+            None
+        }
+    };
+    let app = warden_serve::router(supervisor.clone(), serve_config);
     println!("listening on http://{addr}");
     let _ = std::io::stdout().flush();
 
@@ -215,6 +269,16 @@ pub(crate) async fn run(args: ServeArgs) -> Result<Exit, CliError> {
     supervisor.shutdown().await;
     if let Some(claude) = claude {
         claude.shutdown().await;
+    }
+    if let Some(node) = &cluster {
+        // The sessions stopped here (their messages pending in the
+        // database) go to the other nodes now, not when the leases expire.
+        drop(_membership);
+        for lease in node.held() {
+            let _ = node
+                .release(&warden_core::SessionKey::new(&lease.key))
+                .await;
+        }
     }
     // The event streams end with their turns; a client still connected
     // gets no more than a second.

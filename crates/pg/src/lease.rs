@@ -173,4 +173,51 @@ impl PgStore {
             },
         })
     }
+
+    /// Every session's lease, by key: what `warden cluster status` shows.
+    pub async fn leases(&self) -> Result<Vec<(String, LeaseInfo)>, StoreError> {
+        let client = self.client().await?;
+        let rows = client
+            .query(
+                "SELECT key, owner, epoch, EXTRACT(EPOCH FROM (lease_until - now()))::float8 \
+                 FROM warden_sessions ORDER BY key",
+                &[],
+            )
+            .await
+            .map_err(backend)?;
+        Ok(rows
+            .into_iter()
+            .map(|r| {
+                (
+                    r.get(0),
+                    LeaseInfo {
+                        owner: r.get(1),
+                        epoch: epoch_of(r.get(2)),
+                        remaining_secs: r.get(3),
+                    },
+                )
+            })
+            .collect())
+    }
+
+    /// Sessions with messages waiting for an answer whose lease is free or
+    /// expired: what a node takes over when their owner has died.
+    pub async fn orphans(&self) -> Result<Vec<SessionKey>, StoreError> {
+        let client = self.client().await?;
+        let rows = client
+            .query(
+                "SELECT key FROM warden_sessions \
+                 WHERE jsonb_typeof(record -> 'pending') = 'array' \
+                   AND jsonb_array_length(record -> 'pending') > 0 \
+                   AND (lease_until IS NULL OR lease_until < now()) \
+                 ORDER BY key",
+                &[],
+            )
+            .await
+            .map_err(backend)?;
+        Ok(rows
+            .into_iter()
+            .map(|r| SessionKey::new(r.get::<_, String>(0)))
+            .collect())
+    }
 }

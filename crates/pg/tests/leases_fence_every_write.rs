@@ -367,3 +367,53 @@ async fn a_node_keeps_its_leases_alive_and_reports_the_one_it_loses() {
         "{nodes:?}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn orphans_are_sessions_with_pending_messages_and_no_live_lease() {
+    let Some(config) = fresh_db().await else {
+        return;
+    };
+    let pg = store(&config).await;
+    let ttl = Duration::from_secs(30);
+    // Pending, never leased (a single-node write): an orphan.
+    pg.save(&record("free", "waiting"), Durability::Flushed)
+        .await
+        .expect("save");
+    // Pending, leased by a live node: not one.
+    let live = pg
+        .acquire(&SessionKey::new("live"), "n1", ttl)
+        .await
+        .expect("acquire")
+        .expect("taken");
+    pg.save_fenced(&live, &record("live", "waiting"))
+        .await
+        .expect("save");
+    // Pending, its lease expired (the owner died): an orphan.
+    let dead = pg
+        .acquire(&SessionKey::new("dead"), "n2", Duration::from_millis(200))
+        .await
+        .expect("acquire")
+        .expect("taken");
+    pg.save_fenced(&dead, &record("dead", "waiting"))
+        .await
+        .expect("save");
+    // Nothing pending: not one, whatever its lease.
+    let mut answered = record("answered", "done");
+    answered.answered(1);
+    pg.save(&answered, Durability::Flushed).await.expect("save");
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let orphans: Vec<String> = pg
+        .orphans()
+        .await
+        .expect("orphans")
+        .iter()
+        .map(|k| k.as_str().to_owned())
+        .collect();
+    assert_eq!(orphans, ["dead", "free"]);
+    let leases = pg.leases().await.expect("leases");
+    let live_info = leases
+        .iter()
+        .find(|(k, _)| k == "live")
+        .map(|(_, l)| l.clone());
+    assert_eq!(live_info.and_then(|l| l.owner), Some("n1".to_owned()));
+}

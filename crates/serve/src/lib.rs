@@ -47,6 +47,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use futures_util::Stream;
+use futures_util::future::BoxFuture;
 use serde::Deserialize;
 use serde_json::json;
 use subtle::ConstantTimeEq as _;
@@ -59,7 +60,7 @@ use turns::{TurnLog, Turns};
 pub const DEFAULT_MAX_BODY_BYTES: usize = 10 * 1024 * 1024;
 
 /// How the server behaves.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 #[non_exhaustive]
 pub struct ServeConfig {
     /// The bearer token every route but `/healthz` requires.
@@ -69,6 +70,20 @@ pub struct ServeConfig {
     pub keep_finished: Duration,
     /// Largest request body accepted. Default [`DEFAULT_MAX_BODY_BYTES`].
     pub max_body_bytes: usize,
+    /// Where sessions run, for a node of a cluster. Default `None`: every
+    /// session runs here.
+    pub placement: Option<Arc<dyn Placement>>,
+}
+
+impl std::fmt::Debug for ServeConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ServeConfig")
+            .field("token", &"<redacted>")
+            .field("keep_finished", &self.keep_finished)
+            .field("max_body_bytes", &self.max_body_bytes)
+            .field("placement", &self.placement.is_some())
+            .finish()
+    }
 }
 
 impl ServeConfig {
@@ -78,7 +93,14 @@ impl ServeConfig {
             token: token.into(),
             keep_finished: Duration::from_secs(600),
             max_body_bytes: DEFAULT_MAX_BODY_BYTES,
+            placement: None,
         }
+    }
+
+    /// Sets [`placement`](Self::placement).
+    pub fn with_placement(mut self, placement: Arc<dyn Placement>) -> Self {
+        self.placement = Some(placement);
+        self
     }
 
     /// Sets [`keep_finished`](Self::keep_finished).
@@ -133,6 +155,10 @@ struct ApiError {
     status: StatusCode,
     kind: &'static str,
     message: String,
+    /// Seconds for a `Retry-After` header.
+    retry_after: Option<u64>,
+    /// More fields of the error object.
+    extra: Option<serde_json::Map<String, serde_json::Value>>,
 }
 
 impl ApiError {
@@ -141,13 +167,19 @@ impl ApiError {
             status,
             kind,
             message: message.into(),
+            retry_after: None,
+            extra: None,
         }
     }
 }
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let body = Json(json!({"error": {"type": self.kind, "message": self.message}}));
+        let mut error = serde_json::Map::new();
+        error.insert("type".into(), json!(self.kind));
+        error.insert("message".into(), json!(self.message));
+        error.extend(self.extra.unwrap_or_default());
+        let body = Json(json!({ "error": error }));
         let mut response = (self.status, body).into_response();
         if self.status == StatusCode::UNAUTHORIZED {
             response.headers_mut().insert(
@@ -155,7 +187,65 @@ impl IntoResponse for ApiError {
                 header::HeaderValue::from_static("Bearer"),
             );
         }
+        if let Some(secs) = self.retry_after {
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, header::HeaderValue::from(secs));
+        }
         response
+    }
+}
+
+/// Where a session runs, for a node that shares its sessions with other
+/// nodes (a cluster on one database): asked before each new turn.
+pub trait Placement: Send + Sync + 'static {
+    /// `Ok` when this node may run `key` now (it holds the session's lease,
+    /// or just took it); `Err` says where the session runs instead.
+    fn place<'a>(&'a self, key: &'a SessionKey) -> BoxFuture<'a, Result<(), Elsewhere>>;
+}
+
+/// A session another node runs now.
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub struct Elsewhere {
+    /// The owner node's id, when known.
+    pub owner: Option<String>,
+    /// Where that node is reached, when known.
+    pub advertise: Option<String>,
+    /// When to ask again: the time left on the owner's lease (if the owner
+    /// died, the session can be taken over then).
+    pub retry_after: Duration,
+}
+
+impl Elsewhere {
+    /// A session `owner` (reached at `advertise`) runs for `retry_after`
+    /// more at least.
+    pub fn new(owner: Option<String>, advertise: Option<String>, retry_after: Duration) -> Self {
+        Self {
+            owner,
+            advertise,
+            retry_after,
+        }
+    }
+}
+
+/// 503 with `Retry-After`: the session runs on another node.
+fn elsewhere(key: &SessionKey, e: Elsewhere) -> ApiError {
+    let mut extra = serde_json::Map::new();
+    extra.insert("owner".into(), json!(e.owner));
+    extra.insert("advertise".into(), json!(e.advertise));
+    ApiError {
+        retry_after: Some(e.retry_after.as_secs_f64().ceil().max(1.0) as u64),
+        extra: Some(extra),
+        ..ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "session_elsewhere",
+            format!(
+                "session {} runs on node {} now; ask it, or again after Retry-After (a dead owner's lease expires then)",
+                key.as_str(),
+                e.owner.as_deref().unwrap_or("(unknown)")
+            ),
+        )
     }
 }
 
@@ -227,6 +317,22 @@ async fn create_turn(
 ) -> Result<Response, ApiError> {
     let Json(new) = body?;
     let sup = &state.supervisor;
+    // A cluster node: only the session's owner runs its turns.
+    if let Some(placement) = &state.config.placement {
+        let key = match (&new.workspace, &new.key) {
+            (Some(ws), None) if std::path::Path::new(ws).is_absolute() => {
+                Some(sup.key_for(ws).map_err(bad_session)?)
+            }
+            (None, Some(k)) if !k.trim().is_empty() => Some(SessionKey::new(k)),
+            _ => None, // refused below, with its own error
+        };
+        if let Some(key) = key {
+            placement
+                .place(&key)
+                .await
+                .map_err(|e| elsewhere(&key, e))?;
+        }
+    }
     let (key, handle) = match (new.workspace, new.key) {
         (Some(ws), None) => {
             // Relative to what? The server's working directory is no
@@ -304,6 +410,17 @@ fn bad_session(e: SupervisorError) -> ApiError {
         SupervisorError::SessionFailed { .. } => {
             ApiError::new(StatusCode::CONFLICT, "session_failed", e.to_string())
         }
+        SupervisorError::Store {
+            error: warden_core::StoreError::LeaseLost { .. },
+            ..
+        } => ApiError {
+            retry_after: Some(1),
+            ..ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "session_elsewhere",
+                e.to_string(),
+            )
+        },
         _ => ApiError::new(
             StatusCode::SERVICE_UNAVAILABLE,
             "unavailable",

@@ -1,0 +1,266 @@
+//! `warden serve --store postgres://…` (a node of a cluster) and `warden
+//! cluster status`.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::future::BoxFuture;
+use tokio_util::task::AbortOnDropHandle;
+use warden_core::{SessionKey, Supervisor};
+use warden_pg::{NodeStore, PgStore};
+use warden_serve::{Elsewhere, Placement};
+
+use crate::exit::{CliError, Exit};
+
+/// Default lease TTL of a cluster node.
+pub(crate) const DEFAULT_LEASE_TTL_SECS: f64 = 10.0;
+
+/// Connects to the cluster's database (creating or migrating its schema).
+pub(crate) async fn connect(url: &str) -> Result<PgStore, CliError> {
+    if !(url.starts_with("postgres://") || url.starts_with("postgresql://")) {
+        return Err(CliError::usage(format!(
+            "--store: only postgres:// URLs are supported (got {:?}); without --store the \
+             sessions live in the data directory's sled database",
+            redact(url)
+        )));
+    }
+    PgStore::connect(url)
+        .await
+        .map_err(|e| CliError::failure(format!("--store {}: {e}", redact(url))))
+}
+
+/// `url` without its password.
+fn redact(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(s), Some(at)) if at > s => {
+            let creds = &url[s + 3..at];
+            match creds.find(':') {
+                Some(c) => format!("{}{}:***{}", &url[..s + 3], &creds[..c], &url[at..]),
+                None => url.to_owned(),
+            }
+        }
+        _ => url.to_owned(),
+    }
+}
+
+/// The node's id: `--node-id`, else the host name and the process id.
+pub(crate) fn node_id(flag: Option<String>) -> String {
+    flag.unwrap_or_else(|| {
+        let host = std::fs::read_to_string("/etc/hostname")
+            .ok()
+            .map(|h| h.trim().to_owned())
+            .filter(|h| !h.is_empty())
+            .unwrap_or_else(|| "node".to_owned());
+        format!("{host}-{}", std::process::id())
+    })
+}
+
+/// Runs a session here only while this node holds its lease.
+struct LeasePlacement {
+    node: NodeStore,
+}
+
+impl Placement for LeasePlacement {
+    fn place<'a>(&'a self, key: &'a SessionKey) -> BoxFuture<'a, Result<(), Elsewhere>> {
+        Box::pin(async move {
+            if self.node.held().iter().any(|l| l.key == key.as_str()) {
+                return Ok(()); // ours (the fence still guards every write)
+            }
+            let unknown = || Elsewhere::new(None, None, Duration::from_secs(1));
+            match self.node.claim(key).await {
+                Ok(Some(_)) => Ok(()),
+                Ok(None) => {
+                    let pg = self.node.pg();
+                    let info = pg.lease_info(key).await.map_err(|_| unknown())?;
+                    let advertise = match &info.owner {
+                        Some(owner) => pg
+                            .nodes()
+                            .await
+                            .ok()
+                            .and_then(|n| n.into_iter().find(|n| n.node_id == *owner))
+                            .map(|n| n.advertise),
+                        None => None,
+                    };
+                    let left = info.remaining_secs.unwrap_or(1.0).max(0.0);
+                    Err(Elsewhere::new(
+                        info.owner,
+                        advertise,
+                        Duration::from_secs_f64(left),
+                    ))
+                }
+                Err(_) => Err(unknown()),
+            }
+        })
+    }
+}
+
+/// A node's background work: lease renewal, heartbeats, evicting the
+/// sessions whose lease it lost, taking over the orphans of dead nodes.
+/// Stops when dropped.
+pub(crate) struct Membership {
+    _tasks: Vec<AbortOnDropHandle<()>>,
+}
+
+/// The placement for `warden serve` and the node's background work.
+pub(crate) fn placement(node: &NodeStore) -> Arc<dyn Placement> {
+    Arc::new(LeasePlacement { node: node.clone() })
+}
+
+/// Registers the node and starts its background work.
+pub(crate) async fn join(
+    node: &NodeStore,
+    advertise: &str,
+    supervisor: &Supervisor,
+    ttl: Duration,
+) -> Result<Membership, CliError> {
+    node.pg()
+        .register_node(node.node(), advertise)
+        .await
+        .map_err(|e| CliError::failure(format!("cannot register node {}: {e}", node.node())))?;
+    let mut tasks = vec![node.spawn_renewer()];
+
+    let beat = node.clone();
+    tasks.push(AbortOnDropHandle::new(tokio::spawn(async move {
+        let mut tick = tokio::time::interval(ttl / 3);
+        loop {
+            tick.tick().await;
+            if let Err(e) = beat.pg().heartbeat(beat.node()).await {
+                eprintln!("warden: cannot beat node {}'s heartbeat: {e}", beat.node());
+            }
+        }
+    })));
+
+    // A lease lost (a renewal or a write refused): stop the copy here now.
+    let mut lost = node.lost();
+    let sup = supervisor.clone();
+    tasks.push(AbortOnDropHandle::new(tokio::spawn(async move {
+        loop {
+            match lost.recv().await {
+                Ok(lease) => {
+                    let key = SessionKey::new(&lease.key);
+                    let _ = sup.evict(key).await;
+                    eprintln!(
+                        "warden: session {} moved to another node (lease epoch {} lost); stopped here",
+                        lease.key, lease.epoch
+                    );
+                }
+                Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
+                Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
+            }
+        }
+    })));
+
+    // Orphans: sessions with pending messages whose owner's lease ran out.
+    let scan = node.clone();
+    let sup = supervisor.clone();
+    tasks.push(AbortOnDropHandle::new(tokio::spawn(async move {
+        let mut tick = tokio::time::interval(ttl / 4);
+        loop {
+            tick.tick().await;
+            take_over(&scan, &sup).await;
+        }
+    })));
+    Ok(Membership { _tasks: tasks })
+}
+
+/// Takes over every orphan it can and starts it (which re-sends its
+/// pending messages); how many.
+pub(crate) async fn take_over(node: &NodeStore, supervisor: &Supervisor) -> usize {
+    let Ok(orphans) = node.pg().orphans().await else {
+        return 0;
+    };
+    let mut taken = 0;
+    for key in orphans {
+        if let Ok(Some(lease)) = node.claim(&key).await {
+            match supervisor.session(key.clone()).await {
+                Ok(_) => {
+                    taken += 1;
+                    eprintln!(
+                        "warden: took over session {} (epoch {}); re-sending its pending messages",
+                        key.as_str(),
+                        lease.epoch
+                    );
+                }
+                Err(e) => eprintln!("warden: session {}: {e}", key.as_str()),
+            }
+        }
+    }
+    taken
+}
+
+/// Arguments of `warden cluster`.
+#[derive(Debug, clap::Args)]
+pub(crate) struct ClusterArgs {
+    #[command(subcommand)]
+    command: ClusterCommand,
+}
+
+#[derive(Debug, clap::Subcommand)]
+enum ClusterCommand {
+    /// The nodes (heartbeat age, sessions held) and every session's lease.
+    Status {
+        /// The cluster's database. Default WARDEN_STORE.
+        #[arg(long, env = "WARDEN_STORE", value_name = "URL")]
+        store: String,
+        /// One JSON object instead of tables.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+/// Runs `warden cluster …`.
+pub(crate) async fn run(args: ClusterArgs) -> Result<Exit, CliError> {
+    let ClusterCommand::Status { store, json } = args.command;
+    let pg = connect(&store).await?;
+    let failed = |e: warden_core::StoreError| CliError::failure(e.to_string());
+    let nodes = pg.nodes().await.map_err(failed)?;
+    let leases = pg.leases().await.map_err(failed)?;
+    if json {
+        let value = serde_json::json!({
+            "nodes": nodes.iter().map(|n| serde_json::json!({
+                "node_id": n.node_id,
+                "advertise": n.advertise,
+                "heartbeat_age_secs": n.heartbeat_age_secs,
+                "sessions": n.sessions,
+            })).collect::<Vec<_>>(),
+            "sessions": leases.iter().map(|(k, l)| serde_json::json!({
+                "key": k,
+                "owner": l.owner,
+                "epoch": l.epoch,
+                "lease_remaining_secs": l.remaining_secs,
+            })).collect::<Vec<_>>(),
+        });
+        println!("{value}");
+        return Ok(Exit::Ok);
+    }
+    println!(
+        "{:<24} {:<28} {:>10} {:>8}",
+        "NODE", "ADVERTISE", "HEARTBEAT", "SESSIONS"
+    );
+    for n in &nodes {
+        println!(
+            "{:<24} {:<28} {:>9.1}s {:>8}",
+            n.node_id, n.advertise, n.heartbeat_age_secs, n.sessions
+        );
+    }
+    println!();
+    println!(
+        "{:<32} {:<24} {:>6} {:>12}",
+        "SESSION", "OWNER", "EPOCH", "LEASE LEFT"
+    );
+    for (key, l) in &leases {
+        let left = match l.remaining_secs {
+            Some(s) if s >= 0.0 => format!("{s:.1}s"),
+            Some(_) => "expired".to_owned(),
+            None => "-".to_owned(),
+        };
+        println!(
+            "{:<32} {:<24} {:>6} {:>12}",
+            key,
+            l.owner.as_deref().unwrap_or("-"),
+            l.epoch,
+            left
+        );
+    }
+    Ok(Exit::Ok)
+}
