@@ -417,6 +417,11 @@ pub(crate) async fn handle(
         reply.output_tokens = reply::estimate_tokens(reply.text.len());
     }
     journal.generated(id, cont.as_ref().map(Continue::kind), reply.output_tokens);
+    let answered = reply::last_user_text(
+        &request,
+        cont.as_ref().map_or(0, Continue::answered_from_end),
+    );
+    journal.answers(id, answered.as_deref().map(reply::prompt_digest));
 
     if stream {
         let include_usage = request

@@ -9,10 +9,12 @@
 //! [`MockServer::subscribe`](crate::MockServer::subscribe).
 //!
 //! No prompt or completion text is ever recorded: a record holds the
-//! method, path, model name and what the server did.
+//! method, path, model name, a digest of the answered user message and
+//! what the server did.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::time::Instant;
 
 use tokio::sync::{broadcast, watch};
 
@@ -193,6 +195,12 @@ pub struct RequestRecord {
     /// Output tokens the reply generated (what a continuation saves shows
     /// here), for replies that got that far.
     pub output_tokens: Option<u64>,
+    /// [`prompt_digest`](crate::prompt_digest) of the user message the
+    /// reply answers (never its text), for replies that got that far: a
+    /// test tells which message, hence which session, a request served.
+    pub prompt_digest: Option<u64>,
+    /// When the server read the request's head.
+    pub received_at: Instant,
 }
 
 /// The server's shared log (crate-internal).
@@ -259,6 +267,8 @@ impl Journal {
             outcome: Outcome::InProgress,
             continuation: None,
             output_tokens: None,
+            prompt_digest: None,
+            received_at: Instant::now(),
         });
         id
     }
@@ -271,6 +281,11 @@ impl Journal {
             rec.continuation = continuation;
             rec.output_tokens = Some(tokens);
         }
+    }
+
+    /// Records the digest of the user message request `id` answers.
+    pub(crate) fn answers(&self, id: RequestId, digest: Option<u64>) {
+        self.update(id, |r| r.prompt_digest = digest);
     }
 
     /// Takes the next slot of the sequence script (0-based).

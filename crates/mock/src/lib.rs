@@ -151,6 +151,7 @@ pub use config::{
 pub use continuation::{NO_PREFILL, TRAILING_WHITESPACE};
 pub use error::MockError;
 pub use journal::{Endpoint, Outcome, RequestId, RequestRecord, Selection, ServerEvent};
+pub use reply::prompt_digest;
 pub use scenario::{ParseScenarioError, Scenario};
 pub use server::MockServer;
 

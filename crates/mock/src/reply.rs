@@ -97,34 +97,44 @@ pub(crate) fn estimate_tokens(bytes: usize) -> u64 {
 /// Characters of text in the last `user` message (string content or text
 /// blocks) before the final `skip` messages, 0 when there is none.
 fn last_user_chars(request: &Value, skip: usize) -> usize {
+    last_user_text(request, skip).map_or(0, |t| t.chars().count())
+}
+
+/// The text of the last `user` message (string content or text blocks)
+/// before the final `skip` messages; `None` when there is none.
+pub(crate) fn last_user_text(request: &Value, skip: usize) -> Option<String> {
     // The Responses API takes `input`: a string, or messages.
     if let Some(Value::String(s)) = request.get("input") {
-        return s.chars().count();
+        return Some(s.clone());
     }
-    let Some(messages) = request
+    let messages = request
         .get("messages")
         .or_else(|| request.get("input"))
-        .and_then(Value::as_array)
-    else {
-        return 0;
-    };
-    let Some(last) = messages
+        .and_then(Value::as_array)?;
+    let last = messages
         .iter()
         .rev()
         .skip(skip)
-        .find(|m| m.get("role").and_then(Value::as_str) == Some("user"))
-    else {
-        return 0;
-    };
+        .find(|m| m.get("role").and_then(Value::as_str) == Some("user"))?;
     match last.get("content") {
-        Some(Value::String(s)) => s.chars().count(),
-        Some(Value::Array(blocks)) => blocks
-            .iter()
-            .filter_map(|b| b.get("text").and_then(Value::as_str))
-            .map(|s| s.chars().count())
-            .sum(),
-        _ => 0,
+        Some(Value::String(s)) => Some(s.clone()),
+        Some(Value::Array(blocks)) => Some(
+            blocks
+                .iter()
+                .filter_map(|b| b.get("text").and_then(Value::as_str))
+                .collect(),
+        ),
+        _ => Some(String::new()),
     }
+}
+
+/// A stable 64-bit digest of a prompt's text (FNV-1a), so a test can tell
+/// which message a request answered without the server keeping the text.
+pub fn prompt_digest(text: &str) -> u64 {
+    const OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
+    const PRIME: u64 = 0x0000_0100_0000_01b3;
+    text.bytes()
+        .fold(OFFSET, |h, b| (h ^ u64::from(b)).wrapping_mul(PRIME))
 }
 
 /// Splits `text` into deltas of a few words (at least 16 bytes each, except

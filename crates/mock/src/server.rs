@@ -133,6 +133,48 @@ impl MockServer {
             .count_events(|e| matches!(e, ServerEvent::ClientClosed { .. }))
     }
 
+    /// The most streams that were open at once, per group: `group` maps a
+    /// request to its group (say, the session a prompt belongs to, through
+    /// [`RequestRecord::prompt_digest`]) or `None` to leave it out. A
+    /// request counts from its `RequestStarted` event until its end
+    /// (`Completed`, `ServerClosed`, `ClientClosed`), in the order the
+    /// server saw them; a request still open counts to the end.
+    pub fn peak_concurrency<K: Ord + Clone>(
+        &self,
+        group: impl Fn(&RequestRecord) -> Option<K>,
+    ) -> BTreeMap<K, usize> {
+        let records: BTreeMap<RequestId, RequestRecord> = self
+            .journal
+            .records()
+            .into_iter()
+            .map(|r| (r.id, r))
+            .collect();
+        let key = |id: &RequestId| records.get(id).and_then(&group);
+        let mut open: BTreeMap<K, usize> = BTreeMap::new();
+        let mut peak: BTreeMap<K, usize> = BTreeMap::new();
+        for event in self.journal.events() {
+            match event {
+                ServerEvent::RequestStarted { id, .. } => {
+                    if let Some(k) = key(&id) {
+                        let n = open.entry(k.clone()).or_insert(0);
+                        *n += 1;
+                        let p = peak.entry(k).or_insert(0);
+                        *p = (*p).max(*n);
+                    }
+                }
+                ServerEvent::Completed { id, .. }
+                | ServerEvent::ServerClosed { id, .. }
+                | ServerEvent::ClientClosed { id, .. } => {
+                    if let Some(n) = key(&id).and_then(|k| open.get_mut(&k)) {
+                        *n = n.saturating_sub(1);
+                    }
+                }
+                _ => {}
+            }
+        }
+        peak
+    }
+
     /// Every event so far, in order.
     pub fn events(&self) -> Vec<ServerEvent> {
         self.journal.events()

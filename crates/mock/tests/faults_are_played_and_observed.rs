@@ -435,3 +435,42 @@ async fn shutdown_closes_stalled_connections_without_calling_it_a_client_close()
     assert!(tokio::net::TcpStream::connect(addr).await.is_err());
     Ok(())
 }
+
+#[tokio::test]
+async fn overlapping_streams_of_one_prompt_are_counted_and_sequential_ones_are_not() -> TestResult {
+    let server = MockServer::start(
+        MockConfig::scenario(Scenario::ThinkingPings).with_thinking_pause(Duration::from_secs(30)),
+    )
+    .await?;
+    let with_text = |text: &str| {
+        let mut body = anthropic_request("m", true);
+        body["messages"][0]["content"][0]["text"] = Value::from(text);
+        body
+    };
+    // "a" twice, one after the other; "b" twice at once.
+    for id in 1..=2 {
+        let mut raw =
+            raw_request(server.addr(), "POST", "/v1/messages", &[], &with_text("a")).await;
+        raw.read_until("event: ping").await;
+        drop(raw);
+        assert!(server.wait_for_client_close(id, WITHIN).await);
+    }
+    let mut b1 = raw_request(server.addr(), "POST", "/v1/messages", &[], &with_text("b")).await;
+    let mut b2 = raw_request(server.addr(), "POST", "/v1/messages", &[], &with_text("b")).await;
+    b1.read_until("event: ping").await;
+    b2.read_until("event: ping").await;
+
+    let (a, b) = (
+        warden_mock::prompt_digest("a"),
+        warden_mock::prompt_digest("b"),
+    );
+    assert_ne!(a, b);
+    let digests: Vec<_> = server.requests().iter().map(|r| r.prompt_digest).collect();
+    assert_eq!(digests, [Some(a), Some(a), Some(b), Some(b)]);
+    let peak = server.peak_concurrency(|r| r.prompt_digest);
+    assert_eq!(peak.get(&a), Some(&1), "{peak:?}");
+    assert_eq!(peak.get(&b), Some(&2), "{peak:?}");
+    drop((b1, b2));
+    server.shutdown().await;
+    Ok(())
+}
