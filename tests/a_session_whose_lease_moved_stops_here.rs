@@ -165,3 +165,35 @@ async fn evict_stops_a_running_stream_at_once_and_keeps_the_message_pending() {
         .expect("record");
     assert_eq!(record.pending.len(), 1, "the owner re-delivers it");
 }
+
+/// A write refused in the middle of a stream (the agent's session id is
+/// recorded, flushed, as soon as it arrives) fails the session actor, and
+/// ractor runs no `post_stop` for a failing actor: the stream must still be
+/// dropped at once — or this node would go on streaming (and paying for) a
+/// session another node now runs, until the watchdog's timeout.
+#[tokio::test(start_paused = true)]
+async fn a_write_refused_mid_stream_drops_the_stream_at_once() {
+    let store = FencedStore::default();
+    let (sup, _source, control, _notices) =
+        supervisor_with_store(config(), Arc::new(store.clone())).await;
+    let _turn = sup.send("ws", "hello").await.expect("send");
+    let attempt = bounded(LIMIT, "the attempt", control.next_attempt())
+        .await
+        .expect("an attempt");
+    store.lose("ws");
+    attempt.send(warden_core::Frame::Event(
+        warden_core::AgentEvent::SessionStarted {
+            session_id: "conv-1".into(),
+            model: None,
+        },
+    ));
+    // Well inside the watchdog's timeout: not the watchdog's doing.
+    bounded(
+        Duration::from_secs(1),
+        "the stream dropped by the failing session",
+        attempt.dropped(),
+    )
+    .await;
+    settle().await;
+    assert!(sup.running("ws").await.expect("running").is_none());
+}

@@ -314,98 +314,16 @@ impl Actor for SessionActor {
         msg: Self::Msg,
         state: &mut Self::State,
     ) -> Result<(), ActorProcessingErr> {
-        if state.escalated {
-            return Ok(()); // stopping; the supervisor owns everything now
+        let handled = handle_msg(myself, msg, state).await;
+        if handled.is_err() {
+            // The session fails, and ractor runs no `post_stop` for a
+            // failing actor: release the running stream (socket, child)
+            // here, or it would go on reading — for a write the store's
+            // fence refused, streaming a session another node now runs —
+            // until the watchdog's timeout.
+            release_stream(state).await;
         }
-        match msg {
-            SessionMsg::Submit(text, reply) => {
-                let id = state.record.accept(text);
-                let message = state
-                    .record
-                    .pending
-                    .last()
-                    .cloned()
-                    .ok_or("accepted message missing")?;
-                // Durable before acknowledged.
-                if let Err(e) = state
-                    .args
-                    .store
-                    .save(&state.record, Durability::Flushed)
-                    .await
-                {
-                    state.record.unaccept(id);
-                    Transition::StoreFailed { error: &e }.record(state.at(Parent::Root));
-                    let _ = reply.send(Err(e));
-                    return Ok(());
-                }
-                let (tx, handle) = TurnSender::channel(id, myself.clone());
-                let _ = reply.send(Ok(handle));
-                touch(state);
-                state.queue.push_back(Queued {
-                    message,
-                    reply: Some(tx),
-                });
-                start_next_turn(&myself, state).await?;
-            }
-            SessionMsg::Cancel => cancel(&myself, state).await?,
-            SessionMsg::CancelTurn(id, reply) => {
-                let was_live = cancel_turn(&myself, state, id).await?;
-                let _ = reply.send(was_live);
-            }
-            SessionMsg::Report(StreamReport::Event {
-                attempt,
-                event,
-                credit,
-            }) => on_event(state, attempt, event, credit).await?,
-            SessionMsg::Report(StreamReport::Ended {
-                attempt, outcome, ..
-            }) => on_ended(&myself, state, attempt, outcome).await?,
-            SessionMsg::Retry(next) => {
-                if state
-                    .turn
-                    .as_ref()
-                    .is_some_and(|t| t.machine.retry_due(next))
-                {
-                    start_attempt(&myself, state)?;
-                }
-            }
-            SessionMsg::Admitted(attempt, permit) => {
-                on_admitted(&myself, state, attempt, permit)?;
-            }
-            SessionMsg::Deadline(turn) => {
-                deadline(&myself, state, turn).await?;
-            }
-            SessionMsg::Recover(how, reply) => {
-                let done = recover(&myself, state, how)?;
-                let _ = reply.send(done);
-            }
-            SessionMsg::IdleCheck(armed) => {
-                if reap_due(
-                    armed,
-                    state.activity,
-                    state.turn.is_some(),
-                    state.queue.len(),
-                ) {
-                    reap(&myself, state).await?;
-                }
-            }
-            SessionMsg::Status(reply) => {
-                let t = state.turn.as_ref();
-                let _ = reply.send(SessionStatus {
-                    key: state.args.key.clone(),
-                    turn: t.map(|t| t.machine.id()),
-                    streaming: t.and_then(|t| t.stream.as_ref()).map(StreamHandle::attempt),
-                    backing_off: t.is_some_and(|t| t.machine.phase() == Phase::BackingOff),
-                    admitting: t.is_some_and(|t| t.machine.phase() == Phase::Admitting),
-                    turn_running_for: t.map(|t| t.started.elapsed()),
-                    queued: state.queue.len(),
-                    turns_finished: state.turns_finished,
-                    record: state.record.clone(),
-                });
-            }
-            SessionMsg::Fail(reason) => return Err(reason.into()),
-        }
-        Ok(())
+        handled
     }
 
     async fn post_stop(
@@ -415,11 +333,7 @@ impl Actor for SessionActor {
     ) -> Result<(), ActorProcessingErr> {
         // The running stream goes first: its source (socket, child) is
         // released before the session is reported stopped.
-        if let Some(stream) = state.turn.as_ref().and_then(|t| t.stream.as_ref()) {
-            stream.cancel();
-            let wait = state.args.config.stream_stop_timeout;
-            let _ = tokio::time::timeout(wait, stream.finished()).await;
-        }
+        release_stream(state).await;
         // An escalated session's record belongs to the supervisor now (it
         // clears the failed id): writing this copy would undo that.
         //
@@ -489,3 +403,113 @@ async fn reap(
 
 /// The stream-stop wait used when a session has no configuration of its own.
 pub(crate) const DEFAULT_STREAM_STOP_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// One message of a [`SessionActor`]; an error fails the session.
+async fn handle_msg(
+    myself: ActorRef<SessionMsg>,
+    msg: SessionMsg,
+    state: &mut SessionState,
+) -> Result<(), ActorProcessingErr> {
+    if state.escalated {
+        return Ok(()); // stopping; the supervisor owns everything now
+    }
+    match msg {
+        SessionMsg::Submit(text, reply) => {
+            let id = state.record.accept(text);
+            let message = state
+                .record
+                .pending
+                .last()
+                .cloned()
+                .ok_or("accepted message missing")?;
+            // Durable before acknowledged.
+            if let Err(e) = state
+                .args
+                .store
+                .save(&state.record, Durability::Flushed)
+                .await
+            {
+                state.record.unaccept(id);
+                Transition::StoreFailed { error: &e }.record(state.at(Parent::Root));
+                let _ = reply.send(Err(e));
+                return Ok(());
+            }
+            let (tx, handle) = TurnSender::channel(id, myself.clone());
+            let _ = reply.send(Ok(handle));
+            touch(state);
+            state.queue.push_back(Queued {
+                message,
+                reply: Some(tx),
+            });
+            start_next_turn(&myself, state).await?;
+        }
+        SessionMsg::Cancel => cancel(&myself, state).await?,
+        SessionMsg::CancelTurn(id, reply) => {
+            let was_live = cancel_turn(&myself, state, id).await?;
+            let _ = reply.send(was_live);
+        }
+        SessionMsg::Report(StreamReport::Event {
+            attempt,
+            event,
+            credit,
+        }) => on_event(state, attempt, event, credit).await?,
+        SessionMsg::Report(StreamReport::Ended {
+            attempt, outcome, ..
+        }) => on_ended(&myself, state, attempt, outcome).await?,
+        SessionMsg::Retry(next) => {
+            if state
+                .turn
+                .as_ref()
+                .is_some_and(|t| t.machine.retry_due(next))
+            {
+                start_attempt(&myself, state)?;
+            }
+        }
+        SessionMsg::Admitted(attempt, permit) => {
+            on_admitted(&myself, state, attempt, permit)?;
+        }
+        SessionMsg::Deadline(turn) => {
+            deadline(&myself, state, turn).await?;
+        }
+        SessionMsg::Recover(how, reply) => {
+            let done = recover(&myself, state, how)?;
+            let _ = reply.send(done);
+        }
+        SessionMsg::IdleCheck(armed) => {
+            if reap_due(
+                armed,
+                state.activity,
+                state.turn.is_some(),
+                state.queue.len(),
+            ) {
+                reap(&myself, state).await?;
+            }
+        }
+        SessionMsg::Status(reply) => {
+            let t = state.turn.as_ref();
+            let _ = reply.send(SessionStatus {
+                key: state.args.key.clone(),
+                turn: t.map(|t| t.machine.id()),
+                streaming: t.and_then(|t| t.stream.as_ref()).map(StreamHandle::attempt),
+                backing_off: t.is_some_and(|t| t.machine.phase() == Phase::BackingOff),
+                admitting: t.is_some_and(|t| t.machine.phase() == Phase::Admitting),
+                turn_running_for: t.map(|t| t.started.elapsed()),
+                queued: state.queue.len(),
+                turns_finished: state.turns_finished,
+                record: state.record.clone(),
+            });
+        }
+        SessionMsg::Fail(reason) => return Err(reason.into()),
+    }
+    Ok(())
+}
+
+/// Cancels the running stream, if any, and waits (bounded) until its
+/// source is released.
+async fn release_stream(state: &SessionState) {
+    if let Some(stream) = state.turn.as_ref().and_then(|t| t.stream.as_ref()) {
+        stream.cancel();
+        let wait = state.args.config.stream_stop_timeout;
+        let _ = tokio::time::timeout(wait, stream.finished()).await;
+    }
+}
