@@ -8,7 +8,7 @@ use futures_util::future::BoxFuture;
 use tokio_util::task::AbortOnDropHandle;
 use warden_core::{SessionKey, Supervisor};
 use warden_pg::{NodeStore, PgStore};
-use warden_serve::{Elsewhere, Placement};
+use warden_serve::{Elsewhere, Placement, SessionPlace};
 
 use crate::exit::{CliError, Exit};
 
@@ -92,6 +92,49 @@ impl Placement for LeasePlacement {
             }
         })
     }
+
+    fn node(&self) -> Option<&str> {
+        Some(self.node.node())
+    }
+
+    fn advertise_of<'a>(&'a self, node: &'a str) -> BoxFuture<'a, Option<String>> {
+        Box::pin(async move {
+            let nodes = self.node.pg().nodes().await.ok()?;
+            nodes
+                .into_iter()
+                .find(|n| n.node_id == node)
+                .map(|n| n.advertise)
+        })
+    }
+
+    fn sessions(&self) -> BoxFuture<'_, Option<Result<Vec<SessionPlace>, String>>> {
+        Box::pin(async move {
+            let pg = self.node.pg();
+            let all = async {
+                let leases = pg.leases().await.map_err(|e| e.to_string())?;
+                let nodes = pg.nodes().await.map_err(|e| e.to_string())?;
+                Ok(leases
+                    .into_iter()
+                    .map(|(key, info)| {
+                        let advertise = info.owner.as_ref().and_then(|o| {
+                            nodes
+                                .iter()
+                                .find(|n| n.node_id == *o)
+                                .map(|n| n.advertise.clone())
+                        });
+                        SessionPlace::new(
+                            key,
+                            info.owner,
+                            advertise,
+                            info.epoch,
+                            info.remaining_secs,
+                        )
+                    })
+                    .collect())
+            };
+            Some(all.await)
+        })
+    }
 }
 
 /// A node's background work: lease renewal, heartbeats, evicting the
@@ -164,13 +207,19 @@ pub(crate) async fn join(
 }
 
 /// Takes over every orphan it can and starts it (which re-sends its
-/// pending messages); how many.
+/// pending messages); how many. A session bound to a workspace directory
+/// (a Claude Code session lives where its workspace and transcript are) is
+/// taken over only by a node where that directory exists; elsewhere it
+/// stays with its lease expired until such a node takes it.
 pub(crate) async fn take_over(node: &NodeStore, supervisor: &Supervisor) -> usize {
     let Ok(orphans) = node.pg().orphans().await else {
         return 0;
     };
     let mut taken = 0;
     for key in orphans {
+        if !workspace_is_here(node, &key).await {
+            continue; // for a node that has its workspace
+        }
         if let Ok(Some(lease)) = node.claim(&key).await {
             match supervisor.session(key.clone()).await {
                 Ok(_) => {
@@ -181,11 +230,33 @@ pub(crate) async fn take_over(node: &NodeStore, supervisor: &Supervisor) -> usiz
                         lease.epoch
                     );
                 }
-                Err(e) => eprintln!("warden: session {}: {e}", key.as_str()),
+                Err(e) => {
+                    // Not runnable here: let another node have it rather
+                    // than hold its lease with nothing running.
+                    eprintln!(
+                        "warden: session {} cannot start here ({e}); its lease is released",
+                        key.as_str()
+                    );
+                    let _ = node.release(&key).await;
+                }
             }
         }
     }
     taken
+}
+
+/// Whether `key`'s session can run here: it has no workspace directory, or
+/// that directory exists on this node.
+async fn workspace_is_here(node: &NodeStore, key: &SessionKey) -> bool {
+    use warden_core::SessionStore as _;
+    match node.pg().load(key).await {
+        Ok(Some(record)) => record
+            .workspace
+            .as_deref()
+            .is_none_or(std::path::Path::is_dir),
+        // Gone, or unreadable: the claim and the session's start decide.
+        Ok(None) | Err(_) => true,
+    }
 }
 
 /// Arguments of `warden cluster`.

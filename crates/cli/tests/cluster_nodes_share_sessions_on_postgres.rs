@@ -11,7 +11,10 @@
 
 mod common;
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::*;
@@ -59,6 +62,7 @@ async fn fresh_db() -> Option<String> {
 }
 
 struct Node {
+    id: String,
     child: tokio::process::Child,
     base: String,
     stderr: tokio::task::JoinHandle<String>,
@@ -71,6 +75,10 @@ impl Node {
 }
 
 async fn start(dir: &Path, id: &str, store: &str, mock: &MockServer) -> Node {
+    start_with_ttl(dir, id, store, mock, TTL_SECS).await
+}
+
+async fn start_with_ttl(dir: &Path, id: &str, store: &str, mock: &MockServer, ttl: f64) -> Node {
     let data = dir.join(id);
     let token = dir.join("token");
     std::fs::write(&token, TOKEN).expect("token");
@@ -91,7 +99,7 @@ async fn start(dir: &Path, id: &str, store: &str, mock: &MockServer) -> Node {
         "--node-id",
         id,
         "--lease-ttl",
-        &TTL_SECS.to_string(),
+        &ttl.to_string(),
         "--grace",
         "1",
     ]);
@@ -116,6 +124,7 @@ async fn start(dir: &Path, id: &str, store: &str, mock: &MockServer) -> Node {
         s
     });
     Node {
+        id: id.to_owned(),
         child,
         base,
         stderr,
@@ -137,10 +146,23 @@ async fn post(node: &Node, key: &str, message: &str) -> reqwest::Response {
     .expect("post")
 }
 
-async fn wait_until(what: &str, limit: Duration, mut cond: impl FnMut() -> bool) {
+/// Waits until `cond`; on a timeout the failure shows what the mock saw.
+async fn wait_until(
+    mock: &MockServer,
+    what: &str,
+    limit: Duration,
+    mut cond: impl FnMut() -> bool,
+) {
     let t0 = Instant::now();
     while !cond() {
-        assert!(t0.elapsed() < limit, "timed out waiting for {what}");
+        if t0.elapsed() > limit {
+            let seen: Vec<_> = mock
+                .requests()
+                .iter()
+                .map(|r| (r.id, r.status, r.outcome, r.frames))
+                .collect();
+            panic!("timed out waiting for {what}; the mock saw {seen:?}");
+        }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
@@ -175,10 +197,24 @@ async fn a_killed_owners_session_is_taken_over_and_its_message_answered() {
     // A owns k1: its turn streams (and stalls, held open).
     assert_eq!(post(&a, "k1", "hello").await.status(), 202);
     let requests = || mock.requests().len();
-    wait_until("A's stream", PATIENCE, || requests() == 1).await;
+    wait_until(&mock, "A's stream", PATIENCE, || requests() == 1).await;
 
-    // B does not run it: 503, naming the owner, with Retry-After.
-    let elsewhere = post(&b, "k1", "me too").await;
+    // B does not run it. Asked directly it forwards the turn to A (see
+    // below); a request already forwarded once gets 503, naming the owner,
+    // with Retry-After.
+    let elsewhere = tokio::time::timeout(
+        PATIENCE,
+        reqwest::Client::new()
+            .post(format!("{}/v1/turns", b.base))
+            .bearer_auth(TOKEN)
+            .header("content-type", "application/json")
+            .header("x-warden-forwarded", "node-z")
+            .body(serde_json::json!({"key": "k1", "message": "me too"}).to_string())
+            .send(),
+    )
+    .await
+    .expect("an answer in time")
+    .expect("post");
     assert_eq!(elsewhere.status(), 503);
     let retry_after: f64 = elsewhere.headers()["retry-after"]
         .to_str()
@@ -203,9 +239,12 @@ async fn a_killed_owners_session_is_taken_over_and_its_message_answered() {
     let t0 = Instant::now();
     a.child.start_kill().expect("SIGKILL");
     let _ = a.child.wait().await;
-    wait_until("B's takeover re-sending the message", PATIENCE, || {
-        requests() == 2
-    })
+    wait_until(
+        &mock,
+        "B's takeover re-sending the message",
+        PATIENCE,
+        || requests() == 2,
+    )
     .await;
     let failover = t0.elapsed();
     eprintln!("failover (kill → the next attempt on another node): {failover:?}");
@@ -262,7 +301,7 @@ async fn an_owner_paused_past_its_lease_is_fenced_out_when_it_wakes() {
     let a = start(&dir, "node-a", &url, &mock).await;
     let b = start(&dir, "node-b", &url, &mock).await;
     assert_eq!(post(&a, "k1", "hello").await.status(), 202);
-    wait_until("A's stream", PATIENCE, || mock.requests().len() == 1).await;
+    wait_until(&mock, "A's stream", PATIENCE, || mock.requests().len() == 1).await;
 
     // A freezes (GC, VM pause) past its lease; B takes the session over.
     kill(a.pid(), Signal::SIGSTOP).expect("SIGSTOP");
@@ -276,12 +315,26 @@ async fn an_owner_paused_past_its_lease_is_fenced_out_when_it_wakes() {
     // A wakes: its renewal is refused, it stops its copy (its stalled
     // upstream stream is closed), and writes nothing.
     kill(a.pid(), Signal::SIGCONT).expect("SIGCONT");
-    wait_until("A closing its stale stream", PATIENCE, || {
-        mock.requests()
-            .first()
-            .is_some_and(|r| r.outcome == Outcome::ClientClosed)
-    })
-    .await;
+    let t0 = Instant::now();
+    while !mock
+        .requests()
+        .first()
+        .is_some_and(|r| r.outcome == Outcome::ClientClosed)
+    {
+        if t0.elapsed() > PATIENCE {
+            let mut a = a;
+            let _ = a.child.start_kill();
+            let said = tokio::time::timeout(PATIENCE, a.stderr).await;
+            panic!(
+                "A did not close its stale stream; the mock saw {:?}; A said {said:?}",
+                mock.requests()
+                    .iter()
+                    .map(|r| (r.id, r.outcome))
+                    .collect::<Vec<_>>()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     let t1 = Instant::now();
     while pending(&pg, "k1").await > 0 {
         assert!(t1.elapsed() < PATIENCE, "B answered both messages");
@@ -312,6 +365,559 @@ async fn an_owner_paused_past_its_lease_is_fenced_out_when_it_wakes() {
         .expect("task");
     assert!(said.contains("moved to another node"), "{said}");
     drop(b);
+}
+
+async fn text_in_time(r: reqwest::Response) -> String {
+    tokio::time::timeout(PATIENCE, r.text())
+        .await
+        .expect("a whole body in time")
+        .expect("body")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn any_node_takes_a_turn_and_forwards_it_to_the_sessions_owner() {
+    let Some(url) = fresh_db().await else { return };
+    let mock =
+        MockServer::start(MockConfig::default().with_frame_interval(Duration::from_millis(2)))
+            .await
+            .expect("mock");
+    let (_d, dir) = dir();
+    let mut a = start(&dir, "node-a", &url, &mock).await;
+    let b = start(&dir, "node-b", &url, &mock).await;
+    let http = reqwest::Client::new();
+    let pg = warden_pg::PgStore::connect(&url).await.expect("pg");
+
+    assert_eq!(post(&a, "k1", "hello").await.status(), 202);
+    let t0 = Instant::now();
+    while mock.requests().is_empty() || pending(&pg, "k1").await > 0 {
+        assert!(t0.elapsed() < PATIENCE, "A answered the first message");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    // B takes the next turn and relays A's stream of it.
+    let streamed = tokio::time::timeout(
+        PATIENCE,
+        http.post(format!("{}/v1/turns", b.base))
+            .bearer_auth(TOKEN)
+            .header("content-type", "application/json")
+            .header("accept", "text/event-stream")
+            .body(serde_json::json!({"key": "k1", "message": "through B"}).to_string())
+            .send(),
+    )
+    .await
+    .expect("in time")
+    .expect("post");
+    assert_eq!(streamed.status(), 200);
+    let id = streamed.headers()["x-warden-turn-id"]
+        .to_str()
+        .expect("ascii")
+        .to_owned();
+    let a_hex: String = "node-a".bytes().map(|b| format!("{b:02x}")).collect();
+    assert!(
+        id.starts_with(&format!("turn_{a_hex}_")),
+        "A's turn id: {id}"
+    );
+    let events = text_in_time(streamed).await;
+    assert!(events.contains("event: done"), "{events}");
+    assert!(events.contains("Hello from warden-mock"), "{events}");
+    assert_eq!(mock.requests().len(), 2, "one more request, from A");
+    let info = pg.lease_info(&SessionKey::new("k1")).await.expect("info");
+    assert_eq!(
+        (info.owner.as_deref(), info.epoch),
+        (Some("node-a"), 1),
+        "the session never moved"
+    );
+
+    // Re-attach through B: A's events after the first, from A.
+    let again = http
+        .get(format!("{}/v1/turns/{id}/events", b.base))
+        .bearer_auth(TOKEN)
+        .header("last-event-id", "1")
+        .send()
+        .await
+        .expect("get");
+    assert_eq!(again.status(), 200);
+    let replay = text_in_time(again).await;
+    assert!(
+        !replay.contains("id: 1\n") && replay.contains("id: 2\n"),
+        "{replay}"
+    );
+    assert!(replay.contains("event: done"), "{replay}");
+    // Without the token B forwards nothing.
+    let anonymous = http
+        .get(format!("{}/v1/turns/{id}/events", b.base))
+        .send()
+        .await
+        .expect("get");
+    assert_eq!(anonymous.status(), 401);
+
+    // Any node lists the whole cluster.
+    for (node, here) in [(&a, true), (&b, false)] {
+        let list: Value = http
+            .get(format!("{}/v1/sessions", node.base))
+            .bearer_auth(TOKEN)
+            .send()
+            .await
+            .expect("get")
+            .json_value()
+            .await;
+        let k1 = &list["sessions"][0];
+        assert_eq!(k1["key"], "k1", "{list}");
+        assert_eq!(k1["owner"], "node-a", "{list}");
+        assert_eq!(k1["advertise"], a.base.as_str(), "{list}");
+        assert_eq!(k1["here"], here, "{list}");
+    }
+
+    // A dies: its turn cannot be fetched, and until its lease runs out
+    // B says where the session was (B could not forward).
+    a.child.start_kill().expect("SIGKILL");
+    let _ = a.child.wait().await;
+    let lost = http
+        .get(format!("{}/v1/turns/{id}/events", b.base))
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .expect("get");
+    assert_eq!(lost.status(), 503);
+    assert_eq!(lost.json_value().await["error"]["type"], "node_unreachable");
+    let refused = post(&b, "k1", "while A's lease lasts").await;
+    assert_eq!(refused.status(), 503);
+    assert_eq!(
+        refused.json_value().await["error"]["type"],
+        "session_elsewhere"
+    );
+    drop(b);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_bound_to_a_workspace_is_taken_over_only_where_that_directory_exists() {
+    let Some(url) = fresh_db().await else { return };
+    let mock = MockServer::start(
+        MockConfig::default()
+            .with_sequence([Scenario::Stall, Scenario::Normal])
+            .with_frame_interval(Duration::from_millis(2)),
+    )
+    .await
+    .expect("mock");
+    let (_d, dir) = dir();
+    let ws = dir.join("workspace");
+    std::fs::create_dir(&ws).expect("workspace");
+    let ws = ws.canonicalize().expect("canonical");
+    let mut a = start(&dir, "node-a", &url, &mock).await;
+    let b = start(&dir, "node-b", &url, &mock).await;
+    let http = reqwest::Client::new();
+    let posted = http
+        .post(format!("{}/v1/turns", a.base))
+        .bearer_auth(TOKEN)
+        .header("content-type", "application/json")
+        .body(serde_json::json!({"workspace": ws, "message": "hello"}).to_string())
+        .send()
+        .await
+        .expect("post");
+    assert_eq!(posted.status(), 202);
+    let key = posted.json_value().await["key"]
+        .as_str()
+        .expect("key")
+        .to_owned();
+    wait_until(&mock, "A's stream", PATIENCE, || mock.requests().len() == 1).await;
+
+    // A dies, and its workspace is not on the node that is left.
+    std::fs::remove_dir(&ws).expect("remove the workspace");
+    a.child.start_kill().expect("SIGKILL");
+    let _ = a.child.wait().await;
+    tokio::time::sleep(Duration::from_secs_f64(TTL_SECS * 2.5)).await;
+    let pg = warden_pg::PgStore::connect(&url).await.expect("pg");
+    assert_eq!(
+        mock.requests().len(),
+        1,
+        "B did not run it without its workspace"
+    );
+    assert_eq!(pending(&pg, &key).await, 1, "the message waits");
+    let info = pg.lease_info(&SessionKey::new(&key)).await.expect("info");
+    assert_eq!(info.owner.as_deref(), Some("node-a"), "nobody took it");
+
+    // The workspace is here again: B takes the session and answers.
+    std::fs::create_dir(&ws).expect("workspace again");
+    let t0 = Instant::now();
+    while pending(&pg, &key).await > 0 {
+        assert!(
+            t0.elapsed() < PATIENCE,
+            "B took the session over and answered"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let info = pg.lease_info(&SessionKey::new(&key)).await.expect("info");
+    assert_eq!((info.owner.as_deref(), info.epoch), (Some("node-b"), 2));
+    drop(b);
+}
+
+/// A tiny deterministic generator (xorshift), seeded and printed so a
+/// failing run can be replayed.
+struct Rng(u64);
+
+impl Rng {
+    fn below(&mut self, n: u64) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0 % n.max(1)
+    }
+    fn millis(&mut self, lo: u64, hi: u64) -> Duration {
+        Duration::from_millis(lo + self.below(hi - lo))
+    }
+}
+
+/// The soak's shared view: nodes' addresses by slot (`None` while dead),
+/// which session each prompt belongs to, what was acknowledged and
+/// answered, and what went wrong.
+#[derive(Default)]
+struct Soak {
+    nodes: Mutex<Vec<Option<String>>>,
+    session_of: Mutex<HashMap<u64, usize>>,
+    acked: Mutex<Vec<u64>>,
+    answered: Mutex<HashMap<u64, usize>>,
+    failures: Mutex<Vec<String>>,
+    stop: AtomicBool,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+impl Soak {
+    fn alive(&self) -> Vec<String> {
+        lock(&self.nodes).iter().flatten().cloned().collect()
+    }
+
+    fn is_answered(&self, digest: u64) -> bool {
+        lock(&self.answered).contains_key(&digest)
+    }
+}
+
+/// Posts `text` to `key` through any live node until one acknowledges it
+/// (202), following `503 session_elsewhere` to the owner it names.
+async fn deliver(
+    soak: &Soak,
+    http: &reqwest::Client,
+    key: &str,
+    text: &str,
+    rng: &mut Rng,
+) -> Result<(), String> {
+    let t0 = Instant::now();
+    let mut target: Option<String> = None;
+    loop {
+        if t0.elapsed() > PATIENCE {
+            return Err(format!(
+                "{key}: {text:?} not acknowledged within {PATIENCE:?}"
+            ));
+        }
+        let alive = soak.alive();
+        let base = match target.take() {
+            Some(t) if alive.contains(&t) => t,
+            _ if alive.is_empty() => {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+            _ => alive[rng.below(alive.len() as u64) as usize].clone(),
+        };
+        let sent = http
+            .post(format!("{base}/v1/turns"))
+            .bearer_auth(TOKEN)
+            .header("content-type", "application/json")
+            .body(serde_json::json!({"key": key, "message": text}).to_string())
+            .timeout(Duration::from_secs(5))
+            .send()
+            .await;
+        let Ok(answer) = sent else {
+            // A node killed or not up yet: ask another.
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            continue;
+        };
+        match answer.status().as_u16() {
+            202 => return Ok(()),
+            503 => {
+                let wait: f64 = answer
+                    .headers()
+                    .get("retry-after")
+                    .and_then(|v| v.to_str().ok())
+                    .and_then(|v| v.parse().ok())
+                    .unwrap_or(1.0);
+                let body: Value = answer.json_value().await;
+                match body["error"]["advertise"].as_str() {
+                    Some(owner) if owner != base && soak.alive().iter().any(|a| a == owner) => {
+                        target = Some(owner.to_owned());
+                    }
+                    // The owner is dead and its lease not yet expired.
+                    _ => tokio::time::sleep(Duration::from_secs_f64(wait.min(0.25))).await,
+                }
+            }
+            status => {
+                let body = answer.text().await.unwrap_or_default();
+                return Err(format!("{key}: {text:?} got {status}: {body}"));
+            }
+        }
+    }
+}
+
+/// One session's client: keeps up to two messages in flight, each posted
+/// to a random live node.
+async fn soak_client(soak: Arc<Soak>, session: usize, seed: u64) {
+    let http = reqwest::Client::new();
+    let key = format!("soak-{session}");
+    let mut rng = Rng(seed);
+    let mut in_flight: Vec<u64> = Vec::new();
+    let mut n = 0;
+    while !soak.stop.load(Ordering::SeqCst) {
+        in_flight.retain(|d| !soak.is_answered(*d));
+        if in_flight.len() >= 2 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            continue;
+        }
+        n += 1;
+        let text = format!("session {session}, message {n}");
+        let digest = warden_mock::prompt_digest(&text);
+        lock(&soak.session_of).insert(digest, session);
+        match deliver(&soak, &http, &key, &text, &mut rng).await {
+            Ok(()) => {
+                lock(&soak.acked).push(digest);
+                in_flight.push(digest);
+            }
+            Err(e) => lock(&soak.failures).push(e),
+        }
+        tokio::time::sleep(rng.millis(50, 400)).await;
+    }
+}
+
+/// Three nodes, six sessions whose clients keep up to two messages each in
+/// flight through random nodes, and twenty times the owner of a live
+/// stream killed with SIGKILL and a new node started in its place: every
+/// acknowledged message is answered, no session ever has two upstream
+/// streams open at once (counted by the mock over the whole run), and the
+/// failover times (kill → the session's next request reaching the API)
+/// are printed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_nodes_killed_twenty_times_lose_no_message_and_never_stream_a_session_twice() {
+    const SESSIONS: usize = 6;
+    const KILLS: usize = 20;
+    const SOAK_TTL: f64 = 1.0;
+    let Some(url) = fresh_db().await else { return };
+    let mock = Arc::new(
+        MockServer::start(
+            MockConfig::default()
+                .with_reply("a reply long enough to be cut ".repeat(12))
+                .with_frame_interval(Duration::from_millis(30)),
+        )
+        .await
+        .expect("mock"),
+    );
+    let (_d, dir) = dir();
+    let seed = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(1, |d| d.as_nanos() as u64)
+        | 1;
+    eprintln!("soak seed {seed}");
+    let mut rng = Rng(seed);
+
+    let soak = Arc::new(Soak::default());
+    let mut nodes = Vec::new();
+    for slot in 0..3 {
+        let node = start_with_ttl(&dir, &format!("n{slot}-0"), &url, &mock, SOAK_TTL).await;
+        lock(&soak.nodes).push(Some(node.base.clone()));
+        nodes.push(node);
+    }
+
+    // What the API answered, from the mock's log.
+    let watcher = {
+        let (soak, mock) = (soak.clone(), mock.clone());
+        tokio::spawn(async move {
+            loop {
+                let done: Vec<u64> = mock
+                    .requests()
+                    .iter()
+                    .filter(|r| r.outcome == Outcome::Completed)
+                    .filter_map(|r| r.prompt_digest)
+                    .collect();
+                {
+                    let mut answered = lock(&soak.answered);
+                    answered.clear();
+                    for d in done {
+                        *answered.entry(d).or_insert(0) += 1;
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        })
+    };
+    let clients: Vec<_> = (0..SESSIONS)
+        .map(|s| {
+            tokio::spawn(soak_client(
+                soak.clone(),
+                s,
+                seed.wrapping_add(s as u64 * 7919) | 1,
+            ))
+        })
+        .collect();
+
+    let pg = warden_pg::PgStore::connect(&url).await.expect("pg");
+    let session_of = |soak: &Soak, r: &warden_mock::RequestRecord| {
+        r.prompt_digest
+            .and_then(|d| lock(&soak.session_of).get(&d).copied())
+    };
+    let mut failovers = Vec::new();
+    // Killed nodes, for what they said if the run fails.
+    let mut graveyard: Vec<Node> = Vec::new();
+    for round in 1..=KILLS {
+        tokio::time::sleep(rng.millis(200, 700)).await;
+        // The owner of a session streaming right now.
+        let t0 = Instant::now();
+        let (session, slot) = loop {
+            assert!(
+                t0.elapsed() < PATIENCE,
+                "round {round}: no live stream to cut"
+            );
+            let live = mock
+                .requests()
+                .into_iter()
+                .filter(|r| r.outcome == Outcome::InProgress)
+                .find_map(|r| session_of(&soak, &r));
+            if let Some(session) = live {
+                let info = pg
+                    .lease_info(&SessionKey::new(format!("soak-{session}")))
+                    .await
+                    .expect("lease info");
+                let slot = info
+                    .owner
+                    .as_deref()
+                    .and_then(|o| nodes.iter().position(|n| n.id == o));
+                if let Some(slot) = slot {
+                    break (session, slot);
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        let killed_at = Instant::now();
+        nodes[slot].child.start_kill().expect("SIGKILL");
+        let _ = nodes[slot].child.wait().await;
+        lock(&soak.nodes)[slot] = None;
+
+        // A new node in its place (a new name: a restarted host).
+        let id = format!("n{slot}-{round}");
+        let dead = std::mem::replace(
+            &mut nodes[slot],
+            start_with_ttl(&dir, &id, &url, &mock, SOAK_TTL).await,
+        );
+        graveyard.push(dead);
+        lock(&soak.nodes)[slot] = Some(nodes[slot].base.clone());
+
+        let t1 = Instant::now();
+        let next = loop {
+            assert!(
+                t1.elapsed() < PATIENCE,
+                "round {round}: session {session} never reached the API again"
+            );
+            let next = mock
+                .requests()
+                .into_iter()
+                .filter(|r| r.received_at > killed_at)
+                .find(|r| session_of(&soak, r) == Some(session));
+            if let Some(r) = next {
+                break r.received_at;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        };
+        failovers.push(next - killed_at);
+    }
+
+    // Stop the clients; everything acknowledged gets its answer.
+    soak.stop.store(true, Ordering::SeqCst);
+    for c in clients {
+        tokio::time::timeout(PATIENCE, c)
+            .await
+            .expect("clients stop")
+            .expect("client task");
+    }
+    let failures = lock(&soak.failures).clone();
+    assert!(failures.is_empty(), "{failures:#?}");
+    let acked = lock(&soak.acked).clone();
+    let t2 = Instant::now();
+    loop {
+        let unanswered: Vec<u64> = acked
+            .iter()
+            .copied()
+            .filter(|d| !soak.is_answered(*d))
+            .collect();
+        if unanswered.is_empty() {
+            break;
+        }
+        if t2.elapsed() > PATIENCE * 2 {
+            let mut report = String::new();
+            let sessions: std::collections::BTreeSet<usize> = unanswered
+                .iter()
+                .filter_map(|d| lock(&soak.session_of).get(d).copied())
+                .collect();
+            for s in sessions {
+                let key = SessionKey::new(format!("soak-{s}"));
+                let record = pg.load(&key).await;
+                let info = pg.lease_info(&key).await;
+                report += &format!("\nsoak-{s}: {info:?}\n  {record:?}");
+            }
+            for node in nodes.into_iter().chain(graveyard) {
+                let mut node = node;
+                let _ = node.child.start_kill();
+                let said = tokio::time::timeout(PATIENCE, node.stderr).await;
+                report += &format!("\n{} said {said:?}", node.id);
+            }
+            panic!(
+                "{} of {} acknowledged messages never answered:{report}",
+                unanswered.len(),
+                acked.len()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    for s in 0..SESSIONS {
+        let key = format!("soak-{s}");
+        let t3 = Instant::now();
+        while pending(&pg, &key).await > 0 {
+            assert!(t3.elapsed() < PATIENCE, "{key} keeps a pending message");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    watcher.abort();
+
+    // Never two streams of one session at once.
+    let requests = mock.requests();
+    let api: Vec<_> = requests.iter().filter(|r| r.endpoint.is_api()).collect();
+    assert!(
+        api.iter().all(|r| session_of(&soak, r).is_some()),
+        "every request to the API answered a known message"
+    );
+    let peak = mock.peak_concurrency(|r| session_of(&soak, r));
+    assert_eq!(peak.len(), SESSIONS, "{peak:?}");
+    assert!(
+        peak.values().all(|&n| n == 1),
+        "a session streamed twice at once: {peak:?}"
+    );
+
+    let answered = lock(&soak.answered).clone();
+    let twice = acked
+        .iter()
+        .filter(|d| answered.get(d).copied().unwrap_or(0) > 1)
+        .count();
+    failovers.sort();
+    let pct = |p: f64| {
+        failovers[((failovers.len() as f64 * p).ceil() as usize).clamp(1, failovers.len()) - 1]
+    };
+    eprintln!(
+        "soak: {} messages acknowledged, all answered ({twice} twice: at-least-once after a kill), \
+         {} API requests, {KILLS} kills; failover p50 {:?}, p99 {:?}, max {:?} (lease TTL {SOAK_TTL} s)",
+        acked.len(),
+        api.len(),
+        pct(0.5),
+        pct(0.99),
+        failovers[failovers.len() - 1]
+    );
+    drop((nodes, graveyard));
 }
 
 trait JsonValue {

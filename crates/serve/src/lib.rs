@@ -29,6 +29,7 @@
 //! `{"error": {"type", "message"}}`, with a 4xx status; bodies over
 //! [`ServeConfig::max_body_bytes`] get 413.
 
+mod cluster;
 mod metrics;
 mod openapi;
 mod turns;
@@ -38,9 +39,10 @@ use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Duration;
 
+use axum::body::Bytes;
 use axum::extract::rejection::JsonRejection;
 use axum::extract::{DefaultBodyLimit, Path, Request, State};
-use axum::http::{HeaderMap, StatusCode, header};
+use axum::http::{HeaderMap, Method, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
@@ -112,6 +114,8 @@ impl ServeConfig {
 
 #[derive(Clone)]
 struct AppState {
+    /// Forwards requests to other nodes of a cluster.
+    http: reqwest::Client,
     supervisor: Supervisor,
     turns: Arc<Turns>,
     config: Arc<ServeConfig>,
@@ -124,6 +128,7 @@ pub fn router(supervisor: Supervisor, config: ServeConfig) -> Router {
     let metrics = Arc::new(metrics::Metrics::new());
     metrics::watch(&supervisor, metrics.clone());
     let state = AppState {
+        http: cluster::client(),
         supervisor,
         turns: Arc::default(),
         config: Arc::new(config),
@@ -198,10 +203,70 @@ impl IntoResponse for ApiError {
 
 /// Where a session runs, for a node that shares its sessions with other
 /// nodes (a cluster on one database): asked before each new turn.
+///
+/// A placement that names its node ([`node`](Self::node)) and its peers'
+/// addresses ([`advertise_of`](Self::advertise_of)) makes the node forward
+/// requests for sessions and turns that run elsewhere (see `docs/cluster.md`).
 pub trait Placement: Send + Sync + 'static {
     /// `Ok` when this node may run `key` now (it holds the session's lease,
     /// or just took it); `Err` says where the session runs instead.
     fn place<'a>(&'a self, key: &'a SessionKey) -> BoxFuture<'a, Result<(), Elsewhere>>;
+
+    /// This node's id among its peers. Turn ids then name it, so any node
+    /// can find a turn's node. Default `None`: nothing is forwarded.
+    fn node(&self) -> Option<&str> {
+        None
+    }
+
+    /// Where the node `node` is reached, if it is a member. Default `None`.
+    fn advertise_of<'a>(&'a self, node: &'a str) -> BoxFuture<'a, Option<String>> {
+        let _ = node;
+        Box::pin(async { None })
+    }
+
+    /// Every session of the cluster and where it runs, for
+    /// `GET /v1/sessions`. Default `None`: the node lists its own.
+    fn sessions(&self) -> BoxFuture<'_, Option<Result<Vec<SessionPlace>, String>>> {
+        Box::pin(async { None })
+    }
+}
+
+/// Where one session of a cluster runs (an entry of `GET /v1/sessions` on
+/// a cluster node).
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+#[non_exhaustive]
+pub struct SessionPlace {
+    /// The session's key.
+    pub key: String,
+    /// The node holding its lease, if any.
+    pub owner: Option<String>,
+    /// Where that node is reached, when known.
+    pub advertise: Option<String>,
+    /// The lease's epoch (how many times the session changed hands, plus one).
+    pub epoch: u64,
+    /// Seconds left on the lease (negative: it expired that long ago);
+    /// `None` when none is held.
+    pub lease_remaining_secs: Option<f64>,
+}
+
+impl SessionPlace {
+    /// Session `key`, run by `owner` (reached at `advertise`) under lease
+    /// `epoch` for `lease_remaining_secs` more.
+    pub fn new(
+        key: impl Into<String>,
+        owner: Option<String>,
+        advertise: Option<String>,
+        epoch: u64,
+        lease_remaining_secs: Option<f64>,
+    ) -> Self {
+        Self {
+            key: key.into(),
+            owner,
+            advertise,
+            epoch,
+            lease_remaining_secs,
+        }
+    }
 }
 
 /// A session another node runs now.
@@ -302,7 +367,7 @@ async fn ready(State(state): State<AppState>) -> Response {
 }
 
 /// The body of `POST /v1/turns`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields)]
 struct NewTurn {
     workspace: Option<String>,
@@ -326,11 +391,35 @@ async fn create_turn(
             (None, Some(k)) if !k.trim().is_empty() => Some(SessionKey::new(k)),
             _ => None, // refused below, with its own error
         };
-        if let Some(key) = key {
-            placement
-                .place(&key)
+        if let Some(key) = key
+            && let Err(e) = placement.place(&key).await
+        {
+            // Another node runs it: forward the turn there, once.
+            if let (Some(owner), Some(me)) = (&e.advertise, placement.node())
+                && !cluster::was_forwarded(&headers)
+            {
+                let body = serde_json::to_vec(&new).map(Bytes::from).map_err(|e| {
+                    ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string())
+                })?;
+                let path = "/v1/turns";
+                match cluster::forward(
+                    &state.http,
+                    me,
+                    Method::POST,
+                    owner,
+                    path,
+                    &headers,
+                    Some(body),
+                )
                 .await
-                .map_err(|e| elsewhere(&key, e))?;
+                {
+                    Ok(answer) => return Ok(answer),
+                    Err(cluster::Unreachable(why)) => {
+                        tracing::info!(session = %key, %why, "the session's owner cannot be reached");
+                    }
+                }
+            }
+            return Err(elsewhere(&key, e));
         }
     }
     let (key, handle) = match (new.workspace, new.key) {
@@ -367,9 +456,10 @@ async fn create_turn(
             ));
         }
     };
+    let node = state.config.placement.as_ref().and_then(|p| p.node());
     let id = state
         .turns
-        .start(key.clone(), handle, state.config.keep_finished);
+        .start(key.clone(), handle, state.config.keep_finished, node);
     if wants_events(&headers) {
         let log = state.turns.get(&id).ok_or_else(gone)?;
         let mut response = sse(log, 0).into_response();
@@ -434,7 +524,10 @@ async fn turn_events(
     Path(id): Path<String>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
-    let log = state.turns.get(&id).ok_or_else(gone)?;
+    let Some(log) = state.turns.get(&id) else {
+        let path = format!("/v1/turns/{id}/events");
+        return turn_elsewhere(&state, &id, Method::GET, &path, &headers).await;
+    };
     let after = match headers.get("last-event-id") {
         None => 0,
         Some(v) => v
@@ -452,17 +545,75 @@ async fn turn_events(
     Ok(sse(log, after).into_response())
 }
 
+/// A turn this node does not keep: fetched from the node its id names
+/// (once), else 404.
+async fn turn_elsewhere(
+    state: &AppState,
+    id: &str,
+    method: Method,
+    path: &str,
+    headers: &HeaderMap,
+) -> Result<Response, ApiError> {
+    let Some(placement) = &state.config.placement else {
+        return Err(gone());
+    };
+    let (Some(me), Some(node)) = (placement.node(), cluster::node_of_turn(id)) else {
+        return Err(gone());
+    };
+    if node == me || cluster::was_forwarded(headers) {
+        return Err(gone());
+    }
+    let Some(base) = placement.advertise_of(&node).await else {
+        return Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            "not_found",
+            format!("no such turn: its node {node} is no longer a member"),
+        ));
+    };
+    cluster::forward(&state.http, me, method, &base, path, headers, None)
+        .await
+        .map_err(|cluster::Unreachable(why)| ApiError {
+            retry_after: Some(1),
+            ..ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "node_unreachable",
+                format!("turn {id} is kept by node {node}, which cannot be reached: {why}"),
+            )
+        })
+}
+
 async fn cancel_turn(
     State(state): State<AppState>,
     Path(id): Path<String>,
+    headers: HeaderMap,
 ) -> Result<Response, ApiError> {
-    let log = state.turns.get(&id).ok_or_else(gone)?;
+    let Some(log) = state.turns.get(&id) else {
+        let path = format!("/v1/turns/{id}");
+        return turn_elsewhere(&state, &id, Method::DELETE, &path, &headers).await;
+    };
     // An error means the session is gone: nothing left to cancel.
     let cancelled = log.cancel().await.unwrap_or(false);
     Ok(Json(json!({"id": id, "key": log.key.as_str(), "cancelled": cancelled})).into_response())
 }
 
 async fn list_sessions(State(state): State<AppState>) -> Result<Response, ApiError> {
+    // A cluster node lists the whole cluster.
+    if let Some(placement) = &state.config.placement
+        && let Some(all) = placement.sessions().await
+    {
+        let all =
+            all.map_err(|e| ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable", e))?;
+        let me = placement.node();
+        let list: Vec<_> = all
+            .iter()
+            .map(|p| {
+                let mut v = json!(p);
+                v["here"] = json!(me.is_some() && p.owner.as_deref() == me);
+                v
+            })
+            .collect();
+        return Ok(Json(json!({"sessions": list})).into_response());
+    }
     let keys = state.supervisor.sessions().await.map_err(|e| {
         ApiError::new(
             StatusCode::SERVICE_UNAVAILABLE,

@@ -46,7 +46,8 @@ pub(crate) fn document() -> Value {
                     "409": err("The session was given up (reset it)"),
                     "413": err("Body over the limit (10 MiB)"),
                     "415": err("Not application/json"),
-                    "422": err("Unknown fields")
+                    "422": err("Unknown fields"),
+                    "503": err("`session_elsewhere` (cluster): another node runs the session and the request was already forwarded once, or its owner cannot be reached; `Retry-After`, `owner`, `advertise`")
                 }
             }},
             "/v1/turns/{id}/events": {"get": {
@@ -57,14 +58,15 @@ pub(crate) fn document() -> Value {
                      "description": "Only events after this id"}
                 ],
                 "responses": {"200": sse("The events"), "400": err("A Last-Event-ID that is not a number"),
-                              "404": err("Unknown or expired turn")}
+                              "404": err("Unknown or expired turn"),
+                              "503": err("`node_unreachable`: the cluster node keeping the turn cannot be reached")}
             }},
             "/v1/turns/{id}": {"delete": {
                 "summary": "Cancel a turn (queued or running)",
                 "parameters": [{"name": "id", "in": "path", "required": true, "schema": {"type": "string"}}],
                 "responses": {"200": {"description": "`{id, key, cancelled}`"}, "404": err("Unknown or expired turn")}
             }},
-            "/v1/sessions": {"get": {"summary": "Running sessions", "responses": {"200": {"description": "`{sessions: [{key}]}`"}}}},
+            "/v1/sessions": {"get": {"summary": "Running sessions (on a cluster node: every session of the cluster)", "responses": {"200": {"description": "`{sessions: [{key}]}`; on a cluster node `{sessions: [{key, owner, advertise, epoch, lease_remaining_secs, here}]}`"}}}},
             "/v1/sessions/{key}": {"get": {
                 "summary": "One session (key percent-encoded)",
                 "parameters": [{"name": "key", "in": "path", "required": true, "schema": {"type": "string"}}],

@@ -97,8 +97,9 @@ impl Turns {
         key: SessionKey,
         turn: TurnHandle,
         keep: Duration,
+        node: Option<&str>,
     ) -> String {
-        let id = format!("turn_{:016x}", rand::random::<u64>());
+        let id = crate::cluster::turn_id(node);
         let (changed, _) = watch::channel((0, false));
         let log = Arc::new(TurnLog {
             key,
