@@ -41,10 +41,15 @@
 //! 10. `proxy`: latency and CPU `warden proxy` adds per streamed event at 1
 //!     and 1,000 concurrent streams, against direct, and its memory per
 //!     idle stream (issue #16); see [`proxy`].
+//! 11. `cluster`: turns/s with the sessions on PostgreSQL through a cluster
+//!     node's fenced store (1 and 3 nodes) against sled, and database
+//!     transactions per turn (issue #17; needs `WARDEN_PG_URL`); see
+//!     [`cluster`].
 #![allow(unsafe_code)] // the counting global allocator below
 #![allow(missing_docs, unreachable_pub)]
 
 mod backoff;
+mod cluster;
 mod continuation;
 mod proxy;
 mod soak;
@@ -1077,6 +1082,9 @@ fn main() {
         }
         if want("proxy") {
             proxy::bench_proxy(quick).await;
+        }
+        if want("cluster") {
+            cluster::bench_cluster(quick).await;
         }
     });
     if want("telemetry") {

@@ -1,0 +1,181 @@
+//! Section 11 `cluster`: turns per second with the sessions on PostgreSQL
+//! (the fenced store of a cluster node: lease on first write, every write
+//! carrying its epoch) against sled on local disk (flushed), with one node
+//! and with three nodes sharing the database; and how many database
+//! transactions a turn costs.
+//!
+//! Needs `WARDEN_PG_URL` (an admin URL; `source .ci/postgres` starts a
+//! throwaway server); without it the section says so and is skipped.
+//!
+//! The workload is the one of section 5: turns of 20 text deltas from an
+//! in-process source to 50 sessions, 200 in flight; the sessions are
+//! spread over the nodes by key. Every turn writes its session's record
+//! at least twice (message accepted, answer recorded), durably in both
+//! stores: sled flushes, PostgreSQL commits.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use warden_core::{EventSource, SessionKey, SessionStore, Supervisor, SupervisorConfig};
+
+const SESSIONS: usize = 50;
+
+/// Turns per second through one supervisor per store in `stores`.
+async fn turns_per_sec(stores: Vec<Arc<dyn SessionStore>>, turns: usize) -> f64 {
+    let mut sups = Vec::new();
+    let mut drivers = Vec::new();
+    for store in stores {
+        let (source, ctl) = warden_core::testing::ChannelSource::new();
+        let factory = move |_: &SessionKey| source.clone() as Arc<dyn EventSource>;
+        let sup = Supervisor::builder(Arc::new(factory))
+            .config(SupervisorConfig::default())
+            .store(store)
+            .start()
+            .await
+            .expect("supervisor");
+        sups.push(sup);
+        drivers.push(tokio::spawn(async move {
+            while let Some(a) = ctl.next_attempt().await {
+                for _ in 0..20 {
+                    a.text("token ");
+                }
+                a.finish();
+            }
+        }));
+    }
+    let t0 = Instant::now();
+    let mut pending = Vec::new();
+    for i in 0..turns {
+        let s = i % SESSIONS;
+        let sup = &sups[s % sups.len()];
+        pending.push(sup.send(format!("s{s}"), "hi").await.expect("send"));
+        if pending.len() >= 200 {
+            for t in pending.drain(..) {
+                t.finish().await.expect("turn");
+            }
+        }
+    }
+    for t in pending {
+        t.finish().await.expect("turn");
+    }
+    let rate = turns as f64 / t0.elapsed().as_secs_f64();
+    for sup in sups {
+        sup.shutdown().await;
+    }
+    for d in drivers {
+        d.abort();
+    }
+    rate
+}
+
+/// A new empty database on the server of `admin`; its URL.
+async fn fresh_db(admin: &str, tag: &str) -> String {
+    let (client, conn) = tokio_postgres::connect(admin, tokio_postgres::NoTls)
+        .await
+        .expect("connect to WARDEN_PG_URL");
+    let conn = tokio::spawn(conn);
+    let name = format!("warden_bench_{tag}_{}", std::process::id());
+    // One statement each: neither may run inside a transaction block.
+    for sql in [
+        format!("DROP DATABASE IF EXISTS {name}"),
+        format!("CREATE DATABASE {name}"),
+    ] {
+        client.batch_execute(&sql).await.expect("create database");
+    }
+    drop(client);
+    let _ = conn.await;
+    let (base, _) = admin.rsplit_once('/').expect("a URL with a database");
+    format!("{base}/{name}")
+}
+
+/// Transactions committed in `url`'s database so far (the statistics
+/// collector's count; other backends report it within a second).
+async fn commits(url: &str) -> i64 {
+    tokio::time::sleep(Duration::from_millis(1_200)).await;
+    let (client, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+        .await
+        .expect("connect");
+    let conn = tokio::spawn(conn);
+    let n: i64 = client
+        .query_one(
+            "SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()",
+            &[],
+        )
+        .await
+        .expect("pg_stat_database")
+        .get(0);
+    drop(client);
+    let _ = conn.await;
+    n
+}
+
+/// `nodes` cluster nodes on a fresh database: turns/s and transactions
+/// per turn.
+async fn on_postgres(admin: &str, nodes: usize, turns: usize, round: usize) -> (f64, f64) {
+    let url = fresh_db(admin, &format!("{nodes}n{round}")).await;
+    let mut stores: Vec<Arc<dyn SessionStore>> = Vec::new();
+    let mut renewers = Vec::new();
+    for n in 0..nodes {
+        let pg = warden_pg::PgStore::connect(&url).await.expect("pg");
+        let node = warden_pg::NodeStore::new(pg, format!("bench-{n}"), Duration::from_secs(10));
+        renewers.push(node.spawn_renewer());
+        stores.push(Arc::new(node));
+    }
+    let before = commits(&url).await;
+    let rate = turns_per_sec(stores, turns).await;
+    let after = commits(&url).await;
+    drop(renewers);
+    // The two statistics queries are transactions too.
+    let per_turn = (after - before - 1).max(0) as f64 / turns as f64;
+    (rate, per_turn)
+}
+
+pub async fn bench_cluster(quick: bool) {
+    println!(
+        "\n## 11. Sessions on PostgreSQL (fenced cluster store) vs sled: turns/s, 20 deltas per turn, {SESSIONS} sessions"
+    );
+    let Ok(admin) = std::env::var("WARDEN_PG_URL") else {
+        println!(
+            "skipped: set WARDEN_PG_URL to a PostgreSQL admin URL (`source .ci/postgres` starts one)"
+        );
+        return;
+    };
+    let turns = if quick { 1_000 } else { 5_000 };
+    let rounds = 3;
+    let best = |v: &[f64]| v.iter().copied().fold(f64::NAN, f64::max);
+    let mut sled = Vec::new();
+    let mut one = Vec::new();
+    let mut three = Vec::new();
+    let mut tx1 = Vec::new();
+    let mut tx3 = Vec::new();
+    for round in 0..rounds {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = warden_store::SledStore::open(dir.path().join("db")).expect("sled");
+        sled.push(turns_per_sec(vec![Arc::new(store)], turns).await);
+        let (r, t) = on_postgres(&admin, 1, turns, round).await;
+        one.push(r);
+        tx1.push(t);
+        let (r, t) = on_postgres(&admin, 3, turns, round).await;
+        three.push(r);
+        tx3.push(t);
+    }
+    let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len() as f64;
+    println!("| store | turns/s (best of {rounds}) | ratio to sled | transactions per turn |");
+    println!("|---|---:|---:|---:|");
+    println!(
+        "| sled, flushed (baseline) | {:.0} | 1.00x | – |",
+        best(&sled)
+    );
+    println!(
+        "| PostgreSQL, 1 node | {:.0} | {:.2}x | {:.2} |",
+        best(&one),
+        best(&one) / best(&sled),
+        mean(&tx1)
+    );
+    println!(
+        "| PostgreSQL, 3 nodes (one process, one pool each) | {:.0} | {:.2}x | {:.2} |",
+        best(&three),
+        best(&three) / best(&sled),
+        mean(&tx3)
+    );
+}
