@@ -17,7 +17,6 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use serde_json::Value;
-use tokio::io::{AsyncBufReadExt as _, BufReader};
 use warden_mock::{MockConfig, MockServer, Scenario};
 
 const PATIENCE: Duration = Duration::from_secs(60);
@@ -50,18 +49,7 @@ async fn start_proxy(mock: &MockServer) -> ProxyProcess {
         "--json",
     ]);
     cmd.kill_on_drop(true);
-    let mut child = cmd.spawn().expect("warden proxy starts");
-    let stdout = child.stdout.take().expect("stdout");
-    let mut lines = BufReader::new(stdout).lines();
-    let first = tokio::time::timeout(PATIENCE, lines.next_line())
-        .await
-        .expect("a first line in time")
-        .expect("read")
-        .expect("a line");
-    let base = first
-        .strip_prefix("listening on ")
-        .unwrap_or_else(|| panic!("first line: {first:?}"))
-        .to_owned();
+    let (child, base, mut lines) = spawn_listening(cmd, PATIENCE).await;
     // Keep reading the access log so the pipe never fills.
     tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
     ProxyProcess { child, base }

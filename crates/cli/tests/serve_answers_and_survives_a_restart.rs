@@ -12,7 +12,6 @@ use common::*;
 use futures_util::StreamExt as _;
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
-use tokio::io::{AsyncBufReadExt as _, BufReader};
 use warden_mock::{MockConfig, MockServer, Scenario};
 
 const PATIENCE: Duration = Duration::from_secs(30);
@@ -38,18 +37,7 @@ async fn start(data: &std::path::Path, mock: &MockServer) -> Node {
         "1",
     ]);
     cmd.env("WARDEN_STREAM_TIMEOUT", "60000");
-    let mut child = cmd.spawn().expect("warden serve starts");
-    let stdout = child.stdout.take().expect("stdout");
-    let mut lines = BufReader::new(stdout).lines();
-    let first = tokio::time::timeout(PATIENCE, lines.next_line())
-        .await
-        .expect("a first line in time")
-        .expect("read")
-        .expect("a line");
-    let base = first
-        .strip_prefix("listening on ")
-        .unwrap_or_else(|| panic!("first line: {first:?}"))
-        .to_owned();
+    let (child, base, _stdout) = spawn_listening(cmd, PATIENCE).await;
     let token_file = data.join("token");
     let mode = std::fs::metadata(&token_file)
         .expect("token file")

@@ -6,6 +6,32 @@ use std::path::Path;
 use std::process::{Output, Stdio};
 use std::time::Duration;
 
+/// The rest of a child's stdout, line by line.
+pub(crate) type StdoutLines = tokio::io::Lines<tokio::io::BufReader<tokio::process::ChildStdout>>;
+
+/// Spawns `cmd` (`warden serve`, `warden proxy`) and waits at most `limit`
+/// for its first stdout line, `listening on URL`: the child, the URL and
+/// the rest of its stdout.
+pub(crate) async fn spawn_listening(
+    mut cmd: tokio::process::Command,
+    limit: Duration,
+) -> (tokio::process::Child, String, StdoutLines) {
+    use tokio::io::AsyncBufReadExt as _;
+    let mut child = cmd.spawn().expect("warden starts");
+    let stdout = child.stdout.take().expect("stdout");
+    let mut lines = tokio::io::BufReader::new(stdout).lines();
+    let first = tokio::time::timeout(limit, lines.next_line())
+        .await
+        .expect("a first line in time")
+        .expect("read")
+        .expect("a line");
+    let base = first
+        .strip_prefix("listening on ")
+        .unwrap_or_else(|| panic!("first line: {first:?}"))
+        .to_owned();
+    (child, base, lines)
+}
+
 /// The binary under test.
 pub(crate) const WARDEN: &str = env!("CARGO_BIN_EXE_warden");
 
