@@ -126,14 +126,16 @@ fn claude_options(
 pub(crate) type AgentSource = (Arc<dyn EventSource>, Option<Arc<ClaudeSource>>);
 
 /// The source of `agent` (and, for Claude Code, the source again, to shut
-/// its children down at the end): the HTTP APIs keep transcripts under
-/// `data_dir`.
+/// its children down at the end): the HTTP APIs keep their conversations
+/// in `conversations` (a cluster's database) when given, else as
+/// transcripts under `data_dir`.
 pub(crate) fn agent_source(
     agent: Agent,
     base_url: Option<String>,
     model: Option<String>,
     claude_bin: Option<PathBuf>,
     data_dir: &std::path::Path,
+    conversations: Option<Arc<dyn warden_llm::ConversationStore>>,
 ) -> Result<AgentSource, CliError> {
     Ok(match agent {
         Agent::ClaudeCode => {
@@ -169,6 +171,7 @@ pub(crate) fn agent_source(
                     base_url,
                     model,
                     transcripts: Some(transcripts),
+                    conversations,
                 },
             )?
             .into_source();
@@ -225,6 +228,7 @@ pub(crate) async fn run(args: ChatArgs) -> Result<Exit, CliError> {
         args.model.clone(),
         args.claude_bin.clone(),
         &data_dir,
+        None,
     )?;
     let store = Arc::new(paths::open_store(&data_dir)?);
 

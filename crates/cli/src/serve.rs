@@ -165,13 +165,6 @@ pub(crate) async fn run(args: ServeArgs) -> Result<Exit, CliError> {
             .clone()
             .unwrap_or_else(|| data_dir.join("token")),
     )?;
-    let (source, claude) = agent_source(
-        args.agent,
-        args.base_url.clone(),
-        args.model.clone(),
-        args.claude_bin.clone(),
-        &data_dir,
-    )?;
     let lease_ttl = Duration::try_from_secs_f64(args.lease_ttl)
         .ok()
         .filter(|t| *t >= Duration::from_millis(300))
@@ -184,6 +177,19 @@ pub(crate) async fn run(args: ServeArgs) -> Result<Exit, CliError> {
         }
         None => None,
     };
+    // A cluster keeps the HTTP agents' conversations in its database, so a
+    // session taken over by another node resumes its conversation there.
+    let conversations = cluster
+        .as_ref()
+        .map(|node| Arc::new(node.pg().conversations()) as Arc<dyn warden_llm::ConversationStore>);
+    let (source, claude) = agent_source(
+        args.agent,
+        args.base_url.clone(),
+        args.model.clone(),
+        args.claude_bin.clone(),
+        &data_dir,
+        conversations,
+    )?;
     let store: Arc<dyn warden_core::SessionStore> = match &cluster {
         Some(node) => Arc::new(node.clone()),
         None => Arc::new(paths::open_store(&data_dir)?),

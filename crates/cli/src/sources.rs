@@ -7,8 +7,8 @@ use std::sync::Arc;
 use futures_util::future::BoxFuture;
 use warden_core::{EventSource, EventStream, StreamError, TurnRequest};
 use warden_llm::{
-    Anthropic, AnthropicSource, Api, BuildError, HttpOptions, OpenAi, OpenAiResponses,
-    OpenAiResponsesSource, OpenAiSource, SourceOptions, Transcripts,
+    Anthropic, AnthropicSource, Api, BuildError, ConversationStore, HttpOptions, OpenAi,
+    OpenAiResponses, OpenAiResponsesSource, OpenAiSource, SourceOptions, Transcripts,
 };
 
 use crate::exit::CliError;
@@ -77,6 +77,8 @@ pub(crate) struct HttpSettings {
     pub(crate) model: Option<String>,
     /// Keep conversations here (resumable sessions).
     pub(crate) transcripts: Option<Transcripts>,
+    /// Or there (a cluster's database); takes precedence.
+    pub(crate) conversations: Option<Arc<dyn ConversationStore>>,
 }
 
 impl HttpSource {
@@ -99,6 +101,9 @@ impl HttpSource {
         let mut http = HttpOptions::default();
         if let Some(t) = settings.transcripts {
             http = http.with_transcripts(t);
+        }
+        if let Some(c) = settings.conversations {
+            http = http.with_conversation_store(c);
         }
         let base = base_url.as_deref().map(|url| provider.base_url(url));
         let built = match provider {

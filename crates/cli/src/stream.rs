@@ -119,6 +119,7 @@ pub(crate) async fn run(args: StreamArgs) -> Result<Exit, CliError> {
             base_url: Some(args.url.clone()),
             model: args.model,
             transcripts: None,
+            conversations: None,
         },
     )?;
     let source: Arc<dyn EventSource> = Arc::new(StreamSource {

@@ -21,7 +21,7 @@ use common::*;
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use serde_json::Value;
-use tokio::io::{AsyncBufReadExt as _, AsyncReadExt as _, BufReader};
+use tokio::io::AsyncReadExt as _;
 use warden_core::{SessionKey, SessionStore as _};
 use warden_mock::{MockConfig, MockServer, Outcome, Scenario};
 
@@ -29,6 +29,18 @@ const PATIENCE: Duration = Duration::from_secs(30);
 const TOKEN: &str = "cluster-test-token";
 /// The nodes' lease TTL.
 const TTL_SECS: f64 = 1.5;
+
+/// A mock whose first request stalls (held open) and whose others are
+/// answered.
+async fn stall_then_answer() -> MockServer {
+    MockServer::start(
+        MockConfig::default()
+            .with_sequence([Scenario::Stall, Scenario::Normal])
+            .with_frame_interval(Duration::from_millis(2)),
+    )
+    .await
+    .expect("mock")
+}
 
 /// A fresh database's URL, or `None` (with the reason printed).
 async fn fresh_db() -> Option<String> {
@@ -105,18 +117,7 @@ async fn start_with_ttl(dir: &Path, id: &str, store: &str, mock: &MockServer, tt
     ]);
     // The stalled stream is held, not killed, for as long as a test lasts.
     cmd.env("WARDEN_STREAM_TIMEOUT", "120000");
-    let mut child = cmd.spawn().expect("warden serve starts");
-    let stdout = child.stdout.take().expect("stdout");
-    let mut lines = BufReader::new(stdout).lines();
-    let first = tokio::time::timeout(PATIENCE, lines.next_line())
-        .await
-        .expect("a first line in time")
-        .expect("read")
-        .expect("a line");
-    let base = first
-        .strip_prefix("listening on ")
-        .unwrap_or_else(|| panic!("first line: {first:?}"))
-        .to_owned();
+    let (mut child, base, _stdout) = spawn_listening(cmd, PATIENCE).await;
     let mut err = child.stderr.take().expect("stderr");
     let stderr = tokio::spawn(async move {
         let mut s = String::new();
@@ -183,13 +184,7 @@ fn dir() -> (tempfile::TempDir, PathBuf) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_owners_session_is_taken_over_and_its_message_answered() {
     let Some(url) = fresh_db().await else { return };
-    let mock = MockServer::start(
-        MockConfig::default()
-            .with_sequence([Scenario::Stall, Scenario::Normal])
-            .with_frame_interval(Duration::from_millis(2)),
-    )
-    .await
-    .expect("mock");
+    let mock = stall_then_answer().await;
     let (_d, dir) = dir();
     let mut a = start(&dir, "node-a", &url, &mock).await;
     let b = start(&dir, "node-b", &url, &mock).await;
@@ -235,6 +230,21 @@ async fn a_killed_owners_session_is_taken_over_and_its_message_answered() {
         "{body}"
     );
 
+    // A's conversation id is in the record (announced when its stream began).
+    let pg = warden_pg::PgStore::connect(&url).await.expect("pg");
+    let conversation_of = |r: Option<warden_core::SessionRecord>| {
+        r.and_then(|r| r.agent_session_id.map(|id| (id, r.restart_count)))
+    };
+    let t1 = Instant::now();
+    let (conversation, _) = loop {
+        let record = pg.load(&SessionKey::new("k1")).await.expect("load");
+        if let Some(c) = conversation_of(record) {
+            break c;
+        }
+        assert!(t1.elapsed() < PATIENCE, "A recorded its conversation id");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+
     // kill -9 A: no goodbye, the lease just stops being renewed.
     let t0 = Instant::now();
     a.child.start_kill().expect("SIGKILL");
@@ -252,7 +262,6 @@ async fn a_killed_owners_session_is_taken_over_and_its_message_answered() {
         failover <= Duration::from_secs_f64(TTL_SECS) + Duration::from_secs(2),
         "took {failover:?}"
     );
-    let pg = warden_pg::PgStore::connect(&url).await.expect("pg");
     let t1 = Instant::now();
     while pending(&pg, "k1").await > 0 {
         assert!(
@@ -263,6 +272,23 @@ async fn a_killed_owners_session_is_taken_over_and_its_message_answered() {
     }
     let info = pg.lease_info(&SessionKey::new("k1")).await.expect("info");
     assert_eq!((info.owner.as_deref(), info.epoch), (Some("node-b"), 2));
+    // B resumed A's conversation from the database: no fresh start, and
+    // the answered turn is recorded there.
+    let record = pg.load(&SessionKey::new("k1")).await.expect("load");
+    assert_eq!(
+        conversation_of(record),
+        Some((conversation.clone(), 0)),
+        "the same conversation, never restarted"
+    );
+    let turns = {
+        use warden_llm::ConversationStore as _;
+        pg.conversations()
+            .load(&conversation)
+            .await
+            .expect("conversation")
+    };
+    assert_eq!(turns.len(), 2, "hello and its answer: {turns:?}");
+    assert_eq!(turns[0].content, "hello");
 
     // `warden cluster status` shows it.
     let out = output(
@@ -290,13 +316,7 @@ async fn a_killed_owners_session_is_taken_over_and_its_message_answered() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_owner_paused_past_its_lease_is_fenced_out_when_it_wakes() {
     let Some(url) = fresh_db().await else { return };
-    let mock = MockServer::start(
-        MockConfig::default()
-            .with_sequence([Scenario::Stall, Scenario::Normal])
-            .with_frame_interval(Duration::from_millis(2)),
-    )
-    .await
-    .expect("mock");
+    let mock = stall_then_answer().await;
     let (_d, dir) = dir();
     let a = start(&dir, "node-a", &url, &mock).await;
     let b = start(&dir, "node-b", &url, &mock).await;
@@ -492,13 +512,7 @@ async fn any_node_takes_a_turn_and_forwards_it_to_the_sessions_owner() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_session_bound_to_a_workspace_is_taken_over_only_where_that_directory_exists() {
     let Some(url) = fresh_db().await else { return };
-    let mock = MockServer::start(
-        MockConfig::default()
-            .with_sequence([Scenario::Stall, Scenario::Normal])
-            .with_frame_interval(Duration::from_millis(2)),
-    )
-    .await
-    .expect("mock");
+    let mock = stall_then_answer().await;
     let (_d, dir) = dir();
     let ws = dir.join("workspace");
     std::fs::create_dir(&ws).expect("workspace");

@@ -21,7 +21,9 @@
 //! returns a stream that owns the response body: dropping it closes the
 //! connection. With [`HttpOptions::with_transcripts`] the sources keep
 //! conversations on disk and resume them by id, like an agent CLI
-//! ([`transcript`]). The Claude Code CLI source (JSON Lines from a child
+//! ([`transcript`]); with [`HttpOptions::with_conversation_store`] they keep
+//! them in any [`ConversationStore`] instead (a cluster's database, so
+//! another node can resume them). The Claude Code CLI source (JSON Lines from a child
 //! process) lives in its own crate, `warden-claude`.
 //!
 //! ```no_run
@@ -153,11 +155,14 @@ mod wire;
 pub use classify::{NOT_AN_EVENT_STREAM, classify_response};
 pub use continuation::CONTINUE_ASK;
 pub use options::{
-    AnthropicOptions, HttpOptions, OpenAiOptions, OpenAiResponsesOptions, SourceOptions,
+    AnthropicOptions, HttpOptions, OpenAiOptions, OpenAiResponsesOptions, SharedConversationStore,
+    SourceOptions,
 };
 pub use provider::{Anthropic, Api, OpenAi, OpenAiResponses, Protocol, Provider};
 pub use source::{AnthropicSource, HttpSource, OpenAiResponsesSource, OpenAiSource};
-pub use transcript::{TornTail, Transcript, Transcripts};
+pub use transcript::{
+    ConversationStore, Entry, Role, TornTail, Transcript, Transcripts, unknown_conversation,
+};
 pub use transport::{BuildError, validate_base_url};
 pub use wire::ANTHROPIC_VERSION;
 

@@ -4,10 +4,11 @@
 
 use std::fmt;
 use std::marker::PhantomData;
+use std::sync::Arc;
 use std::time::Duration;
 
 use crate::provider::{Anthropic, Api, OpenAi, OpenAiResponses};
-use crate::transcript::Transcripts;
+use crate::transcript::{ConversationStore, Transcripts};
 
 /// Settings of an [`AnthropicSource`](crate::AnthropicSource).
 pub type AnthropicOptions = SourceOptions<Anthropic>;
@@ -161,7 +162,24 @@ pub struct HttpOptions {
     /// [`Transcripts`]). Default `None`: every turn is a one-message
     /// conversation and `resume_id` is ignored.
     pub transcripts: Option<Transcripts>,
+    /// Where conversations are kept instead of [`transcripts`](Self::transcripts):
+    /// any [`ConversationStore`], e.g. a database the nodes of a cluster
+    /// share. Default `None`. Takes precedence over `transcripts`.
+    pub conversation_store: Option<SharedConversationStore>,
 }
+
+/// A [`ConversationStore`] shared by the sources that use it; equal when it
+/// is the same store.
+#[derive(Clone, Debug)]
+pub struct SharedConversationStore(pub Arc<dyn ConversationStore>);
+
+impl PartialEq for SharedConversationStore {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+impl Eq for SharedConversationStore {}
 
 impl Default for HttpOptions {
     fn default() -> Self {
@@ -171,6 +189,7 @@ impl Default for HttpOptions {
             max_retry_after: Duration::from_secs(60),
             extra_headers: Vec::new(),
             transcripts: None,
+            conversation_store: None,
         }
     }
 }
@@ -184,6 +203,7 @@ impl fmt::Debug for HttpOptions {
             .field("max_retry_after", &self.max_retry_after)
             .field("extra_headers", &names)
             .field("transcripts", &self.transcripts)
+            .field("conversation_store", &self.conversation_store)
             .finish()
     }
 }
@@ -210,6 +230,13 @@ impl HttpOptions {
     /// Adds one of the [`extra_headers`](Self::extra_headers).
     pub fn with_header(mut self, name: impl Into<String>, value: impl Into<String>) -> Self {
         self.extra_headers.push((name.into(), value.into()));
+        self
+    }
+
+    /// Sets [`conversation_store`](Self::conversation_store): keep
+    /// conversations there.
+    pub fn with_conversation_store(mut self, store: Arc<dyn ConversationStore>) -> Self {
+        self.conversation_store = Some(SharedConversationStore(store));
         self
     }
 

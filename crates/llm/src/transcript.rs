@@ -60,6 +60,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use futures_util::StreamExt;
+use futures_util::future::BoxFuture;
 use serde::{Deserialize, Serialize};
 use warden_core::{AgentEvent, EventStream, Frame, StreamError, TurnRequest};
 
@@ -188,6 +189,90 @@ pub struct Entry {
     pub turn: Option<u64>,
 }
 
+/// Where the conversations of a stateless HTTP API are kept: the transcript
+/// files of [`Transcripts`] (one machine), or a database the nodes of a
+/// cluster share (`warden-pg`'s `PgConversations`), so that a session taken
+/// over by another node resumes its conversation there.
+///
+/// Set one with [`HttpOptions::with_conversation_store`](crate::HttpOptions::with_conversation_store).
+pub trait ConversationStore: Send + Sync + fmt::Debug + 'static {
+    /// The complete turns of conversation `id`, oldest first. A conversation
+    /// that does not exist (or cannot be read back) is
+    /// [`StreamError::UnknownSession`] — [`unknown_conversation`] says it the
+    /// way the CLI does — so the session starts fresh and tells the user.
+    fn load<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<Vec<Entry>, StreamError>>;
+
+    /// Creates the empty conversation `id`.
+    fn create<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<(), StreamError>>;
+
+    /// Appends turn `turn` (the user's message, then the reply) to
+    /// conversation `id` unless that turn, with this very `user` message, is
+    /// already recorded there (a re-delivered message); whether it was
+    /// appended.
+    fn append_turn_once<'a>(
+        &'a self,
+        id: &'a str,
+        turn: u64,
+        user: &'a str,
+        assistant: &'a str,
+    ) -> BoxFuture<'a, Result<bool, StreamError>>;
+}
+
+/// The error for a conversation that cannot be resumed: "No conversation
+/// found with session ID: …", as the Claude Code CLI says, plus `detail`.
+pub fn unknown_conversation(id: &str, detail: &str) -> StreamError {
+    StreamError::UnknownSession {
+        session_id: id.to_owned(),
+        message: format!("No conversation found with session ID: {id}{detail}"),
+    }
+}
+
+/// The files of a [`Transcripts`] directory as a [`ConversationStore`]
+/// (blocking work on the blocking pool).
+impl ConversationStore for Transcripts {
+    fn load<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<Vec<Entry>, StreamError>> {
+        let (t, id) = (self.clone(), id.to_owned());
+        Box::pin(blocking(move || t.read_and_repair(&id).map(|t| t.entries)))
+    }
+
+    fn create<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<(), StreamError>> {
+        let (t, id) = (self.clone(), id.to_owned());
+        Box::pin(blocking(move || {
+            t.create(&id).map_err(|e| StreamError::Internal {
+                message: format!("could not create the transcript of {id}: {e}"),
+            })
+        }))
+    }
+
+    fn append_turn_once<'a>(
+        &'a self,
+        id: &'a str,
+        turn: u64,
+        user: &'a str,
+        assistant: &'a str,
+    ) -> BoxFuture<'a, Result<bool, StreamError>> {
+        let t = self.clone();
+        let (id, user, assistant) = (id.to_owned(), user.to_owned(), assistant.to_owned());
+        Box::pin(blocking(move || {
+            t.append_turn_once(&id, turn, &user, &assistant)
+                .map_err(|e| StreamError::Internal {
+                    message: format!("could not write the transcript of {id}: {e}"),
+                })
+        }))
+    }
+}
+
+/// Runs `f` on the blocking pool.
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, StreamError> + Send + 'static,
+) -> Result<T, StreamError> {
+    tokio::task::spawn_blocking(f).await.unwrap_or_else(|e| {
+        Err(StreamError::Internal {
+            message: format!("transcript work failed: {e}"),
+        })
+    })
+}
+
 impl Transcripts {
     /// Uses (and creates, private to the user) the directory `dir`.
     pub fn open(dir: impl Into<PathBuf>) -> io::Result<Self> {
@@ -242,10 +327,7 @@ impl Transcripts {
     /// Reads conversation `id` without changing it: its complete turns and
     /// its torn tail, if a crash left one. Errors as [`load`](Self::load).
     pub fn read(&self, id: &str) -> Result<Transcript, StreamError> {
-        let unknown = |detail: String| StreamError::UnknownSession {
-            session_id: id.to_owned(),
-            message: format!("No conversation found with session ID: {id}{detail}"),
-        };
+        let unknown = |detail: String| unknown_conversation(id, &detail);
         let path = self.path_of(id).ok_or_else(|| unknown(String::new()))?;
         let bytes = match fs::read(&path) {
             Ok(bytes) => bytes,
@@ -389,50 +471,45 @@ impl Transcripts {
     pub fn new_id() -> String {
         format!("conv_{:032x}", rand::random::<u128>())
     }
+}
 
-    /// Loads (on the blocking pool) the conversation `request` resumes,
-    /// repairing a torn tail, or starts a new one.
-    pub(crate) async fn begin(&self, request: &TurnRequest) -> Result<Conversation, StreamError> {
-        let transcripts = self.clone();
-        let resume = request.resume_id.clone();
-        let turn = request.turn_id;
-        let message = request.message.clone();
-        let loaded = tokio::task::spawn_blocking(move || match resume {
-            Some(id) => {
-                let transcript = transcripts.read_and_repair(&id)?;
-                let replay = transcript.answer_to(turn, &message).map(str::to_owned);
-                Ok(Conversation {
-                    transcripts,
-                    id,
-                    turn,
-                    history: transcript.entries,
-                    torn_tail: transcript.torn_tail,
-                    replay,
-                })
-            }
-            None => {
-                // The file exists from the start, as the id is announced
-                // at once: a retry of a failed first turn resumes it.
-                let id = Self::new_id();
-                transcripts.create(&id).map_err(|e| StreamError::Internal {
-                    message: format!("could not create the transcript of {id}: {e}"),
-                })?;
-                Ok(Conversation {
-                    transcripts,
-                    id,
-                    turn,
-                    history: Vec::new(),
-                    torn_tail: None,
-                    replay: None,
-                })
-            }
-        })
-        .await;
-        loaded.unwrap_or_else(|e| {
-            Err(StreamError::Internal {
-                message: format!("opening the transcript failed: {e}"),
+/// Loads the conversation `request` resumes, or starts a new one (the
+/// stored conversation exists from the start, as its id is announced at
+/// once: a retry of a failed first turn resumes it).
+pub(crate) async fn begin(
+    store: Arc<dyn ConversationStore>,
+    request: &TurnRequest,
+) -> Result<Conversation, StreamError> {
+    let turn = request.turn_id;
+    match &request.resume_id {
+        Some(id) => {
+            let entries = store.load(id).await?;
+            let transcript = Transcript {
+                entries,
+                torn_tail: None,
+            };
+            let replay = transcript
+                .answer_to(turn, &request.message)
+                .map(str::to_owned);
+            Ok(Conversation {
+                store,
+                id: id.clone(),
+                turn,
+                history: transcript.entries,
+                replay,
             })
-        })
+        }
+        None => {
+            let id = Transcripts::new_id();
+            store.create(&id).await?;
+            Ok(Conversation {
+                store,
+                id,
+                turn,
+                history: Vec::new(),
+                replay: None,
+            })
+        }
     }
 }
 
@@ -493,13 +570,11 @@ fn parse(bytes: &[u8]) -> Result<Transcript, (usize, String)> {
 
 /// The conversation one attempt continues.
 pub(crate) struct Conversation {
-    transcripts: Transcripts,
+    store: Arc<dyn ConversationStore>,
     id: String,
     /// The turn this attempt runs.
     turn: u64,
     history: Vec<Entry>,
-    /// What a crash tore off the end of the transcript (already repaired).
-    torn_tail: Option<TornTail>,
     /// The stored reply when this turn is already answered.
     replay: Option<String>,
 }
@@ -508,13 +583,6 @@ impl Conversation {
     /// The messages before this turn.
     pub(crate) fn history(&self) -> &[Entry] {
         &self.history
-    }
-
-    /// What a crash tore off the end of the transcript, if anything (the
-    /// file is already repaired).
-    #[allow(dead_code)] // read by the tests; the callback tells callers
-    pub(crate) fn torn_tail(&self) -> Option<&TornTail> {
-        self.torn_tail.as_ref()
     }
 
     /// The stored reply, when this turn (its id and message) is already
@@ -592,31 +660,17 @@ struct Recording {
 
 impl Recording {
     async fn save(&mut self) -> Result<(), StreamError> {
-        let transcripts = self.conversation.transcripts.clone();
-        let id = self.conversation.id.clone();
-        let turn = self.conversation.turn;
         let user = std::mem::take(&mut self.user);
         let mut reply = std::mem::take(&mut self.reply);
         if reply.is_empty() {
             // The APIs refuse an empty assistant message in the history.
             reply.push_str(NO_TEXT);
         }
-        let written = tokio::task::spawn_blocking(move || {
-            transcripts.append_turn_once(&id, turn, &user, &reply)
-        })
-        .await;
-        match written {
-            Ok(Ok(_appended)) => Ok(()),
-            Ok(Err(e)) => Err(StreamError::Internal {
-                message: format!(
-                    "could not write the transcript of {}: {e}",
-                    self.conversation.id
-                ),
-            }),
-            Err(e) => Err(StreamError::Internal {
-                message: format!("writing the transcript failed: {e}"),
-            }),
-        }
+        let c = &self.conversation;
+        c.store
+            .append_turn_once(&c.id, c.turn, &user, &reply)
+            .await
+            .map(drop)
     }
 }
 

@@ -16,7 +16,7 @@ use crate::classify::{
 use crate::decode::{Mapper, decode_with, mapper_for};
 use crate::options::HttpOptions;
 use crate::provider::Protocol;
-use crate::transcript::{Conversation, Transcripts, replay_stream};
+use crate::transcript::{Conversation, ConversationStore, replay_stream};
 
 /// Bytes of an error response body read for its message; the rest is
 /// dropped.
@@ -114,7 +114,7 @@ pub(crate) struct Endpoint {
     headers: HeaderMap,
     max_frame_bytes: usize,
     max_retry_after: Duration,
-    transcripts: Option<Transcripts>,
+    conversations: Option<std::sync::Arc<dyn ConversationStore>>,
 }
 
 impl fmt::Debug for Endpoint {
@@ -127,7 +127,7 @@ impl fmt::Debug for Endpoint {
             .field("headers", &names)
             .field("max_frame_bytes", &self.max_frame_bytes)
             .field("max_retry_after", &self.max_retry_after)
-            .field("transcripts", &self.transcripts)
+            .field("conversations", &self.conversations)
             .finish_non_exhaustive()
     }
 }
@@ -190,7 +190,11 @@ impl Endpoint {
             headers: map,
             max_frame_bytes: http.max_frame_bytes,
             max_retry_after: http.max_retry_after,
-            transcripts: http.transcripts.clone(),
+            conversations: match (&http.conversation_store, &http.transcripts) {
+                (Some(store), _) => Some(store.0.clone()),
+                (None, Some(t)) => Some(std::sync::Arc::new(t.clone())),
+                (None, None) => None,
+            },
         })
     }
 
@@ -199,10 +203,12 @@ impl Endpoint {
         &self,
         request: &TurnRequest,
     ) -> Result<Option<Conversation>, StreamError> {
-        let Some(transcripts) = &self.transcripts else {
+        let Some(store) = &self.conversations else {
             return Ok(None);
         };
-        transcripts.begin(request).await.map(Some)
+        crate::transcript::begin(store.clone(), request)
+            .await
+            .map(Some)
     }
 
     /// How `request` begins: with its conversation (when transcripts are

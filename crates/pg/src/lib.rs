@@ -37,6 +37,7 @@
 //! # Ok(()) }
 //! ```
 
+mod conversations;
 mod lease;
 mod migrate;
 mod node;
@@ -49,6 +50,7 @@ use tokio_postgres::NoTls;
 use warden_core::store::SCHEMA_VERSION;
 use warden_core::{Durability, SessionKey, SessionRecord, SessionStore, StoreError};
 
+pub use conversations::PgConversations;
 pub use lease::{Lease, LeaseInfo};
 pub use migrate::MIGRATIONS;
 pub use node::{NodeInfo, NodeStore};

@@ -9,9 +9,10 @@
 use crate::PgError;
 
 /// Every migration, oldest first: `(version, SQL)`.
-pub const MIGRATIONS: &[(i32, &str)] = &[(
-    1,
-    "CREATE TABLE warden_sessions (
+pub const MIGRATIONS: &[(i32, &str)] = &[
+    (
+        1,
+        "CREATE TABLE warden_sessions (
          key            TEXT PRIMARY KEY,
          schema_version SMALLINT NOT NULL DEFAULT 1,
          record         JSONB,
@@ -27,7 +28,25 @@ pub const MIGRATIONS: &[(i32, &str)] = &[(
          started_at   TIMESTAMPTZ NOT NULL DEFAULT now(),
          heartbeat_at TIMESTAMPTZ NOT NULL DEFAULT now()
      );",
-)];
+    ),
+    (
+        2,
+        "CREATE TABLE warden_conversations (
+         id         TEXT PRIMARY KEY,
+         created_at TIMESTAMPTZ NOT NULL DEFAULT now()
+     );
+     CREATE TABLE warden_conversation_turns (
+         id        TEXT NOT NULL,
+         seq       BIGSERIAL,
+         turn      BIGINT NOT NULL,
+         user_text TEXT NOT NULL,
+         reply     TEXT NOT NULL,
+         PRIMARY KEY (id, seq)
+     );
+     CREATE UNIQUE INDEX warden_conversation_turns_once
+         ON warden_conversation_turns (id, turn, md5(user_text));",
+    ),
+];
 
 /// An arbitrary constant naming warden's migration lock.
 const LOCK: i64 = 0x7761_7264_656e; // "warden"

@@ -417,3 +417,87 @@ async fn orphans_are_sessions_with_pending_messages_and_no_live_lease() {
         .map(|(_, l)| l.clone());
     assert_eq!(live_info.and_then(|l| l.owner), Some("n1".to_owned()));
 }
+
+/// The HTTP agents' conversations in the database: any node reads what
+/// another wrote, an unknown one is the CLI's "No conversation found", and
+/// a turn is recorded once per (turn id, message) even when nodes race.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn conversations_are_shared_by_nodes_and_each_turn_is_recorded_once() {
+    use warden_llm::{ConversationStore as _, Role};
+    let Some(config) = fresh_db().await else {
+        return;
+    };
+    let a = within("connect", PgStore::connect_config(config.clone()))
+        .await
+        .expect("a")
+        .conversations();
+    let b = within("connect", PgStore::connect_config(config))
+        .await
+        .expect("b")
+        .conversations();
+
+    let missing = within("load", a.load("conv_missing")).await;
+    assert!(
+        matches!(&missing, Err(warden_core::StreamError::UnknownSession { message, .. })
+            if message == "No conversation found with session ID: conv_missing"),
+        "{missing:?}"
+    );
+    within("create", a.create("conv_1")).await.expect("create");
+    assert_eq!(
+        within("load", b.load("conv_1")).await.expect("load"),
+        vec![]
+    );
+
+    assert!(
+        within("append", a.append_turn_once("conv_1", 1, "q1", "a1"))
+            .await
+            .expect("append")
+    );
+    assert!(
+        !within("append", b.append_turn_once("conv_1", 1, "q1", "a1 again"))
+            .await
+            .expect("append"),
+        "the same turn with the same message is not recorded twice"
+    );
+    assert!(
+        within("append", b.append_turn_once("conv_1", 1, "other", "a2"))
+            .await
+            .expect("append"),
+        "the same id with another message is another turn"
+    );
+
+    // Two nodes racing to record one re-delivered turn: exactly one does.
+    let mut racers = Vec::new();
+    for i in 0..8 {
+        let c = if i % 2 == 0 { a.clone() } else { b.clone() };
+        racers.push(tokio::spawn(async move {
+            c.append_turn_once("conv_1", 2, "q3", "a3")
+                .await
+                .expect("append")
+        }));
+    }
+    let mut won = 0;
+    for r in racers {
+        if within("racer", r).await.expect("task") {
+            won += 1;
+        }
+    }
+    assert_eq!(won, 1, "one append of turn 2 wins");
+
+    let entries = within("load", a.load("conv_1")).await.expect("load");
+    let seen: Vec<(Role, &str, Option<u64>)> = entries
+        .iter()
+        .map(|e| (e.role, e.content.as_str(), e.turn))
+        .collect();
+    assert_eq!(
+        seen,
+        vec![
+            (Role::User, "q1", Some(1)),
+            (Role::Assistant, "a1", Some(1)),
+            (Role::User, "other", Some(1)),
+            (Role::Assistant, "a2", Some(1)),
+            (Role::User, "q3", Some(2)),
+            (Role::Assistant, "a3", Some(2)),
+        ]
+    );
+}

@@ -1,0 +1,135 @@
+//! The conversations of the HTTP agents (what [`warden_llm::Transcripts`]
+//! keeps in files on one machine) in the cluster's database, so a session
+//! taken over by another node resumes its conversation there instead of
+//! starting afresh.
+//!
+//! A conversation is a row of `warden_conversations` and its turns rows of
+//! `warden_conversation_turns` in the order they were recorded. A turn is
+//! recorded once per (turn id, user message): a unique index makes a
+//! re-delivered message's second append a no-op even when two nodes race
+//! (a paused old owner waking up and the new one), so the history never
+//! holds a turn twice. Prompt and reply text live here as they do in the
+//! transcript files: the database's access control is their protection.
+
+use futures_util::future::BoxFuture;
+use warden_core::StreamError;
+use warden_llm::{ConversationStore, Entry, Role, unknown_conversation};
+
+use crate::PgStore;
+
+/// The cluster's conversations: a [`ConversationStore`] on [`PgStore`].
+/// Cheap to clone (it shares the store's pool).
+#[derive(Clone, Debug)]
+pub struct PgConversations {
+    pg: PgStore,
+}
+
+impl PgStore {
+    /// The conversations kept in this database.
+    pub fn conversations(&self) -> PgConversations {
+        PgConversations { pg: self.clone() }
+    }
+}
+
+/// A database failure while a turn reads or writes its conversation.
+fn failed(what: &str, e: impl std::fmt::Display) -> StreamError {
+    StreamError::Internal {
+        message: format!("PostgreSQL: cannot {what} a conversation: {e}"),
+    }
+}
+
+impl ConversationStore for PgConversations {
+    fn load<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<Vec<Entry>, StreamError>> {
+        Box::pin(async move {
+            let client = self.pg.client().await.map_err(|e| failed("read", e))?;
+            let rows = client
+                .query(
+                    "SELECT t.turn, t.user_text, t.reply \
+                     FROM warden_conversations c \
+                     LEFT JOIN warden_conversation_turns t ON t.id = c.id \
+                     WHERE c.id = $1 ORDER BY t.seq",
+                    &[&id],
+                )
+                .await
+                .map_err(|e| failed("read", e))?;
+            if rows.is_empty() {
+                return Err(unknown_conversation(id, ""));
+            }
+            let mut entries = Vec::with_capacity(rows.len() * 2);
+            for row in rows {
+                let turn: Option<i64> = row.get(0);
+                let (Some(user), Some(reply)) = (
+                    row.get::<_, Option<String>>(1),
+                    row.get::<_, Option<String>>(2),
+                ) else {
+                    continue; // the empty conversation's one joined row
+                };
+                let turn = turn.and_then(|t| u64::try_from(t).ok());
+                entries.push(Entry {
+                    role: Role::User,
+                    content: user,
+                    turn,
+                });
+                entries.push(Entry {
+                    role: Role::Assistant,
+                    content: reply,
+                    turn,
+                });
+            }
+            Ok(entries)
+        })
+    }
+
+    fn create<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<(), StreamError>> {
+        Box::pin(async move {
+            let client = self.pg.client().await.map_err(|e| failed("create", e))?;
+            client
+                .execute(
+                    "INSERT INTO warden_conversations (id) VALUES ($1) ON CONFLICT DO NOTHING",
+                    &[&id],
+                )
+                .await
+                .map_err(|e| failed("create", e))?;
+            Ok(())
+        })
+    }
+
+    fn append_turn_once<'a>(
+        &'a self,
+        id: &'a str,
+        turn: u64,
+        user: &'a str,
+        assistant: &'a str,
+    ) -> BoxFuture<'a, Result<bool, StreamError>> {
+        Box::pin(async move {
+            let turn = i64::try_from(turn).map_err(|e| failed("write", e))?;
+            let mut client = self.pg.client().await.map_err(|e| failed("write", e))?;
+            let tx = client.transaction().await.map_err(|e| failed("write", e))?;
+            tx.execute(
+                "INSERT INTO warden_conversations (id) VALUES ($1) ON CONFLICT DO NOTHING",
+                &[&id],
+            )
+            .await
+            .map_err(|e| failed("write", e))?;
+            let appended = tx
+                .execute(
+                    "INSERT INTO warden_conversation_turns (id, turn, user_text, reply) \
+                     VALUES ($1, $2, $3, $4) \
+                     ON CONFLICT (id, turn, md5(user_text)) DO NOTHING",
+                    &[&id, &turn, &user, &assistant],
+                )
+                .await
+                .map_err(|e| failed("write", e))?;
+            tx.commit().await.map_err(|e| failed("write", e))?;
+            if appended == 0 {
+                tracing::info!(
+                    event = "pg.duplicate_turn",
+                    gen_ai.conversation.id = id,
+                    turn,
+                    "turn already recorded; not appended again"
+                );
+            }
+            Ok(appended == 1)
+        })
+    }
+}
