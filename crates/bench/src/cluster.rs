@@ -20,8 +20,9 @@ use warden_core::{EventSource, SessionKey, SessionStore, Supervisor, SupervisorC
 
 const SESSIONS: usize = 50;
 
-/// Turns per second through one supervisor per store in `stores`.
-async fn turns_per_sec(stores: Vec<Arc<dyn SessionStore>>, turns: usize) -> f64 {
+/// Turns per second through one supervisor per store in `stores` (the
+/// sessions spread over them by key); also section 5's workload.
+pub async fn turns_per_sec(stores: Vec<Arc<dyn SessionStore>>, turns: usize) -> f64 {
     let mut sups = Vec::new();
     let mut drivers = Vec::new();
     for store in stores {

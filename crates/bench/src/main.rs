@@ -919,37 +919,9 @@ async fn bench_sends(quick: bool) {
 
 /// The supervised workload: `turns` turns over 50 sessions, 20 frames each.
 async fn telemetry_workload(turns: usize) -> f64 {
-    use warden_core::{Supervisor, SupervisorConfig};
-    let (source, ctl) = warden_core::testing::ChannelSource::new();
-    let factory = move |_: &SessionKey| source.clone() as Arc<dyn EventSource>;
-    let sup = Supervisor::start(SupervisorConfig::default(), Arc::new(factory))
-        .await
-        .expect("supervisor");
-    let driver = tokio::spawn(async move {
-        while let Some(a) = ctl.next_attempt().await {
-            for _ in 0..20 {
-                a.text("token ");
-            }
-            a.finish();
-        }
-    });
-    let t0 = std::time::Instant::now();
-    let mut pending = Vec::new();
-    for i in 0..turns {
-        pending.push(sup.send(format!("s{}", i % 50), "hi").await.expect("send"));
-        if pending.len() >= 200 {
-            for t in pending.drain(..) {
-                t.finish().await.expect("turn");
-            }
-        }
-    }
-    for t in pending {
-        t.finish().await.expect("turn");
-    }
-    let rate = turns as f64 / t0.elapsed().as_secs_f64();
-    sup.shutdown().await;
-    driver.abort();
-    rate
+    // Supervisor::start's default store: in memory.
+    let store = Arc::new(warden_core::MemoryStore::new());
+    cluster::turns_per_sec(vec![store], turns).await
 }
 
 fn telemetry_child(endpoint: Option<String>, turns: usize) {
