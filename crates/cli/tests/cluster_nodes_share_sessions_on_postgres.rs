@@ -463,6 +463,18 @@ async fn any_node_takes_a_turn_and_forwards_it_to_the_sessions_owner() {
         "{replay}"
     );
     assert!(replay.contains("event: done"), "{replay}");
+    // Cancel through B reaches A (the turn is over: nothing to cancel).
+    let cancelled: Value = http
+        .delete(format!("{}/v1/turns/{id}", b.base))
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .expect("delete")
+        .json_value()
+        .await;
+    assert_eq!(cancelled["id"], id.as_str(), "{cancelled}");
+    assert_eq!(cancelled["key"], "k1", "{cancelled}");
+    assert_eq!(cancelled["cancelled"], false, "{cancelled}");
     // Without the token B forwards nothing.
     let anonymous = http
         .get(format!("{}/v1/turns/{id}/events", b.base))
