@@ -114,8 +114,9 @@ impl ServeConfig {
 
 #[derive(Clone)]
 struct AppState {
-    /// Forwards requests to other nodes of a cluster.
-    http: reqwest::Client,
+    /// Forwards requests to other nodes of a cluster; built on first use,
+    /// so a single node never builds it.
+    http: Arc<std::sync::OnceLock<reqwest::Client>>,
     supervisor: Supervisor,
     turns: Arc<Turns>,
     config: Arc<ServeConfig>,
@@ -128,7 +129,7 @@ pub fn router(supervisor: Supervisor, config: ServeConfig) -> Router {
     let metrics = Arc::new(metrics::Metrics::new());
     metrics::watch(&supervisor, metrics.clone());
     let state = AppState {
-        http: cluster::client(),
+        http: Arc::default(),
         supervisor,
         turns: Arc::default(),
         config: Arc::new(config),
@@ -403,7 +404,7 @@ async fn create_turn(
                 })?;
                 let path = "/v1/turns";
                 match cluster::forward(
-                    &state.http,
+                    state.http.get_or_init(cluster::client),
                     me,
                     Method::POST,
                     owner,
@@ -570,16 +571,24 @@ async fn turn_elsewhere(
             format!("no such turn: its node {node} is no longer a member"),
         ));
     };
-    cluster::forward(&state.http, me, method, &base, path, headers, None)
-        .await
-        .map_err(|cluster::Unreachable(why)| ApiError {
-            retry_after: Some(1),
-            ..ApiError::new(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "node_unreachable",
-                format!("turn {id} is kept by node {node}, which cannot be reached: {why}"),
-            )
-        })
+    cluster::forward(
+        state.http.get_or_init(cluster::client),
+        me,
+        method,
+        &base,
+        path,
+        headers,
+        None,
+    )
+    .await
+    .map_err(|cluster::Unreachable(why)| ApiError {
+        retry_after: Some(1),
+        ..ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "node_unreachable",
+            format!("turn {id} is kept by node {node}, which cannot be reached: {why}"),
+        )
+    })
 }
 
 async fn cancel_turn(
