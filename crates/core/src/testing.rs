@@ -214,6 +214,7 @@ pub async fn spawn_session(
         store,
         notifier: Arc::new(crate::LogNotifier),
         escalate: None,
+        recovered: None,
         mode: crate::session::StartMode::Resume,
         previous: None,
     };

@@ -65,6 +65,9 @@ pub(crate) struct SessionArgs {
     /// Where escalations go; without one, a resume failure ends the turn
     /// with a fatal error.
     pub(crate) escalate: Option<EscalationSink>,
+    /// Where the turns of messages recovered at start go (their callers
+    /// are gone); without it they are answered through the notifier.
+    pub(crate) recovered: Option<tokio::sync::mpsc::UnboundedSender<crate::RecoveredTurn>>,
     /// How to start.
     pub(crate) mode: StartMode,
     /// The previous incarnation's trace anchor, linked from this one's.
@@ -264,6 +267,21 @@ impl Actor for SessionActor {
             }
         }
         args.store.save(&record, Durability::Buffered).await?;
+        // The record is ours (saved): hand the recovered turns to whoever
+        // relays them, if anyone asked.
+        if let Some(tx) = &args.recovered {
+            for q in queue.iter_mut().filter(|q| q.reply.is_none()) {
+                let (reply, handle) = TurnSender::channel(q.message.id, myself.clone());
+                let turn = crate::RecoveredTurn {
+                    key: args.key.clone(),
+                    message_id: q.message.id,
+                    handle,
+                };
+                if tx.send(turn).is_ok() {
+                    q.reply = Some(reply);
+                }
+            }
+        }
         let incarnation = match (&args.mode, &record.agent_session_id) {
             (StartMode::FreshFallback { .. }, _) => Incarnation::FreshFallback,
             (StartMode::Resume, Some(_)) => Incarnation::Resume,

@@ -146,6 +146,24 @@ pub struct TurnSummary {
     pub indicator: Option<String>,
 }
 
+/// A message accepted before a restart or a takeover, re-delivered by a
+/// session that starts with it still pending, handed to the
+/// [`SupervisorBuilder::recovered_turns`](crate::SupervisorBuilder::recovered_turns)
+/// channel: its original caller is gone, so whoever takes this handle
+/// relays its events (a server re-attaching its clients to the same turn).
+/// A turn handed out this way is answered through its handle, not the
+/// [`Notifier`](crate::Notifier)'s `RecoveredReply`.
+#[derive(Debug)]
+#[non_exhaustive]
+pub struct RecoveredTurn {
+    /// The session.
+    pub key: SessionKey,
+    /// The pending message's id (also the turn number of its canceller).
+    pub message_id: u64,
+    /// The turn's events, as for a message sent now.
+    pub handle: TurnHandle,
+}
+
 /// The caller's side of one submitted message.
 #[derive(Debug)]
 pub struct TurnHandle {

@@ -52,6 +52,7 @@ pub(crate) struct SupervisorArgs {
     pub(crate) notifier: Arc<dyn Notifier>,
     pub(crate) bus: EventBus,
     pub(crate) admission: Admission,
+    pub(crate) recovered: Option<tokio::sync::mpsc::UnboundedSender<crate::RecoveredTurn>>,
     pub(crate) watchdog_tx: tokio::sync::oneshot::Sender<WatchdogHandle>,
 }
 
@@ -64,6 +65,8 @@ pub(crate) struct SupervisorState {
     pub(super) bus: EventBus,
     pub(super) watchdog: WatchdogHandle,
     pub(super) admission: Admission,
+    /// Where sessions hand their recovered turns, if anyone asked.
+    pub(super) recovered: Option<tokio::sync::mpsc::UnboundedSender<crate::RecoveredTurn>>,
     pub(super) sessions: HashMap<SessionKey, SessionHandle>,
     pub(super) by_id: HashMap<ActorId, SessionKey>,
     pub(super) trackers: HashMap<SessionKey, RestartTracker>,
@@ -120,6 +123,7 @@ impl SupervisorState {
             escalate: Some(Arc::new(move |e| {
                 let _ = me.cast(SupervisorMsg::Escalated(e));
             })),
+            recovered: self.recovered.clone(),
             mode,
             previous,
         }
@@ -294,6 +298,7 @@ impl Actor for WorkspaceSupervisor {
             bus: args.bus,
             watchdog,
             admission: args.admission,
+            recovered: args.recovered,
             sessions: HashMap::new(),
             by_id: HashMap::new(),
             trackers: HashMap::new(),

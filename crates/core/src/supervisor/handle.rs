@@ -32,9 +32,24 @@ pub struct SupervisorBuilder {
     notifier: Arc<dyn Notifier>,
     bus: EventBus,
     admission: Admission,
+    recovered: Option<tokio::sync::mpsc::UnboundedSender<crate::RecoveredTurn>>,
 }
 
 impl SupervisorBuilder {
+    /// Hands every message a session re-delivers at its start (accepted
+    /// before a restart or, in a cluster, by a node that died) to `tx` as
+    /// a [`RecoveredTurn`](crate::RecoveredTurn), so its events reach
+    /// whoever relays them instead of only the notifier's final
+    /// `RecoveredReply`. Default: none (the notifier answers them). If
+    /// `tx`'s receiver is gone, the notifier answers them again.
+    pub fn recovered_turns(
+        mut self,
+        tx: tokio::sync::mpsc::UnboundedSender<crate::RecoveredTurn>,
+    ) -> Self {
+        self.recovered = Some(tx);
+        self
+    }
+
     /// Admits its sessions' streams through `admission` (default: no
     /// limits, shared backoff on). Give several supervisors one admission
     /// (a clone) to share its limits and holds.
@@ -79,6 +94,7 @@ impl SupervisorBuilder {
             notifier: self.notifier,
             bus: self.bus.clone(),
             admission: self.admission.clone(),
+            recovered: self.recovered,
             watchdog_tx: tx,
         };
         let (actor, _) = Actor::spawn(None, actor::WorkspaceSupervisor, args)
@@ -131,6 +147,7 @@ impl Supervisor {
             notifier: Arc::new(LogNotifier),
             bus: EventBus::default(),
             admission: Admission::default(),
+            recovered: None,
         }
     }
 

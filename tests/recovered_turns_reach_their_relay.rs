@@ -1,0 +1,136 @@
+//! A message accepted before a restart (or by a node that died) is
+//! re-delivered when its session starts again. With a
+//! `recovered_turns` channel the whole turn — its events, not only the
+//! final answer — reaches whoever relays it (`warden serve` re-attaches
+//! its clients to it); without one, or once that channel's receiver is
+//! gone, the notifier answers it as before.
+
+mod common;
+
+use std::sync::Arc;
+
+use common::*;
+use warden_core::testing::ChannelSource;
+use warden_core::{
+    EventSource, MemoryStore, Notice, SessionKey, SessionRecord, SessionStore as _, Supervisor,
+};
+
+/// A store holding session `key` with two accepted, unanswered messages.
+async fn store_with_pending(key: &SessionKey) -> Arc<MemoryStore> {
+    let store = Arc::new(MemoryStore::new());
+    let mut record = SessionRecord::new(key, None);
+    record.accept("first");
+    record.accept("second");
+    store
+        .save(&record, warden_core::Durability::Flushed)
+        .await
+        .expect("save");
+    store
+}
+
+#[tokio::test(start_paused = true)]
+async fn recovered_messages_are_handed_over_with_their_events() {
+    let key = SessionKey::new("k");
+    let store = store_with_pending(&key).await;
+    let (source, ctl) = ChannelSource::new();
+    let factory = move |_: &SessionKey| source.clone() as Arc<dyn EventSource>;
+    let (ntx, mut notices) = tokio::sync::mpsc::unbounded_channel();
+    let (rtx, mut recovered) = tokio::sync::mpsc::unbounded_channel();
+    let sup = Supervisor::builder(Arc::new(factory))
+        .config(config())
+        .store(store.clone())
+        .notifier(Arc::new(ntx))
+        .recovered_turns(rtx)
+        .start()
+        .await
+        .expect("supervisor");
+
+    sup.session(key.clone()).await.expect("session");
+    let mut handed = Vec::new();
+    for _ in 0..2 {
+        let turn = recovered.recv().within("a recovered turn").await;
+        handed.push(turn.expect("handed over"));
+    }
+    assert_eq!(
+        handed
+            .iter()
+            .map(|t| (
+                t.key.as_str().to_owned(),
+                t.message_id,
+                t.handle.canceller().turn()
+            ))
+            .collect::<Vec<_>>(),
+        [("k".to_owned(), 1, 1), ("k".to_owned(), 2, 2)],
+        "both pending messages, in order, as turns numbered by their message ids"
+    );
+
+    // The first one runs: its relay sees its text as it streams.
+    let attempt = ctl.next_attempt().within("the re-delivery").await;
+    let attempt = attempt.expect("attempt");
+    assert_eq!(attempt.request.message, "first");
+    attempt.text("late ");
+    attempt.text("answer");
+    attempt.finish();
+    let second = handed.pop().expect("second");
+    let first = handed.pop().expect("first");
+    let consumed = consume(first.handle)
+        .within("the first turn's events")
+        .await;
+    assert_eq!(consumed.shown, "late answer");
+    assert_eq!(consumed.text(), "late answer");
+
+    let attempt = ctl.next_attempt().within("the second re-delivery").await;
+    let attempt = attempt.expect("attempt");
+    assert_eq!(attempt.request.message, "second");
+    attempt.text("two");
+    attempt.finish();
+    let consumed = consume(second.handle)
+        .within("the second turn's events")
+        .await;
+    assert_eq!(consumed.text(), "two");
+
+    // Answered through the handles: none is pending, and the notifier was
+    // not asked to deliver them a second time.
+    let record = store.load(&key).await.expect("load").expect("record");
+    assert!(record.pending.is_empty(), "{:?}", record.pending);
+    sup.shutdown().await;
+    while let Ok((_, notice)) = notices.try_recv() {
+        assert!(
+            !matches!(notice, Notice::RecoveredReply { .. }),
+            "delivered twice: {notice:?}"
+        );
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn without_a_receiver_the_notifier_answers_recovered_messages() {
+    let key = SessionKey::new("k");
+    let store = store_with_pending(&key).await;
+    let (source, ctl) = ChannelSource::new();
+    let factory = move |_: &SessionKey| source.clone() as Arc<dyn EventSource>;
+    let (ntx, mut notices) = tokio::sync::mpsc::unbounded_channel();
+    let (rtx, recovered) = tokio::sync::mpsc::unbounded_channel();
+    drop(recovered); // the relay went away
+    let sup = Supervisor::builder(Arc::new(factory))
+        .config(config())
+        .store(store)
+        .notifier(Arc::new(ntx))
+        .recovered_turns(rtx)
+        .start()
+        .await
+        .expect("supervisor");
+    sup.session(key.clone()).await.expect("session");
+    for expected in ["one", "two"] {
+        let attempt = ctl.next_attempt().within("a re-delivery").await;
+        let attempt = attempt.expect("attempt");
+        attempt.text(expected);
+        attempt.finish();
+        let (k, notice) = notices.recv().within("the notice").await.expect("notice");
+        assert_eq!(k, key);
+        assert!(
+            matches!(notice, Notice::RecoveredReply { result: Ok(ref t), .. } if t == expected),
+            "{notice:?}"
+        );
+    }
+    sup.shutdown().await;
+}
