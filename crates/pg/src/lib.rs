@@ -25,6 +25,10 @@
 //!   takes a session's lease at its first write, writes through the fence,
 //!   renews its leases at a third of their TTL, and reports every lease it
 //!   loses ([`NodeStore::lost`]) so the node stops its copy at once.
+//! - **Turn event logs** ([`PgStore::open_turn`], [`PgStore::append_turn`],
+//!   [`PgStore::read_turn`]): what `warden serve` sent of each turn,
+//!   written through the same fence, so a turn re-delivered by another
+//!   node keeps its id and numbers its events on.
 //!
 //! ```no_run
 //! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
@@ -41,6 +45,7 @@ mod conversations;
 mod lease;
 mod migrate;
 mod node;
+mod turns;
 
 use std::time::Duration;
 
@@ -54,6 +59,7 @@ pub use conversations::PgConversations;
 pub use lease::{Lease, LeaseInfo};
 pub use migrate::MIGRATIONS;
 pub use node::{NodeInfo, NodeStore};
+pub use turns::{TurnLog, TurnLogEvent};
 
 /// Why the store could not be opened.
 #[derive(Debug, thiserror::Error)]
@@ -92,10 +98,16 @@ impl std::fmt::Debug for PgStore {
     }
 }
 
-pub(crate) fn backend(e: impl std::fmt::Display) -> StoreError {
-    StoreError::Backend {
-        message: format!("PostgreSQL: {e}"),
+pub(crate) fn backend(e: impl std::error::Error) -> StoreError {
+    // tokio-postgres says only "db error" itself; the server's message is
+    // its source.
+    let mut message = format!("PostgreSQL: {e}");
+    let mut source = e.source();
+    while let Some(s) = source {
+        message.push_str(&format!(": {s}"));
+        source = s.source();
     }
+    StoreError::Backend { message }
 }
 
 /// Seconds, as PostgreSQL's `make_interval` takes them.

@@ -46,6 +46,27 @@ pub const MIGRATIONS: &[(i32, &str)] = &[
      CREATE UNIQUE INDEX warden_conversation_turns_once
          ON warden_conversation_turns (id, turn, md5(user_text));",
     ),
+    (
+        3,
+        "CREATE TABLE warden_turns (
+         id         TEXT PRIMARY KEY,
+         key        TEXT NOT NULL,
+         message_id BIGINT NOT NULL,
+         ended      BOOLEAN NOT NULL DEFAULT false,
+         created_at TIMESTAMPTZ NOT NULL DEFAULT now(),
+         updated_at TIMESTAMPTZ NOT NULL DEFAULT now(),
+         UNIQUE (key, message_id)
+     );
+     CREATE INDEX warden_turns_updated ON warden_turns (updated_at);
+     CREATE TABLE warden_turn_events (
+         turn_id TEXT NOT NULL,
+         seq     BIGINT NOT NULL,
+         epoch   BIGINT NOT NULL,
+         kind    TEXT NOT NULL,
+         data    JSONB NOT NULL,
+         PRIMARY KEY (turn_id, seq)
+     );",
+    ),
 ];
 
 /// An arbitrary constant naming warden's migration lock.

@@ -184,6 +184,54 @@ impl NodeStore {
         }
     }
 
+    /// The lease this node holds on `key`, if it believes it holds one.
+    pub fn lease_of(&self, key: &SessionKey) -> Option<Lease> {
+        self.leases().get(key.as_str()).cloned()
+    }
+
+    /// [`PgStore::open_turn`] under this node's lease of `key`:
+    /// [`StoreError::LeaseLost`] (and the lease reported lost) when it holds
+    /// none or it moved on.
+    pub async fn open_turn(
+        &self,
+        key: &SessionKey,
+        message_id: u64,
+        id: &str,
+    ) -> Result<crate::TurnLog, StoreError> {
+        let lease = self.held_or_lost(key)?;
+        let opened = self.pg.open_turn(&lease, message_id, id).await;
+        self.forget_if_lost(&lease, &opened);
+        opened
+    }
+
+    /// [`PgStore::append_turn`] under this node's lease of `key`, like
+    /// [`open_turn`](Self::open_turn).
+    pub async fn append_turn(
+        &self,
+        key: &SessionKey,
+        id: &str,
+        events: &[crate::TurnLogEvent],
+        ended: bool,
+    ) -> Result<(), StoreError> {
+        let lease = self.held_or_lost(key)?;
+        let appended = self.pg.append_turn(&lease, id, events, ended).await;
+        self.forget_if_lost(&lease, &appended);
+        appended
+    }
+
+    fn held_or_lost(&self, key: &SessionKey) -> Result<Lease, StoreError> {
+        self.lease_of(key).ok_or_else(|| StoreError::LeaseLost {
+            key: key.as_str().to_owned(),
+            epoch: 0,
+        })
+    }
+
+    fn forget_if_lost<T>(&self, lease: &Lease, result: &Result<T, StoreError>) {
+        if matches!(result, Err(StoreError::LeaseLost { .. })) {
+            self.forget(lease);
+        }
+    }
+
     /// Renews every held lease once; the ones lost are forgotten and
     /// reported. Returns how many were lost.
     pub async fn renew_all(&self) -> Result<usize, StoreError> {
@@ -246,9 +294,7 @@ impl SessionStore for NodeStore {
                 }
             };
             let saved = self.pg.save_fenced(&lease, record).await;
-            if matches!(saved, Err(StoreError::LeaseLost { .. })) {
-                self.forget(&lease);
-            }
+            self.forget_if_lost(&lease, &saved);
             saved
         })
     }

@@ -501,3 +501,147 @@ async fn conversations_are_shared_by_nodes_and_each_turn_is_recorded_once() {
         ]
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_turns_log_moves_with_its_session_and_numbers_on_without_a_gap() {
+    use serde_json::json;
+    use warden_pg::TurnLogEvent;
+    let Some(config) = fresh_db().await else {
+        return;
+    };
+    let pg = store(&config).await;
+    let key = SessionKey::new("ws");
+    let ttl = Duration::from_millis(600);
+    let ev = |seq: u64, text: &str| TurnLogEvent::new(seq, "text", json!({ "text": text }));
+
+    let a = pg.acquire(&key, "node-a", ttl).await.expect("acquire");
+    let a = a.expect("free");
+    let opened = pg.open_turn(&a, 1, "turn-a").await.expect("open");
+    assert_eq!((opened.id.as_str(), opened.events.len()), ("turn-a", 0));
+    pg.append_turn(&a, "turn-a", &[ev(1, "he"), ev(2, "ll")], false)
+        .await
+        .expect("append");
+    let read = pg
+        .read_turn("turn-a", 1)
+        .await
+        .expect("read")
+        .expect("turn");
+    assert_eq!(read.events, [ev(2, "ll")], "only the events after 1");
+    assert_eq!(
+        (read.key.as_str(), read.message_id, read.ended),
+        ("ws", 1, false)
+    );
+    assert!(pg.read_turn("turn-x", 0).await.expect("read").is_none());
+
+    // A's lease runs out and B takes the session: B's turn for the same
+    // message is A's, with A's events.
+    tokio::time::sleep(ttl + Duration::from_millis(200)).await;
+    let b = pg.acquire(&key, "node-b", ttl).await.expect("acquire");
+    let b = b.expect("expired: taken");
+    let opened = pg.open_turn(&b, 1, "turn-b").await.expect("open");
+    assert_eq!(opened.id, "turn-a", "the re-delivered turn keeps its id");
+    assert_eq!(opened.events, [ev(1, "he"), ev(2, "ll")]);
+
+    // A wakes up: fenced out, for a new turn and for an old one.
+    assert!(matches!(
+        pg.append_turn(&a, "turn-a", &[ev(3, "late")], false).await,
+        Err(StoreError::LeaseLost { epoch: 1, .. })
+    ));
+    assert!(matches!(
+        pg.open_turn(&a, 2, "turn-a2").await,
+        Err(StoreError::LeaseLost { epoch: 1, .. })
+    ));
+    pg.append_turn(&b, "turn-a", &[ev(3, "o")], true)
+        .await
+        .expect("B appends");
+    // A number already stored is refused, not overwritten.
+    assert!(matches!(
+        pg.append_turn(&b, "turn-a", &[ev(3, "again")], true).await,
+        Err(StoreError::Backend { .. })
+    ));
+    let read = pg
+        .read_turn("turn-a", 0)
+        .await
+        .expect("read")
+        .expect("turn");
+    assert_eq!(read.events, [ev(1, "he"), ev(2, "ll"), ev(3, "o")]);
+    assert!(read.ended);
+
+    // Logs untouched for longer than kept are deleted.
+    assert_eq!(
+        pg.expire_turns(Duration::from_secs(3600))
+            .await
+            .expect("expire"),
+        0
+    );
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    assert_eq!(
+        pg.expire_turns(Duration::from_millis(1))
+            .await
+            .expect("expire"),
+        1
+    );
+    assert!(pg.read_turn("turn-a", 0).await.expect("read").is_none());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_old_owner_appending_through_a_takeover_never_collides_with_the_new_one() {
+    use serde_json::json;
+    use warden_pg::TurnLogEvent;
+    let Some(config) = fresh_db().await else {
+        return;
+    };
+    let pg = store(&config).await;
+    // A slow write (a busy disk, a long commit): an event whose text is
+    // "slow" takes 400 ms to insert, so the takeover happens while the old
+    // owner's append is in flight.
+    let (admin, conn) = config.connect(NoTls).await.expect("connect");
+    tokio::spawn(conn);
+    admin
+        .batch_execute(
+            "CREATE FUNCTION slow_insert() RETURNS trigger LANGUAGE plpgsql AS $$ \
+             BEGIN IF NEW.data ->> 'text' = 'slow' THEN PERFORM pg_sleep(0.4); END IF; \
+             RETURN NEW; END $$; \
+             CREATE TRIGGER slow BEFORE INSERT ON warden_turn_events \
+             FOR EACH ROW EXECUTE FUNCTION slow_insert();",
+        )
+        .await
+        .expect("trigger");
+    let key = SessionKey::new("ws");
+    let ttl = Duration::from_millis(300);
+    let ev = |seq: u64, text: &str| TurnLogEvent::new(seq, "text", json!({ "text": text }));
+    let a = pg.acquire(&key, "node-a", ttl).await.expect("acquire");
+    let a = a.expect("free");
+    pg.open_turn(&a, 1, "turn").await.expect("open");
+    pg.append_turn(&a, "turn", &[ev(1, "fast")], false)
+        .await
+        .expect("append");
+    tokio::time::sleep(ttl + Duration::from_millis(100)).await; // expired
+
+    // A's append is in flight when B takes over.
+    let slow = {
+        let pg = pg.clone();
+        let a = a.clone();
+        tokio::spawn(async move { pg.append_turn(&a, "turn", &[ev(2, "slow")], false).await })
+    };
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let b = pg.acquire(&key, "node-b", ttl).await.expect("acquire");
+    let b = b.expect("expired: taken");
+    let opened = pg.open_turn(&b, 1, "other").await.expect("open");
+    let last = opened.events.last().map_or(0, |e| e.seq);
+    let a_said = within("A's append", slow).await.expect("task");
+    // The takeover waited for A's append (the fence holds the lease row),
+    // so B saw it and numbers on after it.
+    assert_eq!(a_said, Ok(()), "A's append landed before the takeover");
+    assert_eq!(last, 2, "B saw every event A was told is stored");
+    pg.append_turn(&b, "turn", &[ev(last + 1, "b")], true)
+        .await
+        .expect("the new owner's next number is free");
+    assert!(matches!(
+        pg.append_turn(&a, "turn", &[ev(4, "late")], false).await,
+        Err(StoreError::LeaseLost { epoch: 1, .. })
+    ));
+    let read = pg.read_turn("turn", 0).await.expect("read").expect("turn");
+    let seqs: Vec<u64> = read.events.iter().map(|e| e.seq).collect();
+    assert_eq!(seqs, [1, 2, 3]);
+}

@@ -1,0 +1,249 @@
+//! Turn event logs: each turn's events as `warden serve` sent them, so a
+//! turn re-delivered on another node keeps its id and its event ids
+//! continue there, and a client re-attaching to any node with
+//! `Last-Event-ID` misses and repeats nothing.
+//!
+//! A turn is a row of `warden_turns` (its id, its session and the message
+//! it answers: one turn per message) and its events rows of
+//! `warden_turn_events` numbered from 1. Every write goes through the
+//! session's fence in the same statement, like a record's: the lease row
+//! is read `FOR SHARE`, so a takeover (which updates that row) waits for
+//! an append in flight, and once it has committed no append of the old
+//! epoch can land. The new owner reads the log after its takeover and
+//! numbers on from its last event: two owners never write the same number.
+//!
+//! Events carry text the model wrote: the database's access control is
+//! its protection, as for the conversations.
+
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use warden_core::StoreError;
+
+use crate::{Lease, PgStore, backend, secs};
+
+/// One stored event of a turn.
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub struct TurnLogEvent {
+    /// Its number within the turn, from 1 (the SSE `id:`).
+    pub seq: u64,
+    /// Its type (the SSE `event:`).
+    pub kind: String,
+    /// Its fields (the SSE `data:`).
+    pub data: Value,
+}
+
+impl TurnLogEvent {
+    /// Event `seq` of type `kind` with `data`.
+    pub fn new(seq: u64, kind: impl Into<String>, data: Value) -> Self {
+        Self {
+            seq,
+            kind: kind.into(),
+            data,
+        }
+    }
+}
+
+/// A turn's stored log.
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub struct TurnLog {
+    /// The turn's id.
+    pub id: String,
+    /// Its session's key.
+    pub key: String,
+    /// The id of the message it answers.
+    pub message_id: u64,
+    /// Its events (all of them, or those after the number asked for).
+    pub events: Vec<TurnLogEvent>,
+    /// Whether its last event is stored.
+    pub ended: bool,
+}
+
+fn big(v: u64) -> i64 {
+    i64::try_from(v).unwrap_or(i64::MAX)
+}
+
+fn small(v: i64) -> u64 {
+    u64::try_from(v).unwrap_or(0)
+}
+
+/// The fence as a CTE: the session's lease row, if `lease` still holds it,
+/// locked `FOR SHARE` until the statement's transaction ends.
+const FENCE: &str = "fence AS (SELECT 1 FROM warden_sessions \
+                     WHERE key = $1 AND owner = $2 AND epoch = $3 FOR SHARE)";
+
+impl PgStore {
+    /// Opens the log of the turn answering message `message_id` of
+    /// `lease`'s session, under the id `id` if it has none yet: the turn's
+    /// log as stored (its own id and every event, for a turn re-delivered
+    /// after another node began it). [`StoreError::LeaseLost`] when
+    /// `lease` is no longer the session's.
+    pub async fn open_turn(
+        &self,
+        lease: &Lease,
+        message_id: u64,
+        id: &str,
+    ) -> Result<TurnLog, StoreError> {
+        let client = self.client().await?;
+        let row = client
+            .query_opt(
+                &format!(
+                    "WITH {FENCE} \
+                     INSERT INTO warden_turns (id, key, message_id) \
+                     SELECT $4, $1, $5 WHERE EXISTS (SELECT 1 FROM fence) \
+                     ON CONFLICT (key, message_id) DO UPDATE SET updated_at = now() \
+                     RETURNING id, ended"
+                ),
+                &[
+                    &lease.key,
+                    &lease.node,
+                    &big(lease.epoch),
+                    &id,
+                    &big(message_id),
+                ],
+            )
+            .await
+            .map_err(backend)?;
+        let Some(row) = row else {
+            return Err(StoreError::LeaseLost {
+                key: lease.key.clone(),
+                epoch: lease.epoch,
+            });
+        };
+        let id: String = row.get(0);
+        let ended: bool = row.get(1);
+        let events = self.turn_events(&client, &id, 0).await?;
+        Ok(TurnLog {
+            id,
+            key: lease.key.clone(),
+            message_id,
+            events,
+            ended,
+        })
+    }
+
+    /// Appends `events` to turn `id` of `lease`'s session, through the
+    /// fence; `ended` when the turn's last event is among them. One
+    /// statement, one round trip. [`StoreError::LeaseLost`] when `lease`
+    /// is no longer the session's; an event number already stored is an
+    /// error too (it would mean two writers).
+    pub async fn append_turn(
+        &self,
+        lease: &Lease,
+        id: &str,
+        events: &[TurnLogEvent],
+        ended: bool,
+    ) -> Result<(), StoreError> {
+        let batch: Vec<Value> = events
+            .iter()
+            .map(|e| json!({"seq": e.seq, "kind": e.kind, "data": e.data}))
+            .collect();
+        let client = self.client().await?;
+        let row = client
+            .query_one(
+                &format!(
+                    "WITH {FENCE}, \
+                     added AS (INSERT INTO warden_turn_events (turn_id, seq, epoch, kind, data) \
+                       SELECT $4, e.seq, $3, e.kind, e.data \
+                       FROM jsonb_to_recordset($5::jsonb) AS e(seq bigint, kind text, data jsonb) \
+                       WHERE EXISTS (SELECT 1 FROM fence) RETURNING 1), \
+                     marked AS (UPDATE warden_turns SET ended = ended OR $6, updated_at = now() \
+                       WHERE id = $4 AND key = $1 AND EXISTS (SELECT 1 FROM fence) RETURNING 1) \
+                     SELECT EXISTS (SELECT 1 FROM fence), (SELECT count(*) FROM marked)"
+                ),
+                &[
+                    &lease.key,
+                    &lease.node,
+                    &big(lease.epoch),
+                    &id,
+                    &Value::Array(batch),
+                    &ended,
+                ],
+            )
+            .await
+            .map_err(backend)?;
+        let fenced_in: bool = row.get(0);
+        let marked: i64 = row.get(1);
+        if !fenced_in {
+            return Err(StoreError::LeaseLost {
+                key: lease.key.clone(),
+                epoch: lease.epoch,
+            });
+        }
+        if marked != 1 {
+            return Err(StoreError::Backend {
+                message: format!("no turn {id} of session {} to append to", lease.key),
+            });
+        }
+        Ok(())
+    }
+
+    /// Turn `id`'s log with its events after number `after` (all for 0);
+    /// `None` if no such turn is stored (or it expired).
+    pub async fn read_turn(&self, id: &str, after: u64) -> Result<Option<TurnLog>, StoreError> {
+        let client = self.client().await?;
+        // `ended` first: if it is set, every event is already there.
+        let Some(row) = client
+            .query_opt(
+                "SELECT key, message_id, ended FROM warden_turns WHERE id = $1",
+                &[&id],
+            )
+            .await
+            .map_err(backend)?
+        else {
+            return Ok(None);
+        };
+        let events = self.turn_events(&client, id, after).await?;
+        Ok(Some(TurnLog {
+            id: id.to_owned(),
+            key: row.get(0),
+            message_id: small(row.get(1)),
+            events,
+            ended: row.get(2),
+        }))
+    }
+
+    async fn turn_events(
+        &self,
+        client: &deadpool_postgres::Object,
+        id: &str,
+        after: u64,
+    ) -> Result<Vec<TurnLogEvent>, StoreError> {
+        let rows = client
+            .query(
+                "SELECT seq, kind, data FROM warden_turn_events \
+                 WHERE turn_id = $1 AND seq > $2 ORDER BY seq",
+                &[&id, &big(after)],
+            )
+            .await
+            .map_err(backend)?;
+        Ok(rows
+            .into_iter()
+            .map(|r| TurnLogEvent {
+                seq: small(r.get(0)),
+                kind: r.get(1),
+                data: r.get(2),
+            })
+            .collect())
+    }
+
+    /// Deletes the logs of turns untouched for `keep` (ended or not: a turn
+    /// whose session was given up is never ended); how many.
+    pub async fn expire_turns(&self, keep: Duration) -> Result<u64, StoreError> {
+        let client = self.client().await?;
+        let row = client
+            .query_one(
+                "WITH gone AS (DELETE FROM warden_turns \
+                   WHERE updated_at < now() - make_interval(secs => $1) RETURNING id), \
+                 events AS (DELETE FROM warden_turn_events \
+                   WHERE turn_id IN (SELECT id FROM gone)) \
+                 SELECT count(*) FROM gone",
+                &[&secs(keep)],
+            )
+            .await
+            .map_err(backend)?;
+        Ok(small(row.get(0)))
+    }
+}
