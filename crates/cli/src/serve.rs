@@ -201,13 +201,22 @@ pub(crate) async fn run(args: ServeArgs) -> Result<Exit, CliError> {
         .local_addr()
         .map_err(|e| CliError::failure(e.to_string()))?;
     let factory = move |_: &warden_core::SessionKey| source.clone();
-    let supervisor = Supervisor::builder(Arc::new(factory))
+    let mut builder = Supervisor::builder(Arc::new(factory))
         .config(config)
-        .store(store)
-        .start()
-        .await?;
+        .store(store);
     let mut serve_config =
         ServeConfig::new(token).with_keep_finished(Duration::from_secs(args.keep_events));
+    if let Some(node) = &cluster {
+        // A node stores its turns' events in the database before sending
+        // them, and relays the turns it re-delivers under their ids: a
+        // client re-attaches to a turn on any node, whichever runs it.
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        builder = builder.recovered_turns(tx);
+        serve_config = serve_config
+            .with_turn_store(crate::cluster::turn_store(node))
+            .with_recovered_turns(rx);
+    }
+    let supervisor = builder.start().await?;
     let _membership = match &cluster {
         Some(node) => {
             let advertise = args
@@ -215,7 +224,9 @@ pub(crate) async fn run(args: ServeArgs) -> Result<Exit, CliError> {
                 .clone()
                 .unwrap_or_else(|| format!("http://{addr}"));
             serve_config = serve_config.with_placement(crate::cluster::placement(node));
-            let membership = crate::cluster::join(node, &advertise, &supervisor, lease_ttl).await?;
+            let keep = Duration::from_secs(args.keep_events);
+            let membership =
+                crate::cluster::join(node, &advertise, &supervisor, lease_ttl, keep).await?;
             eprintln!(
                 "warden: node {} joined the cluster (lease TTL {:.1}s)",
                 node.node(),

@@ -394,6 +394,170 @@ async fn text_in_time(r: reqwest::Response) -> String {
         .expect("body")
 }
 
+/// One SSE event: its id, type and data.
+#[derive(Debug, Clone, PartialEq)]
+struct Sse {
+    id: u64,
+    kind: String,
+    data: Value,
+}
+
+/// Reads SSE events off a response as they come.
+struct SseReader {
+    body: futures_util::stream::BoxStream<'static, reqwest::Result<Vec<u8>>>,
+    buf: String,
+}
+
+impl SseReader {
+    fn new(r: reqwest::Response) -> Self {
+        use futures_util::StreamExt as _;
+        Self {
+            body: r.bytes_stream().map(|c| c.map(|b| b.to_vec())).boxed(),
+            buf: String::new(),
+        }
+    }
+
+    /// The next event; `None` when the stream ends (bounded: panics after
+    /// `PATIENCE`).
+    async fn next(&mut self) -> Option<Sse> {
+        use futures_util::StreamExt as _;
+        loop {
+            if let Some(end) = self.buf.find("\n\n") {
+                let block: String = self.buf.drain(..end + 2).collect();
+                let (mut id, mut kind, mut data) = (None, String::new(), String::new());
+                for line in block.lines() {
+                    if let Some(v) = line.strip_prefix("id: ") {
+                        id = v.parse().ok();
+                    } else if let Some(v) = line.strip_prefix("event: ") {
+                        kind = v.to_owned();
+                    } else if let Some(v) = line.strip_prefix("data: ") {
+                        data.push_str(v);
+                    }
+                }
+                let Some(id) = id else { continue }; // a keep-alive comment
+                let data = serde_json::from_str(&data).expect("JSON data");
+                return Some(Sse { id, kind, data });
+            }
+            let chunk = tokio::time::timeout(PATIENCE, self.body.next())
+                .await
+                .expect("an event in time");
+            match chunk {
+                Some(Ok(b)) => self.buf.push_str(&String::from_utf8_lossy(&b)),
+                Some(Err(_)) | None => return None,
+            }
+        }
+    }
+
+    /// Every event to the end of the stream.
+    async fn rest(&mut self) -> Vec<Sse> {
+        let mut all = Vec::new();
+        while let Some(e) = self.next().await {
+            all.push(e);
+        }
+        all
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_re_attaches_on_another_node_to_a_turn_whose_node_died() {
+    let Some(url) = fresh_db().await else { return };
+    let mock = stall_then_answer().await;
+    let (_d, dir) = dir();
+    let mut a = start(&dir, "node-a", &url, &mock).await;
+    let b = start(&dir, "node-b", &url, &mock).await;
+    let http = reqwest::Client::new();
+
+    // A runs the turn; the client reads its text until the stream stalls.
+    let streamed = tokio::time::timeout(
+        PATIENCE,
+        http.post(format!("{}/v1/turns", a.base))
+            .bearer_auth(TOKEN)
+            .header("content-type", "application/json")
+            .header("accept", "text/event-stream")
+            .body(serde_json::json!({"key": "k1", "message": "hello"}).to_string())
+            .send(),
+    )
+    .await
+    .expect("in time")
+    .expect("post");
+    assert_eq!(streamed.status(), 200);
+    let id = streamed.headers()["x-warden-turn-id"]
+        .to_str()
+        .expect("ascii")
+        .to_owned();
+    let mut first = SseReader::new(streamed);
+    let mut seen = Vec::new();
+    while !seen.iter().any(|e: &Sse| e.kind == "text") {
+        seen.push(first.next().await.expect("A's events"));
+    }
+    // What the mock sent before it stalled has all arrived.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    while let Ok(Some(e)) = tokio::time::timeout(Duration::from_millis(200), first.next()).await {
+        seen.push(e);
+    }
+    let ids: Vec<u64> = seen.iter().map(|e| e.id).collect();
+    assert_eq!(ids, (1..=seen.len() as u64).collect::<Vec<_>>(), "{seen:?}");
+    let last_seen = seen.last().expect("some").id;
+
+    // kill -9 A. The client re-attaches to B with the last id it saw.
+    a.child.start_kill().expect("SIGKILL");
+    let _ = a.child.wait().await;
+    drop(first);
+    let again = tokio::time::timeout(
+        PATIENCE,
+        http.get(format!("{}/v1/turns/{id}/events", b.base))
+            .bearer_auth(TOKEN)
+            .header("last-event-id", last_seen.to_string())
+            .send(),
+    )
+    .await
+    .expect("in time")
+    .expect("get");
+    assert_eq!(again.status(), 200, "B serves the turn of a dead node");
+    let rest = SseReader::new(again).rest().await;
+
+    // Nothing missed, nothing repeated: the ids go on from the last one
+    // seen, one by one, to the end.
+    let ids: Vec<u64> = rest.iter().map(|e| e.id).collect();
+    assert_eq!(
+        ids,
+        (last_seen + 1..=last_seen + rest.len() as u64).collect::<Vec<_>>(),
+        "{rest:?}"
+    );
+    // First: the attempt that died with A is to be discarded.
+    let marker = &rest[0];
+    assert_eq!(marker.kind, "retrying", "{rest:?}");
+    assert_eq!(marker.data["code"], "ENODE_LOST", "{marker:?}");
+    assert_eq!(marker.data["discard"], true, "{marker:?}");
+    assert_eq!(marker.data["node"], "node-b", "{marker:?}");
+    // Then B's attempt, to its end.
+    let done = rest.last().expect("events");
+    assert_eq!(done.kind, "done", "{rest:?}");
+    let shown: String = rest
+        .iter()
+        .filter(|e| e.kind == "text")
+        .filter_map(|e| e.data["text"].as_str())
+        .collect();
+    assert_eq!(done.data["text"], shown.as_str(), "{rest:?}");
+    assert!(shown.contains("Hello from warden-mock"), "{shown}");
+    assert_eq!(mock.requests().len(), 2, "one attempt on A, one on B");
+
+    // From the start, through B: the same events A sent first, then B's.
+    let whole = tokio::time::timeout(
+        PATIENCE,
+        http.get(format!("{}/v1/turns/{id}/events", b.base))
+            .bearer_auth(TOKEN)
+            .send(),
+    )
+    .await
+    .expect("in time")
+    .expect("get");
+    let whole = SseReader::new(whole).rest().await;
+    assert_eq!(&whole[..seen.len()], &seen[..], "A's events as A sent them");
+    assert_eq!(&whole[seen.len()..], &rest[..], "then B's");
+    drop(b);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn any_node_takes_a_turn_and_forwards_it_to_the_sessions_owner() {
     let Some(url) = fresh_db().await else { return };
@@ -500,18 +664,37 @@ async fn any_node_takes_a_turn_and_forwards_it_to_the_sessions_owner() {
         assert_eq!(k1["here"], here, "{list}");
     }
 
-    // A dies: its turn cannot be fetched, and until its lease runs out
-    // B says where the session was (B could not forward).
+    // A dies: its turn is still served, by B from the database (the same
+    // events A sent), and until A's lease runs out B says where the
+    // session was (B could not forward).
     a.child.start_kill().expect("SIGKILL");
     let _ = a.child.wait().await;
-    let lost = http
+    let kept = http
         .get(format!("{}/v1/turns/{id}/events", b.base))
         .bearer_auth(TOKEN)
         .send()
         .await
         .expect("get");
-    assert_eq!(lost.status(), 503);
-    assert_eq!(lost.json_value().await["error"]["type"], "node_unreachable");
+    assert_eq!(kept.status(), 200);
+    assert_eq!(
+        text_in_time(kept).await,
+        events,
+        "A's events, from the database"
+    );
+    let unknown = http
+        .get(format!(
+            "{}/v1/turns/turn_6e6f64652d61_0000000000000000/events",
+            b.base
+        ))
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .expect("get");
+    assert_eq!(unknown.status(), 503, "neither A nor the database has it");
+    assert_eq!(
+        unknown.json_value().await["error"]["type"],
+        "node_unreachable"
+    );
     let refused = post(&b, "k1", "while A's lease lasts").await;
     assert_eq!(refused.status(), 503);
     assert_eq!(

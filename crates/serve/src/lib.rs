@@ -55,7 +55,7 @@ use serde_json::json;
 use subtle::ConstantTimeEq as _;
 use warden_core::{SessionKey, Supervisor, SupervisorError};
 
-pub use turns::ServeEvent;
+pub use turns::{ServeEvent, StoredTurn, TurnStore, TurnStoreError};
 use turns::{TurnLog, Turns};
 
 /// Request bodies larger than this get 413: 10 MiB.
@@ -75,7 +75,16 @@ pub struct ServeConfig {
     /// Where sessions run, for a node of a cluster. Default `None`: every
     /// session runs here.
     pub placement: Option<Arc<dyn Placement>>,
+    /// Where a cluster node stores its turns' events before it sends them,
+    /// so a turn re-delivered elsewhere keeps its id and event numbers.
+    /// Default `None`: they live in this process only.
+    pub turn_store: Option<Arc<dyn TurnStore>>,
+    /// The supervisor's re-delivered turns, relayed as turns of this
+    /// server (see [`with_recovered_turns`](Self::with_recovered_turns)).
+    recovered: Option<Arc<std::sync::Mutex<Option<RecoveredRx>>>>,
 }
+
+type RecoveredRx = tokio::sync::mpsc::UnboundedReceiver<warden_core::RecoveredTurn>;
 
 impl std::fmt::Debug for ServeConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -84,6 +93,7 @@ impl std::fmt::Debug for ServeConfig {
             .field("keep_finished", &self.keep_finished)
             .field("max_body_bytes", &self.max_body_bytes)
             .field("placement", &self.placement.is_some())
+            .field("turn_store", &self.turn_store.is_some())
             .finish()
     }
 }
@@ -96,7 +106,25 @@ impl ServeConfig {
             keep_finished: Duration::from_secs(600),
             max_body_bytes: DEFAULT_MAX_BODY_BYTES,
             placement: None,
+            turn_store: None,
+            recovered: None,
         }
+    }
+
+    /// Sets [`turn_store`](Self::turn_store).
+    pub fn with_turn_store(mut self, store: Arc<dyn TurnStore>) -> Self {
+        self.turn_store = Some(store);
+        self
+    }
+
+    /// Relays the turns the supervisor re-delivers (give it the sender with
+    /// [`SupervisorBuilder::recovered_turns`](warden_core::SupervisorBuilder::recovered_turns)):
+    /// each becomes a turn of this server, and with a
+    /// [`turn_store`](Self::turn_store) it keeps the id and the events its
+    /// message had on the node that died, so its clients re-attach to it.
+    pub fn with_recovered_turns(mut self, rx: RecoveredRx) -> Self {
+        self.recovered = Some(Arc::new(std::sync::Mutex::new(Some(rx))));
+        self
     }
 
     /// Sets [`placement`](Self::placement).
@@ -128,10 +156,24 @@ pub fn router(supervisor: Supervisor, config: ServeConfig) -> Router {
     let max_body = config.max_body_bytes;
     let metrics = Arc::new(metrics::Metrics::new());
     metrics::watch(&supervisor, metrics.clone());
+    let turns = Arc::new(Turns::new(config.turn_store.clone()));
+    let recovered = config.recovered.as_ref().and_then(|r| {
+        r.lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take()
+    });
+    if let Some(rx) = recovered {
+        let node = config
+            .placement
+            .as_ref()
+            .and_then(|p| p.node())
+            .map(str::to_owned);
+        turns.adopt(rx, config.keep_finished, node);
+    }
     let state = AppState {
         http: Arc::default(),
         supervisor,
-        turns: Arc::default(),
+        turns,
         config: Arc::new(config),
         metrics,
     };
@@ -460,7 +502,8 @@ async fn create_turn(
     let node = state.config.placement.as_ref().and_then(|p| p.node());
     let id = state
         .turns
-        .start(key.clone(), handle, state.config.keep_finished, node);
+        .start(key.clone(), handle, state.config.keep_finished, node)
+        .await;
     if wants_events(&headers) {
         let log = state.turns.get(&id).ok_or_else(gone)?;
         let mut response = sse(log, 0).into_response();
@@ -525,11 +568,32 @@ async fn turn_events(
     Path(id): Path<String>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
+    let after = last_event_id(&headers)?;
     let Some(log) = state.turns.get(&id) else {
         let path = format!("/v1/turns/{id}/events");
-        return turn_elsewhere(&state, &id, Method::GET, &path, &headers).await;
+        let elsewhere = turn_elsewhere(&state, &id, Method::GET, &path, &headers).await;
+        // Not kept here and its node cannot serve it: the cluster's store
+        // can, while whichever node runs it now stores its events.
+        return match (elsewhere, &state.turns.store) {
+            (Ok(answer), _) => Ok(answer),
+            (Err(e), Some(store)) => match store.read(&id, after).await {
+                Ok(Some(turn)) => Ok(stored_sse(store.clone(), turn, after).into_response()),
+                Ok(None) => Err(e),
+                Err(why) => Err(ApiError::new(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "unavailable",
+                    why.to_string(),
+                )),
+            },
+            (Err(e), None) => Err(e),
+        };
     };
-    let after = match headers.get("last-event-id") {
+    Ok(sse(log, after).into_response())
+}
+
+/// The `Last-Event-ID` header's number (0 without one).
+fn last_event_id(headers: &HeaderMap) -> Result<u64, ApiError> {
+    Ok(match headers.get("last-event-id") {
         None => 0,
         Some(v) => v
             .to_str()
@@ -542,8 +606,50 @@ async fn turn_events(
                     "Last-Event-ID must be an event id of this turn (a whole number)",
                 )
             })?,
-    };
-    Ok(sse(log, after).into_response())
+    })
+}
+
+/// How often a turn served from the store (its node died, or another node
+/// runs it) is read again for new events.
+const STORE_POLL: Duration = Duration::from_millis(100);
+
+/// A turn's events read from the store: `turn` (read after `after`), then
+/// its later ones as its current node stores them, until its last.
+fn stored_sse(
+    store: Arc<dyn TurnStore>,
+    turn: StoredTurn,
+    after: u64,
+) -> Sse<impl Stream<Item = Result<Event, Infallible>>> {
+    let queue: std::collections::VecDeque<ServeEvent> = turn.events.into();
+    let events = futures_util::stream::unfold(
+        (store, turn.id, after, queue, turn.ended),
+        |(store, id, mut seen, mut queue, mut ended)| async move {
+            loop {
+                if let Some(e) = queue.pop_front() {
+                    seen = e.id;
+                    ended |= e.is_last();
+                    let event = Event::default()
+                        .id(e.id.to_string())
+                        .event(e.kind.as_ref())
+                        .data(e.data.to_string());
+                    return Some((Ok(event), (store, id, seen, queue, ended)));
+                }
+                if ended {
+                    return None;
+                }
+                tokio::time::sleep(STORE_POLL).await;
+                match store.read(&id, seen).await {
+                    Ok(Some(t)) => {
+                        ended = t.ended && t.events.is_empty();
+                        queue.extend(t.events);
+                    }
+                    // Expired, or the store failed: the client re-attaches.
+                    Ok(None) | Err(_) => return None,
+                }
+            }
+        },
+    );
+    Sse::new(events).keep_alive(KeepAlive::default())
 }
 
 /// A turn this node does not keep: fetched from the node its id names
@@ -721,7 +827,7 @@ fn sse(log: Arc<TurnLog>, after: u64) -> Sse<impl Stream<Item = Result<Event, In
                     seen = e.id;
                     let event = Event::default()
                         .id(e.id.to_string())
-                        .event(e.kind)
+                        .event(e.kind.as_ref())
                         .data(e.data.to_string());
                     return Some((Ok(event), (log, seen, queue, ended)));
                 }

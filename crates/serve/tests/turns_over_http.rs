@@ -328,8 +328,8 @@ async fn bad_requests_get_typed_errors_never_a_500() {
         (s.events("turn_unknown"), 404, "not_found"),
         (
             s.events("turn_unknown").header("last-event-id", "abc"),
-            404,
-            "not_found",
+            400,
+            "invalid_request",
         ),
     ];
     for (i, (request, status, kind)) in cases.into_iter().enumerate() {
