@@ -70,7 +70,7 @@ pub async fn turns_per_sec(stores: Vec<Arc<dyn SessionStore>>, turns: usize) -> 
 }
 
 /// A new empty database on the server of `admin`; its URL.
-async fn fresh_db(admin: &str, tag: &str) -> String {
+pub(crate) async fn fresh_db(admin: &str, tag: &str) -> String {
     let (client, conn) = tokio_postgres::connect(admin, tokio_postgres::NoTls)
         .await
         .expect("connect to WARDEN_PG_URL");
@@ -91,7 +91,7 @@ async fn fresh_db(admin: &str, tag: &str) -> String {
 
 /// Transactions committed in `url`'s database so far (the statistics
 /// collector's count; other backends report it within a second).
-async fn commits(url: &str) -> i64 {
+pub(crate) async fn commits(url: &str) -> i64 {
     tokio::time::sleep(Duration::from_millis(1_200)).await;
     let (client, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls)
         .await
@@ -179,4 +179,5 @@ pub async fn bench_cluster(quick: bool) {
         best(&three) / best(&sled),
         mean(&tx3)
     );
+    crate::soak::bench_served_on_postgres(&admin, quick).await;
 }

@@ -365,9 +365,27 @@ fn percentile(sorted: &[u64], p: f64) -> u64 {
     sorted[i.min(sorted.len() - 1)]
 }
 
+/// Where the served node keeps its sessions and turns.
+enum Backing {
+    /// sled on local disk; turns in memory (a single node).
+    Sled,
+    /// A cluster node on this PostgreSQL database (fenced records, and
+    /// every turn event stored before it is sent).
+    Postgres(String),
+}
+
 /// A served node (mock + supervisor + HTTP) and `clients` clients for
 /// `secs`; the merged tally and the number of stalls injected.
 async fn soak(clients: usize, secs: u64, keep: Duration) -> (Tally, u64, Duration) {
+    soak_on(&Backing::Sled, clients, secs, keep).await
+}
+
+async fn soak_on(
+    backing: &Backing,
+    clients: usize,
+    secs: u64,
+    keep: Duration,
+) -> (Tally, u64, Duration) {
     let dir = tempfile::tempdir().expect("temp dir");
     let expected = Arc::new(reply());
     let mock = MockServer::start(
@@ -396,7 +414,24 @@ async fn soak(clients: usize, secs: u64, keep: Duration) -> (Tally, u64, Duratio
         stamps: Arc::clone(&stamps),
         stalls: Arc::clone(&stalls),
     });
-    let store = Arc::new(warden_store::SledStore::open(dir.path().join("db")).expect("sled"));
+    let mut serve_config = warden_serve::ServeConfig::new(TOKEN).with_keep_finished(keep);
+    let mut renewer = None;
+    let (store, recovered): (Arc<dyn warden_core::SessionStore>, _) = match backing {
+        Backing::Sled => (
+            Arc::new(warden_store::SledStore::open(dir.path().join("db")).expect("sled")),
+            None,
+        ),
+        Backing::Postgres(url) => {
+            let pg = warden_pg::PgStore::connect(url).await.expect("pg");
+            let node = warden_pg::NodeStore::new(pg, "soak", Duration::from_secs(10));
+            renewer = Some(node.spawn_renewer());
+            let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+            serve_config = serve_config
+                .with_turn_store(Arc::new(node.turns()))
+                .with_recovered_turns(rx);
+            (Arc::new(node), Some(tx))
+        }
+    };
     let config = SupervisorConfig::default()
         .with_watchdog(
             WatchdogConfig::default()
@@ -406,16 +441,14 @@ async fn soak(clients: usize, secs: u64, keep: Duration) -> (Tally, u64, Duratio
         .with_session(SessionConfig::default().with_retry(
             RetryPolicy::default().with_backoff(Duration::from_millis(50), Duration::from_secs(1)),
         ));
-    let supervisor = Supervisor::builder(Arc::new(move |_: &SessionKey| source.clone()))
+    let mut builder = Supervisor::builder(Arc::new(move |_: &SessionKey| source.clone()))
         .config(config)
-        .store(store)
-        .start()
-        .await
-        .expect("supervisor");
-    let app = warden_serve::router(
-        supervisor.clone(),
-        warden_serve::ServeConfig::new(TOKEN).with_keep_finished(keep),
-    );
+        .store(store);
+    if let Some(tx) = recovered {
+        builder = builder.recovered_turns(tx);
+    }
+    let supervisor = builder.start().await.expect("supervisor");
+    let app = warden_serve::router(supervisor.clone(), serve_config);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind");
@@ -448,7 +481,61 @@ async fn soak(clients: usize, secs: u64, keep: Duration) -> (Tally, u64, Duratio
     supervisor.shutdown().await;
     server.abort();
     mock.shutdown().await;
+    drop(renewer);
     (tally, stalls.load(Ordering::Relaxed), elapsed)
+}
+
+/// Section 11's served part: the same node and clients as the soak, on
+/// sled (turns in memory) and as a cluster node on PostgreSQL (every
+/// event stored before it is sent): turns/s, the latency a text event
+/// gains, the checks, and the database transactions per turn.
+pub async fn bench_served_on_postgres(admin: &str, quick: bool) {
+    let (clients, secs) = if quick { (20, 5) } else { (50, 15) };
+    println!(
+        "\n{clients} SSE clients on `warden serve` for {secs} s (the soak's turns, 5 % stalls, 5 % drops with re-attach):"
+    );
+    println!(
+        "| node | turns/s | errors | bad ids | bad text | text event latency p50 / p99 (µs) | ratio p50 / p99 | transactions per turn |"
+    );
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|");
+    let keep = Duration::from_secs(5);
+    let (mut sled, _, sled_t) = soak_on(&Backing::Sled, clients, secs, keep).await;
+    sled.latencies_us.sort_unstable();
+    let (s50, s99) = (
+        percentile(&sled.latencies_us, 0.5),
+        percentile(&sled.latencies_us, 0.99),
+    );
+    println!(
+        "| sled, turns in memory (baseline) | {:.0} | {} | {} | {} | {s50} / {s99} | 1.00x / 1.00x | – |",
+        sled.turns as f64 / sled_t.as_secs_f64(),
+        sled.errors,
+        sled.bad_ids,
+        sled.bad_text
+    );
+    let url = crate::cluster::fresh_db(admin, "served").await;
+    let before = crate::cluster::commits(&url).await;
+    let (mut pg, _, pg_t) = soak_on(&Backing::Postgres(url.clone()), clients, secs, keep).await;
+    let after = crate::cluster::commits(&url).await;
+    pg.latencies_us.sort_unstable();
+    let (p50, p99) = (
+        percentile(&pg.latencies_us, 0.5),
+        percentile(&pg.latencies_us, 0.99),
+    );
+    println!(
+        "| PostgreSQL cluster node, events stored first | {:.0} | {} | {} | {} | {p50} / {p99} | {:.2}x / {:.2}x | {:.1} |",
+        pg.turns as f64 / pg_t.as_secs_f64(),
+        pg.errors,
+        pg.bad_ids,
+        pg.bad_text,
+        p50 as f64 / s50.max(1) as f64,
+        p99 as f64 / s99.max(1) as f64,
+        (after - before - 1).max(0) as f64 / pg.turns.max(1) as f64
+    );
+    for (what, t) in [("sled", &sled), ("PostgreSQL", &pg)] {
+        if let Some(e) = &t.first_error {
+            println!("first error ({what}): {e}");
+        }
+    }
 }
 
 pub async fn bench_soak(quick: bool) {

@@ -8,9 +8,7 @@ use futures_util::future::BoxFuture;
 use tokio_util::task::AbortOnDropHandle;
 use warden_core::{SessionKey, Supervisor};
 use warden_pg::{NodeStore, PgStore};
-use warden_serve::{
-    Elsewhere, Placement, ServeEvent, SessionPlace, StoredTurn, TurnStore, TurnStoreError,
-};
+use warden_serve::{Elsewhere, Placement, SessionPlace, TurnStore};
 
 use crate::exit::{CliError, Exit};
 
@@ -139,74 +137,9 @@ impl Placement for LeasePlacement {
     }
 }
 
-/// The node's turn event logs, in the cluster's database under its leases.
-struct PgTurns {
-    node: NodeStore,
-}
-
-fn turn_error(e: warden_core::StoreError) -> TurnStoreError {
-    match e {
-        warden_core::StoreError::LeaseLost { key, epoch } => {
-            TurnStoreError::Moved(format!("lease of {key} (epoch {epoch}) lost"))
-        }
-        e => TurnStoreError::Failed(e.to_string()),
-    }
-}
-
-fn stored(turn: warden_pg::TurnLog) -> StoredTurn {
-    let events = turn
-        .events
-        .into_iter()
-        .map(|e| ServeEvent::new(e.seq, e.kind, e.data))
-        .collect();
-    StoredTurn::new(turn.id, SessionKey::new(turn.key), events, turn.ended)
-}
-
-impl TurnStore for PgTurns {
-    fn open<'a>(
-        &'a self,
-        key: &'a SessionKey,
-        message_id: u64,
-        id: &'a str,
-    ) -> BoxFuture<'a, Result<StoredTurn, TurnStoreError>> {
-        Box::pin(async move {
-            let turn = self.node.open_turn(key, message_id, id).await;
-            turn.map(stored).map_err(turn_error)
-        })
-    }
-
-    fn append<'a>(
-        &'a self,
-        key: &'a SessionKey,
-        id: &'a str,
-        events: &'a [ServeEvent],
-        ended: bool,
-    ) -> BoxFuture<'a, Result<(), TurnStoreError>> {
-        Box::pin(async move {
-            let events: Vec<_> = events
-                .iter()
-                .map(|e| warden_pg::TurnLogEvent::new(e.id, e.kind.clone(), e.data.clone()))
-                .collect();
-            let appended = self.node.append_turn(key, id, &events, ended).await;
-            appended.map_err(turn_error)
-        })
-    }
-
-    fn read<'a>(
-        &'a self,
-        id: &'a str,
-        after: u64,
-    ) -> BoxFuture<'a, Result<Option<StoredTurn>, TurnStoreError>> {
-        Box::pin(async move {
-            let turn = self.node.pg().read_turn(id, after).await;
-            turn.map(|t| t.map(stored)).map_err(turn_error)
-        })
-    }
-}
-
 /// The turn store of `warden serve` on this node.
 pub(crate) fn turn_store(node: &NodeStore) -> Arc<dyn TurnStore> {
-    Arc::new(PgTurns { node: node.clone() })
+    Arc::new(node.turns())
 }
 
 /// A node's background work: lease renewal, heartbeats, evicting the

@@ -559,6 +559,84 @@ async fn a_client_re_attaches_on_another_node_to_a_turn_whose_node_died() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_turn_whose_node_died_is_cancelled_through_any_node() {
+    let Some(url) = fresh_db().await else { return };
+    // Every attempt stalls (held open): the turn runs until cancelled.
+    let mock = MockServer::start(
+        MockConfig::default()
+            .with_sequence([Scenario::Stall, Scenario::Stall])
+            .with_frame_interval(Duration::from_millis(2)),
+    )
+    .await
+    .expect("mock");
+    let (_d, dir) = dir();
+    let mut a = start(&dir, "node-a", &url, &mock).await;
+    let b = start(&dir, "node-b", &url, &mock).await;
+    let c = start(&dir, "node-c", &url, &mock).await;
+    let http = reqwest::Client::new();
+    let posted = post(&a, "k1", "hello").await;
+    assert_eq!(posted.status(), 202);
+    let id = posted.json_value().await["id"]
+        .as_str()
+        .expect("id")
+        .to_owned();
+    wait_until(&mock, "A's stream", PATIENCE, || mock.requests().len() == 1).await;
+    a.child.start_kill().expect("SIGKILL");
+    let _ = a.child.wait().await;
+    // B or C takes the session over and runs the turn again (stalled).
+    wait_until(&mock, "the re-delivery", PATIENCE, || {
+        mock.requests().len() == 2
+    })
+    .await;
+
+    // Cancelled through the node that does not run it now: the request
+    // reaches the turn on its new node.
+    let pg = warden_pg::PgStore::connect(&url).await.expect("pg");
+    let info = pg.lease_info(&SessionKey::new("k1")).await.expect("info");
+    let owner = info.owner.expect("a new owner");
+    assert_ne!(owner, "node-a");
+    let other = if owner == b.id { &c } else { &b };
+    let mut cancelled = Value::Null;
+    let t0 = Instant::now();
+    for node in std::iter::repeat(other) {
+        let answer = http
+            .delete(format!("{}/v1/turns/{id}", node.base))
+            .bearer_auth(TOKEN)
+            .send()
+            .await
+            .expect("delete");
+        if answer.status() == 200 {
+            cancelled = answer.json_value().await;
+            break;
+        }
+        // The new owner may not have relayed the re-delivered turn yet.
+        assert_eq!(answer.status(), 503, "{}", node.id);
+        assert!(t0.elapsed() < PATIENCE, "a cancel in time");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(cancelled["cancelled"], true, "{cancelled}");
+    assert_eq!(cancelled["key"], "k1", "{cancelled}");
+    // The turn ends cancelled, seen from either node.
+    for node in [&b, &c] {
+        let events = http
+            .get(format!("{}/v1/turns/{id}/events", node.base))
+            .bearer_auth(TOKEN)
+            .send()
+            .await
+            .expect("get");
+        let events = SseReader::new(events).rest().await;
+        let last = events.last().expect("events");
+        assert_eq!(
+            (last.kind.as_str(), &last.data["exit"]),
+            ("error", &serde_json::json!(130)),
+            "{}: {events:?}",
+            node.id
+        );
+    }
+    drop((b, c));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn any_node_takes_a_turn_and_forwards_it_to_the_sessions_owner() {
     let Some(url) = fresh_db().await else { return };
     let mock =

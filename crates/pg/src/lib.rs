@@ -28,7 +28,8 @@
 //! - **Turn event logs** ([`PgStore::open_turn`], [`PgStore::append_turn`],
 //!   [`PgStore::read_turn`]): what `warden serve` sent of each turn,
 //!   written through the same fence, so a turn re-delivered by another
-//!   node keeps its id and numbers its events on.
+//!   node keeps its id and numbers its events on; with the feature
+//!   `serve`, `NodeTurns` hands them to `warden serve`.
 //!
 //! ```no_run
 //! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
@@ -45,6 +46,8 @@ mod conversations;
 mod lease;
 mod migrate;
 mod node;
+#[cfg(feature = "serve")]
+mod serve;
 mod turns;
 
 use std::time::Duration;
@@ -59,6 +62,8 @@ pub use conversations::PgConversations;
 pub use lease::{Lease, LeaseInfo};
 pub use migrate::MIGRATIONS;
 pub use node::{NodeInfo, NodeStore};
+#[cfg(feature = "serve")]
+pub use serve::NodeTurns;
 pub use turns::{TurnLog, TurnLogEvent};
 
 /// Why the store could not be opened.

@@ -704,11 +704,71 @@ async fn cancel_turn(
 ) -> Result<Response, ApiError> {
     let Some(log) = state.turns.get(&id) else {
         let path = format!("/v1/turns/{id}");
-        return turn_elsewhere(&state, &id, Method::DELETE, &path, &headers).await;
+        let elsewhere = turn_elsewhere(&state, &id, Method::DELETE, &path, &headers).await;
+        let (Err(e), Some(store)) = (&elsewhere, &state.turns.store) else {
+            return elsewhere;
+        };
+        // Its node cannot take it: the node that runs its session now can.
+        let turn = match store.read(&id, u64::MAX).await {
+            Ok(Some(turn)) => turn,
+            Ok(None) | Err(_) => return elsewhere,
+        };
+        if turn.ended {
+            return Ok(
+                Json(json!({"id": id, "key": turn.key.as_str(), "cancelled": false}))
+                    .into_response(),
+            );
+        }
+        let owner = match &state.config.placement {
+            Some(p) if !cluster::was_forwarded(&headers) => {
+                current_owner(p.as_ref(), &turn.key).await
+            }
+            _ => None,
+        };
+        let Some((me, base)) = owner else {
+            return Err(ApiError {
+                retry_after: Some(1),
+                ..ApiError::new(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "turn_moving",
+                    format!(
+                        "turn {id} is being re-delivered by another node; ask again ({})",
+                        e.message
+                    ),
+                )
+            });
+        };
+        return cluster::forward(
+            state.http.get_or_init(cluster::client),
+            &me,
+            Method::DELETE,
+            &base,
+            &path,
+            &headers,
+            None,
+        )
+        .await
+        .map_err(|cluster::Unreachable(why)| ApiError {
+            retry_after: Some(1),
+            ..ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "node_unreachable", why)
+        });
     };
     // An error means the session is gone: nothing left to cancel.
     let cancelled = log.cancel().await.unwrap_or(false);
     Ok(Json(json!({"id": id, "key": log.key.as_str(), "cancelled": cancelled})).into_response())
+}
+
+/// This node's id and the address of the other live node that holds
+/// `key`'s lease now, if any.
+async fn current_owner(placement: &dyn Placement, key: &SessionKey) -> Option<(String, String)> {
+    let me = placement.node()?;
+    let all = placement.sessions().await?.ok()?;
+    let place = all.into_iter().find(|p| p.key == key.as_str())?;
+    let live = place.lease_remaining_secs.is_some_and(|s| s > 0.0);
+    match (place.owner, place.advertise) {
+        (Some(owner), Some(base)) if live && owner != me => Some((me.to_owned(), base)),
+        _ => None,
+    }
 }
 
 async fn list_sessions(State(state): State<AppState>) -> Result<Response, ApiError> {

@@ -1,0 +1,85 @@
+//! [`NodeTurns`]: `warden serve`'s turn store on a cluster node (feature
+//! `serve`), over [`PgStore::open_turn`](crate::PgStore::open_turn) and its
+//! siblings, under the node's leases.
+
+use futures_util::future::BoxFuture;
+use warden_core::{SessionKey, StoreError};
+use warden_serve::{ServeEvent, StoredTurn, TurnStore, TurnStoreError};
+
+use crate::{NodeStore, TurnLog, TurnLogEvent};
+
+/// One node's turn event logs in the cluster's database, written under its
+/// leases: `warden serve`'s [`TurnStore`] on a cluster node
+/// ([`NodeStore::turns`]). Cheap to clone.
+#[derive(Clone, Debug)]
+pub struct NodeTurns {
+    node: NodeStore,
+}
+
+impl NodeStore {
+    /// This node's turn event logs, for `warden serve`
+    /// ([`ServeConfig::with_turn_store`](warden_serve::ServeConfig::with_turn_store)).
+    pub fn turns(&self) -> NodeTurns {
+        NodeTurns { node: self.clone() }
+    }
+}
+
+fn turn_error(e: StoreError) -> TurnStoreError {
+    match e {
+        StoreError::LeaseLost { key, epoch } => {
+            TurnStoreError::Moved(format!("lease of {key} (epoch {epoch}) lost"))
+        }
+        e => TurnStoreError::Failed(e.to_string()),
+    }
+}
+
+fn stored(turn: TurnLog) -> StoredTurn {
+    let events = turn
+        .events
+        .into_iter()
+        .map(|e| ServeEvent::new(e.seq, e.kind, e.data))
+        .collect();
+    StoredTurn::new(turn.id, SessionKey::new(turn.key), events, turn.ended)
+}
+
+impl TurnStore for NodeTurns {
+    fn open<'a>(
+        &'a self,
+        key: &'a SessionKey,
+        message_id: u64,
+        id: &'a str,
+    ) -> BoxFuture<'a, Result<StoredTurn, TurnStoreError>> {
+        Box::pin(async move {
+            let turn = self.node.open_turn(key, message_id, id).await;
+            turn.map(stored).map_err(turn_error)
+        })
+    }
+
+    fn append<'a>(
+        &'a self,
+        key: &'a SessionKey,
+        id: &'a str,
+        events: &'a [ServeEvent],
+        ended: bool,
+    ) -> BoxFuture<'a, Result<(), TurnStoreError>> {
+        Box::pin(async move {
+            let events: Vec<_> = events
+                .iter()
+                .map(|e| TurnLogEvent::new(e.id, e.kind.clone(), e.data.clone()))
+                .collect();
+            let appended = self.node.append_turn(key, id, &events, ended).await;
+            appended.map_err(turn_error)
+        })
+    }
+
+    fn read<'a>(
+        &'a self,
+        id: &'a str,
+        after: u64,
+    ) -> BoxFuture<'a, Result<Option<StoredTurn>, TurnStoreError>> {
+        Box::pin(async move {
+            let turn = self.node.pg().read_turn(id, after).await;
+            turn.map(|t| t.map(stored)).map_err(turn_error)
+        })
+    }
+}
