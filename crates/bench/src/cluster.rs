@@ -14,7 +14,9 @@
 //! stores: sled flushes, PostgreSQL commits.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use warden_core::{EventSource, SessionKey, SessionStore, Supervisor, SupervisorConfig};
 
@@ -131,6 +133,140 @@ async fn on_postgres(admin: &str, nodes: usize, turns: usize, round: usize) -> (
     (rate, per_turn)
 }
 
+/// A node's store as the database sees the node: once `dead`, it writes
+/// nothing more (a `kill -9` leaves no last write and no release).
+struct Killable {
+    node: warden_pg::NodeStore,
+    dead: std::sync::atomic::AtomicBool,
+}
+
+impl SessionStore for Killable {
+    fn load(
+        &self,
+        key: &SessionKey,
+    ) -> futures_util::future::BoxFuture<
+        '_,
+        Result<Option<warden_core::SessionRecord>, warden_core::StoreError>,
+    > {
+        self.node.load(key)
+    }
+
+    fn save<'a>(
+        &'a self,
+        record: &'a warden_core::SessionRecord,
+        durability: warden_core::Durability,
+    ) -> futures_util::future::BoxFuture<'a, Result<(), warden_core::StoreError>> {
+        if self.dead.load(std::sync::atomic::Ordering::SeqCst) {
+            return Box::pin(async {
+                Err(warden_core::StoreError::Backend {
+                    message: "killed".into(),
+                })
+            });
+        }
+        self.node.save(record, durability)
+    }
+
+    fn list(
+        &self,
+    ) -> futures_util::future::BoxFuture<
+        '_,
+        Result<
+            Vec<Result<warden_core::SessionRecord, warden_core::StoreError>>,
+            warden_core::StoreError,
+        >,
+    > {
+        self.node.list()
+    }
+}
+
+/// Failover time over `kills` kills at lease TTL `ttl`: a node runs a
+/// session's turn (its stream held open) and is killed — its renewals and
+/// writes stop at once, as the database sees a `kill -9`, at a random
+/// moment between two renewals — while a surviving node scans for orphans
+/// every [`scan_interval`](warden_pg::NodeStore::scan_interval), as `warden
+/// serve` does. Measured: kill → the session's re-delivered attempt opening on
+/// the survivor. Sorted, in seconds.
+async fn failovers(admin: &str, kills: usize, ttl: Duration) -> Vec<f64> {
+    let url = fresh_db(admin, "failover").await;
+    let connect = || async { warden_pg::PgStore::connect(&url).await.expect("pg") };
+    // The survivor answers every attempt; it reports which session's
+    // attempt opened when.
+    let survivor = warden_pg::NodeStore::new(connect().await, "survivor", ttl);
+    let _renewing = survivor.spawn_renewer();
+    let (source, ctl) = warden_core::testing::ChannelSource::new();
+    let factory = move |_: &SessionKey| source.clone() as Arc<dyn EventSource>;
+    let sup_b = Supervisor::builder(Arc::new(factory))
+        .store(Arc::new(survivor.clone()))
+        .start()
+        .await
+        .expect("supervisor");
+    let (opened_tx, mut opened) = tokio::sync::mpsc::unbounded_channel();
+    let driver = tokio::spawn(async move {
+        while let Some(a) = ctl.next_attempt().await {
+            let _ = opened_tx.send((a.request.session_key.clone(), Instant::now()));
+            a.text("answered");
+            a.finish();
+        }
+    });
+    let scan = {
+        let (node, sup) = (survivor.clone(), sup_b.clone());
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(node.scan_interval());
+            loop {
+                tick.tick().await;
+                node.take_over(&sup).await;
+            }
+        })
+    };
+    let mut times = Vec::new();
+    for i in 0..kills {
+        // A fresh incarnation of the victim runs session i's turn, held.
+        let node = warden_pg::NodeStore::new(connect().await, "victim", ttl);
+        let renewer = node.spawn_renewer();
+        let store = Arc::new(Killable {
+            node: node.clone(),
+            dead: std::sync::atomic::AtomicBool::new(false),
+        });
+        let (source, ctl) = warden_core::testing::ChannelSource::new();
+        let factory = move |_: &SessionKey| source.clone() as Arc<dyn EventSource>;
+        let sup_a = Supervisor::builder(Arc::new(factory))
+            .store(store.clone())
+            .start()
+            .await
+            .expect("supervisor");
+        let key = format!("failover-{i}");
+        let _turn = sup_a.send(key.as_str(), "hello").await.expect("send");
+        let held = tokio::time::timeout(Duration::from_secs(30), ctl.next_attempt())
+            .await
+            .expect("the victim's attempt in time")
+            .expect("attempt");
+        // kill -9 at a random moment between two renewals, as the
+        // database sees it.
+        let between = ttl.mul_f64(rand::random::<f64>() / 3.0);
+        tokio::time::sleep(between).await;
+        let t0 = Instant::now();
+        store.dead.store(true, std::sync::atomic::Ordering::SeqCst);
+        drop(renewer);
+        let opened_at = loop {
+            let (k, at) = tokio::time::timeout(Duration::from_secs(30), opened.recv())
+                .await
+                .expect("the survivor's attempt in time")
+                .expect("driver");
+            if k.as_str() == key {
+                break at;
+            }
+        };
+        times.push(opened_at.duration_since(t0).as_secs_f64());
+        drop(held);
+        sup_a.shutdown().await;
+    }
+    scan.abort();
+    driver.abort();
+    sup_b.shutdown().await;
+    times.sort_by(f64::total_cmp);
+    times
+}
+
 pub async fn bench_cluster(quick: bool) {
     println!(
         "\n## 11. Sessions on PostgreSQL (fenced cluster store) vs sled: turns/s, 20 deltas per turn, {SESSIONS} sessions"
@@ -180,4 +316,27 @@ pub async fn bench_cluster(quick: bool) {
         mean(&tx3)
     );
     crate::soak::bench_served_on_postgres(&admin, quick).await;
+
+    let kills = if quick { 5 } else { 20 };
+    for ttl in [Duration::from_secs(1), Duration::from_secs(10)] {
+        if quick && ttl > Duration::from_secs(1) {
+            continue;
+        }
+        let n = if ttl > Duration::from_secs(1) {
+            kills / 4
+        } else {
+            kills
+        };
+        let t = failovers(&admin, n, ttl).await;
+        let at = |p: f64| t[((t.len() as f64 - 1.0) * p).round() as usize];
+        println!(
+            "\nfailover, lease TTL {:.0} s, {n} kills (kill → the re-delivered attempt on the survivor): min {:.2} s, p50 {:.2} s, p99 {:.2} s, max {:.2} s (target p99 ≤ TTL + 1 s = {:.0} s)",
+            ttl.as_secs_f64(),
+            at(0.0),
+            at(0.5),
+            at(0.99),
+            at(1.0),
+            ttl.as_secs_f64() + 1.0
+        );
+    }
 }

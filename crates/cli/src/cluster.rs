@@ -215,7 +215,7 @@ pub(crate) async fn join(
     let scan = node.clone();
     let sup = supervisor.clone();
     tasks.push(AbortOnDropHandle::new(tokio::spawn(async move {
-        let mut tick = tokio::time::interval(ttl / 4);
+        let mut tick = tokio::time::interval(scan.scan_interval());
         loop {
             tick.tick().await;
             take_over(&scan, &sup).await;
@@ -224,57 +224,24 @@ pub(crate) async fn join(
     Ok(Membership { _tasks: tasks })
 }
 
-/// Takes over every orphan it can and starts it (which re-sends its
-/// pending messages); how many. A session bound to a workspace directory
-/// (a Claude Code session lives where its workspace and transcript are) is
-/// taken over only by a node where that directory exists; elsewhere it
-/// stays with its lease expired until such a node takes it.
+/// Takes over every orphan it can and starts it (see
+/// [`NodeStore::take_over`](warden_pg::NodeStore::take_over)), saying so on
+/// stderr; how many.
 pub(crate) async fn take_over(node: &NodeStore, supervisor: &Supervisor) -> usize {
-    let Ok(orphans) = node.pg().orphans().await else {
-        return 0;
-    };
-    let mut taken = 0;
-    for key in orphans {
-        if !workspace_is_here(node, &key).await {
-            continue; // for a node that has its workspace
-        }
-        if let Ok(Some(lease)) = node.claim(&key).await {
-            match supervisor.session(key.clone()).await {
-                Ok(_) => {
-                    taken += 1;
-                    eprintln!(
-                        "warden: took over session {} (epoch {}); re-sending its pending messages",
-                        key.as_str(),
-                        lease.epoch
-                    );
-                }
-                Err(e) => {
-                    // Not runnable here: let another node have it rather
-                    // than hold its lease with nothing running.
-                    eprintln!(
-                        "warden: session {} cannot start here ({e}); its lease is released",
-                        key.as_str()
-                    );
-                    let _ = node.release(&key).await;
-                }
-            }
-        }
+    let done = node.take_over(supervisor).await;
+    for (key, epoch) in &done.taken {
+        eprintln!(
+            "warden: took over session {} (epoch {epoch}); re-sending its pending messages",
+            key.as_str()
+        );
     }
-    taken
-}
-
-/// Whether `key`'s session can run here: it has no workspace directory, or
-/// that directory exists on this node.
-async fn workspace_is_here(node: &NodeStore, key: &SessionKey) -> bool {
-    use warden_core::SessionStore as _;
-    match node.pg().load(key).await {
-        Ok(Some(record)) => record
-            .workspace
-            .as_deref()
-            .is_none_or(std::path::Path::is_dir),
-        // Gone, or unreadable: the claim and the session's start decide.
-        Ok(None) | Err(_) => true,
+    for (key, why) in &done.released {
+        eprintln!(
+            "warden: session {} cannot start here ({why}); its lease is released",
+            key.as_str()
+        );
     }
+    done.taken.len()
 }
 
 /// Arguments of `warden cluster`.

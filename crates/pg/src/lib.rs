@@ -61,7 +61,7 @@ use warden_core::{Durability, SessionKey, SessionRecord, SessionStore, StoreErro
 pub use conversations::PgConversations;
 pub use lease::{Lease, LeaseInfo};
 pub use migrate::MIGRATIONS;
-pub use node::{NodeInfo, NodeStore};
+pub use node::{NodeInfo, NodeStore, TakeOver};
 #[cfg(feature = "serve")]
 pub use serve::NodeTurns;
 pub use turns::{TurnLog, TurnLogEvent};

@@ -8,7 +8,7 @@ use std::time::Duration;
 use futures_util::future::BoxFuture;
 use tokio::sync::broadcast;
 use tokio_util::task::AbortOnDropHandle;
-use warden_core::{Durability, SessionKey, SessionRecord, SessionStore, StoreError};
+use warden_core::{Durability, SessionKey, SessionRecord, SessionStore, StoreError, Supervisor};
 
 use crate::{Lease, PgStore, backend};
 
@@ -80,6 +80,17 @@ impl PgStore {
             })
             .collect())
     }
+}
+
+/// What one [`NodeStore::take_over`] did.
+#[derive(Debug, Default, Clone, PartialEq)]
+#[non_exhaustive]
+pub struct TakeOver {
+    /// Sessions taken and started here, with their new epoch.
+    pub taken: Vec<(SessionKey, u64)>,
+    /// Sessions taken that could not start here, with why; their leases
+    /// were given back at once for another node.
+    pub released: Vec<(SessionKey, String)>,
 }
 
 /// The [`SessionStore`] of one node of a cluster. A session's first write
@@ -229,6 +240,57 @@ impl NodeStore {
     fn forget_if_lost<T>(&self, lease: &Lease, result: &Result<T, StoreError>) {
         if matches!(result, Err(StoreError::LeaseLost { .. })) {
             self.forget(lease);
+        }
+    }
+
+    /// How often to run [`take_over`](Self::take_over): a quarter of the
+    /// lease TTL, at most 500 ms, so a dead node's sessions are taken over
+    /// within the TTL plus half a second of its last renewal.
+    pub fn scan_interval(&self) -> Duration {
+        (self.ttl / 4).min(Duration::from_millis(500))
+    }
+
+    /// Takes over every orphan it can (a session with acknowledged,
+    /// unanswered messages whose lease ran out: its node died) and starts
+    /// it in `supervisor`, which re-sends its pending messages. A session
+    /// bound to a workspace directory (a Claude Code session lives where
+    /// its workspace and transcript are) is taken only where that directory
+    /// exists; elsewhere it stays with its lease expired until such a node
+    /// takes it. Run it every [`scan_interval`](Self::scan_interval).
+    pub async fn take_over(&self, supervisor: &Supervisor) -> TakeOver {
+        let mut done = TakeOver::default();
+        let Ok(orphans) = self.pg.orphans().await else {
+            return done;
+        };
+        for key in orphans {
+            if !self.workspace_is_here(&key).await {
+                continue; // for a node that has its workspace
+            }
+            if let Ok(Some(lease)) = self.claim(&key).await {
+                match supervisor.session(key.clone()).await {
+                    Ok(_) => done.taken.push((key, lease.epoch)),
+                    Err(e) => {
+                        // Not runnable here: let another node have it
+                        // rather than hold its lease with nothing running.
+                        let _ = self.release(&key).await;
+                        done.released.push((key, e.to_string()));
+                    }
+                }
+            }
+        }
+        done
+    }
+
+    /// Whether `key`'s session can run here: it has no workspace
+    /// directory, or that directory exists on this node.
+    async fn workspace_is_here(&self, key: &SessionKey) -> bool {
+        match self.pg.load(key).await {
+            Ok(Some(record)) => record
+                .workspace
+                .as_deref()
+                .is_none_or(std::path::Path::is_dir),
+            // Gone, or unreadable: the claim and the session's start decide.
+            Ok(None) | Err(_) => true,
         }
     }
 
