@@ -67,6 +67,30 @@ impl Placement for LeasePlacement {
                 return Ok(()); // ours (the fence still guards every write)
             }
             let unknown = || Elsewhere::new(None, None, Duration::from_secs(1));
+            // A session bound to a directory this node lacks is not taken
+            // here: asked while its owner lives, the request is forwarded;
+            // once the owner is gone, the client is told why it waits.
+            if let Some(ws) = self.node.missing_workspace(key).await {
+                let pg = self.node.pg();
+                let info = pg.lease_info(key).await.map_err(|_| unknown())?;
+                let left = info.remaining_secs.unwrap_or(0.0);
+                if left <= 0.0 {
+                    return Err(Elsewhere::workspace_missing(
+                        info.owner,
+                        ws,
+                        self.node.scan_interval().max(Duration::from_secs(1)),
+                    ));
+                }
+                let advertise = match &info.owner {
+                    Some(owner) => self.advertise_of(owner).await,
+                    None => None,
+                };
+                return Err(Elsewhere::new(
+                    info.owner,
+                    advertise,
+                    Duration::from_secs_f64(left),
+                ));
+            }
             match self.node.claim(key).await {
                 Ok(Some(_)) => Ok(()),
                 Ok(None) => {

@@ -813,6 +813,30 @@ async fn a_session_bound_to_a_workspace_is_taken_over_only_where_that_directory_
     a.child.start_kill().expect("SIGKILL");
     let _ = a.child.wait().await;
     tokio::time::sleep(Duration::from_secs_f64(TTL_SECS * 2.5)).await;
+    // Asked for it, by its workspace or its key, B says why it waits, and
+    // does not take it.
+    let by_workspace = serde_json::json!({"workspace": ws, "message": "still there?"});
+    let by_key = serde_json::json!({"key": key, "message": "still there?"});
+    for body in [by_workspace, by_key] {
+        let refused = http
+            .post(format!("{}/v1/turns", b.base))
+            .bearer_auth(TOKEN)
+            .header("content-type", "application/json")
+            .body(body.to_string())
+            .send()
+            .await
+            .expect("post");
+        assert_eq!(refused.status(), 503, "{body}");
+        assert!(refused.headers().contains_key("retry-after"));
+        let error = refused.json_value().await;
+        assert_eq!(error["error"]["type"], "workspace_unavailable", "{error}");
+        assert_eq!(
+            error["error"]["workspace"],
+            ws.to_str().expect("utf-8"),
+            "{error}"
+        );
+        assert_eq!(error["error"]["owner"], "node-a", "{error}");
+    }
     let pg = warden_pg::PgStore::connect(&url).await.expect("pg");
     assert_eq!(
         mock.requests().len(),

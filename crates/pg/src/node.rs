@@ -263,7 +263,7 @@ impl NodeStore {
             return done;
         };
         for key in orphans {
-            if !self.workspace_is_here(&key).await {
+            if self.missing_workspace(&key).await.is_some() {
                 continue; // for a node that has its workspace
             }
             if let Ok(Some(lease)) = self.claim(&key).await {
@@ -281,16 +281,14 @@ impl NodeStore {
         done
     }
 
-    /// Whether `key`'s session can run here: it has no workspace
-    /// directory, or that directory exists on this node.
-    async fn workspace_is_here(&self, key: &SessionKey) -> bool {
+    /// The workspace directory `key`'s session is bound to, if this node
+    /// does not have it (the session cannot run here); `None` when it has
+    /// no workspace or the directory exists here (or the record cannot be
+    /// read: the claim and the session's start decide then).
+    pub async fn missing_workspace(&self, key: &SessionKey) -> Option<std::path::PathBuf> {
         match self.pg.load(key).await {
-            Ok(Some(record)) => record
-                .workspace
-                .as_deref()
-                .is_none_or(std::path::Path::is_dir),
-            // Gone, or unreadable: the claim and the session's start decide.
-            Ok(None) | Err(_) => true,
+            Ok(Some(record)) => record.workspace.filter(|w| !w.is_dir()),
+            Ok(None) | Err(_) => None,
         }
     }
 

@@ -323,6 +323,9 @@ pub struct Elsewhere {
     /// When to ask again: the time left on the owner's lease (if the owner
     /// died, the session can be taken over then).
     pub retry_after: Duration,
+    /// The session's workspace directory, when it cannot run here because
+    /// this node does not have that directory (and its owner is gone).
+    pub missing_workspace: Option<std::path::PathBuf>,
 }
 
 impl Elsewhere {
@@ -333,12 +336,47 @@ impl Elsewhere {
             owner,
             advertise,
             retry_after,
+            missing_workspace: None,
+        }
+    }
+
+    /// A session whose owner `owner` is gone but that is bound to
+    /// `workspace`, a directory this node does not have: it runs again when
+    /// a node that has it takes it over.
+    pub fn workspace_missing(
+        owner: Option<String>,
+        workspace: std::path::PathBuf,
+        retry_after: Duration,
+    ) -> Self {
+        Self {
+            missing_workspace: Some(workspace),
+            ..Self::new(owner, None, retry_after)
         }
     }
 }
 
 /// 503 with `Retry-After`: the session runs on another node.
 fn elsewhere(key: &SessionKey, e: Elsewhere) -> ApiError {
+    if let Some(ws) = &e.missing_workspace {
+        let mut extra = serde_json::Map::new();
+        extra.insert("owner".into(), json!(e.owner));
+        extra.insert("workspace".into(), json!(ws));
+        return ApiError {
+            retry_after: Some(e.retry_after.as_secs_f64().ceil().max(1.0) as u64),
+            extra: Some(extra),
+            ..ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "workspace_unavailable",
+                format!(
+                    "session {} lives in workspace {}, which is not on this node, and its node {} is gone; \
+                     it runs again when a node with that directory takes it over",
+                    key.as_str(),
+                    ws.display(),
+                    e.owner.as_deref().unwrap_or("(unknown)")
+                ),
+            )
+        };
+    }
     let mut extra = serde_json::Map::new();
     extra.insert("owner".into(), json!(e.owner));
     extra.insert("advertise".into(), json!(e.advertise));
