@@ -91,6 +91,25 @@ async fn start(dir: &Path, id: &str, store: &str, mock: &MockServer) -> Node {
 }
 
 async fn start_with_ttl(dir: &Path, id: &str, store: &str, mock: &MockServer, ttl: f64) -> Node {
+    spawn_node(
+        dir,
+        id,
+        store,
+        ttl,
+        &["--agent", "anthropic", "--base-url", &mock.base_url()],
+        &[],
+    )
+    .await
+}
+
+async fn spawn_node(
+    dir: &Path,
+    id: &str,
+    store: &str,
+    ttl: f64,
+    agent: &[&str],
+    env: &[(&str, &str)],
+) -> Node {
     let data = dir.join(id);
     let token = dir.join("token");
     std::fs::write(&token, TOKEN).expect("token");
@@ -102,10 +121,6 @@ async fn start_with_ttl(dir: &Path, id: &str, store: &str, mock: &MockServer, tt
         data.to_str().expect("utf-8"),
         "--token-file",
         token.to_str().expect("utf-8"),
-        "--agent",
-        "anthropic",
-        "--base-url",
-        &mock.base_url(),
         "--store",
         store,
         "--node-id",
@@ -115,8 +130,12 @@ async fn start_with_ttl(dir: &Path, id: &str, store: &str, mock: &MockServer, tt
         "--grace",
         "1",
     ]);
+    cmd.args(agent);
     // The stalled stream is held, not killed, for as long as a test lasts.
     cmd.env("WARDEN_STREAM_TIMEOUT", "120000");
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
     let (mut child, base, _stdout) = spawn_listening(cmd, PATIENCE).await;
     let mut err = child.stderr.take().expect("stderr");
     let stderr = tokio::spawn(async move {
@@ -634,6 +653,161 @@ async fn a_turn_whose_node_died_is_cancelled_through_any_node() {
         );
     }
     drop((b, c));
+}
+
+/// The pinned Claude Code CLI (`WARDEN_CLAUDE_BIN`), or `None` with the
+/// reason printed; a failure when `WARDEN_REQUIRE_CLAUDE=1` (CI).
+fn claude_bin() -> Option<String> {
+    match std::env::var("WARDEN_CLAUDE_BIN") {
+        Ok(bin) if !bin.is_empty() => Some(bin),
+        _ => {
+            assert!(
+                std::env::var("WARDEN_REQUIRE_CLAUDE").as_deref() != Ok("1"),
+                "WARDEN_REQUIRE_CLAUDE=1 but WARDEN_CLAUDE_BIN is unset"
+            );
+            eprintln!("skipped: set WARDEN_CLAUDE_BIN to the Claude Code binary to run this test");
+            None
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claude_code_session_fails_over_through_a_fresh_start_where_its_workspace_is() {
+    let Some(url) = fresh_db().await else { return };
+    let Some(bin) = claude_bin() else { return };
+    // Slow frames: a reply takes seconds, so a turn can be caught mid-text.
+    let mock =
+        MockServer::start(MockConfig::default().with_frame_interval(Duration::from_millis(150)))
+            .await
+            .expect("mock");
+    let (_d, dir) = dir();
+    // One workspace path both nodes have; each node its own HOME, so the
+    // CLI's transcripts of one are not on the other (as on two machines).
+    let ws = dir.join("project");
+    std::fs::create_dir(&ws).expect("workspace");
+    let ws = ws.canonicalize().expect("canonical");
+    let node = |id: &'static str| {
+        let home = dir.join(format!("home-{id}"));
+        std::fs::create_dir_all(&home).expect("home");
+        (id, home)
+    };
+    let base = mock.base_url();
+    let claude = [
+        "--agent",
+        "claude-code",
+        "--claude-bin",
+        bin.as_str(),
+        "--base-url",
+        base.as_str(),
+    ];
+    let mut nodes = Vec::new();
+    for (id, home) in [node("node-a"), node("node-b")] {
+        let home = home.to_str().expect("utf-8").to_owned();
+        let env = [
+            ("HOME", home.as_str()),
+            ("ANTHROPIC_API_KEY", "dummy"),
+            ("DISABLE_TELEMETRY", "1"),
+            ("DISABLE_AUTOUPDATER", "1"),
+            ("CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "1"),
+        ];
+        nodes.push(spawn_node(&dir, id, &url, TTL_SECS, &claude, &env).await);
+    }
+    let b = nodes.pop().expect("b");
+    let mut a = nodes.pop().expect("a");
+    let http = reqwest::Client::new();
+    let turn = |node: &Node, message: &str| {
+        http.post(format!("{}/v1/turns", node.base))
+            .bearer_auth(TOKEN)
+            .header("content-type", "application/json")
+            .header("accept", "text/event-stream")
+            .body(serde_json::json!({"workspace": ws, "message": message}).to_string())
+            .send()
+    };
+
+    // A answers a first message: the conversation is A's CLI's.
+    let first = tokio::time::timeout(PATIENCE, turn(&a, "hello"))
+        .await
+        .expect("in time")
+        .expect("post");
+    let first = SseReader::new(first).rest().await;
+    assert_eq!(
+        first.last().map(|e| e.kind.as_str()),
+        Some("done"),
+        "{first:?}"
+    );
+    let pg = warden_pg::PgStore::connect(&url).await.expect("pg");
+    let key = SessionKey::new(ws.to_str().expect("utf-8"));
+    let record = pg.load(&key).await.expect("load").expect("record");
+    let conversation = record.agent_session_id.expect("A's conversation id");
+
+    // The second is cut by kill -9 of A, mid-text.
+    let second = tokio::time::timeout(PATIENCE, turn(&a, "and then?"))
+        .await
+        .expect("in time")
+        .expect("post");
+    let id = second.headers()["x-warden-turn-id"]
+        .to_str()
+        .expect("ascii")
+        .to_owned();
+    let mut reading = SseReader::new(second);
+    let mut seen = Vec::new();
+    while !seen.iter().any(|e: &Sse| e.kind == "text") {
+        seen.push(reading.next().await.expect("A's events"));
+    }
+    a.child.start_kill().expect("SIGKILL");
+    let _ = a.child.wait().await;
+    drop(reading);
+
+    // B has the workspace: it takes the session over. The conversation is
+    // not on B (its transcript was A's), so the resume fails and the turn
+    // moves to a fresh conversation — and the client is told.
+    let last = seen.last().expect("seen").id;
+    let again = tokio::time::timeout(
+        PATIENCE,
+        http.get(format!("{}/v1/turns/{id}/events", b.base))
+            .bearer_auth(TOKEN)
+            .header("last-event-id", last.to_string())
+            .send(),
+    )
+    .await
+    .expect("in time")
+    .expect("get");
+    assert_eq!(again.status(), 200);
+    let rest = SseReader::new(again).rest().await;
+    let kinds: Vec<&str> = rest.iter().map(|e| e.kind.as_str()).collect();
+    assert_eq!(rest[0].id, last + 1, "{rest:?}");
+    assert_eq!(
+        (kinds[0], &rest[0].data["code"]),
+        ("retrying", &serde_json::json!("ENODE_LOST")),
+        "{rest:?}"
+    );
+    let restarting = rest
+        .iter()
+        .find(|e| e.kind == "restarting")
+        .unwrap_or_else(|| panic!("the client is told of the fresh start: {kinds:?}"));
+    assert_eq!(
+        restarting.data["cause"], "unknown_session",
+        "{restarting:?}"
+    );
+    let done = rest.last().expect("events");
+    assert_eq!(done.kind, "done", "{rest:?}");
+    assert!(
+        done.data["text"].as_str().is_some_and(|t| !t.is_empty()),
+        "{done:?}"
+    );
+    let record = pg.load(&key).await.expect("load").expect("record");
+    assert_eq!(record.restart_count, 1, "one fresh start");
+    assert!(
+        record
+            .agent_session_id
+            .as_ref()
+            .is_some_and(|c| *c != conversation),
+        "a new conversation: {record:?}"
+    );
+    assert!(record.pending.is_empty(), "answered: {record:?}");
+    let info = pg.lease_info(&key).await.expect("info");
+    assert_eq!(info.owner.as_deref(), Some("node-b"));
+    drop(b);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
