@@ -229,14 +229,18 @@ impl PgStore {
             .collect())
     }
 
-    /// Deletes the logs of turns untouched for `keep` (ended or not: a turn
-    /// whose session was given up is never ended); how many.
+    /// Deletes the logs of ended turns untouched for `keep`, and of turns
+    /// that never ended (their session was given up) untouched for `keep`
+    /// plus a day — a turn still running is never deleted under its node,
+    /// however long a tool runs; how many.
     pub async fn expire_turns(&self, keep: Duration) -> Result<u64, StoreError> {
         let client = self.client().await?;
         let row = client
             .query_one(
                 "WITH gone AS (DELETE FROM warden_turns \
-                   WHERE updated_at < now() - make_interval(secs => $1) RETURNING id), \
+                   WHERE updated_at < now() - make_interval(secs => $1) \
+                     AND (ended OR updated_at < now() - make_interval(secs => $1) - interval '1 day') \
+                   RETURNING id), \
                  events AS (DELETE FROM warden_turn_events \
                    WHERE turn_id IN (SELECT id FROM gone)) \
                  SELECT count(*) FROM gone",

@@ -567,7 +567,10 @@ async fn a_turns_log_moves_with_its_session_and_numbers_on_without_a_gap() {
     assert_eq!(read.events, [ev(1, "he"), ev(2, "ll"), ev(3, "o")]);
     assert!(read.ended);
 
-    // Logs untouched for longer than kept are deleted.
+    // Logs of ended turns untouched for longer than kept are deleted; a
+    // turn that has not ended is kept (a day longer).
+    let running = pg.open_turn(&b, 2, "turn-running").await.expect("open");
+    assert_eq!(running.id, "turn-running");
     assert_eq!(
         pg.expire_turns(Duration::from_secs(3600))
             .await
@@ -582,6 +585,13 @@ async fn a_turns_log_moves_with_its_session_and_numbers_on_without_a_gap() {
         1
     );
     assert!(pg.read_turn("turn-a", 0).await.expect("read").is_none());
+    assert!(
+        pg.read_turn("turn-running", 0)
+            .await
+            .expect("read")
+            .is_some(),
+        "a turn still running is kept"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

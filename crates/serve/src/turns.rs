@@ -359,7 +359,10 @@ async fn pump(
     let mut staged: Vec<ServeEvent> = marker.into_iter().collect();
     loop {
         let Some(first) = turn.recv().await else {
-            return; // after Finished: never here
+            // Only after `Finished`, which ends this loop: never here, but
+            // a log left open would hold its clients forever.
+            log.publish(Vec::new(), true);
+            return;
         };
         let mut events = vec![first];
         // Everything already waiting joins this batch.
