@@ -134,3 +134,129 @@ async fn without_a_receiver_the_notifier_answers_recovered_messages() {
     }
     sup.shutdown().await;
 }
+
+/// A supervisor over `store` whose source continues broken replies or not,
+/// relaying recovered turns to the returned receiver.
+async fn relayed(
+    store: Arc<MemoryStore>,
+    continues: bool,
+) -> (
+    Supervisor,
+    warden_core::testing::ChannelSourceControl,
+    tokio::sync::mpsc::UnboundedReceiver<warden_core::RecoveredTurn>,
+) {
+    let (source, ctl) = ChannelSource::new();
+    source.set_continues(continues);
+    let factory = move |_: &SessionKey| source.clone() as Arc<dyn EventSource>;
+    let (rtx, recovered) = tokio::sync::mpsc::unbounded_channel();
+    let sup = Supervisor::builder(Arc::new(factory))
+        .config(config())
+        .store(store)
+        .recovered_turns(rtx)
+        .start()
+        .await
+        .expect("supervisor");
+    (sup, ctl, recovered)
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_offered_partial_reply_is_continued_not_started_over() {
+    let key = SessionKey::new("k");
+    let store = store_with_pending(&key).await;
+    let (sup, ctl, mut recovered) = relayed(store, true).await;
+    sup.session(key.clone()).await.expect("session");
+    let first = recovered.recv().within("a recovered turn").await;
+    let first = first.expect("turn");
+    // What a node that died had streamed of attempt 2: the callers have it.
+    assert!(first.continue_from.accepts());
+    let offer = warden_core::Continuation::new("Hello, wor", 2);
+    assert!(first.continue_from.offer(offer.clone()), "taken");
+    let attempt = ctl.next_attempt().within("the continuation").await;
+    let attempt = attempt.expect("attempt");
+    assert_eq!(attempt.request.attempt, 3, "the attempts go on");
+    assert_eq!(attempt.request.continuation, Some(offer));
+    attempt.text("ld!");
+    attempt.finish();
+    let consumed = consume(first.handle).within("the turn").await;
+    assert_eq!(consumed.shown, "ld!", "only what follows the kept text");
+    let summary = consumed.result.expect("answered");
+    assert_eq!(
+        summary.text, "Hello, world!",
+        "the answer includes the kept text"
+    );
+    assert_eq!((summary.attempts, summary.continuations), (3, 1));
+
+    // The second message: no offer (its port dropped) — from scratch, at
+    // once.
+    let second = recovered.recv().within("the second turn").await;
+    let second = second.expect("turn");
+    drop(second.continue_from);
+    let attempt = ctl.next_attempt().within("the second attempt").await;
+    let attempt = attempt.expect("attempt");
+    assert_eq!(
+        (
+            attempt.request.attempt,
+            attempt.request.continuation.clone()
+        ),
+        (1, None)
+    );
+    attempt.text("two");
+    attempt.finish();
+    let consumed = consume(second.handle).within("the turn").await;
+    assert_eq!(consumed.text(), "two");
+    sup.shutdown().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_source_that_does_not_continue_refuses_the_offer_and_starts_over() {
+    let key = SessionKey::new("k");
+    let store = store_with_pending(&key).await;
+    let (sup, ctl, mut recovered) = relayed(store, false).await;
+    sup.session(key.clone()).await.expect("session");
+    let first = recovered.recv().within("a recovered turn").await;
+    let first = first.expect("turn");
+    assert!(!first.continue_from.accepts());
+    assert!(
+        !first
+            .continue_from
+            .offer(warden_core::Continuation::new("Hello, wor", 2)),
+        "refused: the callers must discard what they had"
+    );
+    let attempt = ctl.next_attempt().within("the attempt").await;
+    let attempt = attempt.expect("attempt");
+    assert_eq!(
+        (
+            attempt.request.attempt,
+            attempt.request.continuation.clone()
+        ),
+        (1, None)
+    );
+    attempt.text("whole");
+    attempt.finish();
+    let consumed = consume(first.handle).within("the turn").await;
+    assert_eq!(consumed.text(), "whole");
+    sup.shutdown().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_relay_that_never_answers_delays_the_turn_five_seconds_at_most() {
+    let key = SessionKey::new("k");
+    let store = store_with_pending(&key).await;
+    let (sup, ctl, mut recovered) = relayed(store, true).await;
+    let t0 = tokio::time::Instant::now();
+    sup.session(key.clone()).await.expect("session");
+    let first = recovered.recv().within("a recovered turn").await;
+    let first = first.expect("turn");
+    let port = first.continue_from; // held, never answered
+    let attempt = ctl.next_attempt().within("the attempt").await;
+    let attempt = attempt.expect("attempt");
+    assert_eq!(t0.elapsed(), std::time::Duration::from_secs(5));
+    assert_eq!(attempt.request.continuation, None, "from scratch");
+    assert!(!port.accepts());
+    assert!(
+        !port.offer(warden_core::Continuation::new("late", 1)),
+        "an offer after the wait is refused"
+    );
+    drop(attempt);
+    sup.shutdown().await;
+}

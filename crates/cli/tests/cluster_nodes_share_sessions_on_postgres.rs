@@ -543,22 +543,35 @@ async fn a_client_re_attaches_on_another_node_to_a_turn_whose_node_died() {
         (last_seen + 1..=last_seen + rest.len() as u64).collect::<Vec<_>>(),
         "{rest:?}"
     );
-    // First: the attempt that died with A is to be discarded.
+    // First: the attempt that died with A is continued — the client keeps
+    // the text it has (discard: false), B's attempt streams only the rest.
     let marker = &rest[0];
-    assert_eq!(marker.kind, "retrying", "{rest:?}");
+    assert_eq!(marker.kind, "continuing", "{rest:?}");
     assert_eq!(marker.data["code"], "ENODE_LOST", "{marker:?}");
-    assert_eq!(marker.data["discard"], true, "{marker:?}");
+    assert_eq!(marker.data["discard"], false, "{marker:?}");
     assert_eq!(marker.data["node"], "node-b", "{marker:?}");
-    // Then B's attempt, to its end.
     let done = rest.last().expect("events");
     assert_eq!(done.kind, "done", "{rest:?}");
-    let shown: String = rest
-        .iter()
-        .filter(|e| e.kind == "text")
-        .filter_map(|e| e.data["text"].as_str())
-        .collect();
-    assert_eq!(done.data["text"], shown.as_str(), "{rest:?}");
-    assert!(shown.contains("Hello from warden-mock"), "{shown}");
+    let text_of = |events: &[Sse]| -> String {
+        events
+            .iter()
+            .filter(|e| e.kind == "text")
+            .filter_map(|e| e.data["text"].as_str())
+            .collect()
+    };
+    let kept = text_of(&seen);
+    assert!(!kept.is_empty(), "A streamed some text: {seen:?}");
+    let shown = format!("{kept}{}", text_of(&rest));
+    assert_eq!(
+        done.data["text"], "Hello from warden-mock. Your last message had 5 characters.",
+        "{rest:?}"
+    );
+    assert_eq!(
+        done.data["text"],
+        shown.as_str(),
+        "nothing repeated, nothing missing"
+    );
+    assert_eq!(done.data["continuations"], 1, "{done:?}");
     assert_eq!(mock.requests().len(), 2, "one attempt on A, one on B");
 
     // From the start, through B: the same events A sent first, then B's.

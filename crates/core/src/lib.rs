@@ -106,8 +106,8 @@ pub use lifecycle::{EventBus, LifecycleEvent};
 pub use notify::{LogNotifier, Notice, Notifier};
 pub use policy::{Restart, RestartIntensity, RetryHook, RetryPolicy, RetryVerdict};
 pub use session::{
-    ContextReport, RecoveredTurn, Recovery, SessionConfig, SessionHandle, SessionStatus,
-    SubmitError, TurnCanceller, TurnEvent, TurnHandle, TurnSummary,
+    ContextReport, ContinueFrom, RecoveredTurn, Recovery, SessionConfig, SessionHandle,
+    SessionStatus, SubmitError, TurnCanceller, TurnEvent, TurnHandle, TurnSummary,
 };
 pub use source::{
     Diagnostics, EventSource, EventStream, SessionKey, SessionSpec, SourceFactory, TurnRequest,

@@ -540,7 +540,7 @@ async fn create_turn(
     let node = state.config.placement.as_ref().and_then(|p| p.node());
     let id = state
         .turns
-        .start(key.clone(), handle, state.config.keep_finished, node)
+        .start(key.clone(), handle, state.config.keep_finished, node, None)
         .await;
     if wants_events(&headers) {
         let log = state.turns.get(&id).ok_or_else(gone)?;

@@ -19,8 +19,8 @@ use serde::Serialize;
 use serde_json::{Value, json};
 use tokio::sync::watch;
 use warden_core::{
-    AgentEvent, RecoveredTurn, SessionKey, TurnCanceller, TurnError, TurnEvent, TurnHandle,
-    TurnSummary,
+    AgentEvent, ContinueFrom, RecoveredTurn, SessionKey, TurnCanceller, TurnError, TurnEvent,
+    TurnHandle, TurnSummary,
 };
 
 /// One event of a turn, as sent: its number, its type, its JSON.
@@ -228,13 +228,16 @@ impl Turns {
 
     /// Registers `turn` of session `key` under a new id (or, with a store,
     /// the id its message already has) and starts pumping its events into
-    /// its log; the log is forgotten `keep` after the turn ends.
+    /// its log; the log is forgotten `keep` after the turn ends. A
+    /// recovered turn comes with its `continue_from` port: the text an
+    /// earlier node streamed of it is offered there.
     pub(crate) async fn start(
         self: &Arc<Self>,
         key: SessionKey,
         turn: TurnHandle,
         keep: Duration,
         node: Option<&str>,
+        continue_from: Option<ContinueFrom>,
     ) -> String {
         let fresh = crate::cluster::turn_id(node);
         let message_id = turn.canceller().turn();
@@ -261,20 +264,27 @@ impl Turns {
         } else if let Some(t) = &stored
             && let Some(last) = t.events.last()
         {
-            // An earlier node began it and died: what a client saw of that
-            // attempt is to be discarded, as after any retry.
-            let attempt = t
-                .events
-                .iter()
-                .rev()
-                .find(|e| e.kind == "started")
-                .and_then(|e| e.data["attempt"].as_u64())
-                .unwrap_or(0);
+            // An earlier node began it and died. The text its clients have
+            // of the broken attempt is continued if the session can (its
+            // source continues replies), else they discard it, as after
+            // any retry.
+            let (kept, attempt) = kept_text(&t.events);
+            let continued = match (continue_from, kept) {
+                (Some(port), Some(text)) => {
+                    let broken = u32::try_from(attempt).unwrap_or(u32::MAX);
+                    port.offer(warden_core::Continuation::new(text, broken))
+                }
+                _ => false,
+            };
+            let (kind, discard) = match continued {
+                true => ("continuing", false),
+                false => ("retrying", true),
+            };
             // Stored with the first batch, sent before the new attempt.
             marker = Some(ServeEvent::new(
                 last.id + 1,
-                "retrying",
-                json!({"failed_attempt": attempt, "delay_ms": 0, "code": "ENODE_LOST", "discard": true, "node": node}),
+                kind,
+                json!({"failed_attempt": attempt, "delay_ms": 0, "code": "ENODE_LOST", "discard": discard, "node": node}),
             ));
         }
         self.lock().insert(id.clone(), log.clone());
@@ -309,13 +319,54 @@ impl Turns {
         let turns = Arc::clone(self);
         tokio::spawn(async move {
             while let Some(turn) = rx.recv().await {
+                let RecoveredTurn {
+                    key,
+                    message_id,
+                    handle,
+                    continue_from,
+                    ..
+                } = turn;
                 let id = turns
-                    .start(turn.key.clone(), turn.handle, keep, node.as_deref())
+                    .start(
+                        key.clone(),
+                        handle,
+                        keep,
+                        node.as_deref(),
+                        Some(continue_from),
+                    )
                     .await;
-                tracing::info!(session = %turn.key, turn = %id, message = turn.message_id, "relaying a re-delivered turn");
+                tracing::info!(session = %key, turn = %id, message = message_id, "relaying a re-delivered turn");
             }
         });
     }
+}
+
+/// The reply text a turn's clients hold from its events — the text of the
+/// attempts since the last one they were told to discard (`retrying`,
+/// `restarting`), `continuing` keeping it — if the last of it is text (not
+/// inside thinking or a tool call, which cannot be continued); and the
+/// last attempt started.
+fn kept_text(events: &[ServeEvent]) -> (Option<String>, u64) {
+    let mut text = String::new();
+    let mut attempt = 0;
+    let mut last_is_text = false;
+    for e in events {
+        match e.kind.as_ref() {
+            "started" => attempt = e.data["attempt"].as_u64().unwrap_or(attempt),
+            "retrying" | "restarting" => {
+                text.clear();
+                last_is_text = false;
+            }
+            "text" => {
+                text.push_str(e.data["text"].as_str().unwrap_or(""));
+                last_is_text = true;
+            }
+            "thinking" | "tool" => last_is_text = false,
+            _ => {}
+        }
+    }
+    let kept = (last_is_text && !text.is_empty()).then_some(text);
+    (kept, attempt)
 }
 
 /// Opens the turn's stored log, retrying a failing store a few times;
@@ -476,7 +527,7 @@ fn describe(event: TurnEvent) -> (Option<&'static str>, Value, bool) {
         ),
         TurnEvent::Restarting { cause } => (
             Some("restarting"),
-            json!({"cause": cause.as_str(), "notice": "the conversation could not be resumed; the message moves to a fresh session"}),
+            json!({"cause": cause.as_str(), "notice": "the conversation could not be resumed; the message moves to a fresh session", "discard": true}),
             false,
         ),
         TurnEvent::Finished(Ok(summary)) => (Some("done"), done(&summary), true),

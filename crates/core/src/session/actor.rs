@@ -82,6 +82,9 @@ pub(crate) struct SessionActor;
 pub(super) struct Queued {
     pub(super) message: crate::store::PendingMessage,
     pub(super) reply: Option<TurnSender>,
+    /// A recovered turn's relay's answer: the reply text its callers have,
+    /// to continue (see [`crate::ContinueFrom`]).
+    pub(super) continue_from: Option<tokio::sync::oneshot::Receiver<Option<crate::Continuation>>>,
 }
 
 /// An attempt waiting for admission.
@@ -255,6 +258,7 @@ impl Actor for SessionActor {
                 Queued {
                     message: h.message,
                     reply: h.reply,
+                    continue_from: None,
                 }
             })
             .collect();
@@ -263,6 +267,7 @@ impl Actor for SessionActor {
                 queue.push_back(Queued {
                     message: m.clone(),
                     reply: None,
+                    continue_from: None,
                 });
             }
         }
@@ -272,13 +277,24 @@ impl Actor for SessionActor {
         if let Some(tx) = &args.recovered {
             for q in queue.iter_mut().filter(|q| q.reply.is_none()) {
                 let (reply, handle) = TurnSender::channel(q.message.id, myself.clone());
+                // Only a source that continues broken replies can take an
+                // offer of the text the callers have.
+                let (offer_tx, offer_rx) = match args.source.continues() {
+                    true => {
+                        let (tx, rx) = tokio::sync::oneshot::channel();
+                        (Some(tx), Some(rx))
+                    }
+                    false => (None, None),
+                };
                 let turn = crate::RecoveredTurn {
                     key: args.key.clone(),
                     message_id: q.message.id,
                     handle,
+                    continue_from: crate::ContinueFrom::new(offer_tx),
                 };
                 if tx.send(turn).is_ok() {
                     q.reply = Some(reply);
+                    q.continue_from = offer_rx;
                 }
             }
         }
@@ -458,6 +474,7 @@ async fn handle_msg(
             state.queue.push_back(Queued {
                 message,
                 reply: Some(tx),
+                continue_from: None,
             });
             start_next_turn(&myself, state).await?;
         }

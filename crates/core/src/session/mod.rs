@@ -39,8 +39,8 @@ use crate::stream::StreamOptions;
 pub(crate) use actor::{SessionActor, SessionArgs, StartError};
 pub(crate) use escalation::{Escalation, Handoff, ResumeFailure, StopReason};
 pub use handle::{
-    ContextReport, RecoveredTurn, Recovery, SessionHandle, SessionStatus, SubmitError,
-    TurnCanceller, TurnEvent, TurnHandle, TurnSummary,
+    ContextReport, ContinueFrom, RecoveredTurn, Recovery, SessionHandle, SessionStatus,
+    SubmitError, TurnCanceller, TurnEvent, TurnHandle, TurnSummary,
 };
 pub(crate) use turn::StartMode;
 

@@ -32,12 +32,29 @@ pub(super) async fn start_next_turn(
     if state.turn.is_some() {
         return Ok(());
     }
-    let Some(queued) = state.queue.pop_front() else {
+    let Some(mut queued) = state.queue.pop_front() else {
         arm_idle(myself, state);
         return Ok(());
     };
     touch(state);
     let id = queued.message.id;
+    // A recovered turn whose relay offers the text its callers have (an
+    // earlier node's partial reply) continues it instead of starting over.
+    let offered = match queued.continue_from.take() {
+        Some(rx) => tokio::time::timeout(super::handle::CONTINUE_FROM_WAIT, rx)
+            .await
+            .ok()
+            .and_then(Result::ok)
+            .flatten(),
+        None => None,
+    };
+    let (machine, text) = match offered {
+        Some(c) => (
+            TurnMachine::continuing_from(id, c.broken_attempt),
+            c.partial_text,
+        ),
+        None => (TurnMachine::new(id), String::new()),
+    };
     let span = Transition::TurnStarted {
         turn: id,
         provider: state.args.source.provider(),
@@ -47,7 +64,7 @@ pub(super) async fn start_next_turn(
         AbortOnDropHandle::new(myself.send_after(after, move || SessionMsg::Deadline(id)))
     });
     state.turn = Some(Turn {
-        machine: TurnMachine::new(id),
+        machine,
         queued,
         started: tokio::time::Instant::now(),
         admitting: None,
@@ -61,7 +78,7 @@ pub(super) async fn start_next_turn(
         usage: None,
         context_usage: None,
         context_window: None,
-        text: String::new(),
+        text,
     });
     start_attempt(myself, state)
 }

@@ -143,6 +143,19 @@ impl TurnMachine {
         }
     }
 
+    /// A turn for pending message `turn` whose reply attempt
+    /// `broken_attempt` began elsewhere (a node that died): its first
+    /// attempt continues the text the consumer has.
+    pub(crate) fn continuing_from(turn: u64, broken_attempt: u32) -> Self {
+        Self {
+            attempt: broken_attempt,
+            kept_text: true,
+            continuing: true,
+            continuations: 1,
+            ..Self::new(turn)
+        }
+    }
+
     /// The turn number (the pending message id).
     pub(crate) fn id(&self) -> u64 {
         self.turn
