@@ -232,9 +232,6 @@ pub(crate) async fn run(args: ServeArgs) -> Result<Exit, CliError> {
                 node.node(),
                 lease_ttl.as_secs_f64()
             );
-            // Sessions of dead nodes (and this node's previous life) whose
-            // leases ran out are taken over now; the rest as they expire.
-            crate::cluster::take_over(node, &supervisor).await;
             Some(membership)
         }
         None => {
@@ -249,6 +246,12 @@ pub(crate) async fn run(args: ServeArgs) -> Result<Exit, CliError> {
         }
     };
     let app = warden_serve::router(supervisor.clone(), serve_config);
+    if let Some(node) = &cluster {
+        // Sessions of dead nodes (and this node's previous life) whose
+        // leases ran out are taken over now, once the router relays their
+        // re-delivered turns; the rest as they expire.
+        crate::cluster::take_over(node, &supervisor).await;
+    }
     println!("listening on http://{addr}");
     let _ = std::io::stdout().flush();
 
