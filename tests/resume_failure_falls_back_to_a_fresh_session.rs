@@ -196,7 +196,7 @@ async fn a_failing_fresh_start_marks_the_session_failed_with_both_causes() {
         other => panic!("unexpected {other:?}"),
     }
     match second.finish().within("the turn to finish").await {
-        Err(TurnError::SessionStopped { reason }) => {
+        Err(TurnError::SessionFailed { reason }) => {
             assert!(
                 reason.contains("unknown_session") || reason.contains("No conversation"),
                 "{reason}"

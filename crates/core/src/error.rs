@@ -280,9 +280,19 @@ pub enum TurnError {
     #[error("turn failed: {0}")]
     Fatal(StreamError),
     /// The session stopped (shutdown, reap or crash) before the turn ended.
+    /// The message stays pending: the session's next start (here, or on
+    /// the node that takes it over) answers it again.
     #[error("session stopped before the turn ended: {reason}")]
     SessionStopped {
         /// Why the session stopped.
+        reason: String,
+    },
+    /// The session failed for good (its conversation could not be resumed
+    /// and a fresh start failed too) and is given up until reset: the turn
+    /// is not answered.
+    #[error("the session failed and was given up: {reason}")]
+    SessionFailed {
+        /// Both causes.
         reason: String,
     },
     /// An attempt failed after it had delivered complete tool calls, which
@@ -316,6 +326,7 @@ impl TurnError {
             Self::RetriesExhausted { last, .. } => last.code(),
             Self::Fatal(e) => e.code(),
             Self::SessionStopped { .. } => "ESESSION_STOPPED",
+            Self::SessionFailed { .. } => "ESESSION_FAILED",
             Self::DeadlineExceeded { .. } => "ETURN_DEADLINE",
             Self::ToolCallsWouldRepeat { .. } => "ETOOL_CALLS_WOULD_REPEAT",
         }

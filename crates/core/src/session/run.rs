@@ -694,7 +694,7 @@ async fn finish_turn(
         let reason = format!("session failed: {first_cause}; fresh start failed: {error}");
         for q in state.queue.drain(..) {
             if let Some(r) = q.reply {
-                r.send(TurnEvent::Finished(Err(TurnError::SessionStopped {
+                r.send(TurnEvent::Finished(Err(TurnError::SessionFailed {
                     reason: reason.clone(),
                 })));
             }

@@ -109,11 +109,12 @@ impl SupervisorState {
     }
 }
 
-/// Ends every handed-over turn with `SessionStopped { reason }`.
+/// Ends every handed-over turn with `SessionFailed { reason }`: the
+/// session is given up.
 fn fail_handoff(handoff: Vec<Handoff>, reason: &str) {
     for h in handoff {
         if let Some(r) = h.reply {
-            r.send(TurnEvent::Finished(Err(TurnError::SessionStopped {
+            r.send(TurnEvent::Finished(Err(TurnError::SessionFailed {
                 reason: reason.to_owned(),
             })));
         }
