@@ -477,23 +477,35 @@ impl SseReader {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_client_re_attaches_on_another_node_to_a_turn_whose_node_died() {
-    let Some(url) = fresh_db().await else { return };
-    let mock = stall_then_answer().await;
-    let (_d, dir) = dir();
-    let mut a = start(&dir, "node-a", &url, &mock).await;
-    let b = start(&dir, "node-b", &url, &mock).await;
-    let http = reqwest::Client::new();
+/// Re-attaches to turn `id` through `node` after event `last`: every later
+/// event, to the end of the stream.
+async fn reattach(node: &Node, id: &str, last: u64) -> Vec<Sse> {
+    let again = tokio::time::timeout(
+        PATIENCE,
+        reqwest::Client::new()
+            .get(format!("{}/v1/turns/{id}/events", node.base))
+            .bearer_auth(TOKEN)
+            .header("last-event-id", last.to_string())
+            .send(),
+    )
+    .await
+    .expect("in time")
+    .expect("get");
+    assert_eq!(again.status(), 200, "{} serves turn {id}", node.id);
+    SseReader::new(again).rest().await
+}
 
-    // A runs the turn; the client reads its text until the stream stalls.
+/// Posts `message` to session `key` on `node` asking for its events: the
+/// turn's id and its event stream.
+async fn stream_turn(node: &Node, key: &str, message: &str) -> (String, SseReader) {
     let streamed = tokio::time::timeout(
         PATIENCE,
-        http.post(format!("{}/v1/turns", a.base))
+        reqwest::Client::new()
+            .post(format!("{}/v1/turns", node.base))
             .bearer_auth(TOKEN)
             .header("content-type", "application/json")
             .header("accept", "text/event-stream")
-            .body(serde_json::json!({"key": "k1", "message": "hello"}).to_string())
+            .body(serde_json::json!({"key": key, "message": message}).to_string())
             .send(),
     )
     .await
@@ -504,7 +516,20 @@ async fn a_client_re_attaches_on_another_node_to_a_turn_whose_node_died() {
         .to_str()
         .expect("ascii")
         .to_owned();
-    let mut first = SseReader::new(streamed);
+    (id, SseReader::new(streamed))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_re_attaches_on_another_node_to_a_turn_whose_node_died() {
+    let Some(url) = fresh_db().await else { return };
+    let mock = stall_then_answer().await;
+    let (_d, dir) = dir();
+    let mut a = start(&dir, "node-a", &url, &mock).await;
+    let b = start(&dir, "node-b", &url, &mock).await;
+    let http = reqwest::Client::new();
+
+    // A runs the turn; the client reads its text until the stream stalls.
+    let (id, mut first) = stream_turn(&a, "k1", "hello").await;
     let mut seen = Vec::new();
     while !seen.iter().any(|e: &Sse| e.kind == "text") {
         seen.push(first.next().await.expect("A's events"));
@@ -522,18 +547,7 @@ async fn a_client_re_attaches_on_another_node_to_a_turn_whose_node_died() {
     a.child.start_kill().expect("SIGKILL");
     let _ = a.child.wait().await;
     drop(first);
-    let again = tokio::time::timeout(
-        PATIENCE,
-        http.get(format!("{}/v1/turns/{id}/events", b.base))
-            .bearer_auth(TOKEN)
-            .header("last-event-id", last_seen.to_string())
-            .send(),
-    )
-    .await
-    .expect("in time")
-    .expect("get");
-    assert_eq!(again.status(), 200, "B serves the turn of a dead node");
-    let rest = SseReader::new(again).rest().await;
+    let rest = reattach(&b, &id, last_seen).await;
 
     // Nothing missed, nothing repeated: the ids go on from the last one
     // seen, one by one, to the end.
@@ -587,6 +601,60 @@ async fn a_client_re_attaches_on_another_node_to_a_turn_whose_node_died() {
     let whole = SseReader::new(whole).rest().await;
     assert_eq!(&whole[..seen.len()], &seen[..], "A's events as A sent them");
     assert_eq!(&whole[seen.len()..], &rest[..], "then B's");
+    drop(b);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_stopped_gracefully_mid_turn_hands_the_turn_to_another_node_to_finish() {
+    let Some(url) = fresh_db().await else { return };
+    let mock = stall_then_answer().await;
+    let (_d, dir) = dir();
+    let mut a = start(&dir, "node-a", &url, &mock).await;
+    let b = start(&dir, "node-b", &url, &mock).await;
+    let (id, mut reading) = stream_turn(&a, "k1", "hello").await;
+    let mut seen = Vec::new();
+    while !seen.iter().any(|e: &Sse| e.kind == "text") {
+        seen.push(reading.next().await.expect("A's events"));
+    }
+
+    // SIGTERM: A's turn does not finish within its grace; A stops it with
+    // its message pending and gives the lease up. A's stream ends without
+    // a last event: the turn is not over, it moves.
+    kill(a.pid(), Signal::SIGTERM).expect("SIGTERM");
+    let on_a = reading.rest().await;
+    seen.extend(on_a);
+    assert!(
+        !seen.iter().any(|e| e.kind == "error" || e.kind == "done"),
+        "A did not end the turn: {seen:?}"
+    );
+    let status = tokio::time::timeout(PATIENCE, a.child.wait())
+        .await
+        .expect("A exits in time")
+        .expect("wait");
+    assert!(status.success(), "{status:?}");
+
+    // B takes it over at once (released, not expired) and continues it;
+    // the client re-attaches there and keeps what it has.
+    let last = seen.last().expect("seen").id;
+    let rest = reattach(&b, &id, last).await;
+    assert_eq!(rest[0].id, last + 1, "{rest:?}");
+    assert_eq!(
+        (rest[0].kind.as_str(), &rest[0].data["code"]),
+        ("continuing", &serde_json::json!("ENODE_LOST")),
+        "{rest:?}"
+    );
+    let done = rest.last().expect("events");
+    assert_eq!(done.kind, "done", "{rest:?}");
+    let text: String = seen
+        .iter()
+        .chain(&rest)
+        .filter(|e| e.kind == "text")
+        .filter_map(|e| e.data["text"].as_str())
+        .collect();
+    assert_eq!(done.data["text"], text.as_str(), "{seen:?} {rest:?}");
+    let pg = warden_pg::PgStore::connect(&url).await.expect("pg");
+    let info = pg.lease_info(&SessionKey::new("k1")).await.expect("info");
+    assert_eq!((info.owner.as_deref(), info.epoch), (Some("node-b"), 2));
     drop(b);
 }
 
@@ -775,18 +843,7 @@ async fn a_claude_code_session_fails_over_through_a_fresh_start_where_its_worksp
     // not on B (its transcript was A's), so the resume fails and the turn
     // moves to a fresh conversation — and the client is told.
     let last = seen.last().expect("seen").id;
-    let again = tokio::time::timeout(
-        PATIENCE,
-        http.get(format!("{}/v1/turns/{id}/events", b.base))
-            .bearer_auth(TOKEN)
-            .header("last-event-id", last.to_string())
-            .send(),
-    )
-    .await
-    .expect("in time")
-    .expect("get");
-    assert_eq!(again.status(), 200);
-    let rest = SseReader::new(again).rest().await;
+    let rest = reattach(&b, &id, last).await;
     let kinds: Vec<&str> = rest.iter().map(|e| e.kind.as_str()).collect();
     assert_eq!(rest[0].id, last + 1, "{rest:?}");
     assert_eq!(
