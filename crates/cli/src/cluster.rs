@@ -60,6 +60,19 @@ struct LeasePlacement {
     node: NodeStore,
 }
 
+impl LeasePlacement {
+    /// A session held under `info` by another node: that node, where it is
+    /// reached, and the time left on its lease.
+    async fn held_by(&self, info: warden_pg::LeaseInfo) -> Elsewhere {
+        let advertise = match &info.owner {
+            Some(owner) => self.advertise_of(owner).await,
+            None => None,
+        };
+        let left = info.remaining_secs.unwrap_or(1.0).max(0.0);
+        Elsewhere::new(info.owner, advertise, Duration::from_secs_f64(left))
+    }
+}
+
 impl Placement for LeasePlacement {
     fn place<'a>(&'a self, key: &'a SessionKey) -> BoxFuture<'a, Result<(), Elsewhere>> {
         Box::pin(async move {
@@ -71,46 +84,31 @@ impl Placement for LeasePlacement {
             // here: asked while its owner lives, the request is forwarded;
             // once the owner is gone, the client is told why it waits.
             if let Some(ws) = self.node.missing_workspace(key).await {
-                let pg = self.node.pg();
-                let info = pg.lease_info(key).await.map_err(|_| unknown())?;
-                let left = info.remaining_secs.unwrap_or(0.0);
-                if left <= 0.0 {
+                let info = self
+                    .node
+                    .pg()
+                    .lease_info(key)
+                    .await
+                    .map_err(|_| unknown())?;
+                if info.remaining_secs.unwrap_or(0.0) <= 0.0 {
                     return Err(Elsewhere::workspace_missing(
                         info.owner,
                         ws,
                         self.node.scan_interval().max(Duration::from_secs(1)),
                     ));
                 }
-                let advertise = match &info.owner {
-                    Some(owner) => self.advertise_of(owner).await,
-                    None => None,
-                };
-                return Err(Elsewhere::new(
-                    info.owner,
-                    advertise,
-                    Duration::from_secs_f64(left),
-                ));
+                return Err(self.held_by(info).await);
             }
             match self.node.claim(key).await {
                 Ok(Some(_)) => Ok(()),
                 Ok(None) => {
-                    let pg = self.node.pg();
-                    let info = pg.lease_info(key).await.map_err(|_| unknown())?;
-                    let advertise = match &info.owner {
-                        Some(owner) => pg
-                            .nodes()
-                            .await
-                            .ok()
-                            .and_then(|n| n.into_iter().find(|n| n.node_id == *owner))
-                            .map(|n| n.advertise),
-                        None => None,
-                    };
-                    let left = info.remaining_secs.unwrap_or(1.0).max(0.0);
-                    Err(Elsewhere::new(
-                        info.owner,
-                        advertise,
-                        Duration::from_secs_f64(left),
-                    ))
+                    let info = self
+                        .node
+                        .pg()
+                        .lease_info(key)
+                        .await
+                        .map_err(|_| unknown())?;
+                    Err(self.held_by(info).await)
                 }
                 Err(_) => Err(unknown()),
             }

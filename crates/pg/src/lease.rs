@@ -6,7 +6,7 @@ use std::time::Duration;
 use warden_core::store::SCHEMA_VERSION;
 use warden_core::{SessionKey, SessionRecord, StoreError};
 
-use crate::{PgStore, backend, secs};
+use crate::{PgStore, backend, from_db, secs, to_db};
 
 /// A lease this node took: the session, the node and the epoch every write
 /// must carry.
@@ -31,10 +31,6 @@ pub struct LeaseInfo {
     /// Time left on the lease by the database's clock; negative once
     /// expired, `None` when never taken.
     pub remaining_secs: Option<f64>,
-}
-
-fn epoch_of(v: i64) -> u64 {
-    u64::try_from(v).unwrap_or(0)
 }
 
 impl PgStore {
@@ -63,7 +59,7 @@ impl PgStore {
         Ok(row.map(|r| Lease {
             key: key.as_str().to_owned(),
             node: node.to_owned(),
-            epoch: epoch_of(r.get(0)),
+            epoch: from_db(r.get(0)),
         }))
     }
 
@@ -76,12 +72,7 @@ impl PgStore {
             .execute(
                 "UPDATE warden_sessions SET lease_until = now() + make_interval(secs => $4) \
                  WHERE key = $1 AND owner = $2 AND epoch = $3",
-                &[
-                    &lease.key,
-                    &lease.node,
-                    &i64::try_from(lease.epoch).unwrap_or(i64::MAX),
-                    &secs(ttl),
-                ],
+                &[&lease.key, &lease.node, &to_db(lease.epoch), &secs(ttl)],
             )
             .await
             .map_err(backend)?;
@@ -96,11 +87,7 @@ impl PgStore {
             .execute(
                 "UPDATE warden_sessions SET lease_until = NULL \
                  WHERE key = $1 AND owner = $2 AND epoch = $3",
-                &[
-                    &lease.key,
-                    &lease.node,
-                    &i64::try_from(lease.epoch).unwrap_or(i64::MAX),
-                ],
+                &[&lease.key, &lease.node, &to_db(lease.epoch)],
             )
             .await
             .map_err(backend)?;
@@ -134,7 +121,7 @@ impl PgStore {
                     &value,
                     &(SCHEMA_VERSION as i16),
                     &lease.node,
-                    &i64::try_from(lease.epoch).unwrap_or(i64::MAX),
+                    &to_db(lease.epoch),
                 ],
             )
             .await
@@ -168,7 +155,7 @@ impl PgStore {
             },
             Some(r) => LeaseInfo {
                 owner: r.get(0),
-                epoch: epoch_of(r.get(1)),
+                epoch: from_db(r.get(1)),
                 remaining_secs: r.get(2),
             },
         })
@@ -192,7 +179,7 @@ impl PgStore {
                     r.get(0),
                     LeaseInfo {
                         owner: r.get(1),
-                        epoch: epoch_of(r.get(2)),
+                        epoch: from_db(r.get(2)),
                         remaining_secs: r.get(3),
                     },
                 )

@@ -115,6 +115,16 @@ pub(crate) fn backend(e: impl std::error::Error) -> StoreError {
     StoreError::Backend { message }
 }
 
+/// A count or an epoch as PostgreSQL's BIGINT (saturating).
+pub(crate) fn to_db(v: u64) -> i64 {
+    i64::try_from(v).unwrap_or(i64::MAX)
+}
+
+/// A BIGINT count or epoch read back (a negative one, never written, as 0).
+pub(crate) fn from_db(v: i64) -> u64 {
+    u64::try_from(v).unwrap_or(0)
+}
+
 /// Seconds, as PostgreSQL's `make_interval` takes them.
 pub(crate) fn secs(d: Duration) -> f64 {
     d.as_secs_f64()

@@ -76,7 +76,7 @@ impl PgStore {
                 node_id: r.get(0),
                 advertise: r.get(1),
                 heartbeat_age_secs: r.get(2),
-                sessions: u64::try_from(r.get::<_, i64>(3)).unwrap_or(0),
+                sessions: crate::from_db(r.get(3)),
             })
             .collect())
     }

@@ -20,7 +20,7 @@ use std::time::Duration;
 use serde_json::{Value, json};
 use warden_core::StoreError;
 
-use crate::{Lease, PgStore, backend, secs};
+use crate::{Lease, PgStore, backend, from_db, secs, to_db};
 
 /// One stored event of a turn.
 #[derive(Debug, Clone, PartialEq)]
@@ -61,14 +61,6 @@ pub struct TurnLog {
     pub ended: bool,
 }
 
-fn big(v: u64) -> i64 {
-    i64::try_from(v).unwrap_or(i64::MAX)
-}
-
-fn small(v: i64) -> u64 {
-    u64::try_from(v).unwrap_or(0)
-}
-
 /// The fence as a CTE: the session's lease row, if `lease` still holds it,
 /// locked `FOR SHARE` until the statement's transaction ends.
 const FENCE: &str = "fence AS (SELECT 1 FROM warden_sessions \
@@ -99,9 +91,9 @@ impl PgStore {
                 &[
                     &lease.key,
                     &lease.node,
-                    &big(lease.epoch),
+                    &to_db(lease.epoch),
                     &id,
-                    &big(message_id),
+                    &to_db(message_id),
                 ],
             )
             .await
@@ -156,7 +148,7 @@ impl PgStore {
                 &[
                     &lease.key,
                     &lease.node,
-                    &big(lease.epoch),
+                    &to_db(lease.epoch),
                     &id,
                     &Value::Array(batch),
                     &ended,
@@ -199,7 +191,7 @@ impl PgStore {
         Ok(Some(TurnLog {
             id: id.to_owned(),
             key: row.get(0),
-            message_id: small(row.get(1)),
+            message_id: from_db(row.get(1)),
             events,
             ended: row.get(2),
         }))
@@ -215,14 +207,14 @@ impl PgStore {
             .query(
                 "SELECT seq, kind, data FROM warden_turn_events \
                  WHERE turn_id = $1 AND seq > $2 ORDER BY seq",
-                &[&id, &big(after)],
+                &[&id, &to_db(after)],
             )
             .await
             .map_err(backend)?;
         Ok(rows
             .into_iter()
             .map(|r| TurnLogEvent {
-                seq: small(r.get(0)),
+                seq: from_db(r.get(0)),
                 kind: r.get(1),
                 data: r.get(2),
             })
@@ -248,6 +240,6 @@ impl PgStore {
             )
             .await
             .map_err(backend)?;
-        Ok(small(row.get(0)))
+        Ok(from_db(row.get(0)))
     }
 }

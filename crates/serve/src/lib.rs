@@ -666,11 +666,7 @@ fn stored_sse(
                 if let Some(e) = queue.pop_front() {
                     seen = e.id;
                     ended |= e.is_last();
-                    let event = Event::default()
-                        .id(e.id.to_string())
-                        .event(e.kind.as_ref())
-                        .data(e.data.to_string());
-                    return Some((Ok(event), (store, id, seen, queue, ended)));
+                    return Some((Ok(sse_event(&e)), (store, id, seen, queue, ended)));
                 }
                 if ended {
                     return None;
@@ -913,6 +909,14 @@ async fn lifecycle_events(State(state): State<AppState>) -> Response {
         .into_response()
 }
 
+/// A turn's event as an SSE event: its number, type and JSON.
+fn sse_event(e: &ServeEvent) -> Event {
+    Event::default()
+        .id(e.id.to_string())
+        .event(e.kind.as_ref())
+        .data(e.data.to_string())
+}
+
 /// The turn's events after `after`, then its later ones as they come, until
 /// its last.
 fn sse(log: Arc<TurnLog>, after: u64) -> Sse<impl Stream<Item = Result<Event, Infallible>>> {
@@ -923,11 +927,7 @@ fn sse(log: Arc<TurnLog>, after: u64) -> Sse<impl Stream<Item = Result<Event, In
                 if let Some(e) = queue.pop_front() {
                     let e: ServeEvent = e;
                     seen = e.id;
-                    let event = Event::default()
-                        .id(e.id.to_string())
-                        .event(e.kind.as_ref())
-                        .data(e.data.to_string());
-                    return Some((Ok(event), (log, seen, queue, ended)));
+                    return Some((Ok(sse_event(&e)), (log, seen, queue, ended)));
                 }
                 if ended {
                     return None;
