@@ -135,7 +135,7 @@ pub(crate) fn agent_source(
     model: Option<String>,
     claude_bin: Option<PathBuf>,
     data_dir: &std::path::Path,
-    conversations: Option<Arc<dyn warden_llm::ConversationStore>>,
+    conversations: Option<Arc<dyn warden_core::store::ConversationStore>>,
 ) -> Result<AgentSource, CliError> {
     Ok(match agent {
         Agent::ClaudeCode => {

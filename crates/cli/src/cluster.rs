@@ -6,9 +6,10 @@ use std::time::Duration;
 
 use futures_util::future::BoxFuture;
 use tokio_util::task::AbortOnDropHandle;
+use warden_core::cluster::{Elsewhere, Placement, SessionPlace};
+use warden_core::store::TurnStore;
 use warden_core::{SessionKey, Supervisor};
 use warden_pg::{NodeStore, PgStore};
-use warden_serve::{Elsewhere, Placement, SessionPlace, TurnStore};
 
 use crate::exit::{CliError, Exit};
 

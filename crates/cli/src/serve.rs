@@ -179,9 +179,9 @@ pub(crate) async fn run(args: ServeArgs) -> Result<Exit, CliError> {
     };
     // A cluster keeps the HTTP agents' conversations in its database, so a
     // session taken over by another node resumes its conversation there.
-    let conversations = cluster
-        .as_ref()
-        .map(|node| Arc::new(node.pg().conversations()) as Arc<dyn warden_llm::ConversationStore>);
+    let conversations = cluster.as_ref().map(|node| {
+        Arc::new(node.pg().conversations()) as Arc<dyn warden_core::store::ConversationStore>
+    });
     let (source, claude) = agent_source(
         args.agent,
         args.base_url.clone(),

@@ -5,10 +5,11 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use futures_util::future::BoxFuture;
+use warden_core::store::ConversationStore;
 use warden_core::{EventSource, EventStream, StreamError, TurnRequest};
 use warden_llm::{
-    Anthropic, AnthropicSource, Api, BuildError, ConversationStore, HttpOptions, OpenAi,
-    OpenAiResponses, OpenAiResponsesSource, OpenAiSource, SourceOptions, Transcripts,
+    Anthropic, AnthropicSource, Api, BuildError, HttpOptions, OpenAi, OpenAiResponses,
+    OpenAiResponsesSource, OpenAiSource, SourceOptions, Transcripts,
 };
 
 use crate::exit::CliError;

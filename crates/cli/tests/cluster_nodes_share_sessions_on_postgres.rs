@@ -300,7 +300,7 @@ async fn a_killed_owners_session_is_taken_over_and_its_message_answered() {
         "the same conversation, never restarted"
     );
     let turns = {
-        use warden_llm::ConversationStore as _;
+        use warden_core::store::ConversationStore as _;
         pg.conversations()
             .load(&conversation)
             .await

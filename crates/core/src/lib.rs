@@ -59,12 +59,15 @@
 //! - `thiserror`: the typed error enums.
 //! - `tracing`: structured events; this library never installs a subscriber.
 //! - `rand`: retry jitter.
+//! - `serde` / `serde_json`: records the stores keep, and a turn's stored
+//!   events (JSON, as clients receive them).
 //!
 //! # Public surface
 //!
 //! Everything a user needs is re-exported at the root by name; the modules
 //! that stay public hold settings and helpers best read by path
-//! ([`config`], [`context`], [`spans`], [`store`]) and the in-process test
+//! ([`config`], [`context`], [`spans`], [`store`] — with the ports a store
+//! implements: sessions, turn logs, conversations —, [`cluster`]) and the in-process test
 //! source ([`testing`]). The actors' state, their messages and the contract
 //! between a session and its supervisor are private: build on
 //! [`Supervisor`] and its handles, or on the reusable parts
@@ -74,6 +77,7 @@
 
 mod adapter;
 mod admission;
+pub mod cluster;
 pub mod config;
 pub mod context;
 pub mod continuation;

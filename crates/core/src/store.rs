@@ -9,6 +9,10 @@
 //!
 //! `warden-store` provides the sled implementation; [`MemoryStore`] here is
 //! for unit tests and ephemeral use.
+//!
+//! The other ports a store implements live here too: a node's turn event
+//! logs ([`TurnStore`]) and the conversations of stateless HTTP APIs
+//! ([`ConversationStore`]). `warden-pg` implements all three on PostgreSQL.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -21,6 +25,14 @@ use serde::{Deserialize, Serialize};
 use crate::event::Usage;
 use crate::source::SessionKey;
 use crate::util::lock;
+
+mod conversations;
+mod turns;
+
+pub use conversations::{ConversationStore, Entry, Role, unknown_conversation};
+pub use turns::{
+    StoredEvent, StoredTurn, TurnEventKind, TurnStore, TurnStoreError, UnknownEventKind,
+};
 
 /// The schema version this build writes and the newest it reads.
 pub const SCHEMA_VERSION: u16 = 1;

@@ -22,7 +22,7 @@
 //! connection. With [`HttpOptions::with_transcripts`] the sources keep
 //! conversations on disk and resume them by id, like an agent CLI
 //! ([`transcript`]); with [`HttpOptions::with_conversation_store`] they keep
-//! them in any [`ConversationStore`] instead (a cluster's database, so
+//! them in any [`ConversationStore`](warden_core::store::ConversationStore) instead (a cluster's database, so
 //! another node can resume them). The Claude Code CLI source (JSON Lines from a child
 //! process) lives in its own crate, `warden-claude`.
 //!
@@ -160,9 +160,7 @@ pub use options::{
 };
 pub use provider::{Anthropic, Api, OpenAi, OpenAiResponses, Protocol, Provider};
 pub use source::{AnthropicSource, HttpSource, OpenAiResponsesSource, OpenAiSource};
-pub use transcript::{
-    ConversationStore, Entry, Role, TornTail, Transcript, Transcripts, unknown_conversation,
-};
+pub use transcript::{TornTail, Transcript, Transcripts};
 pub use transport::{BuildError, validate_base_url};
 pub use wire::ANTHROPIC_VERSION;
 

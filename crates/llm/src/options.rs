@@ -8,7 +8,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::provider::{Anthropic, Api, OpenAi, OpenAiResponses};
-use crate::transcript::{ConversationStore, Transcripts};
+use warden_core::store::ConversationStore;
+
+use crate::transcript::Transcripts;
 
 /// Settings of an [`AnthropicSource`](crate::AnthropicSource).
 pub type AnthropicOptions = SourceOptions<Anthropic>;

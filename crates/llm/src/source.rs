@@ -121,7 +121,7 @@ impl<P: Api> Inner<P> {
     fn body(
         &self,
         request: &TurnRequest,
-        history: &[crate::transcript::Entry],
+        history: &[warden_core::store::Entry],
         extra: &[Message<'_>],
     ) -> Result<Vec<u8>, StreamError> {
         let user = Message {
@@ -151,7 +151,7 @@ impl<P: Api> Inner<P> {
     async fn open_messages(
         &self,
         request: &TurnRequest,
-        history: &[crate::transcript::Entry],
+        history: &[warden_core::store::Entry],
         partial: Option<&str>,
     ) -> Result<EventStream, StreamError> {
         let mut mode = partial.map(|_| self.modes.mode_for(&self.model));
@@ -194,7 +194,7 @@ impl<P: Api> Inner<P> {
     async fn open_response(
         &self,
         request: &TurnRequest,
-        history: &[crate::transcript::Entry],
+        history: &[warden_core::store::Entry],
         partial: Option<&str>,
     ) -> Result<EventStream, StreamError> {
         let key = (request.session_key.clone(), request.turn_id);

@@ -61,7 +61,7 @@ use std::sync::Arc;
 
 use futures_util::StreamExt;
 use futures_util::future::BoxFuture;
-use serde::{Deserialize, Serialize};
+use warden_core::store::{ConversationStore, Entry, Role, unknown_conversation};
 use warden_core::{AgentEvent, EventStream, Frame, StreamError, TurnRequest};
 
 use crate::json::json_error_message;
@@ -153,77 +153,6 @@ impl Transcript {
                 && user.content == message)
                 .then_some(reply.content.as_str())
         })
-    }
-}
-
-/// Who said it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Role {
-    /// The user's message.
-    User,
-    /// The model's reply text.
-    Assistant,
-}
-
-impl Role {
-    /// The wire name: `user` or `assistant`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Role::User => "user",
-            Role::Assistant => "assistant",
-        }
-    }
-}
-
-/// One message of a transcript.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Entry {
-    /// Who said it.
-    pub role: Role,
-    /// The text.
-    pub content: String,
-    /// The turn ([`TurnRequest::turn_id`]) it belongs to; `None` in
-    /// transcripts written before turns were recorded.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub turn: Option<u64>,
-}
-
-/// Where the conversations of a stateless HTTP API are kept: the transcript
-/// files of [`Transcripts`] (one machine), or a database the nodes of a
-/// cluster share (`warden-pg`'s `PgConversations`), so that a session taken
-/// over by another node resumes its conversation there.
-///
-/// Set one with [`HttpOptions::with_conversation_store`](crate::HttpOptions::with_conversation_store).
-pub trait ConversationStore: Send + Sync + fmt::Debug + 'static {
-    /// The complete turns of conversation `id`, oldest first. A conversation
-    /// that does not exist (or cannot be read back) is
-    /// [`StreamError::UnknownSession`] — [`unknown_conversation`] says it the
-    /// way the CLI does — so the session starts fresh and tells the user.
-    fn load<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<Vec<Entry>, StreamError>>;
-
-    /// Creates the empty conversation `id`.
-    fn create<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<(), StreamError>>;
-
-    /// Appends turn `turn` (the user's message, then the reply) to
-    /// conversation `id` unless that turn, with this very `user` message, is
-    /// already recorded there (a re-delivered message); whether it was
-    /// appended.
-    fn append_turn_once<'a>(
-        &'a self,
-        id: &'a str,
-        turn: u64,
-        user: &'a str,
-        assistant: &'a str,
-    ) -> BoxFuture<'a, Result<bool, StreamError>>;
-}
-
-/// The error for a conversation that cannot be resumed: "No conversation
-/// found with session ID: …", as the Claude Code CLI says, plus `detail`.
-pub fn unknown_conversation(id: &str, detail: &str) -> StreamError {
-    StreamError::UnknownSession {
-        session_id: id.to_owned(),
-        message: format!("No conversation found with session ID: {id}{detail}"),
     }
 }
 

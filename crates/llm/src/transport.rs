@@ -16,7 +16,9 @@ use crate::classify::{
 use crate::decode::{Mapper, decode_with, mapper_for};
 use crate::options::HttpOptions;
 use crate::provider::Protocol;
-use crate::transcript::{Conversation, ConversationStore, replay_stream};
+use warden_core::store::ConversationStore;
+
+use crate::transcript::{Conversation, replay_stream};
 
 /// Bytes of an error response body read for its message; the rest is
 /// dropped.

@@ -5,8 +5,9 @@
 //! resume.
 
 use futures_util::StreamExt;
+use warden_core::store::Role;
 use warden_core::{AgentEvent, EventSource, Frame, SessionKey, TurnRequest};
-use warden_llm::transcript::{REPLAYED_STOP_REASON, Role};
+use warden_llm::transcript::REPLAYED_STOP_REASON;
 use warden_llm::{HttpOptions, OpenAiOptions, OpenAiSource, Transcripts};
 use warden_mock::{MockConfig, MockServer};
 

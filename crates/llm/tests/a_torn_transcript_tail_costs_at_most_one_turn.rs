@@ -6,8 +6,8 @@
 use std::sync::{Arc, Mutex};
 
 use futures_util::StreamExt;
+use warden_core::store::Role;
 use warden_core::{AgentEvent, EventSource, Frame, SessionKey, StreamError, TurnRequest, Usage};
-use warden_llm::transcript::Role;
 use warden_llm::{AnthropicOptions, AnthropicSource, HttpOptions, TornTail, Transcripts};
 use warden_mock::{MockConfig, MockServer};
 

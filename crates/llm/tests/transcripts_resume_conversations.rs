@@ -4,8 +4,8 @@
 //! answers an unknown id with `UnknownSession` before sending anything.
 
 use futures_util::StreamExt;
+use warden_core::store::Role;
 use warden_core::{AgentEvent, EventSource, Frame, SessionKey, StreamError, TurnRequest, Usage};
-use warden_llm::transcript::Role;
 use warden_llm::{
     AnthropicOptions, AnthropicSource, HttpOptions, OpenAiOptions, OpenAiSource, Transcripts,
 };

@@ -1,4 +1,4 @@
-//! The conversations of the HTTP agents (what [`warden_llm::Transcripts`]
+//! The conversations of the HTTP agents (what `warden_llm::Transcripts`
 //! keeps in files on one machine) in the cluster's database, so a session
 //! taken over by another node resumes its conversation there instead of
 //! starting afresh.
@@ -13,7 +13,7 @@
 
 use futures_util::future::BoxFuture;
 use warden_core::StreamError;
-use warden_llm::{ConversationStore, Entry, Role, unknown_conversation};
+use warden_core::store::{ConversationStore, Entry, Role, unknown_conversation};
 
 use crate::PgStore;
 

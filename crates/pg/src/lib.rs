@@ -28,8 +28,15 @@
 //! - **Turn event logs** ([`PgStore::open_turn`], [`PgStore::append_turn`],
 //!   [`PgStore::read_turn`]): what `warden serve` sent of each turn,
 //!   written through the same fence, so a turn re-delivered by another
-//!   node keeps its id and numbers its events on; with the feature
-//!   `serve`, `NodeTurns` hands them to `warden serve`.
+//!   node keeps its id and numbers its events on; [`NodeTurns`] is the
+//!   [`TurnStore`](warden_core::store::TurnStore) a node hands to
+//!   `warden serve`.
+//! - [`PgConversations`]: the HTTP agents' conversations (a
+//!   [`ConversationStore`](warden_core::store::ConversationStore)), so a
+//!   session taken over resumes its conversation.
+//!
+//! This crate depends on `warden-core` alone: the ports it implements are
+//! core's.
 //!
 //! ```no_run
 //! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
@@ -46,8 +53,7 @@ mod conversations;
 mod lease;
 mod migrate;
 mod node;
-#[cfg(feature = "serve")]
-mod serve;
+mod node_turns;
 mod turns;
 
 use std::time::Duration;
@@ -62,9 +68,7 @@ pub use conversations::PgConversations;
 pub use lease::{Lease, LeaseInfo};
 pub use migrate::MIGRATIONS;
 pub use node::{NodeInfo, NodeStore, TakeOver};
-#[cfg(feature = "serve")]
-pub use serve::NodeTurns;
-pub use turns::{TurnLog, TurnLogEvent};
+pub use node_turns::NodeTurns;
 
 /// Why the store could not be opened.
 #[derive(Debug, thiserror::Error)]

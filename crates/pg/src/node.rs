@@ -208,7 +208,7 @@ impl NodeStore {
         key: &SessionKey,
         message_id: u64,
         id: &str,
-    ) -> Result<crate::TurnLog, StoreError> {
+    ) -> Result<warden_core::store::StoredTurn, StoreError> {
         let lease = self.held_or_lost(key)?;
         let opened = self.pg.open_turn(&lease, message_id, id).await;
         self.forget_if_lost(&lease, &opened);
@@ -221,7 +221,7 @@ impl NodeStore {
         &self,
         key: &SessionKey,
         id: &str,
-        events: &[crate::TurnLogEvent],
+        events: &[warden_core::store::StoredEvent],
         ended: bool,
     ) -> Result<(), StoreError> {
         let lease = self.held_or_lost(key)?;

@@ -18,48 +18,10 @@
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use warden_core::StoreError;
+use warden_core::store::{StoredEvent, StoredTurn};
+use warden_core::{SessionKey, StoreError};
 
 use crate::{Lease, PgStore, backend, from_db, secs, to_db};
-
-/// One stored event of a turn.
-#[derive(Debug, Clone, PartialEq)]
-#[non_exhaustive]
-pub struct TurnLogEvent {
-    /// Its number within the turn, from 1 (the SSE `id:`).
-    pub seq: u64,
-    /// Its type (the SSE `event:`).
-    pub kind: String,
-    /// Its fields (the SSE `data:`).
-    pub data: Value,
-}
-
-impl TurnLogEvent {
-    /// Event `seq` of type `kind` with `data`.
-    pub fn new(seq: u64, kind: impl Into<String>, data: Value) -> Self {
-        Self {
-            seq,
-            kind: kind.into(),
-            data,
-        }
-    }
-}
-
-/// A turn's stored log.
-#[derive(Debug, Clone, PartialEq)]
-#[non_exhaustive]
-pub struct TurnLog {
-    /// The turn's id.
-    pub id: String,
-    /// Its session's key.
-    pub key: String,
-    /// The id of the message it answers.
-    pub message_id: u64,
-    /// Its events (all of them, or those after the number asked for).
-    pub events: Vec<TurnLogEvent>,
-    /// Whether its last event is stored.
-    pub ended: bool,
-}
 
 /// The fence as a CTE: the session's lease row, if `lease` still holds it,
 /// locked `FOR SHARE` until the statement's transaction ends.
@@ -77,7 +39,7 @@ impl PgStore {
         lease: &Lease,
         message_id: u64,
         id: &str,
-    ) -> Result<TurnLog, StoreError> {
+    ) -> Result<StoredTurn, StoreError> {
         let client = self.client().await?;
         let row = client
             .query_opt(
@@ -107,13 +69,8 @@ impl PgStore {
         let id: String = row.get(0);
         let ended: bool = row.get(1);
         let events = self.turn_events(&client, &id, 0).await?;
-        Ok(TurnLog {
-            id,
-            key: lease.key.clone(),
-            message_id,
-            events,
-            ended,
-        })
+        let key = SessionKey::new(lease.key.clone());
+        Ok(StoredTurn::new(id, key, message_id, events, ended))
     }
 
     /// Appends `events` to turn `id` of `lease`'s session, through the
@@ -125,12 +82,12 @@ impl PgStore {
         &self,
         lease: &Lease,
         id: &str,
-        events: &[TurnLogEvent],
+        events: &[StoredEvent],
         ended: bool,
     ) -> Result<(), StoreError> {
         let batch: Vec<Value> = events
             .iter()
-            .map(|e| json!({"seq": e.seq, "kind": e.kind, "data": e.data}))
+            .map(|e| json!({"seq": e.id, "kind": e.kind.as_str(), "data": e.data}))
             .collect();
         let client = self.client().await?;
         let row = client
@@ -174,7 +131,7 @@ impl PgStore {
 
     /// Turn `id`'s log with its events after number `after` (all for 0);
     /// `None` if no such turn is stored (or it expired).
-    pub async fn read_turn(&self, id: &str, after: u64) -> Result<Option<TurnLog>, StoreError> {
+    pub async fn read_turn(&self, id: &str, after: u64) -> Result<Option<StoredTurn>, StoreError> {
         let client = self.client().await?;
         // `ended` first: if it is set, every event is already there.
         let Some(row) = client
@@ -188,13 +145,9 @@ impl PgStore {
             return Ok(None);
         };
         let events = self.turn_events(&client, id, after).await?;
-        Ok(Some(TurnLog {
-            id: id.to_owned(),
-            key: row.get(0),
-            message_id: from_db(row.get(1)),
-            events,
-            ended: row.get(2),
-        }))
+        let key = SessionKey::new(row.get::<_, String>(0));
+        let (message_id, ended) = (from_db(row.get(1)), row.get(2));
+        Ok(Some(StoredTurn::new(id, key, message_id, events, ended)))
     }
 
     async fn turn_events(
@@ -202,7 +155,7 @@ impl PgStore {
         client: &deadpool_postgres::Object,
         id: &str,
         after: u64,
-    ) -> Result<Vec<TurnLogEvent>, StoreError> {
+    ) -> Result<Vec<StoredEvent>, StoreError> {
         let rows = client
             .query(
                 "SELECT seq, kind, data FROM warden_turn_events \
@@ -211,14 +164,15 @@ impl PgStore {
             )
             .await
             .map_err(backend)?;
-        Ok(rows
-            .into_iter()
-            .map(|r| TurnLogEvent {
-                seq: from_db(r.get(0)),
-                kind: r.get(1),
-                data: r.get(2),
+        rows.into_iter()
+            .map(|r| {
+                let kind: String = r.get(1);
+                let kind = kind.parse().map_err(|e| StoreError::Backend {
+                    message: format!("turn {id}: event {}: {e}", from_db(r.get(0))),
+                })?;
+                Ok(StoredEvent::new(from_db(r.get(0)), kind, r.get(2)))
             })
-            .collect())
+            .collect()
     }
 
     /// Deletes the logs of ended turns untouched for `keep`, and of turns

@@ -423,7 +423,7 @@ async fn orphans_are_sessions_with_pending_messages_and_no_live_lease() {
 /// a turn is recorded once per (turn id, message) even when nodes race.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn conversations_are_shared_by_nodes_and_each_turn_is_recorded_once() {
-    use warden_llm::{ConversationStore as _, Role};
+    use warden_core::store::{ConversationStore as _, Role};
     let Some(config) = fresh_db().await else {
         return;
     };
@@ -505,14 +505,15 @@ async fn conversations_are_shared_by_nodes_and_each_turn_is_recorded_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_turns_log_moves_with_its_session_and_numbers_on_without_a_gap() {
     use serde_json::json;
-    use warden_pg::TurnLogEvent;
+    use warden_core::store::{StoredEvent, TurnEventKind};
     let Some(config) = fresh_db().await else {
         return;
     };
     let pg = store(&config).await;
     let key = SessionKey::new("ws");
     let ttl = Duration::from_millis(600);
-    let ev = |seq: u64, text: &str| TurnLogEvent::new(seq, "text", json!({ "text": text }));
+    let ev =
+        |seq: u64, text: &str| StoredEvent::new(seq, TurnEventKind::Text, json!({ "text": text }));
 
     let a = pg.acquire(&key, "node-a", ttl).await.expect("acquire");
     let a = a.expect("free");
@@ -597,7 +598,7 @@ async fn a_turns_log_moves_with_its_session_and_numbers_on_without_a_gap() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_old_owner_appending_through_a_takeover_never_collides_with_the_new_one() {
     use serde_json::json;
-    use warden_pg::TurnLogEvent;
+    use warden_core::store::{StoredEvent, TurnEventKind};
     let Some(config) = fresh_db().await else {
         return;
     };
@@ -619,7 +620,8 @@ async fn an_old_owner_appending_through_a_takeover_never_collides_with_the_new_o
         .expect("trigger");
     let key = SessionKey::new("ws");
     let ttl = Duration::from_millis(300);
-    let ev = |seq: u64, text: &str| TurnLogEvent::new(seq, "text", json!({ "text": text }));
+    let ev =
+        |seq: u64, text: &str| StoredEvent::new(seq, TurnEventKind::Text, json!({ "text": text }));
     let a = pg.acquire(&key, "node-a", ttl).await.expect("acquire");
     let a = a.expect("free");
     pg.open_turn(&a, 1, "turn").await.expect("open");
@@ -638,7 +640,7 @@ async fn an_old_owner_appending_through_a_takeover_never_collides_with_the_new_o
     let b = pg.acquire(&key, "node-b", ttl).await.expect("acquire");
     let b = b.expect("expired: taken");
     let opened = pg.open_turn(&b, 1, "other").await.expect("open");
-    let last = opened.events.last().map_or(0, |e| e.seq);
+    let last = opened.events.last().map_or(0, |e| e.id);
     let a_said = within("A's append", slow).await.expect("task");
     // The takeover waited for A's append (the fence holds the lease row),
     // so B saw it and numbers on after it.
@@ -652,6 +654,6 @@ async fn an_old_owner_appending_through_a_takeover_never_collides_with_the_new_o
         Err(StoreError::LeaseLost { epoch: 1, .. })
     ));
     let read = pg.read_turn("turn", 0).await.expect("read").expect("turn");
-    let seqs: Vec<u64> = read.events.iter().map(|e| e.seq).collect();
+    let seqs: Vec<u64> = read.events.iter().map(|e| e.id).collect();
     assert_eq!(seqs, [1, 2, 3]);
 }

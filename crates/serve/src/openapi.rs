@@ -3,6 +3,7 @@
 //! checks that every path it names is routed.
 
 use serde_json::{Value, json};
+use warden_core::store::TurnEventKind;
 
 /// The document.
 pub(crate) fn document() -> Value {
@@ -27,8 +28,7 @@ pub(crate) fn document() -> Value {
                 "NewTurn": {"type": "object", "required": ["message"], "additionalProperties": false,
                     "description": "Exactly one of `workspace` (an absolute directory) or `key` (a name).",
                     "properties": {"workspace": {"type": "string"}, "key": {"type": "string"}, "message": {"type": "string"}}},
-                "TurnEvent": {"type": "string", "enum": ["queued", "started", "text", "thinking", "tool", "retrying",
-                    "continuing", "restarting", "done", "error"],
+                "TurnEvent": {"type": "string", "enum": TurnEventKind::ALL.map(TurnEventKind::as_str),
                     "description": "The SSE `event:` of a turn event; `done` (the summary) or `error` (`code`, `message`, `exit`) is the last."}
             }
         },

@@ -8,126 +8,20 @@
 //! have seen stored events, so the node that re-delivers the turn after
 //! this one died numbers on from the last stored one.
 
-use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use futures_util::FutureExt as _;
-use futures_util::future::BoxFuture;
-use serde::Serialize;
 use serde_json::{Value, json};
 use tokio::sync::watch;
-use warden_core::{
-    AgentEvent, ContinueFrom, RecoveredTurn, SessionKey, TurnCanceller, TurnError, TurnEvent,
-    TurnHandle, TurnSummary,
+use warden_core::store::{
+    StoredEvent as ServeEvent, StoredTurn, TurnEventKind as Kind, TurnStore, TurnStoreError,
 };
-
-/// One event of a turn, as sent: its number, its type, its JSON.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct ServeEvent {
-    /// Unique and increasing within the turn, from 1 (the SSE `id:`).
-    pub id: u64,
-    /// `started`, `queued`, `text`, `thinking`, `tool`, `retrying`,
-    /// `continuing`, `restarting`, `done` or `error` (the SSE `event:`).
-    #[serde(rename = "type")]
-    pub kind: Cow<'static, str>,
-    /// The event's fields (the SSE `data:`).
-    pub data: Value,
-}
-
-impl ServeEvent {
-    /// Event `id` of type `kind` with `data`.
-    pub fn new(id: u64, kind: impl Into<Cow<'static, str>>, data: Value) -> Self {
-        Self {
-            id,
-            kind: kind.into(),
-            data,
-        }
-    }
-
-    /// Whether it ends its turn (`done` or `error`).
-    pub fn is_last(&self) -> bool {
-        self.kind == "done" || self.kind == "error"
-    }
-}
-
-/// A turn's log as a [`TurnStore`] keeps it.
-#[derive(Debug, Clone, PartialEq)]
-#[non_exhaustive]
-pub struct StoredTurn {
-    /// The turn's id.
-    pub id: String,
-    /// Its session.
-    pub key: SessionKey,
-    /// Its events (all, or those after the number asked for).
-    pub events: Vec<ServeEvent>,
-    /// Whether its last event is among the stored ones.
-    pub ended: bool,
-}
-
-impl StoredTurn {
-    /// Turn `id` of session `key` with `events`, `ended` or not.
-    pub fn new(
-        id: impl Into<String>,
-        key: SessionKey,
-        events: Vec<ServeEvent>,
-        ended: bool,
-    ) -> Self {
-        Self {
-            id: id.into(),
-            key,
-            events,
-            ended,
-        }
-    }
-}
-
-/// Why a [`TurnStore`] could not do it.
-#[derive(Debug, Clone, PartialEq, thiserror::Error)]
-#[non_exhaustive]
-pub enum TurnStoreError {
-    /// The session is no longer this node's (its lease moved on): stop
-    /// relaying the turn here; its new owner re-delivers it.
-    #[error("the session moved to another node: {0}")]
-    Moved(String),
-    /// The store failed (unreachable, …); worth retrying.
-    #[error("the turn store failed: {0}")]
-    Failed(String),
-}
-
-/// Where a node of a cluster keeps its turns' events, so that a turn
-/// re-delivered by another node keeps its id and numbers its events on,
-/// and a client re-attaches to it on any node (`warden-pg` keeps them in
-/// PostgreSQL, fenced like the session's record).
-pub trait TurnStore: Send + Sync + 'static {
-    /// Opens the log of the turn answering message `message_id` of `key`,
-    /// under `id` if the message has none yet; the log as stored (its id
-    /// and events: those of an earlier owner for a re-delivered message).
-    fn open<'a>(
-        &'a self,
-        key: &'a SessionKey,
-        message_id: u64,
-        id: &'a str,
-    ) -> BoxFuture<'a, Result<StoredTurn, TurnStoreError>>;
-
-    /// Appends `events` to turn `id` of `key`; `ended` when its last event
-    /// is among them.
-    fn append<'a>(
-        &'a self,
-        key: &'a SessionKey,
-        id: &'a str,
-        events: &'a [ServeEvent],
-        ended: bool,
-    ) -> BoxFuture<'a, Result<(), TurnStoreError>>;
-
-    /// Turn `id` with its events after number `after`; `None` if unknown.
-    fn read<'a>(
-        &'a self,
-        id: &'a str,
-        after: u64,
-    ) -> BoxFuture<'a, Result<Option<StoredTurn>, TurnStoreError>>;
-}
+use warden_core::{
+    AgentEvent, ContinueFrom, RecoveredTurn, RetryPolicy, SessionKey, TurnCanceller, TurnError,
+    TurnEvent, TurnHandle, TurnSummary,
+};
 
 /// A turn's log: its events and whether it has ended.
 #[derive(Debug)]
@@ -207,8 +101,17 @@ impl std::fmt::Debug for Turns {
     }
 }
 
-/// How long a store write is retried at most between two tries.
-const MAX_BACKOFF: Duration = Duration::from_secs(2);
+/// How a failing turn store is retried: 50 ms doubling to 2 s, jittered
+/// (the nodes of a cluster do not retry in step); opening a turn's log is
+/// tried 5 times, then the turn is relayed from memory only. Appending is
+/// retried until the store answers or says the session moved: an event is
+/// never shown before it is stored, and a node that cannot reach its
+/// database loses its leases within their TTL (`Moved`), which ends it.
+fn store_retry() -> RetryPolicy {
+    RetryPolicy::default()
+        .with_backoff(Duration::from_millis(50), Duration::from_secs(2))
+        .with_max_attempts(5)
+}
 
 impl Turns {
     pub(crate) fn new(store: Option<Arc<dyn TurnStore>>) -> Self {
@@ -277,8 +180,8 @@ impl Turns {
                 _ => false,
             };
             let (kind, discard) = match continued {
-                true => ("continuing", false),
-                false => ("retrying", true),
+                true => (Kind::Continuing, false),
+                false => (Kind::Retrying, true),
             };
             // Stored with the first batch, sent before the new attempt.
             marker = Some(ServeEvent::new(
@@ -351,17 +254,17 @@ fn kept_text(events: &[ServeEvent]) -> (Option<String>, u64) {
     let mut attempt = 0;
     let mut last_is_text = false;
     for e in events {
-        match e.kind.as_ref() {
-            "started" => attempt = e.data["attempt"].as_u64().unwrap_or(attempt),
-            "retrying" | "restarting" => {
+        match e.kind {
+            Kind::Started => attempt = e.data["attempt"].as_u64().unwrap_or(attempt),
+            Kind::Retrying | Kind::Restarting => {
                 text.clear();
                 last_is_text = false;
             }
-            "text" => {
+            Kind::Text => {
                 text.push_str(e.data["text"].as_str().unwrap_or(""));
                 last_is_text = true;
             }
-            "thinking" | "tool" => last_is_text = false,
+            Kind::Thinking | Kind::Tool => last_is_text = false,
             _ => {}
         }
     }
@@ -377,18 +280,20 @@ async fn open(
     message_id: u64,
     id: &str,
 ) -> Option<StoredTurn> {
-    let mut delay = Duration::from_millis(50);
-    for _ in 0..5 {
+    let policy = store_retry();
+    for attempt in 1..=policy.max_attempts {
         match store.open(key, message_id, id).await {
             Ok(t) => return Some(t),
             Err(TurnStoreError::Moved(why)) => {
                 tracing::warn!(session = %key, %why, "the session moved before its turn was stored");
                 return None;
             }
-            Err(TurnStoreError::Failed(why)) => {
+            Err(why) => {
                 tracing::warn!(session = %key, %why, "cannot store the turn; retrying");
-                tokio::time::sleep(delay).await;
-                delay = (delay * 2).min(MAX_BACKOFF);
+                if attempt < policy.max_attempts {
+                    let delay = policy.jittered_delay(attempt, &mut rand::rng());
+                    tokio::time::sleep(delay).await;
+                }
             }
         }
     }
@@ -472,18 +377,20 @@ async fn store_batch(
     batch: &[ServeEvent],
     last: bool,
 ) -> bool {
-    let mut delay = Duration::from_millis(50);
+    let policy = store_retry();
+    let mut retry = 0u32;
     loop {
+        retry = retry.saturating_add(1);
         match store.append(&log.key, id, batch, last).await {
             Ok(()) => return true,
             Err(TurnStoreError::Moved(why)) => {
                 tracing::info!(session = %log.key, turn = id, %why, "the turn moved to another node");
                 return false;
             }
-            Err(TurnStoreError::Failed(why)) => {
+            Err(why) => {
                 tracing::warn!(session = %log.key, turn = id, %why, "cannot store the turn's events; retrying");
+                let delay = policy.jittered_delay(retry, &mut rand::rng());
                 tokio::time::sleep(delay).await;
-                delay = (delay * 2).min(MAX_BACKOFF);
             }
         }
     }
@@ -491,28 +398,30 @@ async fn store_batch(
 
 /// The event's type and fields, and whether it is the last. `None` for
 /// events not sent to clients (usage reports, keep-alive-like ones).
-fn describe(event: TurnEvent) -> (Option<&'static str>, Value, bool) {
+fn describe(event: TurnEvent) -> (Option<Kind>, Value, bool) {
     match event {
-        TurnEvent::Queued(a) => (Some("queued"), json!({"attempt": a.attempt}), false),
-        TurnEvent::Started(a) => (Some("started"), json!({"attempt": a.attempt}), false),
-        TurnEvent::Event(AgentEvent::TextDelta(t)) => (Some("text"), json!({"text": t}), false),
+        TurnEvent::Queued(a) => (Some(Kind::Queued), json!({"attempt": a.attempt}), false),
+        TurnEvent::Started(a) => (Some(Kind::Started), json!({"attempt": a.attempt}), false),
+        TurnEvent::Event(AgentEvent::TextDelta(t)) => (Some(Kind::Text), json!({"text": t}), false),
         TurnEvent::Event(AgentEvent::ThinkingDelta(t)) => {
-            (Some("thinking"), json!({"text": t}), false)
+            (Some(Kind::Thinking), json!({"text": t}), false)
         }
         TurnEvent::Event(AgentEvent::ToolUseStarted { id, name }) => (
-            Some("tool"),
+            Some(Kind::Tool),
             json!({"id": id, "name": name, "state": "started"}),
             false,
         ),
-        TurnEvent::Event(AgentEvent::ToolUseFinished { id }) => {
-            (Some("tool"), json!({"id": id, "state": "finished"}), false)
-        }
+        TurnEvent::Event(AgentEvent::ToolUseFinished { id }) => (
+            Some(Kind::Tool),
+            json!({"id": id, "state": "finished"}),
+            false,
+        ),
         TurnEvent::Retrying {
             failed,
             delay,
             error,
         } => (
-            Some("retrying"),
+            Some(Kind::Retrying),
             json!({"failed_attempt": failed.attempt, "delay_ms": millis(delay), "code": error.code(), "discard": true}),
             false,
         ),
@@ -521,17 +430,17 @@ fn describe(event: TurnEvent) -> (Option<&'static str>, Value, bool) {
             delay,
             error,
         } => (
-            Some("continuing"),
+            Some(Kind::Continuing),
             json!({"failed_attempt": failed.attempt, "delay_ms": millis(delay), "code": error.code(), "discard": false}),
             false,
         ),
         TurnEvent::Restarting { cause } => (
-            Some("restarting"),
+            Some(Kind::Restarting),
             json!({"cause": cause.as_str(), "notice": "the conversation could not be resumed; the message moves to a fresh session", "discard": true}),
             false,
         ),
-        TurnEvent::Finished(Ok(summary)) => (Some("done"), done(&summary), true),
-        TurnEvent::Finished(Err(error)) => (Some("error"), failed(&error), true),
+        TurnEvent::Finished(Ok(summary)) => (Some(Kind::Done), done(&summary), true),
+        TurnEvent::Finished(Err(error)) => (Some(Kind::Error), failed(&error), true),
         _ => (None, Value::Null, false),
     }
 }

@@ -1,12 +1,12 @@
-//! [`NodeTurns`]: `warden serve`'s turn store on a cluster node (feature
-//! `serve`), over [`PgStore::open_turn`](crate::PgStore::open_turn) and its
-//! siblings, under the node's leases.
+//! [`NodeTurns`]: the turn store of a cluster node (`warden serve`'s
+//! [`TurnStore`]), over [`PgStore::open_turn`](crate::PgStore::open_turn)
+//! and its siblings, under the node's leases.
 
 use futures_util::future::BoxFuture;
+use warden_core::store::{StoredEvent, StoredTurn, TurnStore, TurnStoreError};
 use warden_core::{SessionKey, StoreError};
-use warden_serve::{ServeEvent, StoredTurn, TurnStore, TurnStoreError};
 
-use crate::{NodeStore, TurnLog, TurnLogEvent};
+use crate::NodeStore;
 
 /// One node's turn event logs in the cluster's database, written under its
 /// leases: `warden serve`'s [`TurnStore`] on a cluster node
@@ -18,7 +18,7 @@ pub struct NodeTurns {
 
 impl NodeStore {
     /// This node's turn event logs, for `warden serve`
-    /// ([`ServeConfig::with_turn_store`](warden_serve::ServeConfig::with_turn_store)).
+    /// (`ServeConfig::with_turn_store`).
     pub fn turns(&self) -> NodeTurns {
         NodeTurns { node: self.clone() }
     }
@@ -33,15 +33,6 @@ fn turn_error(e: StoreError) -> TurnStoreError {
     }
 }
 
-fn stored(turn: TurnLog) -> StoredTurn {
-    let events = turn
-        .events
-        .into_iter()
-        .map(|e| ServeEvent::new(e.seq, e.kind, e.data))
-        .collect();
-    StoredTurn::new(turn.id, SessionKey::new(turn.key), events, turn.ended)
-}
-
 impl TurnStore for NodeTurns {
     fn open<'a>(
         &'a self,
@@ -51,7 +42,7 @@ impl TurnStore for NodeTurns {
     ) -> BoxFuture<'a, Result<StoredTurn, TurnStoreError>> {
         Box::pin(async move {
             let turn = self.node.open_turn(key, message_id, id).await;
-            turn.map(stored).map_err(turn_error)
+            turn.map_err(turn_error)
         })
     }
 
@@ -59,15 +50,11 @@ impl TurnStore for NodeTurns {
         &'a self,
         key: &'a SessionKey,
         id: &'a str,
-        events: &'a [ServeEvent],
+        events: &'a [StoredEvent],
         ended: bool,
     ) -> BoxFuture<'a, Result<(), TurnStoreError>> {
         Box::pin(async move {
-            let events: Vec<_> = events
-                .iter()
-                .map(|e| TurnLogEvent::new(e.id, e.kind.clone(), e.data.clone()))
-                .collect();
-            let appended = self.node.append_turn(key, id, &events, ended).await;
+            let appended = self.node.append_turn(key, id, events, ended).await;
             appended.map_err(turn_error)
         })
     }
@@ -79,7 +66,7 @@ impl TurnStore for NodeTurns {
     ) -> BoxFuture<'a, Result<Option<StoredTurn>, TurnStoreError>> {
         Box::pin(async move {
             let turn = self.node.pg().read_turn(id, after).await;
-            turn.map(|t| t.map(stored)).map_err(turn_error)
+            turn.map_err(turn_error)
         })
     }
 }

@@ -1,0 +1,125 @@
+//! Where a session runs, for nodes that share their sessions (a cluster on
+//! one database): the [`Placement`] port a node asks before each new turn,
+//! and what it answers.
+//!
+//! `warden-serve` asks it and forwards requests for sessions that run
+//! elsewhere; `warden-pg`'s lease placement implements it (see
+//! `docs/cluster.md`).
+
+use std::time::Duration;
+
+use futures_util::future::BoxFuture;
+use serde::Serialize;
+
+use crate::source::SessionKey;
+
+/// Where a session runs, for a node that shares its sessions with other
+/// nodes (a cluster on one database): asked before each new turn.
+///
+/// A placement that names its node ([`node`](Self::node)) and its peers'
+/// addresses ([`advertise_of`](Self::advertise_of)) makes the node forward
+/// requests for sessions and turns that run elsewhere (see `docs/cluster.md`).
+pub trait Placement: Send + Sync + 'static {
+    /// `Ok` when this node may run `key` now (it holds the session's lease,
+    /// or just took it); `Err` says where the session runs instead.
+    fn place<'a>(&'a self, key: &'a SessionKey) -> BoxFuture<'a, Result<(), Elsewhere>>;
+
+    /// This node's id among its peers. Turn ids then name it, so any node
+    /// can find a turn's node. Default `None`: nothing is forwarded.
+    fn node(&self) -> Option<&str> {
+        None
+    }
+
+    /// Where the node `node` is reached, if it is a member. Default `None`.
+    fn advertise_of<'a>(&'a self, node: &'a str) -> BoxFuture<'a, Option<String>> {
+        let _ = node;
+        Box::pin(async { None })
+    }
+
+    /// Every session of the cluster and where it runs, for
+    /// `GET /v1/sessions`. Default `None`: the node lists its own.
+    fn sessions(&self) -> BoxFuture<'_, Option<Result<Vec<SessionPlace>, String>>> {
+        Box::pin(async { None })
+    }
+}
+
+/// Where one session of a cluster runs (an entry of `GET /v1/sessions` on
+/// a cluster node).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[non_exhaustive]
+pub struct SessionPlace {
+    /// The session's key.
+    pub key: String,
+    /// The node holding its lease, if any.
+    pub owner: Option<String>,
+    /// Where that node is reached, when known.
+    pub advertise: Option<String>,
+    /// The lease's epoch (how many times the session changed hands, plus one).
+    pub epoch: u64,
+    /// Seconds left on the lease (negative: it expired that long ago);
+    /// `None` when none is held.
+    pub lease_remaining_secs: Option<f64>,
+}
+
+impl SessionPlace {
+    /// Session `key`, run by `owner` (reached at `advertise`) under lease
+    /// `epoch` for `lease_remaining_secs` more.
+    pub fn new(
+        key: impl Into<String>,
+        owner: Option<String>,
+        advertise: Option<String>,
+        epoch: u64,
+        lease_remaining_secs: Option<f64>,
+    ) -> Self {
+        Self {
+            key: key.into(),
+            owner,
+            advertise,
+            epoch,
+            lease_remaining_secs,
+        }
+    }
+}
+
+/// A session another node runs now.
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub struct Elsewhere {
+    /// The owner node's id, when known.
+    pub owner: Option<String>,
+    /// Where that node is reached, when known.
+    pub advertise: Option<String>,
+    /// When to ask again: the time left on the owner's lease (if the owner
+    /// died, the session can be taken over then).
+    pub retry_after: Duration,
+    /// The session's workspace directory, when it cannot run here because
+    /// this node does not have that directory (and its owner is gone).
+    pub missing_workspace: Option<std::path::PathBuf>,
+}
+
+impl Elsewhere {
+    /// A session `owner` (reached at `advertise`) runs for `retry_after`
+    /// more at least.
+    pub fn new(owner: Option<String>, advertise: Option<String>, retry_after: Duration) -> Self {
+        Self {
+            owner,
+            advertise,
+            retry_after,
+            missing_workspace: None,
+        }
+    }
+
+    /// A session whose owner `owner` is gone but that is bound to
+    /// `workspace`, a directory this node does not have: it runs again when
+    /// a node that has it takes it over.
+    pub fn workspace_missing(
+        owner: Option<String>,
+        workspace: std::path::PathBuf,
+        retry_after: Duration,
+    ) -> Self {
+        Self {
+            missing_workspace: Some(workspace),
+            ..Self::new(owner, None, retry_after)
+        }
+    }
+}

@@ -1,0 +1,235 @@
+//! Turn event logs: each turn's events as a node sent them to its clients,
+//! numbered from 1, so a client that lost its connection re-attaches with
+//! `Last-Event-ID` and misses nothing — and, where the log is shared
+//! ([`TurnStore`]), a turn re-delivered by another node keeps its id and
+//! numbers its events on.
+//!
+//! `warden-serve` keeps the logs in memory and, given a [`TurnStore`],
+//! stores every batch of events before any client sees it; `warden-pg`'s
+//! `NodeTurns` keeps them in PostgreSQL, fenced like the session's record.
+
+use std::fmt;
+use std::str::FromStr;
+
+use futures_util::future::BoxFuture;
+use serde::Serialize;
+use serde_json::Value;
+
+use crate::source::SessionKey;
+
+/// The type of a turn's event (the SSE `event:` name).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "lowercase")]
+#[non_exhaustive]
+pub enum TurnEventKind {
+    /// The message waits behind another turn of its session.
+    Queued,
+    /// An attempt began (`attempt`).
+    Started,
+    /// Reply text (`text`).
+    Text,
+    /// Thinking text (`text`).
+    Thinking,
+    /// A tool call began or finished (`id`, `name`, `state`).
+    Tool,
+    /// An attempt failed and the turn starts over (`discard` true).
+    Retrying,
+    /// An attempt broke and the next one continues its text.
+    Continuing,
+    /// The session restarts fresh; the turn is re-sent.
+    Restarting,
+    /// The turn ended with its answer. Last.
+    Done,
+    /// The turn failed. Last.
+    Error,
+}
+
+impl TurnEventKind {
+    /// Every kind, in the order a turn may meet them.
+    pub const ALL: [TurnEventKind; 10] = [
+        Self::Queued,
+        Self::Started,
+        Self::Text,
+        Self::Thinking,
+        Self::Tool,
+        Self::Retrying,
+        Self::Continuing,
+        Self::Restarting,
+        Self::Done,
+        Self::Error,
+    ];
+
+    /// The wire name (`queued`, `started`, …).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Queued => "queued",
+            Self::Started => "started",
+            Self::Text => "text",
+            Self::Thinking => "thinking",
+            Self::Tool => "tool",
+            Self::Retrying => "retrying",
+            Self::Continuing => "continuing",
+            Self::Restarting => "restarting",
+            Self::Done => "done",
+            Self::Error => "error",
+        }
+    }
+
+    /// Whether an event of this kind ends its turn (`done`, `error`).
+    pub fn is_last(self) -> bool {
+        matches!(self, Self::Done | Self::Error)
+    }
+}
+
+impl fmt::Display for TurnEventKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A name that is no [`TurnEventKind`] (a log written by a newer warden, or
+/// a corrupt row).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown turn event type {0:?}")]
+pub struct UnknownEventKind(pub String);
+
+impl FromStr for TurnEventKind {
+    type Err = UnknownEventKind;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Self::ALL
+            .into_iter()
+            .find(|k| k.as_str() == s)
+            .ok_or_else(|| UnknownEventKind(s.to_owned()))
+    }
+}
+
+/// One event of a turn, as sent and stored: its number, its type, its JSON.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct StoredEvent {
+    /// Unique and increasing within the turn, from 1 (the SSE `id:`).
+    pub id: u64,
+    /// Its type (the SSE `event:`).
+    #[serde(rename = "type")]
+    pub kind: TurnEventKind,
+    /// The event's fields (the SSE `data:`).
+    pub data: Value,
+}
+
+impl StoredEvent {
+    /// Event `id` of type `kind` with `data`.
+    pub fn new(id: u64, kind: TurnEventKind, data: Value) -> Self {
+        Self { id, kind, data }
+    }
+
+    /// Whether it ends its turn (`done` or `error`).
+    pub fn is_last(&self) -> bool {
+        self.kind.is_last()
+    }
+}
+
+/// A turn's log as a [`TurnStore`] keeps it.
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub struct StoredTurn {
+    /// The turn's id.
+    pub id: String,
+    /// Its session.
+    pub key: SessionKey,
+    /// The id of the session's message it answers (one turn per message).
+    pub message_id: u64,
+    /// Its events (all, or those after the number asked for).
+    pub events: Vec<StoredEvent>,
+    /// Whether its last event is among the stored ones.
+    pub ended: bool,
+}
+
+impl StoredTurn {
+    /// Turn `id` of session `key`, answering message `message_id`, with
+    /// `events`, `ended` or not.
+    pub fn new(
+        id: impl Into<String>,
+        key: SessionKey,
+        message_id: u64,
+        events: Vec<StoredEvent>,
+        ended: bool,
+    ) -> Self {
+        Self {
+            id: id.into(),
+            key,
+            message_id,
+            events,
+            ended,
+        }
+    }
+}
+
+/// Why a [`TurnStore`] could not do it.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[non_exhaustive]
+pub enum TurnStoreError {
+    /// The session is no longer this node's (its lease moved on): stop
+    /// relaying the turn here; its new owner re-delivers it. Fatal for this
+    /// node's copy of the turn.
+    #[error("the session moved to another node: {0}")]
+    Moved(String),
+    /// The store failed (unreachable, …). Retryable.
+    #[error("the turn store failed: {0}")]
+    Failed(String),
+}
+
+/// Where a node keeps its turns' events, so that a turn re-delivered by
+/// another node keeps its id and numbers its events on, and a client
+/// re-attaches to it on any node (`warden-pg` keeps them in PostgreSQL,
+/// fenced like the session's record).
+pub trait TurnStore: Send + Sync + 'static {
+    /// Opens the log of the turn answering message `message_id` of `key`,
+    /// under `id` if the message has none yet; the log as stored (its id
+    /// and events: those of an earlier owner for a re-delivered message).
+    fn open<'a>(
+        &'a self,
+        key: &'a SessionKey,
+        message_id: u64,
+        id: &'a str,
+    ) -> BoxFuture<'a, Result<StoredTurn, TurnStoreError>>;
+
+    /// Appends `events` to turn `id` of `key`; `ended` when its last event
+    /// is among them.
+    fn append<'a>(
+        &'a self,
+        key: &'a SessionKey,
+        id: &'a str,
+        events: &'a [StoredEvent],
+        ended: bool,
+    ) -> BoxFuture<'a, Result<(), TurnStoreError>>;
+
+    /// Turn `id` with its events after number `after`; `None` if unknown.
+    fn read<'a>(
+        &'a self,
+        id: &'a str,
+        after: u64,
+    ) -> BoxFuture<'a, Result<Option<StoredTurn>, TurnStoreError>>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_kind_reads_back_from_its_wire_name() {
+        for kind in TurnEventKind::ALL {
+            assert_eq!(kind.as_str().parse::<TurnEventKind>(), Ok(kind));
+            let json = serde_json::to_value(kind).expect("serialises");
+            assert_eq!(json, Value::String(kind.as_str().to_owned()));
+        }
+        assert_eq!(
+            "finished".parse::<TurnEventKind>(),
+            Err(UnknownEventKind("finished".into()))
+        );
+        let last: Vec<_> = TurnEventKind::ALL
+            .into_iter()
+            .filter(|k| k.is_last())
+            .collect();
+        assert_eq!(last, [TurnEventKind::Done, TurnEventKind::Error]);
+    }
+}
