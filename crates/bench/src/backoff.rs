@@ -1,7 +1,7 @@
 //! Section 7, `backoff`: what a rate-limited API sees while it asks clients
 //! to wait. 100 sessions arrive over 2 s (one every 20 ms) at an API that
 //! answers every request in its first 2 s with `429` and `retry-after: 2`
-//! (the `rate_limit_error` of `formats.md`), 20 ms after it arrives, and
+//! (the `rate_limit_error` of `docs/wire-formats.md`), 20 ms after it arrives, and
 //! streams a normal reply afterwards. Counted: requests that reach the API
 //! during that 2 s hold, and in all, with warden's shared backoff (one
 //! session's 429 holds every session of the source) versus independent

@@ -957,7 +957,7 @@ mod tests {
         use super::super::*;
         use proptest::prelude::*;
 
-        /// Real line shapes (formats.md), cut anywhere by the property below.
+        /// Real line shapes (`docs/wire-formats.md`), cut anywhere by the property below.
         const SAMPLES: &[&str] = &[
             r#"{"type":"system","subtype":"init","cwd":"/w","session_id":"9753c268-aaaa","model":"claude-x","tools":["Bash"],"permissionMode":"default"}"#,
             r#"{"type":"assistant","message":{"id":"msg_1","content":[{"type":"text","text":"One file."},{"type":"tool_use","id":"tu_1","name":"Bash","input":{"command":"ls"}}],"usage":{"input_tokens":3,"cache_read_input_tokens":14000,"cache_creation_input_tokens":200,"output_tokens":1}},"session_id":"9753"}"#,

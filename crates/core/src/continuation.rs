@@ -7,7 +7,7 @@
 //! source's stream yields only what comes after it. How a provider is asked
 //! is the source's business (Anthropic: the partial text as a prefilled
 //! assistant message, or, for models that refuse prefill, a continuation
-//! turn; see `formats.md`).
+//! turn; see `docs/wire-formats.md`).
 //!
 //! A model asked to continue in a new turn may repeat the last words or add
 //! a lead-in. [`stitch`] (whole text) and [`Stitcher`] (streaming) trim

@@ -1,5 +1,5 @@
 //! Continuing a reply that broke mid-text over the Anthropic Messages API
-//! (`formats.md`, "Continuing a broken reply"), for [`HttpSource`](crate::HttpSource).
+//! (`docs/wire-formats.md`, "Continuing a broken reply"), for [`HttpSource`](crate::HttpSource).
 //!
 //! Two ways, and current models take only the second:
 //! - **prefill**: the partial text, trailing whitespace stripped (the API

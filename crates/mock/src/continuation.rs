@@ -1,5 +1,5 @@
 //! Continuing a broken reply, as the Anthropic Messages API does it
-//! (`formats.md`, "Continuing a broken reply").
+//! (`docs/wire-formats.md`, "Continuing a broken reply").
 //!
 //! - **Prefill**: a request whose last message is the assistant's partial
 //!   text. The model continues that text exactly: the mock streams the rest

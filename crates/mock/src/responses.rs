@@ -1,5 +1,5 @@
-//! OpenAI Responses API wire format (`POST /v1/responses`), as `formats.md`
-//! records it.
+//! OpenAI Responses API wire format (`POST /v1/responses`), as
+//! `docs/wire-formats.md` ("OpenAI Responses streams") records it.
 //!
 //! A normal stream is typed, numbered events (`sequence_number` from 0):
 //! `response.created` (with the response `id`), `response.in_progress`,

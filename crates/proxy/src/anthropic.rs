@@ -1,5 +1,5 @@
-//! Splicing Anthropic Messages streams (`formats.md`: the event sequence,
-//! and how Claude Code takes each kind of broken stream).
+//! Splicing Anthropic Messages streams (`docs/wire-formats.md`: the event
+//! sequence, and how Claude Code takes each kind of broken stream).
 //!
 //! The client gets one `message_start`, content blocks numbered 0, 1, 2 …
 //! in the order it received them, one `message_delta` whose

@@ -1,5 +1,5 @@
-//! Splicing OpenAI chat-completions streams (`formats.md`: `data:` chunks,
-//! `data: [DONE]` at the end). That API has no resume: a reply broken
+//! Splicing OpenAI chat-completions streams (`docs/wire-formats.md`: `data:`
+//! chunks, `data: [DONE]` at the end). That API has no resume: a reply broken
 //! mid-text is continued with a continuation turn (the partial text as an
 //! assistant message, then [`CONTINUE_ASK`]), what the model repeats is
 //! trimmed by the [`Stitcher`], and the continuation's chunks carry the

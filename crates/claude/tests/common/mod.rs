@@ -17,7 +17,7 @@ pub(crate) const GRACE: Duration = Duration::from_millis(400);
 /// Upper bound for anything a test waits for.
 pub(crate) const PATIENCE: Duration = Duration::from_secs(10);
 
-/// The `system/init` line (formats.md), with the fake's session id.
+/// The `system/init` line (`docs/wire-formats.md`), with the fake's session id.
 pub(crate) const INIT: &str = r#"{"type":"system","subtype":"init","cwd":"{cwd}","session_id":"{session_id}","model":"claude-x","tools":["Bash"],"permissionMode":"default"}"#;
 
 /// An assistant text block echoing the turn's message, with usage.

@@ -3,7 +3,7 @@
 //! re-attached) and the typed, numbered events → frames. Each event's
 //! `sequence_number` and the response id are noted in a [`ResumePoint`],
 //! shared with the source, which re-attaches a broken stream after the
-//! last event the consumer has (`formats.md`, "Continuing a broken reply").
+//! last event the consumer has (`docs/wire-formats.md`, "Continuing a broken reply").
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
