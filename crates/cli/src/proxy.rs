@@ -39,7 +39,7 @@ pub(crate) struct ProxyArgs {
     #[arg(long, default_value = warden_proxy::OPENAI_API, value_name = "URL")]
     openai_upstream: String,
     /// Silence allowed on an upstream stream, in milliseconds. Default
-    /// WARDEN_STREAM_TIMEOUT (seconds), else 45000.
+    /// WARDEN_STREAM_TIMEOUT (also milliseconds), else 45000.
     #[arg(long, value_name = "MS")]
     timeout: Option<u64>,
     /// One JSON access-log line per request on stdout (status, duration,
@@ -59,12 +59,15 @@ pub(crate) async fn run(args: ProxyArgs) -> Result<Exit, CliError> {
     }
     check_url(&args.anthropic_upstream)?;
     check_url(&args.openai_upstream)?;
-    let mut config = ProxyConfig::default()
+    // `--timeout` wins; without it a bad WARDEN_STREAM_TIMEOUT is refused
+    // rather than replaced by the default.
+    let base = match args.timeout {
+        Some(ms) => ProxyConfig::default().with_timeout(Duration::from_millis(ms)),
+        None => ProxyConfig::from_env().map_err(|e| CliError::usage(e.to_string()))?,
+    };
+    let mut config = base
         .with_anthropic_upstream(&args.anthropic_upstream)
         .with_openai_upstream(&args.openai_upstream);
-    if let Some(ms) = args.timeout {
-        config = config.with_timeout(Duration::from_millis(ms));
-    }
     if args.json {
         config = config.with_access_log(|record| {
             if let Ok(line) = serde_json::to_string(record) {

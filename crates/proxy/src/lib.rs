@@ -97,7 +97,9 @@ use axum::extract::{Request, State};
 use axum::http::{Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 use tokio::time::Instant;
-use warden_core::{Admission, AdmissionConfig, RetryPolicy, WatchdogActor, WatchdogConfig};
+use warden_core::{
+    Admission, AdmissionConfig, ConfigError, RetryPolicy, WatchdogActor, WatchdogConfig,
+};
 
 /// Where the proxy sends Anthropic requests by default.
 pub const ANTHROPIC_API: &str = "https://api.anthropic.com";
@@ -148,8 +150,8 @@ pub struct ProxyConfig {
     /// Base URL of the OpenAI API. Default [`OPENAI_API`].
     pub openai_upstream: String,
     /// Silence allowed on an upstream stream (and before its first byte)
-    /// before the attempt is killed. Default: `WARDEN_STREAM_TIMEOUT` (in
-    /// seconds) when set, else 45 s.
+    /// before the attempt is killed. Default 45 s; [`ProxyConfig::from_env`]
+    /// takes `WARDEN_STREAM_TIMEOUT` (milliseconds) instead when it is set.
     pub timeout: Duration,
     /// Attempts per request (the first included) and backoff between them.
     /// Default [`RetryPolicy::default`].
@@ -179,13 +181,13 @@ impl std::fmt::Debug for ProxyConfig {
 }
 
 impl Default for ProxyConfig {
+    /// The built-in defaults; the environment is not read (see
+    /// [`ProxyConfig::from_env`]).
     fn default() -> Self {
         Self {
             anthropic_upstream: ANTHROPIC_API.to_owned(),
             openai_upstream: OPENAI_API.to_owned(),
-            timeout: WatchdogConfig::from_env()
-                .map(|c| c.default_timeout)
-                .unwrap_or_else(|_| WatchdogConfig::default().default_timeout),
+            timeout: WatchdogConfig::default().default_timeout,
             retry: RetryPolicy::default(),
             max_body_bytes: DEFAULT_MAX_BODY_BYTES,
             max_frame_bytes: DEFAULT_MAX_FRAME_BYTES,
@@ -195,6 +197,17 @@ impl Default for ProxyConfig {
 }
 
 impl ProxyConfig {
+    /// The defaults with `WARDEN_STREAM_TIMEOUT` (milliseconds) applied to
+    /// [`timeout`](Self::timeout) when it is set. A value that is not a
+    /// whole number of milliseconds in `1..=86_400_000` is an error, as it
+    /// is for the supervisor: a typo never silently becomes the default.
+    pub fn from_env() -> Result<Self, ConfigError> {
+        Ok(Self {
+            timeout: WatchdogConfig::from_env()?.default_timeout,
+            ..Self::default()
+        })
+    }
+
     /// Sets [`anthropic_upstream`](Self::anthropic_upstream).
     pub fn with_anthropic_upstream(mut self, url: impl Into<String>) -> Self {
         self.anthropic_upstream = url.into();

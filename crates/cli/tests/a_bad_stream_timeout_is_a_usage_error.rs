@@ -1,0 +1,53 @@
+//! A `WARDEN_STREAM_TIMEOUT` that is not a whole number of milliseconds in
+//! range is refused with exit 2 by every command that reads it, before
+//! anything listens or runs: a typo never silently becomes the 45 s default.
+
+mod common;
+
+use common::*;
+
+const BAD: [&str; 3] = ["45s", "0", "not-a-number"];
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn proxy_refuses_a_bad_stream_timeout_unless_timeout_is_given() {
+    for value in BAD {
+        let mut cmd = command(&["proxy", "--listen", "127.0.0.1:0"]);
+        cmd.env("WARDEN_STREAM_TIMEOUT", value);
+        let out = output(cmd, std::time::Duration::from_secs(30)).await;
+        assert_eq!(code(&out), 2, "{value:?}: {}", stderr(&out));
+        assert_one_line_error(&out, "WARDEN_STREAM_TIMEOUT");
+        assert!(
+            stdout(&out).is_empty(),
+            "nothing listened: {}",
+            stdout(&out)
+        );
+    }
+    // `--timeout` wins over the environment: the proxy starts.
+    let mut cmd = command(&["proxy", "--listen", "127.0.0.1:0", "--timeout", "5000"]);
+    cmd.env("WARDEN_STREAM_TIMEOUT", "not-a-number");
+    let (mut child, base, _lines) = spawn_listening(cmd, std::time::Duration::from_secs(30)).await;
+    assert!(base.starts_with("http://127.0.0.1:"), "{base}");
+    child.kill().await.expect("stop the proxy");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chat_refuses_a_bad_stream_timeout() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    for value in BAD {
+        let mut cmd = command(&[
+            "chat",
+            "--workspace",
+            arg(dir.path()),
+            "--data-dir",
+            arg(&dir.path().join("data")),
+            "--base-url",
+            "http://127.0.0.1:9/",
+            "hi",
+        ]);
+        cmd.env("WARDEN_STREAM_TIMEOUT", value)
+            .env("ANTHROPIC_API_KEY", "sk-test");
+        let out = output(cmd, std::time::Duration::from_secs(30)).await;
+        assert_eq!(code(&out), 2, "{value:?}: {}", stderr(&out));
+        assert_one_line_error(&out, "WARDEN_STREAM_TIMEOUT");
+    }
+}
