@@ -17,7 +17,7 @@
 //! 10 clients as the baseline measured in the same run), and the process's
 //! RSS and live heap before, at the end, and once finished turns expire.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
@@ -30,6 +30,7 @@ use warden_core::{
     AgentEvent, EventSource, EventStream, Frame, RetryPolicy, SessionConfig, SessionKey,
     StreamError, Supervisor, SupervisorConfig, TurnRequest, WatchdogConfig,
 };
+use warden_llm::sse::{Parsed, SseParser};
 use warden_mock::{MockConfig, MockServer, Scenario};
 
 const TOKEN: &str = "soak-token";
@@ -164,24 +165,29 @@ struct Event {
     data: serde_json::Value,
 }
 
-/// Parses SSE blocks out of `buf`, leaving a partial block in it.
-fn parse(buf: &mut String, out: &mut Vec<Event>) {
-    while let Some(end) = buf.find("\n\n") {
-        let block: String = buf.drain(..end + 2).collect();
-        let (mut id, mut kind, mut data) = (None, String::new(), String::new());
-        for line in block.lines() {
-            if let Some(v) = line.strip_prefix("id:") {
-                id = v.trim().parse().ok();
-            } else if let Some(v) = line.strip_prefix("event:") {
-                kind = v.trim().to_owned();
-            } else if let Some(v) = line.strip_prefix("data:") {
-                data.push_str(v.trim_start());
-            }
-        }
-        if let (Some(id), Ok(data)) = (id, serde_json::from_str(&data)) {
-            out.push(Event { id, kind, data });
-        }
+/// Largest event a turn's stream may carry here (a text delta).
+const MAX_EVENT_BYTES: usize = 1024 * 1024;
+
+/// Moves the events `frames` holds into `out`; an event without a numeric
+/// id or with data that is not JSON is an error (serve numbers and encodes
+/// every event).
+fn collect(frames: &mut VecDeque<Parsed>, out: &mut Vec<Event>) -> Result<(), String> {
+    while let Some(frame) = frames.pop_front() {
+        let Parsed::Event(ev) = frame else { continue };
+        let id = ev
+            .id
+            .as_deref()
+            .and_then(|id| id.parse().ok())
+            .ok_or_else(|| format!("`{}` event without a numeric id", ev.event))?;
+        let data = serde_json::from_str(&ev.data)
+            .map_err(|e| format!("`{}` event {id} is not JSON: {e}", ev.event))?;
+        out.push(Event {
+            id,
+            kind: ev.event,
+            data,
+        });
     }
+    Ok(())
 }
 
 struct Client {
@@ -214,7 +220,8 @@ impl Client {
         tally: &mut Tally,
     ) -> Read {
         let mut body = response.bytes_stream();
-        let mut buf = String::new();
+        let mut parser = SseParser::new(MAX_EVENT_BYTES);
+        let mut frames = VecDeque::new();
         let mut fresh = Vec::new();
         let mut new_events = 0usize;
         while let Some(chunk) = body.next().await {
@@ -222,8 +229,12 @@ impl Client {
                 Ok(c) => c,
                 Err(e) => return Read::Broken(format!("body: {e}")),
             };
-            buf.push_str(&String::from_utf8_lossy(&chunk));
-            parse(&mut buf, &mut fresh);
+            if let Err(e) = parser.feed(&chunk, &mut frames) {
+                return Read::Broken(format!("event stream: {e}"));
+            }
+            if let Err(e) = collect(&mut frames, &mut fresh) {
+                return Read::Broken(e);
+            }
             let now = Instant::now();
             for ev in fresh.drain(..) {
                 if ev.kind == "text" {

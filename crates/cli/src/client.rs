@@ -5,8 +5,12 @@
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
 
+use std::collections::VecDeque;
+
 use futures_util::StreamExt as _;
 use serde_json::Value;
+use warden_core::store::TurnEventKind;
+use warden_llm::sse::{Parsed, SseParser};
 
 use crate::exit::{CliError, Exit};
 use crate::paths;
@@ -178,30 +182,43 @@ async fn ok_or_error(response: reqwest::Response) -> Result<reqwest::Response, C
     ))
 }
 
+/// Largest event a node may send (its events are small: a text delta, a
+/// lifecycle notice); anything larger is a broken node, not a turn.
+const MAX_EVENT_BYTES: usize = 1024 * 1024;
+
 /// Relays a turn's SSE events until its last.
 async fn relay_events(response: reqwest::Response) -> Result<Exit, CliError> {
     let mut body = response.bytes_stream();
-    let mut buf = String::new();
+    let mut parser = SseParser::new(MAX_EVENT_BYTES);
+    let mut parsed = VecDeque::new();
     let mut stdout = std::io::stdout();
     let mut line_open = false;
     while let Some(chunk) = body.next().await {
         let chunk = chunk.map_err(|e| {
             CliError::new(Exit::Unavailable, format!("the node's stream broke: {e}"))
         })?;
-        buf.push_str(&String::from_utf8_lossy(&chunk));
-        while let Some(end) = buf.find("\n\n") {
-            let block: String = buf.drain(..end + 2).collect();
-            let (mut event, mut data) = (String::new(), String::new());
-            for line in block.lines() {
-                if let Some(v) = line.strip_prefix("event:") {
-                    event = v.trim().to_owned();
-                } else if let Some(v) = line.strip_prefix("data:") {
-                    data.push_str(v.trim_start());
-                }
-            }
-            let data: Value = serde_json::from_str(&data).unwrap_or(Value::Null);
-            match event.as_str() {
-                "text" => {
+        parser.feed(&chunk, &mut parsed).map_err(|e| {
+            CliError::new(
+                Exit::Unavailable,
+                format!("the node sent a bad event stream: {e}"),
+            )
+        })?;
+        while let Some(frame) = parsed.pop_front() {
+            let Parsed::Event(event) = frame else {
+                continue; // a keep-alive
+            };
+            // Kinds this client does not know (a newer node) are skipped.
+            let Ok(kind) = event.event.parse::<TurnEventKind>() else {
+                continue;
+            };
+            let data: Value = serde_json::from_str(&event.data).map_err(|e| {
+                CliError::new(
+                    Exit::Unavailable,
+                    format!("the node sent a `{kind}` event that is not JSON: {e}"),
+                )
+            })?;
+            match kind {
+                TurnEventKind::Text => {
                     let text = data["text"].as_str().unwrap_or("");
                     let _ = stdout
                         .write_all(text.as_bytes())
@@ -210,7 +227,7 @@ async fn relay_events(response: reqwest::Response) -> Result<Exit, CliError> {
                         line_open = !text.ends_with('\n');
                     }
                 }
-                "retrying" | "continuing" => {
+                TurnEventKind::Retrying | TurnEventKind::Continuing => {
                     if line_open {
                         eprintln!();
                     }
@@ -223,17 +240,17 @@ async fn relay_events(response: reqwest::Response) -> Result<Exit, CliError> {
                             data["delay_ms"].as_f64().unwrap_or(0.0) / 1000.0
                         );
                     }
-                    if event == "continuing" {
+                    if kind == TurnEventKind::Continuing {
                         eprintln!("warden: continuing the reply where it stopped");
                     }
                 }
-                "restarting" => {
+                TurnEventKind::Restarting => {
                     eprintln!(
                         "warden: {}",
                         data["notice"].as_str().unwrap_or("restarting")
                     );
                 }
-                "done" => {
+                TurnEventKind::Done => {
                     if line_open {
                         println!();
                     }
@@ -242,7 +259,7 @@ async fn relay_events(response: reqwest::Response) -> Result<Exit, CliError> {
                     }
                     return Ok(Exit::Ok);
                 }
-                "error" => {
+                TurnEventKind::Error => {
                     if line_open {
                         println!();
                     }
