@@ -58,7 +58,7 @@ async fn demo_quick_shows_each_fault_and_its_recovery() {
         .iter()
         .find(|e| e["workspace"] == "billing" && e["event"] == "retry_scheduled")
         .expect("the 429 was retried");
-    assert_eq!(retry["error_code"], "EAPI");
+    assert_eq!(retry["code"], "EAPI");
     assert!(retry["delay_ms"].as_u64().expect("delay") >= 499);
     // Two resume failures, each a fresh start with a notice.
     for (workspace, cause) in [
@@ -79,7 +79,7 @@ async fn demo_quick_shows_each_fault_and_its_recovery() {
     }
     // The idle reap and the resume.
     assert!(count(&events, "mobile-app", "session_reaped") >= 1);
-    // Every message answered.
+    // Every message answered, and no turn failed.
     for (workspace, messages) in [
         ("api-server", 3),
         ("docs-site", 2),
@@ -88,10 +88,14 @@ async fn demo_quick_shows_each_fault_and_its_recovery() {
         ("monorepo", 2),
         ("mobile-app", 2),
     ] {
-        assert_eq!(
-            count(&events, workspace, "turn_answered"),
-            messages,
-            "{workspace}"
+        let finished: Vec<&Value> = events
+            .iter()
+            .filter(|e| e["workspace"] == workspace && e["event"] == "turn_finished")
+            .collect();
+        assert_eq!(finished.len(), messages, "{workspace}");
+        assert!(
+            finished.iter().all(|e| e["code"].is_null()),
+            "{workspace}: {finished:?}"
         );
     }
     // The context indicator climbs turn by turn.

@@ -201,6 +201,177 @@ pub enum LifecycleEvent {
     },
 }
 
+impl LifecycleEvent {
+    /// The event's name on the wire, in snake case: the SSE event type of
+    /// `warden serve`'s `GET /v1/events` and the `event` of the demo's
+    /// `--json` lines. Stable: a client may match on it.
+    pub fn name(&self) -> &'static str {
+        use LifecycleEvent as L;
+        match self {
+            L::SessionSpawned { .. } => "session_spawned",
+            L::SessionStopped { .. } => "session_stopped",
+            L::SessionRestarted { .. } => "session_restarted",
+            L::SupervisorEscalated { .. } => "session_given_up",
+            L::AgentSessionId { .. } => "conversation",
+            L::ResumeFailed { .. } => "resume_failed",
+            L::FreshFallback { .. } => "fresh_fallback",
+            L::SessionFailed { .. } => "session_failed",
+            L::SessionReaped { .. } => "session_reaped",
+            L::ContextUsage { .. } => "context",
+            L::WorkspaceNormalized { .. } => "workspace_normalized",
+            L::StoreFailed { .. } => "store_failed",
+            L::TurnStarted { .. } => "turn_started",
+            L::AttemptQueued { .. } => "attempt_queued",
+            L::AttemptAdmitted { .. } => "attempt_admitted",
+            L::AttemptStarted { .. } => "attempt_started",
+            L::StreamTimedOut { .. } => "stream_timed_out",
+            L::RetryScheduled { .. } => "retry_scheduled",
+            L::ContinueScheduled { .. } => "continue_scheduled",
+            L::TurnFinished { .. } => "turn_finished",
+        }
+    }
+
+    /// The session the event is about; `None` for
+    /// [`WorkspaceNormalized`](Self::WorkspaceNormalized), which comes
+    /// before there is one.
+    pub fn key(&self) -> Option<&SessionKey> {
+        use LifecycleEvent as L;
+        match self {
+            L::WorkspaceNormalized { .. } => None,
+            L::SessionSpawned { key }
+            | L::SessionStopped { key, .. }
+            | L::SessionRestarted { key, .. }
+            | L::SupervisorEscalated { key, .. }
+            | L::AgentSessionId { key, .. }
+            | L::ResumeFailed { key, .. }
+            | L::FreshFallback { key, .. }
+            | L::SessionFailed { key, .. }
+            | L::SessionReaped { key, .. }
+            | L::ContextUsage { key, .. }
+            | L::StoreFailed { key, .. }
+            | L::TurnStarted { key, .. }
+            | L::AttemptQueued { key, .. }
+            | L::AttemptAdmitted { key, .. }
+            | L::AttemptStarted { key, .. }
+            | L::StreamTimedOut { key, .. }
+            | L::RetryScheduled { key, .. }
+            | L::ContinueScheduled { key, .. }
+            | L::TurnFinished { key, .. } => Some(key),
+        }
+    }
+
+    /// The event as a JSON object: `key` (when there is a session) and the
+    /// event's fields. Durations are whole milliseconds in `…_ms` fields,
+    /// an attempt is `turn` + `attempt` (`failed_attempt` for the one that
+    /// failed), an error code is `code`, a conversation id `conversation`.
+    /// Carries no prompt or reply text.
+    pub fn to_json(&self) -> serde_json::Value {
+        use LifecycleEvent as L;
+        use serde_json::json;
+        let ms = |d: &Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+        let mut v = match self {
+            L::SessionSpawned { .. } => json!({}),
+            L::SessionStopped {
+                reason, abnormal, ..
+            } => json!({"reason": reason, "abnormal": abnormal}),
+            L::SessionRestarted {
+                restarts_in_window,
+                cause,
+                ..
+            } => json!({"restarts_in_window": restarts_in_window, "cause": cause}),
+            L::SupervisorEscalated { cause, .. } => json!({"cause": cause}),
+            L::AgentSessionId { session_id, .. } => json!({"conversation": session_id}),
+            L::ResumeFailed {
+                failed_id, cause, ..
+            } => json!({"conversation": failed_id, "cause": cause.as_str()}),
+            L::FreshFallback {
+                failed_id,
+                redelivered,
+                ..
+            } => json!({"conversation": failed_id, "redelivered": redelivered}),
+            L::SessionFailed { reason, .. } => json!({"reason": reason}),
+            L::SessionReaped {
+                idle_for,
+                context_tokens,
+                ..
+            } => json!({"idle_ms": ms(idle_for), "context_tokens": context_tokens}),
+            L::ContextUsage {
+                tokens,
+                window,
+                percent,
+                self_reported,
+                ..
+            } => json!({
+                "tokens": tokens,
+                "window": window,
+                "percent": percent,
+                "self_reported": self_reported,
+            }),
+            L::WorkspaceNormalized {
+                original,
+                normalized,
+            } => json!({
+                "original": original.display().to_string(),
+                "normalized": normalized.display().to_string(),
+            }),
+            L::StoreFailed { error, .. } => json!({"error": error.to_string()}),
+            L::TurnStarted { turn, .. } => json!({"turn": turn}),
+            L::AttemptQueued { attempt, pool, .. } => {
+                json!({"turn": attempt.turn, "attempt": attempt.attempt, "pool": pool})
+            }
+            L::AttemptAdmitted {
+                attempt, waited, ..
+            } => json!({"turn": attempt.turn, "attempt": attempt.attempt, "waited_ms": ms(waited)}),
+            L::AttemptStarted {
+                attempt, timeout, ..
+            } => {
+                json!({"turn": attempt.turn, "attempt": attempt.attempt, "timeout_ms": ms(timeout)})
+            }
+            L::StreamTimedOut {
+                attempt,
+                silent_for,
+                ..
+            } => {
+                json!({"turn": attempt.turn, "attempt": attempt.attempt, "silent_ms": ms(silent_for)})
+            }
+            L::RetryScheduled {
+                failed,
+                delay,
+                error_code,
+                ..
+            } => json!({
+                "turn": failed.turn,
+                "failed_attempt": failed.attempt,
+                "delay_ms": ms(delay),
+                "code": error_code,
+            }),
+            L::ContinueScheduled {
+                failed,
+                delay,
+                error_code,
+                kept_bytes,
+                ..
+            } => json!({
+                "turn": failed.turn,
+                "failed_attempt": failed.attempt,
+                "delay_ms": ms(delay),
+                "code": error_code,
+                "kept_bytes": kept_bytes,
+            }),
+            L::TurnFinished {
+                turn,
+                attempts,
+                error_code,
+                ..
+            } => json!({"turn": turn, "attempts": attempts, "code": error_code}),
+        };
+        if let (Some(key), Some(object)) = (self.key(), v.as_object_mut()) {
+            object.insert("key".into(), key.as_str().into());
+        }
+        v
+    }
+}
+
 /// Publishes [`LifecycleEvent`]s to any number of subscribers.
 #[derive(Debug, Clone)]
 pub struct EventBus {
@@ -229,5 +400,167 @@ impl EventBus {
     /// Publishes `event` (dropped when nobody listens).
     pub fn publish(&self, event: LifecycleEvent) {
         let _ = self.tx.send(event);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::StoreError;
+    use std::collections::HashSet;
+
+    /// One of every variant.
+    fn every_event() -> Vec<LifecycleEvent> {
+        use LifecycleEvent as L;
+        let key = || SessionKey::new("k");
+        let attempt = AttemptId {
+            turn: 3,
+            attempt: 2,
+        };
+        let d = Duration::from_millis(1500);
+        vec![
+            L::SessionSpawned { key: key() },
+            L::SessionStopped {
+                key: key(),
+                reason: Some("stop".into()),
+                abnormal: false,
+            },
+            L::SessionRestarted {
+                key: key(),
+                restarts_in_window: 1,
+                cause: "boom".into(),
+            },
+            L::SupervisorEscalated {
+                key: key(),
+                cause: "boom".into(),
+            },
+            L::AgentSessionId {
+                key: key(),
+                session_id: "conv_1".into(),
+            },
+            L::ResumeFailed {
+                key: key(),
+                failed_id: "conv_1".into(),
+                cause: ResumeCause::PromptTooLong,
+            },
+            L::FreshFallback {
+                key: key(),
+                failed_id: "conv_1".into(),
+                redelivered: 1,
+            },
+            L::SessionFailed {
+                key: key(),
+                reason: "both".into(),
+            },
+            L::SessionReaped {
+                key: key(),
+                idle_for: d,
+                context_tokens: Some(7),
+            },
+            L::ContextUsage {
+                key: key(),
+                tokens: 50,
+                window: 100,
+                percent: 50,
+                self_reported: None,
+            },
+            L::WorkspaceNormalized {
+                original: "/a/".into(),
+                normalized: "/a".into(),
+            },
+            L::StoreFailed {
+                key: key(),
+                error: StoreError::Backend {
+                    message: "down".into(),
+                },
+            },
+            L::TurnStarted {
+                key: key(),
+                turn: 3,
+            },
+            L::AttemptQueued {
+                key: key(),
+                attempt,
+                pool: "p".into(),
+            },
+            L::AttemptAdmitted {
+                key: key(),
+                attempt,
+                waited: d,
+            },
+            L::AttemptStarted {
+                key: key(),
+                attempt,
+                timeout: d,
+            },
+            L::StreamTimedOut {
+                key: key(),
+                attempt,
+                silent_for: d,
+            },
+            L::RetryScheduled {
+                key: key(),
+                failed: attempt,
+                delay: d,
+                error_code: "ESTREAM_TIMEOUT",
+            },
+            L::ContinueScheduled {
+                key: key(),
+                failed: attempt,
+                delay: d,
+                error_code: "ESTREAM_TIMEOUT",
+                kept_bytes: 12,
+            },
+            L::TurnFinished {
+                key: key(),
+                turn: 3,
+                attempts: 2,
+                error_code: None,
+            },
+        ]
+    }
+
+    #[test]
+    fn every_event_has_its_own_name_and_carries_its_session() {
+        let events = every_event();
+        let names: HashSet<&str> = events.iter().map(LifecycleEvent::name).collect();
+        assert_eq!(names.len(), events.len(), "names are unique: {names:?}");
+        for e in &events {
+            let v = e.to_json();
+            assert!(v.is_object(), "{v}");
+            match e.key() {
+                Some(_) => assert_eq!(v["key"], "k", "{}", e.name()),
+                None => assert!(v.get("key").is_none(), "{}", e.name()),
+            }
+        }
+    }
+
+    #[test]
+    fn the_fields_clients_read_keep_their_names() {
+        let events = every_event();
+        let find = |name: &str| {
+            events
+                .iter()
+                .find(|e| e.name() == name)
+                .map(LifecycleEvent::to_json)
+                .unwrap_or_else(|| panic!("no {name}"))
+        };
+        let retry = find("retry_scheduled");
+        assert_eq!(retry["code"], "ESTREAM_TIMEOUT");
+        assert_eq!(retry["delay_ms"], 1500);
+        assert_eq!(retry["failed_attempt"], 2);
+        assert_eq!(retry["turn"], 3);
+        assert_eq!(find("continue_scheduled")["kept_bytes"], 12);
+        assert_eq!(find("stream_timed_out")["silent_ms"], 1500);
+        assert_eq!(find("attempt_started")["timeout_ms"], 1500);
+        assert_eq!(find("session_reaped")["idle_ms"], 1500);
+        let resume = find("resume_failed");
+        assert_eq!(resume["conversation"], "conv_1");
+        assert_eq!(resume["cause"], ResumeCause::PromptTooLong.as_str());
+        let finished = find("turn_finished");
+        assert!(finished["code"].is_null(), "{finished}");
+        assert_eq!(finished["attempts"], 2);
+        assert_eq!(find("context")["percent"], 50);
+        assert_eq!(find("workspace_normalized")["normalized"], "/a");
     }
 }

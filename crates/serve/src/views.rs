@@ -52,120 +52,18 @@ fn status(s: &RecordStatus) -> &'static str {
     }
 }
 
-/// A lifecycle event: its type and its fields; `None` for events that
-/// carry nothing a client needs.
+/// A lifecycle event: its type and its fields (core's one view of it,
+/// [`LifecycleEvent::to_json`]); `None` for events that carry nothing a
+/// client needs: the conversation id and the normalized workspace are in
+/// the session's view, store errors are the operator's (logged), and
+/// admission is announced by `attempt_queued` / `attempt_started`.
 pub(crate) fn lifecycle(e: &LifecycleEvent) -> Option<(&'static str, Value)> {
     use LifecycleEvent as L;
-    let ms = |d: std::time::Duration| d.as_millis() as u64;
-    Some(match e {
-        L::SessionSpawned { key } => ("session_spawned", json!({"key": key.as_str()})),
-        L::SessionStopped {
-            key,
-            reason,
-            abnormal,
-        } => (
-            "session_stopped",
-            json!({"key": key.as_str(), "reason": reason, "abnormal": abnormal}),
-        ),
-        L::SessionRestarted {
-            key,
-            restarts_in_window,
-            cause,
-        } => (
-            "session_restarted",
-            json!({"key": key.as_str(), "restarts_in_window": restarts_in_window, "cause": cause}),
-        ),
-        L::SupervisorEscalated { key, cause } => (
-            "session_given_up",
-            json!({"key": key.as_str(), "cause": cause}),
-        ),
-        L::ResumeFailed {
-            key,
-            failed_id,
-            cause,
-        } => (
-            "resume_failed",
-            json!({"key": key.as_str(), "conversation": failed_id, "cause": cause.as_str()}),
-        ),
-        L::FreshFallback {
-            key, redelivered, ..
-        } => (
-            "fresh_fallback",
-            json!({"key": key.as_str(), "redelivered": redelivered}),
-        ),
-        L::SessionFailed { key, reason } => (
-            "session_failed",
-            json!({"key": key.as_str(), "reason": reason}),
-        ),
-        L::SessionReaped {
-            key,
-            idle_for,
-            context_tokens,
-        } => (
-            "session_reaped",
-            json!({"key": key.as_str(), "idle_ms": ms(*idle_for), "context_tokens": context_tokens}),
-        ),
-        L::ContextUsage {
-            key,
-            tokens,
-            window,
-            percent,
-            ..
-        } => (
-            "context",
-            json!({"key": key.as_str(), "tokens": tokens, "window": window, "percent": percent}),
-        ),
-        L::TurnStarted { key, turn } => {
-            ("turn_started", json!({"key": key.as_str(), "turn": turn}))
-        }
-        L::AttemptQueued { key, attempt, pool } => (
-            "attempt_queued",
-            json!({"key": key.as_str(), "turn": attempt.turn, "attempt": attempt.attempt, "pool": pool}),
-        ),
-        L::AttemptStarted {
-            key,
-            attempt,
-            timeout,
-        } => (
-            "attempt_started",
-            json!({"key": key.as_str(), "turn": attempt.turn, "attempt": attempt.attempt, "timeout_ms": ms(*timeout)}),
-        ),
-        L::StreamTimedOut {
-            key,
-            attempt,
-            silent_for,
-        } => (
-            "stream_timed_out",
-            json!({"key": key.as_str(), "turn": attempt.turn, "attempt": attempt.attempt, "silent_ms": ms(*silent_for)}),
-        ),
-        L::RetryScheduled {
-            key,
-            failed,
-            delay,
-            error_code,
-        } => (
-            "retry_scheduled",
-            json!({"key": key.as_str(), "turn": failed.turn, "failed_attempt": failed.attempt, "delay_ms": ms(*delay), "code": error_code}),
-        ),
-        L::ContinueScheduled {
-            key,
-            failed,
-            delay,
-            error_code,
-            kept_bytes,
-        } => (
-            "continue_scheduled",
-            json!({"key": key.as_str(), "turn": failed.turn, "failed_attempt": failed.attempt, "delay_ms": ms(*delay), "code": error_code, "kept_bytes": kept_bytes}),
-        ),
-        L::TurnFinished {
-            key,
-            turn,
-            attempts,
-            error_code,
-        } => (
-            "turn_finished",
-            json!({"key": key.as_str(), "turn": turn, "attempts": attempts, "code": error_code}),
-        ),
-        _ => return None,
-    })
+    match e {
+        L::AgentSessionId { .. }
+        | L::WorkspaceNormalized { .. }
+        | L::StoreFailed { .. }
+        | L::AttemptAdmitted { .. } => None,
+        _ => Some((e.name(), e.to_json())),
+    }
 }

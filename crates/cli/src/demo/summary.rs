@@ -163,7 +163,7 @@ impl Report<'_> {
         // The 429.
         let retry = self
             .events("billing", "retry_scheduled")
-            .find(|e| e.fields.get("error_code").and_then(Value::as_str) == Some("EAPI"));
+            .find(|e| e.fields.get("code").and_then(Value::as_str) == Some("EAPI"));
         let (ok, detail, metrics) = match (retry, self.first_finish("billing")) {
             (Some(r), Some(done)) => {
                 let delay = Duration::from_millis(ms(&r.fields, "delay_ms").unwrap_or(0));

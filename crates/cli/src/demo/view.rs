@@ -70,10 +70,6 @@ fn secs(d: Duration) -> f64 {
     d.as_secs_f64()
 }
 
-fn ms(d: Duration) -> u64 {
-    d.as_millis() as u64
-}
-
 impl View {
     /// A view of `workspaces` (name and liveness, in display order).
     pub(super) fn new(
@@ -298,183 +294,128 @@ fn describe(note: &Note) -> (&'static str, String, Value, Option<String>) {
             Some("failed".into()),
         ),
         Note::Notice(_) => ("notice", "notice for the user".into(), json!({}), None),
-        Note::Life(event) => match event {
-            L::SessionSpawned { .. } => (
-                "session_spawned",
-                "session started".into(),
-                json!({}),
-                Some("ready".into()),
-            ),
-            L::SessionStopped {
-                reason, abnormal, ..
-            } => (
-                "session_stopped",
-                format!(
-                    "session stopped{}",
-                    reason
-                        .as_deref()
-                        .map(|r| format!(" ({r})"))
-                        .unwrap_or_default()
+        Note::Life(event) => {
+            let (text, state) = match event {
+                L::SessionSpawned { .. } => ("session started".into(), Some("ready".into())),
+                L::SessionStopped { reason, .. } => (
+                    format!(
+                        "session stopped{}",
+                        reason
+                            .as_deref()
+                            .map(|r| format!(" ({r})"))
+                            .unwrap_or_default()
+                    ),
+                    None,
                 ),
-                json!({ "reason": reason, "abnormal": abnormal }),
-                None,
-            ),
-            L::SessionRestarted { cause, .. } => (
-                "session_restarted",
-                format!("session restarted after: {cause}"),
-                json!({ "cause": cause }),
-                Some("restarted".into()),
-            ),
-            L::SupervisorEscalated { cause, .. } => (
-                "escalated",
-                format!("supervisor gave up: {cause}"),
-                json!({ "cause": cause }),
-                Some("given up".into()),
-            ),
-            L::AgentSessionId { session_id, .. } => (
-                "conversation",
-                format!("conversation {session_id}"),
-                json!({ "session_id": session_id }),
-                None,
-            ),
-            L::ResumeFailed {
-                failed_id, cause, ..
-            } => (
-                "resume_failed",
-                format!("cannot resume {failed_id}: {cause}"),
-                json!({ "failed_id": failed_id, "cause": cause.as_str() }),
-                Some("resume failed".into()),
-            ),
-            L::FreshFallback {
-                failed_id,
-                redelivered,
-                ..
-            } => (
-                "fresh_fallback",
-                format!("started fresh, {redelivered} message(s) re-delivered"),
-                json!({ "failed_id": failed_id, "redelivered": redelivered }),
-                Some("fresh start".into()),
-            ),
-            L::SessionFailed { reason, .. } => (
-                "session_failed",
-                format!("session failed: {reason}"),
-                json!({ "reason": reason }),
-                Some("failed".into()),
-            ),
-            L::SessionReaped {
-                idle_for,
-                context_tokens,
-                ..
-            } => (
-                "session_reaped",
-                format!("reaped after {:.1}s idle", secs(*idle_for)),
-                json!({ "idle_ms": ms(*idle_for), "context_tokens": context_tokens }),
-                Some("reaped (idle)".into()),
-            ),
-            L::ContextUsage {
-                tokens,
-                window,
-                percent,
-                ..
-            } => (
-                "context",
-                format!("context {percent}% ({tokens} of {window} tokens)"),
-                json!({ "tokens": tokens, "window": window, "percent": percent }),
-                None,
-            ),
-            L::StoreFailed { error, .. } => (
-                "store_failed",
-                format!("store error: {error}"),
-                json!({ "error": error.to_string() }),
-                None,
-            ),
-            L::TurnStarted { turn, .. } => (
-                "turn_started",
-                format!("turn {turn} started"),
-                json!({ "turn": turn }),
-                Some(format!("turn {turn}")),
-            ),
-            L::AttemptStarted {
-                attempt, timeout, ..
-            } => (
-                "attempt_started",
-                format!(
-                    "attempt {} streaming (watchdog {:.1}s)",
-                    attempt.attempt,
-                    secs(*timeout)
+                L::SessionRestarted { cause, .. } => (
+                    format!("session restarted after: {cause}"),
+                    Some("restarted".into()),
                 ),
-                json!({ "turn": attempt.turn, "attempt": attempt.attempt, "timeout_ms": ms(*timeout) }),
-                Some("streaming".into()),
-            ),
-            L::StreamTimedOut {
-                attempt,
-                silent_for,
-                ..
-            } => (
-                "stream_timed_out",
-                format!(
-                    "watchdog killed attempt {} after {:.2}s of silence (ESTREAM_TIMEOUT)",
-                    attempt.attempt,
-                    secs(*silent_for)
+                L::SupervisorEscalated { cause, .. } => (
+                    format!("supervisor gave up: {cause}"),
+                    Some("given up".into()),
                 ),
-                json!({ "attempt": attempt.attempt, "silent_ms": ms(*silent_for) }),
-                Some("killed (silent)".into()),
-            ),
-            L::RetryScheduled {
-                failed,
-                delay,
-                error_code,
-                ..
-            } => (
-                "retry_scheduled",
-                format!("retrying in {:.2}s after {error_code}", secs(*delay)),
-                json!({ "failed_attempt": failed.attempt, "delay_ms": ms(*delay), "error_code": error_code }),
-                Some(format!("backoff {:.1}s", secs(*delay))),
-            ),
-            L::ContinueScheduled {
-                failed,
-                delay,
-                error_code,
-                kept_bytes,
-                ..
-            } => (
-                "continue_scheduled",
-                format!(
-                    "continuing the reply in {:.2}s after {error_code} (keeps {kept_bytes} bytes)",
-                    secs(*delay)
+                L::AgentSessionId { session_id, .. } => {
+                    (format!("conversation {session_id}"), None)
+                }
+                L::ResumeFailed {
+                    failed_id, cause, ..
+                } => (
+                    format!("cannot resume {failed_id}: {cause}"),
+                    Some("resume failed".into()),
                 ),
-                json!({ "failed_attempt": failed.attempt, "delay_ms": ms(*delay), "error_code": error_code, "kept_bytes": kept_bytes }),
-                Some(format!("continue in {:.1}s", secs(*delay))),
-            ),
-            L::TurnFinished {
-                turn,
-                attempts,
-                error_code,
-                ..
-            } => match error_code {
-                None => (
-                    "turn_answered",
-                    format!("turn {turn} answered ({attempts} attempt(s))"),
-                    json!({ "turn": turn, "attempts": attempts }),
-                    Some("answered".into()),
+                L::FreshFallback { redelivered, .. } => (
+                    format!("started fresh, {redelivered} message(s) re-delivered"),
+                    Some("fresh start".into()),
                 ),
-                Some(code) => (
-                    "turn_failed",
-                    format!("turn {turn} failed: {code}"),
-                    json!({ "turn": turn, "attempts": attempts, "error_code": code }),
-                    Some("failed".into()),
+                L::SessionFailed { reason, .. } => {
+                    (format!("session failed: {reason}"), Some("failed".into()))
+                }
+                L::SessionReaped { idle_for, .. } => (
+                    format!("reaped after {:.1}s idle", secs(*idle_for)),
+                    Some("reaped (idle)".into()),
                 ),
-            },
-            L::WorkspaceNormalized {
-                original,
-                normalized,
-            } => (
-                "workspace_normalized",
-                format!("{} is {}", original.display(), normalized.display()),
-                json!({}),
-                None,
-            ),
-            _ => ("event", format!("{event:?}"), json!({}), None),
-        },
+                L::ContextUsage {
+                    tokens,
+                    window,
+                    percent,
+                    ..
+                } => (
+                    format!("context {percent}% ({tokens} of {window} tokens)"),
+                    None,
+                ),
+                L::StoreFailed { error, .. } => (format!("store error: {error}"), None),
+                L::TurnStarted { turn, .. } => {
+                    (format!("turn {turn} started"), Some(format!("turn {turn}")))
+                }
+                L::AttemptStarted {
+                    attempt, timeout, ..
+                } => (
+                    format!(
+                        "attempt {} streaming (watchdog {:.1}s)",
+                        attempt.attempt,
+                        secs(*timeout)
+                    ),
+                    Some("streaming".into()),
+                ),
+                L::StreamTimedOut {
+                    attempt,
+                    silent_for,
+                    ..
+                } => (
+                    format!(
+                        "watchdog killed attempt {} after {:.2}s of silence (ESTREAM_TIMEOUT)",
+                        attempt.attempt,
+                        secs(*silent_for)
+                    ),
+                    Some("killed (silent)".into()),
+                ),
+                L::RetryScheduled {
+                    delay, error_code, ..
+                } => (
+                    format!("retrying in {:.2}s after {error_code}", secs(*delay)),
+                    Some(format!("backoff {:.1}s", secs(*delay))),
+                ),
+                L::ContinueScheduled {
+                    delay,
+                    error_code,
+                    kept_bytes,
+                    ..
+                } => (
+                    format!(
+                        "continuing the reply in {:.2}s after {error_code} (keeps {kept_bytes} bytes)",
+                        secs(*delay)
+                    ),
+                    Some(format!("continue in {:.1}s", secs(*delay))),
+                ),
+                L::TurnFinished {
+                    turn,
+                    attempts,
+                    error_code,
+                    ..
+                } => match error_code {
+                    None => (
+                        format!("turn {turn} answered ({attempts} attempt(s))"),
+                        Some("answered".into()),
+                    ),
+                    Some(code) => (format!("turn {turn} failed: {code}"), Some("failed".into())),
+                },
+                L::WorkspaceNormalized {
+                    original,
+                    normalized,
+                } => (
+                    format!("{} is {}", original.display(), normalized.display()),
+                    None,
+                ),
+                _ => (format!("{event:?}"), None),
+            };
+            // One JSON view of a lifecycle event, core's (as `warden serve`
+            // streams it); the workspace column names the session.
+            let mut fields = event.to_json();
+            if let Some(object) = fields.as_object_mut() {
+                object.remove("key");
+            }
+            (event.name(), text, fields, state)
+        }
     }
 }
