@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use warden_core::{Supervisor, SupervisorConfig};
+use warden_pg::cluster::Node;
 use warden_serve::ServeConfig;
 
 use crate::chat::{Agent, agent_source};
@@ -169,18 +170,31 @@ pub(crate) async fn run(args: ServeArgs) -> Result<Exit, CliError> {
         .ok()
         .filter(|t| *t >= Duration::from_millis(300))
         .ok_or_else(|| CliError::usage("--lease-ttl must be at least 0.3 seconds"))?;
-    let cluster = match &args.store {
+    let listener = tokio::net::TcpListener::bind(args.listen)
+        .await
+        .map_err(|e| CliError::failure(format!("cannot listen on {}: {e}", args.listen)))?;
+    let addr = listener
+        .local_addr()
+        .map_err(|e| CliError::failure(e.to_string()))?;
+    let mut cluster = match &args.store {
         Some(url) => {
             let pg = crate::cluster::connect(url).await?;
             let id = crate::cluster::node_id(args.node_id.clone());
-            Some(warden_pg::NodeStore::new(pg, id, lease_ttl))
+            let store = warden_pg::NodeStore::new(pg, id, lease_ttl);
+            let advertise = args
+                .advertise
+                .clone()
+                .unwrap_or_else(|| format!("http://{addr}"));
+            Some(Node::new(store, advertise).with_keep_turns(Duration::from_secs(args.keep_events)))
         }
         None => None,
     };
+    let _printing = cluster.as_ref().map(crate::cluster::print_events);
     // A cluster keeps the HTTP agents' conversations in its database, so a
     // session taken over by another node resumes its conversation there.
     let conversations = cluster.as_ref().map(|node| {
-        Arc::new(node.pg().conversations()) as Arc<dyn warden_core::store::ConversationStore>
+        Arc::new(node.store().pg().conversations())
+            as Arc<dyn warden_core::store::ConversationStore>
     });
     let (source, claude) = agent_source(
         args.agent,
@@ -191,15 +205,9 @@ pub(crate) async fn run(args: ServeArgs) -> Result<Exit, CliError> {
         conversations,
     )?;
     let store: Arc<dyn warden_core::SessionStore> = match &cluster {
-        Some(node) => Arc::new(node.clone()),
+        Some(node) => Arc::new(node.store().clone()),
         None => Arc::new(paths::open_store(&data_dir)?),
     };
-    let listener = tokio::net::TcpListener::bind(args.listen)
-        .await
-        .map_err(|e| CliError::failure(format!("cannot listen on {}: {e}", args.listen)))?;
-    let addr = listener
-        .local_addr()
-        .map_err(|e| CliError::failure(e.to_string()))?;
     let factory = move |_: &warden_core::SessionKey| source.clone();
     let mut builder = Supervisor::builder(Arc::new(factory))
         .config(config)
@@ -213,26 +221,16 @@ pub(crate) async fn run(args: ServeArgs) -> Result<Exit, CliError> {
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
         builder = builder.recovered_turns(tx);
         serve_config = serve_config
-            .with_turn_store(crate::cluster::turn_store(node))
+            .with_turn_store(Arc::new(node.turns()))
             .with_recovered_turns(rx);
     }
     let supervisor = builder.start().await?;
-    let _membership = match &cluster {
+    match &mut cluster {
         Some(node) => {
-            let advertise = args
-                .advertise
-                .clone()
-                .unwrap_or_else(|| format!("http://{addr}"));
-            serve_config = serve_config.with_placement(crate::cluster::placement(node));
-            let keep = Duration::from_secs(args.keep_events);
-            let membership =
-                crate::cluster::join(node, &advertise, &supervisor, lease_ttl, keep).await?;
-            eprintln!(
-                "warden: node {} joined the cluster (lease TTL {:.1}s)",
-                node.node(),
-                lease_ttl.as_secs_f64()
-            );
-            Some(membership)
+            serve_config = serve_config.with_placement(node.placement());
+            node.join(&supervisor).await.map_err(|e| {
+                CliError::failure(format!("cannot register node {}: {e}", node.store().node()))
+            })?;
         }
         None => {
             // Messages a previous run left pending (stopped mid-turn, or a
@@ -242,15 +240,14 @@ pub(crate) async fn run(args: ServeArgs) -> Result<Exit, CliError> {
             if resumed > 0 {
                 eprintln!("warden: re-sending the pending messages of {resumed} session(s)");
             }
-            None
         }
-    };
+    }
     let app = warden_serve::router(supervisor.clone(), serve_config);
     if let Some(node) = &cluster {
         // Sessions of dead nodes (and this node's previous life) whose
         // leases ran out are taken over now, once the router relays their
         // re-delivered turns; the rest as they expire.
-        crate::cluster::take_over(node, &supervisor).await;
+        node.take_over(&supervisor).await;
     }
     println!("listening on http://{addr}");
     let _ = std::io::stdout().flush();
@@ -290,15 +287,10 @@ pub(crate) async fn run(args: ServeArgs) -> Result<Exit, CliError> {
     if let Some(claude) = claude {
         claude.shutdown().await;
     }
-    if let Some(node) = &cluster {
+    if let Some(node) = cluster {
         // The sessions stopped here (their messages pending in the
         // database) go to the other nodes now, not when the leases expire.
-        drop(_membership);
-        for lease in node.held() {
-            let _ = node
-                .release(&warden_core::SessionKey::new(&lease.key))
-                .await;
-        }
+        node.leave().await;
     }
     // The event streams end with their turns; a client still connected
     // gets no more than a second.

@@ -31,6 +31,11 @@
 //!   node keeps its id and numbers its events on; [`NodeTurns`] is the
 //!   [`TurnStore`](warden_core::store::TurnStore) a node hands to
 //!   `warden serve`.
+//! - [`cluster::Node`]: a whole node (placement, membership heartbeats,
+//!   turn-log expiry, stopping a session whose lease is lost, taking over
+//!   a dead node's sessions), reporting through `tracing` and typed
+//!   events: what `warden serve --store postgres://…` runs, for a binary of
+//!   your own.
 //! - [`PgConversations`]: the HTTP agents' conversations (a
 //!   [`ConversationStore`](warden_core::store::ConversationStore)), so a
 //!   session taken over resumes its conversation.
@@ -49,6 +54,7 @@
 //! # Ok(()) }
 //! ```
 
+pub mod cluster;
 mod conversations;
 mod lease;
 mod migrate;

@@ -135,6 +135,11 @@ impl NodeStore {
         &self.node
     }
 
+    /// How long its leases last.
+    pub fn ttl(&self) -> Duration {
+        self.ttl
+    }
+
     /// The database underneath.
     pub fn pg(&self) -> &PgStore {
         &self.pg

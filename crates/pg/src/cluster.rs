@@ -1,0 +1,480 @@
+//! A node of a warden cluster, as a library: what `warden serve --store
+//! postgres://…` runs, for a binary of your own.
+//!
+//! A [`Node`] wraps the node's [`NodeStore`] and owns its background work
+//! once it has [joined](Node::join): lease renewal, membership heartbeats,
+//! expiry of old turn event logs, stopping a session here the moment its
+//! lease is lost, and taking over the sessions of dead nodes. It hands
+//! `warden serve` (or your own front end) its [`Placement`]
+//! ([`Node::placement`], run a session here only while holding its lease)
+//! and its turn store ([`Node::turns`]). What it does is reported through
+//! `tracing` and as typed [`NodeEvent`]s ([`Node::events`]).
+//!
+//! The order matters, because the supervisor needs the store and the turn
+//! relay before it starts, and the node's work needs the supervisor:
+//!
+//! ```no_run
+//! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+//! use std::sync::Arc;
+//! use std::time::Duration;
+//! use warden_core::{EventSource, SessionKey, Supervisor};
+//! use warden_pg::cluster::Node;
+//! use warden_pg::{NodeStore, PgStore};
+//! # fn my_source() -> Arc<dyn EventSource> { unimplemented!() }
+//!
+//! let pg = PgStore::connect("postgres://warden@db:5432/warden").await?;
+//! let store = NodeStore::new(pg, "node-a", Duration::from_secs(10));
+//! let mut node = Node::new(store.clone(), "http://10.0.0.5:8080");
+//! let mut events = node.events();
+//! tokio::spawn(async move {
+//!     while let Ok(event) = events.recv().await {
+//!         eprintln!("cluster: {event}");
+//!     }
+//! });
+//! let source = my_source();
+//! let supervisor = Supervisor::builder(Arc::new(move |_: &SessionKey| source.clone()))
+//!     .store(Arc::new(store))
+//!     .start()
+//!     .await?;
+//! node.join(&supervisor).await?;
+//! node.take_over(&supervisor).await; // the orphans waiting now
+//! // … serve requests, placing sessions with `node.placement()` …
+//! supervisor.shutdown().await;
+//! node.leave().await; // hands this node's sessions to the others now
+//! # Ok(()) }
+//! ```
+//!
+//! `examples/cluster_node.rs` runs a whole node.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::future::BoxFuture;
+use tokio::sync::broadcast;
+use tokio_util::task::AbortOnDropHandle;
+use warden_core::cluster::{Elsewhere, Placement, SessionPlace};
+use warden_core::{SessionKey, StoreError, Supervisor};
+
+use crate::{LeaseInfo, NodeStore, NodeTurns, TakeOver};
+
+/// How long a finished turn's event log is kept by default (as `warden
+/// serve` keeps a finished turn's events): 10 minutes.
+pub const DEFAULT_KEEP_TURNS: Duration = Duration::from_secs(600);
+
+/// How often old turn event logs are expired.
+const EXPIRE_EVERY: Duration = Duration::from_secs(60);
+
+/// What a node did that its operator may want to know. Each is also
+/// logged through `tracing` (target `warden_pg::cluster`).
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub enum NodeEvent {
+    /// The node registered itself and started its background work.
+    Joined {
+        /// The node's id.
+        node: String,
+        /// Its lease TTL.
+        ttl: Duration,
+    },
+    /// Another node took a session over (this node's lease of it was lost:
+    /// a renewal or a fenced write refused); its copy here was stopped.
+    SessionMoved {
+        /// The session.
+        key: SessionKey,
+        /// The epoch this node had.
+        epoch: u64,
+    },
+    /// This node took over a session whose node died, and re-sends its
+    /// pending messages.
+    TookOver {
+        /// The session.
+        key: SessionKey,
+        /// The new epoch.
+        epoch: u64,
+    },
+    /// A session taken over could not start here; its lease was given
+    /// back at once for another node.
+    Released {
+        /// The session.
+        key: SessionKey,
+        /// Why it cannot start here.
+        reason: String,
+    },
+    /// A membership heartbeat could not be written (the database is
+    /// unreachable); the next one is tried a third of the TTL later.
+    HeartbeatFailed {
+        /// The error.
+        error: String,
+    },
+    /// Old turn event logs could not be expired; tried again later.
+    ExpireFailed {
+        /// The error.
+        error: String,
+    },
+}
+
+impl std::fmt::Display for NodeEvent {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Joined { node, ttl } => write!(
+                f,
+                "node {node} joined the cluster (lease TTL {:.1}s)",
+                ttl.as_secs_f64()
+            ),
+            Self::SessionMoved { key, epoch } => write!(
+                f,
+                "session {key} moved to another node (lease epoch {epoch} lost); stopped here"
+            ),
+            Self::TookOver { key, epoch } => write!(
+                f,
+                "took over session {key} (epoch {epoch}); re-sending its pending messages"
+            ),
+            Self::Released { key, reason } => write!(
+                f,
+                "session {key} cannot start here ({reason}); its lease is released"
+            ),
+            Self::HeartbeatFailed { error } => write!(f, "cannot beat the heartbeat: {error}"),
+            Self::ExpireFailed { error } => write!(f, "cannot expire old turn logs: {error}"),
+        }
+    }
+}
+
+/// Logs `event` and sends it to the node's subscribers.
+fn report(events: &broadcast::Sender<NodeEvent>, event: NodeEvent) {
+    match &event {
+        NodeEvent::Joined { node, ttl } => {
+            tracing::info!(event = "cluster.joined", node = %node, ttl_ms = ttl.as_millis() as u64, "{event}");
+        }
+        NodeEvent::SessionMoved { key, epoch } => {
+            tracing::warn!(event = "cluster.session_moved", session.key = %key, epoch, "{event}");
+        }
+        NodeEvent::TookOver { key, epoch } => {
+            tracing::info!(event = "cluster.took_over", session.key = %key, epoch, "{event}");
+        }
+        NodeEvent::Released { key, .. } => {
+            tracing::warn!(event = "cluster.released", session.key = %key, "{event}");
+        }
+        NodeEvent::HeartbeatFailed { .. } | NodeEvent::ExpireFailed { .. } => {
+            tracing::warn!(event = "cluster.background_failed", "{event}");
+        }
+    }
+    let _ = events.send(event);
+}
+
+/// One node of a cluster (see the [module](self) docs).
+pub struct Node {
+    store: NodeStore,
+    advertise: String,
+    keep_turns: Duration,
+    events: broadcast::Sender<NodeEvent>,
+    tasks: Vec<AbortOnDropHandle<()>>,
+}
+
+impl std::fmt::Debug for Node {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Node")
+            .field("node", &self.store.node())
+            .field("advertise", &self.advertise)
+            .field("keep_turns", &self.keep_turns)
+            .field("joined", &!self.tasks.is_empty())
+            .finish()
+    }
+}
+
+impl Node {
+    /// The node over `store`, reached by the other nodes (which forward
+    /// requests for its sessions) at `advertise` (`http://host:port`). It
+    /// does nothing until it [joins](Self::join).
+    pub fn new(store: NodeStore, advertise: impl Into<String>) -> Self {
+        let (events, _) = broadcast::channel(256);
+        Self {
+            store,
+            advertise: advertise.into(),
+            keep_turns: DEFAULT_KEEP_TURNS,
+            events,
+            tasks: Vec::new(),
+        }
+    }
+
+    /// How long a finished turn's event log is kept in the database before
+    /// it is expired. Default [`DEFAULT_KEEP_TURNS`].
+    pub fn with_keep_turns(mut self, keep: Duration) -> Self {
+        self.keep_turns = keep;
+        self
+    }
+
+    /// The node's store (its [`SessionStore`](warden_core::SessionStore)).
+    pub fn store(&self) -> &NodeStore {
+        &self.store
+    }
+
+    /// Everything the node reports from now on. A subscriber that falls
+    /// 256 events behind skips ahead (`RecvError::Lagged`).
+    pub fn events(&self) -> broadcast::Receiver<NodeEvent> {
+        self.events.subscribe()
+    }
+
+    /// Where sessions run: here only while this node holds the session's
+    /// lease; elsewhere, the owner and how to reach it. For `warden
+    /// serve`'s `ServeConfig::with_placement`.
+    pub fn placement(&self) -> Arc<dyn Placement> {
+        Arc::new(LeasePlacement {
+            node: self.store.clone(),
+        })
+    }
+
+    /// The node's turn event logs, for `warden serve`'s
+    /// `ServeConfig::with_turn_store`.
+    pub fn turns(&self) -> NodeTurns {
+        self.store.turns()
+    }
+
+    /// Registers the node (its id and advertise address) and starts its
+    /// background work with `supervisor`: lease renewal at a third of the
+    /// TTL, heartbeats as often, turn-log expiry every minute, stopping a
+    /// session here whose lease is lost, and taking over orphans every
+    /// [`scan_interval`](NodeStore::scan_interval). It stops when the node
+    /// is dropped or [leaves](Self::leave). Joining twice restarts it.
+    pub async fn join(&mut self, supervisor: &Supervisor) -> Result<(), StoreError> {
+        let store = &self.store;
+        store
+            .pg()
+            .register_node(store.node(), &self.advertise)
+            .await?;
+        let ttl = store.ttl();
+        let mut tasks = vec![store.spawn_renewer()];
+
+        let (beat, events) = (store.clone(), self.events.clone());
+        tasks.push(AbortOnDropHandle::new(tokio::spawn(async move {
+            let mut tick = tokio::time::interval(ttl / 3);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tick.tick().await;
+                if let Err(e) = beat.pg().heartbeat(beat.node()).await {
+                    report(
+                        &events,
+                        NodeEvent::HeartbeatFailed {
+                            error: e.to_string(),
+                        },
+                    );
+                }
+            }
+        })));
+
+        let (pg, events, keep) = (store.pg().clone(), self.events.clone(), self.keep_turns);
+        tasks.push(AbortOnDropHandle::new(tokio::spawn(async move {
+            let mut tick = tokio::time::interval(EXPIRE_EVERY);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tick.tick().await;
+                if let Err(e) = pg.expire_turns(keep).await {
+                    report(
+                        &events,
+                        NodeEvent::ExpireFailed {
+                            error: e.to_string(),
+                        },
+                    );
+                }
+            }
+        })));
+
+        // A lease lost (a renewal or a write refused): stop the copy here
+        // now, before it answers anyone again.
+        let mut lost = store.lost();
+        let (sup, events) = (supervisor.clone(), self.events.clone());
+        tasks.push(AbortOnDropHandle::new(tokio::spawn(async move {
+            loop {
+                match lost.recv().await {
+                    Ok(lease) => {
+                        let key = SessionKey::new(&lease.key);
+                        let _ = sup.evict(key.clone()).await;
+                        report(
+                            &events,
+                            NodeEvent::SessionMoved {
+                                key,
+                                epoch: lease.epoch,
+                            },
+                        );
+                    }
+                    Err(broadcast::error::RecvError::Lagged(_)) => {}
+                    Err(broadcast::error::RecvError::Closed) => return,
+                }
+            }
+        })));
+
+        // Orphans: sessions with pending messages whose owner's lease ran
+        // out.
+        let (scan, sup, events) = (store.clone(), supervisor.clone(), self.events.clone());
+        tasks.push(AbortOnDropHandle::new(tokio::spawn(async move {
+            let mut tick = tokio::time::interval(scan.scan_interval());
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tick.tick().await;
+                take_over(&scan, &sup, &events).await;
+            }
+        })));
+        self.tasks = tasks;
+        report(
+            &self.events,
+            NodeEvent::Joined {
+                node: store.node().to_owned(),
+                ttl,
+            },
+        );
+        Ok(())
+    }
+
+    /// Takes over every orphan it can now and starts it in `supervisor`
+    /// (see [`NodeStore::take_over`]), reporting each; the joined node does
+    /// this on its own every scan interval. Call it once right after the
+    /// front end is ready, so the sessions waiting since before this node
+    /// started are not left for the first tick.
+    pub async fn take_over(&self, supervisor: &Supervisor) -> TakeOver {
+        take_over(&self.store, supervisor, &self.events).await
+    }
+
+    /// Leaves the cluster cleanly: stops the background work and gives up
+    /// every lease this node holds, so the other nodes take its sessions
+    /// (their messages pending in the database) now rather than when the
+    /// leases run out. Stop the supervisor first, so nothing runs here
+    /// without a lease.
+    pub async fn leave(mut self) {
+        self.tasks.clear();
+        for lease in self.store.held() {
+            if let Err(e) = self.store.release(&SessionKey::new(&lease.key)).await {
+                tracing::warn!(event = "cluster.release_failed", session.key = %lease.key, error = %e, "cannot release a lease on leaving; it expires on its own");
+            }
+        }
+    }
+}
+
+async fn take_over(
+    store: &NodeStore,
+    supervisor: &Supervisor,
+    events: &broadcast::Sender<NodeEvent>,
+) -> TakeOver {
+    let done = store.take_over(supervisor).await;
+    for (key, epoch) in &done.taken {
+        report(
+            events,
+            NodeEvent::TookOver {
+                key: key.clone(),
+                epoch: *epoch,
+            },
+        );
+    }
+    for (key, reason) in &done.released {
+        report(
+            events,
+            NodeEvent::Released {
+                key: key.clone(),
+                reason: reason.clone(),
+            },
+        );
+    }
+    done
+}
+
+/// Runs a session here only while this node holds its lease.
+struct LeasePlacement {
+    node: NodeStore,
+}
+
+impl LeasePlacement {
+    /// A session held under `info` by another node: that node, where it is
+    /// reached, and the time left on its lease.
+    async fn held_by(&self, info: LeaseInfo) -> Elsewhere {
+        let advertise = match &info.owner {
+            Some(owner) => self.advertise_of(owner).await,
+            None => None,
+        };
+        let left = info.remaining_secs.unwrap_or(1.0).max(0.0);
+        Elsewhere::new(info.owner, advertise, Duration::from_secs_f64(left))
+    }
+}
+
+impl Placement for LeasePlacement {
+    fn place<'a>(&'a self, key: &'a SessionKey) -> BoxFuture<'a, Result<(), Elsewhere>> {
+        Box::pin(async move {
+            if self.node.lease_of(key).is_some() {
+                return Ok(()); // ours (the fence still guards every write)
+            }
+            let unknown = || Elsewhere::new(None, None, Duration::from_secs(1));
+            // A session bound to a directory this node lacks is not taken
+            // here: asked while its owner lives, the request is forwarded;
+            // once the owner is gone, the client is told why it waits.
+            if let Some(ws) = self.node.missing_workspace(key).await {
+                let info = self
+                    .node
+                    .pg()
+                    .lease_info(key)
+                    .await
+                    .map_err(|_| unknown())?;
+                if info.remaining_secs.unwrap_or(0.0) <= 0.0 {
+                    return Err(Elsewhere::workspace_missing(
+                        info.owner,
+                        ws,
+                        self.node.scan_interval().max(Duration::from_secs(1)),
+                    ));
+                }
+                return Err(self.held_by(info).await);
+            }
+            match self.node.claim(key).await {
+                Ok(Some(_)) => Ok(()),
+                Ok(None) => {
+                    let info = self
+                        .node
+                        .pg()
+                        .lease_info(key)
+                        .await
+                        .map_err(|_| unknown())?;
+                    Err(self.held_by(info).await)
+                }
+                Err(_) => Err(unknown()),
+            }
+        })
+    }
+
+    fn node(&self) -> Option<&str> {
+        Some(self.node.node())
+    }
+
+    fn advertise_of<'a>(&'a self, node: &'a str) -> BoxFuture<'a, Option<String>> {
+        Box::pin(async move {
+            let nodes = self.node.pg().nodes().await.ok()?;
+            nodes
+                .into_iter()
+                .find(|n| n.node_id == node)
+                .map(|n| n.advertise)
+        })
+    }
+
+    fn sessions(&self) -> BoxFuture<'_, Option<Result<Vec<SessionPlace>, String>>> {
+        Box::pin(async move {
+            let pg = self.node.pg();
+            let all = async {
+                let leases = pg.leases().await.map_err(|e| e.to_string())?;
+                let nodes = pg.nodes().await.map_err(|e| e.to_string())?;
+                Ok(leases
+                    .into_iter()
+                    .map(|(key, info)| {
+                        let advertise = info.owner.as_ref().and_then(|o| {
+                            nodes
+                                .iter()
+                                .find(|n| n.node_id == *o)
+                                .map(|n| n.advertise.clone())
+                        });
+                        SessionPlace::new(
+                            key,
+                            info.owner,
+                            advertise,
+                            info.epoch,
+                            info.remaining_secs,
+                        )
+                    })
+                    .collect())
+            };
+            Some(all.await)
+        })
+    }
+}

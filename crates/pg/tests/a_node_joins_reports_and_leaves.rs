@@ -1,0 +1,200 @@
+//! `warden_pg::cluster::Node`, the cluster node as a library, against a
+//! real PostgreSQL (`WARDEN_PG_URL`; skipped with a message without it,
+//! failed under `WARDEN_REQUIRE_POSTGRES=1`): it registers itself, stops a
+//! session here the moment its lease moves to another node, takes over a
+//! dead node's session and re-sends its message, reports each as a
+//! `NodeEvent`, and hands its sessions back when it leaves.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio_postgres::NoTls;
+use warden_core::testing::ChannelSource;
+use warden_core::{Durability, EventSource, SessionKey, SessionRecord, SessionStore, Supervisor};
+use warden_pg::cluster::{Node, NodeEvent};
+use warden_pg::{NodeStore, PgStore};
+
+const BOUND: Duration = Duration::from_secs(30);
+
+async fn within<T>(what: &str, fut: impl std::future::Future<Output = T>) -> T {
+    tokio::time::timeout(BOUND, fut)
+        .await
+        .unwrap_or_else(|_| panic!("timed out: {what}"))
+}
+
+/// A fresh database, or `None` (with the reason printed) when no
+/// PostgreSQL is configured.
+async fn fresh_db() -> Option<tokio_postgres::Config> {
+    let Ok(url) = std::env::var("WARDEN_PG_URL") else {
+        assert!(
+            std::env::var("WARDEN_REQUIRE_POSTGRES").as_deref() != Ok("1"),
+            "WARDEN_REQUIRE_POSTGRES=1 but WARDEN_PG_URL is unset"
+        );
+        eprintln!("skipped: set WARDEN_PG_URL to a PostgreSQL admin URL to run this test");
+        return None;
+    };
+    let admin: tokio_postgres::Config = url.parse().expect("WARDEN_PG_URL parses");
+    let (client, conn) = within("connect", admin.connect(NoTls))
+        .await
+        .expect("connect to WARDEN_PG_URL");
+    tokio::spawn(conn);
+    let name = format!("warden_n_{}_{}", std::process::id(), nanos());
+    within(
+        "create database",
+        client.batch_execute(&format!("CREATE DATABASE {name}")),
+    )
+    .await
+    .expect("create database");
+    let mut config = admin.clone();
+    config.dbname(&name);
+    Some(config)
+}
+
+fn nanos() -> u128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0)
+}
+
+/// The next event that `pick` accepts (others are skipped).
+async fn next_event<T>(
+    events: &mut tokio::sync::broadcast::Receiver<NodeEvent>,
+    what: &str,
+    mut pick: impl FnMut(&NodeEvent) -> Option<T>,
+) -> T {
+    within(what, async {
+        loop {
+            let event = events.recv().await.expect("the node's events");
+            if let Some(found) = pick(&event) {
+                return found;
+            }
+        }
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_joins_evicts_what_it_lost_takes_over_orphans_and_leaves() {
+    let Some(config) = fresh_db().await else {
+        return;
+    };
+    let pg = within("connect", PgStore::connect_config(config.clone()))
+        .await
+        .expect("PgStore connects and migrates");
+    let ttl = Duration::from_millis(900);
+    let store = NodeStore::new(pg.clone(), "node-a", ttl);
+    let (source, control) = ChannelSource::new();
+    let factory = move |_: &SessionKey| source.clone() as Arc<dyn EventSource>;
+    let supervisor = within(
+        "supervisor",
+        Supervisor::builder(Arc::new(factory))
+            .store(Arc::new(store.clone()))
+            .start(),
+    )
+    .await
+    .expect("supervisor starts");
+
+    // Joining registers the node where the others find it.
+    let mut node = Node::new(store.clone(), "http://10.0.0.5:8080");
+    let mut events = node.events();
+    within("join", node.join(&supervisor))
+        .await
+        .expect("the node joins");
+    let joined = next_event(&mut events, "joined", |e| match e {
+        NodeEvent::Joined { node, ttl } => Some((node.clone(), *ttl)),
+        _ => None,
+    })
+    .await;
+    assert_eq!(joined, ("node-a".to_owned(), ttl));
+    let nodes = pg.nodes().await.expect("nodes");
+    assert!(
+        nodes
+            .iter()
+            .any(|n| n.node_id == "node-a" && n.advertise == "http://10.0.0.5:8080"),
+        "{nodes:?}"
+    );
+
+    // A turn here takes s1's lease; the placement runs s1 here.
+    let s1 = SessionKey::new("s1");
+    assert!(within("place", node.placement().place(&s1)).await.is_ok());
+    let turn = within("send", supervisor.send(s1.clone(), "hello"))
+        .await
+        .expect("accepted");
+    let attempt = within("the stream opens", control.next_attempt())
+        .await
+        .expect("an attempt");
+    attempt.text("hi");
+    attempt.finish();
+    within("the turn ends", turn.finish())
+        .await
+        .expect("answered");
+    assert_eq!(store.lease_of(&s1).map(|l| l.epoch), Some(1));
+    assert!(supervisor.sessions().await.expect("sessions").contains(&s1));
+
+    // Its lease runs out by the database's clock and node-b takes s1: the
+    // copy here stops, and the node says so.
+    let (client, conn) = config.connect(NoTls).await.expect("connect");
+    tokio::spawn(conn);
+    client
+        .execute(
+            "UPDATE warden_sessions SET lease_until = now() - interval '1 second' WHERE key = 's1'",
+            &[],
+        )
+        .await
+        .expect("expire");
+    let b = NodeStore::new(pg.clone(), "node-b", ttl);
+    assert!(b.claim(&s1).await.expect("claim").is_some());
+    let moved = next_event(&mut events, "the session moved", |e| match e {
+        NodeEvent::SessionMoved { key, epoch } => Some((key.clone(), *epoch)),
+        _ => None,
+    })
+    .await;
+    assert_eq!(moved, (s1.clone(), 1));
+    within("evicted", async {
+        while supervisor.sessions().await.expect("sessions").contains(&s1) {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    // Placing s1 now points at its owner, where node-b is reached.
+    pg.register_node("node-b", "http://10.0.0.6:8080")
+        .await
+        .expect("register");
+    let elsewhere = within("place", node.placement().place(&s1))
+        .await
+        .expect_err("s1 is node-b's");
+    assert_eq!(elsewhere.owner.as_deref(), Some("node-b"));
+    assert_eq!(elsewhere.advertise.as_deref(), Some("http://10.0.0.6:8080"));
+
+    // A dead node's session with an unanswered message: taken over here,
+    // the message re-sent, and reported.
+    let orphan = SessionKey::new("orphan");
+    let mut record = SessionRecord::new(&orphan, None);
+    record.accept("are you there?");
+    pg.save(&record, Durability::Flushed).await.expect("save");
+    let taken = next_event(&mut events, "the takeover", |e| match e {
+        NodeEvent::TookOver { key, epoch } => Some((key.clone(), *epoch)),
+        _ => None,
+    })
+    .await;
+    assert_eq!(taken, (orphan.clone(), 1));
+    let resent = within("the re-sent message", control.next_attempt())
+        .await
+        .expect("an attempt");
+    assert_eq!(resent.request.session_key, orphan);
+    assert_eq!(resent.request.message, "are you there?");
+    resent.text("yes");
+    resent.finish();
+
+    // Leaving gives the leases back at once: another node may take the
+    // session now, not a TTL later.
+    supervisor.shutdown().await;
+    within("leave", node.leave()).await;
+    let info = pg.lease_info(&orphan).await.expect("info");
+    assert!(
+        info.remaining_secs.is_none_or(|s| s <= 0.0),
+        "released: {info:?}"
+    );
+    assert!(b.claim(&orphan).await.expect("claim").is_some());
+}
