@@ -14,15 +14,27 @@
 //!   so `GET /v1/turns/{id}/events` (with `Last-Event-ID`) and
 //!   `DELETE /v1/turns/{id}` work on any node: a turn kept elsewhere is
 //!   fetched from its node.
+//!
+//! The handlers decide nothing about the cluster: each takes a [`Cluster`]
+//! (an extractor: this node's placement, the request's headers, the
+//! forwarding client) and asks it once where the request belongs.
 
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use axum::body::{Body, Bytes};
+use axum::extract::{FromRef, FromRequestParts};
+use axum::http::request::Parts;
 use axum::http::{HeaderMap, HeaderName, Method};
 use axum::response::Response;
+use warden_core::SessionKey;
+use warden_core::cluster::Placement;
+
+use crate::error::{ApiError, elsewhere, gone};
+use crate::ids::node_of_turn;
 
 /// The header a forwarded request carries: the forwarding node's id.
-pub(crate) const FORWARDED: &str = "x-warden-forwarded";
+const FORWARDED: &str = "x-warden-forwarded";
 
 /// How long the owner may take to answer a forwarded request's head. A
 /// paused owner (its process stopped, its kernel still accepting
@@ -42,44 +54,18 @@ const RESPONSE_HEADERS: [&str; 4] = [
     "x-warden-turn-id",
 ];
 
-/// A turn id naming `node`: `turn_<node in hex>_<16 hex digits>`.
-pub(crate) fn turn_id(node: Option<&str>) -> String {
-    let tail = rand::random::<u64>();
-    match node {
-        None => format!("turn_{tail:016x}"),
-        Some(n) => {
-            let hex: String = n.bytes().map(|b| format!("{b:02x}")).collect();
-            format!("turn_{hex}_{tail:016x}")
-        }
-    }
-}
-
-/// The node a turn id names, if it names one.
-pub(crate) fn node_of_turn(id: &str) -> Option<String> {
-    let (hex, tail) = id.strip_prefix("turn_")?.split_once('_')?;
-    let is_hex = |s: &str| s.bytes().all(|b| b.is_ascii_hexdigit());
-    if hex.is_empty() || hex.len() % 2 != 0 || !is_hex(hex) || tail.len() != 16 || !is_hex(tail) {
-        return None;
-    }
-    let bytes = (0..hex.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(hex.get(i..i + 2)?, 16).ok())
-        .collect::<Option<Vec<u8>>>()?;
-    String::from_utf8(bytes).ok()
-}
-
 /// Whether this request was already forwarded by another node.
-pub(crate) fn was_forwarded(headers: &HeaderMap) -> bool {
+fn was_forwarded(headers: &HeaderMap) -> bool {
     headers.contains_key(FORWARDED)
 }
 
 /// Why a forward failed: the owner could not be reached.
 #[derive(Debug)]
-pub(crate) struct Unreachable(pub(crate) String);
+struct Unreachable(String);
 
 /// Sends the request on to `base` (another node) and relays its answer,
 /// streaming the body as it arrives.
-pub(crate) async fn forward(
+async fn forward(
     http: &reqwest::Client,
     me: &str,
     method: Method,
@@ -116,7 +102,7 @@ pub(crate) async fn forward(
 /// The client used for forwarding: a short connect timeout (a dead owner
 /// is found out fast), no overall timeout (a turn's stream lasts as long as
 /// the turn).
-pub(crate) fn client() -> reqwest::Client {
+fn client() -> reqwest::Client {
     reqwest::Client::builder()
         .connect_timeout(Duration::from_secs(2))
         .tcp_nodelay(true)
@@ -135,19 +121,176 @@ fn without_url(e: &reqwest::Error) -> String {
     e
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
+/// What the server keeps for the cluster: this node's placement (`None`
+/// on a single node) and the client that forwards requests, built on first
+/// use so a single node never builds it. Part of the server's state.
+#[derive(Clone, Default)]
+pub(crate) struct ClusterState {
+    placement: Option<Arc<dyn Placement>>,
+    http: Arc<OnceLock<reqwest::Client>>,
+}
 
-    #[test]
-    fn a_turn_id_names_its_node_and_only_a_clusters_ids_do() {
-        let id = turn_id(Some("node-a_1.x"));
-        assert!(id.starts_with("turn_"), "{id}");
-        assert_eq!(node_of_turn(&id).as_deref(), Some("node-a_1.x"));
-        assert_eq!(node_of_turn(&turn_id(None)), None);
-        assert_eq!(node_of_turn("turn_zz_0000000000000001"), None);
-        assert_eq!(node_of_turn("turn_6_0000000000000001"), None);
-        assert_eq!(node_of_turn("nope"), None);
-        assert_eq!(node_of_turn("turn_61_../../x/0000000"), None);
+impl ClusterState {
+    /// The state of a node placed by `placement`.
+    pub(crate) fn new(placement: Option<Arc<dyn Placement>>) -> Self {
+        Self {
+            placement,
+            http: Arc::default(),
+        }
+    }
+}
+
+/// The cluster as a handler sees it (an extractor; on a single node every
+/// question has the answer "here").
+pub(crate) struct Cluster {
+    state: ClusterState,
+    headers: HeaderMap,
+}
+
+impl<S> FromRequestParts<S> for Cluster
+where
+    ClusterState: FromRef<S>,
+    S: Send + Sync,
+{
+    type Rejection = std::convert::Infallible;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
+        Ok(Self {
+            state: ClusterState::from_ref(state),
+            headers: parts.headers.clone(),
+        })
+    }
+}
+
+/// Where a request for a session belongs.
+pub(crate) enum Placed {
+    /// Here: run it.
+    Here,
+    /// The owner answered the forwarded request: relay its answer.
+    Forwarded(Response),
+}
+
+impl Cluster {
+    /// This node's id, on a cluster node.
+    pub(crate) fn node(&self) -> Option<&str> {
+        self.state.placement.as_ref().and_then(|p| p.node())
+    }
+
+    /// The placement, on a cluster node.
+    pub(crate) fn placement(&self) -> Option<&dyn Placement> {
+        self.state.placement.as_deref()
+    }
+
+    fn http(&self) -> &reqwest::Client {
+        self.state.http.get_or_init(client)
+    }
+
+    /// Where a new turn of `key` runs: here (this node holds or just took
+    /// the session's lease), or at its owner, which is sent `body` once
+    /// (a request already forwarded is not forwarded again); an owner that
+    /// cannot be reached is `503 session_elsewhere` with `Retry-After`.
+    pub(crate) async fn place_turn(
+        &self,
+        key: &SessionKey,
+        body: &impl serde::Serialize,
+    ) -> Result<Placed, ApiError> {
+        let Some(placement) = &self.state.placement else {
+            return Ok(Placed::Here);
+        };
+        let Err(e) = placement.place(key).await else {
+            return Ok(Placed::Here);
+        };
+        if let (Some(owner), Some(me)) = (&e.advertise, placement.node())
+            && !was_forwarded(&self.headers)
+        {
+            let body = serde_json::to_vec(body).map(Bytes::from).map_err(|e| {
+                ApiError::new(
+                    axum::http::StatusCode::INTERNAL_SERVER_ERROR,
+                    "internal",
+                    e.to_string(),
+                )
+            })?;
+            let answer = forward(
+                self.http(),
+                me,
+                Method::POST,
+                owner,
+                "/v1/turns",
+                &self.headers,
+                Some(body),
+            )
+            .await;
+            match answer {
+                Ok(answer) => return Ok(Placed::Forwarded(answer)),
+                Err(Unreachable(why)) => {
+                    tracing::info!(session = %key, %why, "the session's owner cannot be reached");
+                }
+            }
+        }
+        Err(elsewhere(key, e))
+    }
+
+    /// A turn this node does not keep: fetched from the node its id names
+    /// (once), else 404.
+    pub(crate) async fn turn_elsewhere(
+        &self,
+        id: &str,
+        method: Method,
+        path: &str,
+    ) -> Result<Response, ApiError> {
+        let Some(placement) = &self.state.placement else {
+            return Err(gone());
+        };
+        let (Some(me), Some(node)) = (placement.node(), node_of_turn(id)) else {
+            return Err(gone());
+        };
+        if node == me || was_forwarded(&self.headers) {
+            return Err(gone());
+        }
+        let Some(base) = placement.advertise_of(&node).await else {
+            return Err(ApiError::new(
+                axum::http::StatusCode::NOT_FOUND,
+                "not_found",
+                format!("no such turn: its node {node} is no longer a member"),
+            ));
+        };
+        forward(self.http(), me, method, &base, path, &self.headers, None)
+            .await
+            .map_err(|Unreachable(why)| {
+                ApiError::unavailable(
+                    "node_unreachable",
+                    format!("turn {id} is kept by node {node}, which cannot be reached: {why}"),
+                )
+                .retry_after(1)
+            })
+    }
+
+    /// Sends the request to the other live node that holds `key`'s lease
+    /// now, if there is one (and the request was not forwarded already).
+    pub(crate) async fn to_session_owner(
+        &self,
+        key: &SessionKey,
+        method: Method,
+        path: &str,
+    ) -> Option<Result<Response, ApiError>> {
+        let placement = self.state.placement.as_deref()?;
+        if was_forwarded(&self.headers) {
+            return None;
+        }
+        let me = placement.node()?;
+        let all = placement.sessions().await?.ok()?;
+        let place = all.into_iter().find(|p| p.key == key.as_str())?;
+        let live = place.lease_remaining_secs.is_some_and(|s| s > 0.0);
+        let base = match (place.owner, place.advertise) {
+            (Some(owner), Some(base)) if live && owner != me => base,
+            _ => return None,
+        };
+        Some(
+            forward(self.http(), me, method, &base, path, &self.headers, None)
+                .await
+                .map_err(|Unreachable(why)| {
+                    ApiError::unavailable("node_unreachable", why).retry_after(1)
+                }),
+        )
     }
 }

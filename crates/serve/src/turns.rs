@@ -142,7 +142,7 @@ impl Turns {
         node: Option<&str>,
         continue_from: Option<ContinueFrom>,
     ) -> String {
-        let fresh = crate::cluster::turn_id(node);
+        let fresh = crate::ids::turn_id(node);
         let message_id = turn.canceller().turn();
         let stored = match &self.store {
             Some(store) => open(store.as_ref(), &key, message_id, &fresh).await,

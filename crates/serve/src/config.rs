@@ -1,0 +1,90 @@
+//! How the server behaves: [`ServeConfig`].
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use warden_core::cluster::Placement;
+use warden_core::store::TurnStore;
+
+/// Request bodies larger than this get 413: 10 MiB.
+pub const DEFAULT_MAX_BODY_BYTES: usize = 10 * 1024 * 1024;
+
+/// How the server behaves.
+#[derive(Clone)]
+#[non_exhaustive]
+pub struct ServeConfig {
+    /// The bearer token every route but `/healthz` requires.
+    pub token: String,
+    /// How long a finished turn's events stay available for re-attach.
+    /// Default 10 min.
+    pub keep_finished: Duration,
+    /// Largest request body accepted. Default [`DEFAULT_MAX_BODY_BYTES`].
+    pub max_body_bytes: usize,
+    /// Where sessions run, for a node of a cluster. Default `None`: every
+    /// session runs here.
+    pub placement: Option<Arc<dyn Placement>>,
+    /// Where a cluster node stores its turns' events before it sends them,
+    /// so a turn re-delivered elsewhere keeps its id and event numbers.
+    /// Default `None`: they live in this process only.
+    pub turn_store: Option<Arc<dyn TurnStore>>,
+    /// The supervisor's re-delivered turns, relayed as turns of this
+    /// server (see [`with_recovered_turns`](Self::with_recovered_turns)).
+    pub(crate) recovered: Option<Arc<std::sync::Mutex<Option<RecoveredRx>>>>,
+}
+
+/// The receiving end of the supervisor's re-delivered turns.
+pub type RecoveredRx = tokio::sync::mpsc::UnboundedReceiver<warden_core::RecoveredTurn>;
+
+impl std::fmt::Debug for ServeConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ServeConfig")
+            .field("token", &"<redacted>")
+            .field("keep_finished", &self.keep_finished)
+            .field("max_body_bytes", &self.max_body_bytes)
+            .field("placement", &self.placement.is_some())
+            .field("turn_store", &self.turn_store.is_some())
+            .finish()
+    }
+}
+
+impl ServeConfig {
+    /// A configuration requiring `token`, with the defaults.
+    pub fn new(token: impl Into<String>) -> Self {
+        Self {
+            token: token.into(),
+            keep_finished: Duration::from_secs(600),
+            max_body_bytes: DEFAULT_MAX_BODY_BYTES,
+            placement: None,
+            turn_store: None,
+            recovered: None,
+        }
+    }
+
+    /// Sets [`turn_store`](Self::turn_store).
+    pub fn with_turn_store(mut self, store: Arc<dyn TurnStore>) -> Self {
+        self.turn_store = Some(store);
+        self
+    }
+
+    /// Relays the turns the supervisor re-delivers (give it the sender with
+    /// [`SupervisorBuilder::recovered_turns`](warden_core::SupervisorBuilder::recovered_turns)):
+    /// each becomes a turn of this server, and with a
+    /// [`turn_store`](Self::turn_store) it keeps the id and the events its
+    /// message had on the node that died, so its clients re-attach to it.
+    pub fn with_recovered_turns(mut self, rx: RecoveredRx) -> Self {
+        self.recovered = Some(Arc::new(std::sync::Mutex::new(Some(rx))));
+        self
+    }
+
+    /// Sets [`placement`](Self::placement).
+    pub fn with_placement(mut self, placement: Arc<dyn Placement>) -> Self {
+        self.placement = Some(placement);
+        self
+    }
+
+    /// Sets [`keep_finished`](Self::keep_finished).
+    pub fn with_keep_finished(mut self, keep: Duration) -> Self {
+        self.keep_finished = keep;
+        self
+    }
+}

@@ -1,0 +1,145 @@
+//! The API's errors: one typed JSON shape, `{"error": {"type", "message",
+//! …}}`, with a 4xx/5xx status and, where asking again helps,
+//! `Retry-After`.
+
+use axum::Json;
+use axum::extract::rejection::JsonRejection;
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use serde_json::json;
+use warden_core::cluster::Elsewhere;
+use warden_core::{SessionKey, SupervisorError};
+
+/// A typed error answer: `{"error": {"type", "message"}}`.
+#[derive(Debug)]
+pub(crate) struct ApiError {
+    pub(crate) status: StatusCode,
+    pub(crate) kind: &'static str,
+    pub(crate) message: String,
+    /// Seconds for a `Retry-After` header.
+    retry_after: Option<u64>,
+    /// More fields of the error object.
+    extra: serde_json::Map<String, serde_json::Value>,
+}
+
+impl ApiError {
+    pub(crate) fn new(status: StatusCode, kind: &'static str, message: impl Into<String>) -> Self {
+        Self {
+            status,
+            kind,
+            message: message.into(),
+            retry_after: None,
+            extra: serde_json::Map::new(),
+        }
+    }
+
+    /// `503` of type `kind`: ask again later.
+    pub(crate) fn unavailable(kind: &'static str, message: impl Into<String>) -> Self {
+        Self::new(StatusCode::SERVICE_UNAVAILABLE, kind, message)
+    }
+
+    /// Adds `Retry-After: secs`.
+    pub(crate) fn retry_after(mut self, secs: u64) -> Self {
+        self.retry_after = Some(secs);
+        self
+    }
+
+    /// Adds a field to the error object.
+    fn with(mut self, field: &str, value: serde_json::Value) -> Self {
+        self.extra.insert(field.into(), value);
+        self
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let mut error = serde_json::Map::new();
+        error.insert("type".into(), json!(self.kind));
+        error.insert("message".into(), json!(self.message));
+        error.extend(self.extra);
+        let body = Json(json!({ "error": error }));
+        let mut response = (self.status, body).into_response();
+        if self.status == StatusCode::UNAUTHORIZED {
+            response.headers_mut().insert(
+                header::WWW_AUTHENTICATE,
+                header::HeaderValue::from_static("Bearer"),
+            );
+        }
+        if let Some(secs) = self.retry_after {
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, header::HeaderValue::from(secs));
+        }
+        response
+    }
+}
+
+impl From<JsonRejection> for ApiError {
+    fn from(r: JsonRejection) -> Self {
+        let kind = match r.status() {
+            StatusCode::PAYLOAD_TOO_LARGE => "too_large",
+            StatusCode::UNSUPPORTED_MEDIA_TYPE => "unsupported_media_type",
+            _ => "invalid_request",
+        };
+        Self::new(r.status(), kind, r.body_text())
+    }
+}
+
+/// 404: no such turn here.
+pub(crate) fn gone() -> ApiError {
+    ApiError::new(
+        StatusCode::NOT_FOUND,
+        "not_found",
+        "no such turn (or it expired)",
+    )
+}
+
+/// 503 with `Retry-After`: the session runs on another node (or, when its
+/// workspace is not on this node and its owner is gone, nowhere yet).
+pub(crate) fn elsewhere(key: &SessionKey, e: Elsewhere) -> ApiError {
+    let retry = e.retry_after.as_secs_f64().ceil().max(1.0) as u64;
+    if let Some(ws) = &e.missing_workspace {
+        return ApiError::unavailable(
+            "workspace_unavailable",
+            format!(
+                "session {} lives in workspace {}, which is not on this node, and its node {} is gone; \
+                 it runs again when a node with that directory takes it over",
+                key.as_str(),
+                ws.display(),
+                e.owner.as_deref().unwrap_or("(unknown)")
+            ),
+        )
+        .retry_after(retry)
+        .with("owner", json!(e.owner))
+        .with("workspace", json!(ws));
+    }
+    ApiError::unavailable(
+        "session_elsewhere",
+        format!(
+            "session {} runs on node {} now; ask it, or again after Retry-After (a dead owner's lease expires then)",
+            key.as_str(),
+            e.owner.as_deref().unwrap_or("(unknown)")
+        ),
+    )
+    .retry_after(retry)
+    .with("owner", json!(e.owner))
+    .with("advertise", json!(e.advertise))
+}
+
+/// A session error as the client's error: a path that cannot be a
+/// workspace, a session given up, the store failing.
+pub(crate) fn bad_session(e: SupervisorError) -> ApiError {
+    match &e {
+        SupervisorError::Workspace { .. } => {
+            ApiError::new(StatusCode::BAD_REQUEST, "invalid_workspace", e.to_string())
+        }
+        SupervisorError::SessionFailed { .. } => {
+            ApiError::new(StatusCode::CONFLICT, "session_failed", e.to_string())
+        }
+        SupervisorError::Store {
+            error: warden_core::StoreError::LeaseLost { .. },
+            ..
+        } => ApiError::unavailable("session_elsewhere", e.to_string()).retry_after(1),
+        _ => ApiError::unavailable("unavailable", e.to_string()),
+    }
+}

@@ -1,0 +1,5 @@
+//! The handlers, one module per resource.
+
+pub(crate) mod ops;
+pub(crate) mod sessions;
+pub(crate) mod turns;

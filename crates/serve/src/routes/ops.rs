@@ -1,0 +1,90 @@
+//! What operators and monitors use: the token check, readiness, metrics,
+//! and every session's lifecycle events.
+
+use std::convert::Infallible;
+
+use axum::extract::{Request, State};
+use axum::http::{StatusCode, header};
+use axum::middleware::Next;
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use serde_json::json;
+use subtle::ConstantTimeEq as _;
+
+use crate::error::ApiError;
+use crate::state::AppState;
+use crate::views;
+
+/// Requires `Authorization: Bearer <token>` (compared in constant time).
+pub(crate) async fn authorize(
+    State(state): State<AppState>,
+    request: Request,
+    next: Next,
+) -> Response {
+    let given = request
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .unwrap_or("");
+    let ok: bool = given.as_bytes().ct_eq(state.config.token.as_bytes()).into();
+    if ok && !state.config.token.is_empty() {
+        next.run(request).await
+    } else {
+        ApiError::new(
+            StatusCode::UNAUTHORIZED,
+            "unauthorized",
+            "a valid `Authorization: Bearer <token>` header is required",
+        )
+        .into_response()
+    }
+}
+
+/// `GET /metrics`: Prometheus text.
+pub(crate) async fn render_metrics(State(state): State<AppState>) -> Response {
+    let body = state.metrics.render(&state.supervisor).await;
+    (
+        [(
+            header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        body,
+    )
+        .into_response()
+}
+
+/// `GET /readyz`: `ok` while the supervisor runs.
+pub(crate) async fn ready(State(state): State<AppState>) -> Response {
+    match state.supervisor.sessions().await {
+        Ok(_) => "ok".into_response(),
+        Err(e) => ApiError::unavailable("not_ready", e.to_string()).into_response(),
+    }
+}
+
+/// `GET /v1/events`: every session's lifecycle events from now on; a
+/// client too slow to keep up is told how many it missed (`lagged`).
+pub(crate) async fn lifecycle_events(State(state): State<AppState>) -> Response {
+    let rx = state.supervisor.subscribe();
+    let events = futures_util::stream::unfold((rx, 0u64), |(mut rx, mut n)| async move {
+        use tokio::sync::broadcast::error::RecvError;
+        loop {
+            let (kind, data) = match rx.recv().await {
+                Ok(e) => match views::lifecycle(&e) {
+                    Some(v) => v,
+                    None => continue,
+                },
+                Err(RecvError::Lagged(missed)) => ("lagged", json!({"missed": missed})),
+                Err(RecvError::Closed) => return None,
+            };
+            n += 1;
+            let event = Event::default()
+                .id(n.to_string())
+                .event(kind)
+                .data(data.to_string());
+            return Some((Ok::<_, Infallible>(event), (rx, n)));
+        }
+    });
+    Sse::new(events)
+        .keep_alive(KeepAlive::default())
+        .into_response()
+}

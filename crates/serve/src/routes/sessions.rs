@@ -1,0 +1,88 @@
+//! `/v1/sessions`: list them, look at one, reset one given up.
+
+use axum::Json;
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use serde_json::json;
+use warden_core::SessionKey;
+
+use crate::cluster::Cluster;
+use crate::error::{ApiError, bad_session};
+use crate::state::AppState;
+use crate::views;
+
+/// `GET /v1/sessions`: this node's running sessions, or on a cluster node
+/// every session of the cluster with its owner (`here` when it is this
+/// node).
+pub(crate) async fn list_sessions(
+    State(state): State<AppState>,
+    cluster: Cluster,
+) -> Result<Response, ApiError> {
+    if let Some(placement) = cluster.placement()
+        && let Some(all) = placement.sessions().await
+    {
+        let all = all.map_err(|e| ApiError::unavailable("unavailable", e))?;
+        let me = placement.node();
+        let list: Vec<_> = all
+            .iter()
+            .map(|p| {
+                let mut v = json!(p);
+                v["here"] = json!(me.is_some() && p.owner.as_deref() == me);
+                v
+            })
+            .collect();
+        return Ok(Json(json!({"sessions": list})).into_response());
+    }
+    let keys = state
+        .supervisor
+        .sessions()
+        .await
+        .map_err(|e| ApiError::unavailable("unavailable", e.to_string()))?;
+    let list: Vec<_> = keys.iter().map(|k| json!({"key": k.as_str()})).collect();
+    Ok(Json(json!({"sessions": list})).into_response())
+}
+
+/// `GET /v1/sessions/{key}`: its record, and while it runs its turn.
+pub(crate) async fn one_session(
+    State(state): State<AppState>,
+    Path(key): Path<String>,
+) -> Result<Response, ApiError> {
+    let key = SessionKey::new(&key);
+    let unavailable =
+        |e: &dyn std::fmt::Display| ApiError::unavailable("unavailable", e.to_string());
+    let running = match state.supervisor.running(key.clone()).await {
+        Ok(Some(handle)) => handle.status().await.ok(),
+        Ok(None) => None,
+        Err(e) => return Err(unavailable(&e)),
+    };
+    let record = match &running {
+        Some(_) => None,
+        None => state
+            .supervisor
+            .stored(&key)
+            .await
+            .map_err(|e| unavailable(&e))?,
+    };
+    if running.is_none() && record.is_none() {
+        return Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            "not_found",
+            format!("no session {key}"),
+        ));
+    }
+    Ok(Json(views::session(record.as_ref(), running.as_ref())).into_response())
+}
+
+/// `POST /v1/sessions/{key}/reset`: forgets that the session was given up.
+pub(crate) async fn reset_session(
+    State(state): State<AppState>,
+    Path(key): Path<String>,
+) -> Result<Response, ApiError> {
+    state
+        .supervisor
+        .reset(key.as_str())
+        .await
+        .map_err(bad_session)?;
+    Ok(Json(json!({"key": key, "reset": true})).into_response())
+}

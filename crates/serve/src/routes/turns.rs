@@ -1,0 +1,210 @@
+//! `/v1/turns`: run a turn, follow its events, cancel it.
+
+use axum::Json;
+use axum::extract::rejection::JsonRejection;
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, Method, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use serde::Deserialize;
+use serde_json::json;
+use warden_core::{SessionKey, Supervisor, TurnHandle};
+
+use crate::cluster::{Cluster, Placed};
+use crate::error::{ApiError, bad_session, gone};
+use crate::sse;
+use crate::state::AppState;
+
+/// The body of `POST /v1/turns`.
+#[derive(Debug, Deserialize, serde::Serialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct NewTurn {
+    workspace: Option<String>,
+    key: Option<String>,
+    message: String,
+}
+
+/// The session a new turn is for, parsed once from its body.
+enum Target {
+    /// A workspace directory (absolute) and its session's key.
+    Workspace(String, SessionKey),
+    /// A session named by the client.
+    Key(SessionKey),
+}
+
+impl Target {
+    /// Exactly one of `workspace` (an absolute path) or `key` (not blank).
+    fn parse(new: &NewTurn, supervisor: &Supervisor) -> Result<Self, ApiError> {
+        match (&new.workspace, &new.key) {
+            (Some(ws), None) => {
+                // Relative to what? The server's working directory is no
+                // client's business.
+                if !std::path::Path::new(ws).is_absolute() {
+                    return Err(ApiError::new(
+                        StatusCode::BAD_REQUEST,
+                        "invalid_workspace",
+                        format!("workspace {ws:?} must be an absolute path"),
+                    ));
+                }
+                let key = supervisor.key_for(ws).map_err(bad_session)?;
+                Ok(Self::Workspace(ws.clone(), key))
+            }
+            (None, Some(k)) if !k.trim().is_empty() => Ok(Self::Key(SessionKey::new(k))),
+            _ => Err(ApiError::new(
+                StatusCode::BAD_REQUEST,
+                "invalid_request",
+                "give exactly one of `workspace` (a directory) or `key` (a non-empty name)",
+            )),
+        }
+    }
+
+    fn key(&self) -> &SessionKey {
+        match self {
+            Self::Workspace(_, key) | Self::Key(key) => key,
+        }
+    }
+
+    /// Sends `message` to the target's session.
+    async fn send(&self, supervisor: &Supervisor, message: String) -> Result<TurnHandle, ApiError> {
+        match self {
+            Self::Workspace(ws, _) => supervisor.send_to_workspace(ws, message).await,
+            Self::Key(key) => supervisor.send(key.clone(), message).await,
+        }
+        .map_err(bad_session)
+    }
+}
+
+/// `POST /v1/turns`.
+pub(crate) async fn create_turn(
+    State(state): State<AppState>,
+    cluster: Cluster,
+    headers: HeaderMap,
+    body: Result<Json<NewTurn>, JsonRejection>,
+) -> Result<Response, ApiError> {
+    let Json(new) = body?;
+    let target = Target::parse(&new, &state.supervisor)?;
+    // A cluster node: only the session's owner runs its turns.
+    if let Placed::Forwarded(answer) = cluster.place_turn(target.key(), &new).await? {
+        return Ok(answer);
+    }
+    let handle = target.send(&state.supervisor, new.message).await?;
+    let key = target.key().clone();
+    let id = state
+        .turns
+        .start(
+            key.clone(),
+            handle,
+            state.config.keep_finished,
+            cluster.node(),
+            None,
+        )
+        .await;
+    if wants_events(&headers) {
+        let log = state.turns.get(&id).ok_or_else(gone)?;
+        let mut response = sse::local(log, 0).into_response();
+        if let Ok(v) = header::HeaderValue::from_str(&id) {
+            response.headers_mut().insert("x-warden-turn-id", v);
+        }
+        return Ok(response);
+    }
+    Ok((
+        StatusCode::ACCEPTED,
+        Json(json!({"id": id, "key": key.as_str()})),
+    )
+        .into_response())
+}
+
+fn wants_events(headers: &HeaderMap) -> bool {
+    headers
+        .get(header::ACCEPT)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.contains("text/event-stream"))
+}
+
+/// `GET /v1/turns/{id}/events`.
+pub(crate) async fn turn_events(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    cluster: Cluster,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    let after = last_event_id(&headers)?;
+    if let Some(log) = state.turns.get(&id) {
+        return Ok(sse::local(log, after).into_response());
+    }
+    let path = format!("/v1/turns/{id}/events");
+    let elsewhere = cluster.turn_elsewhere(&id, Method::GET, &path).await;
+    // Not kept here and its node cannot serve it: the cluster's store can,
+    // while whichever node runs it now stores its events.
+    match (elsewhere, &state.turns.store) {
+        (Ok(answer), _) => Ok(answer),
+        (Err(e), Some(store)) => match store.read(&id, after).await {
+            Ok(Some(turn)) => Ok(sse::stored(store.clone(), turn, after).into_response()),
+            Ok(None) => Err(e),
+            Err(why) => Err(ApiError::unavailable("unavailable", why.to_string())),
+        },
+        (Err(e), None) => Err(e),
+    }
+}
+
+/// The `Last-Event-ID` header's number (0 without one).
+fn last_event_id(headers: &HeaderMap) -> Result<u64, ApiError> {
+    Ok(match headers.get("last-event-id") {
+        None => 0,
+        Some(v) => v
+            .to_str()
+            .ok()
+            .and_then(|s| s.trim().parse::<u64>().ok())
+            .ok_or_else(|| {
+                ApiError::new(
+                    StatusCode::BAD_REQUEST,
+                    "invalid_request",
+                    "Last-Event-ID must be an event id of this turn (a whole number)",
+                )
+            })?,
+    })
+}
+
+/// `DELETE /v1/turns/{id}`.
+pub(crate) async fn cancel_turn(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    cluster: Cluster,
+) -> Result<Response, ApiError> {
+    if let Some(log) = state.turns.get(&id) {
+        // An error means the session is gone: nothing left to cancel.
+        let cancelled = log.cancel().await.unwrap_or(false);
+        return Ok(
+            Json(json!({"id": id, "key": log.key.as_str(), "cancelled": cancelled}))
+                .into_response(),
+        );
+    }
+    let path = format!("/v1/turns/{id}");
+    let elsewhere = cluster.turn_elsewhere(&id, Method::DELETE, &path).await;
+    let (Err(e), Some(store)) = (&elsewhere, &state.turns.store) else {
+        return elsewhere;
+    };
+    // Its node cannot take it: the node that runs its session now can.
+    let turn = match store.read(&id, u64::MAX).await {
+        Ok(Some(turn)) => turn,
+        Ok(None) | Err(_) => return elsewhere,
+    };
+    if turn.ended {
+        return Ok(
+            Json(json!({"id": id, "key": turn.key.as_str(), "cancelled": false})).into_response(),
+        );
+    }
+    match cluster
+        .to_session_owner(&turn.key, Method::DELETE, &path)
+        .await
+    {
+        Some(answer) => answer,
+        None => Err(ApiError::unavailable(
+            "turn_moving",
+            format!(
+                "turn {id} is being re-delivered by another node; ask again ({})",
+                e.message
+            ),
+        )
+        .retry_after(1)),
+    }
+}
