@@ -154,13 +154,13 @@ pub(crate) fn is_prompt_too_long(message: &str) -> bool {
         || m.contains("context_length_exceeded")
 }
 
-/// An error event inside a 200 stream (Anthropic `event: error`, an OpenAI
-/// `{"error": ...}` chunk). Always [`StreamError::Api`] without a status;
-/// retryable for overload, server, rate-limit and timeout kinds.
-pub(crate) fn stream_error_event(error: ErrorBody) -> StreamError {
-    let kind = error.kind().unwrap_or_else(|| "error".to_owned());
-    let retryable = matches!(
-        kind.as_str(),
+/// Whether an error a provider reports inside a stream (an Anthropic
+/// `event: error`, an OpenAI `{"error": …}` chunk, a Responses `error`
+/// event) is worth another attempt: the overload, server, rate-limit and
+/// timeout kinds. The one rule for warden's sources and its proxy.
+pub fn is_retryable_error_kind(kind: &str) -> bool {
+    matches!(
+        kind,
         "overloaded_error"
             | "api_error"
             | "rate_limit_error"
@@ -168,7 +168,21 @@ pub(crate) fn stream_error_event(error: ErrorBody) -> StreamError {
             | "server_error"
             | "server_is_overloaded"
             | "rate_limit_exceeded"
-    );
+    )
+}
+
+/// An error object reported inside a stream (`{type, message}` or
+/// `{message, type, code}`) as [`StreamError::Api`] without a status,
+/// retryable when [`is_retryable_error_kind`] says so. Its kind is `type`,
+/// else a string `code`, else `error`.
+pub fn stream_error(error: &serde_json::Value) -> StreamError {
+    stream_error_event(ErrorBody::deserialize(error).unwrap_or_default())
+}
+
+/// [`stream_error`] of a parsed error object.
+pub(crate) fn stream_error_event(error: ErrorBody) -> StreamError {
+    let kind = error.kind().unwrap_or_else(|| "error".to_owned());
+    let retryable = is_retryable_error_kind(&kind);
     StreamError::Api {
         status: None,
         kind,
@@ -348,6 +362,27 @@ mod tests {
             let h = headers(&[("retry-after", v)]);
             assert_eq!(retry_after(&h, CAP, SystemTime::now()), None, "{v}");
         }
+    }
+
+    #[test]
+    fn one_rule_says_which_stream_errors_are_retried() {
+        for kind in [
+            "overloaded_error",
+            "api_error",
+            "rate_limit_error",
+            "server_error",
+        ] {
+            assert!(is_retryable_error_kind(kind), "{kind}");
+            let e = stream_error(&serde_json::json!({"type": kind, "message": "m"}));
+            assert!(e.is_retryable(), "{kind}: {e:?}");
+        }
+        for kind in ["invalid_request_error", "authentication_error", "error", ""] {
+            assert!(!is_retryable_error_kind(kind), "{kind}");
+        }
+        // OpenAI's shape: a string `code` when there is no `type`.
+        let e = stream_error(&serde_json::json!({"message": "m", "code": "rate_limit_exceeded"}));
+        assert!(e.is_retryable(), "{e:?}");
+        assert!(!stream_error(&serde_json::Value::Null).is_retryable());
     }
 
     #[test]

@@ -81,169 +81,29 @@
 //! # Ok(()) }
 //! ```
 
-mod anthropic;
-mod chat;
+mod access;
+mod config;
 mod headers;
-mod responses;
 mod run;
 pub mod spans;
+mod splice;
+mod upstream;
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use axum::Router;
-use axum::body::Body;
 use axum::extract::{Request, State};
-use axum::http::{Method, StatusCode};
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
+use axum::routing::post;
 use tokio::time::Instant;
-use warden_core::{
-    Admission, AdmissionConfig, ConfigError, RetryPolicy, WatchdogActor, WatchdogConfig,
+use warden_core::{Admission, AdmissionConfig, WatchdogActor, WatchdogConfig};
+
+pub use access::{AccessLog, AccessRecord, Outcome};
+pub use config::{
+    ANTHROPIC_API, DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_FRAME_BYTES, OPENAI_API, ProxyConfig,
 };
-
-/// Where the proxy sends Anthropic requests by default.
-pub const ANTHROPIC_API: &str = "https://api.anthropic.com";
-/// Where the proxy sends OpenAI requests by default.
-pub const OPENAI_API: &str = "https://api.openai.com";
-/// Largest request body of a watched route: 32 MiB (Claude Code's requests
-/// are ~100 KB; the API's own limit is 32 MB).
-pub const DEFAULT_MAX_BODY_BYTES: usize = 32 * 1024 * 1024;
-/// Largest single SSE event accepted from an upstream: 16 MiB.
-pub const DEFAULT_MAX_FRAME_BYTES: usize = 16 * 1024 * 1024;
-
-/// One proxied request, as the access log reports it (no headers, no
-/// bodies).
-#[derive(Debug, Clone, serde::Serialize)]
-#[non_exhaustive]
-pub struct AccessRecord {
-    /// `anthropic` or `openai`.
-    pub upstream: &'static str,
-    /// The request method.
-    pub method: String,
-    /// The request path (no query string).
-    pub path: String,
-    /// The status the client got.
-    pub status: u16,
-    /// From the request to the end of the response body, in milliseconds.
-    pub duration_ms: u64,
-    /// Upstream attempts made (1 when nothing went wrong).
-    pub attempts: u32,
-    /// Attempts the watchdog killed.
-    pub kills: u32,
-    /// Continuations spliced into the response.
-    pub continuations: u32,
-    /// How the response ended: `complete`, `passthrough`, `upstream_error`
-    /// (an upstream error answer passed on), `error_event` (ended with the
-    /// provider's retryable error event), `client_gone`.
-    pub outcome: &'static str,
-}
-
-/// Called once per request when its response has ended.
-pub type AccessLog = Arc<dyn Fn(&AccessRecord) + Send + Sync>;
-
-/// How the proxy behaves.
-#[derive(Clone)]
-#[non_exhaustive]
-pub struct ProxyConfig {
-    /// Base URL of the Anthropic API. Default [`ANTHROPIC_API`].
-    pub anthropic_upstream: String,
-    /// Base URL of the OpenAI API. Default [`OPENAI_API`].
-    pub openai_upstream: String,
-    /// Silence allowed on an upstream stream (and before its first byte)
-    /// before the attempt is killed. Default 45 s; [`ProxyConfig::from_env`]
-    /// takes `WARDEN_STREAM_TIMEOUT` (milliseconds) instead when it is set.
-    pub timeout: Duration,
-    /// Attempts per request (the first included) and backoff between them.
-    /// Default [`RetryPolicy::default`].
-    pub retry: RetryPolicy,
-    /// Largest request body of a watched route. Default
-    /// [`DEFAULT_MAX_BODY_BYTES`].
-    pub max_body_bytes: usize,
-    /// Largest SSE event accepted from an upstream. Default
-    /// [`DEFAULT_MAX_FRAME_BYTES`].
-    pub max_frame_bytes: usize,
-    /// Called once per request with its [`AccessRecord`]. Default none.
-    pub access_log: Option<AccessLog>,
-}
-
-impl std::fmt::Debug for ProxyConfig {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ProxyConfig")
-            .field("anthropic_upstream", &self.anthropic_upstream)
-            .field("openai_upstream", &self.openai_upstream)
-            .field("timeout", &self.timeout)
-            .field("retry", &self.retry)
-            .field("max_body_bytes", &self.max_body_bytes)
-            .field("max_frame_bytes", &self.max_frame_bytes)
-            .field("access_log", &self.access_log.is_some())
-            .finish()
-    }
-}
-
-impl Default for ProxyConfig {
-    /// The built-in defaults; the environment is not read (see
-    /// [`ProxyConfig::from_env`]).
-    fn default() -> Self {
-        Self {
-            anthropic_upstream: ANTHROPIC_API.to_owned(),
-            openai_upstream: OPENAI_API.to_owned(),
-            timeout: WatchdogConfig::default().default_timeout,
-            retry: RetryPolicy::default(),
-            max_body_bytes: DEFAULT_MAX_BODY_BYTES,
-            max_frame_bytes: DEFAULT_MAX_FRAME_BYTES,
-            access_log: None,
-        }
-    }
-}
-
-impl ProxyConfig {
-    /// The defaults with `WARDEN_STREAM_TIMEOUT` (milliseconds) applied to
-    /// [`timeout`](Self::timeout) when it is set. A value that is not a
-    /// whole number of milliseconds in `1..=86_400_000` is an error, as it
-    /// is for the supervisor: a typo never silently becomes the default.
-    pub fn from_env() -> Result<Self, ConfigError> {
-        Ok(Self {
-            timeout: WatchdogConfig::from_env()?.default_timeout,
-            ..Self::default()
-        })
-    }
-
-    /// Sets [`anthropic_upstream`](Self::anthropic_upstream).
-    pub fn with_anthropic_upstream(mut self, url: impl Into<String>) -> Self {
-        self.anthropic_upstream = url.into();
-        self
-    }
-
-    /// Sets [`openai_upstream`](Self::openai_upstream).
-    pub fn with_openai_upstream(mut self, url: impl Into<String>) -> Self {
-        self.openai_upstream = url.into();
-        self
-    }
-
-    /// Sets [`timeout`](Self::timeout).
-    pub fn with_timeout(mut self, timeout: Duration) -> Self {
-        self.timeout = timeout;
-        self
-    }
-
-    /// Sets [`retry`](Self::retry).
-    pub fn with_retry(mut self, retry: RetryPolicy) -> Self {
-        self.retry = retry;
-        self
-    }
-
-    /// Sets [`max_frame_bytes`](Self::max_frame_bytes).
-    pub fn with_max_frame_bytes(mut self, bytes: usize) -> Self {
-        self.max_frame_bytes = bytes;
-        self
-    }
-
-    /// Sets [`access_log`](Self::access_log).
-    pub fn with_access_log(mut self, log: impl Fn(&AccessRecord) + Send + Sync + 'static) -> Self {
-        self.access_log = Some(Arc::new(log));
-        self
-    }
-}
+use run::Inner;
+use upstream::{Protocol, Upstream};
 
 /// Why the proxy could not start.
 #[derive(Debug, thiserror::Error)]
@@ -265,34 +125,11 @@ pub enum ProxyError {
     Start(String),
 }
 
-/// Which API a request is for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Upstream {
-    Anthropic,
-    OpenAi,
-}
-
-impl Upstream {
-    fn name(self) -> &'static str {
-        match self {
-            Self::Anthropic => "anthropic",
-            Self::OpenAi => "openai",
-        }
-    }
-}
-
 /// A running proxy: its HTTP client, watchdog and shared backoff. Cheap to
 /// clone.
 #[derive(Clone)]
 pub struct Proxy {
     inner: Arc<Inner>,
-}
-
-pub(crate) struct Inner {
-    pub(crate) config: ProxyConfig,
-    pub(crate) http: reqwest::Client,
-    pub(crate) watchdog: warden_core::WatchdogHandle,
-    pub(crate) admission: Admission,
 }
 
 impl std::fmt::Debug for Proxy {
@@ -334,9 +171,18 @@ impl Proxy {
         })
     }
 
-    /// The proxy as an axum [`Router`]: every path and method.
+    /// The proxy as an axum [`Router`]: the three streaming routes
+    /// watched, every other path and method passed through.
     pub fn router(&self) -> Router {
-        Router::new().fallback(handle).with_state(self.clone())
+        Router::new()
+            .route("/v1/messages", post(messages).fallback(passthrough))
+            .route(
+                "/v1/chat/completions",
+                post(chat_completions).fallback(passthrough),
+            )
+            .route("/v1/responses", post(responses).fallback(passthrough))
+            .fallback(passthrough)
+            .with_state(self.clone())
     }
 
     /// Serves the proxy on `listener` until `shutdown` completes (then
@@ -364,71 +210,39 @@ impl Proxy {
     }
 }
 
-/// Every request.
-async fn handle(State(proxy): State<Proxy>, request: Request) -> Response {
+/// `POST /v1/messages`.
+async fn messages(State(proxy): State<Proxy>, request: Request) -> Response {
+    watched(proxy, Protocol::Messages, request).await
+}
+
+/// `POST /v1/chat/completions`.
+async fn chat_completions(State(proxy): State<Proxy>, request: Request) -> Response {
+    watched(proxy, Protocol::ChatCompletions, request).await
+}
+
+/// `POST /v1/responses`.
+async fn responses(State(proxy): State<Proxy>, request: Request) -> Response {
+    watched(proxy, Protocol::Responses, request).await
+}
+
+/// A request on a watched route: watched when it goes to the upstream that
+/// speaks the route's protocol, else passed through (an OpenAI-compatible
+/// server may serve `/v1/messages` too).
+async fn watched(proxy: Proxy, protocol: Protocol, request: Request) -> Response {
     let started = Instant::now();
-    let upstream = if request.headers().contains_key("anthropic-version") {
-        Upstream::Anthropic
-    } else {
-        Upstream::OpenAi
-    };
-    let watched = request.method() == Method::POST
-        && match upstream {
-            Upstream::Anthropic => request.uri().path() == "/v1/messages",
-            Upstream::OpenAi => matches!(
-                request.uri().path(),
-                "/v1/chat/completions" | "/v1/responses"
-            ),
-        };
-    let record = AccessRecord {
-        upstream: upstream.name(),
-        method: request.method().to_string(),
-        path: request.uri().path().to_owned(),
-        status: 0,
-        duration_ms: 0,
-        attempts: 1,
-        kills: 0,
-        continuations: 0,
-        outcome: "passthrough",
-    };
-    if watched {
-        run::watched(proxy.inner, upstream, request, record, started).await
+    let upstream = Upstream::of(request.headers());
+    let record = run::new_record(upstream, &request);
+    if upstream == protocol.upstream() {
+        run::watched(proxy.inner, protocol, request, record, started).await
     } else {
         run::passthrough(proxy.inner, upstream, request, record, started).await
     }
 }
 
-/// A JSON error answer in the provider's shape.
-pub(crate) fn error_response(upstream: Upstream, status: StatusCode, message: &str) -> Response {
-    let body = match upstream {
-        Upstream::Anthropic => serde_json::json!({
-            "type": "error",
-            "error": {"type": anthropic_error_type(status), "message": message},
-        }),
-        Upstream::OpenAi => serde_json::json!({
-            "error": {"message": message, "type": openai_error_type(status), "param": null, "code": null},
-        }),
-    };
-    let mut response = (status, Body::from(body.to_string())).into_response();
-    response.headers_mut().insert(
-        axum::http::header::CONTENT_TYPE,
-        axum::http::HeaderValue::from_static("application/json"),
-    );
-    response
-}
-
-fn anthropic_error_type(status: StatusCode) -> &'static str {
-    match status.as_u16() {
-        400 | 413 | 415 => "invalid_request_error",
-        429 => "rate_limit_error",
-        502 | 504 => "api_error",
-        _ => "overloaded_error",
-    }
-}
-
-fn openai_error_type(status: StatusCode) -> &'static str {
-    match status.as_u16() {
-        400 | 413 | 415 => "invalid_request_error",
-        _ => "server_error",
-    }
+/// Every other request: passed through as it is.
+async fn passthrough(State(proxy): State<Proxy>, request: Request) -> Response {
+    let started = Instant::now();
+    let upstream = Upstream::of(request.headers());
+    let record = run::new_record(upstream, &request);
+    run::passthrough(proxy.inner, upstream, request, record, started).await
 }

@@ -17,34 +17,36 @@ use tokio::sync::oneshot;
 use tokio::time::Instant;
 use tracing::Instrument as _;
 use warden_core::StreamError;
-use warden_llm::sse::{Parsed, SseEvent, SseParser};
+use warden_llm::sse::{Parsed, SseParser};
 
+use crate::access::{AccessRecord, Outcome};
+use crate::config::ProxyConfig;
+use crate::headers;
 use crate::spans::{PROXY_ATTEMPT, PROXY_CONTINUE, PROXY_KILL, PROXY_REQUEST};
-use crate::{AccessRecord, Inner, Upstream, error_response, headers};
+use crate::splice::{self, Resume, Splice};
+use crate::upstream::{Protocol, Upstream, error_response};
 
-/// How a broken stream goes on, once the client has bytes of it.
-pub(crate) enum Resume {
-    /// The same request again (nothing of the reply has reached the client
-    /// but the message's start; the new start is dropped).
-    Again,
-    /// This request instead: the reply so far, and a request to continue it.
-    Continue(Value),
-    /// Neither is possible: end the stream with the provider's error event.
-    GiveUp,
+/// What every request of a running proxy shares.
+pub(crate) struct Inner {
+    pub(crate) config: ProxyConfig,
+    pub(crate) http: reqwest::Client,
+    pub(crate) watchdog: warden_core::WatchdogHandle,
+    pub(crate) admission: warden_core::Admission,
 }
 
-/// A protocol's splicing of upstream attempts into one downstream stream.
-pub(crate) trait Splice: Send + 'static {
-    /// Appends to `out` what the client gets for one upstream event; an
-    /// error breaks the attempt (a retryable error event, a frame that is
-    /// not the protocol's JSON, a continuation that does not fit).
-    fn event(&mut self, event: &SseEvent, out: &mut String) -> Result<(), StreamError>;
-    /// The terminal event has been forwarded: the response is complete.
-    fn done(&self) -> bool;
-    /// After a broken attempt whose stream the client has part of.
-    fn resume(&mut self, original: &Value) -> Resume;
-    /// The provider's retryable error event, which ends the stream.
-    fn error_event(&self, message: &str) -> String;
+/// The access record of a request to `upstream`, before it is answered.
+pub(crate) fn new_record(upstream: Upstream, request: &Request) -> AccessRecord {
+    AccessRecord {
+        upstream: upstream.name(),
+        method: request.method().to_string(),
+        path: request.uri().path().to_owned(),
+        status: 0,
+        duration_ms: 0,
+        attempts: 1,
+        kills: 0,
+        continuations: 0,
+        outcome: Outcome::Passthrough,
+    }
 }
 
 fn upstream_url(inner: &Inner, upstream: Upstream, uri: &axum::http::Uri) -> String {
@@ -63,7 +65,7 @@ fn finish(inner: &Inner, mut record: AccessRecord, started: Instant) {
     span.record("warden.attempts", record.attempts);
     span.record("warden.kills", record.kills);
     span.record("warden.continuations", record.continuations);
-    span.record("warden.outcome", record.outcome);
+    span.record("warden.outcome", record.outcome.as_str());
     if let Some(log) = &inner.config.access_log {
         log(&record);
     }
@@ -119,7 +121,7 @@ async fn send_through(
         Ok(r) => r,
         Err(e) => {
             record.status = 502;
-            record.outcome = "upstream_error";
+            record.outcome = Outcome::UpstreamError;
             finish(&inner, record, started);
             return error_response(
                 upstream,
@@ -145,20 +147,13 @@ async fn send_through(
     };
     let body = response.bytes_stream().map(move |chunk| {
         if let (Err(_), Some(r)) = (&chunk, logged.record.as_mut()) {
-            r.outcome = "upstream_error";
+            r.outcome = Outcome::UpstreamError;
         }
         chunk
     });
     out.body(Body::from_stream(body)).unwrap_or_else(|_| {
         error_response(upstream, StatusCode::BAD_GATEWAY, "bad upstream answer")
     })
-}
-
-fn upstream_name(u: Upstream) -> &'static str {
-    match u {
-        Upstream::Anthropic => "anthropic",
-        Upstream::OpenAi => "openai",
-    }
 }
 
 /// Writes its access record when dropped (when the response body is done
@@ -201,11 +196,12 @@ fn reason(e: &reqwest::Error) -> String {
 /// complete, continued where it broke.
 pub(crate) async fn watched(
     inner: Arc<Inner>,
-    upstream: Upstream,
+    protocol: Protocol,
     request: Request,
     record: AccessRecord,
     started: Instant,
 ) -> Response {
+    let upstream = protocol.upstream();
     let span = request_span(&record);
     let (parts, body) = request.into_parts();
     let bytes = match axum::body::to_bytes(body, inner.config.max_body_bytes).await {
@@ -222,14 +218,9 @@ pub(crate) async fn watched(
         }
     };
     let json: Option<Value> = serde_json::from_slice(&bytes).ok();
-    let splice: Option<Box<dyn Splice>> = match &json {
+    let splice = match &json {
         Some(v) if v.get("stream").and_then(Value::as_bool) == Some(true) => {
-            match parts.uri.path() {
-                "/v1/messages" => Some(Box::new(crate::anthropic::Anthropic::default())),
-                "/v1/chat/completions" => Some(Box::new(crate::chat::Chat::default())),
-                "/v1/responses" => Some(Box::new(crate::responses::Responses::default())),
-                _ => None,
-            }
+            Some(splice::for_protocol(protocol))
         }
         _ => None,
     };
@@ -249,7 +240,7 @@ pub(crate) async fn watched(
     let url = upstream_url(&inner, upstream, &parts.uri);
     let mut record = record;
     // Until the stream ends one way or another, the client left.
-    record.outcome = "client_gone";
+    record.outcome = Outcome::ClientGone;
     let logged = Logged {
         inner: Arc::clone(&inner),
         record: Some(record),
@@ -393,11 +384,11 @@ impl Pump {
             attempts: 0,
             kills: 0,
             continuations: 0,
-            outcome: "",
+            outcome: Outcome::ClientGone,
         })
     }
 
-    fn end(&mut self, outcome: &'static str) {
+    fn end(&mut self, outcome: Outcome) {
         self.done = true;
         self.current = None;
         let attempts = self.attempts;
@@ -449,7 +440,7 @@ impl Pump {
             }
             if self.splice.done() {
                 span.record("warden.outcome", "complete");
-                self.end("complete");
+                self.end(Outcome::Complete);
             }
             if out.is_empty() {
                 continue;
@@ -474,7 +465,7 @@ impl Pump {
             warden.attempt = self.attempts,
             warden.outcome = tracing::field::Empty,
         );
-        let pool = upstream_name(self.upstream);
+        let pool = self.upstream.name();
         let permit = self.inner.admission.admit(pool).await;
         drop(permit);
         let opened = self.send().instrument(span.clone()).await;
@@ -485,7 +476,7 @@ impl Pump {
             }
             Ok(Err(answer)) => {
                 span.record("warden.outcome", "answered");
-                self.end("upstream_error");
+                self.end(Outcome::UpstreamError);
                 Err(Step::Answer(answer))
             }
             Err(failure) => {
@@ -643,7 +634,7 @@ impl Pump {
             killed,
             answer,
         } = failure;
-        let pool = upstream_name(self.upstream);
+        let pool = self.upstream.name();
         if killed {
             self.record().kills += 1;
             tracing::info!(
@@ -682,7 +673,18 @@ impl Pump {
                         attempt = self.attempts,
                         "continuing the broken reply"
                     );
-                    self.body = Bytes::from(serde_json::to_vec(&request).unwrap_or_default());
+                    match serde_json::to_vec(&request) {
+                        Ok(body) => self.body = Bytes::from(body),
+                        Err(e) => {
+                            // Never an empty or partial body upstream: the
+                            // stream ends here, with the provider's error.
+                            tracing::error!(error = %e, "cannot encode the continuation request");
+                            let error = StreamError::Internal {
+                                message: format!("cannot encode the continuation request: {e}"),
+                            };
+                            return Some(self.give_up(&error, None));
+                        }
+                    }
                 }
                 Resume::GiveUp => return Some(self.give_up(&error, None)),
             }
@@ -701,7 +703,7 @@ impl Pump {
     ) -> Step {
         let message = format!("warden proxy: the upstream stream failed: {}", error.code());
         if self.sent {
-            self.end("error_event");
+            self.end(Outcome::ErrorEvent);
             return Step::Chunk(Bytes::from(self.splice.error_event(&message)));
         }
         let response = match upstream_answer {
@@ -721,7 +723,7 @@ impl Pump {
             ),
         };
         self.record().status = response.status().as_u16();
-        self.end("upstream_error");
+        self.end(Outcome::UpstreamError);
         Step::Answer(response)
     }
 }

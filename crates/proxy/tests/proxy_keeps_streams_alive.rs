@@ -296,6 +296,21 @@ async fn other_requests_pass_through_untouched() {
     .await
     .expect("answer");
     assert_eq!(unknown.status(), 404, "the upstream's own answer");
+    // Another method on a watched route is the upstream's business too,
+    // not the proxy router's.
+    let get = within(
+        "a GET on a watched route",
+        s.client
+            .get(format!("{}/v1/messages", s.base))
+            .header("anthropic-version", "2023-06-01")
+            .send(),
+    )
+    .await
+    .expect("answer");
+    assert_eq!(get.status(), 405);
+    let body: Value = get.json_value().await;
+    let message = body["error"]["message"].as_str().unwrap_or("");
+    assert!(message.starts_with("warden-mock:"), "{body}");
 }
 
 /// A raw upstream that records the request head it receives.

@@ -20,7 +20,7 @@ use warden_core::continuation::Stitcher;
 use warden_llm::CONTINUE_ASK;
 use warden_llm::sse::SseEvent;
 
-use crate::run::{Resume, Splice};
+use super::{Resume, Splice};
 
 /// The downstream block being streamed.
 #[derive(Debug)]
@@ -366,26 +366,9 @@ impl Splice for Anthropic {
                 frame(out, "message_stop", &event.data);
             }
             "error" => {
-                let error_type = data
-                    .pointer("/error/type")
-                    .and_then(Value::as_str)
-                    .unwrap_or("");
-                if matches!(
-                    error_type,
-                    "overloaded_error" | "api_error" | "timeout_error"
-                ) {
-                    let message = data
-                        .pointer("/error/message")
-                        .and_then(Value::as_str)
-                        .unwrap_or("")
-                        .to_owned();
-                    return Err(StreamError::Api {
-                        status: None,
-                        kind: error_type.to_owned(),
-                        message,
-                        retryable: true,
-                        retry_after: None,
-                    });
+                let error = warden_llm::stream_error(data.get("error").unwrap_or(&Value::Null));
+                if error.is_retryable() {
+                    return Err(error);
                 }
                 // Not retryable: the client gets it as the upstream sent it.
                 self.done = true;

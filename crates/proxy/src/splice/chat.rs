@@ -11,7 +11,7 @@ use warden_core::continuation::Stitcher;
 use warden_llm::CONTINUE_ASK;
 use warden_llm::sse::SseEvent;
 
-use crate::run::{Resume, Splice};
+use super::{Resume, Splice};
 
 #[derive(Debug, Default)]
 pub(crate) struct Chat {
@@ -56,21 +56,15 @@ impl Splice for Chat {
                 message: format!("a chunk that is not JSON ({e})"),
             })?;
         if let Some(error) = data.get("error") {
-            return Err(StreamError::Api {
-                status: None,
-                kind: error
-                    .get("type")
-                    .and_then(Value::as_str)
-                    .unwrap_or("server_error")
-                    .to_owned(),
-                message: error
-                    .get("message")
-                    .and_then(Value::as_str)
-                    .unwrap_or("")
-                    .to_owned(),
-                retryable: true,
-                retry_after: None,
-            });
+            let error = warden_llm::stream_error(error);
+            if error.is_retryable() {
+                return Err(error);
+            }
+            // Not retryable: the client gets it as the upstream sent it,
+            // and the stream ends there.
+            self.done = true;
+            chunk(out, &event.data);
+            return Ok(());
         }
         let id = data.get("id").and_then(Value::as_str).map(str::to_owned);
         let mut changed = false;
@@ -231,5 +225,20 @@ mod tests {
         s.event(&ev(&tool), &mut out).expect("chunk");
         assert!(matches!(s.resume(&json!({"messages": []})), Resume::GiveUp));
         assert!(s.error_event("x").contains("server_error"));
+    }
+
+    #[test]
+    fn error_chunks_follow_the_shared_retry_rule() {
+        let mut s = Chat::default();
+        let mut out = String::new();
+        let overloaded = json!({"error": {"message": "busy", "type": "server_error"}}).to_string();
+        let e = s.event(&ev(&overloaded), &mut out).expect_err("retryable");
+        assert!(e.is_retryable(), "{e:?}");
+        assert!(out.is_empty());
+        let invalid =
+            json!({"error": {"message": "bad", "type": "invalid_request_error"}}).to_string();
+        s.event(&ev(&invalid), &mut out).expect("passed on");
+        assert!(s.done());
+        assert_eq!(out, format!("data: {invalid}\n\n"));
     }
 }

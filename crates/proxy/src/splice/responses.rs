@@ -8,7 +8,7 @@ use serde_json::{Value, json};
 use warden_core::StreamError;
 use warden_llm::sse::SseEvent;
 
-use crate::run::{Resume, Splice};
+use super::{Resume, Splice};
 
 #[derive(Debug, Default)]
 pub(crate) struct Responses {

@@ -1,0 +1,122 @@
+//! How the proxy behaves: [`ProxyConfig`] and its defaults.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use warden_core::{ConfigError, RetryPolicy, WatchdogConfig};
+
+use crate::access::{AccessLog, AccessRecord};
+
+/// Where the proxy sends Anthropic requests by default.
+pub const ANTHROPIC_API: &str = "https://api.anthropic.com";
+/// Where the proxy sends OpenAI requests by default.
+pub const OPENAI_API: &str = "https://api.openai.com";
+/// Largest request body of a watched route: 32 MiB (Claude Code's requests
+/// are ~100 KB; the API's own limit is 32 MB).
+pub const DEFAULT_MAX_BODY_BYTES: usize = 32 * 1024 * 1024;
+/// Largest single SSE event accepted from an upstream: 16 MiB.
+pub const DEFAULT_MAX_FRAME_BYTES: usize = 16 * 1024 * 1024;
+
+/// How the proxy behaves.
+#[derive(Clone)]
+#[non_exhaustive]
+pub struct ProxyConfig {
+    /// Base URL of the Anthropic API. Default [`ANTHROPIC_API`].
+    pub anthropic_upstream: String,
+    /// Base URL of the OpenAI API. Default [`OPENAI_API`].
+    pub openai_upstream: String,
+    /// Silence allowed on an upstream stream (and before its first byte)
+    /// before the attempt is killed. Default 45 s; [`ProxyConfig::from_env`]
+    /// takes `WARDEN_STREAM_TIMEOUT` (milliseconds) instead when it is set.
+    pub timeout: Duration,
+    /// Attempts per request (the first included) and backoff between them.
+    /// Default [`RetryPolicy::default`].
+    pub retry: RetryPolicy,
+    /// Largest request body of a watched route. Default
+    /// [`DEFAULT_MAX_BODY_BYTES`].
+    pub max_body_bytes: usize,
+    /// Largest SSE event accepted from an upstream. Default
+    /// [`DEFAULT_MAX_FRAME_BYTES`].
+    pub max_frame_bytes: usize,
+    /// Called once per request with its [`AccessRecord`]. Default none.
+    pub access_log: Option<AccessLog>,
+}
+
+impl std::fmt::Debug for ProxyConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ProxyConfig")
+            .field("anthropic_upstream", &self.anthropic_upstream)
+            .field("openai_upstream", &self.openai_upstream)
+            .field("timeout", &self.timeout)
+            .field("retry", &self.retry)
+            .field("max_body_bytes", &self.max_body_bytes)
+            .field("max_frame_bytes", &self.max_frame_bytes)
+            .field("access_log", &self.access_log.is_some())
+            .finish()
+    }
+}
+
+impl Default for ProxyConfig {
+    /// The built-in defaults; the environment is not read (see
+    /// [`ProxyConfig::from_env`]).
+    fn default() -> Self {
+        Self {
+            anthropic_upstream: ANTHROPIC_API.to_owned(),
+            openai_upstream: OPENAI_API.to_owned(),
+            timeout: WatchdogConfig::default().default_timeout,
+            retry: RetryPolicy::default(),
+            max_body_bytes: DEFAULT_MAX_BODY_BYTES,
+            max_frame_bytes: DEFAULT_MAX_FRAME_BYTES,
+            access_log: None,
+        }
+    }
+}
+
+impl ProxyConfig {
+    /// The defaults with `WARDEN_STREAM_TIMEOUT` (milliseconds) applied to
+    /// [`timeout`](Self::timeout) when it is set. A value that is not a
+    /// whole number of milliseconds in `1..=86_400_000` is an error, as it
+    /// is for the supervisor: a typo never silently becomes the default.
+    pub fn from_env() -> Result<Self, ConfigError> {
+        Ok(Self {
+            timeout: WatchdogConfig::from_env()?.default_timeout,
+            ..Self::default()
+        })
+    }
+
+    /// Sets [`anthropic_upstream`](Self::anthropic_upstream).
+    pub fn with_anthropic_upstream(mut self, url: impl Into<String>) -> Self {
+        self.anthropic_upstream = url.into();
+        self
+    }
+
+    /// Sets [`openai_upstream`](Self::openai_upstream).
+    pub fn with_openai_upstream(mut self, url: impl Into<String>) -> Self {
+        self.openai_upstream = url.into();
+        self
+    }
+
+    /// Sets [`timeout`](Self::timeout).
+    pub fn with_timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    /// Sets [`retry`](Self::retry).
+    pub fn with_retry(mut self, retry: RetryPolicy) -> Self {
+        self.retry = retry;
+        self
+    }
+
+    /// Sets [`max_frame_bytes`](Self::max_frame_bytes).
+    pub fn with_max_frame_bytes(mut self, bytes: usize) -> Self {
+        self.max_frame_bytes = bytes;
+        self
+    }
+
+    /// Sets [`access_log`](Self::access_log).
+    pub fn with_access_log(mut self, log: impl Fn(&AccessRecord) + Send + Sync + 'static) -> Self {
+        self.access_log = Some(Arc::new(log));
+        self
+    }
+}

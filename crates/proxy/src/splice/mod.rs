@@ -1,0 +1,48 @@
+//! Splicing a protocol's upstream attempts into one downstream stream: the
+//! [`Splice`] strategy the driver (`run`) uses, and one implementation per
+//! protocol below it. A strategy knows its wire format; it never sends a
+//! request.
+
+mod anthropic;
+mod chat;
+mod responses;
+
+use serde_json::Value;
+use warden_core::StreamError;
+use warden_llm::sse::SseEvent;
+
+use crate::upstream::Protocol;
+
+/// How a broken stream goes on, once the client has bytes of it.
+pub(crate) enum Resume {
+    /// The same request again (nothing of the reply has reached the client
+    /// but the message's start; the new start is dropped).
+    Again,
+    /// This request instead: the reply so far, and a request to continue it.
+    Continue(Value),
+    /// Neither is possible: end the stream with the provider's error event.
+    GiveUp,
+}
+
+/// A protocol's splicing of upstream attempts into one downstream stream.
+pub(crate) trait Splice: Send + 'static {
+    /// Appends to `out` what the client gets for one upstream event; an
+    /// error breaks the attempt (a retryable error event, a frame that is
+    /// not the protocol's JSON, a continuation that does not fit).
+    fn event(&mut self, event: &SseEvent, out: &mut String) -> Result<(), StreamError>;
+    /// The terminal event has been forwarded: the response is complete.
+    fn done(&self) -> bool;
+    /// After a broken attempt whose stream the client has part of.
+    fn resume(&mut self, original: &Value) -> Resume;
+    /// The provider's retryable error event, which ends the stream.
+    fn error_event(&self, message: &str) -> String;
+}
+
+/// A fresh splice for a stream of `protocol`.
+pub(crate) fn for_protocol(protocol: Protocol) -> Box<dyn Splice> {
+    match protocol {
+        Protocol::Messages => Box::new(anthropic::Anthropic::default()),
+        Protocol::ChatCompletions => Box::new(chat::Chat::default()),
+        Protocol::Responses => Box::new(responses::Responses::default()),
+    }
+}

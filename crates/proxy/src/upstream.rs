@@ -1,0 +1,95 @@
+//! Where a request goes and in which protocol: the upstream (from its
+//! headers), the watched protocols (from its route), and error answers in
+//! the provider's own shape.
+
+use axum::body::Body;
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+
+/// Which API a request is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Upstream {
+    /// The Anthropic API.
+    Anthropic,
+    /// The OpenAI API.
+    OpenAi,
+}
+
+impl Upstream {
+    /// Its name, as the access log and the admission pools name it.
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Self::Anthropic => "anthropic",
+            Self::OpenAi => "openai",
+        }
+    }
+}
+
+impl Upstream {
+    /// The upstream of a request: Anthropic when it carries an
+    /// `anthropic-version` header (every Anthropic client sends one), else
+    /// OpenAI.
+    pub(crate) fn of(headers: &HeaderMap) -> Self {
+        if headers.contains_key("anthropic-version") {
+            Self::Anthropic
+        } else {
+            Self::OpenAi
+        }
+    }
+}
+
+/// A streaming protocol the proxy watches; each has its route.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Protocol {
+    /// Anthropic Messages, `POST /v1/messages`.
+    Messages,
+    /// OpenAI chat completions, `POST /v1/chat/completions`.
+    ChatCompletions,
+    /// OpenAI Responses, `POST /v1/responses`.
+    Responses,
+}
+
+impl Protocol {
+    /// The upstream that speaks it.
+    pub(crate) fn upstream(self) -> Upstream {
+        match self {
+            Self::Messages => Upstream::Anthropic,
+            Self::ChatCompletions | Self::Responses => Upstream::OpenAi,
+        }
+    }
+}
+
+/// A JSON error answer in the provider's shape.
+pub(crate) fn error_response(upstream: Upstream, status: StatusCode, message: &str) -> Response {
+    let body = match upstream {
+        Upstream::Anthropic => serde_json::json!({
+            "type": "error",
+            "error": {"type": anthropic_error_type(status), "message": message},
+        }),
+        Upstream::OpenAi => serde_json::json!({
+            "error": {"message": message, "type": openai_error_type(status), "param": null, "code": null},
+        }),
+    };
+    let mut response = (status, Body::from(body.to_string())).into_response();
+    response.headers_mut().insert(
+        axum::http::header::CONTENT_TYPE,
+        axum::http::HeaderValue::from_static("application/json"),
+    );
+    response
+}
+
+fn anthropic_error_type(status: StatusCode) -> &'static str {
+    match status.as_u16() {
+        400 | 413 | 415 => "invalid_request_error",
+        429 => "rate_limit_error",
+        502 | 504 => "api_error",
+        _ => "overloaded_error",
+    }
+}
+
+fn openai_error_type(status: StatusCode) -> &'static str {
+    match status.as_u16() {
+        400 | 413 | 415 => "invalid_request_error",
+        _ => "server_error",
+    }
+}
