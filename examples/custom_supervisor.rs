@@ -1,5 +1,5 @@
 //! Your own actor using warden's watchdog, retry policy and store, without
-//! warden's `WorkspaceSupervisor`, `SessionActor` or `StreamActor`.
+//! warden's `WorkspaceSupervisor`, `SessionActor` or `StreamTask`.
 //!
 //! ```sh
 //! cargo run --example custom_supervisor
@@ -29,10 +29,10 @@ use std::time::{Duration, Instant};
 use futures_util::StreamExt;
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use tokio::sync::oneshot;
+use warden_core::watchdog::WatchdogHandle;
 use warden_core::{
     AgentEvent, Durability, EventSource, Frame, RecordStatus, RetryPolicy, SessionKey,
     SessionRecord, SessionStore, StreamError, TurnRequest, WatchdogActor, WatchdogConfig,
-    WatchdogHandle,
 };
 use warden_llm::{AnthropicOptions, AnthropicSource};
 use warden_mock::{MockConfig, MockServer, Scenario};

@@ -59,7 +59,7 @@ async fn a_stopped_watchdog_stops_the_supervisor_and_answers_its_turns() {
 
 /// ractor runs no `post_stop` for an actor failing in
 /// `handle_supervisor_evt` and kills its children, so unless the supervisor
-/// stops its sessions itself, the running `StreamActor` task keeps reading
+/// stops its sessions itself, the running `StreamTask` task keeps reading
 /// with nothing watching it.
 #[tokio::test(start_paused = true)]
 async fn the_streams_of_a_supervisor_whose_watchdog_failed_are_dropped() {

@@ -7,7 +7,8 @@ use std::time::Duration;
 use common::Within;
 use tokio::sync::mpsc;
 use tokio::time::{Instant, sleep};
-use warden_core::{WatchdogActor, WatchdogConfig, WatchdogHandle};
+use warden_core::watchdog::WatchdogHandle;
+use warden_core::{WatchdogActor, WatchdogConfig};
 
 const T: Duration = Duration::from_millis(1000);
 /// The documented late-kill bound on an idle watchdog: timer granularity.
@@ -21,8 +22,8 @@ async fn watchdog() -> WatchdogHandle {
 }
 
 fn killer() -> (
-    impl FnOnce(warden_core::Expiry) + Send + 'static,
-    mpsc::UnboundedReceiver<(Instant, warden_core::Expiry)>,
+    impl FnOnce(warden_core::watchdog::Expiry) + Send + 'static,
+    mpsc::UnboundedReceiver<(Instant, warden_core::watchdog::Expiry)>,
 ) {
     let (tx, rx) = mpsc::unbounded_channel();
     (

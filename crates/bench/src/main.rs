@@ -8,7 +8,7 @@
 //! ```
 //!
 //! Sections:
-//! 1. `frame`: CPU per stream frame with warden's StreamActor + WatchdogActor
+//! 1. `frame`: CPU per stream frame with warden's StreamTask + WatchdogActor
 //!    versus (a) no watchdog, (b) `tokio::time::timeout` around every read,
 //!    (c) one `Sleep` per stream `reset` on every frame; 1k/10k/100k
 //!    concurrent streams on both cores.
@@ -17,7 +17,7 @@
 //!    kills counted.
 //! 3. `capacity`: watchdog CPU per stream-second and memory per watched
 //!    stream (the watchdog runs alone on its own thread so its CPU is
-//!    measured exactly); memory per StreamActor versus a plain task.
+//!    measured exactly); memory per StreamTask versus a plain task.
 //! 4. `fallback`: resume failure observed → fresh session ready (durable
 //!    write included) versus a bare flushed store write.
 //! 5. `telemetry`: turns per second through the supervisor with OTLP export
@@ -65,10 +65,13 @@ use futures_util::future::BoxFuture;
 use futures_util::{Stream, StreamExt};
 use tokio::sync::{Notify, watch};
 use tokio::time::Instant;
+use warden_core::stream::StreamArgs;
+use warden_core::stream::StreamReport;
+use warden_core::stream::StreamTask;
+use warden_core::watchdog::WatchdogHandle;
 use warden_core::{
-    AgentEvent, AttemptId, EventSource, EventStream, Frame, SessionKey, StreamActor, StreamArgs,
-    StreamError, StreamOptions, StreamReport, TurnRequest, WatchdogActor, WatchdogConfig,
-    WatchdogHandle,
+    AgentEvent, AttemptId, EventSource, EventStream, Frame, SessionKey, StreamError, StreamOptions,
+    TurnRequest, WatchdogActor, WatchdogConfig,
 };
 
 // ---------------------------------------------------------------- allocator
@@ -275,7 +278,7 @@ async fn run_frames(variant: Variant, streams: usize, frames: u64, wd: &Watchdog
     for i in 0..streams {
         let (done, ended2) = (done.clone(), ended.clone());
         let counter = AtomicU64::new(0);
-        let sink: warden_core::ReportSink = Arc::new(move |r: StreamReport| match r {
+        let sink: warden_core::stream::ReportSink = Arc::new(move |r: StreamReport| match r {
             StreamReport::Event { .. } => {
                 if counter.fetch_add(1, Ordering::Relaxed) + 1 == frames {
                     done.one();
@@ -304,7 +307,7 @@ async fn run_frames(variant: Variant, streams: usize, frames: u64, wd: &Watchdog
                 span: tracing::Span::none(),
             };
             spawned.push(
-                StreamActor::spawn(args)
+                StreamTask::spawn(args)
                     .map(|_| ())
                     .map_err(|e| e.to_string()),
             );
@@ -319,7 +322,7 @@ async fn run_frames(variant: Variant, streams: usize, frames: u64, wd: &Watchdog
                     sink(StreamReport::Event {
                         attempt,
                         event,
-                        credit: warden_core::Credit::none(),
+                        credit: warden_core::stream::Credit::none(),
                     });
                 }
             };
@@ -431,7 +434,11 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
 }
 
 /// Heartbeat drivers: every heartbeat beats once per `period`, spread evenly.
-fn drive(heartbeats: Vec<warden_core::Heartbeat>, period: Duration, stop: watch::Receiver<bool>) {
+fn drive(
+    heartbeats: Vec<warden_core::watchdog::Heartbeat>,
+    period: Duration,
+    stop: watch::Receiver<bool>,
+) {
     let chunks = 100;
     let size = heartbeats.len().div_ceil(chunks).max(1);
     let shared = Arc::new(heartbeats);
@@ -591,7 +598,7 @@ impl EventSource for Pending {
 
 async fn bench_capacity(quick: bool) {
     println!("\n## 3. Capacity and memory");
-    // Memory per StreamActor vs a plain per-stream task with a timeout.
+    // Memory per StreamTask vs a plain per-stream task with a timeout.
     let k = if quick { 2_000 } else { 10_000 };
     // Earlier sections free memory in the background (actors stopping);
     // measure from a quiet heap.
@@ -625,12 +632,12 @@ async fn bench_capacity(quick: bool) {
             sink: Arc::new(|_| {}),
             span: tracing::Span::none(),
         };
-        streams.push(StreamActor::spawn(args).expect("spawn"));
+        streams.push(StreamTask::spawn(args).expect("spawn"));
     }
     settle_memory().await;
     let per_actor = (live_bytes() as i64 - before) as f64 / k as f64;
     println!(
-        "memory per running stream: StreamActor + reader + watch entry {per_actor:.0} B; plain task + timeout (baseline) {per_task:.0} B; ratio {:.2}x",
+        "memory per running stream: StreamTask + reader + watch entry {per_actor:.0} B; plain task + timeout (baseline) {per_task:.0} B; ratio {:.2}x",
         per_actor / per_task
     );
     for s in &streams {

@@ -193,7 +193,7 @@ where
 /// ```
 /// use std::sync::Arc;
 /// use warden_core::prelude::*;
-/// use warden_core::WrappedSource;
+/// use warden_core::adapter::WrappedSource;
 /// use warden_core::testing::ChannelSource;
 ///
 /// let (inner, _control) = ChannelSource::new();

@@ -15,6 +15,20 @@ pub const DEFAULT_WINDOW: u64 = 200_000;
 /// The instruction appended to the system prompt for the self-report track.
 pub const SELF_REPORT_INSTRUCTION: &str = "At the very end of every response, append your own estimate of how full your context window is, in the exact form [ctx: ~NN%].";
 
+/// Context usage at the end of a turn.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ContextReport {
+    /// Tokens in context (input + cache creation + cache read of the last
+    /// usage report).
+    pub tokens: u64,
+    /// The window measured against.
+    pub window: u64,
+    /// Percent, rounded.
+    pub percent: u32,
+    /// The agent's own estimate, when the self-report track is on.
+    pub self_reported: Option<u32>,
+}
+
 /// Context indicator settings.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]

@@ -9,7 +9,7 @@ use std::time::Duration;
 /// Why one streaming attempt failed.
 ///
 /// Produced by [`EventSource`](crate::EventSource) implementations and by the
-/// [`StreamActor`](crate::StreamActor) itself (for the watchdog's kill).
+/// [`StreamTask`](crate::stream::StreamTask) itself (for the watchdog's kill).
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 #[non_exhaustive]
 pub enum StreamError {

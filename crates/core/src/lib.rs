@@ -7,11 +7,11 @@
 //! WorkspaceSupervisor            one per orchestrator; SessionKey -> SessionActor
 //!  ├─ WatchdogActor              liveness of every running stream
 //!  └─ SessionActor (per key)     one agent conversation
-//!      └─ StreamActor (per turn attempt) reads one streaming response
+//!      └─ StreamTask (per turn attempt) reads one streaming response
 //! ```
 //!
-//! - A [`StreamActor`] registers its stream with the [`WatchdogActor`]
-//!   *before* the request is sent and stamps a [`Heartbeat`] on every raw
+//! - A [`StreamTask`](stream::StreamTask) registers its stream with the [`WatchdogActor`]
+//!   *before* the request is sent and stamps a [`Heartbeat`](watchdog::Heartbeat) on every raw
 //!   frame (pings and keep-alive comments included).
 //! - The watchdog kills a stream silent for longer than its timeout
 //!   (default 45 s, `WARDEN_STREAM_TIMEOUT` in ms, per-stream override);
@@ -64,82 +64,84 @@
 //!
 //! # Public surface
 //!
-//! Everything a user needs is re-exported at the root by name; the modules
-//! that stay public hold settings and helpers best read by path
-//! ([`config`], [`context`], [`spans`], [`store`] — with the ports a store
-//! implements: sessions, turn logs, conversations —, [`cluster`]) and the in-process test
-//! source ([`testing`]). The actors' state, their messages and the contract
-//! between a session and its supervisor are private: build on
-//! [`Supervisor`] and its handles, or on the reusable parts
-//! ([`WatchdogActor`], [`StreamActor`], [`RetryPolicy`], [`SessionStore`]).
-//! Feature `testing` adds hooks for tests outside this crate
-//! (`SessionHandle::fail`, `testing::spawn_session`).
+//! The root holds what a newcomer needs, in six groups (the
+//! [`Supervisor`] and its configuration; the [`EventSource`] port and what
+//! flows through it; errors; the reusable [`WatchdogActor`],
+//! [`RetryPolicy`] and [`Admission`]; state and notices). The rest is read
+//! by path in public modules: [`watchdog`] (handles, guards, heartbeats),
+//! [`stream`] ([`StreamTask`](stream::StreamTask), which reads one attempt
+//! for your own supervisor), [`admission`], [`policy`], [`lifecycle`]
+//! (the event bus), [`adapter`] (wrapping a stream as a source),
+//! [`store`] (the ports a store implements: sessions, turn logs,
+//! conversations), [`cluster`] (placement), [`config`], [`context`],
+//! [`continuation`], [`spans`], and the in-process test source
+//! ([`testing`]). The actors' state, their messages and the contract
+//! between a session and its supervisor are private. Feature `testing`
+//! adds hooks for tests outside this crate (`SessionHandle::fail`,
+//! `testing::spawn_session`).
 
-mod adapter;
-mod admission;
+pub mod adapter;
+pub mod admission;
 pub mod cluster;
 pub mod config;
 pub mod context;
 pub mod continuation;
 mod error;
 mod event;
-mod lifecycle;
+pub mod lifecycle;
 mod notify;
-mod policy;
+pub mod policy;
 mod session;
 mod source;
 pub mod spans;
 pub mod store;
-mod stream;
+pub mod stream;
 mod supervisor;
 pub mod testing;
 mod transition;
 mod util;
-mod watchdog;
+pub mod watchdog;
 mod workspace;
 
-pub use adapter::{Ending, FnSource, WrappedSource, source_fn};
-pub use admission::{
-    Admission, AdmissionConfig, AdmissionPermit, AdmissionStats, DEFAULT_RELEASE_JITTER, Ticket,
-};
+// The supervisor and what configures it.
 pub use context::ContextConfig;
-pub use continuation::{Continuation, StreamPhase};
-pub use error::{ActorError, ConfigError, ResumeCause, StreamError, TurnError, retryable_status};
-pub use event::{AgentEvent, Frame, Usage};
-pub use lifecycle::{EventBus, LifecycleEvent};
-pub use notify::{LogNotifier, Notice, Notifier};
-pub use policy::{Restart, RestartIntensity, RetryHook, RetryPolicy, RetryVerdict};
 pub use session::{
-    ContextReport, ContinueFrom, RecoveredTurn, Recovery, SessionConfig, SessionHandle,
-    SessionStatus, SubmitError, TurnCanceller, TurnEvent, TurnHandle, TurnSummary,
+    ContinueFrom, RecoveredTurn, Recovery, SessionConfig, SessionHandle, SessionStatus,
+    SubmitError, TurnCanceller, TurnEvent, TurnHandle, TurnSummary,
 };
+pub use stream::StreamOptions;
+pub use supervisor::{
+    ShutdownTimeouts, Supervisor, SupervisorBuilder, SupervisorConfig, SupervisorError,
+};
+pub use workspace::normalize_workspace;
+// Agents: the source port and what flows through it.
+pub use adapter::source_fn;
+pub use continuation::{Continuation, StreamPhase};
+pub use event::{AgentEvent, Frame, Usage};
 pub use source::{
-    Diagnostics, EventSource, EventStream, SessionKey, SessionSpec, SourceFactory, TurnRequest,
-    specs,
+    AttemptId, Diagnostics, EventSource, EventStream, SessionKey, SessionSpec, SourceFactory,
+    TurnRequest, specs,
 };
-pub use spans::TraceAnchor;
+// Errors.
+pub use error::{ActorError, ConfigError, ResumeCause, StreamError, TurnError, retryable_status};
+// The reusable parts: watchdog, policies, shared backoff.
+pub use admission::{Admission, AdmissionConfig};
+pub use policy::{Restart, RestartIntensity, RetryPolicy};
+pub use watchdog::{WatchdogActor, WatchdogConfig};
+// State and what users hear.
+pub use lifecycle::LifecycleEvent;
+pub use notify::{LogNotifier, Notice, Notifier};
 pub use store::{
     Durability, MemoryStore, PendingMessage, RecordStatus, SessionRecord, SessionStore, StoreError,
     StoredUsage,
 };
-pub use stream::{
-    AttemptId, Credit, ReportSink, StreamActor, StreamArgs, StreamHandle, StreamOptions,
-    StreamOutcome, StreamReport,
-};
-pub use supervisor::{
-    ShutdownTimeouts, Supervisor, SupervisorBuilder, SupervisorConfig, SupervisorError,
-};
-pub use watchdog::{
-    Expiry, Heartbeat, WatchGuard, WatchId, WatchdogActor, WatchdogConfig, WatchdogHandle,
-    WatchdogMsg, WatchdogStats,
-};
-pub use workspace::normalize_workspace;
 
 /// What implementing or adapting an [`EventSource`] needs, in one import:
 /// `use warden_core::prelude::*;`.
 pub mod prelude {
+    pub use crate::adapter::Ending;
     pub use crate::{
-        AgentEvent, Diagnostics, Ending, EventSource, EventStream, Frame, SessionKey, StreamError,
+        AgentEvent, Diagnostics, EventSource, EventStream, Frame, SessionKey, StreamError,
         TurnRequest, Usage, source_fn,
     };
     pub use futures_util::Stream;

@@ -13,8 +13,8 @@ use std::time::Duration;
 use tokio::sync::broadcast;
 
 use crate::error::ResumeCause;
+use crate::source::AttemptId;
 use crate::source::SessionKey;
-use crate::stream::AttemptId;
 
 /// One transition of the actor tree.
 #[derive(Debug, Clone, PartialEq)]

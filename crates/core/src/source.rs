@@ -7,7 +7,7 @@
 //! silence allowance too (a wait for admission is not). To adapt another
 //! client's stream without implementing the trait, see
 //! [`source_fn`](crate::source_fn); to change how a source opens while
-//! keeping the rest, [`WrappedSource`](crate::WrappedSource). Real sources (Anthropic/OpenAI SSE over HTTP, the
+//! keeping the rest, [`WrappedSource`](crate::adapter::WrappedSource). Real sources (Anthropic/OpenAI SSE over HTTP, the
 //! Claude Code CLI) live in `warden-llm`; [`crate::testing::ChannelSource`]
 //! is an in-process source for tests.
 
@@ -303,4 +303,13 @@ where
     fn spec_for(&self, key: &SessionKey) -> SessionSpec {
         (self.0)(key)
     }
+}
+
+/// Identifies one attempt of one turn within a session.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct AttemptId {
+    /// Turn number within the session.
+    pub turn: u64,
+    /// Attempt number within the turn, from 1.
+    pub attempt: u32,
 }

@@ -48,19 +48,11 @@ use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, TryAcquireError};
 
 use crate::error::{ActorError, StreamError};
 use crate::event::{AgentEvent, Frame};
+pub use crate::source::AttemptId;
 use crate::source::{EventSource, TurnRequest};
 use crate::transition::{At, Parent, Transition};
 use crate::util::lock;
 use crate::watchdog::{Expiry, Heartbeat, WatchGuard, WatchId, WatchdogHandle};
-
-/// Identifies one attempt of one turn within a session.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct AttemptId {
-    /// Turn number within the session.
-    pub turn: u64,
-    /// Attempt number within the turn, from 1.
-    pub attempt: u32,
-}
 
 /// How an attempt ended.
 #[derive(Debug, Clone, PartialEq)]
@@ -289,14 +281,21 @@ impl StreamHandle {
 
 /// Reads one attempt's stream; see the module docs.
 ///
-/// It is a lightweight actor: one tokio task whose only mailbox is the
-/// shared stop slot (cancel from the owner, expiry from the watchdog). An
-/// actor per attempt with ractor's mailboxes cost 7.9 KB and a second task;
-/// this costs a few hundred bytes (see `docs/performance.md`).
+/// One tokio task, not an actor: its only input is the shared stop slot
+/// (cancel from the owner, expiry from the watchdog). An actor per attempt
+/// with ractor's mailboxes cost 7.9 KB and a second task; this costs a few
+/// hundred bytes (see `docs/performance.md`).
 #[derive(Debug, Default, Clone, Copy)]
-pub struct StreamActor;
+pub struct StreamTask;
 
-impl StreamActor {
+/// The former name of [`StreamTask`], which is a task, not an actor.
+#[deprecated(
+    since = "0.1.0",
+    note = "renamed `StreamTask`: it is one task, not an actor"
+)]
+pub type StreamActor = StreamTask;
+
+impl StreamTask {
     /// Registers the stream with the watchdog and starts it on the current
     /// tokio runtime. Fails only if the watchdog is not running.
     pub fn spawn(args: StreamArgs) -> Result<StreamHandle, ActorError> {

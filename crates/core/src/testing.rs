@@ -194,7 +194,7 @@ impl AttemptControl {
 pub async fn spawn_session(
     key: crate::SessionKey,
     source: Arc<dyn EventSource>,
-    watchdog: crate::WatchdogHandle,
+    watchdog: crate::watchdog::WatchdogHandle,
     store: Arc<dyn crate::SessionStore>,
     config: crate::SessionConfig,
 ) -> Result<crate::SessionHandle, Box<dyn std::error::Error + Send + Sync>> {
@@ -210,7 +210,7 @@ pub async fn spawn_session(
         source,
         watchdog,
         config,
-        bus: crate::EventBus::default(),
+        bus: crate::lifecycle::EventBus::default(),
         store,
         notifier: Arc::new(crate::LogNotifier),
         escalate: None,

@@ -30,7 +30,7 @@ use crate::upstream::{Protocol, Upstream, error_response};
 pub(crate) struct Inner {
     pub(crate) config: ProxyConfig,
     pub(crate) http: reqwest::Client,
-    pub(crate) watchdog: warden_core::WatchdogHandle,
+    pub(crate) watchdog: warden_core::watchdog::WatchdogHandle,
     pub(crate) admission: warden_core::Admission,
 }
 
@@ -323,7 +323,7 @@ impl Failure {
         }
     }
 
-    fn killed(expiry: Result<warden_core::Expiry, oneshot::error::RecvError>) -> Self {
+    fn killed(expiry: Result<warden_core::watchdog::Expiry, oneshot::error::RecvError>) -> Self {
         match expiry {
             Ok(e) => Self {
                 error: e.into(),
@@ -344,9 +344,9 @@ struct Current {
     parser: SseParser,
     frames: VecDeque<Parsed>,
     /// Unwatches the attempt when dropped.
-    _guard: warden_core::WatchGuard,
-    beat: warden_core::Heartbeat,
-    expired: oneshot::Receiver<warden_core::Expiry>,
+    _guard: warden_core::watchdog::WatchGuard,
+    beat: warden_core::watchdog::Heartbeat,
+    expired: oneshot::Receiver<warden_core::watchdog::Expiry>,
     span: tracing::Span,
 }
 

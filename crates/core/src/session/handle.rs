@@ -9,10 +9,11 @@ use tokio::sync::mpsc;
 
 use crate::error::{ActorError, ResumeCause, StreamError, TurnError};
 use crate::event::{AgentEvent, Usage};
+use crate::source::AttemptId;
 use crate::source::SessionKey;
 use crate::spans::TraceAnchor;
 use crate::store::{SessionRecord, StoreError};
-use crate::stream::{AttemptId, Credit, StreamReport};
+use crate::stream::{Credit, StreamReport};
 use crate::util::{call, lock};
 
 /// The session's end of a turn's event channel (the other end is the
@@ -110,20 +111,6 @@ pub enum TurnEvent {
     Finished(Result<TurnSummary, TurnError>),
 }
 
-/// Context usage at the end of a turn.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ContextReport {
-    /// Tokens in context (input + cache creation + cache read of the last
-    /// usage report).
-    pub tokens: u64,
-    /// The window measured against.
-    pub window: u64,
-    /// Percent, rounded.
-    pub percent: u32,
-    /// The agent's own estimate, when the self-report track is on.
-    pub self_reported: Option<u32>,
-}
-
 /// A completed turn.
 #[derive(Debug, Clone, PartialEq)]
 #[non_exhaustive]
@@ -137,7 +124,7 @@ pub struct TurnSummary {
     /// The last usage report of the turn, if any.
     pub usage: Option<Usage>,
     /// Context in use, once any usage is known.
-    pub context: Option<ContextReport>,
+    pub context: Option<crate::context::ContextReport>,
     /// The answer: the successful attempt's text, the self-report
     /// stripped, nothing appended. Feed this to another agent.
     pub text: String,

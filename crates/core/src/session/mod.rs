@@ -2,7 +2,7 @@
 //!
 //! Messages are persisted (flushed) before they are acknowledged, then run
 //! one turn at a time. Each attempt of a turn is a
-//! [`StreamActor`](crate::StreamActor) (a task the session cancels and waits
+//! [`StreamTask`](crate::stream::StreamTask) (a task the session cancels and waits
 //! for when it stops). A failed attempt is retried from scratch when its
 //! error is retryable and the [`RetryPolicy`] allows it; `ESTREAM_TIMEOUT` from the
 //! watchdog is retryable. A user cancel wins over everything that has not
@@ -39,8 +39,8 @@ use crate::stream::StreamOptions;
 pub(crate) use actor::{SessionActor, SessionArgs, StartError};
 pub(crate) use escalation::{Escalation, Handoff, ResumeFailure, StopReason};
 pub use handle::{
-    ContextReport, ContinueFrom, RecoveredTurn, Recovery, SessionHandle, SessionStatus,
-    SubmitError, TurnCanceller, TurnEvent, TurnHandle, TurnSummary,
+    ContinueFrom, RecoveredTurn, Recovery, SessionHandle, SessionStatus, SubmitError,
+    TurnCanceller, TurnEvent, TurnHandle, TurnSummary,
 };
 pub(crate) use turn::StartMode;
 

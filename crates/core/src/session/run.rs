@@ -8,19 +8,21 @@ use ractor::{ActorProcessingErr, ActorRef};
 use tokio_util::task::AbortOnDropHandle;
 
 use crate::admission::AdmissionPermit;
+use crate::context::ContextReport;
 use crate::context::{self, ContextConfig};
 use crate::error::{ResumeCause, StreamError, TurnError};
 use crate::event::AgentEvent;
 use crate::notify::Notice;
+use crate::source::AttemptId;
 use crate::source::{EventSource, TurnRequest};
 use crate::spans;
 use crate::store::{Durability, SessionRecord, StoredUsage};
-use crate::stream::{AttemptId, Credit, StreamActor, StreamArgs, StreamOutcome};
+use crate::stream::{Credit, StreamArgs, StreamOutcome, StreamTask};
 use crate::transition::{At, Parent, Transition};
 
 use super::actor::{Admitting, SessionState, Turn, arm_idle, touch};
 use super::escalation::{Escalation, Handoff, ResumeFailure, StopReason};
-use super::handle::{ContextReport, Recovery, SessionMsg, TurnEvent, TurnSummary};
+use super::handle::{Recovery, SessionMsg, TurnEvent, TurnSummary};
 use super::turn::{Decision, FreshVerdict, OnCancel, Phase, Rules, StartMode, TurnMachine};
 
 /// Starts the next queued turn when none runs; arms the idle timer when
@@ -209,7 +211,7 @@ fn launch(
     }
     .record(at);
     let me = myself.clone();
-    let stream = StreamActor::spawn(StreamArgs {
+    let stream = StreamTask::spawn(StreamArgs {
         attempt,
         source: state.args.source.clone(),
         request,

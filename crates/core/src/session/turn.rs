@@ -16,7 +16,8 @@ use crate::continuation::StreamPhase;
 use crate::error::{ResumeCause, StreamError, TurnError};
 use crate::event::AgentEvent;
 use crate::policy::RetryPolicy;
-use crate::stream::{AttemptId, StreamOutcome};
+use crate::source::AttemptId;
+use crate::stream::StreamOutcome;
 
 /// Where a turn is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -6,7 +6,7 @@
 //! WorkspaceSupervisor         (actor.rs; use the [`Supervisor`] handle)
 //!  ├─ WatchdogActor            (one; every stream registers here)
 //!  └─ SessionActor  (per key)
-//!      └─ StreamActor (per attempt)
+//!      └─ StreamTask (per attempt)
 //! ```
 //!
 //! **Restarts** follow [`Restart`] and [`RestartIntensity`], counted per

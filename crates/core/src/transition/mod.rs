@@ -19,15 +19,15 @@ use std::time::Duration;
 use opentelemetry::trace::SpanContext;
 use tracing_opentelemetry::OpenTelemetrySpanExt as _;
 
+use crate::context::ContextReport;
 use crate::continuation::StreamPhase;
 use crate::error::{ResumeCause, StreamError};
 use crate::event::Usage;
 use crate::lifecycle::EventBus;
-use crate::session::ContextReport;
+use crate::source::AttemptId;
 use crate::source::{Diagnostics, SessionKey};
 use crate::spans::{TraceAnchor, names};
 use crate::store::StoreError;
-use crate::stream::AttemptId;
 
 /// Which incarnation of a session starts (its anchor span's name).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
