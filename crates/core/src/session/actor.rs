@@ -1,43 +1,37 @@
-//! The session actor: its state, its mailbox and its lifecycle (start,
-//! idle reap, stop). It owns the record (the only writer while it runs),
-//! the queue, the running stream and the timers; running a turn is in
-//! [`super::run`], the rules in [`super::turn`], the telemetry in
-//! [`crate::transition`].
+//! The session actor: its mailbox and its lifecycle (start, idle reap,
+//! stop). It owns the record (the only writer while it runs), the queue,
+//! the running stream and the timers ([`super::state`]); running a turn is
+//! in [`super::run`] and [`super::end`], the rules in [`super::turn`], the
+//! telemetry in [`crate::transition`].
 
 use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Duration;
 
-use opentelemetry::trace::SpanContext;
-use ractor::{Actor, ActorCell, ActorProcessingErr, ActorRef, MessagingErr};
+use ractor::{Actor, ActorCell, ActorProcessingErr, ActorRef};
 use rand::SeedableRng;
 use rand::rngs::SmallRng;
 use tokio::time::Instant;
 use tokio_util::task::AbortOnDropHandle;
 
-use crate::admission::{Admission, AdmissionPermit};
+use crate::admission::Admission;
 use crate::error::{ActorError, TurnError};
-use crate::event::Usage;
 use crate::lifecycle::EventBus;
 use crate::notify::Notifier;
 use crate::source::{EventSource, SessionKey};
 use crate::spans::TraceAnchor;
 use crate::store::{Durability, RecordStatus, SessionRecord, SessionStore, StoreError};
-use crate::stream::{Credit, StreamHandle, StreamReport};
+use crate::stream::{StreamHandle, StreamReport};
 use crate::transition::{At, Incarnation, Parent, Transition};
 use crate::watchdog::WatchdogHandle;
 
 use super::SessionConfig;
+use super::end::{cancel, cancel_turn, deadline, recover};
 use super::escalation::{EscalationSink, Handoff, StopReason};
 use super::handle::{SessionHandle, SessionMsg, SessionStatus, TurnEvent, TurnSender};
-use super::run::{
-    cancel, cancel_turn, deadline, on_admitted, on_ended, on_event, recover, start_attempt,
-    start_next_turn,
-};
-use super::turn::{Phase, StartMode, TurnMachine, reap_due};
-
-/// A timer task that dies with the state that owns it.
-pub(super) type Timer = AbortOnDropHandle<Result<(), MessagingErr<SessionMsg>>>;
+use super::run::{on_admitted, on_ended, on_event, start_attempt, start_next_turn};
+use super::state::{Queued, SessionState};
+use super::turn::{Phase, StartMode, reap_due};
 
 /// What a session needs to start.
 #[derive(Clone)]
@@ -77,97 +71,6 @@ pub(crate) struct SessionArgs {
 /// One agent conversation; see the module docs of [`crate::session`].
 #[derive(Debug, Default, Clone, Copy)]
 pub(crate) struct SessionActor;
-
-/// A message waiting for its turn, with its caller's channel.
-pub(super) struct Queued {
-    pub(super) message: crate::store::PendingMessage,
-    pub(super) reply: Option<TurnSender>,
-    /// A recovered turn's relay's answer: the reply text its callers have,
-    /// to continue (see [`crate::ContinueFrom`]).
-    pub(super) continue_from: Option<tokio::sync::oneshot::Receiver<Option<crate::Continuation>>>,
-}
-
-/// An attempt waiting for admission.
-pub(super) struct Admitting {
-    /// Awaits the admission ticket; dropping it leaves the queue.
-    pub(super) _task: AbortOnDropHandle<()>,
-    /// `stream.queued`, open while it waits.
-    pub(super) span: tracing::Span,
-    /// Since when.
-    pub(super) since: Instant,
-}
-
-/// The running turn: its rules ([`TurnMachine`]) and its resources.
-pub(super) struct Turn {
-    pub(super) machine: TurnMachine,
-    pub(super) queued: Queued,
-    /// When the turn started.
-    pub(super) started: Instant,
-    /// The attempt waiting for admission, if one waits.
-    pub(super) admitting: Option<Admitting>,
-    /// The running attempt's admission; its slot is freed when dropped.
-    pub(super) permit: Option<AdmissionPermit>,
-    /// The turn's wall-clock cap; dropping it disarms it.
-    pub(super) _deadline: Option<Timer>,
-    /// `session.turn`, open while the turn runs.
-    pub(super) span: tracing::Span,
-    /// `stream.attempt` of the running attempt.
-    pub(super) attempt_span: Option<tracing::Span>,
-    /// The span of the last failed attempt, linked from the next one.
-    pub(super) last_attempt: Option<SpanContext>,
-    /// The running attempt's stream.
-    pub(super) stream: Option<StreamHandle>,
-    /// The pending retry; dropping it cancels the retry.
-    pub(super) backoff: Option<Timer>,
-    /// Last usage report of the attempt.
-    pub(super) usage: Option<Usage>,
-    /// Last usage report carrying context (input side) tokens.
-    pub(super) context_usage: Option<Usage>,
-    pub(super) context_window: Option<u64>,
-    pub(super) text: String,
-}
-
-impl Turn {
-    pub(super) fn send(&self, ev: TurnEvent) {
-        self.send_with(ev, Credit::none());
-    }
-
-    pub(super) fn send_with(&self, ev: TurnEvent, credit: Credit) {
-        if let Some(r) = &self.queued.reply {
-            r.send_with(ev, credit);
-        }
-    }
-}
-
-/// State of the session actor.
-pub(crate) struct SessionState {
-    pub(super) args: SessionArgs,
-    pub(super) record: SessionRecord,
-    pub(super) queue: VecDeque<Queued>,
-    pub(super) turn: Option<Turn>,
-    pub(super) turns_finished: u64,
-    pub(super) rng: SmallRng,
-    /// Bumped on every activity; an idle check for an older value is stale.
-    pub(super) activity: u64,
-    pub(super) last_active: Instant,
-    pub(super) idle_timer: Option<Timer>,
-    /// Set once the session escalated: it answers nothing more and writes
-    /// nothing more (the supervisor owns the record now).
-    pub(super) escalated: bool,
-    pub(super) anchor: TraceAnchor,
-}
-
-impl SessionState {
-    /// Where a transition of this session is recorded.
-    pub(super) fn at<'a>(&'a self, parent: Parent<'a>) -> At<'a> {
-        At {
-            key: &self.args.key,
-            conversation: self.record.agent_session_id.as_deref(),
-            parent,
-            bus: Some(&self.args.bus),
-        }
-    }
-}
 
 /// Why a session could not start.
 #[derive(Debug)]

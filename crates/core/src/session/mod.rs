@@ -25,9 +25,11 @@
 //! | `escalation.rs` | the contract with the supervisor (escalations, stop reasons) | — |
 
 mod actor;
+mod end;
 mod escalation;
 mod handle;
 mod run;
+mod state;
 mod turn;
 
 use std::time::Duration;

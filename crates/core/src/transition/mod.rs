@@ -331,6 +331,7 @@ pub(super) fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
-mod emit;
+mod record;
+mod span;
 #[cfg(test)]
 mod tests;

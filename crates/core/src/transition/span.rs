@@ -1,0 +1,280 @@
+//! Each [`Transition`]'s span, and what a turn's span records when the
+//! turn ends. One arm per transition. (Its log event and lifecycle event:
+//! `record.rs`.)
+
+use tracing::field::Empty;
+
+use crate::spans::{self, names};
+
+use super::{At, Incarnation, Transition, millis};
+
+impl Transition<'_> {
+    /// The transition's span, not yet parented.
+    pub(super) fn span(&self, at: At<'_>) -> tracing::Span {
+        let key = at.key.as_str();
+        let conv = at.conversation.unwrap_or("");
+        match *self {
+            Self::Incarnated {
+                incarnation,
+                restart_count,
+                ..
+            } => {
+                // Span names are static metadata: one call site per name.
+                macro_rules! anchor {
+                    ($name:expr) => {
+                        tracing::info_span!(
+                            $name,
+                            warden.session.key = key,
+                            gen_ai.conversation.id = Empty,
+                            warden.workspace = Empty,
+                            warden.restart_count = restart_count,
+                        )
+                    };
+                }
+                let span = match incarnation {
+                    Incarnation::Spawn => anchor!(names::SESSION_SPAWN),
+                    Incarnation::Resume => anchor!(names::SESSION_RESUME),
+                    Incarnation::FreshFallback => anchor!(names::SESSION_FRESH_FALLBACK),
+                };
+                if let Some(c) = at.conversation {
+                    span.record("gen_ai.conversation.id", c);
+                }
+                if let Self::Incarnated {
+                    workspace: Some(w), ..
+                } = self
+                {
+                    span.record("warden.workspace", w.display().to_string());
+                }
+                if let Self::Incarnated {
+                    previous: Some(p), ..
+                } = self
+                {
+                    spans::link(&span, &p.span_context());
+                }
+                span
+            }
+            Self::TurnStarted { turn, provider } => tracing::info_span!(
+                names::SESSION_TURN,
+                warden.session.key = key,
+                gen_ai.conversation.id = conv,
+                gen_ai.operation.name = "chat",
+                gen_ai.provider.name = provider,
+                warden.turn = turn,
+                warden.attempts = Empty,
+                warden.ctx_pct = Empty,
+                gen_ai.usage.input_tokens = Empty,
+                gen_ai.usage.output_tokens = Empty,
+                error.r#type = Empty,
+                otel.status_code = Empty,
+            ),
+            Self::AttemptStarted {
+                attempt,
+                timeout,
+                provider,
+                retries,
+            } => {
+                let span = tracing::info_span!(
+                    names::STREAM_ATTEMPT,
+                    warden.session.key = key,
+                    gen_ai.conversation.id = conv,
+                    gen_ai.provider.name = provider,
+                    warden.turn = attempt.turn,
+                    warden.attempt = attempt.attempt,
+                    warden.timeout_ms = millis(timeout),
+                    error.r#type = Empty,
+                    otel.status_code = Empty,
+                );
+                if let Some(prev) = retries {
+                    spans::link(&span, prev);
+                }
+                span
+            }
+            Self::AttemptQueued { attempt, pool } => tracing::info_span!(
+                names::STREAM_QUEUED,
+                warden.session.key = key,
+                gen_ai.conversation.id = conv,
+                warden.turn = attempt.turn,
+                warden.attempt = attempt.attempt,
+                warden.pool = pool,
+                warden.wait_ms = Empty,
+            ),
+            Self::WatchdogKill {
+                watch_id,
+                silent_for,
+                timeout,
+            } => tracing::warn_span!(
+                names::WATCHDOG_KILL,
+                warden.session.key = key,
+                gen_ai.conversation.id = conv,
+                warden.watch_id = watch_id,
+                warden.silent_ms = millis(silent_for),
+                warden.timeout_ms = millis(timeout),
+                error.r#type = "ESTREAM_TIMEOUT",
+                otel.status_code = "ERROR",
+            ),
+            Self::StreamTimedOut {
+                attempt,
+                phase,
+                silent_for,
+                timeout,
+            } => tracing::info_span!(
+                names::STREAM_TIMEOUT,
+                warden.session.key = key,
+                gen_ai.conversation.id = conv,
+                warden.attempt = attempt.attempt,
+                stream.phase = phase.as_str(),
+                warden.silent_ms = millis(silent_for),
+                warden.timeout_ms = millis(timeout),
+                error.r#type = "ESTREAM_TIMEOUT",
+                otel.status_code = "ERROR",
+            ),
+            Self::RetryScheduled {
+                failed,
+                delay,
+                error_code,
+                retries,
+            } => {
+                let span = tracing::info_span!(
+                    names::STREAM_RETRY,
+                    warden.session.key = key,
+                    gen_ai.conversation.id = conv,
+                    warden.attempt = failed.attempt + 1,
+                    warden.delay_ms = millis(delay),
+                    error.r#type = error_code,
+                );
+                if let Some(prev) = retries {
+                    spans::link(&span, prev);
+                }
+                span
+            }
+            Self::ContinueScheduled {
+                failed,
+                delay,
+                error_code,
+                kept_bytes,
+                retries,
+            } => {
+                let span = tracing::info_span!(
+                    names::STREAM_CONTINUE,
+                    warden.session.key = key,
+                    gen_ai.conversation.id = conv,
+                    warden.attempt = failed.attempt + 1,
+                    warden.delay_ms = millis(delay),
+                    warden.kept_bytes = kept_bytes,
+                    error.r#type = error_code,
+                );
+                if let Some(prev) = retries {
+                    spans::link(&span, prev);
+                }
+                span
+            }
+            Self::TurnCancelled { turn } => tracing::info_span!(
+                names::STREAM_CANCEL,
+                warden.session.key = key,
+                gen_ai.conversation.id = conv,
+                warden.turn = turn,
+            ),
+            Self::TurnDeadline { turn, after } => tracing::warn_span!(
+                names::SESSION_TURN_DEADLINE,
+                warden.session.key = key,
+                gen_ai.conversation.id = conv,
+                warden.turn = turn,
+                warden.deadline_ms = millis(after),
+                error.r#type = "ETURN_DEADLINE",
+                otel.status_code = "ERROR",
+            ),
+            Self::Reaped {
+                idle_for,
+                context_tokens,
+                ..
+            } => tracing::info_span!(
+                names::SESSION_REAP,
+                warden.session.key = key,
+                gen_ai.conversation.id = conv,
+                warden.idle_ms = millis(idle_for),
+                warden.context_tokens = context_tokens.unwrap_or(0),
+            ),
+            Self::Restarted {
+                restarts_in_window, ..
+            } => tracing::warn_span!(
+                names::SUPERVISOR_RESTART,
+                warden.session.key = key,
+                warden.restarts_in_window = restarts_in_window,
+                error.r#type = "ESESSION_FAILED",
+            ),
+            Self::GivenUp { .. } => tracing::error_span!(
+                names::SUPERVISOR_ESCALATE,
+                warden.session.key = key,
+                error.r#type = "EESCALATED",
+                otel.status_code = "ERROR",
+            ),
+            Self::ResumeFailed {
+                failed_id,
+                cause,
+                error,
+                workspace,
+                diagnostics,
+            } => tracing::error_span!(
+                names::SESSION_RESUME_FAILED,
+                warden.session.key = key,
+                gen_ai.conversation.id = failed_id,
+                warden.cause = cause.as_str(),
+                warden.workspace = workspace
+                    .map(|w| w.display().to_string())
+                    .unwrap_or_default(),
+                warden.transcript_bytes = diagnostics.transcript_bytes.unwrap_or(0),
+                error.r#type = error.code(),
+                otel.status_code = "ERROR",
+            ),
+            Self::WorkspaceNormalized {
+                original,
+                normalized,
+            } => tracing::debug_span!(
+                names::WORKSPACE_NORMALIZE,
+                warden.session.key = key,
+                warden.workspace.original = original.to_string_lossy().as_ref(),
+                warden.workspace = normalized.to_string_lossy().as_ref(),
+            ),
+            Self::AgentSessionId { .. }
+            | Self::AttemptAdmitted { .. }
+            | Self::ContextUsage(_)
+            | Self::TurnFinished { .. }
+            | Self::SessionStopped { .. }
+            | Self::FreshFallback { .. }
+            | Self::SessionFailed { .. }
+            | Self::StoreFailed { .. } => tracing::Span::none(),
+        }
+    }
+
+    /// Records what a transition without its own span adds to its parent:
+    /// a finished turn's outcome onto `session.turn`, an admission's wait
+    /// onto `stream.queued`.
+    pub(super) fn finish_onto(&self, turn_span: &tracing::Span, conversation: Option<&str>) {
+        if let Self::AttemptAdmitted { waited, .. } = *self {
+            turn_span.record("warden.wait_ms", millis(waited));
+            return;
+        }
+        let Self::TurnFinished {
+            attempts,
+            error_code,
+            usage,
+            context,
+            ..
+        } = *self
+        else {
+            return;
+        };
+        turn_span.record("warden.attempts", attempts);
+        turn_span.record("gen_ai.conversation.id", conversation.unwrap_or(""));
+        if let Some(u) = usage {
+            turn_span.record("gen_ai.usage.output_tokens", u.output_tokens);
+        }
+        if let Some(c) = context {
+            turn_span.record("gen_ai.usage.input_tokens", c.tokens);
+            turn_span.record("warden.ctx_pct", c.percent);
+        }
+        if let Some(code) = error_code {
+            spans::fail(turn_span, code);
+        }
+    }
+}
