@@ -8,8 +8,10 @@
 //! per-session retries (each honours only its own `retry-after`: warden
 //! before admission control). Same run, same API.
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
+
+use parking_lot::Mutex;
 
 use futures_util::future::BoxFuture;
 use futures_util::stream;
@@ -32,8 +34,8 @@ struct RateLimitedApi {
 }
 
 impl RateLimitedApi {
-    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Instant>> {
-        self.requests.lock().unwrap_or_else(|p| p.into_inner())
+    fn lock(&self) -> parking_lot::MutexGuard<'_, Vec<Instant>> {
+        self.requests.lock()
     }
 }
 

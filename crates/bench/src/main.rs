@@ -493,8 +493,8 @@ async fn bench_latency(quick: bool) {
     let (stop_tx, stop) = watch::channel(false);
     drive(beating, Duration::from_secs(1), stop.clone());
     // Silent streams, registered over one second; lateness recorded on kill.
-    let lateness = Arc::new(std::sync::Mutex::new(Vec::with_capacity(silent)));
-    let base_late = Arc::new(std::sync::Mutex::new(Vec::with_capacity(silent)));
+    let lateness = Arc::new(parking_lot::Mutex::new(Vec::with_capacity(silent)));
+    let base_late = Arc::new(parking_lot::Mutex::new(Vec::with_capacity(silent)));
     let done = Done::new(silent * 2);
     for i in 0..silent {
         tokio::time::sleep(Duration::from_secs(1) / silent as u32).await;
@@ -504,9 +504,7 @@ async fn bench_latency(quick: bool) {
         guards.push(
             wd.watch(None, move |_| {
                 let late = Instant::now().saturating_duration_since(registered + timeout);
-                if let Ok(mut v) = l.lock() {
-                    v.push(late.as_secs_f64() * 1e3);
-                }
+                l.lock().push(late.as_secs_f64() * 1e3);
                 d.one();
             })
             .expect("watch"),
@@ -519,16 +517,14 @@ async fn bench_latency(quick: bool) {
             let deadline = registered + timeout;
             tokio::time::sleep_until(deadline).await;
             let late = Instant::now().saturating_duration_since(deadline);
-            if let Ok(mut v) = b.lock() {
-                v.push(late.as_secs_f64() * 1e3);
-            }
+            b.lock().push(late.as_secs_f64() * 1e3);
             d.one();
         });
     }
     done.wait().await;
     let _ = stop_tx.send(true);
-    let sorted = |m: &std::sync::Mutex<Vec<f64>>| {
-        let mut v = m.lock().map(|v| v.clone()).unwrap_or_default();
+    let sorted = |m: &parking_lot::Mutex<Vec<f64>>| {
+        let mut v = m.lock().clone();
         v.sort_by(f64::total_cmp);
         v
     };

@@ -18,9 +18,11 @@
 //! RSS and live heap before, at the end, and once finished turns expire.
 
 use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
+
+use parking_lot::Mutex;
 
 use futures_util::StreamExt;
 use futures_util::future::BoxFuture;
@@ -58,8 +60,8 @@ fn reply() -> String {
 struct Stamps(Mutex<HashMap<String, Vec<(usize, Instant)>>>);
 
 impl Stamps {
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Vec<(usize, Instant)>>> {
-        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    fn lock(&self) -> parking_lot::MutexGuard<'_, HashMap<String, Vec<(usize, Instant)>>> {
+        self.0.lock()
     }
 
     /// When the delta ending at `end` of `key`'s current turn was yielded.

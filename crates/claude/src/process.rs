@@ -36,10 +36,12 @@ use std::collections::VecDeque;
 use std::io;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::process::{Child, ChildStderr, ChildStdin, ChildStdout, Command, Stdio};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread;
 use std::time::{Duration, Instant};
+
+use parking_lot::{Condvar, Mutex};
 
 use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
@@ -47,12 +49,6 @@ use tokio::io::{AsyncBufRead, AsyncBufReadExt};
 use tokio::sync::watch;
 
 use crate::parse::ExitInfo;
-
-/// Locks a mutex, ignoring poisoning (the data stays consistent: every
-/// critical section here is a plain assignment or read).
-pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(PoisonError::into_inner)
-}
 
 /// A child process leading its own process group.
 #[derive(Debug)]
@@ -194,7 +190,7 @@ impl ProcessGroup {
             },
             Err(_) => ExitInfo::Unknown,
         };
-        *lock(&self.reaped) = true;
+        *self.reaped.lock() = true;
         self.reaped_cond.notify_all();
         self.exit.send_replace(Some(exit));
         tracing::debug!(pid = self.pid(), %exit, "claude process exited");
@@ -207,17 +203,13 @@ impl ProcessGroup {
     fn run_termination(&self) {
         let deadline = Instant::now() + self.grace;
         self.signal(Signal::SIGTERM);
-        let mut reaped = lock(&self.reaped);
+        let mut reaped = self.reaped.lock();
         while !*reaped {
             let now = Instant::now();
             if now >= deadline {
                 break;
             }
-            reaped = self
-                .reaped_cond
-                .wait_timeout(reaped, deadline - now)
-                .unwrap_or_else(PoisonError::into_inner)
-                .0;
+            self.reaped_cond.wait_for(&mut reaped, deadline - now);
         }
         let leader_reaped = *reaped;
         drop(reaped);
@@ -231,13 +223,10 @@ impl ProcessGroup {
             );
             self.signal(Signal::SIGKILL);
         }
-        let mut reaped = lock(&self.reaped);
+        let mut reaped = self.reaped.lock();
         while !*reaped {
-            reaped = self
-                .reaped_cond
-                .wait_timeout(reaped, Duration::from_secs(1))
-                .unwrap_or_else(PoisonError::into_inner)
-                .0;
+            self.reaped_cond
+                .wait_for(&mut reaped, Duration::from_secs(1));
         }
         drop(reaped);
         self.gone.send_replace(true);
@@ -280,7 +269,7 @@ impl StderrTail {
         if self.cap == 0 {
             return;
         }
-        let mut lines = lock(&self.lines);
+        let mut lines = self.lines.lock();
         if lines.len() == self.cap {
             lines.pop_front();
         }
@@ -289,7 +278,7 @@ impl StderrTail {
 
     /// The kept lines, oldest first.
     pub(crate) fn lines(&self) -> Vec<String> {
-        lock(&self.lines).iter().cloned().collect()
+        self.lines.lock().iter().cloned().collect()
     }
 
     /// Reads `stderr` to its end into the tail.

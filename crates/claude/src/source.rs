@@ -2,8 +2,10 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Weak};
 use std::time::Duration;
+
+use parking_lot::Mutex;
 
 use futures_util::future::BoxFuture;
 use tokio::io::{AsyncWriteExt, BufReader};
@@ -15,7 +17,7 @@ use warden_core::{
 
 use crate::options::ClaudeOptions;
 use crate::parse::{LineParser, Step, early_exit_error};
-use crate::process::{LineRead, ProcessGroup, StderrTail, lock, read_line_limited};
+use crate::process::{LineRead, ProcessGroup, StderrTail, read_line_limited};
 use crate::transcript;
 
 /// How long to wait for stderr's end after an early exit (the process may
@@ -98,7 +100,9 @@ impl ClaudeSource {
     /// The newest agent session id a process of `key` announced (a resume
     /// forks the id: this is the one to resume next), if any.
     pub fn newest_session_id(&self, key: &SessionKey) -> Option<String> {
-        lock(&self.shared.sessions)
+        self.shared
+            .sessions
+            .lock()
             .get(key)
             .and_then(|s| s.newest.as_ref().map(|(id, _)| id.clone()))
     }
@@ -106,7 +110,9 @@ impl ClaudeSource {
     /// The pid of the newest process started for `key` while it is still
     /// running, if any.
     pub fn pid(&self, key: &SessionKey) -> Option<u32> {
-        lock(&self.shared.sessions)
+        self.shared
+            .sessions
+            .lock()
             .get(key)
             .and_then(|s| s.last_group.as_ref())
             .filter(|g| !g.has_exited())
@@ -116,7 +122,7 @@ impl ClaudeSource {
     /// Ends the session `key`: terminates its process (idle or busy) and
     /// waits until its process group is gone.
     pub async fn close_session(&self, key: &SessionKey) {
-        let slot = lock(&self.shared.sessions).remove(key);
+        let slot = self.shared.sessions.lock().remove(key);
         if let Some(slot) = slot {
             shut(vec![slot]).await;
         }
@@ -126,7 +132,10 @@ impl ClaudeSource {
     /// until their process groups are gone: at most about the grace period.
     /// A busy turn's stream then fails (`Truncated` or `Connection`).
     pub async fn shutdown(&self) {
-        let slots: Vec<Slot> = lock(&self.shared.sessions)
+        let slots: Vec<Slot> = self
+            .shared
+            .sessions
+            .lock()
             .drain()
             .map(|(_, slot)| slot)
             .collect();
@@ -190,7 +199,7 @@ impl EventSource for ClaudeSource {
 
     fn diagnostics(&self, session_id: &str, workspace: Option<&Path>) -> Diagnostics {
         let mut d = Diagnostics::default();
-        let tail = lock(&self.shared.last_stderr).clone();
+        let tail = self.shared.last_stderr.lock().clone();
         if let Some(tail) = tail {
             let lines = tail.lines();
             if !lines.is_empty() {
@@ -237,7 +246,7 @@ impl Shared {
             .options
             .system_prompt_for(request.append_system_prompt.as_deref());
         let (idle, previous, newest) = {
-            let mut sessions = lock(&self.sessions);
+            let mut sessions = self.sessions.lock();
             let slot = sessions.entry(request.session_key.clone()).or_default();
             (
                 slot.idle.take(),
@@ -367,11 +376,11 @@ impl Shared {
             "claude process started"
         );
         {
-            let mut sessions = lock(&self.sessions);
+            let mut sessions = self.sessions.lock();
             let slot = sessions.entry(request.session_key.clone()).or_default();
             slot.last_group = Some(group.clone());
         }
-        *lock(&self.last_stderr) = Some(tail.clone());
+        *self.last_stderr.lock() = Some(tail.clone());
         Ok(AgentProcess {
             group,
             stdin,
@@ -406,7 +415,7 @@ impl Shared {
     /// Puts a process whose turn completed back for the next turn.
     fn give_back(&self, key: &SessionKey, turn_id: u64, mut process: AgentProcess) {
         process.served = true;
-        let mut sessions = lock(&self.sessions);
+        let mut sessions = self.sessions.lock();
         let slot = sessions.entry(key.clone()).or_default();
         note_id(slot, &process, turn_id);
         let current = slot
@@ -424,7 +433,7 @@ impl Shared {
 
     /// Records the id of a process whose turn failed or was dropped.
     fn note_failed(&self, key: &SessionKey, turn_id: u64, process: &AgentProcess) {
-        let mut sessions = lock(&self.sessions);
+        let mut sessions = self.sessions.lock();
         if let Some(slot) = sessions.get_mut(key) {
             note_id(slot, process, turn_id);
         }

@@ -26,16 +26,16 @@
 use std::collections::{HashMap, VecDeque};
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Weak};
 use std::task::{Context, Poll};
 use std::time::Duration;
+
+use parking_lot::Mutex;
 
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use tokio::sync::oneshot;
 use tokio::time::Instant;
-
-use crate::util::lock;
 
 /// Default [`AdmissionConfig::release_jitter`].
 pub const DEFAULT_RELEASE_JITTER: Duration = Duration::from_millis(500);
@@ -204,7 +204,7 @@ impl Admission {
     /// it to leave the queue.
     pub fn enqueue(&self, pool: &str) -> Ticket {
         let (tx, rx) = oneshot::channel();
-        let mut st = lock(&self.inner.state);
+        let mut st = self.inner.state.lock();
         let max = self.inner.config.release_jitter;
         let jitter = if max.is_zero() {
             Duration::ZERO
@@ -242,7 +242,7 @@ impl Admission {
             return;
         }
         let until = Instant::now() + wait;
-        let mut st = lock(&self.inner.state);
+        let mut st = self.inner.state.lock();
         let entry = st.pools.entry(Arc::from(pool)).or_default();
         if entry.hold_until.is_none_or(|h| h < until) {
             entry.hold_until = Some(until);
@@ -252,7 +252,7 @@ impl Admission {
 
     /// When the hold of `pool` ends, if it is held now.
     pub fn held_until(&self, pool: &str) -> Option<Instant> {
-        let st = lock(&self.inner.state);
+        let st = self.inner.state.lock();
         st.pools
             .get(pool)
             .and_then(|p| p.hold_until)
@@ -261,7 +261,7 @@ impl Admission {
 
     /// Counts now.
     pub fn stats(&self) -> AdmissionStats {
-        let st = lock(&self.inner.state);
+        let st = self.inner.state.lock();
         let now = Instant::now();
         AdmissionStats {
             running: st.running,
@@ -342,7 +342,7 @@ impl Inner {
         rt.spawn(async move {
             tokio::time::sleep_until(at).await;
             if let Some(inner) = weak.upgrade() {
-                let mut st = lock(&inner.state);
+                let mut st = inner.state.lock();
                 if st.wake_at == Some(at) {
                     st.wake_at = None;
                 }
@@ -352,7 +352,7 @@ impl Inner {
     }
 
     fn release(self: &Arc<Self>, pool: &str) {
-        let mut st = lock(&self.state);
+        let mut st = self.state.lock();
         st.running = st.running.saturating_sub(1);
         if let Some(p) = st.pools.get_mut(pool) {
             p.running = p.running.saturating_sub(1);

@@ -16,15 +16,16 @@
 
 use std::collections::HashMap;
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
+
+use parking_lot::Mutex;
 
 use futures_util::future::BoxFuture;
 use serde::{Deserialize, Serialize};
 
 use crate::event::Usage;
 use crate::source::SessionKey;
-use crate::util::lock;
 
 mod conversations;
 mod turns;
@@ -313,7 +314,7 @@ impl MemoryStore {
 
 impl SessionStore for MemoryStore {
     fn load(&self, key: &SessionKey) -> BoxFuture<'_, Result<Option<SessionRecord>, StoreError>> {
-        let r = lock(&self.records).get(key.as_str()).cloned();
+        let r = self.records.lock().get(key.as_str()).cloned();
         Box::pin(async move { Ok(r) })
     }
 
@@ -322,12 +323,14 @@ impl SessionStore for MemoryStore {
         record: &'a SessionRecord,
         _durability: Durability,
     ) -> BoxFuture<'a, Result<(), StoreError>> {
-        lock(&self.records).insert(record.key.clone(), record.clone());
+        self.records
+            .lock()
+            .insert(record.key.clone(), record.clone());
         Box::pin(async move { Ok(()) })
     }
 
     fn list(&self) -> BoxFuture<'_, Result<Vec<Result<SessionRecord, StoreError>>, StoreError>> {
-        let mut v: Vec<_> = lock(&self.records).values().cloned().collect();
+        let mut v: Vec<_> = self.records.lock().values().cloned().collect();
         v.sort_by(|a, b| a.key.cmp(&b.key));
         Box::pin(async move { Ok(v.into_iter().map(Ok).collect()) })
     }

@@ -13,15 +13,14 @@ use tokio::sync::{Mutex, mpsc, watch};
 use crate::error::StreamError;
 use crate::event::{AgentEvent, Frame};
 use crate::source::{EventSource, EventStream, TurnRequest};
-use crate::util::lock;
 
 /// A source whose every opened stream is handed to the test as an
 /// [`AttemptControl`].
 #[derive(Debug)]
 pub struct ChannelSource {
     opened: mpsc::UnboundedSender<AttemptControl>,
-    open_errors: std::sync::Mutex<std::collections::VecDeque<StreamError>>,
-    windows: std::sync::Mutex<std::collections::HashMap<String, u64>>,
+    open_errors: parking_lot::Mutex<std::collections::VecDeque<StreamError>>,
+    windows: parking_lot::Mutex<std::collections::HashMap<String, u64>>,
     continues: std::sync::atomic::AtomicBool,
 }
 
@@ -37,7 +36,7 @@ pub struct ChannelSourceControl {
 pub struct AttemptControl {
     /// The request the stream was opened with.
     pub request: TurnRequest,
-    tx: std::sync::Mutex<Option<mpsc::UnboundedSender<Result<Frame, StreamError>>>>,
+    tx: parking_lot::Mutex<Option<mpsc::UnboundedSender<Result<Frame, StreamError>>>>,
     /// Closed when warden drops the stream.
     alive: watch::Receiver<()>,
 }
@@ -64,7 +63,7 @@ impl ChannelSource {
     /// Makes the next `open` fail with `error` (as a connect error or an
     /// agent process exiting at start would), without a stream.
     pub fn fail_next_open(&self, error: StreamError) {
-        lock(&self.open_errors).push_back(error);
+        self.open_errors.lock().push_back(error);
     }
 
     /// Makes the source declare that it continues broken replies
@@ -79,13 +78,13 @@ impl ChannelSource {
     /// ([`EventSource::context_window`]), as an agent source knows its
     /// models' windows.
     pub fn set_context_window(&self, model: impl Into<String>, window: u64) {
-        lock(&self.windows).insert(model.into(), window);
+        self.windows.lock().insert(model.into(), window);
     }
 }
 
 impl EventSource for ChannelSource {
     fn open(&self, request: TurnRequest) -> BoxFuture<'static, Result<EventStream, StreamError>> {
-        let failure = lock(&self.open_errors).pop_front();
+        let failure = self.open_errors.lock().pop_front();
         if let Some(error) = failure {
             return Box::pin(async move { Err(error) });
         }
@@ -93,7 +92,7 @@ impl EventSource for ChannelSource {
         let (alive_tx, alive) = watch::channel(());
         let sent = self.opened.send(AttemptControl {
             request,
-            tx: std::sync::Mutex::new(Some(tx)),
+            tx: parking_lot::Mutex::new(Some(tx)),
             alive,
         });
         Box::pin(async move {
@@ -117,7 +116,7 @@ impl EventSource for ChannelSource {
     }
 
     fn context_window(&self, model: Option<&str>) -> Option<u64> {
-        model.and_then(|m| lock(&self.windows).get(m).copied())
+        model.and_then(|m| self.windows.lock().get(m).copied())
     }
 }
 
@@ -136,7 +135,8 @@ impl AttemptControl {
     }
 
     fn push(&self, item: Result<Frame, StreamError>) -> bool {
-        lock(&self.tx)
+        self.tx
+            .lock()
             .as_ref()
             .is_some_and(|tx| tx.send(item).is_ok())
     }
@@ -170,7 +170,7 @@ impl AttemptControl {
     pub fn close(&self) {
         // Replacing the sender drops the original: the receiver sees EOF once
         // the queued frames are read.
-        *lock(&self.tx) = None;
+        *self.tx.lock() = None;
     }
 
     /// Whether warden has dropped the stream (its reader is gone).

@@ -18,7 +18,8 @@
 //! and a refusal costs exactly one extra request, once.
 
 use std::collections::HashSet;
-use std::sync::Mutex;
+
+use parking_lot::Mutex;
 
 use futures_util::StreamExt as _;
 use warden_core::continuation::Stitcher;
@@ -47,20 +48,13 @@ pub(crate) struct Modes {
 impl Modes {
     /// How to ask `model` (prefill until it refused).
     pub(crate) fn mode_for(&self, model: &str) -> Mode {
-        let refused = self
-            .refuse_prefill
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .contains(model);
+        let refused = self.refuse_prefill.lock().contains(model);
         if refused { Mode::Turn } else { Mode::Prefill }
     }
 
     /// Remembers that `model` refuses prefill.
     pub(crate) fn refuses_prefill(&self, model: &str) {
-        self.refuse_prefill
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .insert(model.to_owned());
+        self.refuse_prefill.lock().insert(model.to_owned());
     }
 }
 

@@ -27,7 +27,8 @@ pub(crate) struct Ctx {
     pub(crate) journal: Arc<Journal>,
     pub(crate) config: MockConfig,
     /// Background responses of the Responses API, by id: their frames.
-    pub(crate) background: std::sync::Mutex<std::collections::HashMap<String, (Reply, Vec<Bytes>)>>,
+    pub(crate) background:
+        parking_lot::Mutex<std::collections::HashMap<String, (Reply, Vec<Bytes>)>>,
 }
 
 /// Returned by the service to make hyper drop the connection without

@@ -13,8 +13,10 @@
 //! what the server did.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Mutex, MutexGuard, PoisonError};
+
 use std::time::Instant;
+
+use parking_lot::{Mutex, MutexGuard};
 
 use tokio::sync::{broadcast, watch};
 
@@ -238,7 +240,7 @@ impl Journal {
     fn lock(&self) -> MutexGuard<'_, State> {
         // A panic while holding the lock cannot leave the log inconsistent
         // in a way that matters to a test; keep serving.
-        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+        self.state.lock()
     }
 
     /// Registers a new request and returns its id.

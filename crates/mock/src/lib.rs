@@ -159,6 +159,6 @@ pub use server::MockServer;
 pub const SCENARIO_HEADER: &str = handler::SCENARIO_HEADER;
 
 /// Locks `m`, ignoring poison (each value is changed in one step).
-fn util_lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+fn util_lock<T>(m: &parking_lot::Mutex<T>) -> parking_lot::MutexGuard<'_, T> {
+    m.lock()
 }

@@ -2,8 +2,10 @@
 //! write through (leases taken on first write, renewed, fenced).
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 use std::time::Duration;
+
+use parking_lot::Mutex;
 
 use futures_util::future::BoxFuture;
 use tokio::sync::broadcast;
@@ -145,8 +147,8 @@ impl NodeStore {
         &self.pg
     }
 
-    fn leases(&self) -> std::sync::MutexGuard<'_, HashMap<String, Lease>> {
-        self.leases.lock().unwrap_or_else(PoisonError::into_inner)
+    fn leases(&self) -> parking_lot::MutexGuard<'_, HashMap<String, Lease>> {
+        self.leases.lock()
     }
 
     /// The leases this node believes it holds.

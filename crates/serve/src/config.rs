@@ -29,7 +29,7 @@ pub struct ServeConfig {
     pub turn_store: Option<Arc<dyn TurnStore>>,
     /// The supervisor's re-delivered turns, relayed as turns of this
     /// server (see [`with_recovered_turns`](Self::with_recovered_turns)).
-    pub(crate) recovered: Option<Arc<std::sync::Mutex<Option<RecoveredRx>>>>,
+    pub(crate) recovered: Option<Arc<parking_lot::Mutex<Option<RecoveredRx>>>>,
 }
 
 /// The receiving end of the supervisor's re-delivered turns.
@@ -72,7 +72,7 @@ impl ServeConfig {
     /// [`turn_store`](Self::turn_store) it keeps the id and the events its
     /// message had on the node that died, so its clients re-attach to it.
     pub fn with_recovered_turns(mut self, rx: RecoveredRx) -> Self {
-        self.recovered = Some(Arc::new(std::sync::Mutex::new(Some(rx))));
+        self.recovered = Some(Arc::new(parking_lot::Mutex::new(Some(rx))));
         self
     }
 

@@ -62,11 +62,7 @@ pub fn router(supervisor: Supervisor, config: ServeConfig) -> Router {
     let metrics = Arc::new(metrics::Metrics::new());
     metrics::watch(&supervisor, metrics.clone());
     let turns = Arc::new(Turns::new(config.turn_store.clone()));
-    let recovered = config.recovered.as_ref().and_then(|r| {
-        r.lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .take()
-    });
+    let recovered = config.recovered.as_ref().and_then(|r| r.lock().take());
     if let Some(rx) = recovered {
         let node = config
             .placement

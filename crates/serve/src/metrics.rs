@@ -2,8 +2,10 @@
 //! time, in the Prometheus text format (`prometheus-client`).
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 use std::time::Instant;
+
+use parking_lot::Mutex;
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -97,7 +99,7 @@ impl Metrics {
 
     /// Counts `event`.
     pub(crate) fn observe(&self, event: &LifecycleEvent) {
-        let mut started = self.started.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut started = self.started.lock();
         match event {
             LifecycleEvent::StreamTimedOut { .. } => {
                 self.kills.inc();

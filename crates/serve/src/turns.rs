@@ -9,8 +9,10 @@
 //! this one died numbers on from the last stored one.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 use std::time::Duration;
+
+use parking_lot::Mutex;
 
 use futures_util::FutureExt as _;
 use serde_json::{Value, json};
@@ -45,8 +47,8 @@ impl TurnLog {
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<ServeEvent>> {
-        self.events.lock().unwrap_or_else(PoisonError::into_inner)
+    fn lock(&self) -> parking_lot::MutexGuard<'_, Vec<ServeEvent>> {
+        self.events.lock()
     }
 
     /// The next event's number.
@@ -121,8 +123,8 @@ impl Turns {
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<TurnLog>>> {
-        self.map.lock().unwrap_or_else(PoisonError::into_inner)
+    fn lock(&self) -> parking_lot::MutexGuard<'_, HashMap<String, Arc<TurnLog>>> {
+        self.map.lock()
     }
 
     pub(crate) fn get(&self, id: &str) -> Option<Arc<TurnLog>> {

@@ -390,7 +390,7 @@ impl SessionStore for SledStore {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Mutex;
+    use parking_lot::Mutex;
 
     use super::*;
 
@@ -410,11 +410,11 @@ mod tests {
     impl FlushHook {
         /// Takes the hook: it runs for one flush only.
         pub(super) fn get(&self) -> Option<Hook> {
-            self.0.lock().ok().and_then(|mut h| h.take())
+            self.0.lock().take()
         }
 
         fn set(&self, hook: impl Fn() -> sled::Result<()> + Send + Sync + 'static) {
-            *self.0.lock().expect("hook lock") = Some(Arc::new(hook));
+            *self.0.lock() = Some(Arc::new(hook));
         }
     }
 

@@ -3,9 +3,11 @@
 //! names.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::Instant;
+
+use parking_lot::Mutex;
 
 use futures_util::StreamExt;
 use futures_util::future::BoxFuture;
@@ -111,10 +113,7 @@ impl DemoAgents {
         let Some((_, script)) = self.scripts.get(key) else {
             return Scenario::Normal;
         };
-        let mut opened = self
-            .opened
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut opened = self.opened.lock();
         let n = opened.entry(key.to_owned()).or_insert(0);
         let scenario = script
             .get(*n)

@@ -1,8 +1,10 @@
 //! The public side of a session: [`SessionHandle`], and one turn's
 //! [`TurnHandle`] with its [`TurnEvent`]s and [`TurnSummary`].
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
+
+use parking_lot::Mutex;
 
 use ractor::{ActorCell, ActorRef, RpcReplyPort};
 use tokio::sync::mpsc;
@@ -14,7 +16,7 @@ use crate::source::SessionKey;
 use crate::spans::TraceAnchor;
 use crate::store::{SessionRecord, StoreError};
 use crate::stream::{Credit, StreamReport};
-use crate::util::{call, lock};
+use crate::util::call;
 
 /// The session's end of a turn's event channel (the other end is the
 /// [`TurnHandle`]). Events carry their stream [`Credit`], returned when the
@@ -50,7 +52,7 @@ impl TurnSender {
 
     /// The turn now runs in `session`.
     pub(crate) fn moved_to(&self, session: &ActorRef<SessionMsg>) {
-        *lock(&self.owner) = session.clone();
+        *self.owner.lock() = session.clone();
     }
 
     /// Sends an event that holds no stream credit; `false` if the caller is
@@ -225,7 +227,7 @@ impl TurnCanceller {
     /// queued, `Ok(false)` if it had already finished. An error when the
     /// session that runs it is gone (stopped or crashed).
     pub async fn cancel(&self) -> Result<bool, ActorError> {
-        let session = lock(&self.owner).clone();
+        let session = self.owner.lock().clone();
         call(&session, "session", |r| {
             SessionMsg::CancelTurn(self.turn, r)
         })

@@ -4,10 +4,12 @@
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
+
+use parking_lot::Mutex;
 
 use futures_util::task::AtomicWaker;
 use futures_util::{FutureExt, StreamExt};
@@ -20,7 +22,6 @@ use crate::error::{ActorError, StreamError};
 use crate::event::{AgentEvent, Frame};
 use crate::source::{EventSource, TurnRequest};
 use crate::transition::{At, Parent, Transition};
-use crate::util::lock;
 use crate::watchdog::{Expiry, Heartbeat, WatchGuard, WatchId};
 
 /// Why a stream is asked to stop; the first request wins.
@@ -49,7 +50,7 @@ struct Control {
 
 impl Control {
     fn request(&self, stop: Stop) {
-        let mut slot = lock(&self.stop);
+        let mut slot = self.stop.lock();
         if slot.is_none() {
             *slot = Some(stop);
             drop(slot);
@@ -59,7 +60,7 @@ impl Control {
     }
 
     fn requested(&self) -> Option<Stop> {
-        *lock(&self.stop)
+        *self.stop.lock()
     }
 }
 

@@ -2,9 +2,10 @@
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, PoisonError, RwLock};
+use std::sync::Arc;
 use std::time::Duration;
 
+use parking_lot::RwLock;
 use ractor::{Actor, ActorCell, ActorRef};
 use tokio::sync::broadcast;
 
@@ -256,20 +257,13 @@ impl Supervisor {
         let path = self.normalize(path.as_ref())?;
         // A panic while holding the lock cannot leave the map half-written
         // (one insert or one get): the data is sound, use it.
-        self.bindings
-            .write()
-            .unwrap_or_else(PoisonError::into_inner)
-            .insert(name.into(), path.clone());
+        self.bindings.write().insert(name.into(), path.clone());
         Ok(path)
     }
 
     /// The workspace bound to `name`.
     pub fn bound(&self, name: &str) -> Option<PathBuf> {
-        self.bindings
-            .read()
-            .unwrap_or_else(PoisonError::into_inner)
-            .get(name)
-            .cloned()
+        self.bindings.read().get(name).cloned()
     }
 
     /// Sends `message` to the workspace bound to `name`.

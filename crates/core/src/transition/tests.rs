@@ -1,7 +1,9 @@
 //! Every transition emits its span, log event and lifecycle event under
 //! one name.
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
 
 use tracing::field::{Field, Visit};
 use tracing::span::Attributes;
@@ -37,16 +39,14 @@ impl Visit for EventName {
 
 impl<S: Subscriber> Layer<S> for Capture {
     fn on_new_span(&self, attrs: &Attributes<'_>, _: &Id, _: Context<'_, S>) {
-        crate::util::lock(&self.0)
-            .spans
-            .push(attrs.metadata().name());
+        self.0.lock().spans.push(attrs.metadata().name());
     }
 
     fn on_event(&self, event: &Event<'_>, _: Context<'_, S>) {
         let mut name = EventName(None);
         event.record(&mut name);
         if let Some(n) = name.0 {
-            crate::util::lock(&self.0).events.push(n);
+            self.0.lock().events.push(n);
         }
     }
 }
@@ -216,7 +216,7 @@ fn every_transition_emits_its_span_log_and_lifecycle_event_under_one_name() {
                 bus: Some(&bus),
             });
         });
-        let seen = crate::util::lock(&seen);
+        let seen = seen.lock();
         if spans_expected {
             assert_eq!(seen.spans, [name], "span of {name}");
         } else {

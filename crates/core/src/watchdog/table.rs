@@ -250,7 +250,7 @@ impl WatchTable {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::Mutex;
+    use parking_lot::Mutex;
 
     const MS: u64 = 1_000_000;
 
@@ -259,10 +259,7 @@ mod tests {
         let cell = Arc::new(Cell::new(WatchId(1), 0, Duration::from_millis(timeout_ms)));
         let fired = Arc::new(Mutex::new(Vec::new()));
         let f = fired.clone();
-        t.insert(
-            cell.clone(),
-            Box::new(move |e| f.lock().expect("lock").push(e)),
-        );
+        t.insert(cell.clone(), Box::new(move |e| f.lock().push(e)));
         (t, cell, fired)
     }
 
@@ -281,7 +278,7 @@ mod tests {
         assert_eq!(t.next_deadline(), Some(1000 * MS));
         assert_eq!(run(&mut t, 1000 * MS - 1), 0);
         assert_eq!(run(&mut t, 1000 * MS), 1);
-        let e = fired.lock().expect("lock")[0];
+        let e = fired.lock()[0];
         assert_eq!(e.silent_for, Duration::from_millis(1000));
         assert_eq!(e.timeout, Duration::from_millis(1000));
         assert_eq!(e.id, WatchId(1));
@@ -332,7 +329,7 @@ mod tests {
         assert_eq!(t.len(), 0);
         assert_eq!(run(&mut t, 5000 * MS), 0);
         assert_eq!(t.queued(), 0);
-        assert!(fired.lock().expect("lock").is_empty());
+        assert!(fired.lock().is_empty());
     }
 
     #[test]
@@ -377,16 +374,11 @@ mod tests {
         for (i, ms) in [(1u64, 300u64), (2, 100), (3, 200)] {
             let o = order.clone();
             let cell = Arc::new(Cell::new(WatchId(i), 0, Duration::from_millis(ms)));
-            t.insert(cell, Box::new(move |e| o.lock().expect("lock").push(e.id)));
+            t.insert(cell, Box::new(move |e| o.lock().push(e.id)));
         }
         assert_eq!(run(&mut t, 1000 * MS), 3);
         assert_eq!(run(&mut t, 2000 * MS), 0);
-        let got: Vec<u64> = order
-            .lock()
-            .expect("lock")
-            .iter()
-            .map(|i| i.get())
-            .collect();
+        let got: Vec<u64> = order.lock().iter().map(|i| i.get()).collect();
         assert_eq!(got, [2, 3, 1]);
     }
 }

@@ -6,7 +6,9 @@
 //! last event the consumer has (`docs/wire-formats.md`, "Continuing a broken reply").
 
 use std::collections::VecDeque;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
 
 use serde::{Deserialize, Serialize};
 use warden_core::{AgentEvent, Frame, StreamError, Usage};
@@ -160,10 +162,7 @@ impl ResponsesMapper {
     }
 
     fn note(&self, f: impl FnOnce(&mut ResumePoint)) {
-        let mut p = self
-            .point
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut p = self.point.lock();
         f(&mut p);
     }
 }
@@ -321,7 +320,7 @@ mod tests {
             f,
             Frame::Event(AgentEvent::Usage(u)) if u.input_tokens == 10 && u.cache_read_input_tokens == 2 && u.output_tokens == 3
         )));
-        let p = point.lock().expect("point").clone();
+        let p = point.lock().clone();
         assert_eq!(p.id.as_deref(), Some("resp_1"));
         assert_eq!(p.after_text(3), Some(4), "after 'Hel'");
         assert_eq!(p.after_text(5), Some(9), "after everything");
