@@ -43,6 +43,15 @@
 //! This crate depends on `warden-core` alone: the ports it implements are
 //! core's.
 //!
+//! # TLS
+//!
+//! `sslmode=require` (also `verify-ca` and `verify-full`) in the URL
+//! connects over TLS (rustls) and always verifies the server's certificate
+//! chain and host name, against the PEM file `sslrootcert=PATH` names or
+//! else the public web roots: `require` here means libpq's `verify-full`.
+//! Without it (`disable`, `prefer`, or no `sslmode`) the connection is
+//! plaintext: use it only on a network you trust.
+//!
 //! ```no_run
 //! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
 //! use std::time::Duration;
@@ -60,13 +69,13 @@ mod lease;
 mod migrate;
 mod node;
 mod node_turns;
+mod tls;
 mod turns;
 
 use std::time::Duration;
 
 use futures_util::future::BoxFuture;
 use serde_json::Value;
-use tokio_postgres::NoTls;
 use warden_core::store::SCHEMA_VERSION;
 use warden_core::{Durability, SessionKey, SessionRecord, SessionStore, StoreError};
 
@@ -89,6 +98,10 @@ pub enum PgError {
     /// The schema could not be created or migrated.
     #[error("cannot migrate the warden schema: {0}")]
     Migrate(String),
+    /// TLS was asked for (`sslmode=require`) but cannot be set up: an
+    /// unreadable or empty `sslrootcert`, or no usable protocol version.
+    #[error("PostgreSQL TLS: {0}")]
+    Tls(String),
     /// The database was migrated by a newer warden.
     #[error(
         "the database has warden schema version {found}, newer than the supported {supported}; upgrade warden"
@@ -125,6 +138,22 @@ pub(crate) fn backend(e: impl std::error::Error) -> StoreError {
     StoreError::Backend { message }
 }
 
+/// An error and its sources, `: `-joined: a TLS refusal says why (the
+/// pool's message alone is "error performing TLS handshake").
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut out = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        let text = s.to_string();
+        if !out.contains(&text) {
+            out.push_str(": ");
+            out.push_str(&text);
+        }
+        source = s.source();
+    }
+    out
+}
+
 /// A count or an epoch as PostgreSQL's BIGINT (saturating).
 pub(crate) fn to_db(v: u64) -> i64 {
     i64::try_from(v).unwrap_or(i64::MAX)
@@ -143,20 +172,33 @@ pub(crate) fn secs(d: Duration) -> f64 {
 impl PgStore {
     /// Connects to `url` (`postgres://USER[:PASSWORD]@HOST:PORT/DB`, or the
     /// key=value form) with a pool of 16 connections, and creates or
-    /// migrates the schema.
+    /// migrates the schema. `sslmode=require` (or `verify-ca`,
+    /// `verify-full`) connects over TLS and verifies the server against
+    /// `sslrootcert` (a PEM file), else the public web roots; without it the
+    /// connection is plaintext (see [`tls`](crate#tls)).
     pub async fn connect(url: &str) -> Result<Self, PgError> {
-        let config: tokio_postgres::Config = url.parse().map_err(|e: tokio_postgres::Error| {
+        let tls::TlsOptions { rest, root_cert } = tls::split(url);
+        let config: tokio_postgres::Config = rest.parse().map_err(|e: tokio_postgres::Error| {
             // The URL may hold a password: the parser's message does not.
             PgError::Url(e.to_string())
         })?;
-        Self::connect_config(config).await
+        Self::open(config, root_cert.as_deref()).await
     }
 
-    /// [`connect`](Self::connect) with a parsed configuration.
+    /// [`connect`](Self::connect) with a parsed configuration (TLS, when it
+    /// requires it, verified against the public web roots).
     pub async fn connect_config(config: tokio_postgres::Config) -> Result<Self, PgError> {
+        Self::open(config, None).await
+    }
+
+    async fn open(
+        mut config: tokio_postgres::Config,
+        root_cert: Option<&std::path::Path>,
+    ) -> Result<Self, PgError> {
+        let connector = tls::connector(&mut config, root_cert)?;
         let manager = deadpool_postgres::Manager::from_config(
             config,
-            NoTls,
+            connector,
             deadpool_postgres::ManagerConfig {
                 recycling_method: deadpool_postgres::RecyclingMethod::Fast,
             },
@@ -171,7 +213,7 @@ impl PgStore {
             .pool
             .get()
             .await
-            .map_err(|e| PgError::Connect(e.to_string()))?;
+            .map_err(|e| PgError::Connect(error_chain(&e)))?;
         migrate::run(&mut client).await?;
         Ok(store)
     }
