@@ -119,7 +119,7 @@
 //! | `continuation` | continuing a broken Anthropic reply: prefill or continuation turn, learned per model; stitching the stream | nothing (core only) | anything |
 //! | `source` | [`HttpSource`]: options → endpoint, turn → body, recording; continuation (Anthropic) and re-attach (Responses) | `provider`, `wire`, `transcript`, `options`, `transport`, `continuation` | — |
 //!
-//! The test `modules_import_only_the_layers_below` checks the table.
+//! The workspace test `tests/modules_import_only_the_layers_below.rs` checks the table.
 //!
 //! # Dependencies and why
 //! - `warden-core`: the `EventSource` trait, frames, events and errors.

@@ -28,9 +28,9 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc;
 use warden_core::{
-    ContextConfig, Durability, LifecycleEvent, Notice, Notifier, RetryPolicy, SessionConfig,
-    SessionKey, SessionRecord, SessionStore, Supervisor, SupervisorConfig, TurnError, TurnEvent,
-    TurnSummary, WatchdogConfig,
+    ContextConfig, Durability, Notice, Notifier, RetryPolicy, SessionConfig, SessionKey,
+    SessionRecord, SessionStore, Supervisor, SupervisorConfig, TurnError, TurnEvent, TurnSummary,
+    WatchdogConfig,
 };
 use warden_llm::Transcripts;
 use warden_mock::{MockConfig, MockServer, Scenario};
@@ -309,7 +309,7 @@ pub(crate) async fn run(args: DemoArgs, exporting: bool) -> Result<Exit, CliErro
         loop {
             match bus.recv().await {
                 Ok(event) => {
-                    let Some(key) = event_key(&event) else {
+                    let Some(key) = event.key().cloned() else {
                         continue;
                     };
                     if bus_tx
@@ -455,34 +455,6 @@ pub(crate) async fn run(args: DemoArgs, exporting: bool) -> Result<Exit, CliErro
     } else {
         Exit::Failure
     })
-}
-
-/// The session key of a lifecycle event.
-fn event_key(event: &LifecycleEvent) -> Option<SessionKey> {
-    use LifecycleEvent as L;
-    Some(
-        match event {
-            L::SessionSpawned { key }
-            | L::SessionStopped { key, .. }
-            | L::SessionRestarted { key, .. }
-            | L::SupervisorEscalated { key, .. }
-            | L::AgentSessionId { key, .. }
-            | L::ResumeFailed { key, .. }
-            | L::FreshFallback { key, .. }
-            | L::SessionFailed { key, .. }
-            | L::SessionReaped { key, .. }
-            | L::ContextUsage { key, .. }
-            | L::StoreFailed { key, .. }
-            | L::TurnStarted { key, .. }
-            | L::AttemptStarted { key, .. }
-            | L::StreamTimedOut { key, .. }
-            | L::RetryScheduled { key, .. }
-            | L::ContinueScheduled { key, .. }
-            | L::TurnFinished { key, .. } => key,
-            _ => return None,
-        }
-        .clone(),
-    )
 }
 
 /// Creates the workspace directory and resets its stored session (and the
