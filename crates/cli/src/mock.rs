@@ -19,15 +19,25 @@ a model named `mock-NAME` or ending in `:NAME`; a path prefix `/scenario/NAME/`;
 --scenario. Endpoints: POST /v1/messages (Anthropic), POST /v1/chat/completions
 (OpenAI), GET /v1/models.
 
-Example:
+Examples:
   warden mock --port 8080 --scenario stall &
-  warden stream http://127.0.0.1:8080/v1/messages --timeout 2000"
+  warden stream http://127.0.0.1:8080/v1/messages --timeout 2000
+  warden mock --port 8080 --scenario stall,normal &   # the first request stalls, the rest are answered"
     ));
     help
 }
 
-fn parse_scenario(name: &str) -> Result<Scenario, String> {
-    name.parse::<Scenario>().map_err(|e| e.to_string())
+/// The scenarios of requests that do not choose one: one, or a script.
+#[derive(Debug, Clone)]
+struct Script(Vec<Scenario>);
+
+/// One scenario, or a comma-separated script of them (`stall,normal`).
+fn parse_script(names: &str) -> Result<Script, String> {
+    names
+        .split(',')
+        .map(|name| name.trim().parse::<Scenario>().map_err(|e| e.to_string()))
+        .collect::<Result<Vec<_>, _>>()
+        .map(Script)
 }
 
 /// Arguments of `warden mock`.
@@ -37,9 +47,12 @@ pub(crate) struct MockArgs {
     /// The port on 127.0.0.1; 0 picks a free one (printed on start).
     #[arg(long, default_value_t = 0)]
     port: u16,
-    /// The scenario of requests that do not choose one.
-    #[arg(long, value_name = "NAME", default_value = "normal", value_parser = parse_scenario)]
-    scenario: Scenario,
+    /// The scenario of requests that do not choose one; a comma-separated
+    /// list is a script: the first such request plays the first, the
+    /// second the second, and every later one the last (`stall,normal`:
+    /// the first attempt stalls, every retry is answered).
+    #[arg(long, value_name = "NAME[,NAME…]", default_value = "normal", value_parser = parse_script)]
+    scenario: Script,
     /// How long `thinking-pings` thinks, in milliseconds.
     #[arg(long, value_name = "MS", default_value_t = 10_000)]
     thinking_pause: u64,
@@ -56,8 +69,13 @@ pub(crate) async fn run(args: MockArgs) -> Result<Exit, CliError> {
     if args.ping_interval == 0 {
         return Err(CliError::usage("--ping-interval must be at least 1 ms"));
     }
-    let mut config = MockConfig::default()
-        .with_default_scenario(args.scenario)
+    let script = args.scenario.0;
+    let mut config = MockConfig::default();
+    config = match script.as_slice() {
+        [one] => config.with_default_scenario(*one),
+        _ => config.with_sequence(script.iter().copied()),
+    };
+    let mut config = config
         .with_thinking_pause(Duration::from_millis(args.thinking_pause))
         .with_ping_interval(Duration::from_millis(args.ping_interval))
         .with_retry_after(Duration::from_millis(args.retry_after));
@@ -70,10 +88,11 @@ pub(crate) async fn run(args: MockArgs) -> Result<Exit, CliError> {
             args.port
         ))
     })?;
+    let names: Vec<&str> = script.iter().map(|s| s.name()).collect();
     println!(
         "warden mock listening on {} (default scenario: {}; Ctrl-C to stop)",
         server.base_url(),
-        args.scenario
+        names.join(",")
     );
     wait_for_stop().await;
     let served = server.request_count();

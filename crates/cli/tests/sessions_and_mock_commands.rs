@@ -135,6 +135,44 @@ async fn mock_serves_its_scenarios_until_sigterm() {
     assert_eq!(status.code(), Some(0));
 }
 
+/// `--scenario a,b`: a script, the first request plays `a` and every later
+/// one `b`, so "fails once, then answers" needs nothing but the binary.
+#[tokio::test]
+async fn mock_plays_a_scripted_sequence_of_scenarios() {
+    let bad = run(&["mock", "--scenario", "stall,nope"]).await;
+    assert_eq!(code(&bad), 2, "{}", stderr(&bad));
+    let mut child = command(&[
+        "mock",
+        "--scenario",
+        "rate-limited,normal",
+        "--retry-after",
+        "50",
+    ])
+    .spawn()
+    .expect("spawn");
+    let stdout_pipe = child.stdout.take().expect("stdout");
+    let mut lines = tokio::io::BufReader::new(stdout_pipe).lines();
+    let first = tokio::time::timeout(Duration::from_secs(10), lines.next_line())
+        .await
+        .expect("in time")
+        .expect("read")
+        .expect("a line");
+    assert!(first.contains("rate-limited,normal"), "{first}");
+    let url = first
+        .split_whitespace()
+        .find(|w| w.starts_with("http://"))
+        .expect("the URL")
+        .to_owned();
+    // The first request is the 429; the retry is answered.
+    let out = run(&["stream", &format!("{url}/v1/messages"), "--retries", "1"]).await;
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    // Every later request too: the script's last scenario repeats.
+    let out = run(&["stream", &format!("{url}/v1/messages"), "--retries", "0"]).await;
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let _ = child.start_kill();
+    let _ = tokio::time::timeout(Duration::from_secs(10), child.wait()).await;
+}
+
 #[tokio::test]
 async fn help_documents_commands_and_exit_codes() {
     let out = run(&["--help"]).await;
