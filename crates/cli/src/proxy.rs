@@ -18,8 +18,11 @@ and watches every streamed answer: silence past --timeout kills the upstream att
 request nothing of which reached the client yet is retried (retry-after honoured, backoff
 shared); a reply broken mid-text is continued and spliced into the same response; where
 neither is possible the stream ends with the provider's own retryable error event. Other
-requests pass through untouched. Headers (API keys) are forwarded, never logged. The first
-line on stdout says where it listens. See docs/proxy.md.
+/v1/ requests pass through untouched; other paths are answered here (200 for HEAD /, else
+404) unless --other-upstream names where they go. Each kill, retry, continuation, give-up
+and unreachable upstream is one `warden proxy:` line on stderr (without --json). Headers
+(API keys) are forwarded, never logged. The first line on stdout says where it listens.
+See docs/proxy.md.
 
 Examples:
   warden proxy &
@@ -35,9 +38,13 @@ pub(crate) struct ProxyArgs {
     /// Where Anthropic requests go (those with an `anthropic-version` header).
     #[arg(long, default_value = warden_proxy::ANTHROPIC_API, value_name = "URL")]
     anthropic_upstream: String,
-    /// Where OpenAI requests go (all others).
+    /// Where OpenAI requests go (API requests without `anthropic-version`).
     #[arg(long, default_value = warden_proxy::OPENAI_API, value_name = "URL")]
     openai_upstream: String,
+    /// Where requests for other paths (not `/v1/…`) go, unwatched. Without
+    /// it the proxy answers them itself (200 for `HEAD /`, else 404).
+    #[arg(long, value_name = "URL")]
+    other_upstream: Option<String>,
     /// Silence allowed on an upstream stream, in milliseconds. Default
     /// WARDEN_STREAM_TIMEOUT (also milliseconds), else 45000.
     #[arg(long, value_name = "MS")]
@@ -59,6 +66,9 @@ pub(crate) async fn run(args: ProxyArgs) -> Result<Exit, CliError> {
     }
     check_url(&args.anthropic_upstream)?;
     check_url(&args.openai_upstream)?;
+    if let Some(url) = &args.other_upstream {
+        check_url(url)?;
+    }
     // `--timeout` wins; without it a bad WARDEN_STREAM_TIMEOUT is refused
     // rather than replaced by the default.
     let base = match args.timeout {
@@ -68,6 +78,16 @@ pub(crate) async fn run(args: ProxyArgs) -> Result<Exit, CliError> {
     let mut config = base
         .with_anthropic_upstream(&args.anthropic_upstream)
         .with_openai_upstream(&args.openai_upstream);
+    if let Some(url) = &args.other_upstream {
+        config = config.with_other_upstream(url);
+    }
+    if !args.json {
+        // One line per kill, retry, continuation, give-up or unreachable
+        // upstream: what the proxy did is visible without the access log.
+        config = config.with_recovery_log(|recovery| {
+            eprintln!("warden proxy: {recovery}");
+        });
+    }
     if args.json {
         config = config.with_access_log(|record| {
             if let Ok(line) = serde_json::to_string(record) {
@@ -88,6 +108,25 @@ pub(crate) async fn run(args: ProxyArgs) -> Result<Exit, CliError> {
         .map_err(|e| CliError::failure(e.to_string()))?;
     println!("listening on http://{addr}");
     let _ = std::io::stdout().flush();
+    // An upstream that cannot be reached now is named at once, not at the
+    // first request (which would only get a 529 saying ECONNECTION).
+    let mut upstreams = vec![
+        ("Anthropic", args.anthropic_upstream.clone()),
+        ("OpenAI", args.openai_upstream.clone()),
+    ];
+    if let Some(url) = &args.other_upstream {
+        upstreams.push(("other", url.clone()));
+    }
+    let _probes = tokio_util::task::AbortOnDropHandle::new(tokio::spawn(async move {
+        for (name, url) in upstreams {
+            if let Err(why) = reachable(&url).await {
+                eprintln!(
+                    "warden proxy: warning: the {name} upstream {url} cannot be reached ({why}); \
+                     requests to it fail until it can"
+                );
+            }
+        }
+    }));
     proxy
         .serve(listener, async {
             let _ = crate::signal::shutdown_signal().await;
@@ -96,4 +135,17 @@ pub(crate) async fn run(args: ProxyArgs) -> Result<Exit, CliError> {
         .map_err(|e| CliError::failure(format!("the proxy stopped: {e}")))?;
     proxy.stop();
     Ok(Exit::Ok)
+}
+
+/// Whether a TCP connection to `url`'s host and port opens within 3 s.
+async fn reachable(url: &str) -> Result<(), String> {
+    let parsed = reqwest::Url::parse(url).map_err(|e| e.to_string())?;
+    let host = parsed.host_str().ok_or("no host")?.to_owned();
+    let port = parsed.port_or_known_default().ok_or("no port")?;
+    let connect = tokio::net::TcpStream::connect((host.as_str(), port));
+    match tokio::time::timeout(Duration::from_secs(3), connect).await {
+        Ok(Ok(_)) => Ok(()),
+        Ok(Err(e)) => Err(e.to_string()),
+        Err(_) => Err("no answer within 3 s".to_owned()),
+    }
 }

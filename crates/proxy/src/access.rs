@@ -48,6 +48,8 @@ pub enum Outcome {
     ErrorEvent,
     /// The client went away before the response ended.
     ClientGone,
+    /// Answered by the proxy itself: a path no upstream is configured for.
+    Local,
 }
 
 impl Outcome {
@@ -59,6 +61,7 @@ impl Outcome {
             Self::UpstreamError => "upstream_error",
             Self::ErrorEvent => "error_event",
             Self::ClientGone => "client_gone",
+            Self::Local => "local",
         }
     }
 }
@@ -68,3 +71,131 @@ impl std::fmt::Display for Outcome {
         f.write_str(self.as_str())
     }
 }
+
+/// Something the proxy did to keep a response alive, as an operator hears
+/// of it ([`ProxyConfig::with_recovery_log`](crate::ProxyConfig::with_recovery_log);
+/// `warden proxy` prints each as one line on stderr). Never a header or a
+/// body.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Recovery {
+    /// An attempt went silent past the timeout and was killed.
+    Killed {
+        /// `anthropic` or `openai`.
+        upstream: &'static str,
+        /// The request path.
+        path: String,
+        /// The attempt (from 1).
+        attempt: u32,
+    },
+    /// An attempt failed and the request goes again after `delay` (nothing
+    /// of it had reached the client, or the reply starts over).
+    Retrying {
+        /// `anthropic` or `openai`.
+        upstream: &'static str,
+        /// The request path.
+        path: String,
+        /// The attempt that failed.
+        attempt: u32,
+        /// Why, as an error code (`ESTREAM_TIMEOUT`, `ECONNECTION`, …).
+        code: &'static str,
+        /// The backoff before the next attempt.
+        delay: std::time::Duration,
+    },
+    /// A reply broken mid-text is continued after `delay` and spliced into
+    /// the same response.
+    Continuing {
+        /// `anthropic` or `openai`.
+        upstream: &'static str,
+        /// The request path.
+        path: String,
+        /// The attempt that broke.
+        attempt: u32,
+        /// Why, as an error code.
+        code: &'static str,
+        /// The backoff before the continuation.
+        delay: std::time::Duration,
+    },
+    /// Nothing more could be done: the response ended with the upstream's
+    /// error answer, the proxy's, or the provider's error event.
+    GaveUp {
+        /// `anthropic` or `openai`.
+        upstream: &'static str,
+        /// The request path.
+        path: String,
+        /// Attempts made.
+        attempts: u32,
+        /// The last error's code.
+        code: &'static str,
+        /// The last error, in words (no URL, no header, no body).
+        reason: String,
+    },
+    /// The upstream of a request passed through could not be reached.
+    Unreachable {
+        /// `anthropic` or `openai`.
+        upstream: &'static str,
+        /// The request path.
+        path: String,
+        /// Why (connection refused, timed out, …).
+        reason: String,
+    },
+}
+
+impl std::fmt::Display for Recovery {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let secs = |d: &std::time::Duration| d.as_secs_f64();
+        match self {
+            Self::Killed {
+                upstream,
+                path,
+                attempt,
+            } => write!(
+                f,
+                "{upstream} {path}: attempt {attempt} went silent; killed it"
+            ),
+            Self::Retrying {
+                upstream,
+                path,
+                attempt,
+                code,
+                delay,
+            } => write!(
+                f,
+                "{upstream} {path}: attempt {attempt} failed ({code}); retrying in {:.1}s",
+                secs(delay)
+            ),
+            Self::Continuing {
+                upstream,
+                path,
+                attempt,
+                code,
+                delay,
+            } => write!(
+                f,
+                "{upstream} {path}: attempt {attempt} broke mid-reply ({code}); continuing it in {:.1}s",
+                secs(delay)
+            ),
+            Self::GaveUp {
+                upstream,
+                path,
+                attempts,
+                code,
+                reason,
+            } => write!(
+                f,
+                "{upstream} {path}: gave up after {attempts} attempt(s) ({code}: {reason})"
+            ),
+            Self::Unreachable {
+                upstream,
+                path,
+                reason,
+            } => write!(
+                f,
+                "{upstream} {path}: the upstream cannot be reached ({reason})"
+            ),
+        }
+    }
+}
+
+/// Called once per [`Recovery`].
+pub type RecoveryLog = Arc<dyn Fn(&Recovery) + Send + Sync>;

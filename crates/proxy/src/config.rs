@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use warden_core::{ConfigError, RetryPolicy, WatchdogConfig};
 
-use crate::access::{AccessLog, AccessRecord};
+use crate::access::{AccessLog, AccessRecord, Recovery, RecoveryLog};
 
 /// Where the proxy sends Anthropic requests by default.
 pub const ANTHROPIC_API: &str = "https://api.anthropic.com";
@@ -25,6 +25,10 @@ pub struct ProxyConfig {
     pub anthropic_upstream: String,
     /// Base URL of the OpenAI API. Default [`OPENAI_API`].
     pub openai_upstream: String,
+    /// Where requests for paths outside the APIs (`/v1/…`) go, unwatched.
+    /// Default `None`: the proxy answers them itself (`200` for `HEAD /`,
+    /// else `404`), so nothing reaches a host the user did not name for it.
+    pub other_upstream: Option<String>,
     /// Silence allowed on an upstream stream (and before its first byte)
     /// before the attempt is killed. Default 45 s; [`ProxyConfig::from_env`]
     /// takes `WARDEN_STREAM_TIMEOUT` (milliseconds) instead when it is set.
@@ -40,6 +44,9 @@ pub struct ProxyConfig {
     pub max_frame_bytes: usize,
     /// Called once per request with its [`AccessRecord`]. Default none.
     pub access_log: Option<AccessLog>,
+    /// Called once per kill, retry, continuation, give-up and unreachable
+    /// upstream ([`Recovery`]). Default none.
+    pub recovery_log: Option<RecoveryLog>,
 }
 
 impl std::fmt::Debug for ProxyConfig {
@@ -47,11 +54,13 @@ impl std::fmt::Debug for ProxyConfig {
         f.debug_struct("ProxyConfig")
             .field("anthropic_upstream", &self.anthropic_upstream)
             .field("openai_upstream", &self.openai_upstream)
+            .field("other_upstream", &self.other_upstream)
             .field("timeout", &self.timeout)
             .field("retry", &self.retry)
             .field("max_body_bytes", &self.max_body_bytes)
             .field("max_frame_bytes", &self.max_frame_bytes)
             .field("access_log", &self.access_log.is_some())
+            .field("recovery_log", &self.recovery_log.is_some())
             .finish()
     }
 }
@@ -63,11 +72,13 @@ impl Default for ProxyConfig {
         Self {
             anthropic_upstream: ANTHROPIC_API.to_owned(),
             openai_upstream: OPENAI_API.to_owned(),
+            other_upstream: None,
             timeout: WatchdogConfig::default().default_timeout,
             retry: RetryPolicy::default(),
             max_body_bytes: DEFAULT_MAX_BODY_BYTES,
             max_frame_bytes: DEFAULT_MAX_FRAME_BYTES,
             access_log: None,
+            recovery_log: None,
         }
     }
 }
@@ -96,6 +107,12 @@ impl ProxyConfig {
         self
     }
 
+    /// Sets [`other_upstream`](Self::other_upstream).
+    pub fn with_other_upstream(mut self, url: impl Into<String>) -> Self {
+        self.other_upstream = Some(url.into());
+        self
+    }
+
     /// Sets [`timeout`](Self::timeout).
     pub fn with_timeout(mut self, timeout: Duration) -> Self {
         self.timeout = timeout;
@@ -117,6 +134,12 @@ impl ProxyConfig {
     /// Sets [`access_log`](Self::access_log).
     pub fn with_access_log(mut self, log: impl Fn(&AccessRecord) + Send + Sync + 'static) -> Self {
         self.access_log = Some(Arc::new(log));
+        self
+    }
+
+    /// Sets [`recovery_log`](Self::recovery_log).
+    pub fn with_recovery_log(mut self, log: impl Fn(&Recovery) + Send + Sync + 'static) -> Self {
+        self.recovery_log = Some(Arc::new(log));
         self
     }
 }

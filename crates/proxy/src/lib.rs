@@ -15,7 +15,8 @@
 //! | `POST /v1/messages` with `"stream": true` | watched; retried, continued and spliced |
 //! | `POST /v1/chat/completions` with `"stream": true` | watched; retried, continued and spliced |
 //! | `POST /v1/responses` with `"stream": true` | watched; retried until the first byte |
-//! | anything else | passed through as it is, bodies streamed both ways |
+//! | any other `/v1/…` request | passed through as it is, bodies streamed both ways |
+//! | any other path | sent to [`ProxyConfig::other_upstream`] when set (unwatched); else answered here: `200` for `HEAD /` and `GET /`, `404` otherwise — nothing goes to a host the user did not name |
 //!
 //! A request goes to the Anthropic upstream when it carries an
 //! `anthropic-version` header (every Anthropic client sends one), else to
@@ -98,7 +99,7 @@ use axum::routing::post;
 use tokio::time::Instant;
 use warden_core::{Admission, AdmissionConfig, WatchdogActor, WatchdogConfig};
 
-pub use access::{AccessLog, AccessRecord, Outcome};
+pub use access::{AccessLog, AccessRecord, Outcome, Recovery, RecoveryLog};
 pub use config::{
     ANTHROPIC_API, DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_FRAME_BYTES, OPENAI_API, ProxyConfig,
 };
@@ -143,7 +144,11 @@ impl std::fmt::Debug for Proxy {
 impl Proxy {
     /// Starts the proxy's watchdog and HTTP client.
     pub async fn start(config: ProxyConfig) -> Result<Self, ProxyError> {
-        for url in [&config.anthropic_upstream, &config.openai_upstream] {
+        let other = config.other_upstream.iter();
+        for url in [&config.anthropic_upstream, &config.openai_upstream]
+            .into_iter()
+            .chain(other)
+        {
             warden_llm::validate_base_url(url).map_err(|e| ProxyError::Upstream {
                 url: url.clone(),
                 reason: e.to_string(),
@@ -235,14 +240,25 @@ async fn watched(proxy: Proxy, protocol: Protocol, request: Request) -> Response
     if upstream == protocol.upstream() {
         run::watched(proxy.inner, protocol, request, record, started).await
     } else {
-        run::passthrough(proxy.inner, upstream, request, record, started).await
+        let base = run::base_of(&proxy.inner, upstream).to_owned();
+        run::passthrough(proxy.inner, upstream, base, request, record, started).await
     }
 }
 
-/// Every other request: passed through as it is.
+/// Every other request: an API path is passed through as it is to its
+/// upstream; any other path to the `other_upstream` if one is configured,
+/// else answered here.
 async fn passthrough(State(proxy): State<Proxy>, request: Request) -> Response {
     let started = Instant::now();
     let upstream = Upstream::of(request.headers());
     let record = run::new_record(upstream, &request);
-    run::passthrough(proxy.inner, upstream, request, record, started).await
+    let base = if upstream::is_api_path(request.uri().path()) {
+        run::base_of(&proxy.inner, upstream).to_owned()
+    } else {
+        match &proxy.inner.config.other_upstream {
+            Some(base) => base.clone(),
+            None => return run::local(&proxy.inner, upstream, &request, record, started),
+        }
+    };
+    run::passthrough(proxy.inner, upstream, base, request, record, started).await
 }

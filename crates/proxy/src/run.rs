@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use axum::body::Body;
 use axum::extract::Request;
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::{HeaderMap, Method, StatusCode};
 use axum::response::Response;
 use bytes::Bytes;
 use futures_util::StreamExt as _;
@@ -19,7 +19,7 @@ use tracing::Instrument as _;
 use warden_core::StreamError;
 use warden_llm::sse::{Parsed, SseParser};
 
-use crate::access::{AccessRecord, Outcome};
+use crate::access::{AccessRecord, Outcome, Recovery};
 use crate::config::ProxyConfig;
 use crate::headers;
 use crate::spans::{PROXY_ATTEMPT, PROXY_CONTINUE, PROXY_KILL, PROXY_REQUEST};
@@ -32,6 +32,13 @@ pub(crate) struct Inner {
     pub(crate) http: reqwest::Client,
     pub(crate) watchdog: warden_core::watchdog::WatchdogHandle,
     pub(crate) admission: warden_core::Admission,
+}
+
+/// Hands `recovery` to the configured recovery log, if any.
+fn report(inner: &Inner, recovery: Recovery) {
+    if let Some(log) = &inner.config.recovery_log {
+        log(&recovery);
+    }
 }
 
 /// The access record of a request to `upstream`, before it is answered.
@@ -49,11 +56,15 @@ pub(crate) fn new_record(upstream: Upstream, request: &Request) -> AccessRecord 
     }
 }
 
-fn upstream_url(inner: &Inner, upstream: Upstream, uri: &axum::http::Uri) -> String {
-    let base = match upstream {
+/// Where requests to `upstream` go.
+pub(crate) fn base_of(inner: &Inner, upstream: Upstream) -> &str {
+    match upstream {
         Upstream::Anthropic => &inner.config.anthropic_upstream,
         Upstream::OpenAi => &inner.config.openai_upstream,
-    };
+    }
+}
+
+fn upstream_url(base: &str, uri: &axum::http::Uri) -> String {
     let path = uri.path_and_query().map_or("/", |p| p.as_str());
     format!("{}{path}", base.trim_end_matches('/'))
 }
@@ -86,9 +97,12 @@ fn request_span(record: &AccessRecord) -> tracing::Span {
 }
 
 /// A request that is not watched: sent on as it is, both bodies streamed.
+/// `base` is where it goes; `upstream` says in which shape the proxy's own
+/// error answers are written.
 pub(crate) async fn passthrough(
     inner: Arc<Inner>,
     upstream: Upstream,
+    base: String,
     request: Request,
     record: AccessRecord,
     started: Instant,
@@ -96,20 +110,53 @@ pub(crate) async fn passthrough(
     let span = request_span(&record);
     let (parts, body) = request.into_parts();
     let body = reqwest::Body::wrap_stream(body.into_data_stream());
-    send_through(inner, upstream, parts, body, record, started)
+    send_through(inner, upstream, &base, parts, body, record, started)
         .instrument(span)
         .await
+}
+
+/// A request no upstream is configured for, answered here: `200` for
+/// `HEAD /` and `GET /` (clients probing for a server), else `404` in the
+/// provider's error shape. Nothing is forwarded.
+pub(crate) fn local(
+    inner: &Inner,
+    upstream: Upstream,
+    request: &Request,
+    mut record: AccessRecord,
+    started: Instant,
+) -> Response {
+    let span = request_span(&record);
+    let _entered = span.enter();
+    let path = request.uri().path();
+    let probe = path == "/" && matches!(*request.method(), Method::GET | Method::HEAD);
+    let response = if probe {
+        Response::new(Body::empty())
+    } else {
+        error_response(
+            upstream,
+            StatusCode::NOT_FOUND,
+            &format!(
+                "warden proxy: {path} is not an Anthropic or OpenAI API path (those start with \
+                 /v1/), and no upstream is configured for other paths; nothing was forwarded"
+            ),
+        )
+    };
+    record.status = response.status().as_u16();
+    record.outcome = Outcome::Local;
+    finish(inner, record, started);
+    response
 }
 
 async fn send_through(
     inner: Arc<Inner>,
     upstream: Upstream,
+    base: &str,
     parts: axum::http::request::Parts,
     body: reqwest::Body,
     mut record: AccessRecord,
     started: Instant,
 ) -> Response {
-    let url = upstream_url(&inner, upstream, &parts.uri);
+    let url = upstream_url(base, &parts.uri);
     let sent = inner
         .http
         .request(parts.method, url)
@@ -120,6 +167,14 @@ async fn send_through(
     let response = match sent {
         Ok(r) => r,
         Err(e) => {
+            report(
+                &inner,
+                Recovery::Unreachable {
+                    upstream: upstream.name(),
+                    path: record.path.clone(),
+                    reason: reason(&e),
+                },
+            );
             record.status = 502;
             record.outcome = Outcome::UpstreamError;
             finish(&inner, record, started);
@@ -186,10 +241,19 @@ fn reason(e: &reqwest::Error) -> String {
     } else {
         "request failed"
     };
-    match std::error::Error::source(e) {
-        Some(source) => format!("{kind}: {source}"),
-        None => kind.to_owned(),
+    // Every cause, innermost last ("client error (Connect): tcp connect
+    // error: Connection refused (os error 111)"), none of them a URL.
+    let mut out = kind.to_owned();
+    let mut source = std::error::Error::source(e);
+    while let Some(s) = source {
+        let text = s.to_string();
+        if !out.contains(&text) {
+            out.push_str(": ");
+            out.push_str(&text);
+        }
+        source = s.source();
     }
+    out
 }
 
 /// A watched request: buffered, then sent in attempts until its stream is
@@ -226,9 +290,11 @@ pub(crate) async fn watched(
     };
     let (Some(splice), Some(json)) = (splice, json) else {
         // Not a stream (or not JSON: the upstream says what is wrong).
+        let base = base_of(&inner, upstream).to_owned();
         return send_through(
             inner,
             upstream,
+            &base,
             parts,
             reqwest::Body::from(bytes),
             record,
@@ -237,7 +303,7 @@ pub(crate) async fn watched(
         .instrument(span)
         .await;
     };
-    let url = upstream_url(&inner, upstream, &parts.uri);
+    let url = upstream_url(base_of(&inner, upstream), &parts.uri);
     let mut record = record;
     // Until the stream ends one way or another, the client left.
     record.outcome = Outcome::ClientGone;
@@ -642,6 +708,12 @@ impl Pump {
                 attempt = self.attempts,
                 "upstream stream went silent; killed"
             );
+            let killed = Recovery::Killed {
+                upstream: pool,
+                path: self.record().path.clone(),
+                attempt: self.attempts,
+            };
+            report(&self.inner, killed);
         }
         if let StreamError::Api {
             status: Some(429),
@@ -660,13 +732,35 @@ impl Pump {
             return Some(self.give_up(&error, answer));
         };
         let resume = self.splice.resume(&self.original);
+        let path = self.record().path.clone();
+        let retrying = Recovery::Retrying {
+            upstream: pool,
+            path: path.clone(),
+            attempt: self.attempts,
+            code: error.code(),
+            delay,
+        };
         if !self.sent {
             // Nothing reached the client: the same request again.
             self.body = self.original_bytes.clone();
+            report(&self.inner, retrying);
         } else {
             match resume {
-                Resume::Again => self.body = self.original_bytes.clone(),
+                Resume::Again => {
+                    self.body = self.original_bytes.clone();
+                    report(&self.inner, retrying);
+                }
                 Resume::Continue(request) => {
+                    report(
+                        &self.inner,
+                        Recovery::Continuing {
+                            upstream: pool,
+                            path,
+                            attempt: self.attempts,
+                            code: error.code(),
+                            delay,
+                        },
+                    );
                     self.record().continuations += 1;
                     tracing::info!(
                         event = PROXY_CONTINUE,
@@ -702,6 +796,14 @@ impl Pump {
         upstream_answer: Option<Box<(StatusCode, HeaderMap, Bytes)>>,
     ) -> Step {
         let message = format!("warden proxy: the upstream stream failed: {}", error.code());
+        let gave_up = Recovery::GaveUp {
+            upstream: self.upstream.name(),
+            path: self.record().path.clone(),
+            attempts: self.attempts,
+            code: error.code(),
+            reason: error.to_string(),
+        };
+        report(&self.inner, gave_up);
         if self.sent {
             self.end(Outcome::ErrorEvent);
             return Step::Chunk(Bytes::from(self.splice.error_event(&message)));

@@ -25,6 +25,13 @@ impl Upstream {
     }
 }
 
+/// Whether `path` is an API path (`/v1/…`), which goes to an upstream;
+/// other paths go to [`ProxyConfig::other_upstream`](crate::ProxyConfig::other_upstream)
+/// if set, else are answered by the proxy.
+pub(crate) fn is_api_path(path: &str) -> bool {
+    path == "/v1" || path.starts_with("/v1/")
+}
+
 impl Upstream {
     /// The upstream of a request: Anthropic when it carries an
     /// `anthropic-version` header (every Anthropic client sends one), else
@@ -81,6 +88,7 @@ pub(crate) fn error_response(upstream: Upstream, status: StatusCode, message: &s
 fn anthropic_error_type(status: StatusCode) -> &'static str {
     match status.as_u16() {
         400 | 413 | 415 => "invalid_request_error",
+        404 => "not_found_error",
         429 => "rate_limit_error",
         502 | 504 => "api_error",
         _ => "overloaded_error",

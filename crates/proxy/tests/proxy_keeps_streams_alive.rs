@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use common::*;
 use serde_json::Value;
 use warden_mock::{MockConfig, Outcome, Scenario};
+use warden_proxy::Recovery;
 
 const REPLY: &str = "alpha bravo charlie delta echo foxtrot golf hotel india juliet kilo lima mike november oscar papa quebec romeo sierra tango";
 
@@ -84,9 +85,17 @@ async fn a_stall_before_the_first_byte_is_retried_and_the_client_sees_one_stream
 #[tokio::test]
 async fn a_stall_mid_text_is_continued_and_spliced_into_one_well_formed_stream() {
     // message_start, content_block_start, ping, then 6 deltas: mid-text.
+    let heard = Arc::new(Mutex::new(Vec::<Recovery>::new()));
+    let log = heard.clone();
     let s = setup(
         mock(&[Scenario::Stall, Scenario::Normal]).with_fault_after_frames(9),
-        |c| c,
+        move |c| {
+            c.with_recovery_log(move |r| {
+                log.lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .push(r.clone());
+            })
+        },
     )
     .await;
     let t0 = Instant::now();
@@ -133,6 +142,27 @@ async fn a_stall_mid_text_is_continued_and_spliced_into_one_well_formed_stream()
     assert!(
         merged > second,
         "merged {merged} > the continuation's {second}"
+    );
+    // The operator hears of the kill and the continuation, in that order.
+    let heard = heard.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    assert!(
+        matches!(
+            heard.as_slice(),
+            [
+                Recovery::Killed { attempt: 1, .. },
+                Recovery::Continuing {
+                    attempt: 1,
+                    code: "ESTREAM_TIMEOUT",
+                    ..
+                }
+            ]
+        ),
+        "{heard:?}"
+    );
+    assert!(
+        heard[1].to_string().contains("/v1/messages"),
+        "{}",
+        heard[1]
     );
 }
 
@@ -421,4 +451,108 @@ impl JsonValue for reqwest::Response {
         let bytes = within("a body", self.bytes()).await.expect("body");
         serde_json::from_slice(&bytes).expect("a JSON body")
     }
+}
+
+/// Paths outside the APIs reach no upstream unless one is named for them:
+/// `HEAD /` (Claude Code's probe) is answered here, anything else is a 404
+/// in the provider's shape.
+#[tokio::test]
+async fn paths_outside_the_apis_are_answered_here_unless_an_upstream_is_named() {
+    let s = setup(mock(&[]), |c| c).await;
+    let head = within("HEAD /", s.client.head(format!("{}/", s.base)).send())
+        .await
+        .expect("answer");
+    assert_eq!(head.status(), 200);
+    let other = within(
+        "GET /favicon.ico",
+        s.client
+            .get(format!("{}/favicon.ico", s.base))
+            .header("anthropic-version", "2023-06-01")
+            .send(),
+    )
+    .await
+    .expect("answer");
+    assert_eq!(other.status(), 404);
+    let body: Value = other.json_value().await;
+    assert_eq!(body["error"]["type"], "not_found_error", "{body}");
+    assert!(s.mock.requests().is_empty(), "nothing reached the upstream");
+
+    // Named: such requests go there (the mock answers an unknown path 404
+    // with its own message).
+    let named = setup(mock(&[]), |c| c).await;
+    let upstream = named.mock.base_url();
+    let s = setup(mock(&[]), move |c| c.with_other_upstream(upstream)).await;
+    let other = within(
+        "GET /favicon.ico",
+        s.client.get(format!("{}/favicon.ico", s.base)).send(),
+    )
+    .await
+    .expect("answer");
+    assert_eq!(other.status(), 404);
+    let body: Value = other.json_value().await;
+    let message = body["error"]["message"].as_str().unwrap_or("");
+    assert!(message.starts_with("warden-mock:"), "{body}");
+    assert_eq!(
+        named.mock.requests().len(),
+        1,
+        "it went to the named upstream"
+    );
+}
+
+/// An upstream that cannot be reached: the client gets the provider's
+/// error after the attempts, and the operator hears why.
+#[tokio::test]
+async fn an_unreachable_upstream_is_reported_with_its_reason() {
+    let closed = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let dead = format!("http://{}", closed.local_addr().expect("addr"));
+    drop(closed);
+    let heard = Arc::new(Mutex::new(Vec::<Recovery>::new()));
+    let log = heard.clone();
+    let s = setup(mock(&[]), move |c| {
+        c.with_anthropic_upstream(dead)
+            .with_retry(
+                warden_core::RetryPolicy::default()
+                    .with_jitter(0.0)
+                    .with_max_attempts(2)
+                    .with_backoff(Duration::from_millis(10), Duration::from_millis(10)),
+            )
+            .with_recovery_log(move |r| {
+                log.lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .push(r.clone());
+            })
+    })
+    .await;
+    let response = within(
+        "the answer",
+        s.messages(messages_body("claude-opus-4-8", "hi")).send(),
+    )
+    .await
+    .expect("answer");
+    assert_eq!(response.status(), 529);
+    let heard = heard.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    assert!(
+        matches!(
+            heard.as_slice(),
+            [
+                Recovery::Retrying {
+                    code: "ECONNECTION",
+                    ..
+                },
+                Recovery::GaveUp {
+                    attempts: 2,
+                    code: "ECONNECTION",
+                    ..
+                }
+            ]
+        ),
+        "{heard:?}"
+    );
+    let line = heard[1].to_string();
+    assert!(
+        line.contains("gave up after 2 attempt(s)") && line.contains("refused"),
+        "{line}"
+    );
 }
