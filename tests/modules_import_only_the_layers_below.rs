@@ -68,6 +68,7 @@ const SERVE: Table = &[
 /// the routes on top.
 const PROXY: Table = &[
     ("access", &[]),
+    ("assemble", &[]),
     ("config", &["access"]),
     ("headers", &[]),
     ("spans", &[]),
@@ -78,7 +79,9 @@ const PROXY: Table = &[
     ("splice/responses", &[]),
     (
         "run",
-        &["access", "config", "headers", "spans", "splice", "upstream"],
+        &[
+            "access", "assemble", "config", "headers", "spans", "splice", "upstream",
+        ],
     ),
 ];
 

@@ -188,6 +188,20 @@ if sdk == "anthropic":
         text = "".join(s.text_stream)
         final = s.get_final_message()
         assert final.content[-1].text == text, (final, text)
+elif sdk == "anthropic-whole":
+    import anthropic
+    client = anthropic.Anthropic(base_url=base, api_key="sk-test", max_retries=0)
+    message = client.messages.create(model="claude-test", max_tokens=1024,
+                                     messages=[{"role": "user", "content": "say the sentence"}])
+    assert message.stop_reason == "end_turn", message
+    text = message.content[-1].text
+elif sdk == "openai-whole":
+    import openai
+    client = openai.OpenAI(base_url=base + "/v1", api_key="sk-test", max_retries=0)
+    completion = client.chat.completions.create(model="gpt-test",
+                                                messages=[{"role": "user", "content": "say the sentence"}])
+    assert completion.choices[0].finish_reason == "stop", completion
+    text = completion.choices[0].message.content
 else:
     import openai
     client = openai.OpenAI(base_url=base + "/v1", api_key="sk-test", max_retries=0)
@@ -202,12 +216,16 @@ async fn the_official_python_sdks_get_the_whole_text_through_stalls_with_their_r
     let Some(python) = client("WARDEN_PYTHON", "WARDEN_REQUIRE_PYTHON_SDKS") else {
         return;
     };
-    // (sdk, frames before the stall): mid-text, and before the first byte.
+    // (sdk, frames before the stall): mid-text, and before the first byte;
+    // `-whole`: a non-streaming call, which the proxy watches as a stream
+    // and answers whole.
     for (sdk, fault) in [
         ("anthropic", 9),
         ("anthropic", 0),
         ("openai", 6),
         ("openai", 0),
+        ("anthropic-whole", 9),
+        ("openai-whole", 6),
     ] {
         let mock = MockServer::start(mock_config([Scenario::Stall, Scenario::Normal], fault))
             .await

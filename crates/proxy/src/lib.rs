@@ -14,6 +14,7 @@
 //! |---|---|
 //! | `POST /v1/messages` with `"stream": true` | watched; retried, continued and spliced |
 //! | `POST /v1/chat/completions` with `"stream": true` | watched; retried, continued and spliced |
+//! | `POST /v1/messages` or `/v1/chat/completions` without `"stream": true` | sent upstream as a stream, watched, retried and continued like the above; the whole JSON answer assembled from it |
 //! | `POST /v1/responses` with `"stream": true` | watched; retried until the first byte |
 //! | any other `/v1/…` request | passed through as it is, bodies streamed both ways |
 //! | any other path | sent to [`ProxyConfig::other_upstream`] when set (unwatched); else answered here: `200` for `HEAD /` and `GET /`, `404` otherwise — nothing goes to a host the user did not name |
@@ -83,6 +84,7 @@
 //! ```
 
 mod access;
+mod assemble;
 mod config;
 mod headers;
 mod run;

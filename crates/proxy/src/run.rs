@@ -8,7 +8,7 @@ use std::sync::Arc;
 use axum::body::Body;
 use axum::extract::Request;
 use axum::http::{HeaderMap, Method, StatusCode};
-use axum::response::Response;
+use axum::response::{IntoResponse as _, Response};
 use bytes::Bytes;
 use futures_util::StreamExt as _;
 use rand::SeedableRng as _;
@@ -20,6 +20,7 @@ use warden_core::StreamError;
 use warden_llm::sse::{Parsed, SseParser};
 
 use crate::access::{AccessRecord, Outcome, Recovery};
+use crate::assemble::{self, Assembled};
 use crate::config::ProxyConfig;
 use crate::headers;
 use crate::spans::{PROXY_ATTEMPT, PROXY_CONTINUE, PROXY_KILL, PROXY_REQUEST};
@@ -281,15 +282,38 @@ pub(crate) async fn watched(
             );
         }
     };
-    let json: Option<Value> = serde_json::from_slice(&bytes).ok();
-    let splice = match &json {
-        Some(v) if v.get("stream").and_then(Value::as_bool) == Some(true) => {
-            Some(splice::for_protocol(protocol))
+    let mut json: Option<Value> = serde_json::from_slice(&bytes).ok();
+    let mut bytes = bytes;
+    let streamed = json
+        .as_ref()
+        .map(|v| v.get("stream").and_then(Value::as_bool));
+    // A whole answer asked for: sent upstream as a stream (watched like
+    // any other) and assembled here.
+    let whole = matches!(streamed, Some(None | Some(false)))
+        && protocol.assembles()
+        && json.as_ref().is_some_and(Value::is_object);
+    if whole && let Some(v) = json.as_mut() {
+        v["stream"] = Value::Bool(true);
+        if protocol == Protocol::ChatCompletions && v.get("stream_options").is_none() {
+            // The usage of the whole answer arrives in a last chunk only
+            // when asked for.
+            v["stream_options"] = serde_json::json!({"include_usage": true});
         }
-        _ => None,
-    };
+        match serde_json::to_vec(v) {
+            Ok(b) => bytes = Bytes::from(b),
+            Err(e) => {
+                return error_response(
+                    upstream,
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    &format!("warden proxy: cannot re-encode the request as a stream: {e}"),
+                );
+            }
+        }
+    }
+    let splice = (whole || streamed == Some(Some(true))).then(|| splice::for_protocol(protocol));
     let (Some(splice), Some(json)) = (splice, json) else {
-        // Not a stream (or not JSON: the upstream says what is wrong).
+        // Not JSON (the upstream says what is wrong), or a Responses
+        // request that is not a stream.
         let base = base_of(&inner, upstream).to_owned();
         return send_through(
             inner,
@@ -330,6 +354,9 @@ pub(crate) async fn watched(
         rng: rand::rngs::SmallRng::from_rng(&mut rand::rng()),
         logged,
     };
+    if whole {
+        return assemble(pump, protocol).instrument(span).await;
+    }
     match pump.next().instrument(span.clone()).await {
         Step::Head(headers, first) => {
             // The rest of the body is pulled by the connection as it
@@ -358,6 +385,85 @@ pub(crate) async fn watched(
             "warden proxy: the request ended without an answer",
         ),
     }
+}
+
+/// Drives `pump` to its end and answers with the whole message (or chat
+/// completion) its spliced stream makes: the JSON the API would have
+/// given a non-streaming request, an error answer in the provider's shape
+/// when the stream ended with an error, or the upstream's own answer when
+/// it gave one instead of a stream.
+async fn assemble(mut pump: Pump, protocol: Protocol) -> Response {
+    let upstream = pump.upstream;
+    let mut headers = HeaderMap::new();
+    let mut stream = Vec::new();
+    loop {
+        match pump.next().await {
+            Step::Head(h, b) => {
+                headers = h;
+                stream.extend_from_slice(&b);
+            }
+            Step::Chunk(b) => stream.extend_from_slice(&b),
+            Step::Answer(response) => return response,
+            Step::End => break,
+        }
+    }
+    // The stream was spliced from well-formed upstream events: its events
+    // parse, each within the frame limit.
+    let mut parser = SseParser::new(pump.inner.config.max_frame_bytes);
+    let mut frames = VecDeque::new();
+    let parsed = parser.feed(&stream, &mut frames);
+    let mut messages = assemble::Messages::default();
+    let mut chat = assemble::ChatCompletions::default();
+    for frame in frames {
+        if let Parsed::Event(event) = frame {
+            match protocol {
+                Protocol::ChatCompletions => chat.event(&event),
+                _ => messages.event(&event),
+            }
+        }
+    }
+    let assembled = match (parsed, protocol) {
+        (Err(_), _) => Assembled::Incomplete,
+        (Ok(()), Protocol::ChatCompletions) => chat.finish(),
+        (Ok(()), _) => messages.finish(),
+    };
+    let (status, body) = match assembled {
+        Assembled::Answer(answer) => (StatusCode::OK, answer),
+        Assembled::Error(error) => {
+            let status = match upstream {
+                Upstream::Anthropic => {
+                    StatusCode::from_u16(529).unwrap_or(StatusCode::SERVICE_UNAVAILABLE)
+                }
+                Upstream::OpenAi => StatusCode::SERVICE_UNAVAILABLE,
+            };
+            let body = match upstream {
+                Upstream::Anthropic => serde_json::json!({"type": "error", "error": error}),
+                Upstream::OpenAi => serde_json::json!({"error": error}),
+            };
+            (status, body)
+        }
+        Assembled::Incomplete => {
+            let response = error_response(
+                upstream,
+                StatusCode::BAD_GATEWAY,
+                "warden proxy: the upstream stream ended before its last event",
+            );
+            pump.record().status = response.status().as_u16();
+            return response;
+        }
+    };
+    pump.record().status = status.as_u16();
+    let mut response = (status, Body::from(body.to_string())).into_response();
+    for (name, value) in &headers {
+        if name != axum::http::header::CONTENT_TYPE {
+            response.headers_mut().append(name.clone(), value.clone());
+        }
+    }
+    response.headers_mut().insert(
+        axum::http::header::CONTENT_TYPE,
+        axum::http::HeaderValue::from_static("application/json"),
+    );
+    response
 }
 
 /// What the next pull of a watched request gives.

@@ -57,6 +57,14 @@ pub(crate) enum Protocol {
 }
 
 impl Protocol {
+    /// Whether a non-streaming request of this protocol is sent upstream as
+    /// a stream and its answer assembled (Responses requests are passed
+    /// through: a background response is the API's own way to outlive a
+    /// connection).
+    pub(crate) fn assembles(self) -> bool {
+        matches!(self, Self::Messages | Self::ChatCompletions)
+    }
+
     /// The upstream that speaks it.
     pub(crate) fn upstream(self) -> Upstream {
         match self {

@@ -556,3 +556,100 @@ async fn an_unreachable_upstream_is_reported_with_its_reason() {
         "{line}"
     );
 }
+
+/// A client that asks for a whole message is answered with one, and the
+/// request is watched on the way: sent upstream as a stream, continued
+/// through a mid-text stall, assembled into the JSON the API would send.
+#[tokio::test]
+async fn a_non_streaming_request_is_watched_and_gets_the_whole_answer() {
+    // Anthropic Messages, stalled mid-text.
+    let s = setup(
+        mock(&[Scenario::Stall, Scenario::Normal]).with_fault_after_frames(9),
+        |c| c,
+    )
+    .await;
+    let body = serde_json::json!({"model": "claude-opus-4-8", "max_tokens": 1024, "messages": [{"role": "user", "content": "hi"}]});
+    let response = within("the message", s.messages(body.to_string()).send())
+        .await
+        .expect("answer");
+    assert_eq!(response.status(), 200);
+    assert!(
+        response
+            .headers()
+            .get("content-type")
+            .is_some_and(|v| v.as_bytes().starts_with(b"application/json"))
+    );
+    let message: Value = response.json_value().await;
+    assert_eq!(message["type"], "message", "{message}");
+    assert_eq!(message["content"][0]["type"], "text");
+    assert_eq!(
+        message["content"][0]["text"], REPLY,
+        "the whole reply, once"
+    );
+    assert_eq!(message["stop_reason"], "end_turn");
+    assert!(
+        message["usage"]["output_tokens"].as_u64() > Some(0),
+        "{message}"
+    );
+    let requests = s.mock.requests();
+    assert_eq!(requests.len(), 2, "{requests:?}");
+    assert_eq!(
+        requests[0].outcome,
+        Outcome::ClientClosed,
+        "the silent stream was killed"
+    );
+    assert_eq!(requests[1].continuation, Some("turn"));
+
+    // Chat completions, stalled mid-text.
+    let s = setup(
+        mock(&[Scenario::Stall, Scenario::Normal]).with_fault_after_frames(6),
+        |c| c,
+    )
+    .await;
+    let body =
+        serde_json::json!({"model": "gpt-test", "messages": [{"role": "user", "content": "hi"}]});
+    let response = within(
+        "the completion",
+        s.client
+            .post(format!("{}/v1/chat/completions", s.base))
+            .header("authorization", format!("Bearer {KEY}"))
+            .header("content-type", "application/json")
+            .body(body.to_string())
+            .send(),
+    )
+    .await
+    .expect("answer");
+    assert_eq!(response.status(), 200);
+    let completion: Value = response.json_value().await;
+    assert_eq!(completion["object"], "chat.completion", "{completion}");
+    assert_eq!(completion["choices"][0]["message"]["content"], REPLY);
+    assert_eq!(completion["choices"][0]["finish_reason"], "stop");
+    assert!(
+        completion["usage"]["completion_tokens"].as_u64() > Some(0),
+        "{completion}"
+    );
+    assert_eq!(s.mock.requests().len(), 2);
+}
+
+/// An upstream that keeps stalling: the whole-answer client gets the
+/// provider's error after the attempts, never a hang.
+#[tokio::test]
+async fn a_non_streaming_request_through_a_stalling_upstream_ends_with_an_error() {
+    let s = setup(mock(&[Scenario::Stall]).with_fault_after_frames(9), |c| {
+        c.with_retry(
+            warden_core::RetryPolicy::default()
+                .with_jitter(0.0)
+                .with_max_attempts(2)
+                .with_backoff(Duration::from_millis(10), Duration::from_millis(10)),
+        )
+    })
+    .await;
+    let body = serde_json::json!({"model": "claude-opus-4-8", "max_tokens": 1024, "messages": [{"role": "user", "content": "hi"}]});
+    let response = within("the error", s.messages(body.to_string()).send())
+        .await
+        .expect("answer");
+    assert_eq!(response.status(), 529);
+    let error: Value = response.json_value().await;
+    assert_eq!(error["type"], "error", "{error}");
+    assert_eq!(error["error"]["type"], "overloaded_error", "{error}");
+}
