@@ -49,6 +49,11 @@ pub(crate) struct ProxyArgs {
     /// WARDEN_STREAM_TIMEOUT (also milliseconds), else 45000.
     #[arg(long, value_name = "MS")]
     timeout: Option<u64>,
+    /// On SIGTERM/Ctrl-C, how long open responses may go on before they
+    /// are ended with the provider's error event, in seconds. A second
+    /// signal exits at once.
+    #[arg(long, value_name = "SECONDS", default_value_t = 10)]
+    grace: u64,
     /// One JSON access-log line per request on stdout (status, duration,
     /// attempts, kills, continuations; never headers or bodies).
     #[arg(long)]
@@ -127,12 +132,52 @@ pub(crate) async fn run(args: ProxyArgs) -> Result<Exit, CliError> {
             }
         }
     }));
-    proxy
-        .serve(listener, async {
-            let _ = crate::signal::shutdown_signal().await;
-        })
-        .await
-        .map_err(|e| CliError::failure(format!("the proxy stopped: {e}")))?;
+    // A signal stops accepting at once; open responses get the grace
+    // period, then are ended with the provider's error event; whatever is
+    // left (a pass-through body) gets one more second. A second signal
+    // exits at once.
+    let server = tokio::spawn({
+        let proxy = proxy.clone();
+        async move {
+            proxy
+                .serve(listener, async {
+                    let _ = crate::signal::shutdown_signal().await;
+                })
+                .await
+        }
+    });
+    let mut server = server;
+    tokio::select! {
+        ended = &mut server => {
+            // The server stopped on its own, before any signal.
+            proxy.stop();
+            return match ended {
+                Ok(Ok(())) => Ok(Exit::Ok),
+                Ok(Err(e)) => Err(CliError::failure(format!("the proxy stopped: {e}"))),
+                Err(e) => Err(CliError::failure(format!("the proxy stopped: {e}"))),
+            };
+        }
+        _ = crate::signal::shutdown_signal() => {}
+    }
+    let grace = Duration::from_secs(args.grace);
+    eprintln!(
+        "warden proxy: stopping: no new requests; open responses have {}s (a second signal exits now)",
+        grace.as_secs()
+    );
+    let insist = crate::signal::second_signal();
+    tokio::pin!(insist);
+    let finished = tokio::select! {
+        r = tokio::time::timeout(grace, &mut server) => r.ok(),
+        () = &mut insist => return Ok(crate::signal::received().map_or(Exit::Ok, |s| s.exit())),
+    };
+    if finished.is_none() {
+        eprintln!("warden proxy: ending the responses still open");
+        proxy.end_open_responses();
+        tokio::select! {
+            _ = tokio::time::timeout(Duration::from_secs(1), &mut server) => {}
+            () = &mut insist => {}
+        }
+    }
     proxy.stop();
     Ok(Exit::Ok)
 }

@@ -35,6 +35,9 @@ impl Shutdown {
 /// The first signal received, once one has been.
 static RECEIVED: OnceLock<watch::Sender<Option<Shutdown>>> = OnceLock::new();
 
+/// How many SIGINT/SIGTERM have arrived.
+static COUNT: OnceLock<watch::Sender<u32>> = OnceLock::new();
+
 /// Registers SIGINT and SIGTERM handlers now (not at the first poll) and
 /// records the first of them that arrives. From here on neither signal
 /// kills the process: the command must select on [`shutdown_signal`].
@@ -51,6 +54,7 @@ pub(crate) fn install() -> Result<(), CliError> {
     if RECEIVED.set(tx).is_err() {
         return Ok(()); // installed by a concurrent caller
     }
+    let _ = COUNT.set(watch::channel(0).0);
     tokio::spawn(async move {
         loop {
             let which = tokio::select! {
@@ -58,6 +62,9 @@ pub(crate) fn install() -> Result<(), CliError> {
                 Some(()) = term.recv() => Shutdown::Terminate,
                 else => return,
             };
+            if let Some(count) = COUNT.get() {
+                count.send_modify(|n| *n += 1);
+            }
             if let Some(tx) = RECEIVED.get() {
                 // The first signal decides the exit code.
                 tx.send_if_modified(|seen| {
@@ -88,6 +95,22 @@ pub(crate) fn shutdown_signal() -> impl Future<Output = Shutdown> + Send + 'stat
                     return which;
                 }
             }
+        }
+        std::future::pending().await
+    }
+}
+
+/// Resolves once a second SIGINT or SIGTERM has arrived: the user insists
+/// (never resolves if the handlers could not be installed).
+pub(crate) fn second_signal() -> impl Future<Output = ()> + Send + 'static {
+    let receiver = install()
+        .ok()
+        .and_then(|()| COUNT.get().map(watch::Sender::subscribe));
+    async move {
+        if let Some(mut rx) = receiver
+            && rx.wait_for(|n| *n >= 2).await.is_ok()
+        {
+            return;
         }
         std::future::pending().await
     }

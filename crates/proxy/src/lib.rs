@@ -174,6 +174,7 @@ impl Proxy {
                 http,
                 watchdog,
                 admission: Admission::new(AdmissionConfig::default()),
+                stopping: tokio_util::sync::CancellationToken::new(),
             }),
         })
     }
@@ -208,6 +209,15 @@ impl Proxy {
         axum::serve(listener, self.router())
             .with_graceful_shutdown(shutdown)
             .await
+    }
+
+    /// Ends every watched response still open — the stream with the
+    /// provider's error event, a response not yet started with its error
+    /// answer — and retries nothing from now on: the last step of a
+    /// shutdown whose grace period is over. Responses passed through
+    /// unwatched are not touched.
+    pub fn end_open_responses(&self) {
+        self.inner.stopping.cancel();
     }
 
     /// Stops the proxy's watchdog (streams still open are no longer

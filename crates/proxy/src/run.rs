@@ -33,6 +33,15 @@ pub(crate) struct Inner {
     pub(crate) http: reqwest::Client,
     pub(crate) watchdog: warden_core::watchdog::WatchdogHandle,
     pub(crate) admission: warden_core::Admission,
+    /// Cancelled when the proxy ends its open responses (shutdown).
+    pub(crate) stopping: tokio_util::sync::CancellationToken,
+}
+
+/// Why an attempt ends when the proxy shuts down.
+fn shutting_down() -> StreamError {
+    StreamError::Interrupted {
+        reason: "the proxy is shutting down".to_owned(),
+    }
 }
 
 /// Hands `recovery` to the configured recovery log, if any.
@@ -638,7 +647,13 @@ impl Pump {
             warden.outcome = tracing::field::Empty,
         );
         let pool = self.upstream.name();
-        let permit = self.inner.admission.admit(pool).await;
+        let admitted = tokio::select! {
+            permit = self.inner.admission.admit(pool) => Some(permit),
+            () = self.inner.stopping.cancelled() => None,
+        };
+        let Some(permit) = admitted else {
+            return Err(self.give_up(&shutting_down(), None));
+        };
         drop(permit);
         let opened = self.send().instrument(span.clone()).await;
         match opened {
@@ -687,6 +702,7 @@ impl Pump {
         let response = tokio::select! {
             r = send => r,
             e = &mut expired => return Err(Failure::killed(e)),
+            () = self.inner.stopping.cancelled() => return Err(Failure::of(shutting_down())),
         };
         let response = response.map_err(|e| {
             Failure::of(StreamError::Connection {
@@ -751,6 +767,9 @@ impl Pump {
             let chunk = tokio::select! {
                 c = current.stream.next() => c,
                 e = &mut current.expired => return (out, Some(Failure::killed(e))),
+                () = self.inner.stopping.cancelled() => {
+                    return (out, Some(Failure::of(shutting_down())));
+                }
             };
             let bytes = match chunk {
                 Some(Ok(b)) => b,
@@ -829,6 +848,9 @@ impl Pump {
         {
             self.inner.admission.hold(pool, *wait);
         }
+        if self.inner.stopping.is_cancelled() {
+            return Some(self.give_up(&shutting_down(), None));
+        }
         let delay = self
             .inner
             .config
@@ -889,8 +911,10 @@ impl Pump {
                 Resume::GiveUp => return Some(self.give_up(&error, None)),
             }
         }
-        tokio::time::sleep(delay).await;
-        None
+        tokio::select! {
+            () = tokio::time::sleep(delay) => None,
+            () = self.inner.stopping.cancelled() => Some(self.give_up(&shutting_down(), None)),
+        }
     }
 
     /// Ends the request after `error`: the upstream's own error answer or
