@@ -7,9 +7,6 @@ use warden_pg::cluster::Node;
 
 use crate::exit::{CliError, Exit};
 
-/// Default lease TTL of a cluster node.
-pub(crate) const DEFAULT_LEASE_TTL_SECS: f64 = 10.0;
-
 /// Connects to the cluster's database (creating or migrating its schema).
 pub(crate) async fn connect(url: &str) -> Result<PgStore, CliError> {
     if !(url.starts_with("postgres://") || url.starts_with("postgresql://")) {

@@ -25,6 +25,7 @@ mod sessions;
 mod signal;
 mod sources;
 mod stream;
+mod units;
 
 use std::process::ExitCode;
 use std::time::Duration;

@@ -54,19 +54,19 @@ pub(crate) struct MockArgs {
     #[arg(long, value_name = "NAME[,NAME…]", default_value = "normal", value_parser = parse_script)]
     scenario: Script,
     /// How long `thinking-pings` thinks, in milliseconds.
-    #[arg(long, value_name = "MS", default_value_t = 10_000)]
-    thinking_pause: u64,
+    #[arg(long, value_name = "MS", default_value = "10000", value_parser = crate::units::millis)]
+    thinking_pause: Duration,
     /// The interval of pings while thinking, in milliseconds.
-    #[arg(long, value_name = "MS", default_value_t = 1_000)]
-    ping_interval: u64,
+    #[arg(long, value_name = "MS", default_value = "1000", value_parser = crate::units::millis)]
+    ping_interval: Duration,
     /// The `retry-after` of `rate-limited`, in milliseconds.
-    #[arg(long, value_name = "MS", default_value_t = 1_000)]
-    retry_after: u64,
+    #[arg(long, value_name = "MS", default_value = "1000", value_parser = crate::units::millis)]
+    retry_after: Duration,
 }
 
 /// Runs `warden mock` until Ctrl-C or SIGTERM.
 pub(crate) async fn run(args: MockArgs) -> Result<Exit, CliError> {
-    if args.ping_interval == 0 {
+    if args.ping_interval < Duration::from_millis(1) {
         return Err(CliError::usage("--ping-interval must be at least 1 ms"));
     }
     let script = args.scenario.0;
@@ -76,9 +76,9 @@ pub(crate) async fn run(args: MockArgs) -> Result<Exit, CliError> {
         _ => config.with_sequence(script.iter().copied()),
     };
     let mut config = config
-        .with_thinking_pause(Duration::from_millis(args.thinking_pause))
-        .with_ping_interval(Duration::from_millis(args.ping_interval))
-        .with_retry_after(Duration::from_millis(args.retry_after));
+        .with_thinking_pause(args.thinking_pause)
+        .with_ping_interval(args.ping_interval)
+        .with_retry_after(args.retry_after);
     if args.port != 0 {
         config = config.with_port(args.port);
     }

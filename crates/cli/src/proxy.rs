@@ -47,13 +47,13 @@ pub(crate) struct ProxyArgs {
     other_upstream: Option<String>,
     /// Silence allowed on an upstream stream, in milliseconds. Default
     /// WARDEN_STREAM_TIMEOUT (also milliseconds), else 45000.
-    #[arg(long, value_name = "MS")]
-    timeout: Option<u64>,
+    #[arg(long, value_name = "MS", value_parser = crate::units::millis)]
+    timeout: Option<Duration>,
     /// On SIGTERM/Ctrl-C, how long open responses may go on before they
-    /// are ended with the provider's error event, in seconds. A second
-    /// signal exits at once.
-    #[arg(long, value_name = "SECONDS", default_value_t = 10)]
-    grace: u64,
+    /// are ended with the provider's error event: seconds, or a duration
+    /// with a unit. A second signal exits at once.
+    #[arg(long, value_name = "SECONDS", default_value = "10", value_parser = crate::units::seconds)]
+    grace: Duration,
     /// One JSON access-log line per request on stdout (status, duration,
     /// attempts, kills, continuations; never headers or bodies).
     #[arg(long)]
@@ -77,7 +77,7 @@ pub(crate) async fn run(args: ProxyArgs) -> Result<Exit, CliError> {
     // `--timeout` wins; without it a bad WARDEN_STREAM_TIMEOUT is refused
     // rather than replaced by the default.
     let base = match args.timeout {
-        Some(ms) => ProxyConfig::default().with_timeout(Duration::from_millis(ms)),
+        Some(t) => ProxyConfig::default().with_timeout(t),
         None => ProxyConfig::from_env().map_err(|e| CliError::usage(e.to_string()))?,
     };
     let mut config = base
@@ -159,10 +159,10 @@ pub(crate) async fn run(args: ProxyArgs) -> Result<Exit, CliError> {
         }
         _ = crate::signal::shutdown_signal() => {}
     }
-    let grace = Duration::from_secs(args.grace);
+    let grace = args.grace;
     eprintln!(
-        "warden proxy: stopping: no new requests; open responses have {}s (a second signal exits now)",
-        grace.as_secs()
+        "warden proxy: stopping: no new requests; open responses have {:.1}s (a second signal exits now)",
+        grace.as_secs_f64()
     );
     let insist = crate::signal::second_signal();
     tokio::pin!(insist);

@@ -57,12 +57,14 @@ pub(crate) struct ServeArgs {
     /// The Claude Code binary. Default WARDEN_CLAUDE_BIN, else `claude` on PATH.
     #[arg(long, value_name = "PATH")]
     claude_bin: Option<PathBuf>,
-    /// Seconds running turns may take to finish after SIGTERM.
-    #[arg(long, default_value_t = 10, value_name = "SECONDS")]
-    grace: u64,
-    /// Seconds a finished turn's events stay available for re-attach.
-    #[arg(long, default_value_t = 600, value_name = "SECONDS")]
-    keep_events: u64,
+    /// How long running turns may take to finish after SIGTERM: seconds,
+    /// or a duration with a unit (30s, 2m).
+    #[arg(long, default_value = "10", value_name = "SECONDS", value_parser = crate::units::seconds)]
+    grace: Duration,
+    /// How long a finished turn's events stay available for re-attach:
+    /// seconds, or a duration with a unit.
+    #[arg(long, default_value = "600", value_name = "SECONDS", value_parser = crate::units::seconds)]
+    keep_events: Duration,
     /// Keep the sessions in PostgreSQL, shared with the other nodes of a
     /// cluster (`postgres://USER@HOST:PORT/DB`; the schema is created or
     /// migrated on start). Default: sled in the data directory, this
@@ -76,10 +78,11 @@ pub(crate) struct ServeArgs {
     /// listen address.
     #[arg(long, value_name = "URL", requires = "store")]
     advertise: Option<String>,
-    /// Seconds a session's lease lasts without renewal (renewed at a
+    /// How long a session's lease lasts without renewal (renewed at a
     /// third of it): how long a dead node's sessions wait for a takeover.
-    #[arg(long, value_name = "SECONDS", requires = "store", default_value_t = crate::cluster::DEFAULT_LEASE_TTL_SECS)]
-    lease_ttl: f64,
+    /// Seconds, or a duration with a unit; at least 0.3 s.
+    #[arg(long, value_name = "SECONDS", requires = "store", default_value = "10", value_parser = crate::units::seconds)]
+    lease_ttl: Duration,
 }
 
 /// The token in `path`, or a new random one written there (0600).
@@ -166,8 +169,7 @@ pub(crate) async fn run(args: ServeArgs) -> Result<Exit, CliError> {
             .clone()
             .unwrap_or_else(|| data_dir.join("token")),
     )?;
-    let lease_ttl = Duration::try_from_secs_f64(args.lease_ttl)
-        .ok()
+    let lease_ttl = Some(args.lease_ttl)
         .filter(|t| *t >= Duration::from_millis(300))
         .ok_or_else(|| CliError::usage("--lease-ttl must be at least 0.3 seconds"))?;
     let listener = tokio::net::TcpListener::bind(args.listen)
@@ -185,7 +187,7 @@ pub(crate) async fn run(args: ServeArgs) -> Result<Exit, CliError> {
                 .advertise
                 .clone()
                 .unwrap_or_else(|| format!("http://{addr}"));
-            Some(Node::new(store, advertise).with_keep_turns(Duration::from_secs(args.keep_events)))
+            Some(Node::new(store, advertise).with_keep_turns(args.keep_events))
         }
         None => None,
     };
@@ -212,8 +214,7 @@ pub(crate) async fn run(args: ServeArgs) -> Result<Exit, CliError> {
     let mut builder = Supervisor::builder(Arc::new(factory))
         .config(config)
         .store(store);
-    let mut serve_config =
-        ServeConfig::new(token).with_keep_finished(Duration::from_secs(args.keep_events));
+    let mut serve_config = ServeConfig::new(token).with_keep_finished(args.keep_events);
     if let Some(node) = &cluster {
         // A node stores its turns' events in the database before sending
         // them, and relays the turns it re-delivers under their ids: a
@@ -255,7 +256,7 @@ pub(crate) async fn run(args: ServeArgs) -> Result<Exit, CliError> {
     // On a signal: stop accepting; running turns get the grace period,
     // then the sessions stop (their messages stay pending for the next
     // start) and the open event streams end with them.
-    let grace = Duration::from_secs(args.grace);
+    let grace = args.grace;
     let (stopping_tx, mut stopping) = tokio::sync::watch::channel(false);
     let server = axum::serve(listener, app).with_graceful_shutdown(async move {
         let _ = crate::signal::shutdown_signal().await;
@@ -264,8 +265,8 @@ pub(crate) async fn run(args: ServeArgs) -> Result<Exit, CliError> {
     let server = tokio::spawn(async move { server.await });
     let _ = stopping.wait_for(|s| *s).await;
     eprintln!(
-        "warden: stopping: no new requests; running turns have {}s to finish",
-        grace.as_secs()
+        "warden: stopping: no new requests; running turns have {:.1}s to finish",
+        grace.as_secs_f64()
     );
     let drained = tokio::time::timeout(grace, async {
         loop {

@@ -177,7 +177,34 @@ pub(crate) fn check_url(url: &str) -> Result<(), CliError> {
             CliError::usage(format!("invalid URL {url:?}: {reason}"))
         }
         other => CliError::usage(format!("invalid URL {url:?}: {other}")),
-    })
+    })?;
+    // A plain-HTTP URL without a port is almost always a forgotten port
+    // (a local mock, proxy or gateway), not port 80: say so rather than
+    // connect to 80. HTTPS without one is the public APIs' 443.
+    if let Ok(parsed) = reqwest::Url::parse(url.trim())
+        && parsed.scheme() == "http"
+        && parsed.port().is_none()
+        && !has_explicit_port(url)
+    {
+        let host = parsed.host_str().unwrap_or("HOST");
+        return Err(CliError::usage(format!(
+            "invalid URL {url:?}: no port; write http://{host}:PORT (http://{host}:80 if you mean port 80)"
+        )));
+    }
+    Ok(())
+}
+
+/// Whether `url`'s authority spells a port (`:80` counts, although the URL
+/// parser drops a scheme's default port).
+fn has_explicit_port(url: &str) -> bool {
+    let rest = url.trim().split_once("://").map_or("", |(_, r)| r);
+    let authority = rest.split(['/', '?', '#']).next().unwrap_or_default();
+    let host_port = authority.rsplit('@').next().unwrap_or_default();
+    match host_port.rsplit_once(':') {
+        // An IPv6 literal's colons are inside brackets.
+        Some((host, port)) => !port.is_empty() && !port.contains(']') && !host.is_empty(),
+        None => false,
+    }
 }
 
 /// The `claude` binary: `--claude-bin`, else `WARDEN_CLAUDE_BIN`, else

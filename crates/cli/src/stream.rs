@@ -46,10 +46,11 @@ pub(crate) struct StreamArgs {
     /// The model, when no --body is given.
     #[arg(long)]
     model: Option<String>,
-    /// Silence allowed on the stream before it is killed, in milliseconds.
-    /// Default: WARDEN_STREAM_TIMEOUT, else 45000.
-    #[arg(long, value_name = "MS")]
-    timeout: Option<u64>,
+    /// Silence allowed on the stream before it is killed: milliseconds, or
+    /// a duration with a unit (45s). Default: WARDEN_STREAM_TIMEOUT, else
+    /// 45000.
+    #[arg(long, value_name = "MS", value_parser = crate::units::millis)]
+    timeout: Option<Duration>,
     /// Retries after a failed attempt (timeouts, connection errors, 429/5xx),
     /// at most 100.
     #[arg(long, value_name = "N", default_value_t = 3,
@@ -103,7 +104,7 @@ pub(crate) async fn run(args: StreamArgs) -> Result<Exit, CliError> {
         .or_else(|| Provider::from_url(&args.url))
         .unwrap_or(Provider::Anthropic);
     let timeout = match args.timeout {
-        Some(ms) => warden_core::config::validate_timeout("--timeout", Duration::from_millis(ms))
+        Some(t) => warden_core::config::validate_timeout("--timeout", t)
             .map_err(|e| CliError::usage(e.to_string()))?,
         None => warden_core::config::stream_timeout_from_env()
             .map_err(|e| CliError::usage(e.to_string()))?,

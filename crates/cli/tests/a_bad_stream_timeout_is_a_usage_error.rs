@@ -6,7 +6,7 @@ mod common;
 
 use common::*;
 
-const BAD: [&str; 3] = ["45s", "0", "not-a-number"];
+const BAD: [&str; 3] = ["45x", "0", "not-a-number"];
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn proxy_refuses_a_bad_stream_timeout_unless_timeout_is_given() {
@@ -49,5 +49,32 @@ async fn chat_refuses_a_bad_stream_timeout() {
         let out = output(cmd, std::time::Duration::from_secs(30)).await;
         assert_eq!(code(&out), 2, "{value:?}: {}", stderr(&out));
         assert_one_line_error(&out, "WARDEN_STREAM_TIMEOUT");
+    }
+}
+
+/// Durations read one way everywhere: a unit suffix works in the variable
+/// and in every flag, a bare number keeps the flag's unit, and an unknown
+/// unit is a usage error that lists the known ones.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn durations_take_a_unit_the_same_way_everywhere() {
+    let mut cmd = command(&["proxy", "--listen", "127.0.0.1:0", "--grace", "1.5s"]);
+    cmd.env("WARDEN_STREAM_TIMEOUT", "45s");
+    let (mut child, _base, _lines) = spawn_listening(cmd, std::time::Duration::from_secs(30)).await;
+    child.kill().await.expect("stop the proxy");
+    let cmd = command(&["proxy", "--listen", "127.0.0.1:0", "--timeout", "2m"]);
+    let (mut child, _base, _lines) = spawn_listening(cmd, std::time::Duration::from_secs(30)).await;
+    child.kill().await.expect("stop the proxy");
+    for args in [
+        vec!["proxy", "--listen", "127.0.0.1:0", "--timeout", "45x"],
+        vec!["stream", "http://127.0.0.1:9/", "--timeout", "45x"],
+        vec!["mock", "--retry-after", "45x"],
+    ] {
+        let out = output(command(&args), std::time::Duration::from_secs(30)).await;
+        assert_eq!(code(&out), 2, "{args:?}: {}", stderr(&out));
+        assert!(
+            stderr(&out).contains("unknown unit"),
+            "{args:?}: {}",
+            stderr(&out)
+        );
     }
 }

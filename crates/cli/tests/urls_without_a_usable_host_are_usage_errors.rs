@@ -83,3 +83,45 @@ async fn chat_with_claude_code_takes_a_base_url() {
     assert_eq!(code(&out), 2, "{}", stderr(&out));
     assert_one_line_error(&out, "Claude Code CLI");
 }
+
+/// A URL without a scheme, or a plain-HTTP one without a port (a forgotten
+/// port, not port 80), is a usage error that names the fix, for every
+/// command that takes one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_url_without_a_scheme_or_port_names_the_fix() {
+    for (url, fix) in [
+        ("127.0.0.1:8080", "write http://127.0.0.1:8080 or https://"),
+        (
+            "localhost:8080/v1/messages",
+            "write http://localhost:8080/v1/messages",
+        ),
+        (
+            "http://localhost/v1/messages",
+            "write http://localhost:PORT",
+        ),
+    ] {
+        let out = run(&["stream", url, "--retries", "0"]).await;
+        assert_eq!(code(&out), 2, "{url}: {}", stderr(&out));
+        assert_one_line_error(&out, fix);
+        let out = run(&[
+            "proxy",
+            "--listen",
+            "127.0.0.1:0",
+            "--anthropic-upstream",
+            url,
+        ])
+        .await;
+        assert_eq!(code(&out), 2, "{url}: {}", stderr(&out));
+        assert_one_line_error(&out, fix);
+    }
+    // Port 80 said out loud, and HTTPS's default port, are fine: `stream`
+    // gets as far as connecting (and fails there, exit 5, not 2).
+    let out = run(&[
+        "stream",
+        "http://127.0.0.1:80/v1/messages",
+        "--retries",
+        "0",
+    ])
+    .await;
+    assert_ne!(code(&out), 2, "{}", stderr(&out));
+}

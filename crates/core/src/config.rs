@@ -2,13 +2,17 @@
 //!
 //! | variable | meaning | accepted | default |
 //! |---|---|---|---|
-//! | `WARDEN_STREAM_TIMEOUT` | stream silence allowance, milliseconds | integer `1..=86_400_000` | `45000` |
-//! | `WARDEN_PROGRESS_TIMEOUT` | progress allowance (no content while only keep-alives arrive), milliseconds | integer `1..=86_400_000` | off |
-//! | `WARDEN_TURN_DEADLINE` | wall-clock cap of one turn, milliseconds | integer `1..=86_400_000` | off |
+//! | `WARDEN_STREAM_TIMEOUT` | stream silence allowance | milliseconds `1..=86_400_000`, or a duration with a unit | `45000` |
+//! | `WARDEN_PROGRESS_TIMEOUT` | progress allowance (no content while only keep-alives arrive) | the same | off |
+//! | `WARDEN_TURN_DEADLINE` | wall-clock cap of one turn | the same | off |
 //!
-//! An invalid value is a [`ConfigError`], never a panic and never "no
-//! watchdog": `abc`, `0`, `-5`, `1.5` or a value above one day are all
-//! rejected with a message that names the variable and the accepted range.
+//! A bare number is whole milliseconds; a number with a unit — `500ms`,
+//! `45s`, `1.5s`, `2m`, `1h` — means what it says ([`parse_duration`], which
+//! the `warden` command uses for every duration flag too). An invalid value
+//! is a [`ConfigError`], never a panic and never "no watchdog": `abc`, `0`,
+//! `-5`, `1.5` (a fraction of a bare millisecond), `45x` or a value above one
+//! day are all rejected with a message that names the variable and the
+//! accepted forms.
 
 use std::time::Duration;
 
@@ -69,22 +73,65 @@ pub fn optional_millis_from(
     }
 }
 
-/// Parses whole milliseconds in `1..=86400000` from variable `var`.
+/// What a bare number (no unit) means to [`parse_duration`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BareUnit {
+    /// Whole milliseconds (`45000`); a fraction is refused.
+    Millis,
+    /// Seconds, fractions allowed (`10`, `0.5`).
+    Seconds,
+}
+
+/// Parses a duration: a number with a unit (`500ms`, `45s`, `1.5s`, `2m`,
+/// `1h`; fractions allowed), or a bare number in `bare` units. Negative
+/// values, unknown units and values that do not fit are errors (the
+/// message says which); zero is allowed here — callers decide whether it
+/// means something.
+pub fn parse_duration(value: &str, bare: BareUnit) -> Result<Duration, String> {
+    let v = value.trim();
+    if v.starts_with('-') {
+        return Err(format!("{v:?} is negative"));
+    }
+    let split = v
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(v.len());
+    let (number, unit) = v.split_at(split);
+    if number.is_empty() {
+        return Err(format!("{v:?} is not a number"));
+    }
+    let scale = match (unit.trim(), bare) {
+        ("", BareUnit::Millis) => {
+            let ms: u64 = number
+                .parse()
+                .map_err(|_| format!("{v:?} is not a whole number of milliseconds"))?;
+            return Ok(Duration::from_millis(ms));
+        }
+        ("", BareUnit::Seconds) | ("s", _) => 1.0,
+        ("ms", _) => 0.001,
+        ("m", _) => 60.0,
+        ("h", _) => 3600.0,
+        (other, _) => return Err(format!("unknown unit {other:?} (use ms, s, m or h)")),
+    };
+    let n: f64 = number
+        .parse()
+        .map_err(|_| format!("{number:?} is not a number"))?;
+    Duration::try_from_secs_f64(n * scale).map_err(|_| format!("{v:?} is too large"))
+}
+
+/// Parses a duration in `1 ms ..= 1 day` from variable `var` (a bare
+/// number is milliseconds).
 fn parse_millis(var: &'static str, value: &str) -> Result<Duration, ConfigError> {
     let invalid = |reason: &str| ConfigError::InvalidEnv {
         var,
         value: value.to_owned(),
-        reason: format!("{reason}; expected whole milliseconds in 1..=86400000"),
+        reason: format!(
+            "{reason}; expected whole milliseconds in 1..=86400000, or a duration with a unit (45s, 500ms, 2m)"
+        ),
     };
-    let trimmed = value.trim();
-    if trimmed.starts_with('-') {
-        return Err(invalid("negative"));
+    let timeout = parse_duration(value, BareUnit::Millis).map_err(|e| invalid(&e))?;
+    if timeout < Duration::from_millis(1) {
+        return Err(invalid("under a millisecond would disable the watchdog"));
     }
-    let ms: u64 = trimmed.parse().map_err(|_| invalid("not an integer"))?;
-    if ms == 0 {
-        return Err(invalid("zero would disable the watchdog"));
-    }
-    let timeout = Duration::from_millis(ms);
     if timeout > MAX_STREAM_TIMEOUT {
         return Err(invalid("above one day"));
     }
@@ -139,19 +186,46 @@ mod tests {
     }
 
     #[test]
+    fn units_mean_what_they_say_and_a_bare_number_is_milliseconds() {
+        for (value, want) in [
+            ("45000", Duration::from_secs(45)),
+            ("45s", Duration::from_secs(45)),
+            (" 500ms ", Duration::from_millis(500)),
+            ("1.5s", Duration::from_millis(1500)),
+            ("2m", Duration::from_secs(120)),
+            ("1h", Duration::from_secs(3600)),
+        ] {
+            assert_eq!(parse_stream_timeout(value), Ok(want), "{value}");
+        }
+        assert_eq!(
+            parse_duration("0.5", BareUnit::Seconds),
+            Ok(Duration::from_millis(500))
+        );
+        assert_eq!(
+            parse_duration("10", BareUnit::Seconds),
+            Ok(Duration::from_secs(10))
+        );
+        assert!(parse_duration("10", BareUnit::Millis).is_ok_and(|d| d.as_millis() == 10));
+    }
+
+    #[test]
     fn invalid_env_values_are_clear_errors() {
         for bad in [
             "abc",
             "0",
+            "0s",
             "-5",
             "1.5",
+            "45x",
+            "s",
             "86400001",
+            "25h",
             "99999999999999999999999",
         ] {
             let err = parse_stream_timeout(bad).expect_err(bad);
             let msg = err.to_string();
             assert!(msg.contains("WARDEN_STREAM_TIMEOUT"), "{msg}");
-            assert!(msg.contains("1..=86400000"), "{msg}");
+            assert!(msg.contains("1..=86400000") && msg.contains("45s"), "{msg}");
         }
     }
 

@@ -75,6 +75,11 @@ pub fn validate_base_url(base_url: &str) -> Result<(), BuildError> {
     if raw.is_empty() {
         return invalid("the URL is empty");
     }
+    if !raw.contains("://") {
+        return Err(BuildError::InvalidBaseUrl {
+            reason: format!("no scheme: write http://{raw} or https://{raw}"),
+        });
+    }
     let url = reqwest::Url::parse(raw).map_err(|e| BuildError::InvalidBaseUrl {
         reason: e.to_string(),
     })?;
