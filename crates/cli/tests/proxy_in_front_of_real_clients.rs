@@ -81,6 +81,18 @@ fn client(var: &str, require: &str) -> Option<PathBuf> {
 /// One `claude -p` turn through the proxy: the result line and the wall
 /// time.
 async fn claude_turn(bin: &Path, base: &str, dir: &Path) -> (Value, Duration) {
+    let (status, result, took) = claude_run(bin, base, dir).await;
+    assert!(status.success(), "claude failed ({status:?}): {result}");
+    (result, took)
+}
+
+/// One `claude -p` turn at `base`: its exit status, its JSON result line
+/// and how long it took (at most [`PATIENCE`], or the test fails).
+async fn claude_run(
+    bin: &Path,
+    base: &str,
+    dir: &Path,
+) -> (std::process::ExitStatus, Value, Duration) {
     let home = dir.join("home");
     let scratch = dir.join("scratch");
     let work = dir.join("work");
@@ -109,18 +121,18 @@ async fn claude_turn(bin: &Path, base: &str, dir: &Path) -> (Value, Duration) {
         .expect("claude runs");
     let took = t0.elapsed();
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "claude failed ({:?}): {stdout}\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
     let result: Value = stdout
         .lines()
         .rev()
         .find_map(|l| serde_json::from_str(l).ok())
-        .unwrap_or_else(|| panic!("no JSON result on stdout: {stdout}"));
-    (result, took)
+        .unwrap_or_else(|| {
+            panic!(
+                "no JSON result on stdout ({:?}): {stdout}\n{}",
+                out.status,
+                String::from_utf8_lossy(&out.stderr)
+            )
+        });
+    (out.status, result, took)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -175,6 +187,101 @@ async fn claude_code_through_the_proxy_gets_the_whole_reply_when_the_api_stalls_
             "{what}: the reply was continued, not re-sent: {messages:?}"
         );
     }
+}
+
+/// `warden mock` (the binary) with `--scenario`: its base URL and the
+/// process.
+async fn mock_binary(scenario: &str) -> (tokio::process::Child, String) {
+    use tokio::io::AsyncBufReadExt as _;
+    let mut cmd = command(&["mock", "--port", "0", "--scenario", scenario]);
+    cmd.kill_on_drop(true);
+    let mut child = cmd.spawn().expect("warden mock starts");
+    let stdout = child.stdout.take().expect("stdout");
+    let mut lines = tokio::io::BufReader::new(stdout).lines();
+    let first = tokio::time::timeout(PATIENCE, lines.next_line())
+        .await
+        .expect("a first line in time")
+        .expect("read")
+        .expect("a line");
+    let url = first
+        .split_whitespace()
+        .find(|w| w.starts_with("http://"))
+        .unwrap_or_else(|| panic!("no URL in {first:?}"))
+        .to_owned();
+    (child, url)
+}
+
+/// `warden proxy` (the binary) in front of `upstream`.
+async fn proxy_binary(upstream: &str) -> ProxyProcess {
+    let mut cmd = command(&[
+        "proxy",
+        "--listen",
+        "127.0.0.1:0",
+        "--anthropic-upstream",
+        upstream,
+        "--openai-upstream",
+        upstream,
+        "--timeout",
+        &TIMEOUT_MS.to_string(),
+    ]);
+    cmd.kill_on_drop(true);
+    let (child, base, mut lines) = spawn_listening(cmd, PATIENCE).await;
+    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    ProxyProcess { child, base }
+}
+
+/// docs/proxy.md's headline, reproduced with the two shipped commands:
+/// `warden mock --scenario stall,normal` (the first request stalls, socket
+/// open) behind `warden proxy`, and the pinned Claude Code through it. The
+/// turn gets the same reply as a healthy one, within the healthy time plus
+/// the proxy's timeout plus a second. (Without the proxy the same turn takes
+/// 300 s: measured by hand, not in CI.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_docs_headline_is_reproduced_with_warden_mock_and_warden_proxy() {
+    let Some(bin) = client("WARDEN_CLAUDE_BIN", "WARDEN_REQUIRE_CLAUDE") else {
+        return;
+    };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (_healthy_mock, healthy_url) = mock_binary("normal").await;
+    let proxy = proxy_binary(&healthy_url).await;
+    let (healthy, healthy_took) = claude_turn(&bin, &proxy.base, &dir.path().join("a")).await;
+    drop(proxy);
+    let reply = healthy["result"].as_str().unwrap_or_default().to_owned();
+    assert!(!reply.is_empty(), "{healthy}");
+
+    let (_stalling_mock, stalling_url) = mock_binary("stall,normal").await;
+    let proxy = proxy_binary(&stalling_url).await;
+    let (result, took) = claude_turn(&bin, &proxy.base, &dir.path().join("b")).await;
+    eprintln!("warden mock stall,normal through warden proxy: {took:?}; healthy {healthy_took:?}");
+    assert_eq!(result["is_error"], false, "{result}");
+    assert_eq!(
+        result["result"],
+        reply.as_str(),
+        "the whole reply: {result}"
+    );
+    let bound = healthy_took + Duration::from_millis(TIMEOUT_MS) + Duration::from_secs(1);
+    assert!(took <= bound, "took {took:?}, bound {bound:?}");
+}
+
+/// An upstream that stalls on every request, streaming or not: Claude Code
+/// through the proxy ends its turn with a visible error (the proxy's
+/// overloaded errors after its attempts, then Claude Code's own retries of
+/// them) and never hangs — without the proxy it would wait 300 s per
+/// attempt. Measured here: ~18 s with a 500 ms timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claude_code_through_an_always_stalling_upstream_ends_its_turn_with_an_error() {
+    let Some(bin) = client("WARDEN_CLAUDE_BIN", "WARDEN_REQUIRE_CLAUDE") else {
+        return;
+    };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (_mock, url) = mock_binary("stall").await;
+    let proxy = proxy_binary(&url).await;
+    let (status, result, took) = claude_run(&bin, &proxy.base, dir.path()).await;
+    eprintln!("an always-stalling upstream: claude ended after {took:?}: {result}");
+    assert!(!status.success(), "{result}");
+    assert_eq!(result["is_error"], true, "{result}");
+    let message = result["result"].as_str().unwrap_or_default();
+    assert!(message.contains("API Error"), "a visible error: {result}");
 }
 
 const SDK_SCRIPT: &str = r#"
