@@ -115,6 +115,15 @@ fn store_retry() -> RetryPolicy {
         .with_max_attempts(5)
 }
 
+/// Retries of a batch of a running turn's events: about a minute of
+/// attempts (50 ms doubling to 2 s, jittered). A store down that long has
+/// cost this node its leases (a lease lasts seconds), so the session is
+/// being stopped here anyway and another node re-delivers the turn; the log
+/// then ends here as if the session had moved, instead of waiting for ever.
+fn append_retry() -> RetryPolicy {
+    store_retry().with_max_attempts(32)
+}
+
 impl Turns {
     pub(crate) fn new(store: Option<Arc<dyn TurnStore>>) -> Self {
         Self {
@@ -353,7 +362,7 @@ async fn pump(
         }
         if !staged.is_empty() || last {
             if let Some(store) = store
-                && !store_batch(store, log, id, &staged, last).await
+                && !store_batch(store, &log.key, id, &staged, last).await
             {
                 moved = true;
             }
@@ -371,31 +380,37 @@ async fn pump(
     }
 }
 
-/// Stores a batch, retrying a failing store; `false` if the session moved.
+/// Stores a batch, retrying a failing store ([`append_retry`]); `false` if
+/// the session moved, or the store kept failing past the retries.
 async fn store_batch(
     store: &dyn TurnStore,
-    log: &TurnLog,
+    key: &SessionKey,
     id: &str,
     batch: &[ServeEvent],
     last: bool,
 ) -> bool {
-    let policy = store_retry();
-    let mut retry = 0u32;
-    loop {
-        retry = retry.saturating_add(1);
-        match store.append(&log.key, id, batch, last).await {
+    let policy = append_retry();
+    for attempt in 1..=policy.max_attempts {
+        match store.append(key, id, batch, last).await {
             Ok(()) => return true,
             Err(TurnStoreError::Moved(why)) => {
-                tracing::info!(session = %log.key, turn = id, %why, "the turn moved to another node");
+                tracing::info!(session = %key, turn = id, %why, "the turn moved to another node");
                 return false;
             }
-            Err(why) => {
-                tracing::warn!(session = %log.key, turn = id, %why, "cannot store the turn's events; retrying");
-                let delay = policy.jittered_delay(retry, &mut rand::rng());
+            Err(why) if attempt < policy.max_attempts => {
+                tracing::warn!(session = %key, turn = id, %why, "cannot store the turn's events; retrying");
+                let delay = policy.jittered_delay(attempt, &mut rand::rng());
                 tokio::time::sleep(delay).await;
+            }
+            Err(why) => {
+                tracing::error!(
+                    session = %key, turn = id, %why, attempts = attempt,
+                    "cannot store the turn's events; giving up: its stream ends here and the node that runs the session next re-delivers it"
+                );
             }
         }
     }
+    false
 }
 
 /// The event's type and fields, and whether it is the last. `None` for
@@ -479,4 +494,89 @@ fn failed(e: &TurnError) -> Value {
 
 fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicU32, Ordering};
+
+    use futures_util::future::BoxFuture;
+    use warden_core::store::StoredTurn;
+
+    use super::*;
+
+    /// A store whose appends fail (or, with `moved`, say the session moved).
+    #[derive(Default)]
+    struct Failing {
+        appends: AtomicU32,
+        moved: bool,
+    }
+
+    impl TurnStore for Failing {
+        fn open<'a>(
+            &'a self,
+            _: &'a SessionKey,
+            _: u64,
+            _: &'a str,
+        ) -> BoxFuture<'a, Result<StoredTurn, TurnStoreError>> {
+            Box::pin(async { Err(TurnStoreError::Failed("down".into())) })
+        }
+
+        fn append<'a>(
+            &'a self,
+            _: &'a SessionKey,
+            _: &'a str,
+            _: &'a [ServeEvent],
+            _: bool,
+        ) -> BoxFuture<'a, Result<(), TurnStoreError>> {
+            self.appends.fetch_add(1, Ordering::SeqCst);
+            let moved = self.moved;
+            Box::pin(async move {
+                Err(if moved {
+                    TurnStoreError::Moved("lease lost".into())
+                } else {
+                    TurnStoreError::Failed("down".into())
+                })
+            })
+        }
+
+        fn read<'a>(
+            &'a self,
+            _: &'a str,
+            _: u64,
+        ) -> BoxFuture<'a, Result<Option<StoredTurn>, TurnStoreError>> {
+            Box::pin(async { Ok(None) })
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_store_that_keeps_failing_is_given_up_after_about_a_minute() {
+        let store = Failing::default();
+        let key = SessionKey::new("k");
+        let t0 = tokio::time::Instant::now();
+        let stored = tokio::time::timeout(
+            Duration::from_secs(600),
+            store_batch(&store, &key, "turn_1", &[], false),
+        )
+        .await
+        .expect("gives up rather than retrying for ever");
+        assert!(!stored);
+        assert_eq!(store.appends.load(Ordering::SeqCst), 32);
+        let waited = t0.elapsed();
+        assert!(
+            waited >= Duration::from_secs(30) && waited <= Duration::from_secs(120),
+            "{waited:?}"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_moved_session_ends_the_batch_at_once() {
+        let store = Failing {
+            moved: true,
+            ..Failing::default()
+        };
+        let stored = store_batch(&store, &SessionKey::new("k"), "turn_1", &[], false).await;
+        assert!(!stored);
+        assert_eq!(store.appends.load(Ordering::SeqCst), 1);
+    }
 }
