@@ -73,7 +73,9 @@ pub(crate) struct ClusterArgs {
 
 #[derive(Debug, clap::Subcommand)]
 enum ClusterCommand {
-    /// The nodes (heartbeat age, sessions held) and every session's lease.
+    /// The nodes (alive or dead, heartbeat age, sessions held) and every
+    /// session's lease. A node that stopped beating for an hour is removed
+    /// by the live nodes; `forget` removes a dead one now.
     Status {
         /// The cluster's database. Default WARDEN_STORE.
         #[arg(long, env = "WARDEN_STORE", value_name = "URL")]
@@ -81,12 +83,63 @@ enum ClusterCommand {
         /// One JSON object instead of tables.
         #[arg(long)]
         json: bool,
+        /// A node is dead when its last heartbeat is older than this (nodes
+        /// beat at a third of their lease TTL; keep it above the TTL).
+        #[arg(long, value_name = "SECONDS", default_value = "30", value_parser = crate::units::seconds)]
+        dead_after: std::time::Duration,
+    },
+    /// Removes a dead node from the membership now. Its sessions are
+    /// unaffected: their leases expire and live nodes take them over. A
+    /// node that still beats is refused (it would register again).
+    Forget {
+        /// The node's id.
+        node: String,
+        /// The cluster's database. Default WARDEN_STORE.
+        #[arg(long, env = "WARDEN_STORE", value_name = "URL")]
+        store: String,
+        /// How long it must have been silent.
+        #[arg(long, value_name = "SECONDS", default_value = "30", value_parser = crate::units::seconds)]
+        dead_after: std::time::Duration,
     },
 }
 
 /// Runs `warden cluster …`.
 pub(crate) async fn run(args: ClusterArgs) -> Result<Exit, CliError> {
-    let ClusterCommand::Status { store, json } = args.command;
+    let (store, json, dead_after) = match args.command {
+        ClusterCommand::Status {
+            store,
+            json,
+            dead_after,
+        } => (store, json, dead_after),
+        ClusterCommand::Forget {
+            node,
+            store,
+            dead_after,
+        } => {
+            let pg = connect(&store).await?;
+            let forgotten = pg
+                .forget_node(&node, dead_after)
+                .await
+                .map_err(|e| CliError::failure(e.to_string()))?;
+            if !forgotten {
+                let nodes = pg
+                    .nodes()
+                    .await
+                    .map_err(|e| CliError::failure(e.to_string()))?;
+                return Err(match nodes.iter().find(|n| n.node_id == node) {
+                    Some(n) => CliError::failure(format!(
+                        "node {node} beat {:.1}s ago: it is alive (stop it first, or wait {:.0}s)",
+                        n.heartbeat_age_secs,
+                        dead_after.as_secs_f64()
+                    )),
+                    None => CliError::failure(format!("no node {node} in the cluster")),
+                });
+            }
+            println!("forgot node {node}");
+            return Ok(Exit::Ok);
+        }
+    };
+    let alive = |age: f64| age <= dead_after.as_secs_f64();
     let pg = connect(&store).await?;
     let failed = |e: warden_core::StoreError| CliError::failure(e.to_string());
     let nodes = pg.nodes().await.map_err(failed)?;
@@ -95,6 +148,7 @@ pub(crate) async fn run(args: ClusterArgs) -> Result<Exit, CliError> {
         let value = serde_json::json!({
             "nodes": nodes.iter().map(|n| serde_json::json!({
                 "node_id": n.node_id,
+                "alive": alive(n.heartbeat_age_secs),
                 "advertise": n.advertise,
                 "heartbeat_age_secs": n.heartbeat_age_secs,
                 "sessions": n.sessions,
@@ -110,13 +164,18 @@ pub(crate) async fn run(args: ClusterArgs) -> Result<Exit, CliError> {
         return Ok(Exit::Ok);
     }
     println!(
-        "{:<24} {:<28} {:>10} {:>8}",
-        "NODE", "ADVERTISE", "HEARTBEAT", "SESSIONS"
+        "{:<24} {:<6} {:<28} {:>10} {:>8}",
+        "NODE", "STATE", "ADVERTISE", "HEARTBEAT", "SESSIONS"
     );
     for n in &nodes {
+        let state = if alive(n.heartbeat_age_secs) {
+            "alive"
+        } else {
+            "dead"
+        };
         println!(
-            "{:<24} {:<28} {:>9.1}s {:>8}",
-            n.node_id, n.advertise, n.heartbeat_age_secs, n.sessions
+            "{:<24} {:<6} {:<28} {:>9.1}s {:>8}",
+            n.node_id, state, n.advertise, n.heartbeat_age_secs, n.sessions
         );
     }
     println!();

@@ -329,6 +329,43 @@ async fn a_killed_owners_session_is_taken_over_and_its_message_answered() {
         "freshest heartbeat first: {status}"
     );
     assert_eq!(status["sessions"][0]["owner"], "node-b", "{status}");
+    assert_eq!(status["nodes"][0]["alive"], true, "{status}");
+
+    // A (killed) is dead once silent past --dead-after; B, beating, is not
+    // and cannot be forgotten; A can, and leaves the list.
+    let dead_after = ["--dead-after", "3s"];
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let status = |extra: &'static [&'static str]| {
+        let url = url.clone();
+        async move {
+            let mut args = vec!["cluster", "status", "--store", url.as_str(), "--json"];
+            args.extend_from_slice(extra);
+            let out = output(command(&args), PATIENCE).await;
+            assert_eq!(code(&out), 0, "{}", stderr(&out));
+            serde_json::from_str::<Value>(&stdout(&out)).expect("JSON")
+        }
+    };
+    let now = status(&["--dead-after", "3s"]).await;
+    let alive = |s: &Value, id: &str| {
+        s["nodes"]
+            .as_array()
+            .and_then(|n| n.iter().find(|n| n["node_id"] == id))
+            .map(|n| n["alive"].clone())
+    };
+    assert_eq!(alive(&now, "node-a"), Some(Value::Bool(false)), "{now}");
+    assert_eq!(alive(&now, "node-b"), Some(Value::Bool(true)), "{now}");
+    let mut args = vec!["cluster", "forget", "node-b", "--store", url.as_str()];
+    args.extend_from_slice(&dead_after);
+    let refused = output(command(&args), PATIENCE).await;
+    assert_eq!(code(&refused), 1, "{}", stderr(&refused));
+    assert_one_line_error(&refused, "it is alive");
+    let mut args = vec!["cluster", "forget", "node-a", "--store", url.as_str()];
+    args.extend_from_slice(&dead_after);
+    let forgot = output(command(&args), PATIENCE).await;
+    assert_eq!(code(&forgot), 0, "{}", stderr(&forgot));
+    let after = status(&[]).await;
+    assert_eq!(alive(&after, "node-a"), None, "forgotten: {after}");
+    assert!(alive(&after, "node-b").is_some(), "{after}");
     drop(b);
 }
 

@@ -61,8 +61,13 @@ use crate::{LeaseInfo, NodeStore, NodeTurns, TakeOver};
 /// serve` keeps a finished turn's events): 10 minutes.
 pub const DEFAULT_KEEP_TURNS: Duration = Duration::from_secs(600);
 
-/// How often old turn event logs are expired.
+/// How often old turn event logs (and long-dead nodes) are expired.
 const EXPIRE_EVERY: Duration = Duration::from_secs(60);
+
+/// How long a node that stopped beating stays in the membership (and in
+/// `warden cluster status`, marked dead) before the live nodes remove it:
+/// one hour. `warden cluster forget NODE` removes a dead one at once.
+pub const DEAD_NODE_RETENTION: Duration = Duration::from_secs(3600);
 
 /// What a node did that its operator may want to know. Each is also
 /// logged through `tracing` (target `warden_pg::cluster`).
@@ -106,7 +111,8 @@ pub enum NodeEvent {
         /// The error.
         error: String,
     },
-    /// Old turn event logs could not be expired; tried again later.
+    /// Old turn event logs (or long-dead nodes) could not be expired;
+    /// tried again later.
     ExpireFailed {
         /// The error.
         error: String,
@@ -267,7 +273,11 @@ impl Node {
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
                 tick.tick().await;
-                if let Err(e) = pg.expire_turns(keep).await {
+                let expired = match pg.expire_turns(keep).await {
+                    Ok(_) => pg.forget_dead_nodes(DEAD_NODE_RETENTION).await.map(|_| ()),
+                    Err(e) => Err(e),
+                };
+                if let Err(e) = expired {
                     report(
                         &events,
                         NodeEvent::ExpireFailed {

@@ -57,6 +57,37 @@ impl PgStore {
         Ok(n == 1)
     }
 
+    /// Removes `node` from the membership if its last heartbeat is older
+    /// than `silent_for` (a live node is never removed: it would register
+    /// again at once); whether it was removed. Its sessions' leases are not
+    /// touched: they expire, and another node takes the sessions over.
+    pub async fn forget_node(&self, node: &str, silent_for: Duration) -> Result<bool, StoreError> {
+        let client = self.client().await?;
+        let n = client
+            .execute(
+                "DELETE FROM warden_nodes WHERE node_id = $1 \
+                 AND heartbeat_at < now() - make_interval(secs => $2)",
+                &[&node, &crate::secs(silent_for)],
+            )
+            .await
+            .map_err(backend)?;
+        Ok(n == 1)
+    }
+
+    /// Removes every node whose last heartbeat is older than `silent_for`;
+    /// how many. A joined [`Node`](crate::cluster::Node) runs it with
+    /// [`DEAD_NODE_RETENTION`](crate::cluster::DEAD_NODE_RETENTION).
+    pub async fn forget_dead_nodes(&self, silent_for: Duration) -> Result<u64, StoreError> {
+        let client = self.client().await?;
+        client
+            .execute(
+                "DELETE FROM warden_nodes WHERE heartbeat_at < now() - make_interval(secs => $1)",
+                &[&crate::secs(silent_for)],
+            )
+            .await
+            .map_err(backend)
+    }
+
     /// Every registered node with its heartbeat age and live sessions,
     /// freshest first.
     pub async fn nodes(&self) -> Result<Vec<NodeInfo>, StoreError> {

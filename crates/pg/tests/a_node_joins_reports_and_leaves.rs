@@ -115,6 +115,28 @@ async fn a_node_joins_evicts_what_it_lost_takes_over_orphans_and_leaves() {
         "{nodes:?}"
     );
 
+    // Nodes that stopped beating are removed after the retention, and
+    // only those.
+    pg.register_node("gone", "http://10.0.0.9:8080")
+        .await
+        .expect("register");
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    pg.heartbeat("node-a").await.expect("beat");
+    assert_eq!(
+        pg.forget_dead_nodes(Duration::from_secs(1))
+            .await
+            .expect("forget"),
+        1
+    );
+    let ids: Vec<String> = pg
+        .nodes()
+        .await
+        .expect("nodes")
+        .into_iter()
+        .map(|n| n.node_id)
+        .collect();
+    assert_eq!(ids, ["node-a"]);
+
     // A turn here takes s1's lease; the placement runs s1 here.
     let s1 = SessionKey::new("s1");
     assert!(within("place", node.placement().place(&s1)).await.is_ok());
