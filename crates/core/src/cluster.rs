@@ -41,6 +41,13 @@ pub trait Placement: Send + Sync + 'static {
     fn sessions(&self) -> BoxFuture<'_, Option<Result<Vec<SessionPlace>, String>>> {
         Box::pin(async { None })
     }
+
+    /// Whether this node can place sessions now: `Err` (why) when what the
+    /// placement needs — the cluster's database — cannot be reached, so a
+    /// load balancer stops sending it turns (`GET /readyz`). Default `Ok`.
+    fn ready(&self) -> BoxFuture<'_, Result<(), String>> {
+        Box::pin(async { Ok(()) })
+    }
 }
 
 /// Where one session of a cluster runs (an entry of `GET /v1/sessions` on
@@ -95,6 +102,9 @@ pub struct Elsewhere {
     /// The session's workspace directory, when it cannot run here because
     /// this node does not have that directory (and its owner is gone).
     pub missing_workspace: Option<std::path::PathBuf>,
+    /// Why nobody knows where the session runs: the cluster's database
+    /// cannot be reached from this node. `None` otherwise.
+    pub store_unreachable: Option<String>,
 }
 
 impl Elsewhere {
@@ -106,6 +116,17 @@ impl Elsewhere {
             advertise,
             retry_after,
             missing_workspace: None,
+            store_unreachable: None,
+        }
+    }
+
+    /// Nobody can tell where the session runs: the cluster's database
+    /// cannot be reached from this node (`why`); ask again after
+    /// `retry_after`, or another node.
+    pub fn store_unreachable(why: impl Into<String>, retry_after: Duration) -> Self {
+        Self {
+            store_unreachable: Some(why.into()),
+            ..Self::new(None, None, retry_after)
         }
     }
 

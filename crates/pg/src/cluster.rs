@@ -409,17 +409,13 @@ impl Placement for LeasePlacement {
             if self.node.lease_of(key).is_some() {
                 return Ok(()); // ours (the fence still guards every write)
             }
-            let unknown = || Elsewhere::new(None, None, Duration::from_secs(1));
+            let unknown =
+                |e: StoreError| Elsewhere::store_unreachable(e.to_string(), Duration::from_secs(1));
             // A session bound to a directory this node lacks is not taken
             // here: asked while its owner lives, the request is forwarded;
             // once the owner is gone, the client is told why it waits.
             if let Some(ws) = self.node.missing_workspace(key).await {
-                let info = self
-                    .node
-                    .pg()
-                    .lease_info(key)
-                    .await
-                    .map_err(|_| unknown())?;
+                let info = self.node.pg().lease_info(key).await.map_err(unknown)?;
                 if info.remaining_secs.unwrap_or(0.0) <= 0.0 {
                     return Err(Elsewhere::workspace_missing(
                         info.owner,
@@ -432,15 +428,10 @@ impl Placement for LeasePlacement {
             match self.node.claim(key).await {
                 Ok(Some(_)) => Ok(()),
                 Ok(None) => {
-                    let info = self
-                        .node
-                        .pg()
-                        .lease_info(key)
-                        .await
-                        .map_err(|_| unknown())?;
+                    let info = self.node.pg().lease_info(key).await.map_err(unknown)?;
                     Err(self.held_by(info).await)
                 }
-                Err(_) => Err(unknown()),
+                Err(e) => Err(unknown(e)),
             }
         })
     }
@@ -456,6 +447,17 @@ impl Placement for LeasePlacement {
                 .into_iter()
                 .find(|n| n.node_id == node)
                 .map(|n| n.advertise)
+        })
+    }
+
+    fn ready(&self) -> BoxFuture<'_, Result<(), String>> {
+        Box::pin(async move {
+            let ping = self.node.pg().ping();
+            match tokio::time::timeout(Duration::from_secs(2), ping).await {
+                Ok(Ok(())) => Ok(()),
+                Ok(Err(e)) => Err(format!("the cluster's database cannot be reached: {e}")),
+                Err(_) => Err("the cluster's database did not answer within 2 s".to_owned()),
+            }
         })
     }
 

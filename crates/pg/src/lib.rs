@@ -218,6 +218,13 @@ impl PgStore {
         Ok(store)
     }
 
+    /// One round trip to the database (`SELECT 1`): whether it answers.
+    pub async fn ping(&self) -> Result<(), StoreError> {
+        let client = self.client().await?;
+        client.simple_query("SELECT 1").await.map_err(backend)?;
+        Ok(())
+    }
+
     pub(crate) async fn client(&self) -> Result<deadpool_postgres::Object, StoreError> {
         self.pool.get().await.map_err(backend)
     }

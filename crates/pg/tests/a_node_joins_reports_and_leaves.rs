@@ -220,3 +220,47 @@ async fn a_node_joins_evicts_what_it_lost_takes_over_orphans_and_leaves() {
     );
     assert!(b.claim(&orphan).await.expect("claim").is_some());
 }
+
+/// The database goes away under a node (dropped with its connections, as a
+/// crash would cut them): the node's placement is not ready and says why,
+/// and a session it is asked to place gets "database unreachable", not
+/// "another node (unknown)".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_that_cannot_reach_its_database_is_not_ready() {
+    let Some(config) = fresh_db().await else {
+        return;
+    };
+    let pg = within("connect", PgStore::connect_config(config.clone()))
+        .await
+        .expect("PgStore connects and migrates");
+    let store = NodeStore::new(pg, "node-a", Duration::from_secs(10));
+    let node = Node::new(store, "http://10.0.0.5:8080");
+    let placement = node.placement();
+    within("ready", placement.ready())
+        .await
+        .expect("ready while the database answers");
+
+    let name = config.get_dbname().expect("a database").to_owned();
+    let mut admin = config.clone();
+    admin.dbname("postgres");
+    let (client, conn) = within("connect", admin.connect(NoTls))
+        .await
+        .expect("admin connection");
+    tokio::spawn(conn);
+    within(
+        "drop the database",
+        client.batch_execute(&format!("DROP DATABASE {name} WITH (FORCE)")),
+    )
+    .await
+    .expect("dropped");
+
+    let why = within("ready", placement.ready())
+        .await
+        .expect_err("not ready without the database");
+    assert!(why.contains("database"), "{why}");
+    let elsewhere = within("place", placement.place(&SessionKey::new("s1")))
+        .await
+        .expect_err("cannot place");
+    assert!(elsewhere.store_unreachable.is_some(), "{elsewhere:?}");
+    assert_eq!(elsewhere.owner, None);
+}

@@ -98,6 +98,16 @@ pub(crate) fn gone() -> ApiError {
 /// workspace is not on this node and its owner is gone, nowhere yet).
 pub(crate) fn elsewhere(key: &SessionKey, e: Elsewhere) -> ApiError {
     let retry = e.retry_after.as_secs_f64().ceil().max(1.0) as u64;
+    if let Some(why) = &e.store_unreachable {
+        return ApiError::unavailable(
+            "database_unreachable",
+            format!(
+                "this node cannot tell where session {} runs: {why}; ask another node, or again after Retry-After",
+                key.as_str()
+            ),
+        )
+        .retry_after(retry);
+    }
     if let Some(ws) = &e.missing_workspace {
         return ApiError::unavailable(
             "workspace_unavailable",

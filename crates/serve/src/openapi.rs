@@ -47,7 +47,7 @@ pub(crate) fn document() -> Value {
                     "413": err("Body over the limit (10 MiB)"),
                     "415": err("Not application/json"),
                     "422": err("Unknown fields"),
-                    "503": err("`session_elsewhere` (cluster): another node runs the session and the request was already forwarded once, or its owner cannot be reached; `Retry-After`, `owner`, `advertise`")
+                    "503": err("`session_elsewhere` (cluster): another node runs the session and the request was already forwarded once, or its owner cannot be reached; `Retry-After`, `owner`, `advertise`. `database_unreachable` (cluster): this node cannot reach the cluster's database; ask another node or after `Retry-After`")
                 }
             }},
             "/v1/turns/{id}/events": {"get": {
@@ -79,7 +79,7 @@ pub(crate) fn document() -> Value {
             }},
             "/v1/events": {"get": {"summary": "Every session's lifecycle events", "responses": {"200": sse("Lifecycle events")}}},
             "/metrics": {"get": {"summary": "Prometheus text", "responses": {"200": {"description": "OpenMetrics text"}}}},
-            "/readyz": {"get": {"summary": "Ready while the supervisor runs", "responses": {"200": {"description": "ok"}, "503": err("Not ready")}}},
+            "/readyz": {"get": {"summary": "Ready while the supervisor runs and, on a cluster node, the cluster's database answers", "responses": {"200": {"description": "ok"}, "503": err("`not_ready` (the supervisor stopped) or `database_unreachable` (cluster)")}}},
             "/healthz": {"get": {"summary": "Alive", "security": [], "responses": {"200": {"description": "ok"}}}},
             "/openapi.json": {"get": {"summary": "This document", "security": [], "responses": {"200": {"description": "OpenAPI 3.1"}}}}
         }

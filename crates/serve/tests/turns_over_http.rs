@@ -560,3 +560,67 @@ async fn a_finished_turns_events_expire_after_the_configured_time() {
     }
     assert_eq!(status, 404, "forgotten after keep_finished");
 }
+
+/// A placement whose database is gone: it cannot place any session and
+/// says so (what `warden-pg`'s lease placement answers in an outage; that
+/// side is tested on a real PostgreSQL in `warden-pg`).
+struct DatabaseDown;
+
+impl warden_core::cluster::Placement for DatabaseDown {
+    fn place<'a>(
+        &'a self,
+        _: &'a SessionKey,
+    ) -> futures_util::future::BoxFuture<'a, Result<(), warden_core::cluster::Elsewhere>> {
+        Box::pin(async {
+            Err(warden_core::cluster::Elsewhere::store_unreachable(
+                "connection refused",
+                Duration::from_secs(2),
+            ))
+        })
+    }
+
+    fn node(&self) -> Option<&str> {
+        Some("node-a")
+    }
+
+    fn ready(&self) -> futures_util::future::BoxFuture<'_, Result<(), String>> {
+        Box::pin(async {
+            Err("the cluster's database cannot be reached: connection refused".into())
+        })
+    }
+}
+
+/// A node that cannot reach its database is not ready (a load balancer
+/// stops sending it turns), and a turn sent anyway gets a typed 503 that
+/// says so — not "runs on node (unknown)".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_without_its_database_is_not_ready_and_says_why() {
+    let s = server_with(ServeConfig::new(TOKEN).with_placement(Arc::new(DatabaseDown))).await;
+    let ready = within(
+        "readyz",
+        s.client
+            .get(format!("{}/readyz", s.base))
+            .bearer_auth(TOKEN)
+            .send(),
+    )
+    .await
+    .expect("answer");
+    assert_eq!(ready.status(), 503);
+    let body: Value = ready.json_value().await;
+    assert_eq!(body["error"]["type"], "database_unreachable", "{body}");
+
+    let turn = within("a turn", s.post(r#"{"key":"k","message":"hi"}"#).send())
+        .await
+        .expect("answer");
+    assert_eq!(turn.status(), 503);
+    assert_eq!(
+        turn.headers()
+            .get("retry-after")
+            .and_then(|v| v.to_str().ok()),
+        Some("2")
+    );
+    let body: Value = turn.json_value().await;
+    assert_eq!(body["error"]["type"], "database_unreachable", "{body}");
+    let message = body["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains("connection refused"), "{body}");
+}

@@ -11,6 +11,7 @@ use axum::response::{IntoResponse, Response};
 use serde_json::json;
 use subtle::ConstantTimeEq as _;
 
+use crate::cluster::Cluster;
 use crate::error::ApiError;
 use crate::state::AppState;
 use crate::views;
@@ -53,12 +54,20 @@ pub(crate) async fn render_metrics(State(state): State<AppState>) -> Response {
         .into_response()
 }
 
-/// `GET /readyz`: `ok` while the supervisor runs.
-pub(crate) async fn ready(State(state): State<AppState>) -> Response {
-    match state.supervisor.sessions().await {
-        Ok(_) => "ok".into_response(),
-        Err(e) => ApiError::unavailable("not_ready", e.to_string()).into_response(),
+/// `GET /readyz`: `ok` while the supervisor runs and, on a cluster node,
+/// the placement can reach the cluster's database; else `503` saying which.
+pub(crate) async fn ready(State(state): State<AppState>, cluster: Cluster) -> Response {
+    if let Err(e) = state.supervisor.sessions().await {
+        return ApiError::unavailable("not_ready", e.to_string()).into_response();
     }
+    if let Some(placement) = cluster.placement()
+        && let Err(why) = placement.ready().await
+    {
+        return ApiError::unavailable("database_unreachable", why)
+            .retry_after(1)
+            .into_response();
+    }
+    "ok".into_response()
 }
 
 /// `GET /v1/events`: every session's lifecycle events from now on; a
