@@ -623,6 +623,13 @@ async fn a_client_re_attaches_on_another_node_to_a_turn_whose_node_died() {
         "nothing repeated, nothing missing"
     );
     assert_eq!(done.data["continuations"], 1, "{done:?}");
+    // Attempts are counted across nodes: A's, then B's numbered on.
+    let started = rest
+        .iter()
+        .find(|e| e.kind == "started")
+        .expect("B started an attempt");
+    assert_eq!(started.data["attempt"], 2, "{rest:?}");
+    assert_eq!(done.data["attempts"], 2, "A's attempt and B's: {done:?}");
     assert_eq!(mock.requests().len(), 2, "one attempt on A, one on B");
 
     // From the start, through B: the same events A sent first, then B's.
@@ -902,6 +909,19 @@ async fn a_claude_code_session_fails_over_through_a_fresh_start_where_its_worksp
         done.data["text"].as_str().is_some_and(|t| !t.is_empty()),
         "{done:?}"
     );
+    // B's run starts over and is numbered on from A's attempts.
+    let on_a = seen
+        .iter()
+        .filter(|e| e.kind == "started")
+        .filter_map(|e| e.data["attempt"].as_u64())
+        .max()
+        .expect("A started an attempt");
+    let first_on_b = rest
+        .iter()
+        .find(|e| e.kind == "started")
+        .and_then(|e| e.data["attempt"].as_u64());
+    assert_eq!(first_on_b, Some(on_a + 1), "{rest:?}");
+    assert!(done.data["attempts"].as_u64() > Some(on_a), "{done:?}");
     let record = pg.load(&key).await.expect("load").expect("record");
     assert_eq!(record.restart_count, 1, "one fresh start");
     assert!(

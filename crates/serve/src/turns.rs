@@ -165,6 +165,9 @@ impl Turns {
         };
         let log = Arc::new(TurnLog::new(key.clone(), turn.canceller(), events));
         let mut marker = None;
+        // Attempts an earlier node made of this turn: this node's attempts
+        // are numbered on from them, so `done.attempts` counts them all.
+        let mut prior_attempts = 0;
         if let Some(t) = &stored
             && t.ended
         {
@@ -191,8 +194,14 @@ impl Turns {
                 _ => false,
             };
             let (kind, discard) = match continued {
+                // The session numbers the continuation on from the broken
+                // attempt itself.
                 true => (Kind::Continuing, false),
-                false => (Kind::Retrying, true),
+                // A fresh run starts at attempt 1 here: number it on.
+                false => {
+                    prior_attempts = attempt;
+                    (Kind::Retrying, true)
+                }
             };
             // Stored with the first batch, sent before the new attempt.
             marker = Some(ServeEvent::new(
@@ -208,7 +217,15 @@ impl Turns {
         let turn_id = id.clone();
         tokio::spawn(async move {
             if !log.changed.borrow().1 {
-                pump(turn, &log, persist.as_deref(), &turn_id, marker).await;
+                pump(
+                    turn,
+                    &log,
+                    persist.as_deref(),
+                    &turn_id,
+                    marker,
+                    prior_attempts,
+                )
+                .await;
             }
             if log.changed.borrow().1 && log.lock().last().is_some_and(ServeEvent::is_last) {
                 tokio::time::sleep(keep).await;
@@ -322,6 +339,7 @@ async fn pump(
     store: Option<&dyn TurnStore>,
     id: &str,
     marker: Option<ServeEvent>,
+    prior_attempts: u64,
 ) {
     let mut staged: Vec<ServeEvent> = marker.into_iter().collect();
     loop {
@@ -353,7 +371,8 @@ async fn pump(
                 moved = true;
                 break;
             }
-            let (kind, data, end) = describe(event);
+            let (kind, mut data, end) = describe(event);
+            number_on(&mut data, prior_attempts);
             if let Some(kind) = kind {
                 let next = staged.last().map_or_else(|| log.next_id(), |e| e.id + 1);
                 staged.push(ServeEvent::new(next, kind, data));
@@ -411,6 +430,19 @@ async fn store_batch(
         }
     }
     false
+}
+
+/// Numbers an event's attempts on from `prior` (attempts an earlier node
+/// made of a re-delivered turn): `attempt`, `failed_attempt`, `attempts`.
+fn number_on(data: &mut Value, prior: u64) {
+    if prior == 0 {
+        return;
+    }
+    for field in ["attempt", "failed_attempt", "attempts"] {
+        if let Some(n) = data.get(field).and_then(Value::as_u64) {
+            data[field] = json!(n + prior);
+        }
+    }
 }
 
 /// The event's type and fields, and whether it is the last. `None` for

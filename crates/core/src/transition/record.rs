@@ -3,6 +3,7 @@
 
 use crate::lifecycle::LifecycleEvent;
 use crate::source::SessionKey;
+use crate::store::StoreError;
 
 use super::{Incarnation, Transition, millis};
 
@@ -157,6 +158,14 @@ impl Transition<'_> {
             Self::SessionFailed { reason } => {
                 tracing::error!(event, session.key = %key, reason, "session failed")
             }
+            // A lease lost is a cluster doing its job (another node took
+            // the session over): expected, not an error of this record.
+            Self::StoreFailed {
+                error: error @ StoreError::LeaseLost { .. },
+            } => tracing::warn!(
+                event, session.key = %key, error = %error,
+                "session moved to another node; stopped here"
+            ),
             Self::StoreFailed { error } => tracing::error!(
                 event, session.key = %key, error = %error,
                 "session record unusable; left untouched"

@@ -230,3 +230,46 @@ fn every_transition_emits_its_span_log_and_lifecycle_event_under_one_name() {
     }
     assert_eq!(names.len(), 25);
 }
+
+/// Captures the level of every log event.
+struct Levels(Arc<Mutex<Vec<tracing::Level>>>);
+
+impl<S: Subscriber> Layer<S> for Levels {
+    fn on_event(&self, event: &Event<'_>, _: Context<'_, S>) {
+        self.0.lock().push(*event.metadata().level());
+    }
+}
+
+/// A lease lost to another node is the cluster doing its job: a warning,
+/// never an error; a record that cannot be read is an error.
+#[test]
+fn a_lost_lease_is_a_warning_and_a_broken_record_an_error() {
+    let key = SessionKey::new("ws");
+    for (error, level) in [
+        (
+            StoreError::LeaseLost {
+                key: "ws".into(),
+                epoch: 3,
+            },
+            tracing::Level::WARN,
+        ),
+        (
+            StoreError::Backend {
+                message: "disk".into(),
+            },
+            tracing::Level::ERROR,
+        ),
+    ] {
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let subscriber = tracing_subscriber::registry().with(Levels(seen.clone()));
+        tracing::subscriber::with_default(subscriber, || {
+            Transition::StoreFailed { error: &error }.record(At {
+                key: &key,
+                conversation: None,
+                parent: Parent::Root,
+                bus: None,
+            });
+        });
+        assert_eq!(*seen.lock(), [level], "{error}");
+    }
+}
