@@ -106,10 +106,16 @@ pub enum NodeEvent {
         reason: String,
     },
     /// A membership heartbeat could not be written (the database is
-    /// unreachable); the next one is tried a third of the TTL later.
+    /// unreachable); tried again every third of the TTL, and reported once
+    /// per outage.
     HeartbeatFailed {
         /// The error.
         error: String,
+    },
+    /// Heartbeats work again after an outage.
+    DatabaseBack {
+        /// How long they failed.
+        down_for: Duration,
     },
     /// Old turn event logs (or long-dead nodes) could not be expired;
     /// tried again later.
@@ -139,7 +145,15 @@ impl std::fmt::Display for NodeEvent {
                 f,
                 "session {key} cannot start here ({reason}); its lease is released"
             ),
-            Self::HeartbeatFailed { error } => write!(f, "cannot beat the heartbeat: {error}"),
+            Self::HeartbeatFailed { error } => write!(
+                f,
+                "cannot reach the cluster's database to beat the heartbeat: {error}"
+            ),
+            Self::DatabaseBack { down_for } => write!(
+                f,
+                "the cluster's database answers again (after {:.1}s)",
+                down_for.as_secs_f64()
+            ),
             Self::ExpireFailed { error } => write!(f, "cannot expire old turn logs: {error}"),
         }
     }
@@ -162,6 +176,13 @@ fn report(events: &broadcast::Sender<NodeEvent>, event: NodeEvent) {
         }
         NodeEvent::HeartbeatFailed { .. } | NodeEvent::ExpireFailed { .. } => {
             tracing::warn!(event = "cluster.background_failed", "{event}");
+        }
+        NodeEvent::DatabaseBack { down_for } => {
+            tracing::info!(
+                event = "cluster.database_back",
+                down_ms = down_for.as_millis() as u64,
+                "{event}"
+            );
         }
     }
     let _ = events.send(event);
@@ -254,15 +275,30 @@ impl Node {
         tasks.push(AbortOnDropHandle::new(tokio::spawn(async move {
             let mut tick = tokio::time::interval(ttl / 3);
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            // Reported once per outage, and its end once.
+            let mut failing_since: Option<tokio::time::Instant> = None;
             loop {
                 tick.tick().await;
-                if let Err(e) = beat.pg().heartbeat(beat.node()).await {
-                    report(
-                        &events,
-                        NodeEvent::HeartbeatFailed {
-                            error: e.to_string(),
-                        },
-                    );
+                match (beat.pg().heartbeat(beat.node()).await, failing_since) {
+                    (Ok(_), Some(since)) => {
+                        failing_since = None;
+                        report(
+                            &events,
+                            NodeEvent::DatabaseBack {
+                                down_for: since.elapsed(),
+                            },
+                        );
+                    }
+                    (Ok(_), None) | (Err(_), Some(_)) => {}
+                    (Err(e), None) => {
+                        failing_since = Some(tokio::time::Instant::now());
+                        report(
+                            &events,
+                            NodeEvent::HeartbeatFailed {
+                                error: e.to_string(),
+                            },
+                        );
+                    }
                 }
             }
         })));

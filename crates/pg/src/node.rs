@@ -353,10 +353,29 @@ impl NodeStore {
         let handle = tokio::spawn(async move {
             let mut tick = tokio::time::interval(every);
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            // One line when renewals start failing and one when they work
+            // again: an outage is one warning, not one per tick.
+            let mut failing_since: Option<tokio::time::Instant> = None;
             loop {
                 tick.tick().await;
-                if let Err(e) = store.renew_all().await {
-                    tracing::warn!(event = "pg.renew_failed", error = %e, "cannot renew leases");
+                match (store.renew_all().await, failing_since) {
+                    (Ok(_), Some(since)) => {
+                        failing_since = None;
+                        tracing::info!(
+                            event = "pg.renew_recovered",
+                            down_ms =
+                                u64::try_from(since.elapsed().as_millis()).unwrap_or(u64::MAX),
+                            "leases renew again"
+                        );
+                    }
+                    (Ok(_), None) => {}
+                    (Err(e), None) => {
+                        failing_since = Some(tokio::time::Instant::now());
+                        tracing::warn!(event = "pg.renew_failed", error = %e, "cannot renew leases; retrying every third of the TTL");
+                    }
+                    (Err(e), Some(_)) => {
+                        tracing::debug!(event = "pg.renew_failed", error = %e, "still cannot renew leases");
+                    }
                 }
             }
         });

@@ -264,3 +264,57 @@ async fn a_node_that_cannot_reach_its_database_is_not_ready() {
     assert!(elsewhere.store_unreachable.is_some(), "{elsewhere:?}");
     assert_eq!(elsewhere.owner, None);
 }
+
+/// An outage of the heartbeat is one report when it starts and one when it
+/// ends, not one per tick (the membership table is renamed away and back,
+/// which fails every heartbeat in between as an outage would).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_outage_is_reported_once_and_its_end_once() {
+    let Some(config) = fresh_db().await else {
+        return;
+    };
+    let pg = within("connect", PgStore::connect_config(config.clone()))
+        .await
+        .expect("PgStore connects and migrates");
+    let store = NodeStore::new(pg, "node-a", Duration::from_millis(600));
+    let (source, _control) = ChannelSource::new();
+    let factory = move |_: &SessionKey| source.clone() as Arc<dyn EventSource>;
+    let supervisor = within(
+        "supervisor",
+        Supervisor::builder(Arc::new(factory))
+            .store(Arc::new(store.clone()))
+            .start(),
+    )
+    .await
+    .expect("supervisor starts");
+    let mut node = Node::new(store, "http://10.0.0.5:8080");
+    let mut events = node.events();
+    within("join", node.join(&supervisor)).await.expect("joins");
+
+    let (client, conn) = config.connect(NoTls).await.expect("connect");
+    tokio::spawn(conn);
+    client
+        .batch_execute("ALTER TABLE warden_nodes RENAME TO warden_nodes_away")
+        .await
+        .expect("rename away");
+    // Five heartbeat ticks (every 200 ms) fail.
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    client
+        .batch_execute("ALTER TABLE warden_nodes_away RENAME TO warden_nodes")
+        .await
+        .expect("rename back");
+    let mut failures = 0;
+    let down_for = next_event(&mut events, "the end of the outage", |e| match e {
+        NodeEvent::DatabaseBack { down_for } => Some(*down_for),
+        NodeEvent::HeartbeatFailed { .. } => {
+            failures += 1;
+            None
+        }
+        _ => None,
+    })
+    .await;
+    assert_eq!(failures, 1, "one report for the whole outage");
+    assert!(down_for >= Duration::from_millis(600), "{down_for:?}");
+    supervisor.shutdown().await;
+    node.leave().await;
+}
