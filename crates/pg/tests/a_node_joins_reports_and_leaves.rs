@@ -11,51 +11,12 @@ use std::time::Duration;
 use tokio_postgres::NoTls;
 use warden_core::testing::ChannelSource;
 use warden_core::{Durability, EventSource, SessionKey, SessionRecord, SessionStore, Supervisor};
+use warden_pg::NodeStore;
 use warden_pg::cluster::{Node, NodeEvent};
-use warden_pg::{NodeStore, PgStore};
 
-const BOUND: Duration = Duration::from_secs(30);
+mod common;
 
-async fn within<T>(what: &str, fut: impl std::future::Future<Output = T>) -> T {
-    tokio::time::timeout(BOUND, fut)
-        .await
-        .unwrap_or_else(|_| panic!("timed out: {what}"))
-}
-
-/// A fresh database, or `None` (with the reason printed) when no
-/// PostgreSQL is configured.
-async fn fresh_db() -> Option<tokio_postgres::Config> {
-    let Ok(url) = std::env::var("WARDEN_PG_URL") else {
-        assert!(
-            std::env::var("WARDEN_REQUIRE_POSTGRES").as_deref() != Ok("1"),
-            "WARDEN_REQUIRE_POSTGRES=1 but WARDEN_PG_URL is unset"
-        );
-        eprintln!("skipped: set WARDEN_PG_URL to a PostgreSQL admin URL to run this test");
-        return None;
-    };
-    let admin: tokio_postgres::Config = url.parse().expect("WARDEN_PG_URL parses");
-    let (client, conn) = within("connect", admin.connect(NoTls))
-        .await
-        .expect("connect to WARDEN_PG_URL");
-    tokio::spawn(conn);
-    let name = format!("warden_n_{}_{}", std::process::id(), nanos());
-    within(
-        "create database",
-        client.batch_execute(&format!("CREATE DATABASE {name}")),
-    )
-    .await
-    .expect("create database");
-    let mut config = admin.clone();
-    config.dbname(&name);
-    Some(config)
-}
-
-fn nanos() -> u128 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_nanos())
-        .unwrap_or(0)
-}
+use common::{fresh_db, store, within};
 
 /// The next event that `pick` accepts (others are skipped).
 async fn next_event<T>(
@@ -79,9 +40,7 @@ async fn a_node_joins_evicts_what_it_lost_takes_over_orphans_and_leaves() {
     let Some(config) = fresh_db().await else {
         return;
     };
-    let pg = within("connect", PgStore::connect_config(config.clone()))
-        .await
-        .expect("PgStore connects and migrates");
+    let pg = store(&config).await;
     let ttl = Duration::from_millis(900);
     let store = NodeStore::new(pg.clone(), "node-a", ttl);
     let (source, control) = ChannelSource::new();
@@ -230,9 +189,7 @@ async fn a_node_that_cannot_reach_its_database_is_not_ready() {
     let Some(config) = fresh_db().await else {
         return;
     };
-    let pg = within("connect", PgStore::connect_config(config.clone()))
-        .await
-        .expect("PgStore connects and migrates");
+    let pg = store(&config).await;
     let store = NodeStore::new(pg, "node-a", Duration::from_secs(10));
     let node = Node::new(store, "http://10.0.0.5:8080");
     let placement = node.placement();
@@ -273,9 +230,7 @@ async fn an_outage_is_reported_once_and_its_end_once() {
     let Some(config) = fresh_db().await else {
         return;
     };
-    let pg = within("connect", PgStore::connect_config(config.clone()))
-        .await
-        .expect("PgStore connects and migrates");
+    let pg = store(&config).await;
     let store = NodeStore::new(pg, "node-a", Duration::from_millis(600));
     let (source, _control) = ChannelSource::new();
     let factory = move |_: &SessionKey| source.clone() as Arc<dyn EventSource>;

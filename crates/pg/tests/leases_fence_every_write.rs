@@ -9,62 +9,9 @@ use tokio_postgres::NoTls;
 use warden_core::{Durability, SessionKey, SessionRecord, SessionStore, StoreError};
 use warden_pg::{NodeStore, PgStore};
 
-const BOUND: Duration = Duration::from_secs(30);
+mod common;
 
-async fn within<T>(what: &str, fut: impl std::future::Future<Output = T>) -> T {
-    tokio::time::timeout(BOUND, fut)
-        .await
-        .unwrap_or_else(|_| panic!("timed out: {what}"))
-}
-
-/// A fresh database: its config, or `None` (with the reason printed) when
-/// no PostgreSQL is configured.
-async fn fresh_db() -> Option<tokio_postgres::Config> {
-    let url = match std::env::var("WARDEN_PG_URL") {
-        Ok(u) => u,
-        Err(_) => {
-            assert!(
-                std::env::var("WARDEN_REQUIRE_POSTGRES").as_deref() != Ok("1"),
-                "WARDEN_REQUIRE_POSTGRES=1 but WARDEN_PG_URL is unset"
-            );
-            eprintln!("skipped: set WARDEN_PG_URL to a PostgreSQL admin URL to run this test");
-            return None;
-        }
-    };
-    let admin: tokio_postgres::Config = url.parse().expect("WARDEN_PG_URL parses");
-    let (client, conn) = within("connect", admin.connect(NoTls))
-        .await
-        .expect("connect to WARDEN_PG_URL");
-    tokio::spawn(conn);
-    let name = format!("warden_t_{:016x}", rand_u64());
-    within(
-        "create database",
-        client.batch_execute(&format!("CREATE DATABASE {name}")),
-    )
-    .await
-    .expect("create database");
-    let mut config = admin.clone();
-    config.dbname(&name);
-    Some(config)
-}
-
-fn rand_u64() -> u64 {
-    use std::hash::{BuildHasher, Hasher};
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u128(
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos())
-            .unwrap_or(0),
-    );
-    h.finish()
-}
-
-async fn store(config: &tokio_postgres::Config) -> PgStore {
-    within("connect", PgStore::connect_config(config.clone()))
-        .await
-        .expect("PgStore connects and migrates")
-}
+use common::{fresh_db, store, within};
 
 fn record(key: &str, text: &str) -> SessionRecord {
     let mut r = SessionRecord::new(&SessionKey::new(key), None);

@@ -4,29 +4,19 @@
 //! as that role migrates the schema into its own schema and stores
 //! sessions, and the role can create nothing outside it.
 
-use std::time::Duration;
-
 use tokio_postgres::NoTls;
 use warden_core::{Durability, SessionKey, SessionRecord, SessionStore};
 use warden_pg::PgStore;
 
-const BOUND: Duration = Duration::from_secs(30);
-const SCRIPT: &str = include_str!("../../../deploy/postgres/warden-role.sql");
+mod common;
 
-async fn within<T>(what: &str, fut: impl std::future::Future<Output = T>) -> T {
-    tokio::time::timeout(BOUND, fut)
-        .await
-        .unwrap_or_else(|_| panic!("timed out: {what}"))
-}
+use common::{admin_url, unique, within};
+
+const SCRIPT: &str = include_str!("../../../deploy/postgres/warden-role.sql");
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_runs_as_the_role_the_script_makes_and_nothing_more() {
-    let Ok(url) = std::env::var("WARDEN_PG_URL") else {
-        assert!(
-            std::env::var("WARDEN_REQUIRE_POSTGRES").as_deref() != Ok("1"),
-            "WARDEN_REQUIRE_POSTGRES=1 but WARDEN_PG_URL is unset"
-        );
-        eprintln!("skipped: set WARDEN_PG_URL to a PostgreSQL admin URL to run this test");
+    let Some(url) = admin_url() else {
         return;
     };
     let admin: tokio_postgres::Config = url.parse().expect("WARDEN_PG_URL parses");
@@ -35,12 +25,8 @@ async fn a_node_runs_as_the_role_the_script_makes_and_nothing_more() {
         .expect("admin connection");
     tokio::spawn(conn);
     // A fresh database; the role is cluster-wide, so a name of its own.
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_nanos())
-        .unwrap_or(0);
-    let db = format!("warden_role_{}_{nanos}", std::process::id());
-    let role = format!("warden_r{}_{}", std::process::id(), nanos % 1_000_000_000);
+    let db = unique("warden_role");
+    let role = unique("warden_r");
     within(
         "create database",
         client.batch_execute(&format!("CREATE DATABASE {db}")),

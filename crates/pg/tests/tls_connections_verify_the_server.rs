@@ -5,18 +5,12 @@
 //! `sslmode` stays plaintext. Skipped with a message without PostgreSQL;
 //! failed under `WARDEN_REQUIRE_POSTGRES=1`.
 
-use std::time::Duration;
-
 use tokio_postgres::NoTls;
 use warden_pg::{PgError, PgStore};
 
-const BOUND: Duration = Duration::from_secs(30);
+mod common;
 
-async fn within<T>(what: &str, fut: impl std::future::Future<Output = T>) -> T {
-    tokio::time::timeout(BOUND, fut)
-        .await
-        .unwrap_or_else(|_| panic!("timed out: {what}"))
-}
+use common::{unique, within};
 
 /// The admin URL, the CA file and an admin client, or `None` (with the
 /// reason printed) when no PostgreSQL is configured.
@@ -43,11 +37,7 @@ async fn setup() -> Option<(String, String, tokio_postgres::Client)> {
 
 /// A fresh database's URL (the admin URL with its name).
 async fn fresh(admin_url: &str, client: &tokio_postgres::Client, tag: &str) -> (String, String) {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_nanos())
-        .unwrap_or(0);
-    let name = format!("warden_tls_{tag}_{}_{nanos}", std::process::id());
+    let name = unique(&format!("warden_tls_{tag}"));
     within(
         "create database",
         client.batch_execute(&format!("CREATE DATABASE {name}")),

@@ -1,0 +1,74 @@
+//! What the PostgreSQL tests share: a bound on every wait, and a fresh
+//! database per test on the server `WARDEN_PG_URL` names (an admin URL;
+//! `.ci/run` starts a throwaway cluster and sets it). Without the variable
+//! a test says why and passes, unless `WARDEN_REQUIRE_POSTGRES=1` (CI)
+//! makes it fail.
+#![allow(dead_code, unreachable_pub)]
+
+use std::time::Duration;
+
+use tokio_postgres::NoTls;
+use warden_pg::PgStore;
+
+/// Every wait in these tests is bounded by this.
+pub const BOUND: Duration = Duration::from_secs(30);
+
+/// `fut`, or a failure naming `what` after [`BOUND`].
+pub async fn within<T>(what: &str, fut: impl std::future::Future<Output = T>) -> T {
+    tokio::time::timeout(BOUND, fut)
+        .await
+        .unwrap_or_else(|_| panic!("timed out: {what}"))
+}
+
+/// The admin URL, or `None` (with the reason printed) when no PostgreSQL
+/// is configured.
+pub fn admin_url() -> Option<String> {
+    match std::env::var("WARDEN_PG_URL") {
+        Ok(url) => Some(url),
+        Err(_) => {
+            assert!(
+                std::env::var("WARDEN_REQUIRE_POSTGRES").as_deref() != Ok("1"),
+                "WARDEN_REQUIRE_POSTGRES=1 but WARDEN_PG_URL is unset"
+            );
+            eprintln!("skipped: set WARDEN_PG_URL to a PostgreSQL admin URL to run this test");
+            None
+        }
+    }
+}
+
+/// A name no other test uses: `prefix`, the process and the time.
+pub fn unique(prefix: &str) -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0);
+    format!("{prefix}_{}_{nanos}", std::process::id())
+}
+
+/// A fresh database: its config, or `None` when no PostgreSQL is
+/// configured.
+pub async fn fresh_db() -> Option<tokio_postgres::Config> {
+    let url = admin_url()?;
+    let admin: tokio_postgres::Config = url.parse().expect("WARDEN_PG_URL parses");
+    let (client, conn) = within("connect", admin.connect(NoTls))
+        .await
+        .expect("connect to WARDEN_PG_URL");
+    tokio::spawn(conn);
+    let name = unique("warden_t");
+    within(
+        "create database",
+        client.batch_execute(&format!("CREATE DATABASE {name}")),
+    )
+    .await
+    .expect("create database");
+    let mut config = admin.clone();
+    config.dbname(&name);
+    Some(config)
+}
+
+/// A store on `config`, its schema migrated.
+pub async fn store(config: &tokio_postgres::Config) -> PgStore {
+    within("connect", PgStore::connect_config(config.clone()))
+        .await
+        .expect("PgStore connects and migrates")
+}
