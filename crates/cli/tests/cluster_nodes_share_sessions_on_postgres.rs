@@ -1545,3 +1545,24 @@ impl JsonValue for reqwest::Response {
         serde_json::from_slice(&bytes).expect("a JSON body")
     }
 }
+
+/// An idle node stops at once on SIGTERM: nothing runs, so nothing to
+/// drain; its leases and membership go in a few statements. (Measured here:
+/// ~12 ms; the bound leaves room for a loaded CI machine.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_node_exits_at_once_on_sigterm() {
+    let Some(url) = fresh_db().await else { return };
+    let mock = stall_then_answer().await;
+    let (_d, dir) = dir();
+    let mut a = start(&dir, "node-a", &url, &mock).await;
+    let t0 = std::time::Instant::now();
+    kill(a.pid(), Signal::SIGTERM).expect("SIGTERM");
+    let status = tokio::time::timeout(PATIENCE, a.child.wait())
+        .await
+        .expect("A exits in time")
+        .expect("wait");
+    let took = t0.elapsed();
+    eprintln!("an idle node exited {took:?} after SIGTERM");
+    assert!(status.success(), "{status:?}");
+    assert!(took < Duration::from_secs(2), "{took:?}");
+}
