@@ -54,7 +54,10 @@ const SERVE: Table = &[
     ("sse", &["turns"]),
     ("cluster", &["error", "ids"]),
     ("state", &["cluster", "config", "metrics", "turns"]),
-    ("routes/ops", &["cluster", "error", "state", "views"]),
+    (
+        "routes/ops",
+        &["cluster", "error", "metrics", "state", "views"],
+    ),
     ("routes/sessions", &["cluster", "error", "state", "views"]),
     (
         "routes/turns",

@@ -309,6 +309,27 @@ async fn a_killed_owners_session_is_taken_over_and_its_message_answered() {
     assert_eq!(turns.len(), 2, "hello and its answer: {turns:?}");
     assert_eq!(turns[0].content, "hello");
 
+    // B counts the takeover and holds the lease.
+    let metrics = reqwest::Client::new()
+        .get(format!("{}/metrics", b.base))
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .expect("get")
+        .text()
+        .await
+        .expect("text");
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l == "warden_cluster_takeovers_total 1"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.lines().any(|l| l == "warden_cluster_leases_held 1"),
+        "{metrics}"
+    );
+
     // `warden cluster status` shows it.
     let out = output(
         command(&["cluster", "status", "--store", &url, "--json"]),
@@ -1025,6 +1046,48 @@ async fn any_node_takes_a_turn_and_forwards_it_to_the_sessions_owner() {
         .await
         .expect("get");
     assert_eq!(anonymous.status(), 401);
+
+    // B's metrics: three requests forwarded and answered (the turn, its
+    // re-attach, its cancel), none unreachable; A holds the lease; both
+    // members beat; the database answers.
+    let metrics = http
+        .get(format!("{}/metrics", b.base))
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .expect("get")
+        .text()
+        .await
+        .expect("text");
+    let sample = |name: &str| -> Option<f64> {
+        metrics
+            .lines()
+            .find(|l| l.starts_with(name) && l[name.len()..].starts_with(' '))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse().ok())
+    };
+    assert_eq!(
+        sample("warden_cluster_forwarded_total{outcome=\"answered\"}"),
+        Some(3.0),
+        "{metrics}"
+    );
+    assert_eq!(
+        sample("warden_cluster_forwarded_total{outcome=\"unreachable\"}"),
+        Some(0.0),
+        "{metrics}"
+    );
+    assert_eq!(sample("warden_cluster_leases_held"), Some(0.0), "{metrics}");
+    assert_eq!(sample("warden_cluster_database_up"), Some(1.0), "{metrics}");
+    assert_eq!(
+        sample("warden_cluster_node_sessions{node=\"node-a\"}"),
+        Some(1.0),
+        "{metrics}"
+    );
+    assert!(
+        sample("warden_cluster_node_heartbeat_age_seconds{node=\"node-b\"}")
+            .is_some_and(|age| age < 10.0),
+        "{metrics}"
+    );
 
     // Any node lists the whole cluster.
     for (node, here) in [(&a, true), (&b, false)] {

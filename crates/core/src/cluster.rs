@@ -48,6 +48,56 @@ pub trait Placement: Send + Sync + 'static {
     fn ready(&self) -> BoxFuture<'_, Result<(), String>> {
         Box::pin(async { Ok(()) })
     }
+
+    /// This node's cluster figures for `GET /metrics`, read at scrape
+    /// time. Default `None`: no cluster metrics.
+    fn stats(&self) -> BoxFuture<'_, Option<ClusterStats>> {
+        Box::pin(async { None })
+    }
+}
+
+/// A cluster node's figures, as `GET /metrics` exposes them
+/// (`warden_cluster_*`; see `docs/cluster.md`).
+#[derive(Debug, Clone, Default, PartialEq)]
+#[non_exhaustive]
+pub struct ClusterStats {
+    /// Leases this node holds now.
+    pub leases_held: u64,
+    /// Leases it lost since it started (another node took the session).
+    pub leases_lost: u64,
+    /// Sessions of dead nodes it took over since it started.
+    pub takeovers: u64,
+    /// Failed database round trips of its background work (heartbeats,
+    /// expiry, placement) since it started.
+    pub database_errors: u64,
+    /// One database round trip measured now (`SELECT 1`); `None` when it
+    /// failed.
+    pub database_round_trip: Option<Duration>,
+    /// Every member the database lists.
+    pub nodes: Vec<NodeStats>,
+}
+
+/// One member of a cluster, as the database sees it.
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub struct NodeStats {
+    /// Its id.
+    pub node: String,
+    /// Seconds since its last heartbeat.
+    pub heartbeat_age_secs: f64,
+    /// Sessions whose lease it holds now.
+    pub sessions: u64,
+}
+
+impl NodeStats {
+    /// Node `node`, last heard `heartbeat_age_secs` ago, holding `sessions`.
+    pub fn new(node: impl Into<String>, heartbeat_age_secs: f64, sessions: u64) -> Self {
+        Self {
+            node: node.into(),
+            heartbeat_age_secs,
+            sessions,
+        }
+    }
 }
 
 /// Where one session of a cluster runs (an entry of `GET /v1/sessions` on

@@ -50,9 +50,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::future::BoxFuture;
+use std::sync::atomic::{AtomicU64, Ordering};
 use tokio::sync::broadcast;
 use tokio_util::task::AbortOnDropHandle;
-use warden_core::cluster::{Elsewhere, Placement, SessionPlace};
+
+use warden_core::cluster::{ClusterStats, Elsewhere, NodeStats, Placement, SessionPlace};
 use warden_core::{SessionKey, StoreError, Supervisor};
 
 use crate::{LeaseInfo, NodeStore, NodeTurns, TakeOver};
@@ -159,6 +161,21 @@ impl std::fmt::Display for NodeEvent {
     }
 }
 
+/// What a node counts for `/metrics`, shared by its background work and
+/// its placement.
+#[derive(Debug, Default)]
+struct Counters {
+    leases_lost: AtomicU64,
+    takeovers: AtomicU64,
+    database_errors: AtomicU64,
+}
+
+impl Counters {
+    fn add(counter: &AtomicU64, n: u64) {
+        counter.fetch_add(n, Ordering::Relaxed);
+    }
+}
+
 /// Logs `event` and sends it to the node's subscribers.
 fn report(events: &broadcast::Sender<NodeEvent>, event: NodeEvent) {
     match &event {
@@ -194,6 +211,7 @@ pub struct Node {
     advertise: String,
     keep_turns: Duration,
     events: broadcast::Sender<NodeEvent>,
+    counters: Arc<Counters>,
     tasks: Vec<AbortOnDropHandle<()>>,
 }
 
@@ -219,6 +237,7 @@ impl Node {
             advertise: advertise.into(),
             keep_turns: DEFAULT_KEEP_TURNS,
             events,
+            counters: Arc::default(),
             tasks: Vec::new(),
         }
     }
@@ -247,6 +266,7 @@ impl Node {
     pub fn placement(&self) -> Arc<dyn Placement> {
         Arc::new(LeasePlacement {
             node: self.store.clone(),
+            counters: self.counters.clone(),
         })
     }
 
@@ -271,7 +291,7 @@ impl Node {
         let ttl = store.ttl();
         let mut tasks = vec![store.spawn_renewer()];
 
-        let (beat, events) = (store.clone(), self.events.clone());
+        let (beat, events, counters) = (store.clone(), self.events.clone(), self.counters.clone());
         tasks.push(AbortOnDropHandle::new(tokio::spawn(async move {
             let mut tick = tokio::time::interval(ttl / 3);
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -289,8 +309,10 @@ impl Node {
                             },
                         );
                     }
-                    (Ok(_), None) | (Err(_), Some(_)) => {}
+                    (Ok(_), None) => {}
+                    (Err(_), Some(_)) => Counters::add(&counters.database_errors, 1),
                     (Err(e), None) => {
+                        Counters::add(&counters.database_errors, 1);
                         failing_since = Some(tokio::time::Instant::now());
                         report(
                             &events,
@@ -303,7 +325,12 @@ impl Node {
             }
         })));
 
-        let (pg, events, keep) = (store.pg().clone(), self.events.clone(), self.keep_turns);
+        let (pg, events, keep, counters) = (
+            store.pg().clone(),
+            self.events.clone(),
+            self.keep_turns,
+            self.counters.clone(),
+        );
         tasks.push(AbortOnDropHandle::new(tokio::spawn(async move {
             let mut tick = tokio::time::interval(EXPIRE_EVERY);
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -314,6 +341,7 @@ impl Node {
                     Err(e) => Err(e),
                 };
                 if let Err(e) = expired {
+                    Counters::add(&counters.database_errors, 1);
                     report(
                         &events,
                         NodeEvent::ExpireFailed {
@@ -327,11 +355,16 @@ impl Node {
         // A lease lost (a renewal or a write refused): stop the copy here
         // now, before it answers anyone again.
         let mut lost = store.lost();
-        let (sup, events) = (supervisor.clone(), self.events.clone());
+        let (sup, events, counters) = (
+            supervisor.clone(),
+            self.events.clone(),
+            self.counters.clone(),
+        );
         tasks.push(AbortOnDropHandle::new(tokio::spawn(async move {
             loop {
                 match lost.recv().await {
                     Ok(lease) => {
+                        Counters::add(&counters.leases_lost, 1);
                         let key = SessionKey::new(&lease.key);
                         let _ = sup.evict(key.clone()).await;
                         report(
@@ -350,13 +383,18 @@ impl Node {
 
         // Orphans: sessions with pending messages whose owner's lease ran
         // out.
-        let (scan, sup, events) = (store.clone(), supervisor.clone(), self.events.clone());
+        let (scan, sup, events, counters) = (
+            store.clone(),
+            supervisor.clone(),
+            self.events.clone(),
+            self.counters.clone(),
+        );
         tasks.push(AbortOnDropHandle::new(tokio::spawn(async move {
             let mut tick = tokio::time::interval(scan.scan_interval());
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
                 tick.tick().await;
-                take_over(&scan, &sup, &events).await;
+                take_over(&scan, &sup, &events, &counters).await;
             }
         })));
         self.tasks = tasks;
@@ -376,7 +414,7 @@ impl Node {
     /// front end is ready, so the sessions waiting since before this node
     /// started are not left for the first tick.
     pub async fn take_over(&self, supervisor: &Supervisor) -> TakeOver {
-        take_over(&self.store, supervisor, &self.events).await
+        take_over(&self.store, supervisor, &self.events, &self.counters).await
     }
 
     /// Leaves the cluster cleanly: stops the background work and gives up
@@ -398,8 +436,10 @@ async fn take_over(
     store: &NodeStore,
     supervisor: &Supervisor,
     events: &broadcast::Sender<NodeEvent>,
+    counters: &Counters,
 ) -> TakeOver {
     let done = store.take_over(supervisor).await;
+    Counters::add(&counters.takeovers, done.taken.len() as u64);
     for (key, epoch) in &done.taken {
         report(
             events,
@@ -424,6 +464,7 @@ async fn take_over(
 /// Runs a session here only while this node holds its lease.
 struct LeasePlacement {
     node: NodeStore,
+    counters: Arc<Counters>,
 }
 
 impl LeasePlacement {
@@ -445,8 +486,10 @@ impl Placement for LeasePlacement {
             if self.node.lease_of(key).is_some() {
                 return Ok(()); // ours (the fence still guards every write)
             }
-            let unknown =
-                |e: StoreError| Elsewhere::store_unreachable(e.to_string(), Duration::from_secs(1));
+            let unknown = |e: StoreError| {
+                Counters::add(&self.counters.database_errors, 1);
+                Elsewhere::store_unreachable(e.to_string(), Duration::from_secs(1))
+            };
             // A session bound to a directory this node lacks is not taken
             // here: asked while its owner lives, the request is forwarded;
             // once the owner is gone, the client is told why it waits.
@@ -494,6 +537,27 @@ impl Placement for LeasePlacement {
                 Ok(Err(e)) => Err(format!("the cluster's database cannot be reached: {e}")),
                 Err(_) => Err("the cluster's database did not answer within 2 s".to_owned()),
             }
+        })
+    }
+
+    fn stats(&self) -> BoxFuture<'_, Option<ClusterStats>> {
+        Box::pin(async move {
+            let counters = &self.counters;
+            let mut stats = ClusterStats::default();
+            stats.leases_held = self.node.held().len() as u64;
+            stats.leases_lost = counters.leases_lost.load(Ordering::Relaxed);
+            stats.takeovers = counters.takeovers.load(Ordering::Relaxed);
+            stats.database_errors = counters.database_errors.load(Ordering::Relaxed);
+            let started = tokio::time::Instant::now();
+            let ping = tokio::time::timeout(Duration::from_secs(2), self.node.pg().ping()).await;
+            stats.database_round_trip = matches!(ping, Ok(Ok(()))).then(|| started.elapsed());
+            if let Ok(nodes) = self.node.pg().nodes().await {
+                stats.nodes = nodes
+                    .into_iter()
+                    .map(|n| NodeStats::new(n.node_id, n.heartbeat_age_secs, n.sessions))
+                    .collect();
+            }
+            Some(stats)
         })
     }
 

@@ -19,6 +19,7 @@
 //! (an extractor: this node's placement, the request's headers, the
 //! forwarding client) and asks it once where the request belongs.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
@@ -128,6 +129,14 @@ fn without_url(e: &reqwest::Error) -> String {
 pub(crate) struct ClusterState {
     placement: Option<Arc<dyn Placement>>,
     http: Arc<OnceLock<reqwest::Client>>,
+    forwarded: Arc<Forwarded>,
+}
+
+/// Requests forwarded to another node, by outcome (for `/metrics`).
+#[derive(Debug, Default)]
+struct Forwarded {
+    answered: AtomicU64,
+    unreachable: AtomicU64,
 }
 
 impl ClusterState {
@@ -136,6 +145,7 @@ impl ClusterState {
         Self {
             placement,
             http: Arc::default(),
+            forwarded: Arc::default(),
         }
     }
 }
@@ -185,6 +195,33 @@ impl Cluster {
         self.state.http.get_or_init(client)
     }
 
+    /// Requests forwarded so far: (answered by their node, unreachable).
+    pub(crate) fn forwarded(&self) -> (u64, u64) {
+        let f = &self.state.forwarded;
+        (
+            f.answered.load(Ordering::Relaxed),
+            f.unreachable.load(Ordering::Relaxed),
+        )
+    }
+
+    /// Sends the request on to `base` and counts the outcome.
+    async fn forward(
+        &self,
+        me: &str,
+        method: Method,
+        base: &str,
+        path: &str,
+        body: Option<Bytes>,
+    ) -> Result<Response, Unreachable> {
+        let answer = forward(self.http(), me, method, base, path, &self.headers, body).await;
+        let counter = match &answer {
+            Ok(_) => &self.state.forwarded.answered,
+            Err(_) => &self.state.forwarded.unreachable,
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+        answer
+    }
+
     /// Where a new turn of `key` runs: here (this node holds or just took
     /// the session's lease), or at its owner, which is sent `body` once
     /// (a request already forwarded is not forwarded again); an owner that
@@ -210,16 +247,9 @@ impl Cluster {
                     e.to_string(),
                 )
             })?;
-            let answer = forward(
-                self.http(),
-                me,
-                Method::POST,
-                owner,
-                "/v1/turns",
-                &self.headers,
-                Some(body),
-            )
-            .await;
+            let answer = self
+                .forward(me, Method::POST, owner, "/v1/turns", Some(body))
+                .await;
             match answer {
                 Ok(answer) => return Ok(Placed::Forwarded(answer)),
                 Err(Unreachable(why)) => {
@@ -254,7 +284,7 @@ impl Cluster {
                 format!("no such turn: its node {node} is no longer a member"),
             ));
         };
-        forward(self.http(), me, method, &base, path, &self.headers, None)
+        self.forward(me, method, &base, path, None)
             .await
             .map_err(|Unreachable(why)| {
                 ApiError::unavailable(
@@ -286,7 +316,7 @@ impl Cluster {
             _ => return None,
         };
         Some(
-            forward(self.http(), me, method, &base, path, &self.headers, None)
+            self.forward(me, method, &base, path, None)
                 .await
                 .map_err(|Unreachable(why)| {
                     ApiError::unavailable("node_unreachable", why).retry_after(1)

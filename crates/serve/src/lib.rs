@@ -59,7 +59,7 @@ use turns::Turns;
 /// The API as an axum [`Router`], serving `supervisor`'s sessions.
 pub fn router(supervisor: Supervisor, config: ServeConfig) -> Router {
     let max_body = config.max_body_bytes;
-    let metrics = Arc::new(metrics::Metrics::new());
+    let metrics = Arc::new(metrics::Metrics::new(config.placement.is_some()));
     metrics::watch(&supervisor, metrics.clone());
     let turns = Arc::new(Turns::new(config.turn_store.clone()));
     let recovered = config.recovered.as_ref().and_then(|r| r.lock().take());

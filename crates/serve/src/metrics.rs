@@ -13,6 +13,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
+use warden_core::cluster::ClusterStats;
 use warden_core::{LifecycleEvent, Supervisor};
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -23,6 +24,43 @@ struct Outcome {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct State {
     state: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct Member {
+    node: String,
+}
+
+/// A cluster node's metrics (`warden_cluster_*`).
+struct Cluster {
+    leases_held: Gauge,
+    leases_lost: Counter,
+    takeovers: Counter,
+    database_errors: Counter,
+    database_up: Gauge,
+    database_round_trip: Gauge<f64, std::sync::atomic::AtomicU64>,
+    forwarded: Family<Outcome, Counter>,
+    heartbeat_age: Family<Member, Gauge<f64, std::sync::atomic::AtomicU64>>,
+    node_sessions: Family<Member, Gauge>,
+}
+
+/// What the cluster side reports at a scrape: the placement's figures and
+/// the forwarded requests by outcome (answered, unreachable).
+pub(crate) struct ClusterView {
+    /// The placement's figures, if it has any.
+    pub(crate) stats: Option<ClusterStats>,
+    /// Requests forwarded to another node and answered by it.
+    pub(crate) forwarded_answered: u64,
+    /// Requests whose owner could not be reached.
+    pub(crate) forwarded_unreachable: u64,
+}
+
+/// Moves `counter` up to `total` (a total kept elsewhere).
+fn catch_up(counter: &Counter, total: u64) {
+    let now = counter.get();
+    if total > now {
+        counter.inc_by(total - now);
+    }
 }
 
 /// The server's metrics.
@@ -38,10 +76,12 @@ pub(crate) struct Metrics {
     turns: Family<Outcome, Counter>,
     turn_seconds: Histogram,
     started: Mutex<HashMap<(String, u64), Instant>>,
+    cluster: Option<Cluster>,
 }
 
 impl Metrics {
-    pub(crate) fn new() -> Self {
+    /// The metrics of a server; `cluster` adds the cluster family.
+    pub(crate) fn new(cluster: bool) -> Self {
         let mut registry = Registry::with_prefix("warden");
         let m = Self {
             sessions: Family::default(),
@@ -56,6 +96,7 @@ impl Metrics {
             turn_seconds: Histogram::new(exponential_buckets(0.1, 2.0, 15)),
             started: Mutex::default(),
             registry: Registry::default(),
+            cluster: None,
         };
         registry.register("sessions", "Sessions by state", m.sessions.clone());
         registry.register(
@@ -94,7 +135,71 @@ impl Metrics {
             "Wall time of a turn, queueing and retries included",
             m.turn_seconds.clone(),
         );
-        Self { registry, ..m }
+        let cluster = cluster.then(|| {
+            let c = Cluster {
+                leases_held: Gauge::default(),
+                leases_lost: Counter::default(),
+                takeovers: Counter::default(),
+                database_errors: Counter::default(),
+                database_up: Gauge::default(),
+                database_round_trip: Gauge::default(),
+                forwarded: Family::default(),
+                heartbeat_age: Family::default(),
+                node_sessions: Family::default(),
+            };
+            let r = registry.sub_registry_with_prefix("cluster");
+            r.register(
+                "leases_held",
+                "Session leases this node holds",
+                c.leases_held.clone(),
+            );
+            r.register(
+                "leases_lost",
+                "Leases this node lost to another node (its copy stopped)",
+                c.leases_lost.clone(),
+            );
+            r.register(
+                "takeovers",
+                "Sessions of dead nodes this node took over",
+                c.takeovers.clone(),
+            );
+            r.register(
+                "database_errors",
+                "Failed database round trips of the node's background work and placement",
+                c.database_errors.clone(),
+            );
+            r.register(
+                "database_up",
+                "1 when the cluster's database answered at this scrape",
+                c.database_up.clone(),
+            );
+            r.register(
+                "database_round_trip_seconds",
+                "One SELECT 1 to the cluster's database, measured at this scrape",
+                c.database_round_trip.clone(),
+            );
+            r.register(
+                "forwarded",
+                "Requests forwarded to the node that runs the session, by outcome",
+                c.forwarded.clone(),
+            );
+            r.register(
+                "node_heartbeat_age_seconds",
+                "Seconds since each member's last heartbeat",
+                c.heartbeat_age.clone(),
+            );
+            r.register(
+                "node_sessions",
+                "Sessions whose lease each member holds",
+                c.node_sessions.clone(),
+            );
+            c
+        });
+        Self {
+            registry,
+            cluster,
+            ..m
+        }
     }
 
     /// Counts `event`.
@@ -137,7 +242,11 @@ impl Metrics {
     }
 
     /// The exposition, with the gauges read now.
-    pub(crate) async fn render(&self, supervisor: &Supervisor) -> String {
+    pub(crate) async fn render(
+        &self,
+        supervisor: &Supervisor,
+        view: Option<ClusterView>,
+    ) -> String {
         let (mut running, mut streaming, mut queued_turns) = (0i64, 0i64, 0i64);
         for s in supervisor.statuses().await.unwrap_or_default() {
             running += 1;
@@ -160,6 +269,45 @@ impl Metrics {
             .set(i64::try_from(a.queued).unwrap_or(i64::MAX));
         self.admission_running
             .set(i64::try_from(a.running).unwrap_or(i64::MAX));
+        if let (Some(c), Some(view)) = (&self.cluster, view) {
+            catch_up(
+                &c.forwarded.get_or_create(&Outcome {
+                    outcome: "answered",
+                }),
+                view.forwarded_answered,
+            );
+            catch_up(
+                &c.forwarded.get_or_create(&Outcome {
+                    outcome: "unreachable",
+                }),
+                view.forwarded_unreachable,
+            );
+            if let Some(stats) = view.stats {
+                c.leases_held
+                    .set(i64::try_from(stats.leases_held).unwrap_or(i64::MAX));
+                catch_up(&c.leases_lost, stats.leases_lost);
+                catch_up(&c.takeovers, stats.takeovers);
+                catch_up(&c.database_errors, stats.database_errors);
+                c.database_up
+                    .set(i64::from(stats.database_round_trip.is_some()));
+                c.database_round_trip.set(
+                    stats
+                        .database_round_trip
+                        .map_or(f64::NAN, |d| d.as_secs_f64()),
+                );
+                c.heartbeat_age.clear();
+                c.node_sessions.clear();
+                for n in stats.nodes {
+                    let member = Member { node: n.node };
+                    c.heartbeat_age
+                        .get_or_create(&member)
+                        .set(n.heartbeat_age_secs);
+                    c.node_sessions
+                        .get_or_create(&member)
+                        .set(i64::try_from(n.sessions).unwrap_or(i64::MAX));
+                }
+            }
+        }
         let mut out = String::new();
         let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
         out

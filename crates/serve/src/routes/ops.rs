@@ -13,6 +13,7 @@ use subtle::ConstantTimeEq as _;
 
 use crate::cluster::Cluster;
 use crate::error::ApiError;
+use crate::metrics::ClusterView;
 use crate::state::AppState;
 use crate::views;
 
@@ -42,8 +43,19 @@ pub(crate) async fn authorize(
 }
 
 /// `GET /metrics`: Prometheus text.
-pub(crate) async fn render_metrics(State(state): State<AppState>) -> Response {
-    let body = state.metrics.render(&state.supervisor).await;
+pub(crate) async fn render_metrics(State(state): State<AppState>, cluster: Cluster) -> Response {
+    let view = match cluster.placement() {
+        Some(placement) => {
+            let (forwarded_answered, forwarded_unreachable) = cluster.forwarded();
+            Some(ClusterView {
+                stats: placement.stats().await,
+                forwarded_answered,
+                forwarded_unreachable,
+            })
+        }
+        None => None,
+    };
+    let body = state.metrics.render(&state.supervisor, view).await;
     (
         [(
             header::CONTENT_TYPE,
