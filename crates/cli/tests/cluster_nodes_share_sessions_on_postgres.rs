@@ -1629,3 +1629,77 @@ async fn an_idle_node_exits_at_once_on_sigterm() {
     assert!(status.success(), "{status:?}");
     assert!(took < Duration::from_secs(2), "{took:?}");
 }
+
+/// Runs `sql` on the admin connection (`WARDEN_PG_URL`).
+fn admin_sql(sql: &str) {
+    let url = std::env::var("WARDEN_PG_URL").expect("WARDEN_PG_URL");
+    let psql = std::process::Command::new("psql")
+        .args([url.as_str(), "-qAtc", sql])
+        .output()
+        .expect("psql runs");
+    assert!(
+        psql.status.success(),
+        "{sql}: {}",
+        String::from_utf8_lossy(&psql.stderr)
+    );
+}
+
+/// A database outage longer than the lease TTL moves no session: the node
+/// running a turn keeps its lease (it retries its renewals every 100 ms and
+/// renews within the takeover grace once the database answers, before any
+/// other node may take it), the turn pauses and then finishes there, run
+/// once; the other node takes nothing. (The outage: the database refuses
+/// connections and its open ones are cut, as a restart or a partition
+/// would.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_database_outage_longer_than_the_lease_moves_no_session() {
+    let Some(url) = fresh_db().await else { return };
+    let db = url.rsplit('/').next().expect("a database").to_owned();
+    let mock =
+        MockServer::start(MockConfig::default().with_frame_interval(Duration::from_millis(400)))
+            .await
+            .expect("mock");
+    let (_d, dir) = dir();
+    let ttl = 1.5;
+    let a = start_with_ttl(&dir, "node-a", &url, &mock, ttl).await;
+    let b = start_with_ttl(&dir, "node-b", &url, &mock, ttl).await;
+    let (_id, mut reading) = stream_turn(&a, "k1", "hello").await;
+    let mut seen = Vec::new();
+    while !seen.iter().any(|e: &Sse| e.kind == "text") {
+        seen.push(reading.next().await.expect("A's events"));
+    }
+
+    // The database goes away for twice the TTL.
+    admin_sql(&format!("ALTER DATABASE {db} ALLOW_CONNECTIONS false"));
+    admin_sql(&format!(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = '{db}'"
+    ));
+    tokio::time::sleep(Duration::from_secs_f64(ttl * 2.0)).await;
+    admin_sql(&format!("ALTER DATABASE {db} ALLOW_CONNECTIONS true"));
+
+    // The turn ends on A, whole, with no retry, restart or node-lost marker.
+    seen.extend(reading.rest().await);
+    let kinds: Vec<&str> = seen.iter().map(|e| e.kind.as_str()).collect();
+    assert_eq!(kinds.last(), Some(&"done"), "{seen:?}");
+    assert!(
+        !kinds
+            .iter()
+            .any(|k| matches!(*k, "retrying" | "continuing" | "restarting")),
+        "{seen:?}"
+    );
+    let done = seen.last().expect("done");
+    assert_eq!(done.data["attempts"], 1, "{done:?}");
+    assert_eq!(
+        done.data["text"], "Hello from warden-mock. Your last message had 5 characters.",
+        "{done:?}"
+    );
+    assert_eq!(mock.requests().len(), 1, "the LLM was called once");
+    let pg = warden_pg::PgStore::connect(&url).await.expect("pg");
+    let info = pg.lease_info(&SessionKey::new("k1")).await.expect("info");
+    assert_eq!(
+        (info.owner.as_deref(), info.epoch),
+        (Some("node-a"), 1),
+        "the session never moved"
+    );
+    drop((a, b));
+}

@@ -101,35 +101,50 @@ impl ConversationStore for PgConversations {
         user: &'a str,
         assistant: &'a str,
     ) -> BoxFuture<'a, Result<bool, StreamError>> {
+        // Idempotent (once per turn and message), so a database that does
+        // not answer is waited for rather than failing the turn.
         Box::pin(async move {
             let turn = i64::try_from(turn).map_err(|e| failed("write", e))?;
-            let mut client = self.pg.client().await.map_err(|e| failed("write", e))?;
-            let tx = client.transaction().await.map_err(|e| failed("write", e))?;
-            tx.execute(
-                "INSERT INTO warden_conversations (id) VALUES ($1) ON CONFLICT DO NOTHING",
-                &[&id],
+            crate::patiently(move || self.append_now(id, turn, user, assistant)).await
+        })
+    }
+}
+
+impl PgConversations {
+    /// One try of [`append_turn_once`](ConversationStore::append_turn_once).
+    async fn append_now(
+        &self,
+        id: &str,
+        turn: i64,
+        user: &str,
+        assistant: &str,
+    ) -> Result<bool, StreamError> {
+        let mut client = self.pg.client().await.map_err(|e| failed("write", e))?;
+        let tx = client.transaction().await.map_err(|e| failed("write", e))?;
+        tx.execute(
+            "INSERT INTO warden_conversations (id) VALUES ($1) ON CONFLICT DO NOTHING",
+            &[&id],
+        )
+        .await
+        .map_err(|e| failed("write", e))?;
+        let appended = tx
+            .execute(
+                "INSERT INTO warden_conversation_turns (id, turn, user_text, reply) \
+                 VALUES ($1, $2, $3, $4) \
+                 ON CONFLICT (id, turn, md5(user_text)) DO NOTHING",
+                &[&id, &turn, &user, &assistant],
             )
             .await
             .map_err(|e| failed("write", e))?;
-            let appended = tx
-                .execute(
-                    "INSERT INTO warden_conversation_turns (id, turn, user_text, reply) \
-                     VALUES ($1, $2, $3, $4) \
-                     ON CONFLICT (id, turn, md5(user_text)) DO NOTHING",
-                    &[&id, &turn, &user, &assistant],
-                )
-                .await
-                .map_err(|e| failed("write", e))?;
-            tx.commit().await.map_err(|e| failed("write", e))?;
-            if appended == 0 {
-                tracing::info!(
-                    event = "pg.duplicate_turn",
-                    gen_ai.conversation.id = id,
-                    turn,
-                    "turn already recorded; not appended again"
-                );
-            }
-            Ok(appended == 1)
-        })
+        tx.commit().await.map_err(|e| failed("write", e))?;
+        if appended == 0 {
+            tracing::info!(
+                event = "pg.duplicate_turn",
+                gen_ai.conversation.id = id,
+                turn,
+                "turn already recorded; not appended again"
+            );
+        }
+        Ok(appended == 1)
     }
 }

@@ -8,6 +8,15 @@ use warden_core::{SessionKey, SessionRecord, StoreError};
 
 use crate::{PgStore, backend, from_db, secs, to_db};
 
+/// How long after a lease expires its last owner alone may still renew it,
+/// before another node may take it: half a second. A node cut off from the
+/// database (an outage, a partition) keeps renewing and, once the database
+/// answers again, renews within a few tenths of a second — before anyone
+/// else may take its sessions — so an outage longer than the TTL does not
+/// move every session. Fencing is unchanged (writes match the epoch), and a
+/// dead node's sessions are taken within TTL + this + one orphan scan.
+pub const TAKEOVER_GRACE: Duration = Duration::from_millis(500);
+
 /// A lease this node took: the session, the node and the epoch every write
 /// must carry.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -50,9 +59,10 @@ impl PgStore {
                  VALUES ($1, $2, 1, now() + make_interval(secs => $3)) \
                  ON CONFLICT (key) DO UPDATE SET owner = EXCLUDED.owner, epoch = s.epoch + 1, \
                  lease_until = EXCLUDED.lease_until \
-                 WHERE s.lease_until IS NULL OR s.lease_until < now() OR s.owner = EXCLUDED.owner \
+                 WHERE s.lease_until IS NULL OR s.owner = EXCLUDED.owner \
+                    OR s.lease_until < now() - make_interval(secs => $4) \
                  RETURNING epoch",
-                &[&key.as_str(), &node, &secs(ttl)],
+                &[&key.as_str(), &node, &secs(ttl), &secs(TAKEOVER_GRACE)],
             )
             .await
             .map_err(backend)?;
@@ -196,9 +206,9 @@ impl PgStore {
                 "SELECT key FROM warden_sessions \
                  WHERE jsonb_typeof(record -> 'pending') = 'array' \
                    AND jsonb_array_length(record -> 'pending') > 0 \
-                   AND (lease_until IS NULL OR lease_until < now()) \
+                   AND (lease_until IS NULL OR lease_until < now() - make_interval(secs => $1)) \
                  ORDER BY key",
-                &[],
+                &[&secs(TAKEOVER_GRACE)],
             )
             .await
             .map_err(backend)?;

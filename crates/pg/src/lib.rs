@@ -80,7 +80,7 @@ use warden_core::store::SCHEMA_VERSION;
 use warden_core::{Durability, SessionKey, SessionRecord, SessionStore, StoreError};
 
 pub use conversations::PgConversations;
-pub use lease::{Lease, LeaseInfo};
+pub use lease::{Lease, LeaseInfo, TAKEOVER_GRACE};
 pub use migrate::MIGRATIONS;
 pub use node::{NodeInfo, NodeStore, TakeOver};
 pub use node_turns::NodeTurns;
@@ -152,6 +152,34 @@ fn error_chain(e: &dyn std::error::Error) -> String {
         source = s.source();
     }
     out
+}
+
+/// How long a write waits for the database to answer again before it
+/// fails: an outage shorter than this pauses the session (and its turn)
+/// instead of failing it.
+pub(crate) const WRITE_PATIENCE: Duration = Duration::from_secs(30);
+
+/// Runs `op` until it succeeds or [`WRITE_PATIENCE`] has passed, with
+/// backoff (50 ms doubling to 2 s): for idempotent writes, while the
+/// database does not answer.
+pub(crate) async fn patiently<T, E, F, Fut>(mut op: F) -> Result<T, E>
+where
+    E: std::fmt::Display,
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, E>>,
+{
+    let deadline = tokio::time::Instant::now() + WRITE_PATIENCE;
+    let mut wait = Duration::from_millis(50);
+    loop {
+        match op().await {
+            Err(e) if tokio::time::Instant::now() + wait < deadline => {
+                tracing::debug!(error = %e, "the database does not answer; retrying");
+                tokio::time::sleep(wait).await;
+                wait = (wait * 2).min(Duration::from_secs(2));
+            }
+            done => return done,
+        }
+    }
 }
 
 /// A count or an epoch as PostgreSQL's BIGINT (saturating).

@@ -14,6 +14,9 @@ use warden_core::{Durability, SessionKey, SessionRecord, SessionStore, StoreErro
 
 use crate::{Lease, PgStore, backend};
 
+/// How often a node retries renewing its leases while the database fails.
+const OUTAGE_RETRY: Duration = Duration::from_millis(100);
+
 /// A node as the database sees it.
 #[derive(Debug, Clone, PartialEq)]
 #[non_exhaustive]
@@ -351,13 +354,17 @@ impl NodeStore {
         let store = self.clone();
         let every = self.ttl / 3;
         let handle = tokio::spawn(async move {
-            let mut tick = tokio::time::interval(every);
-            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             // One line when renewals start failing and one when they work
-            // again: an outage is one warning, not one per tick.
+            // again: an outage is one warning, not one per tick. While they
+            // fail, they are retried every 100 ms, so the leases are renewed
+            // within the takeover grace once the database answers again.
             let mut failing_since: Option<tokio::time::Instant> = None;
             loop {
-                tick.tick().await;
+                let wait = match failing_since {
+                    Some(_) => OUTAGE_RETRY.min(every),
+                    None => every,
+                };
+                tokio::time::sleep(wait).await;
                 match (store.renew_all().await, failing_since) {
                     (Ok(_), Some(since)) => {
                         failing_since = None;
@@ -410,7 +417,24 @@ impl SessionStore for NodeStore {
                     }
                 }
             };
-            let saved = self.pg.save_fenced(&lease, record).await;
+            // A database that does not answer pauses the write (and the
+            // session) for up to WRITE_PATIENCE; a fence refusal does not
+            // wait: another node owns the session.
+            let deadline = tokio::time::Instant::now() + crate::WRITE_PATIENCE;
+            let mut wait = Duration::from_millis(50);
+            let saved = loop {
+                let saved = self.pg.save_fenced(&lease, record).await;
+                match &saved {
+                    Err(StoreError::Backend { message })
+                        if tokio::time::Instant::now() + wait < deadline =>
+                    {
+                        tracing::debug!(session = %record.key, %message, "the database does not answer; retrying the write");
+                        tokio::time::sleep(wait).await;
+                        wait = (wait * 2).min(Duration::from_secs(2));
+                    }
+                    _ => break saved,
+                }
+            };
             self.forget_if_lost(&lease, &saved);
             saved
         })

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use tokio_postgres::NoTls;
 use warden_core::{Durability, SessionKey, SessionRecord, SessionStore, StoreError};
-use warden_pg::{NodeStore, PgStore};
+use warden_pg::{NodeStore, PgStore, TAKEOVER_GRACE};
 
 mod common;
 
@@ -95,10 +95,19 @@ async fn one_owner_at_a_time_and_a_takeover_fences_the_old_owner_out() {
         .expect("the owner writes");
     assert!(pg.renew(&a, ttl).await.expect("renew"));
 
-    // A pauses past its lease (by the database's clock); B takes over.
+    // A pauses past its lease (by the database's clock). Within the
+    // takeover grace only A may still renew it; then B takes over.
     tokio::time::sleep(ttl + Duration::from_millis(200)).await;
     let info = pg.lease_info(&key).await.expect("info");
     assert!(info.remaining_secs.is_some_and(|s| s < 0.0), "{info:?}");
+    assert!(
+        pg.acquire(&key, "node-b", ttl)
+            .await
+            .expect("acquire")
+            .is_none(),
+        "not within the takeover grace"
+    );
+    tokio::time::sleep(TAKEOVER_GRACE).await;
     let b = pg
         .acquire(&key, "node-b", ttl)
         .await
@@ -348,7 +357,7 @@ async fn orphans_are_sessions_with_pending_messages_and_no_live_lease() {
     let mut answered = record("answered", "done");
     answered.answered(1);
     pg.save(&answered, Durability::Flushed).await.expect("save");
-    tokio::time::sleep(Duration::from_millis(400)).await;
+    tokio::time::sleep(Duration::from_millis(400) + TAKEOVER_GRACE).await;
     let orphans: Vec<String> = pg
         .orphans()
         .await
@@ -483,7 +492,7 @@ async fn a_turns_log_moves_with_its_session_and_numbers_on_without_a_gap() {
 
     // A's lease runs out and B takes the session: B's turn for the same
     // message is A's, with A's events.
-    tokio::time::sleep(ttl + Duration::from_millis(200)).await;
+    tokio::time::sleep(ttl + TAKEOVER_GRACE + Duration::from_millis(200)).await;
     let b = pg.acquire(&key, "node-b", ttl).await.expect("acquire");
     let b = b.expect("expired: taken");
     let opened = pg.open_turn(&b, 1, "turn-b").await.expect("open");
@@ -575,7 +584,7 @@ async fn an_old_owner_appending_through_a_takeover_never_collides_with_the_new_o
     pg.append_turn(&a, "turn", &[ev(1, "fast")], false)
         .await
         .expect("append");
-    tokio::time::sleep(ttl + Duration::from_millis(100)).await; // expired
+    tokio::time::sleep(ttl + TAKEOVER_GRACE + Duration::from_millis(100)).await; // expired
 
     // A's append is in flight when B takes over.
     let slow = {
