@@ -6,14 +6,36 @@
 //! `..`, duplicate and trailing separators). When the path does not exist
 //! yet, it is cleaned lexically and its longest existing ancestor is
 //! resolved, so `link/new-dir` and `real/new-dir` still agree.
+//!
+//! A path that can never be a workspace is refused at the door, before a
+//! session (and an agent working in that directory) starts: one with a NUL
+//! byte, one longer than `PATH_MAX` (4,096 bytes), and one that names
+//! something other than a directory (a regular file, also reached through
+//! `..`). A directory that does not exist yet is accepted: agents that keep
+//! no files there (the HTTP APIs) need none, and one that does (Claude
+//! Code) fails its start with a clear error.
 
 use std::io;
 use std::path::{Component, Path, PathBuf};
 
-/// Normalizes a workspace path; see the module docs. Fails only when the
+/// The longest workspace path accepted, in bytes (Linux's `PATH_MAX`).
+pub(crate) const MAX_WORKSPACE_PATH: usize = 4096;
+
+/// Normalizes a workspace path; see the module docs. Fails
+/// (`InvalidInput`) for a path that can never be a workspace, or when the
 /// current directory is needed and unavailable.
 pub fn normalize_workspace(path: impl AsRef<Path>) -> io::Result<PathBuf> {
     let path = path.as_ref();
+    let refuse = |why: String| Err(io::Error::new(io::ErrorKind::InvalidInput, why));
+    if path.as_os_str().as_encoded_bytes().contains(&0) {
+        return refuse("the path contains a NUL byte".to_owned());
+    }
+    if path.as_os_str().len() > MAX_WORKSPACE_PATH {
+        return refuse(format!(
+            "the path is {} bytes long, over the {MAX_WORKSPACE_PATH}-byte limit",
+            path.as_os_str().len()
+        ));
+    }
     let absolute = if path.is_absolute() {
         path.to_path_buf()
     } else {
@@ -23,6 +45,9 @@ pub fn normalize_workspace(path: impl AsRef<Path>) -> io::Result<PathBuf> {
         Ok(p) => p,
         Err(_) => resolve_existing_prefix(&clean(&absolute)),
     };
+    if normalized.exists() && !normalized.is_dir() {
+        return refuse(format!("{} is not a directory", normalized.display()));
+    }
     if normalized.as_os_str() != path.as_os_str() {
         tracing::debug!(
             event = "workspace.normalize",
@@ -80,6 +105,29 @@ fn resolve_existing_prefix(cleaned: &Path) -> PathBuf {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn paths_that_can_never_be_a_workspace_are_refused() {
+        let dir = std::env::temp_dir().join(format!("warden-ws-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let file = dir.join("a-file");
+        std::fs::write(&file, b"x").expect("file");
+        let long = format!("/{}", "a".repeat(MAX_WORKSPACE_PATH));
+        for (path, why) in [
+            (PathBuf::from("/tmp/a\0b"), "NUL"),
+            (PathBuf::from(&long), "limit"),
+            (file.clone(), "not a directory"),
+            (dir.join("sub/../a-file"), "not a directory"),
+        ] {
+            let err = normalize_workspace(&path).expect_err(why);
+            assert_eq!(err.kind(), io::ErrorKind::InvalidInput, "{why}");
+            assert!(err.to_string().contains(why), "{err}");
+        }
+        // A directory, existing or not yet, is fine.
+        assert!(normalize_workspace(&dir).is_ok());
+        assert!(normalize_workspace(dir.join("not-yet")).is_ok());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 
     #[test]
     fn lexical_cleaning() {

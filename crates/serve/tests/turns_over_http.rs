@@ -279,6 +279,26 @@ async fn every_route_but_healthz_needs_the_token() {
         .await
         .expect("get");
     assert_eq!(ok.status(), 200);
+    // The scheme is case-insensitive (RFC 9110): `bearer` and `BEARER` work.
+    for scheme in ["bearer", "BEARER"] {
+        let ok = s
+            .client
+            .get(format!("{}/v1/sessions", s.base))
+            .header("authorization", format!("{scheme} {TOKEN}"))
+            .send()
+            .await
+            .expect("get");
+        assert_eq!(ok.status(), 200, "{scheme}");
+    }
+    // Another scheme with the right token is not a bearer token.
+    let basic = s
+        .client
+        .get(format!("{}/v1/sessions", s.base))
+        .header("authorization", format!("Basic {TOKEN}"))
+        .send()
+        .await
+        .expect("get");
+    assert_eq!(basic.status(), 401);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -623,4 +643,41 @@ async fn a_node_without_its_database_is_not_ready_and_says_why() {
     assert_eq!(body["error"]["type"], "database_unreachable", "{body}");
     let message = body["error"]["message"].as_str().unwrap_or_default();
     assert!(message.contains("connection refused"), "{body}");
+}
+
+/// A path that can never be a workspace is a 400 before any session
+/// starts: a NUL byte, a regular file (also through `..`), a path over
+/// `PATH_MAX`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn impossible_workspaces_are_refused_at_the_door() {
+    let s = server().await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = dir.path().join("a-file");
+    std::fs::write(&file, b"x").expect("file");
+    let through = dir.path().join("sub/../a-file");
+    let long = format!("/{}", "a".repeat(4097));
+    for workspace in [
+        "/tmp/a\u{0}b".to_owned(),
+        file.display().to_string(),
+        through.display().to_string(),
+        long,
+    ] {
+        let body = serde_json::json!({"workspace": workspace, "message": "hi"}).to_string();
+        let response = within("an answer", s.post(&body).send())
+            .await
+            .expect("send");
+        assert_eq!(response.status(), 400, "{workspace:.60}");
+        let body = response.json_value().await;
+        assert_eq!(body["error"]["type"], "invalid_workspace", "{body}");
+    }
+    let sessions: Value = s
+        .client
+        .get(format!("{}/v1/sessions", s.base))
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .expect("get")
+        .json_value()
+        .await;
+    assert_eq!(sessions["sessions"], serde_json::json!([]), "none started");
 }

@@ -27,7 +27,7 @@ pub(crate) async fn authorize(
         .headers()
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
+        .and_then(bearer_token)
         .unwrap_or("");
     let ok: bool = given.as_bytes().ct_eq(state.config.token.as_bytes()).into();
     if ok && !state.config.token.is_empty() {
@@ -40,6 +40,16 @@ pub(crate) async fn authorize(
         )
         .into_response()
     }
+}
+
+/// The token of an `Authorization: Bearer <token>` value. The scheme is
+/// case-insensitive (RFC 9110 §11.1), and spaces around the token are not
+/// part of it.
+fn bearer_token(value: &str) -> Option<&str> {
+    let (scheme, token) = value.trim_start().split_once(' ')?;
+    scheme
+        .eq_ignore_ascii_case("bearer")
+        .then_some(token.trim())
 }
 
 /// `GET /metrics`: Prometheus text.
