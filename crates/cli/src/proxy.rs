@@ -49,6 +49,15 @@ pub(crate) struct ProxyArgs {
     /// WARDEN_STREAM_TIMEOUT (also milliseconds), else 45000.
     #[arg(long, value_name = "MS", value_parser = crate::units::millis)]
     timeout: Option<Duration>,
+    /// Content allowance: an upstream attempt that sends only pings or
+    /// comments for this long is killed and retried or continued like a
+    /// silent one (milliseconds, or a duration with a unit). Default: off.
+    #[arg(long, value_name = "MS", value_parser = crate::units::millis)]
+    progress_timeout: Option<Duration>,
+    /// Wall-clock cap of one request, attempts and backoff included (a
+    /// duration, e.g. 10m). Default: none.
+    #[arg(long, value_name = "DURATION", value_parser = crate::units::seconds)]
+    deadline: Option<Duration>,
     /// On SIGTERM/Ctrl-C, how long open responses may go on before they
     /// are ended with the provider's error event: seconds, or a duration
     /// with a unit. A second signal exits at once.
@@ -85,6 +94,12 @@ pub(crate) async fn run(args: ProxyArgs) -> Result<Exit, CliError> {
         .with_openai_upstream(&args.openai_upstream);
     if let Some(url) = &args.other_upstream {
         config = config.with_other_upstream(url);
+    }
+    if let Some(p) = args.progress_timeout {
+        config = config.with_progress_timeout(p);
+    }
+    if let Some(d) = args.deadline {
+        config = config.with_deadline(d);
     }
     if !args.json {
         // One line per kill, retry, continuation, give-up or unreachable

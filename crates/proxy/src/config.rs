@@ -33,6 +33,15 @@ pub struct ProxyConfig {
     /// before the attempt is killed. Default 45 s; [`ProxyConfig::from_env`]
     /// takes `WARDEN_STREAM_TIMEOUT` (milliseconds) instead when it is set.
     pub timeout: Duration,
+    /// Content allowance: an attempt on which no content arrives for this
+    /// long — only pings or comments — is killed (`ESTREAM_NO_PROGRESS`)
+    /// and retried or continued like a silent one. Default `None`: pings
+    /// keep a stream alive for as long as the upstream sends them.
+    pub progress_timeout: Option<Duration>,
+    /// Wall-clock cap of one request, attempts and backoff included; past
+    /// it the response ends with the provider's error (`ESTREAM_INTERRUPTED`).
+    /// Default `None`.
+    pub deadline: Option<Duration>,
     /// Attempts per request (the first included) and backoff between them.
     /// Default [`RetryPolicy::default`].
     pub retry: RetryPolicy,
@@ -56,6 +65,8 @@ impl std::fmt::Debug for ProxyConfig {
             .field("openai_upstream", &self.openai_upstream)
             .field("other_upstream", &self.other_upstream)
             .field("timeout", &self.timeout)
+            .field("progress_timeout", &self.progress_timeout)
+            .field("deadline", &self.deadline)
             .field("retry", &self.retry)
             .field("max_body_bytes", &self.max_body_bytes)
             .field("max_frame_bytes", &self.max_frame_bytes)
@@ -74,6 +85,8 @@ impl Default for ProxyConfig {
             openai_upstream: OPENAI_API.to_owned(),
             other_upstream: None,
             timeout: WatchdogConfig::default().default_timeout,
+            progress_timeout: None,
+            deadline: None,
             retry: RetryPolicy::default(),
             max_body_bytes: DEFAULT_MAX_BODY_BYTES,
             max_frame_bytes: DEFAULT_MAX_FRAME_BYTES,
@@ -116,6 +129,18 @@ impl ProxyConfig {
     /// Sets [`timeout`](Self::timeout).
     pub fn with_timeout(mut self, timeout: Duration) -> Self {
         self.timeout = timeout;
+        self
+    }
+
+    /// Sets [`progress_timeout`](Self::progress_timeout).
+    pub fn with_progress_timeout(mut self, allowance: Duration) -> Self {
+        self.progress_timeout = Some(allowance);
+        self
+    }
+
+    /// Sets [`deadline`](Self::deadline).
+    pub fn with_deadline(mut self, deadline: Duration) -> Self {
+        self.deadline = Some(deadline);
         self
     }
 

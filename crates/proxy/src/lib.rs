@@ -159,6 +159,14 @@ impl Proxy {
         let watchdog_config = WatchdogConfig::default()
             .with_default_timeout(config.timeout)
             .map_err(ProxyError::Timeout)?;
+        for (what, d) in [
+            ("progress timeout", config.progress_timeout),
+            ("deadline", config.deadline),
+        ] {
+            if let Some(d) = d {
+                warden_core::config::validate_timeout(what, d).map_err(ProxyError::Timeout)?;
+            }
+        }
         let (watchdog, _) = WatchdogActor::spawn(watchdog_config)
             .await
             .map_err(|e| ProxyError::Start(e.to_string()))?;

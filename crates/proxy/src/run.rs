@@ -37,6 +37,21 @@ pub(crate) struct Inner {
     pub(crate) stopping: tokio_util::sync::CancellationToken,
 }
 
+/// Why a request ends when its deadline passes.
+fn past_deadline() -> StreamError {
+    StreamError::Interrupted {
+        reason: "the request's deadline passed".to_owned(),
+    }
+}
+
+/// Sleeps until `deadline`; never, without one.
+async fn until(deadline: Option<Instant>) {
+    match deadline {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
 /// Why an attempt ends when the proxy shuts down.
 fn shutting_down() -> StreamError {
     StreamError::Interrupted {
@@ -346,6 +361,7 @@ pub(crate) async fn watched(
         started,
         span: span.clone(),
     };
+    let inner_deadline = inner.config.deadline;
     let mut pump = Pump {
         headers: headers::watched_request(&parts.headers),
         inner,
@@ -361,6 +377,7 @@ pub(crate) async fn watched(
         current: None,
         pending: None,
         rng: rand::rngs::SmallRng::from_rng(&mut rand::rng()),
+        deadline: inner_deadline.map(|d| started + d),
         logged,
     };
     if whole {
@@ -528,6 +545,12 @@ struct Current {
     _guard: warden_core::watchdog::WatchGuard,
     beat: warden_core::watchdog::Heartbeat,
     expired: oneshot::Receiver<warden_core::watchdog::Expiry>,
+    /// The progress allowance's entry (beaten by content only), if any.
+    progress: Option<(
+        warden_core::watchdog::WatchGuard,
+        warden_core::watchdog::Heartbeat,
+        oneshot::Receiver<warden_core::watchdog::Expiry>,
+    )>,
     span: tracing::Span,
 }
 
@@ -551,6 +574,8 @@ struct Pump {
     /// A break found after output that was returned first.
     pending: Option<Failure>,
     rng: rand::rngs::SmallRng,
+    /// When the request must be over (`ProxyConfig::deadline`), if ever.
+    deadline: Option<Instant>,
     logged: Logged,
 }
 
@@ -703,6 +728,7 @@ impl Pump {
             r = send => r,
             e = &mut expired => return Err(Failure::killed(e)),
             () = self.inner.stopping.cancelled() => return Err(Failure::of(shutting_down())),
+            () = until(self.deadline) => return Err(Failure::of(past_deadline())),
         };
         let response = response.map_err(|e| {
             Failure::of(StreamError::Connection {
@@ -744,6 +770,27 @@ impl Pump {
             });
         }
         beat.beat();
+        // The progress allowance: a second entry of the same watchdog,
+        // beaten only by content (never by pings or comments).
+        let progress = match self.inner.config.progress_timeout {
+            Some(allowance) => {
+                let (tx, rx) = oneshot::channel();
+                let guard = self
+                    .inner
+                    .watchdog
+                    .watch(Some(allowance), move |e| {
+                        let _ = tx.send(e);
+                    })
+                    .map_err(|e| {
+                        Failure::of(StreamError::Internal {
+                            message: e.to_string(),
+                        })
+                    })?;
+                let beat = guard.heartbeat();
+                Some((guard, beat, rx))
+            }
+            None => None,
+        };
         Ok(Ok(Current {
             stream: Box::pin(response.bytes_stream()),
             headers: headers::watched_response(&response_headers),
@@ -752,6 +799,7 @@ impl Pump {
             _guard: guard,
             beat,
             expired,
+            progress,
             span: tracing::Span::none(),
         }))
     }
@@ -764,12 +812,35 @@ impl Pump {
             return (out, None);
         };
         loop {
+            let no_progress = async {
+                match current.progress.as_mut() {
+                    Some((_, _, expired)) => expired.await.ok(),
+                    None => std::future::pending().await,
+                }
+            };
             let chunk = tokio::select! {
                 c = current.stream.next() => c,
                 e = &mut current.expired => return (out, Some(Failure::killed(e))),
+                e = no_progress => {
+                    let failure = match e {
+                        Some(e) => Failure {
+                            error: StreamError::NoProgress {
+                                idle_for: e.silent_for,
+                                allowance: e.timeout,
+                            },
+                            killed: true,
+                            answer: None,
+                        },
+                        None => Failure::of(StreamError::Internal {
+                            message: "the watchdog stopped".to_owned(),
+                        }),
+                    };
+                    return (out, Some(failure));
+                }
                 () = self.inner.stopping.cancelled() => {
                     return (out, Some(Failure::of(shutting_down())));
                 }
+                () = until(self.deadline) => return (out, Some(Failure::of(past_deadline()))),
             };
             let bytes = match chunk {
                 Some(Ok(b)) => b,
@@ -795,6 +866,11 @@ impl Pump {
                 current.beat.beat();
                 match frame {
                     Parsed::Event(event) => {
+                        if event.event != "ping"
+                            && let Some((_, beat, _)) = &current.progress
+                        {
+                            beat.beat();
+                        }
                         if let Err(e) = self.splice.event(&event, &mut out) {
                             broke = Some(Failure::of(e));
                             break;
@@ -850,6 +926,9 @@ impl Pump {
         }
         if self.inner.stopping.is_cancelled() {
             return Some(self.give_up(&shutting_down(), None));
+        }
+        if self.deadline.is_some_and(|d| Instant::now() >= d) {
+            return Some(self.give_up(&past_deadline(), answer));
         }
         let delay = self
             .inner
@@ -914,6 +993,7 @@ impl Pump {
         tokio::select! {
             () = tokio::time::sleep(delay) => None,
             () = self.inner.stopping.cancelled() => Some(self.give_up(&shutting_down(), None)),
+            () = until(self.deadline) => Some(self.give_up(&past_deadline(), None)),
         }
     }
 

@@ -653,3 +653,81 @@ async fn a_non_streaming_request_through_a_stalling_upstream_ends_with_an_error(
     assert_eq!(error["type"], "error", "{error}");
     assert_eq!(error["error"]["type"], "overloaded_error", "{error}");
 }
+
+/// A stream that only pings never ends on its own: with a progress
+/// allowance the proxy kills it (`ESTREAM_NO_PROGRESS`) and, after its
+/// attempts, ends the response with the provider's error event.
+#[tokio::test]
+async fn a_stream_that_only_pings_is_ended_by_the_progress_allowance() {
+    let heard = Arc::new(Mutex::new(Vec::<Recovery>::new()));
+    let log = heard.clone();
+    let s = setup(
+        mock(&[Scenario::ThinkingPings])
+            .with_thinking_pause(Duration::from_secs(30))
+            .with_ping_interval(Duration::from_millis(50)),
+        move |c| {
+            c.with_progress_timeout(Duration::from_millis(600))
+                .with_retry(
+                    warden_core::RetryPolicy::default()
+                        .with_jitter(0.0)
+                        .with_max_attempts(2)
+                        .with_backoff(Duration::from_millis(10), Duration::from_millis(10)),
+                )
+                .with_recovery_log(move |r| {
+                    log.lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .push(r.clone());
+                })
+        },
+    )
+    .await;
+    let t0 = Instant::now();
+    let response = within(
+        "the answer",
+        s.messages(messages_body("claude-opus-4-8", "hi")).send(),
+    )
+    .await
+    .expect("answer");
+    let events = read_sse(response).await;
+    assert!(t0.elapsed() < Duration::from_secs(10), "{:?}", t0.elapsed());
+    let last = events.last().expect("events");
+    assert_eq!(last.event, "error", "{events:?}");
+    let heard = heard.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    assert!(
+        heard.iter().any(|r| matches!(
+            r,
+            Recovery::GaveUp {
+                code: "ESTREAM_NO_PROGRESS",
+                ..
+            }
+        )),
+        "{heard:?}"
+    );
+}
+
+/// A request's deadline bounds it, attempts and waits included: a stall the
+/// silence allowance would wait out for a minute ends at the deadline.
+#[tokio::test]
+async fn a_request_ends_at_its_deadline() {
+    let s = setup(mock(&[Scenario::Stall]).with_fault_after_frames(9), |c| {
+        c.with_timeout(Duration::from_secs(60))
+            .with_deadline(Duration::from_millis(800))
+    })
+    .await;
+    let t0 = Instant::now();
+    let response = within(
+        "the answer",
+        s.messages(messages_body("claude-opus-4-8", "hi")).send(),
+    )
+    .await
+    .expect("answer");
+    let events = read_sse(response).await;
+    let took = t0.elapsed();
+    assert!(
+        took >= Duration::from_millis(700) && took < Duration::from_secs(5),
+        "{took:?}"
+    );
+    let last = events.last().expect("events");
+    assert_eq!(last.event, "error", "{events:?}");
+    assert_eq!(last.json()["error"]["type"], "overloaded_error");
+}
