@@ -105,7 +105,7 @@ impl ConversationStore for PgConversations {
         // not answer is waited for rather than failing the turn.
         Box::pin(async move {
             let turn = i64::try_from(turn).map_err(|e| failed("write", e))?;
-            crate::patiently(move || self.append_now(id, turn, user, assistant)).await
+            crate::patiently(|_| true, move || self.append_now(id, turn, user, assistant)).await
         })
     }
 }

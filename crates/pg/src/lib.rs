@@ -159,10 +159,14 @@ fn error_chain(e: &dyn std::error::Error) -> String {
 /// instead of failing it.
 pub(crate) const WRITE_PATIENCE: Duration = Duration::from_secs(30);
 
-/// Runs `op` until it succeeds or [`WRITE_PATIENCE`] has passed, with
-/// backoff (50 ms doubling to 2 s): for idempotent writes, while the
-/// database does not answer.
-pub(crate) async fn patiently<T, E, F, Fut>(mut op: F) -> Result<T, E>
+/// Runs `op` until it succeeds, fails in a way `waits_out` says waiting
+/// cannot mend, or [`WRITE_PATIENCE`] has passed, with backoff (50 ms
+/// doubling to 2 s): for writes that may be sent again, while the database
+/// does not answer.
+pub(crate) async fn patiently<T, E, F, Fut>(
+    waits_out: impl Fn(&E) -> bool,
+    mut op: F,
+) -> Result<T, E>
 where
     E: std::fmt::Display,
     F: FnMut() -> Fut,
@@ -172,7 +176,7 @@ where
     let mut wait = Duration::from_millis(50);
     loop {
         match op().await {
-            Err(e) if tokio::time::Instant::now() + wait < deadline => {
+            Err(e) if waits_out(&e) && tokio::time::Instant::now() + wait < deadline => {
                 tracing::debug!(error = %e, "the database does not answer; retrying");
                 tokio::time::sleep(wait).await;
                 wait = (wait * 2).min(Duration::from_secs(2));

@@ -420,21 +420,11 @@ impl SessionStore for NodeStore {
             // A database that does not answer pauses the write (and the
             // session) for up to WRITE_PATIENCE; a fence refusal does not
             // wait: another node owns the session.
-            let deadline = tokio::time::Instant::now() + crate::WRITE_PATIENCE;
-            let mut wait = Duration::from_millis(50);
-            let saved = loop {
-                let saved = self.pg.save_fenced(&lease, record).await;
-                match &saved {
-                    Err(StoreError::Backend { message })
-                        if tokio::time::Instant::now() + wait < deadline =>
-                    {
-                        tracing::debug!(session = %record.key, %message, "the database does not answer; retrying the write");
-                        tokio::time::sleep(wait).await;
-                        wait = (wait * 2).min(Duration::from_secs(2));
-                    }
-                    _ => break saved,
-                }
-            };
+            let saved = crate::patiently(
+                |e| matches!(e, StoreError::Backend { .. }),
+                || self.pg.save_fenced(&lease, record),
+            )
+            .await;
             self.forget_if_lost(&lease, &saved);
             saved
         })
