@@ -95,8 +95,9 @@ pub(crate) fn connection_error(e: reqwest::Error) -> StreamError {
     }
 }
 
-/// An error and its sources, `: `-joined.
-pub(crate) fn error_chain(e: &dyn std::error::Error) -> String {
+/// An error and its sources, `: `-joined (a source whose text the message
+/// already ends with is not repeated).
+pub fn error_chain(e: &dyn std::error::Error) -> String {
     let mut message = e.to_string();
     let mut source = e.source();
     while let Some(s) = source {

@@ -152,7 +152,9 @@ pub mod transcript;
 mod transport;
 mod wire;
 
-pub use classify::{NOT_AN_EVENT_STREAM, classify_response, is_retryable_error_kind, stream_error};
+pub use classify::{
+    NOT_AN_EVENT_STREAM, classify_response, error_chain, is_retryable_error_kind, stream_error,
+};
 pub use continuation::CONTINUE_ASK;
 pub use options::{
     AnthropicOptions, HttpOptions, OpenAiOptions, OpenAiResponsesOptions, SharedConversationStore,

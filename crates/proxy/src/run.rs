@@ -267,18 +267,12 @@ fn reason(e: &reqwest::Error) -> String {
         "request failed"
     };
     // Every cause, innermost last ("client error (Connect): tcp connect
-    // error: Connection refused (os error 111)"), none of them a URL.
-    let mut out = kind.to_owned();
-    let mut source = std::error::Error::source(e);
-    while let Some(s) = source {
-        let text = s.to_string();
-        if !out.contains(&text) {
-            out.push_str(": ");
-            out.push_str(&text);
-        }
-        source = s.source();
+    // error: Connection refused (os error 111)"), none of them a URL (the
+    // error's own text, which names it, is left out).
+    match std::error::Error::source(e) {
+        Some(source) => format!("{kind}: {}", warden_llm::error_chain(source)),
+        None => kind.to_owned(),
     }
-    out
 }
 
 /// A watched request: buffered, then sent in attempts until its stream is
