@@ -13,6 +13,27 @@ use serde_json::Value;
 use warden_mock::{MockConfig, Outcome, Scenario};
 use warden_proxy::Recovery;
 
+/// What a proxy's recovery log reported, in order.
+#[derive(Clone, Default)]
+struct Heard(Arc<Mutex<Vec<Recovery>>>);
+
+impl Heard {
+    /// A recovery log that records here.
+    fn log(&self) -> impl Fn(&Recovery) + Send + Sync + 'static {
+        let all = self.0.clone();
+        move |r| {
+            all.lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push(r.clone())
+        }
+    }
+
+    /// Everything recorded so far.
+    fn all(&self) -> Vec<Recovery> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+}
+
 const REPLY: &str = "alpha bravo charlie delta echo foxtrot golf hotel india juliet kilo lima mike november oscar papa quebec romeo sierra tango";
 
 fn mock(sequence: &[Scenario]) -> MockConfig {
@@ -85,17 +106,11 @@ async fn a_stall_before_the_first_byte_is_retried_and_the_client_sees_one_stream
 #[tokio::test]
 async fn a_stall_mid_text_is_continued_and_spliced_into_one_well_formed_stream() {
     // message_start, content_block_start, ping, then 6 deltas: mid-text.
-    let heard = Arc::new(Mutex::new(Vec::<Recovery>::new()));
-    let log = heard.clone();
+    let heard = Heard::default();
+    let log = heard.log();
     let s = setup(
         mock(&[Scenario::Stall, Scenario::Normal]).with_fault_after_frames(9),
-        move |c| {
-            c.with_recovery_log(move |r| {
-                log.lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .push(r.clone());
-            })
-        },
+        move |c| c.with_recovery_log(log),
     )
     .await;
     let t0 = Instant::now();
@@ -144,7 +159,7 @@ async fn a_stall_mid_text_is_continued_and_spliced_into_one_well_formed_stream()
         "merged {merged} > the continuation's {second}"
     );
     // The operator hears of the kill and the continuation, in that order.
-    let heard = heard.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    let heard = heard.all();
     assert!(
         matches!(
             heard.as_slice(),
@@ -508,8 +523,8 @@ async fn an_unreachable_upstream_is_reported_with_its_reason() {
         .expect("bind");
     let dead = format!("http://{}", closed.local_addr().expect("addr"));
     drop(closed);
-    let heard = Arc::new(Mutex::new(Vec::<Recovery>::new()));
-    let log = heard.clone();
+    let heard = Heard::default();
+    let log = heard.log();
     let s = setup(mock(&[]), move |c| {
         c.with_anthropic_upstream(dead)
             .with_retry(
@@ -518,11 +533,7 @@ async fn an_unreachable_upstream_is_reported_with_its_reason() {
                     .with_max_attempts(2)
                     .with_backoff(Duration::from_millis(10), Duration::from_millis(10)),
             )
-            .with_recovery_log(move |r| {
-                log.lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .push(r.clone());
-            })
+            .with_recovery_log(log)
     })
     .await;
     let response = within(
@@ -532,7 +543,7 @@ async fn an_unreachable_upstream_is_reported_with_its_reason() {
     .await
     .expect("answer");
     assert_eq!(response.status(), 529);
-    let heard = heard.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    let heard = heard.all();
     assert!(
         matches!(
             heard.as_slice(),
@@ -659,8 +670,8 @@ async fn a_non_streaming_request_through_a_stalling_upstream_ends_with_an_error(
 /// attempts, ends the response with the provider's error event.
 #[tokio::test]
 async fn a_stream_that_only_pings_is_ended_by_the_progress_allowance() {
-    let heard = Arc::new(Mutex::new(Vec::<Recovery>::new()));
-    let log = heard.clone();
+    let heard = Heard::default();
+    let log = heard.log();
     let s = setup(
         mock(&[Scenario::ThinkingPings])
             .with_thinking_pause(Duration::from_secs(30))
@@ -673,11 +684,7 @@ async fn a_stream_that_only_pings_is_ended_by_the_progress_allowance() {
                         .with_max_attempts(2)
                         .with_backoff(Duration::from_millis(10), Duration::from_millis(10)),
                 )
-                .with_recovery_log(move |r| {
-                    log.lock()
-                        .unwrap_or_else(|p| p.into_inner())
-                        .push(r.clone());
-                })
+                .with_recovery_log(log)
         },
     )
     .await;
@@ -692,7 +699,7 @@ async fn a_stream_that_only_pings_is_ended_by_the_progress_allowance() {
     assert!(t0.elapsed() < Duration::from_secs(10), "{:?}", t0.elapsed());
     let last = events.last().expect("events");
     assert_eq!(last.event, "error", "{events:?}");
-    let heard = heard.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    let heard = heard.all();
     assert!(
         heard.iter().any(|r| matches!(
             r,
