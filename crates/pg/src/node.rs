@@ -304,6 +304,12 @@ impl NodeStore {
             return done;
         };
         for key in orphans {
+            if self.lease_of(&key).is_some() {
+                // Ours, expired while the database was away: the renewer
+                // renews it at its epoch; taking it would only bump the
+                // epoch under the running session.
+                continue;
+            }
             if self.missing_workspace(&key).await.is_some() {
                 continue; // for a node that has its workspace
             }
