@@ -14,12 +14,16 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("warden-core", &[]),
     ("warden-mock", &[]),
     ("warden-telemetry", &[]),
+    ("warden-http", &[]),
     ("warden-store", &["warden-core"]),
     ("warden-llm", &["warden-core"]),
     ("warden-claude", &["warden-core"]),
     ("warden-serve", &["warden-core"]),
     ("warden-pg", &["warden-core"]),
-    ("warden-proxy", &["warden-core", "warden-llm"]),
+    (
+        "warden-proxy",
+        &["warden-core", "warden-llm", "warden-http"],
+    ),
     ("warden-suite", &["warden-core", "warden-store"]),
     // The binary and the benchmarks put the pieces together.
     (
@@ -34,6 +38,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
             "warden-serve",
             "warden-proxy",
             "warden-pg",
+            "warden-http",
         ],
     ),
     (

@@ -13,6 +13,7 @@
 mod chat;
 mod client;
 mod cluster;
+mod connections;
 mod demo;
 mod exit;
 mod input;

@@ -63,6 +63,8 @@ pub(crate) struct ProxyArgs {
     /// with a unit. A second signal exits at once.
     #[arg(long, value_name = "SECONDS", default_value = "10", value_parser = crate::units::seconds)]
     grace: Duration,
+    #[command(flatten)]
+    connections: crate::connections::ConnectionArgs,
     /// One JSON access-log line per request on stdout (status, duration,
     /// attempts, kills, continuations; never headers or bodies).
     #[arg(long)]
@@ -98,6 +100,10 @@ pub(crate) async fn run(args: ProxyArgs) -> Result<Exit, CliError> {
     if let Some(p) = args.progress_timeout {
         config = config.with_progress_timeout(p);
     }
+    config = config.with_connection_limits(
+        args.connections.header_timeout,
+        args.connections.max_connections(),
+    );
     if let Some(d) = args.deadline {
         config = config.with_deadline(d);
     }

@@ -83,7 +83,12 @@ pub(crate) struct ServeArgs {
     /// Seconds, or a duration with a unit; at least 0.3 s.
     #[arg(long, value_name = "SECONDS", requires = "store", default_value = "10", value_parser = crate::units::seconds)]
     lease_ttl: Duration,
+    #[command(flatten)]
+    connections: crate::connections::ConnectionArgs,
 }
+
+/// The `503` body past the connection cap, in the API's error shape.
+const BUSY_BODY: &str = r#"{"error":{"type":"too_many_connections","message":"warden serve: too many connections open; retry shortly"}}"#;
 
 /// The token in `path`, or a new random one written there (0600).
 fn token(path: &Path) -> Result<String, CliError> {
@@ -258,11 +263,12 @@ pub(crate) async fn run(args: ServeArgs) -> Result<Exit, CliError> {
     // start) and the open event streams end with them.
     let grace = args.grace;
     let (stopping_tx, mut stopping) = tokio::sync::watch::channel(false);
-    let server = axum::serve(listener, app).with_graceful_shutdown(async move {
+    let limits = args.connections.limits(BUSY_BODY);
+    let server = warden_http::serve(listener, app, limits, async move {
         let _ = crate::signal::shutdown_signal().await;
         let _ = stopping_tx.send(true);
     });
-    let server = tokio::spawn(async move { server.await });
+    let server = tokio::spawn(server);
     let _ = stopping.wait_for(|s| *s).await;
     eprintln!(
         "warden: stopping: no new requests; running turns have {:.1}s to finish",

@@ -4,6 +4,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use warden_core::{ConfigError, RetryPolicy, WatchdogConfig};
+use warden_http::Limits;
 
 use crate::access::{AccessLog, AccessRecord, Recovery, RecoveryLog};
 
@@ -16,6 +17,10 @@ pub const OPENAI_API: &str = "https://api.openai.com";
 pub const DEFAULT_MAX_BODY_BYTES: usize = 32 * 1024 * 1024;
 /// Largest single SSE event accepted from an upstream: 16 MiB.
 pub const DEFAULT_MAX_FRAME_BYTES: usize = 16 * 1024 * 1024;
+
+/// The `503` body past the connection cap: the Anthropic error shape,
+/// which the OpenAI SDKs read as well (`error.message`); both retry a 503.
+const BUSY_BODY: &str = r#"{"type":"error","error":{"type":"overloaded_error","message":"warden proxy: too many connections open; retry shortly"}}"#;
 
 /// How the proxy behaves.
 #[derive(Clone)]
@@ -51,6 +56,10 @@ pub struct ProxyConfig {
     /// Largest SSE event accepted from an upstream. Default
     /// [`DEFAULT_MAX_FRAME_BYTES`].
     pub max_frame_bytes: usize,
+    /// The downstream connections' limits: the header-read (and idle)
+    /// timeout and the connection cap, past which a connection gets a
+    /// `503` the SDKs retry. Default [`Limits::default`] (30 s, 4,096).
+    pub connections: Limits,
     /// Called once per request with its [`AccessRecord`]. Default none.
     pub access_log: Option<AccessLog>,
     /// Called once per kill, retry, continuation, give-up and unreachable
@@ -70,6 +79,7 @@ impl std::fmt::Debug for ProxyConfig {
             .field("retry", &self.retry)
             .field("max_body_bytes", &self.max_body_bytes)
             .field("max_frame_bytes", &self.max_frame_bytes)
+            .field("connections", &self.connections)
             .field("access_log", &self.access_log.is_some())
             .field("recovery_log", &self.recovery_log.is_some())
             .finish()
@@ -90,6 +100,7 @@ impl Default for ProxyConfig {
             retry: RetryPolicy::default(),
             max_body_bytes: DEFAULT_MAX_BODY_BYTES,
             max_frame_bytes: DEFAULT_MAX_FRAME_BYTES,
+            connections: Limits::default().with_busy_body(BUSY_BODY),
             access_log: None,
             recovery_log: None,
         }
@@ -147,6 +158,22 @@ impl ProxyConfig {
     /// Sets [`retry`](Self::retry).
     pub fn with_retry(mut self, retry: RetryPolicy) -> Self {
         self.retry = retry;
+        self
+    }
+
+    /// Sets the header-read (and idle) timeout and the connection cap of
+    /// [`connections`](Self::connections); its `503` body stays the
+    /// proxy's.
+    #[must_use]
+    pub fn with_connection_limits(
+        mut self,
+        header_timeout: Duration,
+        max_connections: usize,
+    ) -> Self {
+        self.connections = self
+            .connections
+            .with_header_timeout(header_timeout)
+            .with_max_connections(max_connections);
         self
     }
 

@@ -107,6 +107,8 @@ pub use config::{
 };
 use run::Inner;
 use upstream::{Protocol, Upstream};
+/// The connection limits of [`ProxyConfig::connections`].
+pub use warden_http::Limits;
 
 /// Why the proxy could not start.
 #[derive(Debug, thiserror::Error)]
@@ -201,22 +203,20 @@ impl Proxy {
             .with_state(self.clone())
     }
 
-    /// Serves the proxy on `listener` until `shutdown` completes (then
-    /// lets open responses finish). Sockets get `TCP_NODELAY`: a stream's
-    /// small events go out at once instead of waiting on Nagle's
-    /// algorithm for the previous segment's ACK.
+    /// Serves the proxy on `listener` within
+    /// [`ProxyConfig::connections`] until `shutdown` completes, then until
+    /// the open responses have finished (idle connections and half-read
+    /// request heads are closed at once). Dropping the future closes every
+    /// connection still open; [`Proxy::end_open_responses`] first ends
+    /// the watched ones with the provider's error event. Sockets get
+    /// `TCP_NODELAY`. See [`warden_http`].
     pub async fn serve(
         &self,
         listener: tokio::net::TcpListener,
         shutdown: impl std::future::Future<Output = ()> + Send + 'static,
     ) -> std::io::Result<()> {
-        use axum::serve::ListenerExt as _;
-        let listener = listener.tap_io(|tcp| {
-            let _ = tcp.set_nodelay(true);
-        });
-        axum::serve(listener, self.router())
-            .with_graceful_shutdown(shutdown)
-            .await
+        let limits = self.inner.config.connections.clone();
+        warden_http::serve(listener, self.router(), limits, shutdown).await
     }
 
     /// Ends every watched response still open — the stream with the

@@ -1,0 +1,169 @@
+//! `warden serve` and `warden proxy` as processes against clients that
+//! misbehave: a request head sent by halves is cut off after
+//! `--header-timeout`; past `--max-connections` a new connection gets a
+//! `503` at once (before any token check); and SIGTERM with a half-read
+//! head open exits 0 at once instead of waiting on the head.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::*;
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+use tokio::net::TcpStream;
+use warden_mock::{MockConfig, MockServer};
+
+const PATIENCE: Duration = Duration::from_secs(30);
+
+/// Which server is under test.
+#[derive(Clone, Copy, Debug)]
+enum Server {
+    Serve,
+    Proxy,
+}
+
+/// Starts `server` in front of `mock` with `extra` flags: the child, its
+/// address and the scratch directory it keeps.
+async fn start(
+    server: Server,
+    mock: &MockServer,
+    extra: &[&str],
+) -> (tokio::process::Child, String, tempfile::TempDir) {
+    let data = tempfile::tempdir().expect("tempdir");
+    let base_url = mock.base_url();
+    let mut args: Vec<&str> = match server {
+        Server::Serve => vec![
+            "serve",
+            "--data-dir",
+            data.path().to_str().expect("utf-8"),
+            "--base-url",
+            &base_url,
+        ],
+        Server::Proxy => vec![
+            "proxy",
+            "--anthropic-upstream",
+            &base_url,
+            "--openai-upstream",
+            &base_url,
+        ],
+    };
+    args.extend(["--listen", "127.0.0.1:0"]);
+    args.extend(extra);
+    let (child, base, _stdout) = spawn_listening(command(&args), PATIENCE).await;
+    let addr = base.strip_prefix("http://").expect("http").to_owned();
+    (child, addr, data)
+}
+
+/// Reads until the server closes the connection (a reset counts): what
+/// was read. Fails if it is still open after `limit`.
+async fn read_to_close(tcp: &mut TcpStream, limit: Duration, what: &str) -> String {
+    let mut all = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        let n = match tokio::time::timeout(limit, tcp.read(&mut buf)).await {
+            Ok(Ok(n)) => n,
+            Ok(Err(_)) => 0,
+            Err(_) => panic!("{what}: still open after {limit:?}"),
+        };
+        if n == 0 {
+            return String::from_utf8_lossy(&all).into_owned();
+        }
+        all.extend_from_slice(&buf[..n]);
+    }
+}
+
+async fn half_head(addr: &str) -> TcpStream {
+    let mut tcp = TcpStream::connect(addr).await.expect("connect");
+    tcp.write_all(b"GET /v1/models HTTP/1.1\r\nHo")
+        .await
+        .expect("write");
+    tcp
+}
+
+async fn a_half_sent_head_is_cut_off(server: Server) {
+    let mock = MockServer::start(MockConfig::default())
+        .await
+        .expect("mock");
+    let (_child, addr, _data) = start(server, &mock, &["--header-timeout", "500ms"]).await;
+    let mut slow = half_head(&addr).await;
+    let answer = read_to_close(&mut slow, Duration::from_secs(10), "a half-sent head").await;
+    assert!(!answer.contains(" 200 "), "{server:?}: {answer}");
+}
+
+async fn past_the_cap_a_connection_gets_a_503(server: Server, error_type: &str) {
+    let mock = MockServer::start(MockConfig::default())
+        .await
+        .expect("mock");
+    let (_child, addr, _data) = start(server, &mock, &["--max-connections", "2"]).await;
+    let _held = [half_head(&addr).await, half_head(&addr).await];
+    let mut third = TcpStream::connect(&addr).await.expect("connect");
+    third
+        .write_all(b"GET /v1/sessions HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .expect("write");
+    let answer = read_to_close(&mut third, Duration::from_secs(10), "past the cap").await;
+    assert!(
+        answer.starts_with("HTTP/1.1 503 Service Unavailable"),
+        "{server:?}: {answer}"
+    );
+    assert!(answer.contains("retry-after: 1"), "{server:?}: {answer}");
+    let body = answer.split("\r\n\r\n").nth(1).expect("a body");
+    let json: serde_json::Value = serde_json::from_str(body).expect("a JSON body");
+    assert_eq!(json["error"]["type"], error_type, "{server:?}: {json}");
+}
+
+async fn sigterm_with_a_half_read_head_exits_at_once(server: Server) {
+    let mock = MockServer::start(MockConfig::default())
+        .await
+        .expect("mock");
+    let (mut child, addr, _data) = start(server, &mock, &["--grace", "30"]).await;
+    let mut half = half_head(&addr).await;
+    // The head is being read (the server has accepted the connection).
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let t0 = Instant::now();
+    let pid = Pid::from_raw(i32::try_from(child.id().expect("pid")).expect("pid fits"));
+    kill(pid, Signal::SIGTERM).expect("signal");
+    let status = tokio::time::timeout(Duration::from_secs(20), child.wait())
+        .await
+        .unwrap_or_else(|_| panic!("{server:?} exits with a half-read head open"))
+        .expect("status");
+    let took = t0.elapsed();
+    assert_eq!(status.code(), Some(0), "{server:?}");
+    assert!(
+        took < Duration::from_secs(5),
+        "{server:?} did not wait out its 30 s grace on a half-read head: {took:?}"
+    );
+    read_to_close(&mut half, Duration::from_secs(5), "after exit").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_cuts_off_a_half_sent_head() {
+    a_half_sent_head_is_cut_off(Server::Serve).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn proxy_cuts_off_a_half_sent_head() {
+    a_half_sent_head_is_cut_off(Server::Proxy).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_answers_503_past_its_connection_cap() {
+    past_the_cap_a_connection_gets_a_503(Server::Serve, "too_many_connections").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn proxy_answers_503_past_its_connection_cap() {
+    past_the_cap_a_connection_gets_a_503(Server::Proxy, "overloaded_error").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_exits_on_sigterm_with_a_half_read_head_open() {
+    sigterm_with_a_half_read_head_exits_at_once(Server::Serve).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn proxy_exits_on_sigterm_with_a_half_read_head_open() {
+    sigterm_with_a_half_read_head_exits_at_once(Server::Proxy).await;
+}

@@ -1,0 +1,214 @@
+//! The server loop's limits against clients that misbehave, over real TCP:
+//! a half-sent head is cut off, an idle keep-alive connection is closed, a
+//! connection past the cap gets a `503` at once, and a shutdown ends every
+//! connection.
+
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Body;
+use axum::routing::get;
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+use tokio::net::{TcpListener, TcpStream};
+use warden_http::{Limits, serve};
+
+/// Every wait in these tests is bounded by this.
+const BOUND: Duration = Duration::from_secs(10);
+
+fn app() -> Router {
+    Router::new().route("/", get(|| async { "ok" })).route(
+        "/endless",
+        get(|| async {
+            let ticks = futures_util::stream::unfold(0u64, |n| async move {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                Some((Ok::<_, std::io::Error>(format!("tick {n}\n")), n + 1))
+            });
+            Body::from_stream(ticks)
+        }),
+    )
+}
+
+struct Server {
+    addr: std::net::SocketAddr,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    task: tokio::task::JoinHandle<std::io::Result<()>>,
+}
+
+async fn start(limits: Limits) -> Server {
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(serve(listener, app(), limits, async move {
+        let _ = stopped.await;
+    }));
+    Server {
+        addr,
+        stop: Some(stop),
+        task,
+    }
+}
+
+/// Reads until the peer closes: everything read. Fails the test if the
+/// peer does not close within [`BOUND`].
+async fn read_to_close(tcp: &mut TcpStream, why: &str) -> String {
+    let mut all = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        let n = match tokio::time::timeout(BOUND, tcp.read(&mut buf)).await {
+            Ok(Ok(n)) => n,
+            Ok(Err(_)) => 0, // a reset is a close too
+            Err(_) => panic!("{why}: still open after {BOUND:?}"),
+        };
+        if n == 0 {
+            return String::from_utf8_lossy(&all).into_owned();
+        }
+        all.extend_from_slice(&buf[..n]);
+    }
+}
+
+async fn get_ok(addr: std::net::SocketAddr) -> String {
+    let mut tcp = TcpStream::connect(addr).await.expect("connect");
+    tcp.write_all(b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .await
+        .expect("write");
+    read_to_close(&mut tcp, "a complete request's answer").await
+}
+
+#[tokio::test]
+async fn a_half_sent_head_is_cut_off_after_the_header_timeout() {
+    let server = start(Limits::default().with_header_timeout(Duration::from_millis(300))).await;
+    let mut slow = TcpStream::connect(server.addr).await.expect("connect");
+    slow.write_all(b"GET / HTTP/1.1\r\nHo")
+        .await
+        .expect("write");
+    let answer = read_to_close(&mut slow, "a half-sent head").await;
+    assert!(
+        !answer.contains("200 OK"),
+        "no answer to half a head: {answer}"
+    );
+    // A client that sends its head in time is served.
+    let ok = get_ok(server.addr).await;
+    assert!(ok.starts_with("HTTP/1.1 200 OK"), "{ok}");
+}
+
+#[tokio::test]
+async fn an_idle_kept_alive_connection_is_closed_after_the_header_timeout() {
+    let server = start(Limits::default().with_header_timeout(Duration::from_millis(300))).await;
+    let mut tcp = TcpStream::connect(server.addr).await.expect("connect");
+    tcp.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .expect("write");
+    let answer = read_to_close(&mut tcp, "an idle kept-alive connection").await;
+    assert!(answer.starts_with("HTTP/1.1 200 OK"), "{answer}");
+}
+
+#[tokio::test]
+async fn past_the_cap_a_connection_gets_a_503_at_once() {
+    let busy = r#"{"error":{"type":"busy","message":"full"}}"#;
+    let server = start(
+        Limits::default()
+            .with_max_connections(2)
+            .with_busy_body(busy),
+    )
+    .await;
+    let mut held = Vec::new();
+    for _ in 0..2 {
+        let mut tcp = TcpStream::connect(server.addr).await.expect("connect");
+        // Half a head: the connection is accepted and stays open.
+        tcp.write_all(b"GET / HT").await.expect("write");
+        held.push(tcp);
+    }
+    // Past the cap: the third is answered and closed, with its request
+    // unread (the answer still arrives: no reset).
+    let mut third = TcpStream::connect(server.addr).await.expect("connect");
+    third
+        .write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .expect("write");
+    let answer = read_to_close(&mut third, "a connection past the cap").await;
+    assert!(
+        answer.starts_with("HTTP/1.1 503 Service Unavailable"),
+        "{answer}"
+    );
+    assert!(answer.contains("retry-after: 1"), "{answer}");
+    assert!(answer.ends_with(busy), "{answer}");
+    // A slot comes free when a connection ends; then clients are served.
+    drop(held.pop());
+    let served = tokio::time::timeout(BOUND, async {
+        loop {
+            let answer = get_ok(server.addr).await;
+            if answer.starts_with("HTTP/1.1 200 OK") {
+                return answer;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    assert!(served.is_ok(), "a freed slot serves again");
+}
+
+#[tokio::test]
+async fn shutdown_closes_half_read_heads_and_idle_connections_at_once() {
+    let mut server = start(Limits::default()).await;
+    let mut half = TcpStream::connect(server.addr).await.expect("connect");
+    half.write_all(b"GET /v1/models HTTP/1.1\r\nHo")
+        .await
+        .expect("write");
+    let mut idle = TcpStream::connect(server.addr).await.expect("connect");
+    idle.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .expect("write");
+    let mut buf = [0u8; 1024];
+    let n = tokio::time::timeout(BOUND, idle.read(&mut buf))
+        .await
+        .expect("an answer in time")
+        .expect("read");
+    assert!(buf[..n].starts_with(b"HTTP/1.1 200 OK"));
+    let _ = server.stop.take().expect("stop").send(());
+    let ended = tokio::time::timeout(BOUND, &mut server.task).await;
+    assert!(
+        matches!(ended, Ok(Ok(Ok(())))),
+        "the server returns once its connections have ended: {ended:?}"
+    );
+    read_to_close(&mut half, "a half-read head at shutdown").await;
+    read_to_close(&mut idle, "an idle connection at shutdown").await;
+}
+
+#[tokio::test]
+async fn a_response_under_way_holds_shutdown_until_the_server_is_dropped() {
+    let mut server = start(Limits::default()).await;
+    let mut stream = TcpStream::connect(server.addr).await.expect("connect");
+    stream
+        .write_all(b"GET /endless HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .expect("write");
+    let mut buf = [0u8; 1024];
+    let n = tokio::time::timeout(BOUND, stream.read(&mut buf))
+        .await
+        .expect("the stream starts")
+        .expect("read");
+    assert!(buf[..n].starts_with(b"HTTP/1.1 200 OK"));
+    let _ = server.stop.take().expect("stop").send(());
+    // New connections are refused at once: the listener is closed.
+    let refused = tokio::time::timeout(BOUND, async {
+        loop {
+            if TcpStream::connect(server.addr).await.is_err() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    assert!(refused.is_ok(), "the listener closes at shutdown");
+    // The response under way may finish: the server waits for it…
+    let early = tokio::time::timeout(Duration::from_millis(300), &mut server.task).await;
+    assert!(early.is_err(), "the server waits for a response under way");
+    // …until the caller's grace is over and it drops the server: then the
+    // connection closes.
+    server.task.abort();
+    read_to_close(
+        &mut stream,
+        "a streaming response after the server is dropped",
+    )
+    .await;
+}
