@@ -116,6 +116,7 @@ impl From<TurnError> for CliError {
             TurnError::RetriesExhausted { last, .. } => exit_for_stream_error(last),
             TurnError::Fatal(e) => exit_for_stream_error(e),
             TurnError::DeadlineExceeded { .. } => Exit::Timeout,
+            TurnError::ReplyTooLarge { .. } => Exit::Api,
             _ => Exit::Failure,
         };
         CliError::new(exit, error.to_string())

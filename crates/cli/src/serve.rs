@@ -83,9 +83,19 @@ pub(crate) struct ServeArgs {
     /// Seconds, or a duration with a unit; at least 0.3 s.
     #[arg(long, value_name = "SECONDS", requires = "store", default_value = "10", value_parser = crate::units::seconds)]
     lease_ttl: Duration,
+    /// Size cap of one turn's reply (text, thinking and tool input, every
+    /// attempt counted), in bytes: past it the turn is stopped and ends
+    /// with `EREPLY_TOO_LARGE`. The largest real replies are well under
+    /// 1 MiB.
+    #[arg(long, value_name = "BYTES", default_value_t = DEFAULT_MAX_REPLY_BYTES,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    max_reply_bytes: u64,
     #[command(flatten)]
     connections: crate::connections::ConnectionArgs,
 }
+
+/// `--max-reply-bytes`: 16 MiB.
+const DEFAULT_MAX_REPLY_BYTES: u64 = 16 * 1024 * 1024;
 
 /// The `503` body past the connection cap, in the API's error shape.
 const BUSY_BODY: &str = r#"{"error":{"type":"too_many_connections","message":"warden serve: too many connections open; retry shortly"}}"#;
@@ -166,7 +176,10 @@ pub(crate) async fn run(args: ServeArgs) -> Result<Exit, CliError> {
     if let Some(url) = &args.base_url {
         check_url(url)?;
     }
-    let config = SupervisorConfig::from_env().map_err(|e| CliError::usage(e.to_string()))?;
+    let mut config = SupervisorConfig::from_env().map_err(|e| CliError::usage(e.to_string()))?;
+    config.session = config
+        .session
+        .with_max_reply_bytes(usize::try_from(args.max_reply_bytes).unwrap_or(usize::MAX));
     let data_dir = paths::data_dir(args.data_dir.clone())?;
     let token = token(
         &args

@@ -316,6 +316,16 @@ pub enum TurnError {
         /// The cap.
         after: Duration,
     },
+    /// The turn's reply passed its size cap
+    /// ([`SessionConfig::max_reply_bytes`](crate::SessionConfig)): the
+    /// attempt was stopped and the rest of the reply was not read (a
+    /// runaway or hostile upstream cannot fill the process's memory). Not
+    /// retried.
+    #[error("the reply passed its size cap of {limit} bytes; the rest was not read")]
+    ReplyTooLarge {
+        /// The cap, in bytes of text, thinking and tool input.
+        limit: usize,
+    },
 }
 
 impl TurnError {
@@ -328,6 +338,7 @@ impl TurnError {
             Self::SessionStopped { .. } => "ESESSION_STOPPED",
             Self::SessionFailed { .. } => "ESESSION_FAILED",
             Self::DeadlineExceeded { .. } => "ETURN_DEADLINE",
+            Self::ReplyTooLarge { .. } => "EREPLY_TOO_LARGE",
             Self::ToolCallsWouldRepeat { .. } => "ETOOL_CALLS_WOULD_REPEAT",
         }
     }

@@ -60,6 +60,8 @@ pub mod names {
     pub const STREAM_CONTINUE: &str = "stream.continue";
     /// A turn ran past its wall-clock cap and was stopped.
     pub const SESSION_TURN_DEADLINE: &str = "session.turn_deadline";
+    /// A turn's reply passed its size cap and was stopped.
+    pub const SESSION_REPLY_TOO_LARGE: &str = "session.reply_too_large";
     /// The watchdog killed a silent stream.
     pub const WATCHDOG_KILL: &str = "watchdog.kill";
     /// The supervisor restarted a session.

@@ -20,6 +20,11 @@ pub struct ServeConfig {
     pub keep_finished: Duration,
     /// Largest request body accepted. Default [`DEFAULT_MAX_BODY_BYTES`].
     pub max_body_bytes: usize,
+    /// How long a running turn waits for an attached client that lags
+    /// more than 1,024 events behind (the turn's source is paused
+    /// meanwhile); past it that client's event stream ends and it
+    /// re-attaches with `Last-Event-ID`, missing nothing. Default 30 s.
+    pub slow_client_grace: Duration,
     /// Where sessions run, for a node of a cluster. Default `None`: every
     /// session runs here.
     pub placement: Option<Arc<dyn Placement>>,
@@ -41,6 +46,7 @@ impl std::fmt::Debug for ServeConfig {
             .field("token", &"<redacted>")
             .field("keep_finished", &self.keep_finished)
             .field("max_body_bytes", &self.max_body_bytes)
+            .field("slow_client_grace", &self.slow_client_grace)
             .field("placement", &self.placement.is_some())
             .field("turn_store", &self.turn_store.is_some())
             .finish()
@@ -54,6 +60,7 @@ impl ServeConfig {
             token: token.into(),
             keep_finished: Duration::from_secs(600),
             max_body_bytes: DEFAULT_MAX_BODY_BYTES,
+            slow_client_grace: Duration::from_secs(30),
             placement: None,
             turn_store: None,
             recovered: None,
@@ -79,6 +86,12 @@ impl ServeConfig {
     /// Sets [`placement`](Self::placement).
     pub fn with_placement(mut self, placement: Arc<dyn Placement>) -> Self {
         self.placement = Some(placement);
+        self
+    }
+
+    /// Sets [`slow_client_grace`](Self::slow_client_grace).
+    pub fn with_slow_client_grace(mut self, grace: Duration) -> Self {
+        self.slow_client_grace = grace;
         self
     }
 

@@ -61,7 +61,10 @@ pub fn router(supervisor: Supervisor, config: ServeConfig) -> Router {
     let max_body = config.max_body_bytes;
     let metrics = Arc::new(metrics::Metrics::new(config.placement.is_some()));
     metrics::watch(&supervisor, metrics.clone());
-    let turns = Arc::new(Turns::new(config.turn_store.clone()));
+    let turns = Arc::new(Turns::new(
+        config.turn_store.clone(),
+        config.slow_client_grace,
+    ));
     let recovered = config.recovered.as_ref().and_then(|r| r.lock().take());
     if let Some(rx) = recovered {
         let node = config

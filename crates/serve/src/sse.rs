@@ -10,7 +10,7 @@ use axum::response::sse::{Event, KeepAlive, Sse};
 use futures_util::Stream;
 use warden_core::store::{StoredEvent, StoredTurn, TurnStore};
 
-use crate::turns::TurnLog;
+use crate::turns::{Reader, TurnLog};
 
 /// How often a turn served from the store (its node died, or another node
 /// runs it) is read again for new events.
@@ -18,8 +18,9 @@ const STORE_POLL: Duration = Duration::from_millis(100);
 
 /// Where a turn's events come from.
 pub(crate) enum Feed {
-    /// A turn this node keeps: woken as events arrive.
-    Local(Arc<TurnLog>),
+    /// A turn this node keeps: woken as events arrive; the turn waits for
+    /// this client when it lags (see [`crate::turns::READER_WINDOW`]).
+    Local(Reader),
     /// A turn in the cluster's store, as whichever node runs it writes it:
     /// polled.
     Stored {
@@ -33,17 +34,10 @@ pub(crate) enum Feed {
 impl Feed {
     /// The events after `seen` and whether the turn has ended, waiting
     /// while there are none yet; `None` when the turn is gone (expired, or
-    /// the store failed: the client re-attaches).
+    /// the store failed, or the client lagged too long: it re-attaches).
     async fn after(&self, seen: u64) -> Option<(Vec<StoredEvent>, bool)> {
         match self {
-            Self::Local(log) => loop {
-                let (batch, ended) = log.after(seen);
-                if batch.is_empty() && !ended {
-                    log.wait_past(seen).await;
-                    continue;
-                }
-                return Some((batch, ended));
-            },
+            Self::Local(reader) => reader.after(seen).await,
             Self::Stored { store, id } => loop {
                 tokio::time::sleep(STORE_POLL).await;
                 match store.read(id, seen).await {
@@ -70,7 +64,8 @@ pub(crate) fn local(
     log: Arc<TurnLog>,
     after: u64,
 ) -> Sse<impl Stream<Item = Result<Event, Infallible>>> {
-    events(Feed::Local(log), after, VecDeque::new())
+    let reader = log.reader(after);
+    events(Feed::Local(reader), after, VecDeque::new())
 }
 
 /// A turn read from the store: `turn`'s events (read after `after`), then

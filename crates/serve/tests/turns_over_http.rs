@@ -681,3 +681,65 @@ async fn impossible_workspaces_are_refused_at_the_door() {
         .await;
     assert_eq!(sessions["sessions"], serde_json::json!([]), "none started");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reply_past_its_size_cap_ends_the_turn_with_a_typed_error() {
+    const CAP: usize = 1_000;
+    let (source, ctl) = ChannelSource::new();
+    let mut config = warden_core::SupervisorConfig::default();
+    config.session = config.session.with_max_reply_bytes(CAP);
+    let sup = Supervisor::builder(Arc::new(move |_: &SessionKey| {
+        source.clone() as Arc<dyn EventSource>
+    }))
+    .config(config)
+    .start()
+    .await
+    .expect("supervisor");
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let base = format!("http://{}", listener.local_addr().expect("addr"));
+    let _task = tokio::spawn(axum_serve(
+        listener,
+        warden_serve::router(sup, ServeConfig::new(TOKEN)),
+    ));
+    let turn = reqwest::Client::new()
+        .post(format!("{base}/v1/turns"))
+        .bearer_auth(TOKEN)
+        .header("content-type", "application/json")
+        .header("accept", "text/event-stream")
+        .body(r#"{"key": "big", "message": "hi"}"#)
+        .send()
+        .await
+        .expect("post");
+    let attempt = within("the stream to open", ctl.next_attempt())
+        .await
+        .expect("opened");
+    // A runaway upstream: 100-byte deltas without end, until warden stops
+    // reading them.
+    let chunk = "x".repeat(100);
+    let sent = within("warden to stop reading", async {
+        let mut sent = 0;
+        while attempt.text(&chunk) {
+            sent += 1;
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        sent
+    })
+    .await;
+    let events = read_events(turn, |_| false).await;
+    let text: usize = events
+        .iter()
+        .filter(|e| e.event == "text")
+        .map(|e| e.data["text"].as_str().expect("text").len())
+        .sum();
+    let last = events.last().expect("events");
+    assert_eq!(last.event, "error", "{events:?}");
+    assert_eq!(last.data["code"], "EREPLY_TOO_LARGE", "{last:?}");
+    assert_eq!(last.data["exit"], 3, "{last:?}");
+    assert!(text <= CAP, "no more than the cap reaches a client: {text}");
+    assert!(
+        sent < 1_000,
+        "the stream was stopped near the cap, not read on: {sent} deltas sent"
+    );
+}

@@ -390,7 +390,7 @@ async fn handle_msg(
             attempt,
             event,
             credit,
-        }) => on_event(state, attempt, event, credit).await?,
+        }) => on_event(&myself, state, attempt, event, credit).await?,
         SessionMsg::Report(StreamReport::Ended {
             attempt, outcome, ..
         }) => on_ended(&myself, state, attempt, outcome).await?,

@@ -151,8 +151,18 @@ pub(super) async fn deadline(
     Ok(())
 }
 
-/// Stops the running turn so that it ends with `why` (a cancel or its
-/// deadline), whatever its stream reports afterwards.
+/// The running turn's reply passed `limit` bytes: it is stopped and ends
+/// `ReplyTooLarge`.
+pub(super) async fn too_large(
+    myself: &ActorRef<SessionMsg>,
+    state: &mut SessionState,
+    limit: usize,
+) -> Result<(), ActorProcessingErr> {
+    stop_turn(myself, state, TurnError::ReplyTooLarge { limit }).await
+}
+
+/// Stops the running turn so that it ends with `why` (a cancel, its
+/// deadline or its size cap), whatever its stream reports afterwards.
 async fn stop_turn(
     myself: &ActorRef<SessionMsg>,
     state: &mut SessionState,
@@ -168,6 +178,7 @@ async fn stop_turn(
     let id = turn.machine.id();
     let transition = match why {
         TurnError::DeadlineExceeded { after } => Transition::TurnDeadline { turn: id, after },
+        TurnError::ReplyTooLarge { limit } => Transition::TurnTooLarge { turn: id, limit },
         _ => Transition::TurnCancelled { turn: id },
     };
     drop(transition.record(At {

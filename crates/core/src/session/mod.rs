@@ -69,6 +69,12 @@ pub struct SessionConfig {
     /// `None` (default) means no cap. Env: `WARDEN_TURN_DEADLINE` via
     /// [`SupervisorConfig::from_env`](crate::SupervisorConfig::from_env).
     pub turn_deadline: Option<Duration>,
+    /// Size cap of one turn's reply: the bytes of text, thinking and tool
+    /// input it streams, every attempt counted. Past it the running
+    /// attempt is stopped and the turn ends
+    /// [`TurnError::ReplyTooLarge`](crate::TurnError), not retried.
+    /// `None` (default) means no cap; `warden serve` sets one.
+    pub max_reply_bytes: Option<usize>,
 }
 
 impl Default for SessionConfig {
@@ -80,6 +86,7 @@ impl Default for SessionConfig {
             context: ContextConfig::default(),
             stream_stop_timeout: actor::DEFAULT_STREAM_STOP_TIMEOUT,
             turn_deadline: None,
+            max_reply_bytes: None,
         }
     }
 }
@@ -112,6 +119,13 @@ impl SessionConfig {
     /// Caps every turn at `deadline` of wall-clock time.
     pub fn with_turn_deadline(mut self, deadline: Duration) -> Self {
         self.turn_deadline = Some(deadline);
+        self
+    }
+
+    /// Caps every turn's reply at `bytes` (see
+    /// [`max_reply_bytes`](Self::max_reply_bytes)).
+    pub fn with_max_reply_bytes(mut self, bytes: usize) -> Self {
+        self.max_reply_bytes = Some(bytes);
         self
     }
 

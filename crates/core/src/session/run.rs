@@ -77,6 +77,7 @@ pub(super) async fn start_next_turn(
         usage: None,
         context_usage: None,
         context_window: None,
+        reply_bytes: 0,
         text,
     });
     start_attempt(myself, state)
@@ -226,6 +227,7 @@ fn launch(
 }
 
 pub(super) async fn on_event(
+    myself: &ActorRef<SessionMsg>,
     state: &mut SessionState,
     attempt: AttemptId,
     event: AgentEvent,
@@ -238,6 +240,18 @@ pub(super) async fn on_event(
         return Ok(()); // a dead attempt, or the user already pressed Escape
     }
     turn.machine.saw(&event);
+    let size = match &event {
+        AgentEvent::TextDelta(t) | AgentEvent::ThinkingDelta(t) => t.len(),
+        AgentEvent::ToolInputDelta { partial_json, .. } => partial_json.len(),
+        _ => 0,
+    };
+    turn.reply_bytes = turn.reply_bytes.saturating_add(size);
+    if let Some(limit) = state.args.config.max_reply_bytes
+        && turn.reply_bytes > limit
+    {
+        // Not forwarded: the caller never holds more than the cap.
+        return super::end::too_large(myself, state, limit).await;
+    }
     match &event {
         AgentEvent::Usage(u) => {
             turn.usage = Some(*u);

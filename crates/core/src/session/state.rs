@@ -70,6 +70,9 @@ pub(super) struct Turn {
     pub(super) context_usage: Option<Usage>,
     pub(super) context_window: Option<u64>,
     pub(super) text: String,
+    /// Bytes of text, thinking and tool input streamed so far, every
+    /// attempt counted (for [`SessionConfig::max_reply_bytes`](super::SessionConfig)).
+    pub(super) reply_bytes: usize,
 }
 
 impl Turn {

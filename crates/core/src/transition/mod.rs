@@ -148,6 +148,13 @@ pub(crate) enum Transition<'a> {
         /// The cap.
         after: Duration,
     },
+    /// The turn's reply passed its size cap and is stopped.
+    TurnTooLarge {
+        /// Turn number.
+        turn: u64,
+        /// The cap, in bytes.
+        limit: usize,
+    },
     /// The agent announced (or changed) its session id; stored durably.
     AgentSessionId {
         /// The new id.
@@ -280,6 +287,7 @@ impl Transition<'_> {
             Self::ContinueScheduled { .. } => names::STREAM_CONTINUE,
             Self::TurnCancelled { .. } => names::STREAM_CANCEL,
             Self::TurnDeadline { .. } => names::SESSION_TURN_DEADLINE,
+            Self::TurnTooLarge { .. } => names::SESSION_REPLY_TOO_LARGE,
             Self::AgentSessionId { .. } => names::SESSION_AGENT_ID,
             Self::ContextUsage(_) => names::CONTEXT_USAGE,
             Self::TurnFinished { .. } => names::SESSION_TURN_FINISHED,

@@ -91,6 +91,10 @@ impl Transition<'_> {
                 event, session.key = %key, turn, deadline_ms = millis(after),
                 error.r#type = "ETURN_DEADLINE", "turn exceeded its deadline; stopped"
             ),
+            Self::TurnTooLarge { turn, limit } => tracing::warn!(
+                event, session.key = %key, turn, limit_bytes = limit,
+                error.r#type = "EREPLY_TOO_LARGE", "turn's reply passed its size cap; stopped"
+            ),
             Self::AgentSessionId {
                 session_id,
                 previous,
@@ -314,7 +318,10 @@ impl Transition<'_> {
                 original: original.to_path_buf(),
                 normalized: normalized.to_path_buf(),
             },
-            Self::WatchdogKill { .. } | Self::TurnCancelled { .. } | Self::TurnDeadline { .. } => {
+            Self::WatchdogKill { .. }
+            | Self::TurnCancelled { .. }
+            | Self::TurnDeadline { .. }
+            | Self::TurnTooLarge { .. } => {
                 return None;
             }
         })

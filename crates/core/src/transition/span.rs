@@ -183,6 +183,15 @@ impl Transition<'_> {
                 error.r#type = "ETURN_DEADLINE",
                 otel.status_code = "ERROR",
             ),
+            Self::TurnTooLarge { turn, limit } => tracing::warn_span!(
+                names::SESSION_REPLY_TOO_LARGE,
+                warden.session.key = key,
+                gen_ai.conversation.id = conv,
+                warden.turn = turn,
+                warden.limit_bytes = limit,
+                error.r#type = "EREPLY_TOO_LARGE",
+                otel.status_code = "ERROR",
+            ),
             Self::Reaped {
                 idle_for,
                 context_tokens,
