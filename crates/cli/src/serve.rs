@@ -83,6 +83,18 @@ pub(crate) struct ServeArgs {
     /// Seconds, or a duration with a unit; at least 0.3 s.
     #[arg(long, value_name = "SECONDS", requires = "store", default_value = "10", value_parser = crate::units::seconds)]
     lease_ttl: Duration,
+    /// Live sessions at most: past it a new session stops the least
+    /// recently used idle one (its record kept; it resumes when asked for),
+    /// and when every one is busy the request gets `503
+    /// too_many_sessions` with Retry-After.
+    #[arg(long, value_name = "N", default_value_t = 4096,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    max_sessions: u32,
+    /// How long a session may stay idle before it is stopped (its record
+    /// kept; the next message resumes it): seconds, or a duration with a
+    /// unit; 0 never.
+    #[arg(long, value_name = "SECONDS", default_value = "15m", value_parser = crate::units::seconds)]
+    idle_timeout: Duration,
     /// Size cap of one turn's reply (text, thinking and tool input, every
     /// attempt counted), in bytes: past it the turn is stopped and ends
     /// with `EREPLY_TOO_LARGE`. The largest real replies are well under
@@ -179,7 +191,9 @@ pub(crate) async fn run(args: ServeArgs) -> Result<Exit, CliError> {
     let mut config = SupervisorConfig::from_env().map_err(|e| CliError::usage(e.to_string()))?;
     config.session = config
         .session
-        .with_max_reply_bytes(usize::try_from(args.max_reply_bytes).unwrap_or(usize::MAX));
+        .with_max_reply_bytes(usize::try_from(args.max_reply_bytes).unwrap_or(usize::MAX))
+        .with_idle_timeout(args.idle_timeout);
+    config = config.with_max_sessions(usize::try_from(args.max_sessions).unwrap_or(usize::MAX));
     let data_dir = paths::data_dir(args.data_dir.clone())?;
     let token = token(
         &args

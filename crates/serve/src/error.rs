@@ -146,6 +146,12 @@ pub(crate) fn bad_session(e: SupervisorError) -> ApiError {
         SupervisorError::SessionFailed { .. } => {
             ApiError::new(StatusCode::CONFLICT, "session_failed", e.to_string())
         }
+        SupervisorError::TooManySessions { limit, .. } => {
+            let limit = *limit;
+            ApiError::unavailable("too_many_sessions", e.to_string())
+                .retry_after(5)
+                .with("limit", json!(limit))
+        }
         SupervisorError::Store {
             error: warden_core::StoreError::LeaseLost { .. },
             ..

@@ -30,11 +30,17 @@ struct Server {
 }
 
 async fn server_with(config: ServeConfig) -> Server {
+    server_over(warden_core::SupervisorConfig::default(), config).await
+}
+
+/// A server whose supervisor runs with `sup_config`.
+async fn server_over(sup_config: warden_core::SupervisorConfig, config: ServeConfig) -> Server {
     let (source, ctl) = ChannelSource::new();
-    let sup = Supervisor::start(
-        Default::default(),
-        Arc::new(move |_: &SessionKey| source.clone() as Arc<dyn EventSource>),
-    )
+    let sup = Supervisor::builder(Arc::new(move |_: &SessionKey| {
+        source.clone() as Arc<dyn EventSource>
+    }))
+    .config(sup_config)
+    .start()
     .await
     .expect("supervisor");
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
@@ -685,34 +691,16 @@ async fn impossible_workspaces_are_refused_at_the_door() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reply_past_its_size_cap_ends_the_turn_with_a_typed_error() {
     const CAP: usize = 1_000;
-    let (source, ctl) = ChannelSource::new();
     let mut config = warden_core::SupervisorConfig::default();
     config.session = config.session.with_max_reply_bytes(CAP);
-    let sup = Supervisor::builder(Arc::new(move |_: &SessionKey| {
-        source.clone() as Arc<dyn EventSource>
-    }))
-    .config(config)
-    .start()
-    .await
-    .expect("supervisor");
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let base = format!("http://{}", listener.local_addr().expect("addr"));
-    let _task = tokio::spawn(axum_serve(
-        listener,
-        warden_serve::router(sup, ServeConfig::new(TOKEN)),
-    ));
-    let turn = reqwest::Client::new()
-        .post(format!("{base}/v1/turns"))
-        .bearer_auth(TOKEN)
-        .header("content-type", "application/json")
+    let server = server_over(config, ServeConfig::new(TOKEN)).await;
+    let turn = server
+        .post(r#"{"key": "big", "message": "hi"}"#)
         .header("accept", "text/event-stream")
-        .body(r#"{"key": "big", "message": "hi"}"#)
         .send()
         .await
         .expect("post");
-    let attempt = within("the stream to open", ctl.next_attempt())
+    let attempt = within("the stream to open", server.ctl.next_attempt())
         .await
         .expect("opened");
     // A runaway upstream: 100-byte deltas without end, until warden stops
@@ -742,4 +730,32 @@ async fn a_reply_past_its_size_cap_ends_the_turn_with_a_typed_error() {
         sent < 1_000,
         "the stream was stopped near the cap, not read on: {sent} deltas sent"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn past_the_live_session_bound_a_busy_server_answers_503() {
+    let config = warden_core::SupervisorConfig::default().with_max_sessions(1);
+    let server = server_over(config, ServeConfig::new(TOKEN)).await;
+    server
+        .create(r#"{"key": "busy", "message": "long job"}"#)
+        .await;
+    let _attempt = within("the stream to open", server.ctl.next_attempt())
+        .await
+        .expect("opened");
+    let response = server
+        .post(r#"{"key": "another", "message": "hi"}"#)
+        .send()
+        .await
+        .expect("post");
+    assert_eq!(response.status(), 503);
+    assert_eq!(
+        response
+            .headers()
+            .get("retry-after")
+            .and_then(|v| v.to_str().ok()),
+        Some("5")
+    );
+    let body = response.json_value().await;
+    assert_eq!(body["error"]["type"], "too_many_sessions", "{body}");
+    assert_eq!(body["error"]["limit"], 1, "{body}");
 }

@@ -423,6 +423,13 @@ async fn handle_msg(
                 reap(&myself, state).await?;
             }
         }
+        SessionMsg::StopIfIdle(reply) => {
+            let idle = state.turn.is_none() && state.queue.is_empty();
+            if idle {
+                reap(&myself, state).await?;
+            }
+            let _ = reply.send(idle);
+        }
         SessionMsg::Status(reply) => {
             let t = state.turn.as_ref();
             let _ = reply.send(SessionStatus {

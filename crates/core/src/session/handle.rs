@@ -368,6 +368,9 @@ pub(crate) enum SessionMsg {
     Recover(Recovery, RpcReplyPort<bool>),
     Deadline(u64),
     IdleCheck(u64),
+    /// Stop now if idle (no turn, nothing queued), as an idle reap does:
+    /// whether it stops.
+    StopIfIdle(RpcReplyPort<bool>),
     Status(RpcReplyPort<SessionStatus>),
     #[cfg_attr(not(feature = "testing"), allow(dead_code))]
     Fail(String),
@@ -387,6 +390,18 @@ impl SessionHandle {
     /// is nothing stuck to stop).
     pub async fn recover(&self, how: Recovery) -> Result<bool, ActorError> {
         call(&self.actor, "session", |r| SessionMsg::Recover(how, r)).await
+    }
+
+    /// Stops the session now if it is idle (no turn running, no message
+    /// waiting), keeping its record, as the idle reaper does; whether it
+    /// stops. `false` too when it is already gone or does not answer
+    /// within a second.
+    pub(crate) async fn stop_if_idle(&self) -> bool {
+        let asked = call(&self.actor, "session", SessionMsg::StopIfIdle);
+        matches!(
+            tokio::time::timeout(Duration::from_secs(1), asked).await,
+            Ok(Ok(true))
+        )
     }
 
     /// This incarnation's trace anchor.

@@ -40,6 +40,11 @@ pub(crate) enum SupervisorMsg {
     Escalated(Escalation),
 }
 
+/// How many of the least recently used sessions are asked whether they are
+/// idle before a session past [`SupervisorConfig::max_sessions`] is
+/// refused.
+const EVICTION_CANDIDATES: usize = 64;
+
 /// Spawns and supervises sessions; see the module docs.
 #[derive(Debug, Default, Clone, Copy)]
 pub(crate) struct WorkspaceSupervisor;
@@ -75,6 +80,9 @@ pub(crate) struct SupervisorState {
     pub(super) policies: HashMap<SessionKey, (Restart, RestartIntensity)>,
     /// Sessions given up, with the cause, until [`Supervisor::reset`](super::Supervisor::reset).
     pub(super) given_up: HashMap<SessionKey, String>,
+    /// When each live session was last asked for: the least recently used
+    /// idle one makes room past [`SupervisorConfig::max_sessions`].
+    pub(super) last_used: HashMap<SessionKey, Instant>,
 }
 
 impl SupervisorState {
@@ -183,6 +191,42 @@ impl SupervisorState {
         if let Some(h) = self.sessions.remove(key) {
             self.by_id.remove(&h.actor().get_id());
         }
+        self.last_used.remove(key);
+    }
+
+    /// Past [`SupervisorConfig::max_sessions`], stops the least recently
+    /// used idle session to make room for `key`; `TooManySessions` when
+    /// none of the oldest [`EVICTION_CANDIDATES`] is idle.
+    async fn make_room(&mut self, key: &SessionKey) -> Result<(), SupervisorError> {
+        let Some(limit) = self.config.max_sessions else {
+            return Ok(());
+        };
+        let live = |h: &SessionHandle| h.actor().get_status() < ActorStatus::Draining;
+        if self.sessions.values().filter(|h| live(h)).count() < limit {
+            return Ok(());
+        }
+        let mut candidates: Vec<(Instant, SessionKey, SessionHandle)> = self
+            .sessions
+            .iter()
+            .filter(|(_, h)| live(h))
+            .map(|(k, h)| {
+                let used = self.last_used.get(k).copied().unwrap_or_else(Instant::now);
+                (used, k.clone(), h.clone())
+            })
+            .collect();
+        candidates.sort_by_key(|(used, ..)| *used);
+        for (_, old, handle) in candidates.into_iter().take(EVICTION_CANDIDATES) {
+            if handle.stop_if_idle().await {
+                // Stopping now (its record kept, status idle); it is not
+                // counted from here on.
+                self.forget(&old);
+                return Ok(());
+            }
+        }
+        Err(SupervisorError::TooManySessions {
+            key: key.clone(),
+            limit,
+        })
     }
 
     /// A session exited; restart or give up per policy.
@@ -304,6 +348,7 @@ impl Actor for WorkspaceSupervisor {
             trackers: HashMap::new(),
             policies: HashMap::new(),
             given_up: HashMap::new(),
+            last_used: HashMap::new(),
         })
     }
 
@@ -327,8 +372,12 @@ impl Actor for WorkspaceSupervisor {
                     // replaced now rather than handed out to fail.
                     .filter(|h| h.actor().get_status() < ActorStatus::Draining)
                 {
+                    state.last_used.insert(key, Instant::now());
                     Ok(h.clone())
+                } else if let Err(e) = state.make_room(&key).await {
+                    Err(e)
                 } else {
+                    state.last_used.insert(key.clone(), Instant::now());
                     state.spawn_session(&myself, key, workspace, None).await
                 };
                 let _ = reply.send(result);

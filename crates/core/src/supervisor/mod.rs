@@ -66,6 +66,14 @@ pub struct SupervisorConfig {
     pub watchdog: WatchdogConfig,
     /// How long each step of a shutdown may take.
     pub shutdown: ShutdownTimeouts,
+    /// Live sessions at most. A session asked for past it makes room by
+    /// stopping the least recently used idle one (no turn running, no
+    /// message waiting; its record is kept and it resumes when next asked
+    /// for); when none is idle the request fails
+    /// [`SupervisorError::TooManySessions`]. Default `None`: no bound
+    /// (idle sessions are still reaped after
+    /// [`SessionConfig::idle_timeout`](crate::SessionConfig)).
+    pub max_sessions: Option<usize>,
 }
 
 /// How long each step of a supervisor's shutdown may take before it is cut
@@ -160,6 +168,12 @@ impl SupervisorConfig {
         self.watchdog = watchdog;
         self
     }
+
+    /// Bounds the live sessions (see [`max_sessions`](Self::max_sessions)).
+    pub fn with_max_sessions(mut self, max: usize) -> Self {
+        self.max_sessions = Some(max.max(1));
+        self
+    }
 }
 
 /// Errors of the supervisor API.
@@ -184,6 +198,18 @@ pub enum SupervisorError {
         key: SessionKey,
         /// The store's error.
         error: StoreError,
+    },
+    /// [`SupervisorConfig::max_sessions`] sessions are live and none is
+    /// idle: the new one is not started. Ask again when a turn has ended.
+    #[error(
+        "{limit} sessions are live and every one is busy (a turn running or a message waiting); \
+         no room for session {key} now: retry when a turn has ended"
+    )]
+    TooManySessions {
+        /// The session asked for.
+        key: SessionKey,
+        /// The bound.
+        limit: usize,
     },
     /// The workspace path could not be normalized.
     #[error("workspace {path}: {message}")]
