@@ -17,11 +17,13 @@ pub struct AccessRecord {
     pub status: u16,
     /// From the request to the end of the response body, in milliseconds.
     pub duration_ms: u64,
-    /// Upstream attempts made (1 when nothing went wrong).
+    /// Requests sent upstream for it, counted as each goes out (1 when
+    /// nothing went wrong; 0 when the client left before the first).
     pub attempts: u32,
     /// Attempts the watchdog killed.
     pub kills: u32,
-    /// Continuations spliced into the response.
+    /// Continuation requests sent upstream (a continuation scheduled but
+    /// never sent — the client left during the backoff — is not counted).
     pub continuations: u32,
     /// How the response ended.
     pub outcome: Outcome,

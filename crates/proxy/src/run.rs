@@ -349,6 +349,8 @@ pub(crate) async fn watched(
     let mut record = record;
     // Until the stream ends one way or another, the client left.
     record.outcome = Outcome::ClientGone;
+    // Counted as each request goes upstream.
+    record.attempts = 0;
     let logged = Logged {
         inner: Arc::clone(&inner),
         record: Some(record),
@@ -372,6 +374,7 @@ pub(crate) async fn watched(
         pending: None,
         rng: rand::rngs::SmallRng::from_rng(&mut rand::rng()),
         deadline: inner_deadline.map(|d| started + d),
+        continuing: false,
         logged,
     };
     if whole {
@@ -570,6 +573,9 @@ struct Pump {
     rng: rand::rngs::SmallRng,
     /// When the request must be over (`ProxyConfig::deadline`), if ever.
     deadline: Option<Instant>,
+    /// The next request sent is a continuation (counted when it is sent:
+    /// a client gone during the backoff before it leaves none).
+    continuing: bool,
     logged: Logged,
 }
 
@@ -591,10 +597,8 @@ impl Pump {
     fn end(&mut self, outcome: Outcome) {
         self.done = true;
         self.current = None;
-        let attempts = self.attempts;
         let r = self.record();
         r.outcome = outcome;
-        r.attempts = attempts;
         if r.status == 0 {
             r.status = 200;
         }
@@ -711,6 +715,13 @@ impl Pump {
                 })
             })?;
         let beat = guard.heartbeat();
+        // The access log counts what the upstream was sent.
+        let continuing = std::mem::take(&mut self.continuing);
+        let record = self.record();
+        record.attempts += 1;
+        if continuing {
+            record.continuations += 1;
+        }
         let send = self
             .inner
             .http
@@ -962,7 +973,7 @@ impl Pump {
                             delay,
                         },
                     );
-                    self.record().continuations += 1;
+                    self.continuing = true;
                     tracing::info!(
                         event = PROXY_CONTINUE,
                         attempt = self.attempts,

@@ -738,3 +738,159 @@ async fn a_request_ends_at_its_deadline() {
     assert_eq!(last.event, "error", "{events:?}");
     assert_eq!(last.json()["error"]["type"], "overloaded_error");
 }
+
+/// The access log counts what the upstream was sent: a client that leaves
+/// while a continuation waits out its backoff logs the one request the
+/// upstream saw and no continuation.
+#[tokio::test]
+async fn the_access_log_counts_the_requests_the_upstream_saw() {
+    let heard = Heard::default();
+    let log = heard.log();
+    let records: Arc<Mutex<Vec<warden_proxy::AccessRecord>>> = Arc::default();
+    let sink = records.clone();
+    let s = setup(
+        mock(&[Scenario::Stall, Scenario::Normal]).with_fault_after_frames(9),
+        move |c| {
+            c.with_retry(
+                warden_core::RetryPolicy::default()
+                    .with_jitter(0.0)
+                    // Long enough for the client to leave during it.
+                    .with_backoff(Duration::from_secs(5), Duration::from_secs(5)),
+            )
+            .with_recovery_log(log)
+            .with_access_log(move |r| {
+                sink.lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .push(r.clone())
+            })
+        },
+    )
+    .await;
+    let response = within(
+        "the stream",
+        s.messages(messages_body("claude-opus-4-8", "hi")).send(),
+    )
+    .await
+    .expect("answer");
+    assert_eq!(response.status(), 200);
+    let mut body = response.bytes_stream();
+    use futures_util::StreamExt as _;
+    // Read until the stall is killed and its continuation is scheduled…
+    within("the continuation to be scheduled", async {
+        loop {
+            if heard
+                .all()
+                .iter()
+                .any(|r| matches!(r, Recovery::Continuing { .. }))
+            {
+                return;
+            }
+            tokio::select! {
+                _ = body.next() => {}
+                () = tokio::time::sleep(Duration::from_millis(20)) => {}
+            }
+        }
+    })
+    .await;
+    // …then leave during its backoff.
+    drop(body);
+    let record = within("the access record", async {
+        loop {
+            if let Some(r) = records
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .first()
+                .cloned()
+            {
+                return r;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    let seen = s.mock.requests_to("/v1/messages");
+    assert_eq!(record.attempts as usize, seen, "{record:?}");
+    assert_eq!(seen, 1, "the client left before the continuation went out");
+    assert_eq!(record.continuations, 0, "{record:?}");
+    assert_eq!(record.kills, 1, "{record:?}");
+    assert_eq!(record.outcome, warden_proxy::Outcome::ClientGone);
+}
+
+/// Invalid UTF-8 inside a text delta, mid-text: as docs/proxy.md says, the
+/// frame is not continued or retried (a garbling upstream would garble
+/// again) — the stream ends with the provider's error event naming
+/// `EMALFORMED`, and the upstream is asked once.
+#[tokio::test]
+async fn invalid_utf8_mid_text_ends_the_stream_with_an_error_event_not_a_retry() {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let base = format!("http://{}", listener.local_addr().expect("addr"));
+    let requests = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counted = requests.clone();
+    tokio::spawn(async move {
+        loop {
+            let Ok((mut tcp, _)) = listener.accept().await else {
+                return;
+            };
+            let counted = counted.clone();
+            tokio::spawn(async move {
+                let mut head = Vec::new();
+                let mut buf = [0u8; 4096];
+                while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match tcp.read(&mut buf).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => head.extend_from_slice(&buf[..n]),
+                    }
+                }
+                counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                let mut body = Vec::new();
+                body.extend_from_slice(b"event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"id\":\"msg_1\",\"type\":\"message\",\"role\":\"assistant\",\"model\":\"claude-x\",\"content\":[],\"stop_reason\":null,\"usage\":{\"input_tokens\":1,\"output_tokens\":1}}}\n\n");
+                body.extend_from_slice(b"event: content_block_start\ndata: {\"type\":\"content_block_start\",\"index\":0,\"content_block\":{\"type\":\"text\",\"text\":\"\"}}\n\n");
+                body.extend_from_slice(b"event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":\"Hello \"}}\n\n");
+                body.extend_from_slice(b"event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":\"wor\xff\xfeld\"}}\n\n");
+                let head = "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nconnection: close\r\n\r\n";
+                let _ = tcp.write_all(head.as_bytes()).await;
+                let _ = tcp.write_all(&body).await;
+                // Then silence, socket open: only the bad frame can end it.
+                tokio::time::sleep(Duration::from_secs(60)).await;
+            });
+        }
+    });
+    let proxy = warden_proxy::Proxy::start(
+        warden_proxy::ProxyConfig::default()
+            .with_anthropic_upstream(base.clone())
+            .with_openai_upstream(base)
+            .with_timeout(Duration::from_secs(30)),
+    )
+    .await
+    .expect("proxy");
+    let proxy_base = serve(&proxy).await;
+    let response = within(
+        "the stream",
+        reqwest::Client::new()
+            .post(format!("{proxy_base}/v1/messages"))
+            .header("x-api-key", KEY)
+            .header("anthropic-version", "2023-06-01")
+            .header("content-type", "application/json")
+            .body(messages_body("claude-x", "hi"))
+            .send(),
+    )
+    .await
+    .expect("answer");
+    assert_eq!(response.status(), 200);
+    let events = read_sse(response).await;
+    let last = events.last().expect("events");
+    assert_eq!(last.event, "error", "{events:?}");
+    assert!(last.data.contains("EMALFORMED"), "{}", last.data);
+    assert!(
+        events.iter().any(|e| e.data.contains("Hello ")),
+        "the text before the bad frame reached the client"
+    );
+    assert_eq!(
+        requests.load(std::sync::atomic::Ordering::SeqCst),
+        1,
+        "not retried or continued"
+    );
+}
