@@ -110,6 +110,20 @@ async fn spawn_node(
     agent: &[&str],
     env: &[(&str, &str)],
 ) -> Node {
+    spawn_node_in_group(dir, id, store, ttl, agent, env, None).await
+}
+
+/// [`spawn_node`], the process running with group id `gid` when given
+/// (so a firewall rule can match its sockets: `meta skgid`).
+async fn spawn_node_in_group(
+    dir: &Path,
+    id: &str,
+    store: &str,
+    ttl: f64,
+    agent: &[&str],
+    env: &[(&str, &str)],
+    gid: Option<u32>,
+) -> Node {
     let data = dir.join(id);
     let token = dir.join("token");
     std::fs::write(&token, TOKEN).expect("token");
@@ -135,6 +149,9 @@ async fn spawn_node(
     cmd.env("WARDEN_STREAM_TIMEOUT", "120000");
     for (k, v) in env {
         cmd.env(k, v);
+    }
+    if let Some(gid) = gid {
+        cmd.gid(gid);
     }
     let (mut child, base, _stdout) = spawn_listening(cmd, PATIENCE).await;
     let mut err = child.stderr.take().expect("stderr");
@@ -1644,15 +1661,12 @@ fn admin_sql(sql: &str) {
     );
 }
 
-/// A database outage longer than the lease TTL moves no session: the node
-/// running a turn keeps its lease (it retries its renewals every 100 ms and
-/// renews within the takeover grace once the database answers, before any
-/// other node may take it), the turn pauses and then finishes there, run
-/// once; the other node takes nothing. (The outage: the database refuses
-/// connections and its open ones are cut, as a restart or a partition
-/// would.)
+/// A database outage shorter than the lease TTL moves nothing: the node
+/// running a turn renews as soon as the database answers again and the
+/// turn finishes there, run once. (The outage: the database refuses
+/// connections and its open ones are cut, as a restart would.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_database_outage_longer_than_the_lease_moves_no_session() {
+async fn a_database_restart_within_the_lease_moves_no_session() {
     let Some(url) = fresh_db().await else { return };
     let db = url.rsplit('/').next().expect("a database").to_owned();
     let mock =
@@ -1660,7 +1674,7 @@ async fn a_database_outage_longer_than_the_lease_moves_no_session() {
             .await
             .expect("mock");
     let (_d, dir) = dir();
-    let ttl = 1.5;
+    let ttl = 3.0;
     let a = start_with_ttl(&dir, "node-a", &url, &mock, ttl).await;
     let b = start_with_ttl(&dir, "node-b", &url, &mock, ttl).await;
     let (_id, mut reading) = stream_turn(&a, "k1", "hello").await;
@@ -1669,12 +1683,12 @@ async fn a_database_outage_longer_than_the_lease_moves_no_session() {
         seen.push(reading.next().await.expect("A's events"));
     }
 
-    // The database goes away for twice the TTL.
+    // The database goes away for a third of the TTL.
     admin_sql(&format!("ALTER DATABASE {db} ALLOW_CONNECTIONS false"));
     admin_sql(&format!(
         "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = '{db}'"
     ));
-    tokio::time::sleep(Duration::from_secs_f64(ttl * 2.0)).await;
+    tokio::time::sleep(Duration::from_secs_f64(ttl / 3.0)).await;
     admin_sql(&format!("ALTER DATABASE {db} ALLOW_CONNECTIONS true"));
 
     // The turn ends on A, whole, with no retry, restart or node-lost marker.
@@ -1701,5 +1715,290 @@ async fn a_database_outage_longer_than_the_lease_moves_no_session() {
         (Some("node-a"), 1),
         "the session never moved"
     );
+    drop((a, b));
+}
+
+/// A database outage longer than the lease TTL: no node can tell it from
+/// a partition, so the node running a turn stops it when its lease runs
+/// out by its own clock (its upstream stream closed), and once the
+/// database is back a node re-delivers it — the client, re-attached with
+/// `Last-Event-ID`, gets the reply whole and once; one message, answered
+/// once; never two upstream streams at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_database_outage_longer_than_the_lease_stops_the_turn_and_it_is_re_delivered() {
+    let Some(url) = fresh_db().await else { return };
+    let db = url.rsplit('/').next().expect("a database").to_owned();
+    let mock =
+        MockServer::start(MockConfig::default().with_frame_interval(Duration::from_millis(400)))
+            .await
+            .expect("mock");
+    let (_d, dir) = dir();
+    let ttl = 1.5;
+    let a = start_with_ttl(&dir, "node-a", &url, &mock, ttl).await;
+    let b = start_with_ttl(&dir, "node-b", &url, &mock, ttl).await;
+    let (id, mut reading) = stream_turn(&a, "k1", "hello").await;
+    let mut seen = Vec::new();
+    while !seen.iter().any(|e: &Sse| e.kind == "text") {
+        seen.push(reading.next().await.expect("A's events"));
+    }
+
+    // The database goes away for twice the TTL.
+    admin_sql(&format!("ALTER DATABASE {db} ALLOW_CONNECTIONS false"));
+    admin_sql(&format!(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = '{db}'"
+    ));
+    tokio::time::sleep(Duration::from_secs_f64(ttl * 2.0)).await;
+    // A stopped its stream at its lease's end, with the database away.
+    assert_eq!(
+        mock.requests()[0].outcome,
+        Outcome::ClientClosed,
+        "{:?}",
+        mock.requests()
+    );
+    admin_sql(&format!("ALTER DATABASE {db} ALLOW_CONNECTIONS true"));
+
+    // A's stream of the turn ends without a last event (the turn left
+    // it); the client re-attaches through B where it left off.
+    seen.extend(reading.rest().await);
+    assert!(
+        !seen
+            .iter()
+            .any(|e| matches!(e.kind.as_str(), "done" | "error")),
+        "{seen:?}"
+    );
+    let last = seen.last().expect("events").id;
+    let rest = reattach(&b, &id, last).await;
+    let done = rest.last().expect("events");
+    assert_eq!(done.kind, "done", "{rest:?}");
+    let expected = "Hello from warden-mock. Your last message had 5 characters.";
+    assert_eq!(done.data["text"], expected, "{rest:?}");
+    let mut shown = String::new();
+    for e in seen.iter().chain(rest.iter()) {
+        match e.kind.as_str() {
+            "text" => shown.push_str(e.data["text"].as_str().unwrap_or("")),
+            "retrying" | "restarting" if e.data["discard"] == true => shown.clear(),
+            _ => {}
+        }
+    }
+    assert_eq!(
+        shown, expected,
+        "the client's text, once: {seen:?} {rest:?}"
+    );
+    assert_eq!(mock.requests().len(), 2, "A's attempt and the re-delivery");
+    assert_eq!(
+        mock.peak_concurrency(|_| Some(())).get(&()).copied(),
+        Some(1),
+        "never two upstream streams at once: {:?}",
+        mock.events()
+    );
+    let pg = warden_pg::PgStore::connect(&url).await.expect("pg");
+    let record = pg
+        .load(&SessionKey::new("k1"))
+        .await
+        .expect("the record decodes")
+        .expect("record");
+    assert!(record.pending.is_empty(), "{record:?}");
+    assert_eq!(record.next_message_id, 2, "one message, accepted once");
+    drop((a, b));
+}
+
+/// Runs `nft` with `args`; its error output on failure.
+fn nft(args: &[&str]) -> Result<(), String> {
+    let out = std::process::Command::new("nft")
+        .args(args)
+        .output()
+        .map_err(|e| format!("nft: {e}"))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "nft {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        ))
+    }
+}
+
+/// Why the partition test cannot run here (it needs root and nftables),
+/// or `None`.
+fn cannot_partition() -> Option<String> {
+    let root = std::process::Command::new("id")
+        .arg("-u")
+        .output()
+        .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "0");
+    if !root {
+        return Some("needs root".into());
+    }
+    if std::process::Command::new("nft")
+        .arg("-v")
+        .output()
+        .is_err()
+    {
+        return Some("`nft` is not installed".into());
+    }
+    None
+}
+
+/// A firewall rule dropping every packet a process of group `gid` sends
+/// to `port` on this host: that process is partitioned from the service
+/// there (no FIN, no RST, connects hang), everyone else still reaches it.
+/// Removed when dropped (the partition heals).
+struct Partition {
+    table: String,
+}
+
+impl Partition {
+    fn cut(gid: u32, port: u16) -> Result<Self, String> {
+        let table = format!("warden_partition_{}", std::process::id());
+        nft(&["add", "table", "inet", &table])?;
+        let partition = Self { table };
+        let t = partition.table.as_str();
+        nft(&[
+            "add",
+            "chain",
+            "inet",
+            t,
+            "out",
+            "{ type filter hook output priority 0 ; policy accept ; }",
+        ])?;
+        nft(&[
+            "add",
+            "rule",
+            "inet",
+            t,
+            "out",
+            "meta",
+            "skgid",
+            &gid.to_string(),
+            "tcp",
+            "dport",
+            &port.to_string(),
+            "drop",
+        ])?;
+        Ok(partition)
+    }
+}
+
+impl Drop for Partition {
+    fn drop(&mut self) {
+        let _ = nft(&["delete", "table", "inet", &self.table]);
+    }
+}
+
+/// A node cut off from PostgreSQL (a firewall drops its packets; the
+/// other node still reaches the database) for three times its lease, then
+/// healed: it stops its upstream stream before its lease can be taken, the
+/// other node takes the session over and finishes the acknowledged turn —
+/// the client re-attached there sees it whole, once — there are never two
+/// upstream streams for the session at once, and once healed the cut-off
+/// node writes nothing as owner.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_partitioned_from_the_database_past_its_lease_stops_before_it_is_replaced() {
+    if let Some(why) = cannot_partition() {
+        assert!(
+            std::env::var("WARDEN_REQUIRE_NETNS").as_deref() != Ok("1"),
+            "WARDEN_REQUIRE_NETNS=1 but {why}"
+        );
+        eprintln!("skipped: {why}");
+        return;
+    }
+    let Some(url) = fresh_db().await else { return };
+    let port: u16 = url
+        .rsplit_once(':')
+        .and_then(|(_, rest)| rest.split('/').next())
+        .and_then(|p| p.parse().ok())
+        .expect("a port in WARDEN_PG_URL");
+    // A slow reply (about 12 s): it is still streaming when the partition
+    // starts, and would be long after B takes over.
+    let expected = "one two three four five six seven eight nine ten eleven twelve \
+                    thirteen fourteen fifteen sixteen seventeen eighteen nineteen twenty \
+                    twenty-one twenty-two twenty-three twenty-four twenty-five twenty-six \
+                    twenty-seven twenty-eight twenty-nine thirty thirty-one thirty-two \
+                    thirty-three thirty-four thirty-five thirty-six thirty-seven thirty-eight \
+                    thirty-nine forty.";
+    let mock = MockServer::start(
+        MockConfig::default()
+            .with_reply(expected)
+            .with_frame_interval(Duration::from_millis(300)),
+    )
+    .await
+    .expect("mock");
+    let (_d, dir) = dir();
+    let ttl = 1.5;
+    const GID: u32 = 48_111;
+    let agent = ["--agent", "anthropic", "--base-url", &mock.base_url()];
+    let a = spawn_node_in_group(&dir, "node-a", &url, ttl, &agent, &[], Some(GID)).await;
+    let b = start_with_ttl(&dir, "node-b", &url, &mock, ttl).await;
+
+    let (id, mut reading) = stream_turn(&a, "k1", "hello").await;
+    let mut seen = Vec::new();
+    while !seen.iter().any(|e: &Sse| e.kind == "text") {
+        seen.push(reading.next().await.expect("A's events"));
+    }
+
+    // A is cut off from the database for three times its lease.
+    let partition = Partition::cut(GID, port).expect("the firewall rule");
+    tokio::time::sleep(Duration::from_secs_f64(ttl * 3.0)).await;
+    // B has taken the session over by now and re-delivered the turn.
+    wait_until(&mock, "B's attempt", PATIENCE, || {
+        mock.requests().len() >= 2
+    })
+    .await;
+    let first = mock.requests()[0].clone();
+    assert_eq!(
+        first.outcome,
+        Outcome::ClientClosed,
+        "A stopped its stream: {:?}",
+        mock.requests()
+    );
+    let peak = mock.peak_concurrency(|_| Some(()));
+    assert_eq!(
+        peak.get(&()).copied(),
+        Some(1),
+        "never two upstream streams for the session at once: {:?}",
+        mock.events()
+    );
+
+    // The client re-attaches through B where it left off: the turn ends
+    // whole, the text once.
+    let last = seen.last().expect("events").id;
+    drop(reading);
+    let rest = reattach(&b, &id, last).await;
+    let done = rest.last().expect("events");
+    assert_eq!(done.kind, "done", "{rest:?}");
+    assert_eq!(done.data["text"], expected, "{rest:?}");
+    let shown: String = seen
+        .iter()
+        .chain(rest.iter())
+        .scan(String::new(), |text, e| {
+            match e.kind.as_str() {
+                "text" => text.push_str(e.data["text"].as_str().unwrap_or("")),
+                "retrying" | "restarting" if e.data["discard"] == true => text.clear(),
+                _ => {}
+            }
+            Some(text.clone())
+        })
+        .last()
+        .unwrap_or_default();
+    assert_eq!(
+        shown, expected,
+        "the client's text, once: {seen:?} {rest:?}"
+    );
+
+    // Healed: A writes nothing as owner; the session stays with B, its one
+    // message answered.
+    drop(partition);
+    tokio::time::sleep(Duration::from_secs_f64(ttl * 2.0)).await;
+    let pg = warden_pg::PgStore::connect(&url).await.expect("pg");
+    let info = pg.lease_info(&SessionKey::new("k1")).await.expect("info");
+    assert_eq!((info.owner.as_deref(), info.epoch), (Some("node-b"), 2));
+    let record = pg
+        .load(&SessionKey::new("k1"))
+        .await
+        .expect("the record decodes")
+        .expect("record");
+    assert!(record.pending.is_empty(), "{record:?}");
+    assert_eq!(record.next_message_id, 2, "one message, accepted once");
+    assert_eq!(mock.requests().len(), 2, "A's attempt and B's, no more");
     drop((a, b));
 }

@@ -9,12 +9,14 @@ use warden_core::{SessionKey, SessionRecord, StoreError};
 use crate::{PgStore, backend, from_db, secs, to_db};
 
 /// How long after a lease expires its last owner alone may still renew it,
-/// before another node may take it: half a second. A node cut off from the
-/// database (an outage, a partition) keeps renewing and, once the database
-/// answers again, renews within a few tenths of a second — before anyone
-/// else may take its sessions — so an outage longer than the TTL does not
-/// move every session. Fencing is unchanged (writes match the epoch), and a
-/// dead node's sessions are taken within TTL + this + one orphan scan.
+/// before another node may take it: half a second. It is the owner's
+/// margin to stop: a node whose renewals do not get through gives a lease
+/// up and stops its session a TTL after the last renewal it sent that
+/// succeeded ([`NodeStore::fence_expired`](crate::NodeStore::fence_expired)),
+/// and the database expires it no sooner than that — so a partitioned
+/// owner has stopped before anyone may take over. Fencing is unchanged
+/// (writes match the epoch), and a dead node's sessions are taken within
+/// TTL + this + one orphan scan.
 pub const TAKEOVER_GRACE: Duration = Duration::from_millis(500);
 
 /// A lease this node took: the session, the node and the epoch every write

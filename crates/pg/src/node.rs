@@ -14,7 +14,8 @@ use warden_core::{Durability, SessionKey, SessionRecord, SessionStore, StoreErro
 
 use crate::{Lease, PgStore, backend};
 
-/// How often a node retries renewing its leases while the database fails.
+/// How often a node retries renewing its leases while the database fails,
+/// and how often it checks that each is still valid by its own clock.
 const OUTAGE_RETRY: Duration = Duration::from_millis(100);
 
 /// A node as the database sees it.
@@ -140,6 +141,11 @@ pub struct NodeStore {
     node: String,
     ttl: Duration,
     leases: Arc<Mutex<HashMap<String, Lease>>>,
+    /// When the request that last took or renewed each lease was sent, by
+    /// this node's clock: the database set its expiry at least a TTL after
+    /// that.
+    /// Keyed by session, with the lease's epoch.
+    renewed: Arc<Mutex<HashMap<String, (u64, tokio::time::Instant)>>>,
     lost: broadcast::Sender<Lease>,
 }
 
@@ -162,6 +168,7 @@ impl NodeStore {
             node: node.into(),
             ttl,
             leases: Arc::default(),
+            renewed: Arc::default(),
             lost,
         }
     }
@@ -201,9 +208,11 @@ impl NodeStore {
     /// Takes `key`'s lease now if it is free or expired: the lease, or
     /// `None` while another node holds it.
     pub async fn claim(&self, key: &SessionKey) -> Result<Option<Lease>, StoreError> {
+        let sent = tokio::time::Instant::now();
         let lease = self.pg.acquire(key, &self.node, self.ttl).await?;
         if let Some(l) = &lease {
             self.leases().insert(l.key.clone(), l.clone());
+            self.renewed.lock().insert(l.key.clone(), (l.epoch, sent));
         }
         Ok(lease)
     }
@@ -217,15 +226,70 @@ impl NodeStore {
         }
     }
 
-    fn forget(&self, lease: &Lease) {
-        let removed = {
-            let mut leases = self.leases();
-            match leases.get(&lease.key) {
-                Some(l) if l.epoch == lease.epoch => leases.remove(&lease.key),
-                _ => None,
-            }
+    /// Removes `lease` if this node still holds it at that epoch.
+    fn remove(&self, lease: &Lease) -> Option<Lease> {
+        let mut leases = self.leases();
+        let removed = match leases.get(&lease.key) {
+            Some(l) if l.epoch == lease.epoch => leases.remove(&lease.key),
+            _ => None,
         };
-        if let Some(l) = removed {
+        drop(leases);
+        if removed.is_some() {
+            let mut renewed = self.renewed.lock();
+            if renewed
+                .get(&lease.key)
+                .is_some_and(|(e, _)| *e == lease.epoch)
+            {
+                renewed.remove(&lease.key);
+            }
+        }
+        removed
+    }
+
+    /// Self-fencing: every lease whose last successful renewal was sent a
+    /// TTL ago or more (the database cannot be reached, or answers too
+    /// late) is given up here and reported on [`lost`](Self::lost), so
+    /// its session stops on this node before the lease can be taken — the
+    /// database lets another node take it only [`TAKEOVER_GRACE`] after it
+    /// expires, and it expires no sooner than a TTL after that renewal was
+    /// sent. The node cannot tell a partition from an outage, so in an
+    /// outage longer than the TTL its sessions stop too (their messages
+    /// stay pending; whichever node reaches the database first re-delivers
+    /// them). Returns how many were given up.
+    ///
+    /// [`TAKEOVER_GRACE`]: crate::TAKEOVER_GRACE
+    pub fn fence_expired(&self) -> usize {
+        let now = tokio::time::Instant::now();
+        // (Never both locks at once: `remove` takes them leases first.)
+        let held = self.held();
+        let due: Vec<Lease> = {
+            let renewed = self.renewed.lock();
+            held.into_iter()
+                .filter(|l| match renewed.get(&l.key) {
+                    Some((epoch, sent)) if *epoch == l.epoch => now >= *sent + self.ttl,
+                    // Taken a moment ago, its time not written yet.
+                    _ => false,
+                })
+                .collect()
+        };
+        let mut fenced = 0;
+        for lease in due {
+            if let Some(l) = self.remove(&lease) {
+                fenced += 1;
+                tracing::warn!(
+                    event = "pg.lease_fenced",
+                    session = %l.key,
+                    epoch = l.epoch,
+                    "cannot renew a session's lease in time; stopping it here before another node may take it"
+                );
+                let _ = self.lost.send(l);
+            }
+        }
+        fenced
+    }
+
+    fn forget(&self, lease: &Lease) {
+        if let Some(l) = self.remove(lease) {
             tracing::warn!(
                 event = "pg.lease_lost",
                 session = %l.key,
@@ -344,9 +408,35 @@ impl NodeStore {
     pub async fn renew_all(&self) -> Result<usize, StoreError> {
         let mut lost = 0;
         for lease in self.held() {
-            if !self.pg.renew(&lease, self.ttl).await? {
+            let sent = tokio::time::Instant::now();
+            // A renewal that hangs (a partition drops its packets) is given
+            // up after a TTL: the lease is past saving by then.
+            let renewed = tokio::time::timeout(self.ttl, self.pg.renew(&lease, self.ttl))
+                .await
+                .map_err(|_| StoreError::Backend {
+                    message: format!(
+                        "renewing the lease of {} got no answer within {:.1}s",
+                        lease.key,
+                        self.ttl.as_secs_f64()
+                    ),
+                })??;
+            if !renewed {
                 self.forget(&lease);
                 lost += 1;
+                continue;
+            }
+            let still_held = self
+                .leases()
+                .get(&lease.key)
+                .is_some_and(|l| l.epoch == lease.epoch);
+            if still_held {
+                self.renewed
+                    .lock()
+                    .insert(lease.key.clone(), (lease.epoch, sent));
+            } else {
+                // Fenced here while the renewal was on its way: give it
+                // back, so another node need not wait for it to expire.
+                let _ = self.pg.release(&lease).await;
             }
         }
         Ok(lost)
@@ -365,6 +455,20 @@ impl NodeStore {
             // fail, they are retried every 100 ms, so the leases are renewed
             // within the takeover grace once the database answers again.
             let mut failing_since: Option<tokio::time::Instant> = None;
+            // Each lease's validity by this node's clock, checked apart
+            // from the renewals (which may hang).
+            let fencing = {
+                let store = store.clone();
+                AbortOnDropHandle::new(tokio::spawn(async move {
+                    let mut tick = tokio::time::interval(OUTAGE_RETRY);
+                    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                    loop {
+                        tick.tick().await;
+                        store.fence_expired();
+                    }
+                }))
+            };
+            let _fencing = fencing;
             loop {
                 let wait = match failing_since {
                     Some(_) => OUTAGE_RETRY.min(every),
