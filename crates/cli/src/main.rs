@@ -10,6 +10,7 @@
 //! Errors are one line on stderr (`warden: error: …`) and a documented exit
 //! code ([`exit::EXIT_CODES`]), never a panic or a backtrace.
 
+mod allocator;
 mod chat;
 mod client;
 mod cluster;
@@ -76,7 +77,12 @@ enum Command {
     Cluster(cluster::ClusterArgs),
 }
 
+/// mimalloc, not glibc's malloc: see [`allocator`].
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() -> ExitCode {
+    allocator::tune();
     // A bug must still be one line, not a backtrace.
     std::panic::set_hook(Box::new(|info| {
         let place = info

@@ -28,7 +28,13 @@ impl Tmpfs {
     fn mount(at: &Path, size: &str) -> Result<Self, String> {
         std::fs::create_dir_all(at).map_err(|e| e.to_string())?;
         let out = Command::new("mount")
-            .args(["-t", "tmpfs", "-o", &format!("size={size},mode=0700"), "tmpfs"])
+            .args([
+                "-t",
+                "tmpfs",
+                "-o",
+                &format!("size={size},mode=0700"),
+                "tmpfs",
+            ])
             .arg(at)
             .output()
             .map_err(|e| format!("mount: {e}"))?;
@@ -175,7 +181,9 @@ async fn a_turn_that_cannot_be_stored_is_refused_and_acknowledged_ones_survive()
     };
     let data = disk.0.join("data");
     let filler = disk.0.join("filler");
-    let mock = MockServer::start(MockConfig::default()).await.expect("mock");
+    let mock = MockServer::start(MockConfig::default())
+        .await
+        .expect("mock");
     let node = start(&data, &mock).await;
     let (status, _) = node.post("before", "hello").await;
     assert_eq!(status, 202);
