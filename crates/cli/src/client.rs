@@ -266,6 +266,7 @@ async fn relay_events(response: reqwest::Response) -> Result<Exit, CliError> {
                     let exit = match data["exit"].as_u64() {
                         Some(4) => Exit::Timeout,
                         Some(5) => Exit::Unavailable,
+                        Some(6) => Exit::Deferred,
                         Some(3) => Exit::Api,
                         Some(130) => Exit::Cancelled,
                         _ => Exit::Failure,

@@ -21,6 +21,10 @@ pub(crate) enum Exit {
     /// The server could not be reached or kept failing (connection errors,
     /// 429/5xx) on every attempt.
     Unavailable,
+    /// The session stopped before answering (a server shutting down, a
+    /// session moved to another node): the message stays pending and is
+    /// answered when the session runs again — nothing to re-send.
+    Deferred,
     /// Cancelled with Ctrl-C (128 + SIGINT).
     Cancelled,
     /// Stopped by SIGTERM, after cancelling and cleaning up (128 + SIGTERM).
@@ -37,6 +41,7 @@ impl Exit {
             Exit::Api => 3,
             Exit::Timeout => 4,
             Exit::Unavailable => 5,
+            Exit::Deferred => 6,
             Exit::Cancelled => 130,
             Exit::Terminated => 143,
         }
@@ -58,6 +63,8 @@ Exit codes:
   3    fatal API error (401/403, 400, prompt too long, ...)
   4    stream timeout: silent on every attempt (ESTREAM_TIMEOUT)
   5    unavailable: connection errors or 429/5xx on every attempt
+  6    deferred: the session stopped before answering; the message stays pending
+       and is answered when the session runs again (do not re-send it)
   130  cancelled with Ctrl-C (SIGINT)
   143  cancelled by SIGTERM (the turn is cancelled and cleaned up, as with Ctrl-C)
 
@@ -117,6 +124,7 @@ impl From<TurnError> for CliError {
             TurnError::Fatal(e) => exit_for_stream_error(e),
             TurnError::DeadlineExceeded { .. } => Exit::Timeout,
             TurnError::ReplyTooLarge { .. } => Exit::Api,
+            TurnError::SessionStopped { .. } => Exit::Deferred,
             _ => Exit::Failure,
         };
         CliError::new(exit, error.to_string())

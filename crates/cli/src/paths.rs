@@ -37,8 +37,25 @@ pub(crate) fn data_dir(flag: Option<PathBuf>) -> Result<PathBuf, CliError> {
 
 /// Opens (creating, private to the user) the session database of `dir`.
 pub(crate) fn open_store(dir: &Path) -> Result<SledStore, CliError> {
-    SledStore::open(dir.join(DATABASE)).map_err(|e| store_error(dir, e))
+    SledStore::open(dir.join(DATABASE)).map_err(|e| store_error(dir, e, CLIENT_HINT))
 }
+
+/// [`open_store`] for `warden serve`, whose error says what a server can
+/// do about a database in use (it has no `--server`).
+pub(crate) fn open_store_to_serve(dir: &Path) -> Result<SledStore, CliError> {
+    SledStore::open(dir.join(DATABASE)).map_err(|e| {
+        store_error(
+            dir,
+            e,
+            "another `warden serve` (or `warden chat`) is using this data directory: stop it, \
+             or give this server its own --data-dir",
+        )
+    })
+}
+
+/// What a client command can do about a database in use.
+const CLIENT_HINT: &str = "for a running `warden serve`, pass --server URL to talk to it; \
+                           else stop the other process or pass another --data-dir";
 
 /// The database of `dir` if one exists; `None` without creating anything.
 pub(crate) fn open_existing_store(dir: &Path) -> Result<Option<SledStore>, CliError> {
@@ -61,10 +78,10 @@ pub(crate) fn open_existing_store(dir: &Path) -> Result<Option<SledStore>, CliEr
     }
 }
 
-fn store_error(dir: &Path, error: StoreError) -> CliError {
+fn store_error(dir: &Path, error: StoreError, hint: &str) -> CliError {
     match error {
         StoreError::Locked { path } => CliError::failure(format!(
-            "the session database {path} is in use by another warden process (for a running `warden serve`, pass --server URL to talk to it); stop it or pass another --data-dir"
+            "the session database {path} is in use by another warden process ({hint})"
         )),
         other => CliError::failure(format!(
             "cannot open the session database in {}: {}",

@@ -240,13 +240,17 @@ pub(crate) async fn run(args: ServeArgs) -> Result<Exit, CliError> {
     )?;
     let store: Arc<dyn warden_core::SessionStore> = match &cluster {
         Some(node) => Arc::new(node.store().clone()),
-        None => Arc::new(paths::open_store(&data_dir)?),
+        None => Arc::new(paths::open_store_to_serve(&data_dir)?),
     };
     let factory = move |_: &warden_core::SessionKey| source.clone();
     let mut builder = Supervisor::builder(Arc::new(factory))
         .config(config)
         .store(store);
-    let mut serve_config = ServeConfig::new(token).with_keep_finished(args.keep_events);
+    let mut serve_config = ServeConfig::new(token)
+        .with_keep_finished(args.keep_events)
+        // Claude Code runs in its workspace: one that does not exist is
+        // refused at the door.
+        .with_workspaces_must_exist(matches!(args.agent, Agent::ClaudeCode));
     if let Some(node) = &cluster {
         // A node stores its turns' events in the database before sending
         // them, and relays the turns it re-delivers under their ids: a

@@ -215,3 +215,34 @@ async fn chat_and_sessions_talk_to_a_running_node_with_server() {
     let _ = node.child.start_kill();
     mock.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_serve_on_the_same_data_dir_says_what_to_do() {
+    let mock = MockServer::start(MockConfig::default())
+        .await
+        .expect("mock");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().join("data");
+    let mut first = start(&data, &mock).await;
+    let out = output(
+        command(&[
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--data-dir",
+            data.to_str().expect("utf-8"),
+            "--base-url",
+            &mock.base_url(),
+        ]),
+        PATIENCE,
+    )
+    .await;
+    assert_eq!(code(&out), 1, "{}", stderr(&out));
+    assert_one_line_error(&out, "its own --data-dir");
+    assert!(
+        !stderr(&out).contains("--server"),
+        "serve has no --server: {}",
+        stderr(&out)
+    );
+    let _ = first.child.start_kill();
+}

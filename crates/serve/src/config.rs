@@ -20,6 +20,14 @@ pub struct ServeConfig {
     pub keep_finished: Duration,
     /// Largest request body accepted. Default [`DEFAULT_MAX_BODY_BYTES`].
     pub max_body_bytes: usize,
+    /// Whether a session's workspace must be an existing directory when a
+    /// turn names it: set it for agents that run in their workspace
+    /// (Claude Code), for which a path that does not exist yet would be
+    /// the agent's working directory. Checked at the door only where every
+    /// session runs here (no [`placement`](Self::placement): on a cluster
+    /// the directory may exist on the session's node). Default `false`:
+    /// the HTTP agents use no directory, so a workspace there is a name.
+    pub workspaces_must_exist: bool,
     /// How long a running turn waits for an attached client that lags
     /// more than 1,024 events behind (the turn's source is paused
     /// meanwhile); past it that client's event stream ends and it
@@ -47,6 +55,7 @@ impl std::fmt::Debug for ServeConfig {
             .field("keep_finished", &self.keep_finished)
             .field("max_body_bytes", &self.max_body_bytes)
             .field("slow_client_grace", &self.slow_client_grace)
+            .field("workspaces_must_exist", &self.workspaces_must_exist)
             .field("placement", &self.placement.is_some())
             .field("turn_store", &self.turn_store.is_some())
             .finish()
@@ -61,6 +70,7 @@ impl ServeConfig {
             keep_finished: Duration::from_secs(600),
             max_body_bytes: DEFAULT_MAX_BODY_BYTES,
             slow_client_grace: Duration::from_secs(30),
+            workspaces_must_exist: false,
             placement: None,
             turn_store: None,
             recovered: None,
@@ -86,6 +96,12 @@ impl ServeConfig {
     /// Sets [`placement`](Self::placement).
     pub fn with_placement(mut self, placement: Arc<dyn Placement>) -> Self {
         self.placement = Some(placement);
+        self
+    }
+
+    /// Sets [`workspaces_must_exist`](Self::workspaces_must_exist).
+    pub fn with_workspaces_must_exist(mut self, must: bool) -> Self {
+        self.workspaces_must_exist = must;
         self
     }
 

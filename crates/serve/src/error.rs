@@ -79,6 +79,9 @@ impl From<JsonRejection> for ApiError {
         let kind = match r.status() {
             StatusCode::PAYLOAD_TOO_LARGE => "too_large",
             StatusCode::UNSUPPORTED_MEDIA_TYPE => "unsupported_media_type",
+            // Valid JSON, wrong fields: one missing, unknown or of the
+            // wrong type (serde's message names the fields allowed).
+            StatusCode::UNPROCESSABLE_ENTITY => "invalid_fields",
             _ => "invalid_request",
         };
         Self::new(r.status(), kind, r.body_text())

@@ -29,7 +29,7 @@ pub(crate) fn document() -> Value {
                     "description": "Exactly one of `workspace` (an absolute directory) or `key` (a name).",
                     "properties": {"workspace": {"type": "string"}, "key": {"type": "string"}, "message": {"type": "string"}}},
                 "TurnEvent": {"type": "string", "enum": TurnEventKind::ALL.map(TurnEventKind::as_str),
-                    "description": "The SSE `event:` of a turn event; `done` (the summary) or `error` (`code`, `message`, `exit`) is the last."}
+                    "description": "The SSE `event:` of a turn event; `done` (the summary) or `error` (`code`, `message`, `exit`: 3 API, 4 timeout, 5 unavailable, 6 deferred — ESESSION_STOPPED, the message stays pending —, 130 cancelled, 1 other) is the last. `queued` with `behind`: waiting behind that many turns of its session."}
             }
         },
         "security": [{"bearer": []}],
@@ -41,13 +41,13 @@ pub(crate) fn document() -> Value {
                     "202": {"description": "Accepted", "content": {"application/json": {"schema": {"type": "object",
                         "properties": {"id": {"type": "string"}, "key": {"type": "string"}}}}}},
                     "200": sse("With `Accept: text/event-stream`: the turn's events"),
-                    "400": err("Bad JSON, neither or both of workspace/key, a workspace that is not absolute"),
+                    "400": err("`invalid_request`: bad JSON, neither or both of workspace/key. `invalid_workspace`: not absolute, a NUL byte, over 4,096 bytes, not a directory (or, for an agent that runs in its workspace, not an existing one)"),
                     "401": err("No or a wrong token"),
                     "409": err("The session was given up (reset it)"),
                     "413": err("Body over the limit (10 MiB)"),
                     "415": err("Not application/json"),
-                    "422": err("Unknown fields"),
-                    "503": err("`session_elsewhere` (cluster): another node runs the session and the request was already forwarded once, or its owner cannot be reached; `Retry-After`, `owner`, `advertise`. `database_unreachable` (cluster): this node cannot reach the cluster's database; ask another node or after `Retry-After`")
+                    "422": err("`invalid_fields`: a field missing, unknown or of the wrong type (the message names the fields a turn takes)"),
+                    "503": err("`too_many_sessions`: the live-session bound is reached and every session is busy (`limit`, `Retry-After`). `unavailable`: the session's store failed (a full disk). `session_elsewhere` (cluster): another node runs the session and the request was already forwarded once, or its owner cannot be reached; `Retry-After`, `owner`, `advertise`. `database_unreachable` (cluster): this node cannot reach the cluster's database; ask another node or after `Retry-After`")
                 }
             }},
             "/v1/turns/{id}/events": {"get": {
@@ -75,7 +75,7 @@ pub(crate) fn document() -> Value {
             "/v1/sessions/{key}/reset": {"post": {
                 "summary": "Forget that the session was given up",
                 "parameters": [{"name": "key", "in": "path", "required": true, "schema": {"type": "string"}}],
-                "responses": {"200": {"description": "`{key, reset: true}`"}}
+                "responses": {"200": {"description": "`{key, reset: true}`"}, "404": err("`not_found`: a session never seen")}
             }},
             "/v1/events": {"get": {"summary": "Every session's lifecycle events", "responses": {"200": sse("Lifecycle events")}}},
             "/metrics": {"get": {"summary": "Prometheus text", "responses": {"200": {"description": "OpenMetrics text"}}}},

@@ -593,6 +593,11 @@ fn number_on(data: &mut Value, prior: u64) {
 /// events not sent to clients (usage reports, keep-alive-like ones).
 fn describe(event: TurnEvent) -> (Option<Kind>, Value, bool) {
     match event {
+        TurnEvent::Waiting { behind } => (
+            Some(Kind::Queued),
+            json!({"attempt": 1, "behind": behind}),
+            false,
+        ),
         TurnEvent::Queued(a) => (Some(Kind::Queued), json!({"attempt": a.attempt}), false),
         TurnEvent::Started(a) => (Some(Kind::Started), json!({"attempt": a.attempt}), false),
         TurnEvent::Event(AgentEvent::TextDelta(t)) => (Some(Kind::Text), json!({"text": t}), false),
@@ -650,11 +655,13 @@ fn done(s: &TurnSummary) -> Value {
 }
 
 /// An error event: the code, the message and the exit-code class the CLI
-/// uses for it (`warden chat`: 4 timeout, 5 unavailable, 3 API, 130
-/// cancelled, 1 otherwise).
+/// uses for it (`warden chat`: 4 timeout, 5 unavailable, 3 API, 6 deferred
+/// — the message stays pending and is answered later, do not re-send it —
+/// 130 cancelled, 1 otherwise).
 fn failed(e: &TurnError) -> Value {
     let exit = match e {
         TurnError::Cancelled => 130,
+        TurnError::SessionStopped { .. } => 6,
         TurnError::DeadlineExceeded { .. } => 4,
         TurnError::ReplyTooLarge { .. } => 3,
         TurnError::RetriesExhausted { last, .. } | TurnError::Fatal(last) => match last {

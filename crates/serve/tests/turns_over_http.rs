@@ -327,7 +327,15 @@ async fn bad_requests_get_typed_errors_never_a_500() {
         (
             s.post(r#"{"key": "a", "message": "x", "extra": 1}"#),
             422,
-            "invalid_request",
+            "invalid_fields",
+        ),
+        (s.post(r#"{"key": "a"}"#), 422, "invalid_fields"),
+        (
+            s.client
+                .post(format!("{}/v1/sessions/never-seen/reset", s.base))
+                .bearer_auth(TOKEN),
+            404,
+            "not_found",
         ),
         (
             s.client
@@ -363,6 +371,14 @@ async fn bad_requests_get_typed_errors_never_a_500() {
         assert_eq!(response.status().as_u16(), status, "case {i}");
         let body = response.json_value().await;
         assert_eq!(body["error"]["type"], kind, "case {i}: {body}");
+        if status == 422 {
+            // The error names the fields a turn takes.
+            let message = body["error"]["message"].as_str().unwrap_or_default();
+            assert!(
+                message.contains("`workspace`") || message.contains("missing field `message`"),
+                "case {i}: {message}"
+            );
+        }
     }
 }
 
@@ -758,4 +774,107 @@ async fn past_the_live_session_bound_a_busy_server_answers_503() {
     let body = response.json_value().await;
     assert_eq!(body["error"]["type"], "too_many_sessions", "{body}");
     assert_eq!(body["error"]["limit"], 1, "{body}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_that_runs_in_its_workspace_needs_it_to_exist() {
+    let s = server_with(ServeConfig::new(TOKEN).with_workspaces_must_exist(true)).await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let missing = dir.path().join("not-yet");
+    let response = s
+        .post(
+            &serde_json::json!({"workspace": missing.to_str().expect("utf-8"), "message": "hi"})
+                .to_string(),
+        )
+        .send()
+        .await
+        .expect("post");
+    assert_eq!(response.status(), 400);
+    let body = response.json_value().await;
+    assert_eq!(body["error"]["type"], "invalid_workspace", "{body}");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("not an existing directory")),
+        "{body}"
+    );
+    // An existing one is taken.
+    let (_, created) = s
+        .create(
+            &serde_json::json!({"workspace": dir.path().to_str().expect("utf-8"), "message": "hi"})
+                .to_string(),
+        )
+        .await;
+    assert!(created["id"].is_string(), "{created}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_turn_whose_session_stops_ends_deferred_not_failed() {
+    let (source, ctl) = ChannelSource::new();
+    let sup = Supervisor::start(
+        Default::default(),
+        Arc::new(move |_: &SessionKey| source.clone() as Arc<dyn EventSource>),
+    )
+    .await
+    .expect("supervisor");
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let base = format!("http://{}", listener.local_addr().expect("addr"));
+    let _task = tokio::spawn(axum_serve(
+        listener,
+        warden_serve::router(sup.clone(), ServeConfig::new(TOKEN)),
+    ));
+    let turn = reqwest::Client::new()
+        .post(format!("{base}/v1/turns"))
+        .bearer_auth(TOKEN)
+        .header("content-type", "application/json")
+        .header("accept", "text/event-stream")
+        .body(r#"{"key": "stopping", "message": "hi"}"#)
+        .send()
+        .await
+        .expect("post");
+    let attempt = within("the stream to open", ctl.next_attempt())
+        .await
+        .expect("opened");
+    assert!(attempt.text("partial"));
+    // The server stops its sessions (a shutdown) mid-turn: the message
+    // stays pending, and the turn's error says so with its own class.
+    within("the shutdown", sup.shutdown()).await;
+    let events = read_events(turn, |_| false).await;
+    let last = events.last().expect("events");
+    assert_eq!(last.event, "error", "{events:?}");
+    assert_eq!(last.data["code"], "ESESSION_STOPPED", "{last:?}");
+    assert_eq!(last.data["exit"], 6, "deferred, not a failure: {last:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_turn_behind_another_of_its_session_is_told_it_waits() {
+    let s = server().await;
+    let (_first, _) = s.create(r#"{"key": "busy", "message": "first"}"#).await;
+    let attempt = within("the first turn's stream", s.ctl.next_attempt())
+        .await
+        .expect("opened");
+    let (second, _) = s.create(r#"{"key": "busy", "message": "second"}"#).await;
+    let waiting = within(
+        "the second turn's first event",
+        read_events(s.events(&second).send().await.expect("get"), |events| {
+            !events.is_empty()
+        }),
+    )
+    .await;
+    assert_eq!(waiting[0].event, "queued", "{waiting:?}");
+    assert_eq!(waiting[0].data["behind"], 1, "{waiting:?}");
+    // The first ends; the second runs.
+    attempt.text("one");
+    attempt.finish();
+    let next = within("the second turn's stream", s.ctl.next_attempt())
+        .await
+        .expect("opened");
+    next.text("two");
+    next.finish();
+    let all = read_events(s.events(&second).send().await.expect("get"), |_| false).await;
+    let kinds: Vec<&str> = all.iter().map(|e| e.event.as_str()).collect();
+    assert_eq!(kinds.first(), Some(&"queued"), "{kinds:?}");
+    assert_eq!(kinds.last(), Some(&"done"), "{kinds:?}");
 }

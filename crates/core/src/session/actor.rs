@@ -372,6 +372,10 @@ async fn handle_msg(
                 return Ok(());
             }
             let (tx, handle) = TurnSender::channel(id, myself.clone());
+            let ahead = usize::from(state.turn.is_some()) + state.queue.len();
+            if ahead > 0 {
+                let _ = tx.send(TurnEvent::Waiting { behind: ahead });
+            }
             let _ = reply.send(Ok(handle));
             touch(state);
             state.queue.push_back(Queued {

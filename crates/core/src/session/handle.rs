@@ -68,12 +68,19 @@ impl TurnSender {
     }
 }
 
-/// Progress of one turn, in order: per attempt an optional `Queued` (it
-/// waits for admission) then `Started`, any `Event`s and `Retrying`s, then
-/// exactly one `Finished`.
+/// Progress of one turn, in order: `Waiting` if other turns of its session
+/// are ahead of it, then per attempt an optional `Queued` (it waits for
+/// admission) then `Started`, any `Event`s and `Retrying`s, then exactly
+/// one `Finished`.
 #[derive(Debug, Clone, PartialEq)]
 #[non_exhaustive]
 pub enum TurnEvent {
+    /// The message waits behind `behind` turns of its session (the one
+    /// running and those queued before it); it runs when they are done.
+    Waiting {
+        /// Turns ahead of it.
+        behind: usize,
+    },
     /// The attempt waits for admission (a concurrency limit or a shared
     /// backoff of its source); no stream is open and no silence is counted.
     /// `Started` follows when it is admitted.

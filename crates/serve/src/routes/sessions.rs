@@ -74,11 +74,32 @@ pub(crate) async fn one_session(
     Ok(Json(views::session(record.as_ref(), running.as_ref())).into_response())
 }
 
-/// `POST /v1/sessions/{key}/reset`: forgets that the session was given up.
+/// `POST /v1/sessions/{key}/reset`: forgets that the session was given up;
+/// `404` for a session never seen.
 pub(crate) async fn reset_session(
     State(state): State<AppState>,
     Path(key): Path<String>,
 ) -> Result<Response, ApiError> {
+    let session = SessionKey::new(&key);
+    let running = state
+        .supervisor
+        .running(session.clone())
+        .await
+        .map_err(|e| ApiError::unavailable("unavailable", e.to_string()))?;
+    if running.is_none() {
+        let stored = state
+            .supervisor
+            .stored(&session)
+            .await
+            .map_err(|e| ApiError::unavailable("unavailable", e.to_string()))?;
+        if stored.is_none() {
+            return Err(ApiError::new(
+                StatusCode::NOT_FOUND,
+                "not_found",
+                format!("no session {key}: nothing to reset"),
+            ));
+        }
+    }
     state
         .supervisor
         .reset(key.as_str())

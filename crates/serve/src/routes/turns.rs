@@ -32,8 +32,9 @@ enum Target {
 }
 
 impl Target {
-    /// Exactly one of `workspace` (an absolute path) or `key` (not blank).
-    fn parse(new: &NewTurn, supervisor: &Supervisor) -> Result<Self, ApiError> {
+    /// Exactly one of `workspace` (an absolute path; an existing directory
+    /// when `must_exist`) or `key` (not blank).
+    fn parse(new: &NewTurn, supervisor: &Supervisor, must_exist: bool) -> Result<Self, ApiError> {
         match (&new.workspace, &new.key) {
             (Some(ws), None) => {
                 // Relative to what? The server's working directory is no
@@ -46,6 +47,16 @@ impl Target {
                     ));
                 }
                 let key = supervisor.key_for(ws).map_err(bad_session)?;
+                if must_exist && !std::path::Path::new(ws).is_dir() {
+                    return Err(ApiError::new(
+                        StatusCode::BAD_REQUEST,
+                        "invalid_workspace",
+                        format!(
+                            "workspace {ws:?} is not an existing directory, and this server's \
+                             agent runs in its workspace: create it first"
+                        ),
+                    ));
+                }
                 Ok(Self::Workspace(ws.clone(), key))
             }
             (None, Some(k)) if !k.trim().is_empty() => Ok(Self::Key(SessionKey::new(k))),
@@ -81,7 +92,8 @@ pub(crate) async fn create_turn(
     body: Result<Json<NewTurn>, JsonRejection>,
 ) -> Result<Response, ApiError> {
     let Json(new) = body?;
-    let target = Target::parse(&new, &state.supervisor)?;
+    let must_exist = state.config.workspaces_must_exist && state.config.placement.is_none();
+    let target = Target::parse(&new, &state.supervisor, must_exist)?;
     // A cluster node: only the session's owner runs its turns.
     if let Placed::Forwarded(answer) = cluster.place_turn(target.key(), &new).await? {
         return Ok(answer);
