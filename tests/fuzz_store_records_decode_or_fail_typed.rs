@@ -95,7 +95,15 @@ fn record(key: BoxedStrategy<String>) -> impl Strategy<Value = SessionRecord> {
         prop::option::of((any::<[u32; 4]>(), 1u64..2_000_000)),
         status(),
         (any::<u32>(), any::<u64>(), any::<u64>(), any::<u64>()),
-        prop::collection::vec((any::<u64>(), ".{0,80}", any::<u64>()), 0..5),
+        prop::collection::vec(
+            (
+                any::<u64>(),
+                ".{0,80}",
+                any::<u64>(),
+                prop::option::of("[a-z0-9.-]{1,30}"),
+            ),
+            0..5,
+        ),
     )
         .prop_map(
             |(
@@ -131,10 +139,11 @@ fn record(key: BoxedStrategy<String>) -> impl Strategy<Value = SessionRecord> {
                 r.next_message_id = next;
                 r.pending = pending
                     .into_iter()
-                    .map(|(id, text, accepted_at_ms)| PendingMessage {
+                    .map(|(id, text, accepted_at_ms, model)| PendingMessage {
                         id,
                         text,
                         accepted_at_ms,
+                        model,
                     })
                     .collect();
                 r

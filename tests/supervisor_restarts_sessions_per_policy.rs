@@ -188,6 +188,7 @@ async fn a_session_that_panics_is_restarted_per_policy() {
         id: 1,
         text: "left over".into(),
         accepted_at_ms: 0,
+        model: None,
     });
     r.next_message_id = 2;
     store.save(&r, Durability::Flushed).await.expect("save");

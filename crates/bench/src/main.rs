@@ -37,7 +37,9 @@
 //! 9. `soak`: 1,000 concurrent SSE clients running turns on `warden serve`
 //!    for 60 s with 5 % stalls and 5 % client drops: lost turns, errors,
 //!    added latency per event against a 10-client baseline, RSS (issue
-//!    #15); see [`soak`].
+//!    #15); see [`soak`]. `durable` (9b): the same turns with the turn
+//!    logs flushed to sled before each batch is sent, against the
+//!    in-memory log, at 10 and 1,000 clients (issue #25).
 //! 10. `proxy`: latency and CPU `warden proxy` adds per streamed event at 1
 //!     and 1,000 concurrent streams, against direct, and its memory per
 //!     idle stream (issue #16); see [`proxy`].
@@ -1054,6 +1056,9 @@ fn main() {
         }
         if want("soak") {
             soak::bench_soak(quick).await;
+        }
+        if want("durable") {
+            soak::bench_durable_turns(quick).await;
         }
         if want("proxy") {
             proxy::bench_proxy(quick).await;

@@ -382,6 +382,10 @@ fn percentile(sorted: &[u64], p: f64) -> u64 {
 enum Backing {
     /// sled on local disk; turns in memory (a single node).
     Sled,
+    /// sled on local disk with the turn logs in it too (`warden serve` on
+    /// one machine: every batch of events flushed before it is sent); the
+    /// store is handed back for its flush counts.
+    SledTurns(std::sync::Mutex<Option<warden_store::SledStore>>),
     /// A cluster node on this PostgreSQL database (fenced records, and
     /// every turn event stored before it is sent).
     Postgres(String),
@@ -434,6 +438,15 @@ async fn soak_on(
             Arc::new(warden_store::SledStore::open(dir.path().join("db")).expect("sled")),
             None,
         ),
+        Backing::SledTurns(out) => {
+            let sled = warden_store::SledStore::open(dir.path().join("db")).expect("sled");
+            let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+            serve_config = serve_config
+                .with_turn_store(Arc::new(sled.turns().expect("turns")))
+                .with_recovered_turns(rx);
+            *out.lock().unwrap_or_else(|p| p.into_inner()) = Some(sled.clone());
+            (Arc::new(sled), Some(tx))
+        }
         Backing::Postgres(url) => {
             let pg = warden_pg::PgStore::connect(url).await.expect("pg");
             let node = warden_pg::NodeStore::new(pg, "soak", Duration::from_secs(10));
@@ -632,4 +645,63 @@ pub async fn bench_soak(quick: bool) {
         heap1 as f64 / 1048576.0,
         heap2 as f64 / 1048576.0
     );
+}
+
+/// Section 9b: the same soak with the turn logs durable on one machine
+/// (sled, every batch of events flushed before it is sent) against the
+/// in-memory log, at 10 clients and at `clients`, in the same run: the
+/// latency a text event gains, and how many event batches each flush
+/// (fsync) carries — the group commit.
+pub async fn bench_durable_turns(quick: bool) {
+    let (clients, secs) = if quick { (200, 10) } else { (1_000, 30) };
+    println!(
+        "\n## 9b. Durable turn logs on one machine: sled, every event batch flushed before it is sent, against the in-memory log ({secs} s each)"
+    );
+    println!(
+        "| clients | turn log | turns/s | errors | bad ids | bad text | text event latency p50 / p99 (µs) | ratio p50 / p99 | writes per flush |"
+    );
+    println!("|---:|---|---:|---:|---:|---:|---:|---:|---:|");
+    let keep = Duration::from_secs(5);
+    for n in [10, clients] {
+        let (mut memory, _, memory_t) = soak_on(&Backing::Sled, n, secs, keep).await;
+        memory.latencies_us.sort_unstable();
+        let (m50, m99) = (
+            percentile(&memory.latencies_us, 0.5),
+            percentile(&memory.latencies_us, 0.99),
+        );
+        println!(
+            "| {n} | in memory (baseline) | {:.0} | {} | {} | {} | {m50} / {m99} | 1.00x / 1.00x | – |",
+            memory.turns as f64 / memory_t.as_secs_f64(),
+            memory.errors,
+            memory.bad_ids,
+            memory.bad_text
+        );
+        let backing = Backing::SledTurns(std::sync::Mutex::new(None));
+        let (mut durable, _, durable_t) = soak_on(&backing, n, secs, keep).await;
+        let Backing::SledTurns(store) = &backing else {
+            unreachable!("built above")
+        };
+        let store = store.lock().unwrap_or_else(|p| p.into_inner()).take();
+        let (writes, flushes) = store.map_or((0, 0), |s| (s.writes(), s.flushes()));
+        durable.latencies_us.sort_unstable();
+        let (d50, d99) = (
+            percentile(&durable.latencies_us, 0.5),
+            percentile(&durable.latencies_us, 0.99),
+        );
+        println!(
+            "| {n} | sled, flushed first | {:.0} | {} | {} | {} | {d50} / {d99} | {:.2}x / {:.2}x | {:.1} ({writes} writes, {flushes} flushes) |",
+            durable.turns as f64 / durable_t.as_secs_f64(),
+            durable.errors,
+            durable.bad_ids,
+            durable.bad_text,
+            d50 as f64 / m50.max(1) as f64,
+            d99 as f64 / m99.max(1) as f64,
+            writes as f64 / flushes.max(1) as f64
+        );
+        for (what, t) in [("in memory", &memory), ("durable", &durable)] {
+            if let Some(e) = &t.first_error {
+                println!("first error ({n} clients, {what}): {e}");
+            }
+        }
+    }
 }

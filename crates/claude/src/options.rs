@@ -209,6 +209,17 @@ impl ClaudeOptions {
         resume_id: Option<&str>,
         append_system_prompt: Option<&str>,
     ) -> Vec<OsString> {
+        self.args_for_model(resume_id, append_system_prompt, self.model.as_deref())
+    }
+
+    /// [`args`](Self::args) with `model` in place of
+    /// [`model`](Self::model) (a turn that asks for its own).
+    pub fn args_for_model(
+        &self,
+        resume_id: Option<&str>,
+        append_system_prompt: Option<&str>,
+        model: Option<&str>,
+    ) -> Vec<OsString> {
         let mut args: Vec<OsString> = [
             "--output-format",
             "stream-json",
@@ -223,7 +234,7 @@ impl ClaudeOptions {
             args.push("--resume".into());
             args.push(id.into());
         }
-        if let Some(model) = &self.model {
+        if let Some(model) = model {
             args.push("--model".into());
             args.push(model.into());
         }

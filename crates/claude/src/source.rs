@@ -68,6 +68,8 @@ struct AgentProcess {
     parser: LineParser,
     workspace: Option<PathBuf>,
     system_prompt: Option<String>,
+    /// The model it was started with (`--model`), if one was given.
+    model: Option<String>,
     line: Vec<u8>,
     /// Whether a turn completed on this process.
     served: bool,
@@ -267,6 +269,7 @@ impl Shared {
                     resume_id.as_deref(),
                     request.workspace.as_deref(),
                     prompt.as_deref(),
+                    request.model.as_deref().or(self.options.model.as_deref()),
                 ) =>
             {
                 tracing::debug!(
@@ -338,7 +341,10 @@ impl Shared {
             self.log_transcript(id, request.workspace.as_deref());
         }
         let mut cmd = std::process::Command::new(&options.binary);
-        cmd.args(options.args(resume_id, system_prompt.as_deref()));
+        // A turn that asks for a model gets a process started with it (the
+        // conversation resumed as usual).
+        let model = request.model.clone().or_else(|| options.model.clone());
+        cmd.args(options.args_for_model(resume_id, system_prompt.as_deref(), model.as_deref()));
         cmd.envs(options.child_env());
         if let Some(dir) = &options.scratch_dir
             && let Err(e) = std::fs::create_dir_all(dir)
@@ -390,6 +396,7 @@ impl Shared {
             parser: LineParser::new(resume_id.map(str::to_owned), options.max_garbage_lines),
             workspace: request.workspace.clone(),
             system_prompt,
+            model,
             line: Vec::new(),
             served: false,
         })
@@ -470,11 +477,13 @@ impl AgentProcess {
         resume_id: Option<&str>,
         workspace: Option<&Path>,
         prompt: Option<&str>,
+        model: Option<&str>,
     ) -> bool {
         !self.group.has_exited()
             && self.workspace.as_deref() == workspace
             && self.system_prompt.as_deref() == prompt
             && self.parser.session_id() == resume_id
+            && self.model.as_deref() == model
     }
 
     /// Whether this process has served a turn before.

@@ -55,7 +55,7 @@ pub(crate) struct ChatArgs {
     /// empty or hostless URL is a usage error.
     #[arg(long, value_name = "URL")]
     base_url: Option<String>,
-    /// The model.
+    /// The model (with --server: this turn's model on the node).
     #[arg(long)]
     model: Option<String>,
     /// Where sessions and transcripts are kept. Default WARDEN_DATA_DIR,
@@ -70,7 +70,7 @@ pub(crate) struct ChatArgs {
     reset: bool,
     /// Talk to a running `warden serve` node at URL instead of opening the
     /// store (which that node holds).
-    #[arg(long, value_name = "URL", conflicts_with_all = ["base_url", "model", "claude_bin", "reset"])]
+    #[arg(long, value_name = "URL", conflicts_with_all = ["base_url", "claude_bin", "reset"])]
     server: Option<String>,
     /// The node's token file (with --server). Default WARDEN_TOKEN, else
     /// DATA_DIR/token.
@@ -217,7 +217,9 @@ pub(crate) async fn run(args: ChatArgs) -> Result<Exit, CliError> {
     if let Some(server) = &args.server {
         let client =
             crate::client::Client::new(server, args.token_file.clone(), args.data_dir.clone())?;
-        return client.chat(&args.workspace, message).await;
+        return client
+            .chat(&args.workspace, message, args.model.as_deref())
+            .await;
     }
     let config = SupervisorConfig::from_env().map_err(|e| CliError::usage(e.to_string()))?;
     let data_dir = paths::data_dir(args.data_dir.clone())?;

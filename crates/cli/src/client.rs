@@ -54,11 +54,19 @@ impl Client {
 
     /// Sends `message` to `workspace`'s session and relays the reply:
     /// text to stdout, notices to stderr, the context indicator last.
-    /// Ctrl-C cancels the turn on the node.
-    pub(crate) async fn chat(&self, workspace: &Path, message: String) -> Result<Exit, CliError> {
+    /// Ctrl-C cancels the turn on the node. `model`: this turn's model.
+    pub(crate) async fn chat(
+        &self,
+        workspace: &Path,
+        message: String,
+        model: Option<&str>,
+    ) -> Result<Exit, CliError> {
         let workspace = std::fs::canonicalize(workspace)
             .map_err(|e| CliError::usage(format!("workspace {}: {e}", workspace.display())))?;
-        let body = serde_json::json!({"workspace": workspace, "message": message});
+        let mut body = serde_json::json!({"workspace": workspace, "message": message});
+        if let Some(model) = model {
+            body["model"] = serde_json::json!(model);
+        }
         let response = self
             .http
             .post(self.url(&["v1", "turns"])?)

@@ -177,6 +177,27 @@ async fn resume_pending(supervisor: &Supervisor) -> usize {
     started
 }
 
+/// Removes the turn logs that ended more than `keep` ago, every minute
+/// (and once at start), until the handle is dropped.
+fn expire_turns(
+    turns: warden_store::SledTurns,
+    keep: Duration,
+) -> tokio_util::task::AbortOnDropHandle<()> {
+    tokio_util::task::AbortOnDropHandle::new(tokio::spawn(async move {
+        let mut tick = tokio::time::interval(Duration::from_secs(60));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            let t = turns.clone();
+            match tokio::task::spawn_blocking(move || t.expire(keep)).await {
+                Ok(Ok(_)) => {}
+                Ok(Err(e)) => eprintln!("warden: warning: cannot expire finished turn logs: {e}"),
+                Err(e) => eprintln!("warden: warning: the turn log expiry failed: {e}"),
+            }
+        }
+    }))
+}
+
 /// Runs `warden serve`.
 pub(crate) async fn run(args: ServeArgs) -> Result<Exit, CliError> {
     if !args.listen.ip().is_loopback() && !args.allow_remote {
@@ -238,9 +259,20 @@ pub(crate) async fn run(args: ServeArgs) -> Result<Exit, CliError> {
         &data_dir,
         conversations,
     )?;
+    // One machine: the sessions and the turns' event logs in sled.
+    let mut local_turns = None;
     let store: Arc<dyn warden_core::SessionStore> = match &cluster {
         Some(node) => Arc::new(node.store().clone()),
-        None => Arc::new(paths::open_store_to_serve(&data_dir)?),
+        None => {
+            let sled = paths::open_store_to_serve(&data_dir)?;
+            local_turns = Some(sled.turns().map_err(|e| {
+                CliError::failure(format!(
+                    "cannot open the turn logs in {}: {e}",
+                    data_dir.display()
+                ))
+            })?);
+            Arc::new(sled)
+        }
     };
     let factory = move |_: &warden_core::SessionKey| source.clone();
     let mut builder = Supervisor::builder(Arc::new(factory))
@@ -251,6 +283,10 @@ pub(crate) async fn run(args: ServeArgs) -> Result<Exit, CliError> {
         // Claude Code runs in its workspace: one that does not exist is
         // refused at the door.
         .with_workspaces_must_exist(matches!(args.agent, Agent::ClaudeCode));
+    if let Some(name) = clap::ValueEnum::to_possible_value(&args.agent) {
+        // A turn asking for another agent kind is refused (409).
+        serve_config = serve_config.with_agent(name.get_name());
+    }
     if let Some(node) = &cluster {
         // A node stores its turns' events in the database before sending
         // them, and relays the turns it re-delivers under their ids: a
@@ -260,6 +296,17 @@ pub(crate) async fn run(args: ServeArgs) -> Result<Exit, CliError> {
         serve_config = serve_config
             .with_turn_store(Arc::new(node.turns()))
             .with_recovered_turns(rx);
+    }
+    // One machine: the same, in its own database, so a turn survives a
+    // restart (SIGTERM or kill -9) under its id; finished logs expire.
+    let mut _expiring = None;
+    if let Some(turns) = local_turns {
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        builder = builder.recovered_turns(tx);
+        serve_config = serve_config
+            .with_turn_store(Arc::new(turns.clone()))
+            .with_recovered_turns(rx);
+        _expiring = Some(expire_turns(turns, args.keep_events));
     }
     let supervisor = builder.start().await?;
     match &mut cluster {

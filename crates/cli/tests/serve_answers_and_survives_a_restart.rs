@@ -246,3 +246,223 @@ async fn a_second_serve_on_the_same_data_dir_says_what_to_do() {
     );
     let _ = first.child.start_kill();
 }
+
+/// One SSE event: id, type, data.
+#[derive(Debug, Clone)]
+struct Event {
+    id: u64,
+    kind: String,
+    data: serde_json::Value,
+}
+
+/// Parses complete SSE events out of `buf` (keep-alive comments skipped),
+/// leaving a partial one in it.
+fn parse_events(buf: &mut String) -> Vec<Event> {
+    let mut out = Vec::new();
+    while let Some(end) = buf.find("\n\n") {
+        let block: String = buf.drain(..end + 2).collect();
+        let (mut id, mut kind, mut data) = (None, String::new(), String::new());
+        for line in block.lines() {
+            if let Some(v) = line.strip_prefix("id: ") {
+                id = v.parse().ok();
+            } else if let Some(v) = line.strip_prefix("event: ") {
+                kind = v.to_owned();
+            } else if let Some(v) = line.strip_prefix("data: ") {
+                data.push_str(v);
+            }
+        }
+        if let Some(id) = id {
+            let data = serde_json::from_str(&data).expect("JSON data");
+            out.push(Event { id, kind, data });
+        }
+    }
+    out
+}
+
+/// kill -9 of `warden serve` mid-turn: the restarted server re-sends the
+/// message under the same turn id (its log is in the data directory), and
+/// a client re-attaching with `Last-Event-ID` gets the events after the
+/// last one it saw — numbered on, the reply continued where it broke, the
+/// intended text exactly once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_turn_survives_kill_9_under_its_id_and_a_client_re_attaches() {
+    let mock = MockServer::start(
+        MockConfig::default()
+            .with_sequence([Scenario::Stall, Scenario::Normal])
+            .with_frame_interval(std::time::Duration::from_millis(5))
+            .with_fault_after_frames(9),
+    )
+    .await
+    .expect("mock");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().join("data");
+    let mut node = start(&data, &mock).await;
+    let client = reqwest::Client::new();
+    let response = client
+        .post(format!("{}/v1/turns", node.base))
+        .bearer_auth(&node.token)
+        .header("accept", "text/event-stream")
+        .header("content-type", "application/json")
+        .body(r#"{"key": "ws", "message": "hello"}"#)
+        .send()
+        .await
+        .expect("post");
+    assert_eq!(response.status(), 200);
+    let id = response.headers()["x-warden-turn-id"]
+        .to_str()
+        .expect("ascii")
+        .to_owned();
+    let mut body = response.bytes_stream();
+    let mut buf = String::new();
+    let mut seen = Vec::new();
+    // Read until the reply's text has started and the stream has stalled.
+    while !seen.iter().any(|e: &Event| e.kind == "text") {
+        let chunk = tokio::time::timeout(PATIENCE, body.next())
+            .await
+            .expect("events in time")
+            .expect("the stream goes on")
+            .expect("chunk");
+        buf.push_str(&String::from_utf8_lossy(&chunk));
+        seen.extend(parse_events(&mut buf));
+    }
+    while let Ok(Some(Ok(chunk))) =
+        tokio::time::timeout(std::time::Duration::from_millis(500), body.next()).await
+    {
+        buf.push_str(&String::from_utf8_lossy(&chunk));
+        seen.extend(parse_events(&mut buf));
+    }
+    let last = seen.last().expect("events").id;
+
+    // kill -9, then a new server on the same data directory.
+    node.child.start_kill().expect("SIGKILL");
+    let _ = node.child.wait().await;
+    drop(body);
+    let mut again = start(&data, &mock).await;
+    let response = tokio::time::timeout(
+        PATIENCE,
+        client
+            .get(format!("{}/v1/turns/{id}/events", again.base))
+            .bearer_auth(&again.token)
+            .header("last-event-id", last.to_string())
+            .send(),
+    )
+    .await
+    .expect("in time")
+    .expect("get");
+    assert_eq!(
+        response.status(),
+        200,
+        "the turn is known after the restart"
+    );
+    let mut body = response.bytes_stream();
+    let mut rest = Vec::new();
+    while !rest
+        .iter()
+        .any(|e: &Event| matches!(e.kind.as_str(), "done" | "error"))
+    {
+        let chunk = tokio::time::timeout(PATIENCE, body.next())
+            .await
+            .expect("events in time")
+            .expect("the stream goes on to its end")
+            .expect("chunk");
+        buf.push_str(&String::from_utf8_lossy(&chunk));
+        rest.extend(parse_events(&mut buf));
+    }
+    let ids: Vec<u64> = rest.iter().map(|e| e.id).collect();
+    assert_eq!(
+        ids,
+        (last + 1..=last + rest.len() as u64).collect::<Vec<_>>(),
+        "numbered on from the last event seen: {rest:?}"
+    );
+    let done = rest.last().expect("events");
+    assert_eq!(done.kind, "done", "{rest:?}");
+    let expected = "Hello from warden-mock. Your last message had 5 characters.";
+    assert_eq!(done.data["text"], expected, "{rest:?}");
+    let mut shown = String::new();
+    for e in seen.iter().chain(rest.iter()) {
+        match e.kind.as_str() {
+            "text" => shown.push_str(e.data["text"].as_str().unwrap_or("")),
+            "retrying" | "restarting" if e.data["discard"] == true => shown.clear(),
+            _ => {}
+        }
+    }
+    assert_eq!(shown, expected, "the text once: {seen:?} {rest:?}");
+    let _ = again.child.start_kill();
+}
+
+/// Per-turn `model` and `agent`: a turn's model reaches the API (the next
+/// turn of the same session may ask for another, and one that asks for
+/// none gets the server's); a turn asking for another agent kind than the
+/// session's is a typed 409 and sends nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_turn_picks_its_model_and_cannot_switch_the_agent() {
+    let mock = MockServer::start(MockConfig::default())
+        .await
+        .expect("mock");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut node = start(&dir.path().join("data"), &mock).await;
+    let client = reqwest::Client::new();
+    let turn = |body: serde_json::Value| {
+        client
+            .post(format!("{}/v1/turns", node.base))
+            .bearer_auth(&node.token)
+            .header("accept", "text/event-stream")
+            .header("content-type", "application/json")
+            .body(body.to_string())
+            .send()
+    };
+    for (i, model) in [Some("claude-opus-x"), Some("claude-haiku-y"), None]
+        .into_iter()
+        .enumerate()
+    {
+        let mut body = serde_json::json!({"key": "ws", "message": "hello"});
+        if let Some(m) = model {
+            body["model"] = serde_json::json!(m);
+        }
+        let response = tokio::time::timeout(PATIENCE, turn(body))
+            .await
+            .expect("in time")
+            .expect("post");
+        assert_eq!(response.status(), 200);
+        let text = tokio::time::timeout(PATIENCE, response.text())
+            .await
+            .expect("the whole stream in time")
+            .expect("body");
+        assert!(text.contains("event: done"), "{text}");
+        let seen = mock.requests();
+        assert_eq!(seen.len(), i + 1);
+        let used = seen[i].model.as_deref();
+        match model {
+            Some(m) => assert_eq!(used, Some(m), "turn {i} used its model"),
+            None => assert!(
+                used.is_some_and(|u| u != "claude-opus-x" && u != "claude-haiku-y"),
+                "a turn without a model gets the server's: {used:?}"
+            ),
+        }
+    }
+    let response = tokio::time::timeout(
+        PATIENCE,
+        turn(serde_json::json!({"key": "ws", "message": "hi", "agent": "openai"})),
+    )
+    .await
+    .expect("in time")
+    .expect("post");
+    assert_eq!(response.status(), 409);
+    let body: serde_json::Value =
+        serde_json::from_slice(&response.bytes().await.expect("body")).expect("JSON");
+    assert_eq!(body["error"]["type"], "agent_mismatch", "{body}");
+    assert_eq!(body["error"]["agent"], "anthropic", "{body}");
+    assert_eq!(body["error"]["requested"], "openai", "{body}");
+    assert_eq!(mock.requests().len(), 3, "nothing was sent");
+    // The same agent is fine.
+    let response = tokio::time::timeout(
+        PATIENCE,
+        turn(serde_json::json!({"key": "ws", "message": "hi", "agent": "anthropic"})),
+    )
+    .await
+    .expect("in time")
+    .expect("post");
+    assert_eq!(response.status(), 200);
+    let _ = response.text().await;
+    let _ = node.child.start_kill();
+}

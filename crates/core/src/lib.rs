@@ -106,8 +106,8 @@ mod workspace;
 // The supervisor and what configures it.
 pub use context::ContextConfig;
 pub use session::{
-    ContinueFrom, RecoveredTurn, Recovery, SessionConfig, SessionHandle, SessionStatus,
-    SubmitError, TurnCanceller, TurnEvent, TurnHandle, TurnSummary,
+    ContinueFrom, RecoveredTurn, Recovery, SendOptions, SessionConfig, SessionHandle,
+    SessionStatus, SubmitError, TurnCanceller, TurnEvent, TurnHandle, TurnSummary,
 };
 pub use stream::StreamOptions;
 pub use supervisor::{

@@ -72,6 +72,8 @@ pub struct TurnRequest {
     pub attempt: u32,
     /// The user's message.
     pub message: String,
+    /// The model this turn asks for; `None`: the source's own.
+    pub model: Option<String>,
     /// The agent session id to resume, if any.
     pub resume_id: Option<String>,
     /// The workspace directory the agent works in, if any.
@@ -94,6 +96,7 @@ impl TurnRequest {
             turn_id,
             attempt: 1,
             message: message.into(),
+            model: None,
             resume_id: None,
             workspace: None,
             append_system_prompt: None,

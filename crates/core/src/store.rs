@@ -35,8 +35,9 @@ pub use turns::{
     StoredEvent, StoredTurn, TurnEventKind, TurnStore, TurnStoreError, UnknownEventKind,
 };
 
-/// The schema version this build writes and the newest it reads.
-pub const SCHEMA_VERSION: u16 = 1;
+/// The schema version this build writes and the newest it reads. 2 added
+/// [`PendingMessage::model`]; version 1 records still read (without it).
+pub const SCHEMA_VERSION: u16 = 2;
 
 /// Lifecycle status of a stored session.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -67,6 +68,10 @@ pub struct PendingMessage {
     pub text: String,
     /// When it was accepted, Unix milliseconds.
     pub accepted_at_ms: u64,
+    /// The model its turn asks for ([`SendOptions::model`](crate::SendOptions));
+    /// `None`: the source's own.
+    #[serde(default)]
+    pub model: Option<String>,
 }
 
 /// Last usage and context of a session.
@@ -172,12 +177,18 @@ impl SessionRecord {
     /// with the next id and marks the record active now. Save the record
     /// (flushed) before acknowledging the message. Returns the id.
     pub fn accept(&mut self, text: impl Into<String>) -> u64 {
+        self.accept_for(text, None)
+    }
+
+    /// [`accept`](Self::accept), the turn asking for `model`.
+    pub fn accept_for(&mut self, text: impl Into<String>, model: Option<String>) -> u64 {
         let id = self.next_message_id;
         let accepted_at_ms = now_ms();
         self.pending.push(PendingMessage {
             id,
             text: text.into(),
             accepted_at_ms,
+            model,
         });
         self.next_message_id += 1;
         self.last_active_ms = accepted_at_ms;

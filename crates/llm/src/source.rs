@@ -117,6 +117,12 @@ impl<P: Api> HttpSource<P> {
 }
 
 impl<P: Api> Inner<P> {
+    /// The model of `request`: the one its turn asks for, else this
+    /// source's.
+    fn model_for<'a>(&'a self, request: &'a TurnRequest) -> &'a str {
+        request.model.as_deref().unwrap_or(&self.model)
+    }
+
     /// The request body: the stored history, the user's message, then
     /// `extra` (a continuation's partial text and ask).
     fn body(
@@ -139,7 +145,7 @@ impl<P: Api> Inner<P> {
             .chain(extra.iter().copied())
             .collect();
         let turn = Turn {
-            model: &self.model,
+            model: self.model_for(request),
             max_tokens: self.max_tokens.into(),
             system: request.append_system_prompt.as_deref(),
             messages,
@@ -155,7 +161,8 @@ impl<P: Api> Inner<P> {
         history: &[warden_core::store::Entry],
         partial: Option<&str>,
     ) -> Result<EventStream, StreamError> {
-        let mut mode = partial.map(|_| self.modes.mode_for(&self.model));
+        let model = self.model_for(request);
+        let mut mode = partial.map(|_| self.modes.mode_for(model));
         let stream = loop {
             let mut extra = Vec::new();
             if let (Some(partial), Some(mode)) = (partial, mode) {
@@ -171,11 +178,11 @@ impl<P: Api> Inner<P> {
                 }
             }
             let body = self.body(request, history, &extra)?;
-            match self.endpoint.open(body, request, &self.model).await {
+            match self.endpoint.open(body, request, model).await {
                 // The model refuses prefill: remember it, ask again with a
                 // continuation turn (one extra request, once).
                 Err(e) if mode == Some(Mode::Prefill) && continuation::is_prefill_refusal(&e) => {
-                    self.modes.refuses_prefill(&self.model);
+                    self.modes.refuses_prefill(model);
                     mode = Some(Mode::Turn);
                 }
                 other => break other?,
@@ -238,7 +245,7 @@ impl<P: Api> Inner<P> {
             .open_mapped(
                 body,
                 request,
-                &self.model,
+                self.model_for(request),
                 Box::new(ResponsesMapper::new(point)),
             )
             .await
@@ -249,7 +256,8 @@ impl<P: Api> EventSource for HttpSource<P> {
     fn open(&self, request: TurnRequest) -> BoxFuture<'static, Result<EventStream, StreamError>> {
         let inner = Arc::clone(&self.inner);
         Box::pin(async move {
-            let conversation = match inner.endpoint.begin(&request, &inner.model).await? {
+            let model = inner.model_for(&request).to_owned();
+            let conversation = match inner.endpoint.begin(&request, &model).await? {
                 Begin::Send(conversation) => conversation,
                 Begin::Replayed(stream) => return Ok(stream),
             };
@@ -269,7 +277,7 @@ impl<P: Api> EventSource for HttpSource<P> {
                 Some(c) => c.record(
                     stream,
                     request.message,
-                    inner.model.clone(),
+                    model,
                     partial.unwrap_or_default().to_owned(),
                 ),
                 None => stream,

@@ -20,6 +20,10 @@ pub struct ServeConfig {
     pub keep_finished: Duration,
     /// Largest request body accepted. Default [`DEFAULT_MAX_BODY_BYTES`].
     pub max_body_bytes: usize,
+    /// The agent kind every session of this server runs (`anthropic`,
+    /// `openai`, `claude-code`, …): a turn asking for another `agent` is
+    /// refused with `409 agent_mismatch`. Default `None`: not checked.
+    pub agent: Option<String>,
     /// Whether a session's workspace must be an existing directory when a
     /// turn names it: set it for agents that run in their workspace
     /// (Claude Code), for which a path that does not exist yet would be
@@ -56,6 +60,7 @@ impl std::fmt::Debug for ServeConfig {
             .field("max_body_bytes", &self.max_body_bytes)
             .field("slow_client_grace", &self.slow_client_grace)
             .field("workspaces_must_exist", &self.workspaces_must_exist)
+            .field("agent", &self.agent)
             .field("placement", &self.placement.is_some())
             .field("turn_store", &self.turn_store.is_some())
             .finish()
@@ -71,6 +76,7 @@ impl ServeConfig {
             max_body_bytes: DEFAULT_MAX_BODY_BYTES,
             slow_client_grace: Duration::from_secs(30),
             workspaces_must_exist: false,
+            agent: None,
             placement: None,
             turn_store: None,
             recovered: None,
@@ -96,6 +102,12 @@ impl ServeConfig {
     /// Sets [`placement`](Self::placement).
     pub fn with_placement(mut self, placement: Arc<dyn Placement>) -> Self {
         self.placement = Some(placement);
+        self
+    }
+
+    /// Sets [`agent`](Self::agent).
+    pub fn with_agent(mut self, agent: impl Into<String>) -> Self {
+        self.agent = Some(agent.into());
         self
     }
 

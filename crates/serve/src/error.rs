@@ -45,7 +45,7 @@ impl ApiError {
     }
 
     /// Adds a field to the error object.
-    fn with(mut self, field: &str, value: serde_json::Value) -> Self {
+    pub(crate) fn with(mut self, field: &str, value: serde_json::Value) -> Self {
         self.extra.insert(field.into(), value);
         self
     }

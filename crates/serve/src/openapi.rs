@@ -27,7 +27,9 @@ pub(crate) fn document() -> Value {
                     "properties": {"type": {"type": "string"}, "message": {"type": "string"}}}}},
                 "NewTurn": {"type": "object", "required": ["message"], "additionalProperties": false,
                     "description": "Exactly one of `workspace` (an absolute directory) or `key` (a name).",
-                    "properties": {"workspace": {"type": "string"}, "key": {"type": "string"}, "message": {"type": "string"}}},
+                    "properties": {"workspace": {"type": "string"}, "key": {"type": "string"}, "message": {"type": "string"},
+                        "model": {"type": "string", "description": "This turn's model (the next turn may ask for another); default: the server's"},
+                        "agent": {"type": "string", "description": "The agent kind the client expects (`anthropic`, `openai`, `claude-code`); another than the session's is a 409"}}},
                 "TurnEvent": {"type": "string", "enum": TurnEventKind::ALL.map(TurnEventKind::as_str),
                     "description": "The SSE `event:` of a turn event; `done` (the summary) or `error` (`code`, `message`, `exit`: 3 API, 4 timeout, 5 unavailable, 6 deferred — ESESSION_STOPPED, the message stays pending —, 130 cancelled, 1 other) is the last. `queued` with `behind`: waiting behind that many turns of its session."}
             }
@@ -43,7 +45,7 @@ pub(crate) fn document() -> Value {
                     "200": sse("With `Accept: text/event-stream`: the turn's events"),
                     "400": err("`invalid_request`: bad JSON, neither or both of workspace/key. `invalid_workspace`: not absolute, a NUL byte, over 4,096 bytes, not a directory (or, for an agent that runs in its workspace, not an existing one)"),
                     "401": err("No or a wrong token"),
-                    "409": err("The session was given up (reset it)"),
+                    "409": err("`session_failed`: the session was given up (reset it). `agent_mismatch`: `agent` names another kind than the session's (`agent`, `requested`); nothing was sent"),
                     "413": err("Body over the limit (10 MiB)"),
                     "415": err("Not application/json"),
                     "422": err("`invalid_fields`: a field missing, unknown or of the wrong type (the message names the fields a turn takes)"),

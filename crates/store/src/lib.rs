@@ -66,9 +66,11 @@ use warden_core::{Durability, SessionKey, SessionRecord, SessionStore, StoreErro
 
 mod recovery;
 mod salvage;
+mod turns;
 
 pub use recovery::Recovery;
 pub use salvage::{SalvageError, SalvageReport, Unreadable};
+pub use turns::SledTurns;
 
 /// The sled tree holding session records.
 const TREE: &str = "sessions";
@@ -97,6 +99,8 @@ struct GroupCommit {
     written: AtomicU64,
     /// Every write up to this sequence number is on disk.
     flushed: AtomicU64,
+    /// Flushes run (fsyncs), for [`SledStore::flushes`].
+    runs: AtomicU64,
     lock: tokio::sync::Mutex<()>,
     /// Runs on the flush thread just before sled's flush (tests only).
     #[cfg(test)]
@@ -154,6 +158,23 @@ impl SledStore {
         Ok(self.commit.written.fetch_add(1, Ordering::SeqCst) + 1)
     }
 
+    /// How many flushes (fsyncs) this store has run; with
+    /// [`writes`](Self::writes), how well durable writes share them.
+    pub fn flushes(&self) -> u64 {
+        self.commit.runs.load(Ordering::Relaxed)
+    }
+
+    /// How many writes (records and turn-log batches) this store has taken.
+    pub fn writes(&self) -> u64 {
+        self.commit.written.load(Ordering::SeqCst)
+    }
+
+    /// Numbers a write made directly on a tree (after it landed: see
+    /// [`GroupCommit`]).
+    fn note_write(&self) -> u64 {
+        self.commit.written.fetch_add(1, Ordering::SeqCst) + 1
+    }
+
     /// Flushes everything written so far to disk.
     pub async fn flush(&self) -> Result<(), StoreError> {
         let seq = self.commit.written.load(Ordering::SeqCst);
@@ -181,6 +202,7 @@ impl SledStore {
         .map_err(|e| backend(format!("flush task: {e}")))?
         .map_err(|e| backend(format!("flushing: {}", describe(&e))))?;
         self.commit.flushed.fetch_max(covers, Ordering::SeqCst);
+        self.commit.runs.fetch_add(1, Ordering::Relaxed);
         Ok(())
     }
 }
@@ -331,8 +353,13 @@ pub fn decode(key: &str, bytes: &[u8]) -> Result<SessionRecord, StoreError> {
     if version == 0 {
         return Err(corrupt("schema version 0".into()));
     }
-    let (record, used): (SessionRecord, usize) =
-        bincode::serde::decode_from_slice(body, config()).map_err(|e| corrupt(e.to_string()))?;
+    let (record, used): (SessionRecord, usize) = if version == 1 {
+        let (old, used): (v1::Record, usize) = bincode::serde::decode_from_slice(body, config())
+            .map_err(|e| corrupt(e.to_string()))?;
+        (old.upgrade(), used)
+    } else {
+        bincode::serde::decode_from_slice(body, config()).map_err(|e| corrupt(e.to_string()))?
+    };
     if used != body.len() {
         return Err(corrupt(format!(
             "{} trailing bytes after the record",
@@ -343,6 +370,69 @@ pub fn decode(key: &str, bytes: &[u8]) -> Result<SessionRecord, StoreError> {
         return Err(corrupt(format!("record names key {:?}", record.key)));
     }
     Ok(record)
+}
+
+/// Schema version 1 (before [`PendingMessage::model`]), read and upgraded.
+///
+/// [`PendingMessage::model`]: warden_core::PendingMessage::model
+mod v1 {
+    use std::path::PathBuf;
+
+    use serde::Deserialize;
+    use warden_core::store::{RecordStatus, StoredUsage};
+    use warden_core::{PendingMessage, SessionKey, SessionRecord};
+
+    /// A pending message of version 1.
+    #[derive(Deserialize)]
+    pub(super) struct Pending {
+        id: u64,
+        text: String,
+        accepted_at_ms: u64,
+    }
+
+    /// A record of version 1: the fields in their order then.
+    #[derive(Deserialize)]
+    pub(super) struct Record {
+        key: String,
+        workspace: Option<PathBuf>,
+        agent_session_id: Option<String>,
+        past_session_ids: Vec<String>,
+        model: Option<String>,
+        usage: Option<StoredUsage>,
+        status: RecordStatus,
+        restart_count: u32,
+        created_at_ms: u64,
+        last_active_ms: u64,
+        pending: Vec<Pending>,
+        next_message_id: u64,
+    }
+
+    impl Record {
+        /// The same record in today's schema.
+        pub(super) fn upgrade(self) -> SessionRecord {
+            let mut r = SessionRecord::new(&SessionKey::new(&self.key), self.workspace);
+            r.agent_session_id = self.agent_session_id;
+            r.past_session_ids = self.past_session_ids;
+            r.model = self.model;
+            r.usage = self.usage;
+            r.status = self.status;
+            r.restart_count = self.restart_count;
+            r.created_at_ms = self.created_at_ms;
+            r.last_active_ms = self.last_active_ms;
+            r.pending = self
+                .pending
+                .into_iter()
+                .map(|p| PendingMessage {
+                    id: p.id,
+                    text: p.text,
+                    accepted_at_ms: p.accepted_at_ms,
+                    model: None,
+                })
+                .collect();
+            r.next_message_id = self.next_message_id;
+            r
+        }
+    }
 }
 
 impl SessionStore for SledStore {
@@ -422,6 +512,74 @@ mod tests {
         let mut r = SessionRecord::new(&SessionKey::new(key), None);
         r.accept(format!("a message for {key}"));
         r
+    }
+
+    #[test]
+    fn a_version_1_record_reads_back_upgraded() {
+        /// The version 1 layout, written as a build of that time wrote it.
+        #[derive(serde::Serialize)]
+        struct PendingV1 {
+            id: u64,
+            text: String,
+            accepted_at_ms: u64,
+        }
+        #[derive(serde::Serialize)]
+        struct RecordV1 {
+            key: String,
+            workspace: Option<std::path::PathBuf>,
+            agent_session_id: Option<String>,
+            past_session_ids: Vec<String>,
+            model: Option<String>,
+            usage: Option<warden_core::store::StoredUsage>,
+            status: warden_core::store::RecordStatus,
+            restart_count: u32,
+            created_at_ms: u64,
+            last_active_ms: u64,
+            pending: Vec<PendingV1>,
+            next_message_id: u64,
+        }
+        let old = RecordV1 {
+            key: "ws".into(),
+            workspace: Some("/work/ws".into()),
+            agent_session_id: Some("conv-1".into()),
+            past_session_ids: vec!["conv-0".into()],
+            model: Some("claude-x".into()),
+            usage: None,
+            status: warden_core::store::RecordStatus::Idle,
+            restart_count: 2,
+            created_at_ms: 10,
+            last_active_ms: 20,
+            pending: vec![PendingV1 {
+                id: 3,
+                text: "left over".into(),
+                accepted_at_ms: 15,
+            }],
+            next_message_id: 4,
+        };
+        let mut bytes = 1u16.to_be_bytes().to_vec();
+        bytes.extend(bincode::serde::encode_to_vec(&old, config()).expect("encode"));
+        let record = decode("ws", &bytes).expect("a version 1 record decodes");
+        assert_eq!(record.key, "ws");
+        assert_eq!(record.workspace.as_deref(), Some(Path::new("/work/ws")));
+        assert_eq!(record.agent_session_id.as_deref(), Some("conv-1"));
+        assert_eq!(record.past_session_ids, ["conv-0"]);
+        assert_eq!(record.model.as_deref(), Some("claude-x"));
+        assert_eq!(record.status, warden_core::store::RecordStatus::Idle);
+        assert_eq!((record.restart_count, record.created_at_ms), (2, 10));
+        assert_eq!((record.last_active_ms, record.next_message_id), (20, 4));
+        assert_eq!(record.pending.len(), 1);
+        let p = &record.pending[0];
+        assert_eq!(
+            (p.id, p.text.as_str(), p.accepted_at_ms),
+            (3, "left over", 15)
+        );
+        assert_eq!(p.model, None);
+        // Written again, it is version 2 and keeps a model.
+        let mut again = record.clone();
+        again.pending[0].model = Some("m".into());
+        let bytes = encode(&again).expect("encode");
+        assert_eq!(u16::from_be_bytes([bytes[0], bytes[1]]), 2);
+        assert_eq!(decode("ws", &bytes).expect("decode"), again);
     }
 
     #[tokio::test]

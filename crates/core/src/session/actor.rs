@@ -351,8 +351,8 @@ async fn handle_msg(
         return Ok(()); // stopping; the supervisor owns everything now
     }
     match msg {
-        SessionMsg::Submit(text, reply) => {
-            let id = state.record.accept(text);
+        SessionMsg::Submit(text, options, reply) => {
+            let id = state.record.accept_for(text, options.model);
             let message = state
                 .record
                 .pending

@@ -366,7 +366,11 @@ pub struct SessionStatus {
 
 /// Message of the session actor; use [`SessionHandle`].
 pub(crate) enum SessionMsg {
-    Submit(String, RpcReplyPort<Result<TurnHandle, StoreError>>),
+    Submit(
+        String,
+        crate::SendOptions,
+        RpcReplyPort<Result<TurnHandle, StoreError>>,
+    ),
     Cancel,
     CancelTurn(u64, RpcReplyPort<bool>),
     Report(StreamReport),
@@ -419,8 +423,22 @@ impl SessionHandle {
     /// Persists `message` (flushed) and queues it; its turn runs after the
     /// turns before it. Returns once the message is durable.
     pub async fn submit(&self, message: impl Into<String>) -> Result<TurnHandle, SubmitError> {
+        self.submit_with(message, crate::SendOptions::default())
+            .await
+    }
+
+    /// [`submit`](Self::submit) with per-turn options (the model), stored
+    /// with the message: a re-delivered message keeps them.
+    pub async fn submit_with(
+        &self,
+        message: impl Into<String>,
+        options: crate::SendOptions,
+    ) -> Result<TurnHandle, SubmitError> {
         let message = message.into();
-        Ok(call(&self.actor, "session", |r| SessionMsg::Submit(message, r)).await??)
+        Ok(call(&self.actor, "session", |r| {
+            SessionMsg::Submit(message, options, r)
+        })
+        .await??)
     }
 
     /// Cancels whatever turn runs now (the Escape key); queued messages

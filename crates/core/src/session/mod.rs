@@ -135,3 +135,22 @@ impl SessionConfig {
         self
     }
 }
+
+/// Options of one message's turn, stored with the message (a re-delivered
+/// message keeps them).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct SendOptions {
+    /// The model this turn asks for (`TurnRequest::model`); `None`: the
+    /// source's own. A session's turns may each ask for another; the
+    /// record keeps the last one the agent announced.
+    pub model: Option<String>,
+}
+
+impl SendOptions {
+    /// Asks for `model`.
+    pub fn with_model(mut self, model: impl Into<String>) -> Self {
+        self.model = Some(model.into());
+        self
+    }
+}

@@ -189,6 +189,7 @@ fn launch(
         turn.queued.message.text.clone(),
     );
     request.attempt = attempt.attempt;
+    request.model = turn.queued.message.model.clone();
     request.resume_id = resume_id;
     request.workspace = state.record.workspace.clone();
     request.continuation = continuation;

@@ -9,6 +9,7 @@ use parking_lot::RwLock;
 use ractor::{Actor, ActorCell, ActorRef};
 use tokio::sync::broadcast;
 
+use crate::SendOptions;
 use crate::admission::Admission;
 use crate::error::ActorError;
 use crate::lifecycle::{EventBus, LifecycleEvent};
@@ -207,8 +208,18 @@ impl Supervisor {
         key: impl Into<SessionKey>,
         message: impl Into<String>,
     ) -> Result<TurnHandle, SupervisorError> {
+        self.send_with(key, message, SendOptions::default()).await
+    }
+
+    /// [`send`](Self::send) with per-turn [`SendOptions`] (the model).
+    pub async fn send_with(
+        &self,
+        key: impl Into<SessionKey>,
+        message: impl Into<String>,
+        options: SendOptions,
+    ) -> Result<TurnHandle, SupervisorError> {
         let key = key.into();
-        self.send_inner(key, None, message.into()).await
+        self.send_inner(key, None, message.into(), options).await
     }
 
     /// Sends `message` to the session of workspace `path` (normalized).
@@ -217,9 +228,22 @@ impl Supervisor {
         path: impl AsRef<Path>,
         message: impl Into<String>,
     ) -> Result<TurnHandle, SupervisorError> {
+        self.send_to_workspace_with(path, message, SendOptions::default())
+            .await
+    }
+
+    /// [`send_to_workspace`](Self::send_to_workspace) with per-turn
+    /// [`SendOptions`].
+    pub async fn send_to_workspace_with(
+        &self,
+        path: impl AsRef<Path>,
+        message: impl Into<String>,
+        options: SendOptions,
+    ) -> Result<TurnHandle, SupervisorError> {
         let path = self.normalize(path.as_ref())?;
         let key = SessionKey::new(path.to_string_lossy());
-        self.send_inner(key, Some(path), message.into()).await
+        self.send_inner(key, Some(path), message.into(), options)
+            .await
     }
 
     async fn send_inner(
@@ -227,13 +251,14 @@ impl Supervisor {
         key: SessionKey,
         workspace: Option<PathBuf>,
         message: String,
+        options: SendOptions,
     ) -> Result<TurnHandle, SupervisorError> {
         // A session may stop between lookup and submit (reaped, restarting
         // after a resume failure): look it up again once.
         let mut last = None;
         for _ in 0..3 {
             let session = self.session_inner(key.clone(), workspace.clone()).await?;
-            match session.submit(message.clone()).await {
+            match session.submit_with(message.clone(), options.clone()).await {
                 Ok(t) => return Ok(t),
                 Err(SubmitError::Actor(e)) => {
                     last = Some(e);
@@ -276,7 +301,8 @@ impl Supervisor {
             .bound(name)
             .ok_or_else(|| SupervisorError::Unbound(name.to_owned()))?;
         let key = SessionKey::new(path.to_string_lossy());
-        self.send_inner(key, Some(path), message.into()).await
+        self.send_inner(key, Some(path), message.into(), SendOptions::default())
+            .await
     }
 
     fn normalize(&self, path: &Path) -> Result<PathBuf, SupervisorError> {

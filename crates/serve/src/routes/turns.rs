@@ -7,7 +7,7 @@ use axum::http::{HeaderMap, Method, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 use serde_json::json;
-use warden_core::{SessionKey, Supervisor, TurnHandle};
+use warden_core::{SendOptions, SessionKey, Supervisor, TurnHandle};
 
 use crate::cluster::{Cluster, Placed};
 use crate::error::{ApiError, bad_session, gone};
@@ -21,6 +21,12 @@ pub(crate) struct NewTurn {
     workspace: Option<String>,
     key: Option<String>,
     message: String,
+    /// The agent kind the client expects the session to have.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    agent: Option<String>,
+    /// The model this turn asks for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    model: Option<String>,
 }
 
 /// The session a new turn is for, parsed once from its body.
@@ -75,10 +81,19 @@ impl Target {
     }
 
     /// Sends `message` to the target's session.
-    async fn send(&self, supervisor: &Supervisor, message: String) -> Result<TurnHandle, ApiError> {
+    async fn send(
+        &self,
+        supervisor: &Supervisor,
+        message: String,
+        options: SendOptions,
+    ) -> Result<TurnHandle, ApiError> {
         match self {
-            Self::Workspace(ws, _) => supervisor.send_to_workspace(ws, message).await,
-            Self::Key(key) => supervisor.send(key.clone(), message).await,
+            Self::Workspace(ws, _) => {
+                supervisor
+                    .send_to_workspace_with(ws, message, options)
+                    .await
+            }
+            Self::Key(key) => supervisor.send_with(key.clone(), message, options).await,
         }
         .map_err(bad_session)
     }
@@ -98,7 +113,27 @@ pub(crate) async fn create_turn(
     if let Placed::Forwarded(answer) = cluster.place_turn(target.key(), &new).await? {
         return Ok(answer);
     }
-    let handle = target.send(&state.supervisor, new.message).await?;
+    if let (Some(asked), Some(runs)) = (&new.agent, &state.config.agent)
+        && asked != runs
+    {
+        return Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "agent_mismatch",
+            format!(
+                "session {} runs the {runs} agent (every session of this server does); a turn \
+                 cannot switch it to {asked}, and nothing was sent. Send it to a server running \
+                 {asked}, or drop `agent` to use {runs}",
+                target.key().as_str()
+            ),
+        )
+        .with("agent", json!(runs))
+        .with("requested", json!(asked)));
+    }
+    let mut options = SendOptions::default();
+    if let Some(model) = new.model.clone().filter(|m| !m.trim().is_empty()) {
+        options = options.with_model(model);
+    }
+    let handle = target.send(&state.supervisor, new.message, options).await?;
     let key = target.key().clone();
     let id = state
         .turns
