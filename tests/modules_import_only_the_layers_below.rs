@@ -50,13 +50,17 @@ const SERVE: Table = &[
     ("views", &[]),
     ("openapi", &[]),
     ("metrics", &[]),
+    ("history", &["views"]),
     ("turns", &["ids"]),
     ("sse", &["turns"]),
     ("cluster", &["error", "ids"]),
-    ("state", &["cluster", "config", "metrics", "turns"]),
+    (
+        "state",
+        &["cluster", "config", "history", "metrics", "turns"],
+    ),
     (
         "routes/ops",
-        &["cluster", "error", "metrics", "state", "views"],
+        &["cluster", "error", "history", "metrics", "state"],
     ),
     ("routes/sessions", &["cluster", "error", "state", "views"]),
     (

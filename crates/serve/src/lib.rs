@@ -32,6 +32,7 @@
 mod cluster;
 mod config;
 mod error;
+mod history;
 mod ids;
 mod metrics;
 mod openapi;
@@ -74,8 +75,10 @@ pub fn router(supervisor: Supervisor, config: ServeConfig) -> Router {
             .map(str::to_owned);
         turns.adopt(rx, config.keep_finished, node);
     }
+    let history = history::History::record(&supervisor);
     let state = AppState {
         cluster: cluster::ClusterState::new(config.placement.clone()),
+        history,
         supervisor,
         turns,
         config: Arc::new(config),

@@ -79,7 +79,10 @@ pub(crate) fn document() -> Value {
                 "parameters": [{"name": "key", "in": "path", "required": true, "schema": {"type": "string"}}],
                 "responses": {"200": {"description": "`{key, reset: true}`"}, "404": err("`not_found`: a session never seen")}
             }},
-            "/v1/events": {"get": {"summary": "Every session's lifecycle events", "responses": {"200": sse("Lifecycle events")}}},
+            "/v1/events": {"get": {"summary": "Every session's lifecycle events",
+                "parameters": [{"name": "Last-Event-ID", "in": "header", "required": false, "schema": {"type": "integer"},
+                    "description": "Replay the events after this id (the last 1,024 are kept); older, or from an earlier run: a `reset` event first"}],
+                "responses": {"200": sse("Lifecycle events"), "400": err("A Last-Event-ID that is not a number")}}},
             "/metrics": {"get": {"summary": "Prometheus text", "responses": {"200": {"description": "OpenMetrics text"}}}},
             "/readyz": {"get": {"summary": "Ready while the supervisor runs and, on a cluster node, the cluster's database answers", "responses": {"200": {"description": "ok"}, "503": err("`not_ready` (the supervisor stopped) or `database_unreachable` (cluster)")}}},
             "/healthz": {"get": {"summary": "Alive", "security": [], "responses": {"200": {"description": "ok"}}}},

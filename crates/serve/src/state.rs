@@ -21,6 +21,8 @@ pub(crate) struct AppState {
     pub(crate) turns: Arc<Turns>,
     pub(crate) config: Arc<ServeConfig>,
     pub(crate) metrics: Arc<Metrics>,
+    /// The recent lifecycle events, for `GET /v1/events` replays.
+    pub(crate) history: Arc<crate::history::History>,
 }
 
 impl FromRef<AppState> for ClusterState {

@@ -878,3 +878,58 @@ async fn a_turn_behind_another_of_its_session_is_told_it_waits() {
     assert_eq!(kinds.first(), Some(&"queued"), "{kinds:?}");
     assert_eq!(kinds.last(), Some(&"done"), "{kinds:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lifecycle_events_are_replayed_after_last_event_id() {
+    let s = server().await;
+    let events = |last: Option<&str>| {
+        let mut request = s
+            .client
+            .get(format!("{}/v1/events", s.base))
+            .bearer_auth(TOKEN);
+        if let Some(id) = last {
+            request = request.header("last-event-id", id);
+        }
+        request.send()
+    };
+    let live = events(None).await.expect("get events");
+    s.answer("replayed", "ok").await;
+    let seen = within(
+        "the turn's lifecycle",
+        read_events(live, |e| e.iter().any(|e| e.event == "turn_finished")),
+    )
+    .await;
+    assert!(seen.len() >= 2, "{seen:?}");
+    // Reconnected after the first: the rest again, the same ids, in order.
+    let again = events(Some(&seen[0].id.to_string())).await.expect("get");
+    let replayed = within(
+        "the replay",
+        read_events(again, |e| e.iter().any(|e| e.event == "turn_finished")),
+    )
+    .await;
+    assert_eq!(ids(&replayed), ids(&seen[1..]), "{replayed:?}");
+    assert_eq!(replayed, seen[1..].to_vec());
+    // An id of an earlier run of the server: told so, then what is kept.
+    let old = events(Some("5")).await.expect("get");
+    let mut body = old.bytes_stream();
+    let mut text = String::new();
+    while !text.contains("event: turn_finished") {
+        let chunk = within("the reset and the replay", body.next())
+            .await
+            .expect("the stream goes on")
+            .expect("chunk");
+        text.push_str(&String::from_utf8_lossy(&chunk));
+    }
+    let reset = text.find("event: reset").expect("a reset event first");
+    assert!(
+        text[reset..].starts_with("event: reset\ndata: {\"reason\":\"restarted\"}"),
+        "{text}"
+    );
+    assert!(
+        reset < text.find("event: turn_started").expect("the replay"),
+        "{text}"
+    );
+    // Not a number: a typed 400.
+    let bad = events(Some("abc")).await.expect("get");
+    assert_eq!(bad.status(), 400);
+}

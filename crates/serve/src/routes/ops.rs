@@ -1,10 +1,12 @@
 //! What operators and monitors use: the token check, readiness, metrics,
 //! and every session's lifecycle events.
 
+use std::collections::VecDeque;
 use std::convert::Infallible;
+use std::sync::Arc;
 
 use axum::extract::{Request, State};
-use axum::http::{StatusCode, header};
+use axum::http::{HeaderMap, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
@@ -13,9 +15,9 @@ use subtle::ConstantTimeEq as _;
 
 use crate::cluster::Cluster;
 use crate::error::ApiError;
+use crate::history;
 use crate::metrics::ClusterView;
 use crate::state::AppState;
-use crate::views;
 
 /// Requires `Authorization: Bearer <token>` (compared in constant time).
 pub(crate) async fn authorize(
@@ -92,30 +94,62 @@ pub(crate) async fn ready(State(state): State<AppState>, cluster: Cluster) -> Re
     "ok".into_response()
 }
 
-/// `GET /v1/events`: every session's lifecycle events from now on; a
-/// client too slow to keep up is told how many it missed (`lagged`).
-pub(crate) async fn lifecycle_events(State(state): State<AppState>) -> Response {
-    let rx = state.supervisor.subscribe();
-    let events = futures_util::stream::unfold((rx, 0u64), |(mut rx, mut n)| async move {
-        use tokio::sync::broadcast::error::RecvError;
-        loop {
-            let (kind, data) = match rx.recv().await {
-                Ok(e) => match views::lifecycle(&e) {
-                    Some(v) => v,
-                    None => continue,
-                },
-                Err(RecvError::Lagged(missed)) => ("lagged", json!({"missed": missed})),
-                Err(RecvError::Closed) => return None,
-            };
-            n += 1;
-            let event = Event::default()
-                .id(n.to_string())
-                .event(kind)
-                .data(data.to_string());
-            return Some((Ok::<_, Infallible>(event), (rx, n)));
-        }
-    });
-    Sse::new(events)
+/// `GET /v1/events`: every session's lifecycle events from now on — or,
+/// with `Last-Event-ID`, from after that event: the missed ones are
+/// replayed from the window kept ([`history::KEPT`](crate::history::KEPT)
+/// events); a client that missed more than that, or whose id is from an
+/// earlier run of the server, first gets a `reset` event saying so
+/// (`{"reason": "missed" | "restarted"}`), then every event kept.
+pub(crate) async fn lifecycle_events(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    let seen = match headers.get("last-event-id") {
+        None => state.history.now(),
+        Some(v) => v
+            .to_str()
+            .ok()
+            .and_then(|s| s.trim().parse::<u64>().ok())
+            .ok_or_else(|| {
+                ApiError::new(
+                    StatusCode::BAD_REQUEST,
+                    "invalid_request",
+                    "Last-Event-ID must be the id of a lifecycle event (a whole number)",
+                )
+            })?,
+    };
+    let history = Arc::clone(&state.history);
+    let events = futures_util::stream::unfold(
+        (history, seen, VecDeque::<Event>::new()),
+        |(history, mut seen, mut queue)| async move {
+            loop {
+                if let Some(e) = queue.pop_front() {
+                    return Some((Ok::<_, Infallible>(e), (history, seen, queue)));
+                }
+                let kept = match history.after(seen).await {
+                    history::Next::Events(events) => events,
+                    history::Next::Reset { reason, events } => {
+                        queue.push_back(
+                            Event::default()
+                                .event("reset")
+                                .data(json!({"reason": reason}).to_string()),
+                        );
+                        events
+                    }
+                };
+                for k in kept {
+                    seen = k.id;
+                    queue.push_back(
+                        Event::default()
+                            .id(k.id.to_string())
+                            .event(k.kind)
+                            .data(k.data.to_string()),
+                    );
+                }
+            }
+        },
+    );
+    Ok(Sse::new(events)
         .keep_alive(KeepAlive::default())
-        .into_response()
+        .into_response())
 }

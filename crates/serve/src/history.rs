@@ -1,0 +1,191 @@
+//! The lifecycle events `GET /v1/events` serves, kept in a bounded window
+//! so a client that lost its connection replays what it missed with
+//! `Last-Event-ID` — or is told, with a `reset` event, that it missed more
+//! than is kept (or that the server restarted), never left to guess.
+//!
+//! Event ids are numbers, increasing across restarts: this process starts
+//! numbering at its start time in milliseconds × 1,000, so an id from an
+//! earlier run is always older than every id kept now.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use parking_lot::Mutex;
+use serde_json::{Value, json};
+use tokio::sync::watch;
+use warden_core::Supervisor;
+
+use crate::views;
+
+/// Lifecycle events kept for replay.
+pub(crate) const KEPT: usize = 1024;
+
+/// One kept event.
+#[derive(Debug, Clone)]
+pub(crate) struct Kept {
+    pub(crate) id: u64,
+    pub(crate) kind: &'static str,
+    pub(crate) data: Value,
+}
+
+/// The window of recent lifecycle events.
+#[derive(Debug)]
+pub(crate) struct History {
+    events: Mutex<VecDeque<Kept>>,
+    /// The id of the newest event (the first id minus one before any).
+    newest: watch::Sender<u64>,
+    /// The id before this run's first.
+    start: u64,
+}
+
+/// What a reader gets next.
+pub(crate) enum Next {
+    /// Events after the ones it had, in order.
+    Events(Vec<Kept>),
+    /// It missed events no longer kept, or its id is from another run of
+    /// the server: a `reset` saying which, then every event kept.
+    Reset {
+        /// `missed` (older than the window) or `restarted`.
+        reason: &'static str,
+        /// The events kept, from the oldest.
+        events: Vec<Kept>,
+    },
+}
+
+impl History {
+    /// A window whose ids start after this moment's number.
+    fn new() -> Self {
+        let ms = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| {
+            u64::try_from(d.as_millis()).unwrap_or(u64::MAX / 1000)
+        });
+        let start = ms.saturating_mul(1000);
+        let (newest, _) = watch::channel(start);
+        Self {
+            events: Mutex::new(VecDeque::with_capacity(KEPT)),
+            newest,
+            start,
+        }
+    }
+
+    /// Keeps the supervisor's lifecycle events from now on (until it
+    /// stops).
+    pub(crate) fn record(supervisor: &Supervisor) -> Arc<Self> {
+        let history = Arc::new(Self::new());
+        let mut rx = supervisor.subscribe();
+        let keep = Arc::clone(&history);
+        tokio::spawn(async move {
+            use tokio::sync::broadcast::error::RecvError;
+            loop {
+                match rx.recv().await {
+                    Ok(e) => {
+                        if let Some((kind, data)) = views::lifecycle(&e) {
+                            keep.push(kind, data);
+                        }
+                    }
+                    // The window itself fell behind the bus: say so in it.
+                    Err(RecvError::Lagged(missed)) => {
+                        keep.push("lagged", json!({"missed": missed}))
+                    }
+                    Err(RecvError::Closed) => return,
+                }
+            }
+        });
+        history
+    }
+
+    fn push(&self, kind: &'static str, data: Value) {
+        let mut events = self.events.lock();
+        let id = *self.newest.borrow() + 1;
+        if events.len() == KEPT {
+            events.pop_front();
+        }
+        events.push_back(Kept { id, kind, data });
+        drop(events);
+        self.newest.send_replace(id);
+    }
+
+    /// The newest id now: a reader starting here gets only later events.
+    pub(crate) fn now(&self) -> u64 {
+        *self.newest.borrow()
+    }
+
+    /// What comes after `seen` (waiting for it if nothing has yet).
+    pub(crate) async fn after(&self, seen: u64) -> Next {
+        let mut changed = self.newest.subscribe();
+        if seen < self.start || seen > self.now() {
+            // An id of an earlier (or a later: a clock set back) run.
+            let events = self.events.lock().iter().cloned().collect();
+            return Next::Reset {
+                reason: "restarted",
+                events,
+            };
+        }
+        loop {
+            {
+                let events = self.events.lock();
+                let oldest = events.front().map(|e| e.id);
+                match oldest {
+                    // Missed some: the ones after `seen` are gone.
+                    Some(oldest) if oldest > seen.saturating_add(1) => {
+                        return Next::Reset {
+                            reason: "missed",
+                            events: events.iter().cloned().collect(),
+                        };
+                    }
+                    _ => {
+                        let from = events.partition_point(|e| e.id <= seen);
+                        if from < events.len() {
+                            return Next::Events(events.range(from..).cloned().collect());
+                        }
+                    }
+                }
+            }
+            if changed.changed().await.is_err() {
+                return Next::Events(Vec::new());
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_reader_past_the_window_is_reset_and_one_within_it_is_not() {
+        let h = History::new();
+        let first = h.now() + 1;
+        for i in 0..KEPT + 10 {
+            h.push("n", json!({"i": i}));
+        }
+        // The first 10 are gone: a reader that saw only the first missed them.
+        match h.after(first).await {
+            Next::Reset { reason, events } => {
+                assert_eq!(reason, "missed");
+                assert_eq!(events.len(), KEPT);
+                assert_eq!(events[0].id, first + 10);
+            }
+            Next::Events(_) => panic!("a reader that missed events must be reset"),
+        }
+        // One that saw the 10th (the event before the oldest kept) missed
+        // nothing.
+        match h.after(first + 9).await {
+            Next::Events(events) => {
+                assert_eq!(events.len(), KEPT);
+                assert_eq!(events[0].id, first + 10);
+            }
+            Next::Reset { .. } => panic!("nothing was missed"),
+        }
+        // An id from before this run's start, or past its newest: restarted.
+        for seen in [first - 2, h.now() + 1] {
+            assert!(matches!(
+                h.after(seen).await,
+                Next::Reset {
+                    reason: "restarted",
+                    ..
+                }
+            ));
+        }
+    }
+}
