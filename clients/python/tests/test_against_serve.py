@@ -1,0 +1,170 @@
+"""The client against a real `warden serve` on `warden mock`.
+
+Started by crates/cli/tests/python_client_against_serve.rs, which sets:
+WARDEN_URL (the server), WARDEN_FLAKY_URL (the same server through a relay
+that cuts the first event stream of a turn mid-reply), WARDEN_TOKEN and
+WARDEN_WORKSPACE (an existing directory). The mock's first request stalls
+mid-text (the server's watchdog, 1 s, kills it and the reply is
+continued); every later one is answered. Tests run in name order.
+"""
+
+import asyncio
+import os
+import time
+import unittest
+
+import warden_client
+from warden_client import (
+    AsyncWarden,
+    Conflict,
+    Continuing,
+    Done,
+    Error,
+    InvalidRequest,
+    NotFound,
+    Retrying,
+    Started,
+    Text,
+    TurnFailed,
+    Unauthorized,
+    Warden,
+)
+
+URL = os.environ["WARDEN_URL"]
+FLAKY_URL = os.environ["WARDEN_FLAKY_URL"]
+TOKEN = os.environ["WARDEN_TOKEN"]
+WORKSPACE = os.environ["WARDEN_WORKSPACE"]
+
+
+def reply(message: str) -> str:
+    """What the mock answers to ``message``."""
+    return f"Hello from warden-mock. Your last message had {len(message)} characters."
+
+
+def shown(events) -> str:
+    """The text a client shows: ``retrying``/``restarting`` drop it,
+    ``continuing`` keeps it."""
+    text = ""
+    for e in events:
+        if isinstance(e, Text):
+            text += e.text
+        elif e.type in ("retrying", "restarting") and e.data.get("discard"):
+            text = ""
+    return text
+
+
+class AgainstServe(unittest.TestCase):
+    def test_1_a_stalled_reply_is_continued_and_shown_once(self):
+        with Warden(URL, TOKEN) as w:
+            turn = w.send("hello", key="stalled")
+            events = list(turn)
+        self.assertIsInstance(events[-1], Done, events)
+        self.assertTrue(
+            any(isinstance(e, (Continuing, Retrying)) for e in events),
+            f"the stall was recovered: {[e.type for e in events]}",
+        )
+        self.assertEqual(events[-1].text, reply("hello"))
+        self.assertEqual(shown(events), reply("hello"))
+        self.assertEqual([e.id for e in events], list(range(1, len(events) + 1)))
+
+    def test_2_a_dropped_connection_is_re_attached_with_nothing_lost_or_repeated(self):
+        message = "a longer message, so the reply has more to say"
+        with Warden(FLAKY_URL, TOKEN) as w:
+            turn = w.send(message, workspace=WORKSPACE, model="claude-x")
+            events = list(turn)
+        self.assertGreaterEqual(turn.reattached, 1, "the relay cut the stream")
+        ids = [e.id for e in events]
+        self.assertEqual(ids, list(range(1, len(events) + 1)), "no gap, no repeat")
+        self.assertIsInstance(events[0], Started)
+        self.assertIsInstance(events[-1], Done)
+        self.assertEqual(shown(events), reply(message))
+
+    def test_3_result_and_typed_events(self):
+        with Warden(URL, TOKEN) as w:
+            done = w.send("typed", key="typed").result()
+        self.assertIsInstance(done, Done)
+        self.assertEqual(done.text, reply("typed"))
+        self.assertGreaterEqual(done.attempts, 1)
+
+    def test_4_a_cancelled_turn_ends_with_its_error(self):
+        with Warden(URL, TOKEN) as w:
+            first = w.send("first, long enough to be running " * 4, key="cancel")
+            second = w.send("second", key="cancel")
+            self.assertTrue(second.cancel(), "the queued turn was live")
+            events = list(second)
+            self.assertIsInstance(events[-1], Error)
+            self.assertEqual(events[-1].code, "ECANCELLED")
+            self.assertEqual(events[-1].exit, 130)
+            with self.assertRaises(TurnFailed) as failed:
+                w.turn(second.id).result()
+            self.assertEqual(failed.exception.code, "ECANCELLED")
+            self.assertIsInstance(first.result(), Done)
+
+    def test_5_sessions_list_get_reset(self):
+        with Warden(URL, TOKEN) as w:
+            w.send("hi", key="listed").result()
+            keys = [s["key"] for s in w.sessions()]
+            self.assertIn("listed", keys)
+            self.assertEqual(w.session("listed")["key"], "listed")
+            w.reset("listed")
+            with self.assertRaises(NotFound):
+                w.reset("never-seen")
+            with self.assertRaises(NotFound):
+                w.session("never-seen")
+
+    def test_6_errors_are_typed(self):
+        with Warden(URL, "not-the-token") as w:
+            with self.assertRaises(Unauthorized) as e:
+                w.sessions()
+            self.assertEqual(e.exception.status, 401)
+        with Warden(URL, TOKEN) as w:
+            with self.assertRaises(InvalidRequest) as e:
+                w.send("hi", workspace="relative/path")
+            self.assertEqual(e.exception.type, "invalid_workspace")
+            with self.assertRaises(Conflict) as e:
+                w.send("hi", key="typed", agent="claude-code")
+            self.assertEqual(e.exception.type, "agent_mismatch")
+            self.assertEqual(e.exception.body["agent"], "anthropic")
+            with self.assertRaises(ValueError):
+                w.send("hi")
+
+    def test_7_lifecycle_events_replay_after_a_reset(self):
+        with Warden(URL, TOKEN) as w:
+            seen = []
+            # An id from before this server's start: a reset, then what is kept.
+            for event in w.events(last_event_id=1):
+                seen.append(event)
+                if event.type == "turn_finished":
+                    break
+        self.assertEqual(seen[0].type, "reset")
+        self.assertEqual(seen[0].data["reason"], "restarted")
+        self.assertIsNone(seen[0].id)
+        self.assertTrue(all(e.id is not None for e in seen[1:]))
+
+    def test_8_async_send_follow_and_cancel(self):
+        async def run():
+            async with AsyncWarden(FLAKY_URL, TOKEN) as w:
+                message = "the async client, through the flaky relay as well"
+                turn = await w.send(message, key="async")
+                events = [e async for e in turn]
+                self.assertGreaterEqual(turn.reattached, 1, "the relay cut the stream")
+                self.assertEqual([e.id for e in events], list(range(1, len(events) + 1)))
+                self.assertEqual(shown(events), reply(message))
+                busy = await w.send("busy " * 20, key="async-cancel")
+                queued = await w.send("queued", key="async-cancel")
+                self.assertTrue(await queued.cancel())
+                with self.assertRaises(TurnFailed):
+                    await queued.result()
+                self.assertIsInstance(await busy.result(), Done)
+                keys = [s["key"] for s in await w.sessions()]
+                self.assertIn("async", keys)
+
+        asyncio.run(asyncio.wait_for(run(), timeout=60))
+
+    def test_9_the_package_exports_what_its_readme_uses(self):
+        for name in ("Warden", "AsyncWarden", "Text", "Done", "TurnFailed", "WardenError"):
+            self.assertTrue(hasattr(warden_client, name), name)
+
+
+if __name__ == "__main__":
+    unittest.main()

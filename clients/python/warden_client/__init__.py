@@ -1,0 +1,63 @@
+"""A client for `warden serve`: run turns on long-lived LLM agent sessions
+over HTTP + SSE, from Python (sync and async).
+
+    from warden_client import Warden
+
+    with Warden("http://127.0.0.1:8700", token) as w:
+        turn = w.send("why does the build fail?", workspace="/abs/ws")
+        for event in turn:          # re-attaches by itself after a dropped connection
+            ...
+"""
+
+from ._client import AsyncTurn, AsyncWarden, Turn, Warden
+from ._errors import (
+    Conflict,
+    ConnectionLost,
+    InvalidRequest,
+    NotFound,
+    TurnFailed,
+    Unauthorized,
+    Unavailable,
+    WardenError,
+)
+from ._events import (
+    Continuing,
+    Done,
+    Error,
+    LifecycleEvent,
+    Queued,
+    Restarting,
+    Retrying,
+    Started,
+    Text,
+    Thinking,
+    Tool,
+    TurnEvent,
+)
+
+__all__ = [
+    "AsyncTurn",
+    "AsyncWarden",
+    "Conflict",
+    "ConnectionLost",
+    "Continuing",
+    "Done",
+    "Error",
+    "InvalidRequest",
+    "LifecycleEvent",
+    "NotFound",
+    "Queued",
+    "Restarting",
+    "Retrying",
+    "Started",
+    "Text",
+    "Thinking",
+    "Tool",
+    "Turn",
+    "TurnEvent",
+    "TurnFailed",
+    "Unauthorized",
+    "Unavailable",
+    "Warden",
+    "WardenError",
+]
