@@ -1,0 +1,103 @@
+// The client against a real `warden serve` on `warden mock`, started by
+// crates/cli/tests/typescript_client_against_serve.rs, which sets
+// WARDEN_URL, WARDEN_FLAKY_URL (the same server through a relay that cuts
+// each turn's first event stream mid-reply), WARDEN_TOKEN and
+// WARDEN_WORKSPACE. The mock's first request stalls mid-text (the server's
+// watchdog, 1 s, kills it and the reply is continued). Tests run in order.
+
+import assert from "node:assert/strict";
+import { test } from "node:test";
+
+import { Conflict, InvalidRequest, NotFound, TurnFailed, Unauthorized, Warden } from "../dist/index.js";
+
+const { WARDEN_URL, WARDEN_FLAKY_URL, WARDEN_TOKEN, WARDEN_WORKSPACE } = process.env;
+
+const reply = (message) => `Hello from warden-mock. Your last message had ${message.length} characters.`;
+
+/** The text a client shows: `retrying`/`restarting` drop it, `continuing` keeps it. */
+function shown(events) {
+  let text = "";
+  for (const e of events) {
+    if (e.type === "text") text += e.data.text;
+    else if ((e.type === "retrying" || e.type === "restarting") && e.data.discard) text = "";
+  }
+  return text;
+}
+
+async function collect(turn) {
+  const events = [];
+  for await (const e of turn) events.push(e);
+  return events;
+}
+
+const ids = (events) => events.map((e) => e.id);
+const oneToN = (n) => Array.from({ length: n }, (_, i) => i + 1);
+
+test("a stalled reply is continued and shown once", async () => {
+  const w = new Warden(WARDEN_URL, WARDEN_TOKEN);
+  const events = await collect(await w.send("hello", { key: "stalled" }));
+  assert.equal(events.at(-1).type, "done");
+  assert.ok(events.some((e) => e.type === "continuing" || e.type === "retrying"), JSON.stringify(events));
+  assert.equal(events.at(-1).data.text, reply("hello"));
+  assert.equal(shown(events), reply("hello"));
+  assert.deepEqual(ids(events), oneToN(events.length));
+});
+
+test("a dropped connection is re-attached with nothing lost or repeated", async () => {
+  const w = new Warden(WARDEN_FLAKY_URL, WARDEN_TOKEN);
+  const message = "a longer message, so the reply has more to say";
+  const turn = await w.send(message, { workspace: WARDEN_WORKSPACE, model: "claude-x" });
+  const events = await collect(turn);
+  assert.ok(turn.reattached >= 1, "the relay cut the stream");
+  assert.deepEqual(ids(events), oneToN(events.length));
+  assert.equal(events[0].type, "started");
+  assert.equal(events.at(-1).type, "done");
+  assert.equal(shown(events), reply(message));
+});
+
+test("a cancelled turn ends with its error", async () => {
+  const w = new Warden(WARDEN_URL, WARDEN_TOKEN);
+  const first = await w.send("first, long enough to be running ".repeat(4), { key: "cancel" });
+  const second = await w.send("second", { key: "cancel" });
+  assert.equal(await second.cancel(), true);
+  const events = await collect(second);
+  assert.equal(events.at(-1).type, "error");
+  assert.equal(events.at(-1).data.code, "ECANCELLED");
+  assert.equal(events.at(-1).data.exit, 130);
+  await assert.rejects(w.turn(second.id).result(), (e) => e instanceof TurnFailed && e.data.code === "ECANCELLED");
+  assert.equal((await first.result()).text, reply("first, long enough to be running ".repeat(4)));
+});
+
+test("sessions: list, get, reset", async () => {
+  const w = new Warden(WARDEN_URL, WARDEN_TOKEN);
+  await (await w.send("hi", { key: "listed" })).result();
+  assert.ok((await w.sessions()).some((s) => s.key === "listed"));
+  assert.equal((await w.session("listed")).key, "listed");
+  await w.reset("listed");
+  await assert.rejects(w.reset("never-seen"), NotFound);
+  await assert.rejects(w.session("never-seen"), NotFound);
+});
+
+test("errors are typed", async () => {
+  await assert.rejects(new Warden(WARDEN_URL, "not-the-token").sessions(), (e) => e instanceof Unauthorized && e.status === 401);
+  const w = new Warden(WARDEN_URL, WARDEN_TOKEN);
+  await assert.rejects(w.send("hi", { workspace: "relative/path" }), (e) => e instanceof InvalidRequest && e.type === "invalid_workspace");
+  await assert.rejects(
+    w.send("hi", { key: "typed", agent: "claude-code" }),
+    (e) => e instanceof Conflict && e.type === "agent_mismatch" && e.body.agent === "anthropic",
+  );
+  await assert.rejects(w.send("hi", {}), TypeError);
+});
+
+test("lifecycle events replay after a reset", async () => {
+  const w = new Warden(WARDEN_URL, WARDEN_TOKEN);
+  const seen = [];
+  for await (const e of w.events(1)) {
+    seen.push(e);
+    if (e.type === "turn_finished") break;
+  }
+  assert.equal(seen[0].type, "reset");
+  assert.equal(seen[0].data.reason, "restarted");
+  assert.equal(seen[0].id, null);
+  assert.ok(seen.slice(1).every((e) => e.id !== null));
+});
