@@ -8,6 +8,9 @@ use warden_core::store::TurnEventKind;
 /// The document.
 pub(crate) fn document() -> Value {
     let error = json!({"$ref": "#/components/schemas/Error"});
+    let schema = |name: &str| json!({"$ref": format!("#/components/schemas/{name}")});
+    let ok = |description: &str, name: &str| json!({"description": description, "content": {"application/json": {"schema": schema(name)}}});
+    let text = |description: &str| json!({"description": description, "content": {"text/plain": {"schema": {"type": "string"}}}});
     let err = |description: &str| json!({"description": description, "content": {"application/json": {"schema": error}}});
     let sse = |description: &str| {
         json!({"description": description, "content": {"text/event-stream": {"schema": {"type": "string",
@@ -23,8 +26,34 @@ pub(crate) fn document() -> Value {
         "components": {
             "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
             "schemas": {
-                "Error": {"type": "object", "required": ["error"], "properties": {"error": {"type": "object",
-                    "properties": {"type": {"type": "string"}, "message": {"type": "string"}}}}},
+                "Error": {"type": "object", "required": ["error"], "properties": {"error": {"$ref": "#/components/schemas/ErrorBody"}}},
+                "ErrorBody": {"type": "object", "required": ["type", "message"], "additionalProperties": true,
+                    "description": "`type` names the error (see docs/serve.md's catalogue); some types add fields: `limit` (too_many_sessions), `owner`/`advertise` (session_elsewhere), `agent`/`requested` (agent_mismatch), `workspace` (workspace_unavailable)",
+                    "properties": {"type": {"type": "string"}, "message": {"type": "string"}}},
+                "TurnCreated": {"type": "object", "required": ["id", "key"],
+                    "properties": {"id": {"type": "string"}, "key": {"type": "string"}}},
+                "TurnCancelled": {"type": "object", "required": ["id", "key", "cancelled"],
+                    "properties": {"id": {"type": "string"}, "key": {"type": "string"},
+                        "cancelled": {"type": "boolean", "description": "Whether it was still queued or running"}}},
+                "SessionSummary": {"type": "object", "required": ["key"], "additionalProperties": true,
+                    "description": "On a cluster node also `owner`, `advertise`, `epoch`, `lease_remaining_secs`, `here`",
+                    "properties": {"key": {"type": "string"}}},
+                "SessionList": {"type": "object", "required": ["sessions"],
+                    "properties": {"sessions": {"type": "array", "items": {"$ref": "#/components/schemas/SessionSummary"}}}},
+                "Context": {"type": "object", "properties": {"tokens": {"type": "integer"}, "window": {"type": "integer"}, "percent": {"type": "integer"}}},
+                "RunningTurn": {"type": "object", "properties": {"id": {"type": ["integer", "null"]},
+                    "streaming_attempt": {"type": ["integer", "null"]}, "backing_off": {"type": "boolean"},
+                    "waiting_for_admission": {"type": "boolean"}, "running_ms": {"type": ["integer", "null"]}}},
+                "Session": {"type": "object", "required": ["key", "running"],
+                    "properties": {"key": {"type": ["string", "null"]}, "running": {"type": "boolean"},
+                        "workspace": {"type": ["string", "null"]}, "conversation": {"type": ["string", "null"]},
+                        "model": {"type": ["string", "null"]}, "status": {"type": "string", "enum": ["new", "active", "idle", "failed", "unknown"]},
+                        "failure": {"type": "string"}, "pending": {"type": "integer"}, "restarts": {"type": "integer"},
+                        "context": {"anyOf": [{"$ref": "#/components/schemas/Context"}, {"type": "null"}]},
+                        "last_active_ms": {"type": "integer"},
+                        "turn": {"$ref": "#/components/schemas/RunningTurn"}, "queued": {"type": "integer"}, "turns_finished": {"type": "integer"}}},
+                "SessionReset": {"type": "object", "required": ["key", "reset"],
+                    "properties": {"key": {"type": "string"}, "reset": {"type": "boolean"}}},
                 "NewTurn": {"type": "object", "required": ["message"], "additionalProperties": false,
                     "description": "Exactly one of `workspace` (an absolute directory) or `key` (a name).",
                     "properties": {"workspace": {"type": "string"}, "key": {"type": "string"}, "message": {"type": "string"},
@@ -37,11 +66,11 @@ pub(crate) fn document() -> Value {
         "security": [{"bearer": []}],
         "paths": {
             "/v1/turns": {"post": {
+                "operationId": "createTurn",
                 "summary": "Run a turn",
                 "requestBody": {"required": true, "content": {"application/json": {"schema": {"$ref": "#/components/schemas/NewTurn"}}}},
                 "responses": {
-                    "202": {"description": "Accepted", "content": {"application/json": {"schema": {"type": "object",
-                        "properties": {"id": {"type": "string"}, "key": {"type": "string"}}}}}},
+                    "202": ok("Accepted: the message is stored; follow the turn by its id", "TurnCreated"),
                     "200": sse("With `Accept: text/event-stream`: the turn's events"),
                     "400": err("`invalid_request`: bad JSON, neither or both of workspace/key. `invalid_workspace`: not absolute, a NUL byte, over 4,096 bytes, not a directory (or, for an agent that runs in its workspace, not an existing one)"),
                     "401": err("No or a wrong token"),
@@ -53,6 +82,7 @@ pub(crate) fn document() -> Value {
                 }
             }},
             "/v1/turns/{id}/events": {"get": {
+                "operationId": "turnEvents",
                 "summary": "The turn's events (re-attach)",
                 "parameters": [
                     {"name": "id", "in": "path", "required": true, "schema": {"type": "string"}},
@@ -64,29 +94,33 @@ pub(crate) fn document() -> Value {
                               "503": err("`node_unreachable`: the cluster node keeping the turn cannot be reached")}
             }},
             "/v1/turns/{id}": {"delete": {
+                "operationId": "cancelTurn",
                 "summary": "Cancel a turn (queued or running)",
                 "parameters": [{"name": "id", "in": "path", "required": true, "schema": {"type": "string"}}],
-                "responses": {"200": {"description": "`{id, key, cancelled}`"}, "404": err("Unknown or expired turn")}
+                "responses": {"200": ok("Cancelled (or already over)", "TurnCancelled"), "401": err("No or a wrong token"), "404": err("Unknown or expired turn")}
             }},
-            "/v1/sessions": {"get": {"summary": "Running sessions (on a cluster node: every session of the cluster)", "responses": {"200": {"description": "`{sessions: [{key}]}`; on a cluster node `{sessions: [{key, owner, advertise, epoch, lease_remaining_secs, here}]}`"}}}},
+            "/v1/sessions": {"get": {"operationId": "listSessions", "summary": "Running sessions (on a cluster node: every session of the cluster)",
+                "responses": {"200": ok("The sessions", "SessionList"), "401": err("No or a wrong token")}}},
             "/v1/sessions/{key}": {"get": {
+                "operationId": "getSession",
                 "summary": "One session (key percent-encoded)",
                 "parameters": [{"name": "key", "in": "path", "required": true, "schema": {"type": "string"}}],
-                "responses": {"200": {"description": "Its record, and while it runs its turn"}, "404": err("Unknown session")}
+                "responses": {"200": ok("Its record, and while it runs its turn", "Session"), "401": err("No or a wrong token"), "404": err("Unknown session")}
             }},
             "/v1/sessions/{key}/reset": {"post": {
+                "operationId": "resetSession",
                 "summary": "Forget that the session was given up",
                 "parameters": [{"name": "key", "in": "path", "required": true, "schema": {"type": "string"}}],
-                "responses": {"200": {"description": "`{key, reset: true}`"}, "404": err("`not_found`: a session never seen")}
+                "responses": {"200": ok("Reset", "SessionReset"), "401": err("No or a wrong token"), "404": err("`not_found`: a session never seen")}
             }},
-            "/v1/events": {"get": {"summary": "Every session's lifecycle events",
+            "/v1/events": {"get": {"operationId": "lifecycleEvents", "summary": "Every session's lifecycle events",
                 "parameters": [{"name": "Last-Event-ID", "in": "header", "required": false, "schema": {"type": "integer"},
                     "description": "Replay the events after this id (the last 1,024 are kept); older, or from an earlier run: a `reset` event first"}],
                 "responses": {"200": sse("Lifecycle events"), "400": err("A Last-Event-ID that is not a number")}}},
-            "/metrics": {"get": {"summary": "Prometheus text", "responses": {"200": {"description": "OpenMetrics text"}}}},
-            "/readyz": {"get": {"summary": "Ready while the supervisor runs and, on a cluster node, the cluster's database answers", "responses": {"200": {"description": "ok"}, "503": err("`not_ready` (the supervisor stopped) or `database_unreachable` (cluster)")}}},
-            "/healthz": {"get": {"summary": "Alive", "security": [], "responses": {"200": {"description": "ok"}}}},
-            "/openapi.json": {"get": {"summary": "This document", "security": [], "responses": {"200": {"description": "OpenAPI 3.1"}}}}
+            "/metrics": {"get": {"operationId": "metrics", "summary": "Prometheus text", "responses": {"200": text("Prometheus text exposition"), "401": err("No or a wrong token")}}},
+            "/readyz": {"get": {"operationId": "ready", "summary": "Ready while the supervisor runs and, on a cluster node, the cluster's database answers", "responses": {"200": text("`ok`"), "401": err("No or a wrong token"), "503": err("`not_ready` (the supervisor stopped) or `database_unreachable` (cluster)")}}},
+            "/healthz": {"get": {"operationId": "health", "summary": "Alive", "security": [], "responses": {"200": text("`ok`")}}},
+            "/openapi.json": {"get": {"operationId": "openapi", "summary": "This document", "security": [], "responses": {"200": {"description": "OpenAPI 3.1", "content": {"application/json": {"schema": {"type": "object"}}}}}}}
         }
     })
 }
