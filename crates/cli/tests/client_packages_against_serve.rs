@@ -26,7 +26,6 @@ use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::{TcpListener, TcpStream};
 use warden_mock::{MockConfig, MockServer, Scenario};
 
-const PATIENCE: Duration = Duration::from_secs(30);
 
 fn python() -> Option<String> {
     match std::env::var("WARDEN_CLIENT_PYTHON") {
@@ -161,21 +160,13 @@ impl Served {
         let data = dir.path().join("data");
         let workspace = dir.path().join("ws");
         std::fs::create_dir_all(&workspace).expect("workspace");
-        let mut cmd = command(&[
-            "serve",
-            "--listen",
-            "127.0.0.1:0",
-            "--data-dir",
-            data.to_str().expect("utf-8"),
-            "--base-url",
+        let (child, base, token) = serve_on(
+            &data,
             &mock.base_url(),
-        ]);
-        cmd.env("WARDEN_STREAM_TIMEOUT", "1000");
-        let (child, base, _stdout) = spawn_listening(cmd, PATIENCE).await;
-        let token = std::fs::read_to_string(data.join("token"))
-            .expect("token")
-            .trim()
-            .to_owned();
+            &[],
+            &[("WARDEN_STREAM_TIMEOUT", "1000")],
+        )
+        .await;
         let (flaky, cut) = flaky_relay(base.trim_start_matches("http://").to_owned()).await;
         Self {
             _mock: mock,

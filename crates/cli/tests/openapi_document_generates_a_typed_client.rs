@@ -75,24 +75,8 @@ async fn a_generated_client_is_typed_for_every_route_but_the_event_streams() {
         .await
         .expect("mock");
     let dir = tempfile::tempdir().expect("tempdir");
-    let data = dir.path().join("data");
-    let (mut child, base, _stdout) = spawn_listening(
-        command(&[
-            "serve",
-            "--listen",
-            "127.0.0.1:0",
-            "--data-dir",
-            data.to_str().expect("utf-8"),
-            "--base-url",
-            &mock.base_url(),
-        ]),
-        PATIENCE,
-    )
-    .await;
-    let token = std::fs::read_to_string(data.join("token"))
-        .expect("token")
-        .trim()
-        .to_owned();
+    let (mut child, base, token) =
+        serve_on(&dir.path().join("data"), &mock.base_url(), &[], &[]).await;
     let document = reqwest::get(format!("{base}/openapi.json"))
         .await
         .expect("get")

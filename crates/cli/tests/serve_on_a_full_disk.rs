@@ -76,23 +76,13 @@ struct Node {
 }
 
 async fn start(data: &Path, mock: &MockServer) -> Node {
-    let mut cmd = command(&[
-        "serve",
-        "--listen",
-        "127.0.0.1:0",
-        "--data-dir",
-        data.to_str().expect("utf-8"),
-        "--base-url",
+    let (child, base, token) = serve_on(
+        data,
         &mock.base_url(),
-        "--grace",
-        "1",
-    ]);
-    cmd.env("WARDEN_STREAM_TIMEOUT", "60000");
-    let (child, base, _stdout) = spawn_listening(cmd, PATIENCE).await;
-    let token = std::fs::read_to_string(data.join("token"))
-        .expect("token")
-        .trim()
-        .to_owned();
+        &["--grace", "1"],
+        &[("WARDEN_STREAM_TIMEOUT", "60000")],
+    )
+    .await;
     Node { child, base, token }
 }
 

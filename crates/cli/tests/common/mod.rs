@@ -120,3 +120,34 @@ pub(crate) fn assert_one_line_error(out: &Output, needle: &str) {
 pub(crate) fn arg(path: &Path) -> &str {
     path.to_str().expect("utf-8 temp path")
 }
+
+/// `warden serve` on data directory `data`, its agent's API at `base_url`,
+/// with `extra` flags and `env`: the child, its URL and its token (read
+/// from `data/token`).
+pub(crate) async fn serve_on(
+    data: &Path,
+    base_url: &str,
+    extra: &[&str],
+    env: &[(&str, &str)],
+) -> (tokio::process::Child, String, String) {
+    let mut args = vec![
+        "serve",
+        "--listen",
+        "127.0.0.1:0",
+        "--data-dir",
+        arg(data),
+        "--base-url",
+        base_url,
+    ];
+    args.extend(extra);
+    let mut cmd = command(&args);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let (child, base, _stdout) = spawn_listening(cmd, Duration::from_secs(30)).await;
+    let token = std::fs::read_to_string(data.join("token"))
+        .expect("the token file")
+        .trim()
+        .to_owned();
+    (child, base, token)
+}

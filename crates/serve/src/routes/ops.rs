@@ -104,20 +104,8 @@ pub(crate) async fn lifecycle_events(
     State(state): State<AppState>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
-    let seen = match headers.get("last-event-id") {
-        None => state.history.now(),
-        Some(v) => v
-            .to_str()
-            .ok()
-            .and_then(|s| s.trim().parse::<u64>().ok())
-            .ok_or_else(|| {
-                ApiError::new(
-                    StatusCode::BAD_REQUEST,
-                    "invalid_request",
-                    "Last-Event-ID must be the id of a lifecycle event (a whole number)",
-                )
-            })?,
-    };
+    let seen = super::last_event_id(&headers, "the id of a lifecycle event")?
+        .unwrap_or_else(|| state.history.now());
     let history = Arc::clone(&state.history);
     let events = futures_util::stream::unfold(
         (history, seen, VecDeque::<Event>::new()),

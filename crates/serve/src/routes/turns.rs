@@ -195,20 +195,7 @@ pub(crate) async fn turn_events(
 
 /// The `Last-Event-ID` header's number (0 without one).
 fn last_event_id(headers: &HeaderMap) -> Result<u64, ApiError> {
-    Ok(match headers.get("last-event-id") {
-        None => 0,
-        Some(v) => v
-            .to_str()
-            .ok()
-            .and_then(|s| s.trim().parse::<u64>().ok())
-            .ok_or_else(|| {
-                ApiError::new(
-                    StatusCode::BAD_REQUEST,
-                    "invalid_request",
-                    "Last-Event-ID must be an event id of this turn (a whole number)",
-                )
-            })?,
-    })
+    Ok(super::last_event_id(headers, "an event id of this turn")?.unwrap_or(0))
 }
 
 /// `DELETE /v1/turns/{id}`.
