@@ -191,6 +191,12 @@ proptest! {
             .min()
             .unwrap_or(p);
         let repeat = p - from;
+        // Ambiguous by nature, left out: the model resumed exactly, yet
+        // what it sends starts with the whole partial text ("ü" then
+        // "ü0 …"): that is also what a restart from the first word looks
+        // like ("ü0 …" intended), and the stitcher takes it as one (see
+        // `overlap`'s `whole` rule). No stitcher can tell these apart.
+        prop_assume!(!(repeat == 0 && p > 0 && text[p..].starts_with(&text[..p])));
         let lead = lead_in && repeat >= MIN_OVERLAP_AFTER_LEAD_IN;
         let cont = format!("{}{}", if lead { "Continuing: " } else { "" }, &text[from..]);
         let partial = &text[..p];
