@@ -26,7 +26,6 @@ use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::{TcpListener, TcpStream};
 use warden_mock::{MockConfig, MockServer, Scenario};
 
-
 fn python() -> Option<String> {
     match std::env::var("WARDEN_CLIENT_PYTHON") {
         Ok(p) => Some(p),
