@@ -28,6 +28,7 @@ const TYPED: &[(&str, &str)] = &[
     ("list_sessions", "SessionList"),
     ("get_session", "Session"),
     ("reset_session", "SessionReset"),
+    ("session_turns", "TurnList"),
     ("metrics", "str"),
     ("ready", "str"),
     ("health", "str"),
@@ -133,8 +134,8 @@ async fn a_generated_client_is_typed_for_every_route_but_the_event_streams() {
 import sys
 sys.path.insert(0, ".")
 from gen import AuthenticatedClient
-from gen.api.default import create_turn, get_session, list_sessions, reset_session
-from gen.models import NewTurn, Session, SessionList, SessionReset, TurnCreated
+from gen.api.default import create_turn, get_session, list_sessions, reset_session, session_turns
+from gen.models import NewTurn, Session, SessionList, SessionReset, TurnCreated, TurnList
 
 client = AuthenticatedClient(base_url="{base}", token="{token}")
 created = create_turn.sync(client=client, body=NewTurn(message="hi", key="generated"))
@@ -147,6 +148,9 @@ assert isinstance(session, Session), session
 assert session.key == "generated", session
 reset = reset_session.sync(client=client, key="generated")
 assert isinstance(reset, SessionReset) and reset.reset, reset
+turns = session_turns.sync(client=client, key="generated")
+assert isinstance(turns, TurnList), turns
+assert created.id in [t.id for t in turns.turns], turns
 print("typed:", type(created).__name__, type(sessions).__name__, type(session).__name__)
 "#
     );

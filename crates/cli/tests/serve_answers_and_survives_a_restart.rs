@@ -387,6 +387,22 @@ async fn a_turn_survives_kill_9_under_its_id_and_a_client_re_attaches() {
         }
     }
     assert_eq!(shown, expected, "the text once: {seen:?} {rest:?}");
+    // The session's turns list it, under its id, answered.
+    let listed: serde_json::Value = serde_json::from_slice(
+        &client
+            .get(format!("{}/v1/sessions/ws/turns", again.base))
+            .bearer_auth(&again.token)
+            .send()
+            .await
+            .expect("get")
+            .bytes()
+            .await
+            .expect("body"),
+    )
+    .expect("JSON");
+    assert_eq!(listed["turns"][0]["id"], id.as_str(), "{listed}");
+    assert_eq!(listed["turns"][0]["outcome"], "done", "{listed}");
+    assert_eq!(listed["turns"][0]["text"], expected, "{listed}");
     let _ = again.child.start_kill();
 }
 

@@ -59,6 +59,17 @@ impl TurnStore for NodeTurns {
         })
     }
 
+    fn recent<'a>(
+        &'a self,
+        key: &'a SessionKey,
+        limit: usize,
+    ) -> BoxFuture<'a, Result<Vec<StoredTurn>, TurnStoreError>> {
+        Box::pin(async move {
+            let turns = self.node.pg().recent_turns(key, limit).await;
+            turns.map_err(turn_error)
+        })
+    }
+
     fn read<'a>(
         &'a self,
         id: &'a str,

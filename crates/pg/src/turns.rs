@@ -150,6 +150,49 @@ impl PgStore {
         Ok(Some(StoredTurn::new(id, key, message_id, events, ended)))
     }
 
+    /// The newest `limit` turns of `key`, newest first, each with its last
+    /// event (if any).
+    pub async fn recent_turns(
+        &self,
+        key: &SessionKey,
+        limit: usize,
+    ) -> Result<Vec<StoredTurn>, StoreError> {
+        let client = self.client().await?;
+        let rows = client
+            .query(
+                "SELECT t.id, t.message_id, t.ended, e.seq, e.kind, e.data \
+                 FROM warden_turns t \
+                 LEFT JOIN LATERAL (SELECT seq, kind, data FROM warden_turn_events \
+                   WHERE turn_id = t.id ORDER BY seq DESC LIMIT 1) e ON true \
+                 WHERE t.key = $1 ORDER BY t.message_id DESC LIMIT $2",
+                &[&key.as_str(), &i64::try_from(limit).unwrap_or(i64::MAX)],
+            )
+            .await
+            .map_err(backend)?;
+        rows.into_iter()
+            .map(|r| {
+                let id: String = r.get(0);
+                let last = match r.get::<_, Option<i64>>(3) {
+                    Some(seq) => {
+                        let kind: String = r.get(4);
+                        let kind = kind.parse().map_err(|e| StoreError::Backend {
+                            message: format!("turn {id}: event {seq}: {e}"),
+                        })?;
+                        vec![StoredEvent::new(from_db(seq), kind, r.get(5))]
+                    }
+                    None => Vec::new(),
+                };
+                Ok(StoredTurn::new(
+                    id,
+                    key.clone(),
+                    from_db(r.get(1)),
+                    last,
+                    r.get(2),
+                ))
+            })
+            .collect()
+    }
+
     async fn turn_events(
         &self,
         client: &deadpool_postgres::Object,

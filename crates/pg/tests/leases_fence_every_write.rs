@@ -528,6 +528,20 @@ async fn a_turns_log_moves_with_its_session_and_numbers_on_without_a_gap() {
     // turn that has not ended is kept (a day longer).
     let running = pg.open_turn(&b, 2, "turn-running").await.expect("open");
     assert_eq!(running.id, "turn-running");
+    // The session's turns, newest first, each with its last event.
+    let recent = pg.recent_turns(&key, 10).await.expect("recent");
+    let listed: Vec<_> = recent
+        .iter()
+        .map(|t| (t.id.as_str(), t.message_id, t.ended, t.events.clone()))
+        .collect();
+    assert_eq!(
+        listed,
+        [
+            ("turn-running", 2, false, vec![]),
+            ("turn-a", 1, true, vec![ev(3, "o")]),
+        ]
+    );
+    assert_eq!(pg.recent_turns(&key, 1).await.expect("recent").len(), 1);
     assert_eq!(
         pg.expire_turns(Duration::from_secs(3600))
             .await

@@ -91,6 +91,7 @@ pub fn router(supervisor: Supervisor, config: ServeConfig) -> Router {
         .route("/v1/sessions", get(sessions::list_sessions))
         .route("/v1/sessions/{key}", get(sessions::one_session))
         .route("/v1/sessions/{key}/reset", post(sessions::reset_session))
+        .route("/v1/sessions/{key}/turns", get(sessions::session_turns))
         .route("/v1/events", get(ops::lifecycle_events))
         .route("/readyz", get(ops::ready))
         .route("/metrics", get(ops::render_metrics))

@@ -52,6 +52,13 @@ pub(crate) fn document() -> Value {
                         "context": {"anyOf": [{"$ref": "#/components/schemas/Context"}, {"type": "null"}]},
                         "last_active_ms": {"type": "integer"},
                         "turn": {"$ref": "#/components/schemas/RunningTurn"}, "queued": {"type": "integer"}, "turns_finished": {"type": "integer"}}},
+                "TurnSummary": {"type": "object", "required": ["id", "message_id", "outcome"],
+                    "properties": {"id": {"type": "string"}, "message_id": {"type": "integer"},
+                        "outcome": {"type": "string", "enum": ["done", "error", "running", "pending", "moved"]},
+                        "text": {"type": "string", "description": "done: the answer"}, "attempts": {"type": "integer"},
+                        "code": {"type": "string", "description": "error: its code"}, "message": {"type": "string"}, "exit": {"type": "integer"}}},
+                "TurnList": {"type": "object", "required": ["key", "turns"],
+                    "properties": {"key": {"type": "string"}, "turns": {"type": "array", "items": {"$ref": "#/components/schemas/TurnSummary"}}}},
                 "SessionReset": {"type": "object", "required": ["key", "reset"],
                     "properties": {"key": {"type": "string"}, "reset": {"type": "boolean"}}},
                 "NewTurn": {"type": "object", "required": ["message"], "additionalProperties": false,
@@ -106,6 +113,13 @@ pub(crate) fn document() -> Value {
                 "summary": "One session (key percent-encoded)",
                 "parameters": [{"name": "key", "in": "path", "required": true, "schema": {"type": "string"}}],
                 "responses": {"200": ok("Its record, and while it runs its turn", "Session"), "401": err("No or a wrong token"), "404": err("Unknown session")}
+            }},
+            "/v1/sessions/{key}/turns": {"get": {
+                "operationId": "sessionTurns",
+                "summary": "The session's recent turns still kept, newest first, with their outcome and final text",
+                "parameters": [{"name": "key", "in": "path", "required": true, "schema": {"type": "string"}}],
+                "responses": {"200": ok("Its turns (an empty list for a session with none kept)", "TurnList"), "401": err("No or a wrong token"),
+                    "503": err("`unavailable`: the turn store failed")}
             }},
             "/v1/sessions/{key}/reset": {"post": {
                 "operationId": "resetSession",

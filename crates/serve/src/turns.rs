@@ -276,6 +276,32 @@ impl Turns {
         self.lock().get(id).cloned()
     }
 
+    /// The newest `limit` turns of `key` still kept, newest first, each
+    /// with its last event only: from the store when there is one (it has
+    /// them all, on any node), else from this process.
+    pub(crate) async fn recent(
+        &self,
+        key: &SessionKey,
+        limit: usize,
+    ) -> Result<Vec<StoredTurn>, TurnStoreError> {
+        if let Some(store) = &self.store {
+            return store.recent(key, limit).await;
+        }
+        let mut turns: Vec<StoredTurn> = self
+            .lock()
+            .iter()
+            .filter(|(_, log)| &log.key == key)
+            .map(|(id, log)| {
+                let last: Vec<ServeEvent> = log.lock().last().cloned().into_iter().collect();
+                let ended = log.changed.borrow().1;
+                StoredTurn::new(id.clone(), key.clone(), log.canceller.turn(), last, ended)
+            })
+            .collect();
+        turns.sort_by_key(|t| std::cmp::Reverse(t.message_id));
+        turns.truncate(limit);
+        Ok(turns)
+    }
+
     /// Registers `turn` of session `key` under a new id (or, with a store,
     /// the id its message already has) and starts pumping its events into
     /// its log; the log is forgotten `keep` after the turn ends. A
@@ -730,6 +756,14 @@ mod tests {
             _: u64,
         ) -> BoxFuture<'a, Result<Option<StoredTurn>, TurnStoreError>> {
             Box::pin(async { Ok(None) })
+        }
+
+        fn recent<'a>(
+            &'a self,
+            _: &'a SessionKey,
+            _: usize,
+        ) -> BoxFuture<'a, Result<Vec<StoredTurn>, TurnStoreError>> {
+            Box::pin(async { Ok(Vec::new()) })
         }
     }
 

@@ -933,3 +933,30 @@ async fn lifecycle_events_are_replayed_after_last_event_id() {
     let bad = events(Some("abc")).await.expect("get");
     assert_eq!(bad.status(), 400);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sessions_recent_turns_are_listed_with_their_outcome() {
+    let s = server().await;
+    s.answer("listed", "first answer").await;
+    s.answer("listed", "second answer").await;
+    let list = |key: &str| {
+        s.client
+            .get(format!("{}/v1/sessions/{key}/turns", s.base))
+            .bearer_auth(TOKEN)
+            .send()
+    };
+    let body = list("listed").await.expect("get").json_value().await;
+    let turns = body["turns"].as_array().expect("turns");
+    assert_eq!(turns.len(), 2, "{body}");
+    assert_eq!(turns[0]["message_id"], 2, "newest first: {body}");
+    assert_eq!(turns[0]["outcome"], "done");
+    assert_eq!(turns[0]["text"], "second answer");
+    assert_eq!(turns[1]["text"], "first answer");
+    assert!(
+        turns[0]["id"]
+            .as_str()
+            .is_some_and(|id| id.starts_with("turn_"))
+    );
+    let none = list("nobody").await.expect("get").json_value().await;
+    assert_eq!(none["turns"], serde_json::json!([]));
+}

@@ -275,6 +275,48 @@ impl TurnStore for SledTurns {
         })
     }
 
+    fn recent<'a>(
+        &'a self,
+        key: &'a SessionKey,
+        limit: usize,
+    ) -> BoxFuture<'a, Result<Vec<StoredTurn>, TurnStoreError>> {
+        Box::pin(async move {
+            let mut prefix = message_key(key, 0);
+            prefix.truncate(prefix.len() - 8);
+            let mut out = Vec::new();
+            // Message ids are big-endian: the newest last.
+            for item in self.tree.scan_prefix(&prefix).rev().take(limit) {
+                let (k, id) = item.map_err(|e| failed(&e))?;
+                let message_id = k[prefix.len()..]
+                    .try_into()
+                    .map(u64::from_be_bytes)
+                    .map_err(|_| corrupt("message key", key))?;
+                let id = String::from_utf8_lossy(&id).into_owned();
+                let Some(meta) = self.meta(&id)? else {
+                    continue;
+                };
+                let last = match self.tree.scan_prefix(events_prefix(&id)).next_back() {
+                    Some(item) => {
+                        let (k, _) = item.map_err(|e| failed(&e))?;
+                        let seq_bytes: [u8; 8] = k[events_prefix(&id).len()..]
+                            .try_into()
+                            .map_err(|_| corrupt("event key", &id))?;
+                        self.events(&id, u64::from_be_bytes(seq_bytes) - 1)?
+                    }
+                    None => Vec::new(),
+                };
+                out.push(StoredTurn::new(
+                    id,
+                    key.clone(),
+                    message_id,
+                    last,
+                    meta.ended,
+                ));
+            }
+            Ok(out)
+        })
+    }
+
     fn read<'a>(
         &'a self,
         id: &'a str,

@@ -55,6 +55,23 @@ async fn a_turn_log_keeps_its_id_and_events_across_a_reopen() {
     assert!(read.ended);
     assert_eq!(read.events, vec![done]);
     assert_eq!(turns.read("turn_unknown", 0).await.expect("read"), None);
+    // The session's turns, newest first, each with its last event.
+    let recent = turns.recent(&key, 10).await.expect("recent");
+    let listed: Vec<_> = recent
+        .iter()
+        .map(|t| (t.id.as_str(), t.message_id, t.ended, t.events.len()))
+        .collect();
+    assert_eq!(listed, [("turn_c", 2, false, 0), ("turn_a", 1, true, 1)]);
+    assert_eq!(recent[1].events[0].kind, TurnEventKind::Done);
+    assert_eq!(turns.recent(&key, 1).await.expect("recent").len(), 1);
+    let other = turns
+        .recent(&SessionKey::new("w"), 10)
+        .await
+        .expect("recent");
+    assert!(
+        other.is_empty(),
+        "a key that is a prefix of another's is its own: {other:?}"
+    );
 }
 
 #[tokio::test]

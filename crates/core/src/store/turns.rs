@@ -203,6 +203,15 @@ pub trait TurnStore: Send + Sync + 'static {
         ended: bool,
     ) -> BoxFuture<'a, Result<(), TurnStoreError>>;
 
+    /// The newest `limit` turns of session `key` still kept, newest first,
+    /// each with its last event only (its outcome, when it has ended) or
+    /// none yet.
+    fn recent<'a>(
+        &'a self,
+        key: &'a SessionKey,
+        limit: usize,
+    ) -> BoxFuture<'a, Result<Vec<StoredTurn>, TurnStoreError>>;
+
     /// Turn `id` with its events after number `after`; `None` if unknown.
     fn read<'a>(
         &'a self,

@@ -6,6 +6,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde_json::json;
 use warden_core::SessionKey;
+use warden_core::store::TurnEventKind;
 
 use crate::cluster::Cluster;
 use crate::error::{ApiError, bad_session};
@@ -106,4 +107,48 @@ pub(crate) async fn reset_session(
         .await
         .map_err(bad_session)?;
     Ok(Json(json!({"key": key, "reset": true})).into_response())
+}
+
+/// Turns listed by `GET /v1/sessions/{key}/turns`.
+const RECENT_TURNS: usize = 50;
+
+/// `GET /v1/sessions/{key}/turns`: the session's recent turns still kept
+/// (`--keep-events` after they end), newest first, with their outcome and
+/// final text — so a message re-sent after a restart can be followed.
+pub(crate) async fn session_turns(
+    State(state): State<AppState>,
+    Path(key): Path<String>,
+) -> Result<Response, ApiError> {
+    let turns = state
+        .turns
+        .recent(&SessionKey::new(&key), RECENT_TURNS)
+        .await
+        .map_err(|e| ApiError::unavailable("unavailable", e.to_string()).retry_after(1))?;
+    let list: Vec<_> = turns
+        .iter()
+        .map(|t| {
+            let last = t.events.last();
+            let mut v = json!({"id": t.id, "message_id": t.message_id});
+            match last.map(|e| (e.kind, &e.data)) {
+                Some((TurnEventKind::Done, data)) => {
+                    v["outcome"] = json!("done");
+                    v["text"] = data["text"].clone();
+                    v["attempts"] = data["attempts"].clone();
+                }
+                Some((TurnEventKind::Error, data)) => {
+                    v["outcome"] = json!("error");
+                    v["code"] = data["code"].clone();
+                    v["message"] = data["message"].clone();
+                    v["exit"] = data["exit"].clone();
+                }
+                // Its log ended without a last event: it moved to another
+                // node, or stopped here with its message still pending.
+                _ if t.ended => v["outcome"] = json!("moved"),
+                Some(_) => v["outcome"] = json!("running"),
+                None => v["outcome"] = json!("pending"),
+            }
+            v
+        })
+        .collect();
+    Ok(Json(json!({"key": key, "turns": list})).into_response())
 }
