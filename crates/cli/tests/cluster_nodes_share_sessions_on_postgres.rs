@@ -542,6 +542,16 @@ impl SseReader {
         }
     }
 
+    /// Events up to and including the first `text` one (A's events: the
+    /// reply is under way).
+    async fn until_text(&mut self) -> Vec<Sse> {
+        let mut seen = Vec::new();
+        while !seen.iter().any(|e: &Sse| e.kind == "text") {
+            seen.push(self.next().await.expect("A's events"));
+        }
+        seen
+    }
+
     /// Every event to the end of the stream.
     async fn rest(&mut self) -> Vec<Sse> {
         let mut all = Vec::new();
@@ -605,10 +615,7 @@ async fn a_client_re_attaches_on_another_node_to_a_turn_whose_node_died() {
 
     // A runs the turn; the client reads its text until the stream stalls.
     let (id, mut first) = stream_turn(&a, "k1", "hello").await;
-    let mut seen = Vec::new();
-    while !seen.iter().any(|e: &Sse| e.kind == "text") {
-        seen.push(first.next().await.expect("A's events"));
-    }
+    let mut seen = first.until_text().await;
     // What the mock sent before it stalled has all arrived.
     tokio::time::sleep(Duration::from_millis(300)).await;
     while let Ok(Some(e)) = tokio::time::timeout(Duration::from_millis(200), first.next()).await {
@@ -694,10 +701,7 @@ async fn a_node_stopped_gracefully_mid_turn_hands_the_turn_to_another_node_to_fi
     let mut a = start(&dir, "node-a", &url, &mock).await;
     let b = start(&dir, "node-b", &url, &mock).await;
     let (id, mut reading) = stream_turn(&a, "k1", "hello").await;
-    let mut seen = Vec::new();
-    while !seen.iter().any(|e: &Sse| e.kind == "text") {
-        seen.push(reading.next().await.expect("A's events"));
-    }
+    let mut seen = reading.until_text().await;
 
     // SIGTERM: A's turn does not finish within its grace; A stops it with
     // its message pending and gives the lease up. A's stream ends without
@@ -913,10 +917,7 @@ async fn a_claude_code_session_fails_over_through_a_fresh_start_where_its_worksp
         .expect("ascii")
         .to_owned();
     let mut reading = SseReader::new(second);
-    let mut seen = Vec::new();
-    while !seen.iter().any(|e: &Sse| e.kind == "text") {
-        seen.push(reading.next().await.expect("A's events"));
-    }
+    let seen = reading.until_text().await;
     a.child.start_kill().expect("SIGKILL");
     let _ = a.child.wait().await;
     drop(reading);
@@ -1661,6 +1662,34 @@ fn admin_sql(sql: &str) {
     );
 }
 
+/// Database `db` goes away, as in a restart: new connections are refused
+/// and the open ones cut.
+fn database_away(db: &str) {
+    admin_sql(&format!("ALTER DATABASE {db} ALLOW_CONNECTIONS false"));
+    admin_sql(&format!(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = '{db}'"
+    ));
+}
+
+/// Database `db` takes connections again.
+fn database_back(db: &str) {
+    admin_sql(&format!("ALTER DATABASE {db} ALLOW_CONNECTIONS true"));
+}
+
+/// The reply text a client shows from `events`: `text` adds to it,
+/// `retrying` / `restarting` with `discard` drop it, `continuing` keeps it.
+fn shown<'a>(events: impl IntoIterator<Item = &'a Sse>) -> String {
+    let mut text = String::new();
+    for e in events {
+        match e.kind.as_str() {
+            "text" => text.push_str(e.data["text"].as_str().unwrap_or("")),
+            "retrying" | "restarting" if e.data["discard"] == true => text.clear(),
+            _ => {}
+        }
+    }
+    text
+}
+
 /// A database outage shorter than the lease TTL moves nothing: the node
 /// running a turn renews as soon as the database answers again and the
 /// turn finishes there, run once. (The outage: the database refuses
@@ -1678,18 +1707,12 @@ async fn a_database_restart_within_the_lease_moves_no_session() {
     let a = start_with_ttl(&dir, "node-a", &url, &mock, ttl).await;
     let b = start_with_ttl(&dir, "node-b", &url, &mock, ttl).await;
     let (_id, mut reading) = stream_turn(&a, "k1", "hello").await;
-    let mut seen = Vec::new();
-    while !seen.iter().any(|e: &Sse| e.kind == "text") {
-        seen.push(reading.next().await.expect("A's events"));
-    }
+    let mut seen = reading.until_text().await;
 
     // The database goes away for a third of the TTL.
-    admin_sql(&format!("ALTER DATABASE {db} ALLOW_CONNECTIONS false"));
-    admin_sql(&format!(
-        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = '{db}'"
-    ));
+    database_away(&db);
     tokio::time::sleep(Duration::from_secs_f64(ttl / 3.0)).await;
-    admin_sql(&format!("ALTER DATABASE {db} ALLOW_CONNECTIONS true"));
+    database_back(&db);
 
     // The turn ends on A, whole, with no retry, restart or node-lost marker.
     seen.extend(reading.rest().await);
@@ -1737,16 +1760,10 @@ async fn a_database_outage_longer_than_the_lease_stops_the_turn_and_it_is_re_del
     let a = start_with_ttl(&dir, "node-a", &url, &mock, ttl).await;
     let b = start_with_ttl(&dir, "node-b", &url, &mock, ttl).await;
     let (id, mut reading) = stream_turn(&a, "k1", "hello").await;
-    let mut seen = Vec::new();
-    while !seen.iter().any(|e: &Sse| e.kind == "text") {
-        seen.push(reading.next().await.expect("A's events"));
-    }
+    let mut seen = reading.until_text().await;
 
     // The database goes away for twice the TTL.
-    admin_sql(&format!("ALTER DATABASE {db} ALLOW_CONNECTIONS false"));
-    admin_sql(&format!(
-        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = '{db}'"
-    ));
+    database_away(&db);
     tokio::time::sleep(Duration::from_secs_f64(ttl * 2.0)).await;
     // A stopped its stream at its lease's end, with the database away.
     assert_eq!(
@@ -1755,7 +1772,7 @@ async fn a_database_outage_longer_than_the_lease_stops_the_turn_and_it_is_re_del
         "{:?}",
         mock.requests()
     );
-    admin_sql(&format!("ALTER DATABASE {db} ALLOW_CONNECTIONS true"));
+    database_back(&db);
 
     // A's stream of the turn ends without a last event (the turn left
     // it); the client re-attaches through B where it left off.
@@ -1772,14 +1789,7 @@ async fn a_database_outage_longer_than_the_lease_stops_the_turn_and_it_is_re_del
     assert_eq!(done.kind, "done", "{rest:?}");
     let expected = "Hello from warden-mock. Your last message had 5 characters.";
     assert_eq!(done.data["text"], expected, "{rest:?}");
-    let mut shown = String::new();
-    for e in seen.iter().chain(rest.iter()) {
-        match e.kind.as_str() {
-            "text" => shown.push_str(e.data["text"].as_str().unwrap_or("")),
-            "retrying" | "restarting" if e.data["discard"] == true => shown.clear(),
-            _ => {}
-        }
-    }
+    let shown = shown(seen.iter().chain(rest.iter()));
     assert_eq!(
         shown, expected,
         "the client's text, once: {seen:?} {rest:?}"
@@ -1931,10 +1941,7 @@ async fn a_node_partitioned_from_the_database_past_its_lease_stops_before_it_is_
     let b = start_with_ttl(&dir, "node-b", &url, &mock, ttl).await;
 
     let (id, mut reading) = stream_turn(&a, "k1", "hello").await;
-    let mut seen = Vec::new();
-    while !seen.iter().any(|e: &Sse| e.kind == "text") {
-        seen.push(reading.next().await.expect("A's events"));
-    }
+    let seen = reading.until_text().await;
 
     // A is cut off from the database for three times its lease.
     let partition = Partition::cut(GID, port).expect("the firewall rule");
@@ -1967,19 +1974,7 @@ async fn a_node_partitioned_from_the_database_past_its_lease_stops_before_it_is_
     let done = rest.last().expect("events");
     assert_eq!(done.kind, "done", "{rest:?}");
     assert_eq!(done.data["text"], expected, "{rest:?}");
-    let shown: String = seen
-        .iter()
-        .chain(rest.iter())
-        .scan(String::new(), |text, e| {
-            match e.kind.as_str() {
-                "text" => text.push_str(e.data["text"].as_str().unwrap_or("")),
-                "retrying" | "restarting" if e.data["discard"] == true => text.clear(),
-                _ => {}
-            }
-            Some(text.clone())
-        })
-        .last()
-        .unwrap_or_default();
+    let shown = shown(seen.iter().chain(rest.iter()));
     assert_eq!(
         shown, expected,
         "the client's text, once: {seen:?} {rest:?}"
