@@ -101,6 +101,7 @@ fn record(key: BoxedStrategy<String>) -> impl Strategy<Value = SessionRecord> {
                 ".{0,80}",
                 any::<u64>(),
                 prop::option::of("[a-z0-9.-]{1,30}"),
+                prop::option::of("[!-~]{1,40}"),
             ),
             0..5,
         ),
@@ -139,12 +140,15 @@ fn record(key: BoxedStrategy<String>) -> impl Strategy<Value = SessionRecord> {
                 r.next_message_id = next;
                 r.pending = pending
                     .into_iter()
-                    .map(|(id, text, accepted_at_ms, model)| PendingMessage {
-                        id,
-                        text,
-                        accepted_at_ms,
-                        model,
-                    })
+                    .map(
+                        |(id, text, accepted_at_ms, model, idempotency_key)| PendingMessage {
+                            id,
+                            text,
+                            accepted_at_ms,
+                            model,
+                            idempotency_key,
+                        },
+                    )
                     .collect();
                 r
             },

@@ -189,6 +189,7 @@ async fn a_session_that_panics_is_restarted_per_policy() {
         text: "left over".into(),
         accepted_at_ms: 0,
         model: None,
+        idempotency_key: None,
     });
     r.next_message_id = 2;
     store.save(&r, Durability::Flushed).await.expect("save");

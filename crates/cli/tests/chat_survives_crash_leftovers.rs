@@ -120,6 +120,7 @@ async fn a_pending_message_answered_before_the_crash_is_not_answered_twice() {
             text: "What changed?".into(),
             accepted_at_ms: record.last_active_ms,
             model: None,
+            idempotency_key: None,
         });
         store
             .save(&record, Durability::Flushed)

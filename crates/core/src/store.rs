@@ -36,8 +36,9 @@ pub use turns::{
 };
 
 /// The schema version this build writes and the newest it reads. 2 added
-/// [`PendingMessage::model`]; version 1 records still read (without it).
-pub const SCHEMA_VERSION: u16 = 2;
+/// [`PendingMessage::model`], 3 [`PendingMessage::idempotency_key`]; older
+/// records still read (without them).
+pub const SCHEMA_VERSION: u16 = 3;
 
 /// Lifecycle status of a stored session.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -72,6 +73,10 @@ pub struct PendingMessage {
     /// `None`: the source's own.
     #[serde(default)]
     pub model: Option<String>,
+    /// The key its sender chose to recognise a retried send
+    /// ([`SendOptions::idempotency_key`](crate::SendOptions)).
+    #[serde(default)]
+    pub idempotency_key: Option<String>,
 }
 
 /// Last usage and context of a session.
@@ -182,6 +187,21 @@ impl SessionRecord {
 
     /// [`accept`](Self::accept), the turn asking for `model`.
     pub fn accept_for(&mut self, text: impl Into<String>, model: Option<String>) -> u64 {
+        self.accept_with(
+            text,
+            crate::SendOptions {
+                model,
+                idempotency_key: None,
+            },
+        )
+    }
+
+    /// [`accept`](Self::accept) with the turn's options, stored with it.
+    pub fn accept_with(&mut self, text: impl Into<String>, options: crate::SendOptions) -> u64 {
+        let crate::SendOptions {
+            model,
+            idempotency_key,
+        } = options;
         let id = self.next_message_id;
         let accepted_at_ms = now_ms();
         self.pending.push(PendingMessage {
@@ -189,6 +209,7 @@ impl SessionRecord {
             text: text.into(),
             accepted_at_ms,
             model,
+            idempotency_key,
         });
         self.next_message_id += 1;
         self.last_active_ms = accepted_at_ms;

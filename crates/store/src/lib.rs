@@ -353,12 +353,22 @@ pub fn decode(key: &str, bytes: &[u8]) -> Result<SessionRecord, StoreError> {
     if version == 0 {
         return Err(corrupt("schema version 0".into()));
     }
-    let (record, used): (SessionRecord, usize) = if version == 1 {
-        let (old, used): (v1::Record, usize) = bincode::serde::decode_from_slice(body, config())
-            .map_err(|e| corrupt(e.to_string()))?;
-        (old.upgrade(), used)
-    } else {
-        bincode::serde::decode_from_slice(body, config()).map_err(|e| corrupt(e.to_string()))?
+    let (record, used): (SessionRecord, usize) = match version {
+        1 => {
+            let (old, used): (old::Record<old::V1>, usize) =
+                bincode::serde::decode_from_slice(body, config())
+                    .map_err(|e| corrupt(e.to_string()))?;
+            (old.upgrade(), used)
+        }
+        2 => {
+            let (old, used): (old::Record<old::V2>, usize) =
+                bincode::serde::decode_from_slice(body, config())
+                    .map_err(|e| corrupt(e.to_string()))?;
+            (old.upgrade(), used)
+        }
+        _ => {
+            bincode::serde::decode_from_slice(body, config()).map_err(|e| corrupt(e.to_string()))?
+        }
     };
     if used != body.len() {
         return Err(corrupt(format!(
@@ -372,10 +382,13 @@ pub fn decode(key: &str, bytes: &[u8]) -> Result<SessionRecord, StoreError> {
     Ok(record)
 }
 
-/// Schema version 1 (before [`PendingMessage::model`]), read and upgraded.
+/// Older schema versions, read and upgraded: 1 (before
+/// [`PendingMessage::model`]) and 2 (before
+/// [`PendingMessage::idempotency_key`]). Only the pending messages changed.
 ///
 /// [`PendingMessage::model`]: warden_core::PendingMessage::model
-mod v1 {
+/// [`PendingMessage::idempotency_key`]: warden_core::PendingMessage::idempotency_key
+mod old {
     use std::path::PathBuf;
 
     use serde::Deserialize;
@@ -384,15 +397,49 @@ mod v1 {
 
     /// A pending message of version 1.
     #[derive(Deserialize)]
-    pub(super) struct Pending {
+    pub(super) struct V1 {
         id: u64,
         text: String,
         accepted_at_ms: u64,
     }
 
-    /// A record of version 1: the fields in their order then.
+    impl From<V1> for PendingMessage {
+        fn from(p: V1) -> Self {
+            Self {
+                id: p.id,
+                text: p.text,
+                accepted_at_ms: p.accepted_at_ms,
+                model: None,
+                idempotency_key: None,
+            }
+        }
+    }
+
+    /// A pending message of version 2.
     #[derive(Deserialize)]
-    pub(super) struct Record {
+    pub(super) struct V2 {
+        id: u64,
+        text: String,
+        accepted_at_ms: u64,
+        model: Option<String>,
+    }
+
+    impl From<V2> for PendingMessage {
+        fn from(p: V2) -> Self {
+            Self {
+                id: p.id,
+                text: p.text,
+                accepted_at_ms: p.accepted_at_ms,
+                model: p.model,
+                idempotency_key: None,
+            }
+        }
+    }
+
+    /// A record of an older version: the fields in their order then, with
+    /// that version's pending messages `P`.
+    #[derive(Deserialize)]
+    pub(super) struct Record<P> {
         key: String,
         workspace: Option<PathBuf>,
         agent_session_id: Option<String>,
@@ -403,11 +450,11 @@ mod v1 {
         restart_count: u32,
         created_at_ms: u64,
         last_active_ms: u64,
-        pending: Vec<Pending>,
+        pending: Vec<P>,
         next_message_id: u64,
     }
 
-    impl Record {
+    impl<P: Into<PendingMessage>> Record<P> {
         /// The same record in today's schema.
         pub(super) fn upgrade(self) -> SessionRecord {
             let mut r = SessionRecord::new(&SessionKey::new(&self.key), self.workspace);
@@ -419,16 +466,7 @@ mod v1 {
             r.restart_count = self.restart_count;
             r.created_at_ms = self.created_at_ms;
             r.last_active_ms = self.last_active_ms;
-            r.pending = self
-                .pending
-                .into_iter()
-                .map(|p| PendingMessage {
-                    id: p.id,
-                    text: p.text,
-                    accepted_at_ms: p.accepted_at_ms,
-                    model: None,
-                })
-                .collect();
+            r.pending = self.pending.into_iter().map(Into::into).collect();
             r.next_message_id = self.next_message_id;
             r
         }
@@ -514,17 +552,11 @@ mod tests {
         r
     }
 
-    #[test]
-    fn a_version_1_record_reads_back_upgraded() {
-        /// The version 1 layout, written as a build of that time wrote it.
+    /// A record of an older layout with pending messages `P`, written as a
+    /// build of that time wrote it under `version`.
+    fn old_record<P: serde::Serialize>(version: u16, pending: P) -> Vec<u8> {
         #[derive(serde::Serialize)]
-        struct PendingV1 {
-            id: u64,
-            text: String,
-            accepted_at_ms: u64,
-        }
-        #[derive(serde::Serialize)]
-        struct RecordV1 {
+        struct RecordOld<P> {
             key: String,
             workspace: Option<std::path::PathBuf>,
             agent_session_id: Option<String>,
@@ -535,10 +567,10 @@ mod tests {
             restart_count: u32,
             created_at_ms: u64,
             last_active_ms: u64,
-            pending: Vec<PendingV1>,
+            pending: Vec<P>,
             next_message_id: u64,
         }
-        let old = RecordV1 {
+        let old = RecordOld {
             key: "ws".into(),
             workspace: Some("/work/ws".into()),
             agent_session_id: Some("conv-1".into()),
@@ -549,16 +581,16 @@ mod tests {
             restart_count: 2,
             created_at_ms: 10,
             last_active_ms: 20,
-            pending: vec![PendingV1 {
-                id: 3,
-                text: "left over".into(),
-                accepted_at_ms: 15,
-            }],
+            pending: vec![pending],
             next_message_id: 4,
         };
-        let mut bytes = 1u16.to_be_bytes().to_vec();
+        let mut bytes = version.to_be_bytes().to_vec();
         bytes.extend(bincode::serde::encode_to_vec(&old, config()).expect("encode"));
-        let record = decode("ws", &bytes).expect("a version 1 record decodes");
+        bytes
+    }
+
+    /// The fields every version has, read back from `record`.
+    fn check_upgraded(record: &SessionRecord) {
         assert_eq!(record.key, "ws");
         assert_eq!(record.workspace.as_deref(), Some(Path::new("/work/ws")));
         assert_eq!(record.agent_session_id.as_deref(), Some("conv-1"));
@@ -573,12 +605,60 @@ mod tests {
             (p.id, p.text.as_str(), p.accepted_at_ms),
             (3, "left over", 15)
         );
-        assert_eq!(p.model, None);
-        // Written again, it is version 2 and keeps a model.
+        assert_eq!(p.idempotency_key, None);
+    }
+
+    #[test]
+    fn records_of_versions_1_and_2_read_back_upgraded() {
+        #[derive(serde::Serialize)]
+        struct PendingV1 {
+            id: u64,
+            text: String,
+            accepted_at_ms: u64,
+        }
+        #[derive(serde::Serialize)]
+        struct PendingV2 {
+            id: u64,
+            text: String,
+            accepted_at_ms: u64,
+            model: Option<String>,
+        }
+        let v1 = old_record(
+            1,
+            PendingV1 {
+                id: 3,
+                text: "left over".into(),
+                accepted_at_ms: 15,
+            },
+        );
+        let record = decode("ws", &v1).expect("a version 1 record decodes");
+        check_upgraded(&record);
+        assert_eq!(record.pending[0].model, None);
+        let v2 = old_record(
+            2,
+            PendingV2 {
+                id: 3,
+                text: "left over".into(),
+                accepted_at_ms: 15,
+                model: Some("m2".into()),
+            },
+        );
+        let record = decode("ws", &v2).expect("a version 2 record decodes");
+        check_upgraded(&record);
+        assert_eq!(record.pending[0].model.as_deref(), Some("m2"));
+        // Read as today's layout, version 2 bytes do not decode (so the
+        // version check above is what reads them).
+        let mut as_v3 = v2.clone();
+        as_v3[..2].copy_from_slice(&3u16.to_be_bytes());
+        assert!(matches!(
+            decode("ws", &as_v3),
+            Err(StoreError::Corrupt { .. })
+        ));
+        // Written again, it is version 3 and keeps the model and the key.
         let mut again = record.clone();
-        again.pending[0].model = Some("m".into());
+        again.pending[0].idempotency_key = Some("k-1".into());
         let bytes = encode(&again).expect("encode");
-        assert_eq!(u16::from_be_bytes([bytes[0], bytes[1]]), 2);
+        assert_eq!(u16::from_be_bytes([bytes[0], bytes[1]]), 3);
         assert_eq!(decode("ws", &bytes).expect("decode"), again);
     }
 

@@ -192,6 +192,7 @@ impl Actor for SessionActor {
                 let turn = crate::RecoveredTurn {
                     key: args.key.clone(),
                     message_id: q.message.id,
+                    idempotency_key: q.message.idempotency_key.clone(),
                     handle,
                     continue_from: crate::ContinueFrom::new(offer_tx),
                 };
@@ -352,7 +353,7 @@ async fn handle_msg(
     }
     match msg {
         SessionMsg::Submit(text, options, reply) => {
-            let id = state.record.accept_for(text, options.model);
+            let id = state.record.accept_with(text, options);
             let message = state
                 .record
                 .pending

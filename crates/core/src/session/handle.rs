@@ -156,6 +156,9 @@ pub struct RecoveredTurn {
     pub key: SessionKey,
     /// The pending message's id (also the turn number of its canceller).
     pub message_id: u64,
+    /// The key its sender stored with it
+    /// ([`SendOptions::idempotency_key`](crate::SendOptions)).
+    pub idempotency_key: Option<String>,
     /// The turn's events, as for a message sent now.
     pub handle: TurnHandle,
     /// Where the relay may offer the reply text the turn's callers already

@@ -145,12 +145,24 @@ pub struct SendOptions {
     /// source's own. A session's turns may each ask for another; the
     /// record keeps the last one the agent announced.
     pub model: Option<String>,
+    /// A key the caller chose for this message, so that a retried send can
+    /// be recognised: it is stored with the message and handed back with a
+    /// re-delivered one ([`RecoveredTurn::idempotency_key`](crate::RecoveredTurn)).
+    /// The session does not compare keys; whoever relays turns (`warden
+    /// serve`) looks them up before sending.
+    pub idempotency_key: Option<String>,
 }
 
 impl SendOptions {
     /// Asks for `model`.
     pub fn with_model(mut self, model: impl Into<String>) -> Self {
         self.model = Some(model.into());
+        self
+    }
+
+    /// Stores `key` with the message ([`idempotency_key`](Self::idempotency_key)).
+    pub fn with_idempotency_key(mut self, key: impl Into<String>) -> Self {
+        self.idempotency_key = Some(key.into());
         self
     }
 }
