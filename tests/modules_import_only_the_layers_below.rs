@@ -50,8 +50,8 @@ const SERVE: Table = &[
     ("views", &[]),
     ("openapi", &[]),
     ("metrics", &[]),
-    ("history", &["views"]),
     ("turns", &["ids"]),
+    ("history", &["turns", "views"]),
     ("sse", &["turns"]),
     ("cluster", &["error", "ids"]),
     (
@@ -65,7 +65,7 @@ const SERVE: Table = &[
     ("routes/sessions", &["cluster", "error", "state", "views"]),
     (
         "routes/turns",
-        &["cluster", "error", "sse", "state", "turns"],
+        &["cluster", "error", "ids", "sse", "state", "turns"],
     ),
 ];
 

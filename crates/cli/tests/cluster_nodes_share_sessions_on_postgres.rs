@@ -1124,6 +1124,34 @@ async fn any_node_takes_a_turn_and_forwards_it_to_the_sessions_owner() {
         assert_eq!(k1["here"], here, "{list}");
     }
 
+    // A keyed turn through B runs on A; the same key through either node
+    // is that turn again, not a second one.
+    let keyed = |node: &Node| {
+        http.post(format!("{}/v1/turns", node.base))
+            .bearer_auth(TOKEN)
+            .header("content-type", "application/json")
+            .header("idempotency-key", "cluster-key-1")
+            .body(serde_json::json!({"key": "k1", "message": "keyed"}).to_string())
+            .send()
+    };
+    let first = keyed(&b).await.expect("post");
+    assert_eq!(first.status(), 202);
+    let keyed_id = first.json_value().await["id"]
+        .as_str()
+        .expect("id")
+        .to_owned();
+    let t0 = Instant::now();
+    while mock.requests().len() < 3 || pending(&pg, "k1").await > 0 {
+        assert!(t0.elapsed() < PATIENCE, "A answered the keyed message");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    for node in [&a, &b] {
+        let again = keyed(node).await.expect("post");
+        assert_eq!(again.status(), 202);
+        assert_eq!(again.headers()["idempotent-replayed"], "true");
+        assert_eq!(again.json_value().await["id"], keyed_id.as_str());
+    }
+
     // A dies: its turn is still served, by B from the database (the same
     // events A sent), and until A's lease runs out B says where the
     // session was (B could not forward).
@@ -1161,6 +1189,11 @@ async fn any_node_takes_a_turn_and_forwards_it_to_the_sessions_owner() {
         refused.json_value().await["error"]["type"],
         "session_elsewhere"
     );
+    // A retry of the keyed turn is still answered, by B from the database.
+    let retried = keyed(&b).await.expect("post");
+    assert_eq!(retried.status(), 202);
+    assert_eq!(retried.json_value().await["id"], keyed_id.as_str());
+    assert_eq!(mock.requests().len(), 3, "nothing more was sent upstream");
     drop(b);
 }
 

@@ -303,6 +303,7 @@ async fn a_turn_survives_kill_9_under_its_id_and_a_client_re_attaches() {
         .bearer_auth(&node.token)
         .header("accept", "text/event-stream")
         .header("content-type", "application/json")
+        .header("idempotency-key", "client-7f3a")
         .body(r#"{"key": "ws", "message": "hello"}"#)
         .send()
         .await
@@ -403,7 +404,172 @@ async fn a_turn_survives_kill_9_under_its_id_and_a_client_re_attaches() {
     assert_eq!(listed["turns"][0]["id"], id.as_str(), "{listed}");
     assert_eq!(listed["turns"][0]["outcome"], "done", "{listed}");
     assert_eq!(listed["turns"][0]["text"], expected, "{listed}");
+    // The client, unsure its first request got through, sends it again
+    // with the same key: the same turn, not a second answer.
+    let upstream = mock.request_count();
+    let retried = client
+        .post(format!("{}/v1/turns", again.base))
+        .bearer_auth(&again.token)
+        .header("content-type", "application/json")
+        .header("idempotency-key", "client-7f3a")
+        .body(r#"{"key": "ws", "message": "hello"}"#)
+        .send()
+        .await
+        .expect("post");
+    assert_eq!(retried.status(), 202);
+    assert_eq!(retried.headers()["idempotent-replayed"], "true");
+    let body: serde_json::Value =
+        serde_json::from_slice(&retried.bytes().await.expect("body")).expect("JSON");
+    assert_eq!(body["id"], id.as_str());
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        mock.request_count(),
+        upstream,
+        "nothing sent upstream again"
+    );
     let _ = again.child.start_kill();
+}
+
+/// The narrowest crash: a message accepted (stored, acknowledged) whose
+/// turn was not yet relayed when the process died. Restarted, the server
+/// re-delivers it under the id its idempotency key names, and a client
+/// retrying the request — even while the restart is still re-delivering —
+/// never gets a second turn: the same id, or a 409 `turn_recovering` to
+/// ask again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_accepted_before_a_crash_is_found_by_its_idempotency_key() {
+    let mock = MockServer::start(MockConfig::default())
+        .await
+        .expect("mock");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().join("data");
+    // A first run creates the data directory and the session.
+    let mut node = start(&data, &mock).await;
+    let client = reqwest::Client::new();
+    let post = |base: &str, token: &str| {
+        client
+            .post(format!("{base}/v1/turns"))
+            .bearer_auth(token)
+            .header("content-type", "application/json")
+            .header("idempotency-key", "retry-me")
+            .body(r#"{"key": "crashy", "message": "hello"}"#)
+            .send()
+    };
+    let warm = client
+        .post(format!("{}/v1/turns", node.base))
+        .bearer_auth(&node.token)
+        .header("content-type", "application/json")
+        .body(r#"{"key": "crashy", "message": "warm up"}"#)
+        .send()
+        .await
+        .expect("post");
+    assert_eq!(warm.status(), 202);
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    while mock.request_count() < 1 || session_pending(&client, &node, "crashy").await != 0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the first turn ends in time"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    node.child.start_kill().expect("SIGKILL");
+    let _ = node.child.wait().await;
+    // What the crash left: the message stored with its key, no turn log.
+    {
+        use warden_core::SessionStore as _;
+        let store = warden_store::SledStore::open(data.join("sessions.db")).expect("open");
+        let key = warden_core::SessionKey::new("crashy");
+        let mut record = store.load(&key).await.expect("load").expect("record");
+        let options = warden_core::SendOptions::default().with_idempotency_key("retry-me");
+        record.accept_with("hello", options);
+        store
+            .save(&record, warden_core::Durability::Flushed)
+            .await
+            .expect("save");
+    }
+    let before = mock.request_count();
+    let again = start(&data, &mock).await;
+    // Retried at once and until it names the turn.
+    let mut id = None;
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    while id.is_none() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the turn is named in time"
+        );
+        let r = post(&again.base, &again.token).await.expect("post");
+        let status = r.status();
+        let body: serde_json::Value =
+            serde_json::from_slice(&r.bytes().await.expect("body")).expect("JSON");
+        match status.as_u16() {
+            202 => id = Some(body["id"].as_str().expect("id").to_owned()),
+            409 => {
+                assert_eq!(body["error"]["type"], "turn_recovering", "{body}");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            other => panic!("{other}: {body}"),
+        }
+    }
+    let id = id.expect("id");
+    // Its events are the re-delivered turn's, to the answer.
+    let events = client
+        .get(format!("{}/v1/turns/{id}/events", again.base))
+        .bearer_auth(&again.token)
+        .send()
+        .await
+        .expect("get");
+    let mut body = events.bytes_stream();
+    let (mut buf, mut seen) = (String::new(), Vec::new());
+    while !seen.iter().any(|e: &Event| e.kind == "done") {
+        let chunk = tokio::time::timeout(PATIENCE, body.next())
+            .await
+            .expect("events in time")
+            .expect("the stream goes on")
+            .expect("chunk");
+        buf.push_str(&String::from_utf8_lossy(&chunk));
+        seen.extend(parse_events(&mut buf));
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        mock.request_count(),
+        before + 1,
+        "the message was answered once"
+    );
+    let listed: serde_json::Value = serde_json::from_slice(
+        &client
+            .get(format!("{}/v1/sessions/crashy/turns", again.base))
+            .bearer_auth(&again.token)
+            .send()
+            .await
+            .expect("get")
+            .bytes()
+            .await
+            .expect("body"),
+    )
+    .expect("JSON");
+    let ids: Vec<&str> = listed["turns"]
+        .as_array()
+        .expect("turns")
+        .iter()
+        .filter_map(|t| t["id"].as_str())
+        .collect();
+    assert_eq!(ids.iter().filter(|i| **i == id).count(), 1, "{listed}");
+    assert_eq!(ids.len(), 2, "the warm-up turn and this one: {listed}");
+    let mut again = again;
+    let _ = again.child.start_kill();
+}
+
+/// The session's `pending` count as `GET /v1/sessions/{key}` shows it.
+async fn session_pending(client: &reqwest::Client, node: &Node, key: &str) -> u64 {
+    let r = client
+        .get(format!("{}/v1/sessions/{key}", node.base))
+        .bearer_auth(&node.token)
+        .send()
+        .await
+        .expect("get");
+    let body: serde_json::Value =
+        serde_json::from_slice(&r.bytes().await.expect("body")).expect("JSON");
+    body["pending"].as_u64().unwrap_or(u64::MAX)
 }
 
 /// Per-turn `model` and `agent`: a turn's model reaches the API (the next

@@ -45,14 +45,21 @@ const FORWARDED: &str = "x-warden-forwarded";
 const HEAD_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Request headers passed on to the owner.
-const REQUEST_HEADERS: [&str; 4] = ["authorization", "accept", "content-type", "last-event-id"];
+const REQUEST_HEADERS: [&str; 5] = [
+    "authorization",
+    "accept",
+    "content-type",
+    "last-event-id",
+    "idempotency-key",
+];
 
 /// Response headers relayed back.
-const RESPONSE_HEADERS: [&str; 4] = [
+const RESPONSE_HEADERS: [&str; 5] = [
     "content-type",
     "retry-after",
     "cache-control",
     "x-warden-turn-id",
+    "idempotent-replayed",
 ];
 
 /// Whether this request was already forwarded by another node.

@@ -16,10 +16,18 @@ use serde_json::{Value, json};
 use tokio::sync::watch;
 use warden_core::Supervisor;
 
+use crate::turns::Turns;
 use crate::views;
 
 /// Lifecycle events kept for replay.
 pub(crate) const KEPT: usize = 1024;
+
+/// How long an event of a turn waits for the turn's id: the session
+/// announces the turn as soon as its message is stored, and the relay
+/// registers it a store write later. Past this (a store that does not
+/// answer) the event goes out with `turn_id: null` rather than hold up the
+/// events after it.
+const NAMING_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// One kept event.
 #[derive(Debug, Clone)]
@@ -69,8 +77,8 @@ impl History {
     }
 
     /// Keeps the supervisor's lifecycle events from now on (until it
-    /// stops).
-    pub(crate) fn record(supervisor: &Supervisor) -> Arc<Self> {
+    /// stops), each event of a turn with its id from `turns` (`turn_id`).
+    pub(crate) fn record(supervisor: &Supervisor, turns: Arc<Turns>) -> Arc<Self> {
         let history = Arc::new(Self::new());
         let mut rx = supervisor.subscribe();
         let keep = Arc::clone(&history);
@@ -79,7 +87,11 @@ impl History {
             loop {
                 match rx.recv().await {
                     Ok(e) => {
-                        if let Some((kind, data)) = views::lifecycle(&e) {
+                        if let Some((kind, mut data)) = views::lifecycle(&e) {
+                            if let (Some(key), Some(turn)) = (e.key(), data["turn"].as_u64()) {
+                                let id = turns.id_within(key, turn, NAMING_WAIT).await;
+                                data["turn_id"] = json!(id);
+                            }
                             keep.push(kind, data);
                         }
                     }

@@ -1,5 +1,24 @@
 //! Turn ids. A cluster node's ids name the node that started the turn
 //! (`turn_<node in hex>_<random>`), so any node knows where to ask for it.
+//! A turn sent with an idempotency key gets an id derived from its session
+//! and key (`turn_<32 hex digits>`), the same on every node and after a
+//! restart, so a retried request finds it.
+
+use sha2::{Digest, Sha256};
+use warden_core::SessionKey;
+
+/// The id of the turn of session `key` its client named `idempotency_key`:
+/// `turn_` and the first 128 bits of SHA-256 over both, in hex. It names
+/// no node (any node reads it from the cluster's store).
+pub(crate) fn idempotent_turn_id(key: &SessionKey, idempotency_key: &str) -> String {
+    let mut hash = Sha256::new();
+    hash.update(key.as_str().as_bytes());
+    hash.update([0u8]);
+    hash.update(idempotency_key.as_bytes());
+    let digest = hash.finalize();
+    let hex: String = digest.iter().take(16).map(|b| format!("{b:02x}")).collect();
+    format!("turn_{hex}")
+}
 
 /// A turn id naming `node`: `turn_<node in hex>_<16 hex digits>`.
 pub(crate) fn turn_id(node: Option<&str>) -> String {
@@ -41,5 +60,27 @@ mod tests {
         assert_eq!(node_of_turn("turn_6_0000000000000001"), None);
         assert_eq!(node_of_turn("nope"), None);
         assert_eq!(node_of_turn("turn_61_../../x/0000000"), None);
+    }
+
+    #[test]
+    fn an_idempotency_key_names_one_turn_per_session() {
+        let a = SessionKey::new("a");
+        let id = idempotent_turn_id(&a, "k1");
+        assert_eq!(id, idempotent_turn_id(&a, "k1"));
+        assert_eq!(id.len(), "turn_".len() + 32, "{id}");
+        assert_ne!(id, idempotent_turn_id(&a, "k2"));
+        assert_ne!(id, idempotent_turn_id(&SessionKey::new("b"), "k1"));
+        // The separator keeps ("a", "bk") and ("ab", "k") apart.
+        assert_ne!(
+            idempotent_turn_id(&SessionKey::new("ab"), "k"),
+            idempotent_turn_id(&a, "bk")
+        );
+        assert_eq!(node_of_turn(&id), None);
+        // Stable across builds and platforms: a restarted server, or
+        // another node, derives the same id (SHA-256 of "a\0k1").
+        assert_eq!(
+            idempotent_turn_id(&a, "k1"),
+            "turn_fb97f2ca0918a2711297b0359b49adeb"
+        );
     }
 }

@@ -57,6 +57,13 @@ use routes::{ops, sessions, turns as turn_routes};
 use state::AppState;
 use turns::Turns;
 
+/// The OpenAPI 3.1 document `/openapi.json` serves: the contract client
+/// packages are generated or checked from (`clients/openapi.json` is a
+/// copy, kept equal by a test).
+pub fn openapi_document() -> serde_json::Value {
+    openapi::document()
+}
+
 /// The API as an axum [`Router`], serving `supervisor`'s sessions.
 pub fn router(supervisor: Supervisor, config: ServeConfig) -> Router {
     let max_body = config.max_body_bytes;
@@ -75,7 +82,7 @@ pub fn router(supervisor: Supervisor, config: ServeConfig) -> Router {
             .map(str::to_owned);
         turns.adopt(rx, config.keep_finished, node);
     }
-    let history = history::History::record(&supervisor);
+    let history = history::History::record(&supervisor, Arc::clone(&turns));
     let state = AppState {
         cluster: cluster::ClusterState::new(config.placement.clone()),
         history,

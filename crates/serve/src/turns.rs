@@ -224,6 +224,13 @@ impl TurnLog {
 /// Every turn the server knows, by id.
 pub(crate) struct Turns {
     map: Mutex<HashMap<String, Arc<TurnLog>>>,
+    /// Each kept turn's id by its session and message id (its number in
+    /// lifecycle events and session views).
+    by_message: Mutex<HashMap<(SessionKey, u64), String>>,
+    /// Woken when a turn is registered ([`Turns::id_within`]).
+    registered: tokio::sync::Notify,
+    /// Turn ids a request is deciding about now ([`Turns::claim`]).
+    claims: Arc<Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>>,
     /// Where the events are stored first, on a cluster node.
     pub(crate) store: Option<Arc<dyn TurnStore>>,
     /// [`ServeConfig::slow_client_grace`](crate::ServeConfig).
@@ -263,6 +270,9 @@ impl Turns {
     pub(crate) fn new(store: Option<Arc<dyn TurnStore>>, slow_reader_grace: Duration) -> Self {
         Self {
             map: Mutex::default(),
+            by_message: Mutex::default(),
+            registered: tokio::sync::Notify::new(),
+            claims: Arc::default(),
             store,
             slow_reader_grace,
         }
@@ -274,6 +284,50 @@ impl Turns {
 
     pub(crate) fn get(&self, id: &str) -> Option<Arc<TurnLog>> {
         self.lock().get(id).cloned()
+    }
+
+    /// The id of the turn answering message `message_id` of `key`, while
+    /// this process keeps it.
+    pub(crate) fn id_of(&self, key: &SessionKey, message_id: u64) -> Option<String> {
+        self.by_message
+            .lock()
+            .get(&(key.clone(), message_id))
+            .cloned()
+    }
+
+    /// [`id_of`](Self::id_of), waiting up to `wait` for the turn to be
+    /// registered: a session announces a turn as soon as its message is
+    /// stored, a moment before this process has opened the turn's log.
+    pub(crate) async fn id_within(
+        &self,
+        key: &SessionKey,
+        message_id: u64,
+        wait: Duration,
+    ) -> Option<String> {
+        let deadline = tokio::time::Instant::now() + wait;
+        loop {
+            let registered = self.registered.notified();
+            tokio::pin!(registered);
+            registered.as_mut().enable();
+            if let Some(id) = self.id_of(key, message_id) {
+                return Some(id);
+            }
+            if tokio::time::timeout_at(deadline, registered).await.is_err() {
+                return None;
+            }
+        }
+    }
+
+    /// Waits until no other request holds turn id `id`, and holds it until
+    /// the claim is dropped: two requests with one idempotency key decide
+    /// one after the other whether its turn exists.
+    pub(crate) async fn claim(&self, id: &str) -> Claim {
+        let lock = self.claims.lock().entry(id.to_owned()).or_default().clone();
+        Claim {
+            guard: Some(lock.lock_owned().await),
+            claims: Arc::clone(&self.claims),
+            id: id.to_owned(),
+        }
     }
 
     /// The newest `limit` turns of `key` still kept, newest first, each
@@ -302,20 +356,22 @@ impl Turns {
         Ok(turns)
     }
 
-    /// Registers `turn` of session `key` under a new id (or, with a store,
-    /// the id its message already has) and starts pumping its events into
-    /// its log; the log is forgotten `keep` after the turn ends. A
-    /// recovered turn comes with its `continue_from` port: the text an
-    /// earlier node streamed of it is offered there.
+    /// Registers `turn` of session `key` under `named` (the id its
+    /// idempotency key names) or a new id (or, with a store, the id its
+    /// message already has) and starts pumping its events into its log;
+    /// the log is forgotten `keep` after the turn ends. A recovered turn
+    /// comes with its `continue_from` port: the text an earlier node
+    /// streamed of it is offered there.
     pub(crate) async fn start(
         self: &Arc<Self>,
         key: SessionKey,
         turn: TurnHandle,
         keep: Duration,
         node: Option<&str>,
+        named: Option<String>,
         continue_from: Option<ContinueFrom>,
     ) -> String {
-        let fresh = crate::ids::turn_id(node);
+        let fresh = named.unwrap_or_else(|| crate::ids::turn_id(node));
         let message_id = turn.canceller().turn();
         let stored = match &self.store {
             Some(store) => open(store.as_ref(), &key, message_id, &fresh).await,
@@ -378,6 +434,10 @@ impl Turns {
             ));
         }
         self.lock().insert(id.clone(), log.clone());
+        self.by_message
+            .lock()
+            .insert((key.clone(), message_id), id.clone());
+        self.registered.notify_waiters();
         let turns = Arc::clone(self);
         let forget = id.clone();
         let persist = stored.is_some().then(|| self.store.clone()).flatten();
@@ -401,6 +461,11 @@ impl Turns {
             let mut map = turns.lock();
             if map.get(&forget).is_some_and(|l| Arc::ptr_eq(l, &log)) {
                 map.remove(&forget);
+                let mut ids = turns.by_message.lock();
+                let entry = (log.key.clone(), message_id);
+                if ids.get(&entry) == Some(&forget) {
+                    ids.remove(&entry);
+                }
             }
         });
         id
@@ -420,22 +485,51 @@ impl Turns {
                 let RecoveredTurn {
                     key,
                     message_id,
+                    idempotency_key,
                     handle,
                     continue_from,
                     ..
                 } = turn;
+                // Under the id its key names, as when it was sent: a client
+                // retrying its request finds it.
+                let named = idempotency_key
+                    .as_deref()
+                    .map(|k| crate::ids::idempotent_turn_id(&key, k));
                 let id = turns
                     .start(
                         key.clone(),
                         handle,
                         keep,
                         node.as_deref(),
+                        named,
                         Some(continue_from),
                     )
                     .await;
                 tracing::info!(session = %key, turn = %id, message = message_id, "relaying a re-delivered turn");
             }
         });
+    }
+}
+
+/// A request's hold on a turn id ([`Turns::claim`]), let go when dropped.
+pub(crate) struct Claim {
+    guard: Option<tokio::sync::OwnedMutexGuard<()>>,
+    claims: Arc<Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>>,
+    id: String,
+}
+
+impl Drop for Claim {
+    fn drop(&mut self) {
+        self.guard.take();
+        let mut claims = self.claims.lock();
+        // Nobody else holds or waits for it (each of them holds a clone,
+        // taken under this lock): forget it.
+        if claims
+            .get(&self.id)
+            .is_some_and(|l| Arc::strong_count(l) == 1)
+        {
+            claims.remove(&self.id);
+        }
     }
 }
 

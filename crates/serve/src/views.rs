@@ -5,7 +5,11 @@ use serde_json::{Value, json};
 use warden_core::{LifecycleEvent, RecordStatus, SessionRecord, SessionStatus};
 
 /// A session: its stored record, and while it runs, what it is doing.
-pub(crate) fn session(record: Option<&SessionRecord>, running: Option<&SessionStatus>) -> Value {
+pub(crate) fn session(
+    record: Option<&SessionRecord>,
+    running: Option<&SessionStatus>,
+    turn_id: Option<&str>,
+) -> Value {
     let record = record.or(running.map(|s| &s.record));
     let mut v = json!({
         "key": record.map(|r| r.key.as_str()),
@@ -31,6 +35,7 @@ pub(crate) fn session(record: Option<&SessionRecord>, running: Option<&SessionSt
     if let Some(s) = running {
         v["turn"] = json!({
             "id": s.turn,
+            "turn_id": turn_id,
             "streaming_attempt": s.streaming.map(|a| a.attempt),
             "backing_off": s.backing_off,
             "waiting_for_admission": s.admitting,

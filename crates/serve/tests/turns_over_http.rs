@@ -960,3 +960,204 @@ async fn a_sessions_recent_turns_are_listed_with_their_outcome() {
     let none = list("nobody").await.expect("get").json_value().await;
     assert_eq!(none["turns"], serde_json::json!([]));
 }
+
+/// A session store whose writes take 50 ms (a slow disk): requests that
+/// race each other overlap for that long.
+struct SlowStore(warden_core::MemoryStore);
+
+impl warden_core::SessionStore for SlowStore {
+    fn load(
+        &self,
+        key: &SessionKey,
+    ) -> futures_util::future::BoxFuture<
+        '_,
+        Result<Option<warden_core::SessionRecord>, warden_core::StoreError>,
+    > {
+        self.0.load(key)
+    }
+
+    fn save<'a>(
+        &'a self,
+        record: &'a warden_core::SessionRecord,
+        durability: warden_core::Durability,
+    ) -> futures_util::future::BoxFuture<'a, Result<(), warden_core::StoreError>> {
+        Box::pin(async move {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            self.0.save(record, durability).await
+        })
+    }
+
+    fn list(
+        &self,
+    ) -> futures_util::future::BoxFuture<
+        '_,
+        Result<
+            Vec<Result<warden_core::SessionRecord, warden_core::StoreError>>,
+            warden_core::StoreError,
+        >,
+    > {
+        self.0.list()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retried_post_with_its_idempotency_key_gets_the_same_turn() {
+    let (source, ctl) = ChannelSource::new();
+    let sup = Supervisor::builder(Arc::new(move |_: &SessionKey| {
+        source.clone() as Arc<dyn EventSource>
+    }))
+    .store(Arc::new(SlowStore(warden_core::MemoryStore::new())))
+    .start()
+    .await
+    .expect("supervisor");
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let base = format!("http://{}", listener.local_addr().expect("addr"));
+    let app = warden_serve::router(sup, ServeConfig::new(TOKEN));
+    let s = Server {
+        base,
+        ctl,
+        client: reqwest::Client::new(),
+        _task: tokio::spawn(axum_serve(listener, app)),
+    };
+    let body = r#"{"key": "idem", "message": "once"}"#;
+    let post = |k: &'static str| s.post(body).header("idempotency-key", k).send();
+    // Sent several times at once, before any of them has a turn: one turn,
+    // answered to all, one of them as the first.
+    let burst = futures_util::future::join_all((0..4).map(|_| post("order-42"))).await;
+    let mut ids = Vec::new();
+    let mut firsts = 0;
+    for r in burst {
+        let r = r.expect("post");
+        assert_eq!(r.status(), 202);
+        firsts += usize::from(!r.headers().contains_key("idempotent-replayed"));
+        ids.push(r.json_value().await["id"].as_str().expect("id").to_owned());
+    }
+    assert_eq!(firsts, 1, "one request sent it, the others got it");
+    let id = ids[0].clone();
+    assert!(ids.iter().all(|i| *i == id), "{ids:?}");
+    let attempt = within("the stream to open", s.ctl.next_attempt())
+        .await
+        .expect("opened");
+    // Retries while it runs, several at once: the same turn each time.
+    let retries = futures_util::future::join_all((0..4).map(|_| post("order-42"))).await;
+    for r in retries {
+        let r = r.expect("post");
+        assert_eq!(r.status(), 202);
+        assert_eq!(r.headers()["idempotent-replayed"], "true");
+        assert_eq!(r.headers()["x-warden-turn-id"], id.as_str());
+        assert_eq!(r.json_value().await["id"], id.as_str());
+    }
+    attempt.text("answered once");
+    attempt.finish();
+    // After it ended, still the same turn, and with events the whole turn.
+    let replayed = post("order-42").await.expect("post");
+    assert_eq!(replayed.json_value().await["id"], id.as_str());
+    let events = read_events(
+        s.post(body)
+            .header("idempotency-key", "order-42")
+            .header("accept", "text/event-stream")
+            .send()
+            .await
+            .expect("post"),
+        |e| e.iter().any(|e| e.event == "done"),
+    )
+    .await;
+    assert_eq!(events.first().map(|e| e.id), Some(1), "{events:?}");
+    assert_eq!(events.last().expect("events").data["text"], "answered once");
+    // Another key is another turn.
+    let (other, _) = s.create(body).await;
+    assert_ne!(other, id);
+    let second = post("order-43").await.expect("post").json_value().await;
+    assert_ne!(second["id"], id.as_str());
+    // Nothing else was sent: one attempt per distinct turn.
+    for _ in 0..2 {
+        let a = within("the next turn", s.ctl.next_attempt())
+            .await
+            .expect("opened");
+        a.finish();
+    }
+    let listed = s
+        .client
+        .get(format!("{}/v1/sessions/idem/turns", s.base))
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .expect("get")
+        .json_value()
+        .await;
+    assert_eq!(
+        listed["turns"].as_array().map(Vec::len),
+        Some(3),
+        "order-42, no key, order-43: {listed}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bad_idempotency_key_is_refused_and_sends_nothing() {
+    let s = server().await;
+    let long = "k".repeat(256);
+    for bad in ["", long.as_str(), "has space", "ünicode"] {
+        let Ok(value) = reqwest::header::HeaderValue::from_bytes(bad.as_bytes()) else {
+            continue;
+        };
+        let r = s
+            .post(r#"{"key": "bad-key", "message": "hi"}"#)
+            .header("idempotency-key", value)
+            .send()
+            .await
+            .expect("post");
+        assert_eq!(r.status(), 400, "{bad:?}");
+        let body = r.json_value().await;
+        assert_eq!(body["error"]["type"], "invalid_idempotency_key", "{bad:?}");
+    }
+    let r = s
+        .client
+        .get(format!("{}/v1/sessions/bad-key", s.base))
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .expect("get");
+    assert_eq!(r.status(), 404, "no session was started");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lifecycle_events_and_the_session_name_the_turn_by_its_id() {
+    let s = server().await;
+    let lifecycle = s
+        .client
+        .get(format!("{}/v1/events", s.base))
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .expect("get events");
+    let (id, _) = s.create(r#"{"key": "named", "message": "hi"}"#).await;
+    let attempt = within("the stream to open", s.ctl.next_attempt())
+        .await
+        .expect("opened");
+    let shown = s
+        .client
+        .get(format!("{}/v1/sessions/named", s.base))
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .expect("get")
+        .json_value()
+        .await;
+    assert_eq!(shown["turn"]["turn_id"], id.as_str(), "{shown}");
+    attempt.text("ok");
+    attempt.finish();
+    let seen = read_events(lifecycle, |e| e.iter().any(|e| e.event == "turn_finished")).await;
+    let of_turn: Vec<&Sse> = seen
+        .iter()
+        .filter(|e| e.data.get("turn").is_some())
+        .collect();
+    assert!(
+        of_turn.iter().any(|e| e.event == "turn_started"),
+        "{seen:?}"
+    );
+    for e in of_turn {
+        assert_eq!(e.data["turn_id"], id.as_str(), "{e:?}");
+    }
+}

@@ -72,7 +72,16 @@ pub(crate) async fn one_session(
             format!("no session {key}"),
         ));
     }
-    Ok(Json(views::session(record.as_ref(), running.as_ref())).into_response())
+    let turn_id = running
+        .as_ref()
+        .and_then(|s| s.turn)
+        .and_then(|n| state.turns.id_of(&key, n));
+    Ok(Json(views::session(
+        record.as_ref(),
+        running.as_ref(),
+        turn_id.as_deref(),
+    ))
+    .into_response())
 }
 
 /// `POST /v1/sessions/{key}/reset`: forgets that the session was given up;

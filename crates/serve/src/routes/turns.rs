@@ -109,6 +109,15 @@ pub(crate) async fn create_turn(
     let Json(new) = body?;
     let must_exist = state.config.workspaces_must_exist && state.config.placement.is_none();
     let target = Target::parse(&new, &state.supervisor, must_exist)?;
+    let idempotency = idempotency_key(&headers)?;
+    // A retry of a turn this node or the cluster's store knows is answered
+    // here, even while the session's owner cannot be reached.
+    if let Some(k) = &idempotency {
+        let id = crate::ids::idempotent_turn_id(target.key(), k);
+        if let Some(answer) = replay(&state, &id, target.key(), &headers).await? {
+            return Ok(answer);
+        }
+    }
     // A cluster node: only the session's owner runs its turns.
     if let Placed::Forwarded(answer) = cluster.place_turn(target.key(), &new).await? {
         return Ok(answer);
@@ -133,8 +142,37 @@ pub(crate) async fn create_turn(
     if let Some(model) = new.model.clone().filter(|m| !m.trim().is_empty()) {
         options = options.with_model(model);
     }
-    let handle = target.send(&state.supervisor, new.message, options).await?;
     let key = target.key().clone();
+    // A retried request with the key of a turn already sent gets that
+    // turn; requests with one key decide one after the other.
+    let mut named = None;
+    let _claim = match &idempotency {
+        Some(k) => {
+            let id = crate::ids::idempotent_turn_id(&key, k);
+            let claim = state.turns.claim(&id).await;
+            if let Some(answer) = replay(&state, &id, &key, &headers).await? {
+                return Ok(answer);
+            }
+            if accepted_not_relayed(&state, &key, k).await? {
+                return Err(ApiError::new(
+                    StatusCode::CONFLICT,
+                    "turn_recovering",
+                    format!(
+                        "a message with this Idempotency-Key was accepted for session {} \
+                         before a restart and is being re-delivered as turn {id}; ask again",
+                        key.as_str()
+                    ),
+                )
+                .with("id", json!(id))
+                .retry_after(1));
+            }
+            options = options.with_idempotency_key(k.clone());
+            named = Some(id);
+            Some(claim)
+        }
+        None => None,
+    };
+    let handle = target.send(&state.supervisor, new.message, options).await?;
     let id = state
         .turns
         .start(
@@ -142,6 +180,7 @@ pub(crate) async fn create_turn(
             handle,
             state.config.keep_finished,
             cluster.node(),
+            named,
             None,
         )
         .await;
@@ -153,11 +192,96 @@ pub(crate) async fn create_turn(
         }
         return Ok(response);
     }
-    Ok((
+    Ok(accepted(&id, &key))
+}
+
+/// The `Idempotency-Key` header: 1 to 255 visible ASCII characters.
+fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
+    let Some(value) = headers.get(IDEMPOTENCY_KEY) else {
+        return Ok(None);
+    };
+    let bad = || {
+        ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_idempotency_key",
+            "Idempotency-Key must be 1 to 255 visible ASCII characters (a UUID is a good one)",
+        )
+    };
+    let text = value.to_str().map_err(|_| bad())?;
+    let visible = text.bytes().all(|b| b.is_ascii_graphic());
+    if text.is_empty() || text.len() > 255 || !visible {
+        return Err(bad());
+    }
+    Ok(Some(text.to_owned()))
+}
+
+/// The header naming a turn's idempotency key.
+const IDEMPOTENCY_KEY: &str = "idempotency-key";
+
+/// The answer to a request whose idempotency key names turn `id` of `key`
+/// when that turn exists (kept here or in the store): the answer its first
+/// request got, marked `Idempotent-Replayed: true`.
+async fn replay(
+    state: &AppState,
+    id: &str,
+    key: &SessionKey,
+    headers: &HeaderMap,
+) -> Result<Option<Response>, ApiError> {
+    let mut response = if let Some(log) = state.turns.get(id) {
+        match wants_events(headers) {
+            true => sse::local(log, 0).into_response(),
+            false => accepted(id, key),
+        }
+    } else if let Some(store) = &state.turns.store {
+        let stored = store
+            .read(id, 0)
+            .await
+            .map_err(|e| ApiError::unavailable("unavailable", e.to_string()).retry_after(1))?;
+        match (stored, wants_events(headers)) {
+            (None, _) => return Ok(None),
+            (Some(turn), true) => sse::stored(store.clone(), turn, 0).into_response(),
+            (Some(_), false) => accepted(id, key),
+        }
+    } else {
+        return Ok(None);
+    };
+    let headers = response.headers_mut();
+    headers.insert(
+        "idempotent-replayed",
+        header::HeaderValue::from_static("true"),
+    );
+    if let Ok(v) = header::HeaderValue::from_str(id) {
+        headers.insert("x-warden-turn-id", v);
+    }
+    Ok(Some(response))
+}
+
+/// `202 {"id", "key"}`: the turn was accepted.
+fn accepted(id: &str, key: &SessionKey) -> Response {
+    (
         StatusCode::ACCEPTED,
         Json(json!({"id": id, "key": key.as_str()})),
     )
-        .into_response())
+        .into_response()
+}
+
+/// Whether a message with idempotency key `k` waits in `key`'s stored
+/// record: accepted before a restart, its turn not relayed yet.
+async fn accepted_not_relayed(
+    state: &AppState,
+    key: &SessionKey,
+    k: &str,
+) -> Result<bool, ApiError> {
+    let record = state
+        .supervisor
+        .stored(key)
+        .await
+        .map_err(|e| ApiError::unavailable("unavailable", e.to_string()).retry_after(1))?;
+    Ok(record.is_some_and(|r| {
+        r.pending
+            .iter()
+            .any(|p| p.idempotency_key.as_deref() == Some(k))
+    }))
 }
 
 fn wants_events(headers: &HeaderMap) -> bool {
