@@ -161,6 +161,40 @@ class AgainstServe(unittest.TestCase):
 
         asyncio.run(asyncio.wait_for(run(), timeout=60))
 
+    def test_8a_a_send_repeated_with_its_idempotency_key_gets_the_same_turn(self):
+        with Warden(URL, TOKEN) as w:
+            first = w.send("once", key="idem-py", idempotency_key="py-order-1")
+            again = w.send("once", key="idem-py", idempotency_key="py-order-1")
+            self.assertEqual(again.id, first.id)
+            self.assertEqual(first.result().text, reply("once"))
+            other = w.send("once", key="idem-py")
+            self.assertNotEqual(other.id, first.id, "without the key, another turn")
+            other.result()
+            turns = w.turns("idem-py")
+        self.assertEqual([t["id"] for t in turns], [other.id, first.id])
+        self.assertTrue(all(t["outcome"] == "done" for t in turns), turns)
+
+    def test_8b_every_event_type_of_the_contract_is_typed(self):
+        import httpx
+
+        from warden_client import _events
+
+        document = httpx.get(f"{URL}/openapi.json", timeout=10).json()
+        schemas = document["components"]["schemas"]
+        contract = set(schemas["TurnEvent"]["enum"])
+        typed = set(_events._TYPES)
+        self.assertEqual(typed, contract, "a class per event type, no more")
+        # The outcomes `turns()` reports, as the contract lists them.
+        outcomes = set(schemas["TurnSummary"]["properties"]["outcome"]["enum"])
+        self.assertEqual(outcomes, {"done", "error", "running", "pending", "moved"})
+        # Every field `send` sends is one the contract takes.
+        from warden_client._client import _turn_body
+
+        body = _turn_body("m", None, "k", "model", "agent")
+        self.assertLessEqual(set(body), set(schemas["NewTurn"]["properties"]))
+        params = document["paths"]["/v1/turns"]["post"]["parameters"]
+        self.assertIn("Idempotency-Key", [p["name"] for p in params])
+
     def test_9_the_package_exports_what_its_readme_uses(self):
         for name in ("Warden", "AsyncWarden", "Text", "Done", "TurnFailed", "WardenError"):
             self.assertTrue(hasattr(warden_client, name), name)

@@ -5,13 +5,14 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+import uuid
 from typing import Any, AsyncIterator, Dict, Iterator, List, Optional
 from urllib.parse import quote
 
 import httpx
 from httpx_sse import aconnect_sse, connect_sse
 
-from ._errors import ConnectionLost, TurnFailed, Unavailable, error_from
+from ._errors import Conflict, ConnectionLost, TurnFailed, Unavailable, error_from
 from ._events import Done, Error, LifecycleEvent, TurnEvent, turn_event
 
 #: Read timeout of the event streams: the server sends a keep-alive every
@@ -50,6 +51,25 @@ def _turn_body(
     if agent is not None:
         body["agent"] = agent
     return body
+
+
+#: Tries of one ``send`` (a dropped connection, or its message being
+#: re-delivered after a restart): each with the same Idempotency-Key.
+SEND_TRIES = 5
+
+
+def _send_retry_delay(error: Exception, tries: int) -> Optional[float]:
+    """Seconds before trying ``send`` again after ``error``, or ``None`` to
+    raise it: a connection that failed, or the message accepted before a
+    restart and being re-delivered (``turn_recovering``) — the same key
+    finds its turn. Anything else is the answer."""
+    if tries >= SEND_TRIES:
+        return None
+    if isinstance(error, Conflict) and error.type == "turn_recovering":
+        return error.retry_after if error.retry_after is not None else _backoff(tries)
+    if isinstance(error, _TRANSIENT):
+        return _backoff(tries)
+    return None
 
 
 def _headers(token: str) -> Dict[str, str]:
@@ -179,14 +199,31 @@ class Warden:
         key: Optional[str] = None,
         model: Optional[str] = None,
         agent: Optional[str] = None,
+        idempotency_key: Optional[str] = None,
     ) -> Turn:
         """Sends ``message`` to the session of ``workspace`` (an absolute
         directory) or ``key`` (a name); returns once it is durably accepted.
         ``model``: this turn's model; ``agent``: the agent kind expected
-        (another than the session's raises :class:`Conflict`)."""
+        (another than the session's raises :class:`Conflict`).
+
+        ``idempotency_key`` names the message: sending it again with the
+        same key returns its turn instead of a second one. Default: a new
+        UUID per call, which the call's own retries (a dropped connection)
+        reuse; keep your own and pass it again to retry a send whose outcome
+        you did not learn."""
         body = _turn_body(message, workspace, key, model, agent)
-        created = self._request("POST", "/v1/turns", json=body)
-        return Turn(self, created["id"], created["key"])
+        headers = {"idempotency-key": idempotency_key or str(uuid.uuid4())}
+        tries = 0
+        while True:
+            tries += 1
+            try:
+                created = self._request("POST", "/v1/turns", json=body, headers=headers)
+                return Turn(self, created["id"], created["key"])
+            except Exception as e:
+                delay = _send_retry_delay(e, tries)
+                if delay is None:
+                    raise
+                time.sleep(delay)
 
     def turn(self, id: str, key: str = "") -> Turn:
         """A turn sent earlier (by its id), to follow or cancel."""
@@ -199,6 +236,11 @@ class Warden:
     def session(self, key: str) -> Dict[str, Any]:
         """One session's record (and its running turn)."""
         return self._request("GET", f"/v1/sessions/{quote(key, safe='')}")
+
+    def turns(self, key: str) -> List[Dict[str, Any]]:
+        """The session's recent turns still kept, newest first: ``id``,
+        ``message_id``, ``outcome`` and, when done, ``text``."""
+        return list(self._request("GET", f"/v1/sessions/{quote(key, safe='')}/turns")["turns"])
 
     def reset(self, key: str) -> None:
         """Forgets that the session was given up."""
@@ -337,11 +379,22 @@ class AsyncWarden:
         key: Optional[str] = None,
         model: Optional[str] = None,
         agent: Optional[str] = None,
+        idempotency_key: Optional[str] = None,
     ) -> AsyncTurn:
         """See :meth:`Warden.send`."""
         body = _turn_body(message, workspace, key, model, agent)
-        created = await self._request("POST", "/v1/turns", json=body)
-        return AsyncTurn(self, created["id"], created["key"])
+        headers = {"idempotency-key": idempotency_key or str(uuid.uuid4())}
+        tries = 0
+        while True:
+            tries += 1
+            try:
+                created = await self._request("POST", "/v1/turns", json=body, headers=headers)
+                return AsyncTurn(self, created["id"], created["key"])
+            except Exception as e:
+                delay = _send_retry_delay(e, tries)
+                if delay is None:
+                    raise
+                await asyncio.sleep(delay)
 
     def turn(self, id: str, key: str = "") -> AsyncTurn:
         """A turn sent earlier (by its id), to follow or cancel."""
@@ -354,6 +407,12 @@ class AsyncWarden:
     async def session(self, key: str) -> Dict[str, Any]:
         """See :meth:`Warden.session`."""
         return await self._request("GET", f"/v1/sessions/{quote(key, safe='')}")
+
+    async def turns(self, key: str) -> List[Dict[str, Any]]:
+        """See :meth:`Warden.turns`."""
+        return list(
+            (await self._request("GET", f"/v1/sessions/{quote(key, safe='')}/turns"))["turns"]
+        )
 
     async def reset(self, key: str) -> None:
         """See :meth:`Warden.reset`."""

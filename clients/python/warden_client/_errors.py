@@ -43,9 +43,10 @@ class NotFound(WardenError):
 
 
 class Conflict(WardenError):
-    """409: ``session_failed`` (the session was given up: reset it) or
+    """409: ``session_failed`` (the session was given up: reset it),
     ``agent_mismatch`` (``body["agent"]`` says which agent the session
-    has)."""
+    has) or ``turn_recovering`` (its message is being re-delivered after a
+    restart; ``send`` asks again by itself)."""
 
 
 class Unavailable(WardenError):

@@ -8,18 +8,13 @@
 
 import { createParser, type EventSourceMessage } from "eventsource-parser";
 
-/** The types of a turn's events (the SSE `event:`). */
-export type TurnEventType =
-  | "queued"
-  | "started"
-  | "text"
-  | "thinking"
-  | "tool"
-  | "retrying"
-  | "continuing"
-  | "restarting"
-  | "done"
-  | "error";
+import type { components } from "./api.js";
+
+/** The API's schemas, generated from `/openapi.json` (`clients/openapi.json`, `npm run gen`). */
+export type Schemas = components["schemas"];
+
+/** The types of a turn's events (the SSE `event:`), as the API document lists them. */
+export type TurnEventType = Schemas["TurnEvent"];
 
 /** One event of a turn: its number (unique and increasing within the turn, from 1). */
 export type TurnEvent =
@@ -35,6 +30,13 @@ export type TurnEvent =
   | { id: number; type: "restarting"; data: { cause: string; notice: string; discard: true } }
   | { id: number; type: "done"; data: Done }
   | { id: number; type: "error"; data: TurnErrorData };
+
+// Every event type of the API document has its shape above (a type error
+// here names the one missing), and no shape names a type the API lacks.
+const everyEventTyped: [Exclude<TurnEventType, TurnEvent["type"]>, Exclude<TurnEvent["type"], TurnEventType>] extends [never, never]
+  ? true
+  : never = true;
+void everyEventTyped;
 
 /** The `done` event's data: the turn's answer. */
 export interface Done {
@@ -79,7 +81,7 @@ export class InvalidRequest extends WardenError {}
 export class Unauthorized extends WardenError {}
 /** 404: no such turn, session or route. */
 export class NotFound extends WardenError {}
-/** 409: `session_failed` or `agent_mismatch` (`body.agent`). */
+/** 409: `session_failed`, `agent_mismatch` (`body.agent`) or `turn_recovering` (retried by `send`). */
 export class Conflict extends WardenError {}
 /** 503: ask again after `retryAfter` seconds. */
 export class Unavailable extends WardenError {}
@@ -167,17 +169,23 @@ async function* messages(response: Response): AsyncGenerator<EventSourceMessage>
   }
 }
 
-/** What `send` takes. */
-export interface SendOptions {
-  /** An absolute directory: its session. */
-  workspace?: string;
-  /** A session named by the client. */
-  key?: string;
-  /** This turn's model; default: the server's. */
-  model?: string;
-  /** The agent kind expected; another than the session's is a `Conflict` (`agent_mismatch`). */
-  agent?: string;
-}
+/**
+ * What `send` takes: the body of `POST /v1/turns` but the message —
+ * `workspace` (an absolute directory) or `key` (a name), `model`, `agent` —
+ * and the request's `idempotencyKey`.
+ */
+export type SendOptions = Omit<Schemas["NewTurn"], "message"> & {
+  /**
+   * Names this message so that sending it again returns its turn instead of
+   * a second one (default: a new random UUID per `send` call, which the
+   * call's own retries reuse). Keep it, and pass it again, to retry a send
+   * whose outcome you did not learn (your process died mid-call).
+   */
+  idempotencyKey?: string;
+};
+
+/** Tries of one `send` (a dropped connection, or its message being re-delivered after a restart). */
+export const SEND_TRIES = 5;
 
 /** A turn: `for await (const event of turn)`, re-attached by itself after a dropped connection. */
 export class Turn implements AsyncIterable<TurnEvent> {
@@ -247,8 +255,8 @@ export class Turn implements AsyncIterable<TurnEvent> {
 
   /** Cancels the turn (queued or running); whether it was still live. */
   async cancel(): Promise<boolean> {
-    const body = await this.warden.request("DELETE", `/v1/turns/${encodeURIComponent(this.id)}`);
-    return Boolean(body.cancelled);
+    const body = await this.warden.request<Schemas["TurnCancelled"]>("DELETE", `/v1/turns/${encodeURIComponent(this.id)}`);
+    return body.cancelled;
   }
 }
 
@@ -271,24 +279,47 @@ export class Warden {
   }
 
   /** A JSON request; a typed error for an error answer. */
-  async request(method: string, path: string, body?: unknown): Promise<Record<string, any>> {
-    const init: RequestInit = { method };
+  async request<T = Record<string, any>>(
+    method: string,
+    path: string,
+    body?: unknown,
+    headers: Record<string, string> = {},
+  ): Promise<T> {
+    const init: RequestInit = { method, headers: { ...headers } };
     if (body !== undefined) {
       init.body = JSON.stringify(body);
-      init.headers = { "content-type": "application/json" };
+      init.headers = { ...headers, "content-type": "application/json" };
     }
     const response = await this.fetch(path, init);
     if (response.status >= 400) throw await errorFrom(response);
-    return (await response.json()) as Record<string, any>;
+    return (await response.json()) as T;
   }
 
-  /** Sends `message` to the session of `workspace` or `key`; resolves once it is durably accepted. */
+  /**
+   * Sends `message` to the session of `workspace` or `key`; resolves once it
+   * is durably accepted. Sent with an `Idempotency-Key`, so a dropped
+   * connection is retried without risk of a second turn.
+   */
   async send(message: string, options: SendOptions): Promise<Turn> {
-    if ((options.workspace === undefined) === (options.key === undefined)) {
+    const { idempotencyKey, ...fields } = options;
+    if ((fields.workspace === undefined) === (fields.key === undefined)) {
       throw new TypeError("give exactly one of workspace or key");
     }
-    const created = await this.request("POST", "/v1/turns", { message, ...options });
-    return new Turn(this, String(created.id), String(created.key));
+    const body: Schemas["NewTurn"] = { message, ...fields };
+    const headers = { "idempotency-key": idempotencyKey ?? crypto.randomUUID() };
+    for (let tries = 1; ; tries += 1) {
+      try {
+        const created = await this.request<Schemas["TurnCreated"]>("POST", "/v1/turns", body, headers);
+        return new Turn(this, created.id, created.key);
+      } catch (e) {
+        // A connection that failed (fetch's TypeError), or the message
+        // accepted before a restart and being re-delivered: the same key
+        // finds its turn. Anything else is the answer.
+        const recovering = e instanceof Conflict && e.type === "turn_recovering";
+        if (tries >= SEND_TRIES || !(recovering || e instanceof TypeError)) throw e;
+        await sleep(e instanceof WardenError && e.retryAfter !== null ? e.retryAfter * 1000 : backoff(tries));
+      }
+    }
   }
 
   /** A turn sent earlier (by its id), to follow or cancel. */
@@ -297,18 +328,23 @@ export class Warden {
   }
 
   /** The sessions running (on a cluster node: every session). */
-  async sessions(): Promise<Array<Record<string, any>>> {
-    return (await this.request("GET", "/v1/sessions")).sessions;
+  async sessions(): Promise<Schemas["SessionSummary"][]> {
+    return (await this.request<Schemas["SessionList"]>("GET", "/v1/sessions")).sessions;
   }
 
   /** One session's record (and its running turn). */
-  session(key: string): Promise<Record<string, any>> {
-    return this.request("GET", `/v1/sessions/${encodeURIComponent(key)}`);
+  session(key: string): Promise<Schemas["Session"]> {
+    return this.request<Schemas["Session"]>("GET", `/v1/sessions/${encodeURIComponent(key)}`);
+  }
+
+  /** The session's recent turns still kept, newest first, with their outcome and final text. */
+  async turns(key: string): Promise<Schemas["TurnSummary"][]> {
+    return (await this.request<Schemas["TurnList"]>("GET", `/v1/sessions/${encodeURIComponent(key)}/turns`)).turns;
   }
 
   /** Forgets that the session was given up. */
   async reset(key: string): Promise<void> {
-    await this.request("POST", `/v1/sessions/${encodeURIComponent(key)}/reset`);
+    await this.request<Schemas["SessionReset"]>("POST", `/v1/sessions/${encodeURIComponent(key)}/reset`);
   }
 
   /** Every session's lifecycle events, from now or after `lastEventId`; endless (break out of it), re-attached from the last event. */

@@ -101,3 +101,20 @@ test("lifecycle events replay after a reset", async () => {
   assert.equal(seen[0].id, null);
   assert.ok(seen.slice(1).every((e) => e.id !== null));
 });
+
+test("a send repeated with its idempotency key gets the same turn", async () => {
+  const w = new Warden(WARDEN_URL, WARDEN_TOKEN);
+  const first = await w.send("once", { key: "idem-ts", idempotencyKey: "ts-order-1" });
+  const again = await w.send("once", { key: "idem-ts", idempotencyKey: "ts-order-1" });
+  assert.equal(again.id, first.id);
+  assert.equal((await first.result()).text, reply("once"));
+  const other = await w.send("once", { key: "idem-ts" });
+  assert.notEqual(other.id, first.id, "without the key, another turn");
+  await other.result();
+  const turns = await w.turns("idem-ts");
+  assert.deepEqual(
+    turns.map((t) => t.id),
+    [other.id, first.id],
+  );
+  assert.ok(turns.every((t) => t.outcome === "done"));
+});
