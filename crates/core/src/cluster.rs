@@ -54,6 +54,56 @@ pub trait Placement: Send + Sync + 'static {
     fn stats(&self) -> BoxFuture<'_, Option<ClusterStats>> {
         Box::pin(async { None })
     }
+
+    /// The latest `limit` times a session changed nodes (each session's
+    /// latest move), newest first, for the console's cluster view. Default
+    /// `None`: not known.
+    fn moves(&self, limit: usize) -> BoxFuture<'_, Option<Result<Vec<SessionMove>, String>>> {
+        let _ = limit;
+        Box::pin(async { None })
+    }
+}
+
+/// A session that changed nodes: taken over after its node's lease ran
+/// out (`failover`), or taken after its node gave it back (`handover`).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[non_exhaustive]
+pub struct SessionMove {
+    /// The session's key.
+    pub key: String,
+    /// The node that had it.
+    pub from: String,
+    /// The node that took it.
+    pub to: String,
+    /// The epoch the new node holds it under.
+    pub epoch: u64,
+    /// `failover` (the old lease had expired) or `handover` (it was given
+    /// back: a graceful stop, an idle release).
+    pub kind: &'static str,
+    /// When, Unix milliseconds.
+    pub at_ms: u64,
+}
+
+impl SessionMove {
+    /// Session `key` moved `from` → `to` under `epoch` at `at_ms`; a
+    /// `failover` when `expired`, else a `handover`.
+    pub fn new(
+        key: impl Into<String>,
+        from: impl Into<String>,
+        to: impl Into<String>,
+        epoch: u64,
+        expired: bool,
+        at_ms: u64,
+    ) -> Self {
+        Self {
+            key: key.into(),
+            from: from.into(),
+            to: to.into(),
+            epoch,
+            kind: if expired { "failover" } else { "handover" },
+            at_ms,
+        }
+    }
 }
 
 /// A cluster node's figures, as `GET /metrics` exposes them

@@ -54,7 +54,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use tokio::sync::broadcast;
 use tokio_util::task::AbortOnDropHandle;
 
-use warden_core::cluster::{ClusterStats, Elsewhere, NodeStats, Placement, SessionPlace};
+use warden_core::cluster::{
+    ClusterStats, Elsewhere, NodeStats, Placement, SessionMove, SessionPlace,
+};
 use warden_core::{SessionKey, StoreError, Supervisor};
 
 use crate::{LeaseInfo, NodeStore, NodeTurns, TakeOver};
@@ -559,6 +561,10 @@ impl Placement for LeasePlacement {
             }
             Some(stats)
         })
+    }
+
+    fn moves(&self, limit: usize) -> BoxFuture<'_, Option<Result<Vec<SessionMove>, String>>> {
+        Box::pin(async move { Some(self.node.pg().moves(limit).await.map_err(|e| e.to_string())) })
     }
 
     fn sessions(&self) -> BoxFuture<'_, Option<Result<Vec<SessionPlace>, String>>> {

@@ -60,7 +60,16 @@ impl PgStore {
                 "INSERT INTO warden_sessions AS s (key, owner, epoch, lease_until) \
                  VALUES ($1, $2, 1, now() + make_interval(secs => $3)) \
                  ON CONFLICT (key) DO UPDATE SET owner = EXCLUDED.owner, epoch = s.epoch + 1, \
-                 lease_until = EXCLUDED.lease_until \
+                 lease_until = EXCLUDED.lease_until, \
+                 moved_from = CASE WHEN s.owner IS DISTINCT FROM EXCLUDED.owner AND s.owner IS NOT NULL \
+                   THEN s.owner ELSE s.moved_from END, \
+                 moved_at = CASE WHEN s.owner IS DISTINCT FROM EXCLUDED.owner AND s.owner IS NOT NULL \
+                   THEN now() ELSE s.moved_at END, \
+                 moved_kind = CASE WHEN s.owner IS DISTINCT FROM EXCLUDED.owner AND s.owner IS NOT NULL \
+                   THEN (CASE WHEN s.lease_until IS NULL THEN 'handover' ELSE 'failover' END) \
+                   ELSE s.moved_kind END, \
+                 moved_epoch = CASE WHEN s.owner IS DISTINCT FROM EXCLUDED.owner AND s.owner IS NOT NULL \
+                   THEN s.epoch + 1 ELSE s.moved_epoch END \
                  WHERE s.lease_until IS NULL OR s.owner = EXCLUDED.owner \
                     OR s.lease_until < now() - make_interval(secs => $4) \
                  RETURNING epoch",
@@ -194,6 +203,40 @@ impl PgStore {
                         epoch: from_db(r.get(2)),
                         remaining_secs: r.get(3),
                     },
+                )
+            })
+            .collect())
+    }
+
+    /// The latest `limit` moves of sessions between nodes (each session's
+    /// latest), newest first.
+    pub async fn moves(
+        &self,
+        limit: usize,
+    ) -> Result<Vec<warden_core::cluster::SessionMove>, StoreError> {
+        let client = self.client().await?;
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let rows = client
+            .query(
+                "SELECT key, moved_from, owner, moved_epoch, moved_kind = 'failover', \
+                 (EXTRACT(EPOCH FROM moved_at) * 1000)::float8 \
+                 FROM warden_sessions WHERE moved_at IS NOT NULL AND owner IS NOT NULL \
+                 ORDER BY moved_at DESC LIMIT $1",
+                &[&limit],
+            )
+            .await
+            .map_err(backend)?;
+        Ok(rows
+            .into_iter()
+            .map(|r| {
+                let at: f64 = r.get(5);
+                warden_core::cluster::SessionMove::new(
+                    r.get::<_, String>(0),
+                    r.get::<_, String>(1),
+                    r.get::<_, String>(2),
+                    from_db(r.get(3)),
+                    r.get(4),
+                    at.max(0.0) as u64,
                 )
             })
             .collect())

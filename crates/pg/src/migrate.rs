@@ -67,6 +67,16 @@ pub const MIGRATIONS: &[(i32, &str)] = &[
          PRIMARY KEY (turn_id, seq)
      );",
     ),
+    (
+        4,
+        "ALTER TABLE warden_sessions
+         ADD COLUMN moved_from  TEXT,
+         ADD COLUMN moved_at    TIMESTAMPTZ,
+         ADD COLUMN moved_kind  TEXT,
+         ADD COLUMN moved_epoch BIGINT;
+     CREATE INDEX warden_sessions_moved ON warden_sessions (moved_at)
+         WHERE moved_at IS NOT NULL;",
+    ),
 ];
 
 /// An arbitrary constant naming warden's migration lock.

@@ -627,3 +627,84 @@ async fn an_old_owner_appending_through_a_takeover_never_collides_with_the_new_o
     let seqs: Vec<u64> = read.events.iter().map(|e| e.id).collect();
     assert_eq!(seqs, [1, 2, 3]);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_changing_nodes_is_listed_as_a_failover_or_a_handover() {
+    let Some(config) = fresh_db().await else {
+        return;
+    };
+    let pg = store(&config).await;
+    let key = SessionKey::new("moving");
+    let ttl = Duration::from_millis(200);
+    // A takes it, renews it (a renewal is no move), and dies: its lease
+    // runs out, and B takes the session over.
+    let a = pg
+        .acquire(&key, "a", ttl)
+        .await
+        .expect("acquire")
+        .expect("free");
+    assert!(pg.renew(&a, ttl).await.expect("renew"));
+    assert!(
+        pg.moves(10).await.expect("moves").is_empty(),
+        "nothing moved yet"
+    );
+    tokio::time::sleep(ttl + TAKEOVER_GRACE + Duration::from_millis(100)).await;
+    let b = pg
+        .acquire(&key, "b", ttl)
+        .await
+        .expect("acquire")
+        .expect("expired");
+    let moves = pg.moves(10).await.expect("moves");
+    assert_eq!(moves.len(), 1, "{moves:?}");
+    let m = &moves[0];
+    assert_eq!(
+        (
+            m.key.as_str(),
+            m.from.as_str(),
+            m.to.as_str(),
+            m.kind,
+            m.epoch
+        ),
+        ("moving", "a", "b", "failover", b.epoch)
+    );
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_millis() as u64;
+    assert!(
+        m.at_ms <= now_ms + 1_000 && m.at_ms + 60_000 > now_ms,
+        "{m:?}"
+    );
+    // B gives it back (a graceful stop) and A takes it: a handover; B
+    // taking back its own released lease would be no move.
+    pg.release(&b).await.expect("release");
+    let a2 = pg
+        .acquire(&key, "a", ttl)
+        .await
+        .expect("acquire")
+        .expect("released");
+    let moves = pg.moves(10).await.expect("moves");
+    assert_eq!(moves.len(), 1, "each session's latest move: {moves:?}");
+    assert_eq!(
+        (
+            moves[0].from.as_str(),
+            moves[0].to.as_str(),
+            moves[0].kind,
+            moves[0].epoch
+        ),
+        ("b", "a", "handover", a2.epoch)
+    );
+    pg.release(&a2).await.expect("release");
+    let a3 = pg
+        .acquire(&key, "a", ttl)
+        .await
+        .expect("acquire")
+        .expect("released");
+    let moves = pg.moves(10).await.expect("moves");
+    assert_eq!(
+        (moves[0].from.as_str(), moves[0].kind, moves[0].epoch),
+        ("b", "handover", a2.epoch),
+        "re-taking one's own lease keeps the last move"
+    );
+    assert!(a3.epoch > a2.epoch);
+}
