@@ -72,6 +72,40 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/ui": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** The web console (a page that asks for the token and keeps it in the tab) */
+        get: operations["console"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/cluster": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** The cluster's nodes, this node's lease figures and the latest session moves */
+        get: operations["clusterView"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/events": {
         parameters: {
             query?: never;
@@ -81,6 +115,23 @@ export interface paths {
         };
         /** Every session's lifecycle events */
         get: operations["lifecycleEvents"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/server": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** This server: version, agent, the watchdog's stream timeout, its node, the trace UI */
+        get: operations["serverInfo"];
         put?: never;
         post?: never;
         delete?: never;
@@ -117,6 +168,23 @@ export interface paths {
         get: operations["getSession"];
         put?: never;
         post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/sessions/{key}/recover": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /** Unstick the session's running turn: `retry` stops its attempt as failed so it is retried (the conversation kept); `fresh` restarts the session without its stored conversation (the user is told). On a cluster node, the session's owner does it */
+        post: operations["recoverSession"];
         delete?: never;
         options?: never;
         head?: never;
@@ -212,6 +280,23 @@ export interface paths {
 export type webhooks = Record<string, never>;
 export interface components {
     schemas: {
+        ClusterNode: {
+            advertise?: string | null;
+            heartbeat_age_secs: number;
+            here: boolean;
+            node: string;
+            sessions: number;
+        };
+        ClusterView: {
+            database_round_trip_ms?: number | null;
+            leases_held: number;
+            leases_lost: number;
+            /** @description The latest move of each session that changed nodes, newest first (at most 50) */
+            moves: components["schemas"]["SessionMove"][];
+            node?: string | null;
+            nodes: components["schemas"]["ClusterNode"][];
+            takeovers: number;
+        };
         Context: {
             percent?: number;
             tokens?: number;
@@ -247,6 +332,16 @@ export interface components {
             turn_id?: string | null;
             waiting_for_admission?: boolean;
         };
+        ServerInfo: {
+            agent?: string | null;
+            cluster: boolean;
+            /** @description Where traces are looked at (`--jaeger-url`): `{jaeger_url}/trace/{trace_id}` */
+            jaeger_url?: string | null;
+            node?: string | null;
+            /** @description The watchdog's default silence allowance per stream */
+            stream_timeout_ms: number;
+            version: string;
+        };
         Session: {
             context?: components["schemas"]["Context"] | null;
             conversation?: string | null;
@@ -260,6 +355,8 @@ export interface components {
             running: boolean;
             /** @enum {string} */
             status?: "new" | "active" | "idle" | "failed" | "unknown";
+            /** @description While it runs, with tracing on: the trace of its incarnation (its turns are spans in it) */
+            trace_id?: string;
             turn?: components["schemas"]["RunningTurn"];
             turns_finished?: number;
             workspace?: string | null;
@@ -267,11 +364,28 @@ export interface components {
         SessionList: {
             sessions: components["schemas"]["SessionSummary"][];
         };
+        SessionMove: {
+            /** @description Unix milliseconds */
+            at_ms: number;
+            epoch: number;
+            from: string;
+            key: string;
+            /** @enum {string} */
+            kind: "failover" | "handover";
+            to: string;
+        };
+        SessionRecovered: {
+            /** @enum {string} */
+            how: "retry" | "fresh";
+            key: string;
+            /** @description false: nothing was stuck (no turn running, or one waiting for admission or its stream) */
+            recovered: boolean;
+        };
         SessionReset: {
             key: string;
             reset: boolean;
         };
-        /** @description On a cluster node also `owner`, `advertise`, `epoch`, `lease_remaining_secs`, `here` */
+        /** @description On a cluster node also `owner`, `advertise`, `epoch`, `lease_remaining_secs`, `here`; with `?detail=full` also the fields of a Session */
         SessionSummary: {
             key: string;
         } & {
@@ -425,6 +539,73 @@ export interface operations {
             };
         };
     };
+    console: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description HTML, with a Content-Security-Policy allowing this origin only */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "text/html": string;
+                };
+            };
+        };
+    };
+    clusterView: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The cluster */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ClusterView"];
+                };
+            };
+            /** @description No or a wrong token */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description `not_found`: not a cluster node */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description `database_unreachable`: the cluster's database cannot be reached */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+        };
+    };
     lifecycleEvents: {
         parameters: {
             query?: never;
@@ -457,9 +638,41 @@ export interface operations {
             };
         };
     };
-    listSessions: {
+    serverInfo: {
         parameters: {
             query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The server */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ServerInfo"];
+                };
+            };
+            /** @description No or a wrong token */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+        };
+    };
+    listSessions: {
+        parameters: {
+            query?: {
+                /** @description `full`: every stored session (running or not), each with its record as getSession shows it */
+                detail?: "full";
+            };
             header?: never;
             path?: never;
             cookie?: never;
@@ -475,8 +688,26 @@ export interface operations {
                     "application/json": components["schemas"]["SessionList"];
                 };
             };
+            /** @description `invalid_request`: an unknown `detail` */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
             /** @description No or a wrong token */
             401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description `unavailable`: the store or the cluster's database failed */
+            503: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -517,6 +748,57 @@ export interface operations {
             };
             /** @description Unknown session */
             404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+        };
+    };
+    recoverSession: {
+        parameters: {
+            query: {
+                how: "retry" | "fresh";
+            };
+            header?: never;
+            path: {
+                key: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Done, or nothing was stuck (`recovered: false`) */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["SessionRecovered"];
+                };
+            };
+            /** @description `invalid_request`: `how` missing or not retry/fresh */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description No or a wrong token */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description `node_unreachable`: the session's owner cannot be reached */
+            503: {
                 headers: {
                     [name: string]: unknown;
                 };

@@ -65,6 +65,10 @@ pub(crate) struct ServeArgs {
     /// seconds, or a duration with a unit.
     #[arg(long, default_value = "600", value_name = "SECONDS", value_parser = crate::units::seconds)]
     keep_events: Duration,
+    /// A Jaeger UI's base URL (e.g. http://localhost:16686): the console
+    /// (/ui) links each session's turns to their trace there.
+    #[arg(long, value_name = "URL", value_parser = jaeger_url)]
+    jaeger_url: Option<String>,
     /// Keep the sessions in PostgreSQL, shared with the other nodes of a
     /// cluster (`postgres://USER@HOST:PORT/DB`; the schema is created or
     /// migrated on start). Default: sled in the data directory, this
@@ -283,6 +287,9 @@ pub(crate) async fn run(args: ServeArgs) -> Result<Exit, CliError> {
         // Claude Code runs in its workspace: one that does not exist is
         // refused at the door.
         .with_workspaces_must_exist(matches!(args.agent, Agent::ClaudeCode));
+    if let Some(url) = &args.jaeger_url {
+        serve_config = serve_config.with_jaeger_url(url);
+    }
     if let Some(name) = clap::ValueEnum::to_possible_value(&args.agent) {
         // A turn asking for another agent kind is refused (409).
         serve_config = serve_config.with_agent(name.get_name());
@@ -381,4 +388,17 @@ pub(crate) async fn run(args: ServeArgs) -> Result<Exit, CliError> {
     // gets no more than a second.
     let _ = tokio::time::timeout(Duration::from_secs(1), server).await;
     Ok(Exit::Ok)
+}
+
+/// `--jaeger-url`: an `http://` or `https://` URL with a host (the console
+/// makes links of it; anything else would be a link to nowhere, or a
+/// `javascript:` one).
+fn jaeger_url(value: &str) -> Result<String, String> {
+    let url = reqwest::Url::parse(value).map_err(|e| format!("{value:?} is not a URL: {e}"))?;
+    if !matches!(url.scheme(), "http" | "https") || url.host_str().is_none() {
+        return Err(format!(
+            "{value:?}: give an http:// or https:// URL with a host"
+        ));
+    }
+    Ok(value.trim_end_matches('/').to_owned())
 }

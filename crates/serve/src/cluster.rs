@@ -62,6 +62,18 @@ const RESPONSE_HEADERS: [&str; 5] = [
     "idempotent-replayed",
 ];
 
+/// `segment` percent-encoded for one path segment (everything but the
+/// unreserved characters of RFC 3986).
+pub(crate) fn encode_segment(segment: &str) -> String {
+    use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
+    const SEGMENT: &AsciiSet = &NON_ALPHANUMERIC
+        .remove(b'-')
+        .remove(b'.')
+        .remove(b'_')
+        .remove(b'~');
+    utf8_percent_encode(segment, SEGMENT).to_string()
+}
+
 /// Whether this request was already forwarded by another node.
 fn was_forwarded(headers: &HeaderMap) -> bool {
     headers.contains_key(FORWARDED)

@@ -44,6 +44,9 @@ pub struct ServeConfig {
     /// so a turn re-delivered elsewhere keeps its id and event numbers.
     /// Default `None`: they live in this process only.
     pub turn_store: Option<Arc<dyn TurnStore>>,
+    /// A Jaeger UI's base URL (`http://jaeger:16686`): the console links
+    /// each session's turns to their trace there. Default `None`: no links.
+    pub jaeger_url: Option<String>,
     /// The supervisor's re-delivered turns, relayed as turns of this
     /// server (see [`with_recovered_turns`](Self::with_recovered_turns)).
     pub(crate) recovered: Option<Arc<parking_lot::Mutex<Option<RecoveredRx>>>>,
@@ -63,6 +66,7 @@ impl std::fmt::Debug for ServeConfig {
             .field("agent", &self.agent)
             .field("placement", &self.placement.is_some())
             .field("turn_store", &self.turn_store.is_some())
+            .field("jaeger_url", &self.jaeger_url)
             .finish()
     }
 }
@@ -79,8 +83,15 @@ impl ServeConfig {
             agent: None,
             placement: None,
             turn_store: None,
+            jaeger_url: None,
             recovered: None,
         }
+    }
+
+    /// Sets [`jaeger_url`](Self::jaeger_url) (a trailing `/` is dropped).
+    pub fn with_jaeger_url(mut self, url: impl Into<String>) -> Self {
+        self.jaeger_url = Some(url.into().trim_end_matches('/').to_owned());
+        self
     }
 
     /// Sets [`turn_store`](Self::turn_store).

@@ -31,6 +31,7 @@
 
 mod cluster;
 mod config;
+mod console;
 mod error;
 mod history;
 mod ids;
@@ -99,6 +100,12 @@ pub fn router(supervisor: Supervisor, config: ServeConfig) -> Router {
         .route("/v1/sessions/{key}", get(sessions::one_session))
         .route("/v1/sessions/{key}/reset", post(sessions::reset_session))
         .route("/v1/sessions/{key}/turns", get(sessions::session_turns))
+        .route(
+            "/v1/sessions/{key}/recover",
+            post(sessions::recover_session),
+        )
+        .route("/v1/server", get(ops::server_info))
+        .route("/v1/cluster", get(ops::cluster_view))
         .route("/v1/events", get(ops::lifecycle_events))
         .route("/readyz", get(ops::ready))
         .route("/metrics", get(ops::render_metrics))
@@ -109,6 +116,10 @@ pub fn router(supervisor: Supervisor, config: ServeConfig) -> Router {
     Router::new()
         .route("/healthz", get(|| async { "ok" }))
         .route("/openapi.json", get(|| async { Json(openapi::document()) }))
+        .route("/ui", get(console::index))
+        .route("/ui/", get(console::index))
+        .route("/ui/console.js", get(console::script))
+        .route("/ui/console.css", get(console::style))
         .merge(api)
         .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such route") })
         .layer(DefaultBodyLimit::max(max_body))

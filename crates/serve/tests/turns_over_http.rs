@@ -1161,3 +1161,158 @@ async fn lifecycle_events_and_the_session_name_the_turn_by_its_id() {
         assert_eq!(e.data["turn_id"], id.as_str(), "{e:?}");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_server_says_what_a_console_needs_and_a_single_node_has_no_cluster() {
+    let s = server_with(
+        ServeConfig::new(TOKEN)
+            .with_agent("anthropic")
+            .with_jaeger_url("http://jaeger.example:16686/"),
+    )
+    .await;
+    let get = |path: &str| {
+        s.client
+            .get(format!("{}{path}", s.base))
+            .bearer_auth(TOKEN)
+            .send()
+    };
+    let info = get("/v1/server").await.expect("get").json_value().await;
+    assert_eq!(info["agent"], "anthropic");
+    assert_eq!(info["cluster"], false);
+    assert_eq!(info["node"], Value::Null);
+    assert_eq!(info["jaeger_url"], "http://jaeger.example:16686");
+    let default = warden_core::WatchdogConfig::default().default_timeout;
+    assert_eq!(info["stream_timeout_ms"], default.as_millis() as u64);
+    let cluster = get("/v1/cluster").await.expect("get");
+    assert_eq!(cluster.status(), 404);
+    assert_eq!(cluster.json_value().await["error"]["type"], "not_found");
+    // The console's page: this origin only, nothing inline.
+    let page = s
+        .client
+        .get(format!("{}/ui", s.base))
+        .send()
+        .await
+        .expect("get /ui");
+    assert_eq!(page.status(), 200, "the page needs no token");
+    let csp = page.headers()["content-security-policy"]
+        .to_str()
+        .expect("ascii")
+        .to_owned();
+    for part in [
+        "default-src 'none'",
+        "script-src 'self'",
+        "connect-src 'self'",
+        "frame-ancestors 'none'",
+    ] {
+        assert!(csp.contains(part), "{part} in {csp}");
+    }
+    assert_eq!(page.headers()["referrer-policy"], "no-referrer");
+    let html = page.text().await.expect("html");
+    assert!(
+        !html.contains("<script>") && !html.contains("style="),
+        "nothing inline"
+    );
+    for asset in ["/ui/console.js", "/ui/console.css"] {
+        let r = s
+            .client
+            .get(format!("{}{asset}", s.base))
+            .send()
+            .await
+            .expect("get");
+        assert_eq!(r.status(), 200, "{asset}");
+        assert!(
+            r.headers().contains_key("content-security-policy"),
+            "{asset}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_full_session_list_shows_every_stored_session_with_its_record() {
+    let s = server().await;
+    s.answer("full-a", "one").await;
+    let (id, _) = s.create(r#"{"key": "full-b", "message": "hi"}"#).await;
+    let attempt = within("the stream to open", s.ctl.next_attempt())
+        .await
+        .expect("opened");
+    let list = |query: &str| {
+        s.client
+            .get(format!("{}/v1/sessions{query}", s.base))
+            .bearer_auth(TOKEN)
+            .send()
+    };
+    let full = list("?detail=full").await.expect("get").json_value().await;
+    let sessions = full["sessions"].as_array().expect("sessions");
+    let find = |key: &str| {
+        sessions
+            .iter()
+            .find(|v| v["key"] == key)
+            .unwrap_or_else(|| panic!("{key} in {full}"))
+    };
+    assert_eq!(find("full-a")["turns_finished"], 1, "{full}");
+    assert_eq!(find("full-a")["status"], "active");
+    let b = find("full-b");
+    assert_eq!(b["turn"]["turn_id"], id.as_str(), "{b}");
+    assert_eq!(b["pending"], 1, "{b}");
+    // Without detail, keys only; an unknown detail is refused.
+    let plain = list("").await.expect("get").json_value().await;
+    assert!(plain["sessions"][0].get("status").is_none(), "{plain}");
+    let bad = list("?detail=everything").await.expect("get");
+    assert_eq!(bad.status(), 400);
+    attempt.finish();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stuck_turn_is_recovered_by_retrying_its_attempt() {
+    let s = server().await;
+    let (id, _) = s.create(r#"{"key": "stuck", "message": "hi"}"#).await;
+    let first = within("the stream to open", s.ctl.next_attempt())
+        .await
+        .expect("opened");
+    first.text("half");
+    let recover = |key: &str, how: &str| {
+        s.client
+            .post(format!("{}/v1/sessions/{key}/recover?how={how}", s.base))
+            .bearer_auth(TOKEN)
+            .send()
+    };
+    let bad = recover("stuck", "harder").await.expect("post");
+    assert_eq!(bad.status(), 400);
+    assert_eq!(bad.json_value().await["error"]["type"], "invalid_request");
+    let done = recover("stuck", "retry")
+        .await
+        .expect("post")
+        .json_value()
+        .await;
+    assert_eq!(done["recovered"], true, "{done}");
+    assert_eq!(done["how"], "retry");
+    within("the first attempt to be dropped", first.dropped()).await;
+    let second = within("a second attempt", s.ctl.next_attempt())
+        .await
+        .expect("retried");
+    second.text("whole");
+    second.finish();
+    let events = read_events(s.events(&id).send().await.expect("get"), |e| {
+        e.iter().any(|e| e.event == "done")
+    })
+    .await;
+    assert!(
+        events
+            .iter()
+            .any(|e| e.event == "retrying" || e.event == "continuing"),
+        "{events:?}"
+    );
+    // Nothing runs: nothing to recover.
+    let idle = recover("stuck", "fresh")
+        .await
+        .expect("post")
+        .json_value()
+        .await;
+    assert_eq!(idle["recovered"], false, "{idle}");
+    let never = recover("never-seen", "retry")
+        .await
+        .expect("post")
+        .json_value()
+        .await;
+    assert_eq!(never["recovered"], false, "{never}");
+}

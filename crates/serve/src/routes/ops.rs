@@ -141,3 +141,70 @@ pub(crate) async fn lifecycle_events(
         .keep_alive(KeepAlive::default())
         .into_response())
 }
+
+/// `GET /v1/server`: what a client (the console) needs to know of this
+/// server: its version, agent kind, the watchdog's stream timeout, its
+/// node id on a cluster, and where traces are looked at.
+pub(crate) async fn server_info(State(state): State<AppState>, cluster: Cluster) -> Response {
+    let timeout = state.supervisor.watchdog().default_timeout();
+    axum::Json(json!({
+        "version": env!("CARGO_PKG_VERSION"),
+        "agent": state.config.agent,
+        "stream_timeout_ms": u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX),
+        "cluster": cluster.placement().is_some(),
+        "node": cluster.node(),
+        "jaeger_url": state.config.jaeger_url,
+    }))
+    .into_response()
+}
+
+/// Session moves listed by `GET /v1/cluster`.
+const RECENT_MOVES: usize = 50;
+
+/// `GET /v1/cluster`: the cluster's members (heartbeat age, sessions held,
+/// address), this node's lease figures and the latest session moves
+/// (failovers and handovers), as the database sees them. `404` on a
+/// single node.
+pub(crate) async fn cluster_view(cluster: Cluster) -> Result<Response, ApiError> {
+    let Some(placement) = cluster.placement() else {
+        return Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            "not_found",
+            "this server is not a cluster node",
+        ));
+    };
+    let Some(stats) = placement.stats().await else {
+        return Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            "not_found",
+            "this node's placement keeps no cluster figures",
+        ));
+    };
+    let mut nodes = Vec::new();
+    for n in &stats.nodes {
+        nodes.push(json!({
+            "node": n.node,
+            "advertise": placement.advertise_of(&n.node).await,
+            "heartbeat_age_secs": n.heartbeat_age_secs,
+            "sessions": n.sessions,
+            "here": placement.node() == Some(n.node.as_str()),
+        }));
+    }
+    let moves = match placement.moves(RECENT_MOVES).await {
+        Some(Ok(moves)) => json!(moves),
+        Some(Err(why)) => {
+            return Err(ApiError::unavailable("database_unreachable", why).retry_after(1));
+        }
+        None => json!([]),
+    };
+    Ok(axum::Json(json!({
+        "node": placement.node(),
+        "nodes": nodes,
+        "leases_held": stats.leases_held,
+        "leases_lost": stats.leases_lost,
+        "takeovers": stats.takeovers,
+        "database_round_trip_ms": stats.database_round_trip.map(|d| d.as_secs_f64() * 1000.0),
+        "moves": moves,
+    }))
+    .into_response())
+}

@@ -1,47 +1,138 @@
 //! `/v1/sessions`: list them, look at one, reset one given up.
 
+use std::collections::{BTreeMap, HashMap};
+
 use axum::Json;
-use axum::extract::{Path, State};
-use axum::http::StatusCode;
+use axum::extract::rejection::QueryRejection;
+use axum::extract::{Path, Query, State};
+use axum::http::{Method, StatusCode};
 use axum::response::{IntoResponse, Response};
-use serde_json::json;
-use warden_core::SessionKey;
+use serde::Deserialize;
+use serde_json::{Value, json};
 use warden_core::store::TurnEventKind;
+use warden_core::{Recovery, SessionKey, SessionRecord, SessionStatus};
 
 use crate::cluster::Cluster;
 use crate::error::{ApiError, bad_session};
 use crate::state::AppState;
 use crate::views;
 
+/// The query of `GET /v1/sessions`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct ListQuery {
+    /// `full`: each session with its record (as `GET /v1/sessions/{key}`
+    /// shows it), stored sessions that do not run included.
+    detail: Option<String>,
+}
+
 /// `GET /v1/sessions`: this node's running sessions, or on a cluster node
 /// every session of the cluster with its owner (`here` when it is this
-/// node).
+/// node); with `?detail=full` each with its record and, while it runs
+/// here, its turn.
 pub(crate) async fn list_sessions(
     State(state): State<AppState>,
     cluster: Cluster,
+    query: Result<Query<ListQuery>, QueryRejection>,
 ) -> Result<Response, ApiError> {
+    let Query(query) = query
+        .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "invalid_request", e.body_text()))?;
+    let full = match query.detail.as_deref() {
+        None => false,
+        Some("full") => true,
+        Some(other) => {
+            return Err(ApiError::new(
+                StatusCode::BAD_REQUEST,
+                "invalid_request",
+                format!("detail={other:?}: the only detail is `full`"),
+            ));
+        }
+    };
+    let unavailable =
+        |e: &dyn std::fmt::Display| ApiError::unavailable("unavailable", e.to_string());
+    // Where each session runs, on a cluster node.
+    let mut places: Option<Vec<Value>> = None;
     if let Some(placement) = cluster.placement()
         && let Some(all) = placement.sessions().await
     {
         let all = all.map_err(|e| ApiError::unavailable("unavailable", e))?;
         let me = placement.node();
-        let list: Vec<_> = all
-            .iter()
-            .map(|p| {
-                let mut v = json!(p);
-                v["here"] = json!(me.is_some() && p.owner.as_deref() == me);
-                v
-            })
-            .collect();
+        places = Some(
+            all.iter()
+                .map(|p| {
+                    let mut v = json!(p);
+                    v["here"] = json!(me.is_some() && p.owner.as_deref() == me);
+                    v
+                })
+                .collect(),
+        );
+    }
+    if !full {
+        if let Some(list) = places {
+            return Ok(Json(json!({"sessions": list})).into_response());
+        }
+        let keys = state
+            .supervisor
+            .sessions()
+            .await
+            .map_err(|e| unavailable(&e))?;
+        let list: Vec<_> = keys.iter().map(|k| json!({"key": k.as_str()})).collect();
         return Ok(Json(json!({"sessions": list})).into_response());
     }
-    let keys = state
+    // Every stored record, the running ones with their status.
+    let statuses = state
         .supervisor
-        .sessions()
+        .statuses()
         .await
-        .map_err(|e| ApiError::unavailable("unavailable", e.to_string()))?;
-    let list: Vec<_> = keys.iter().map(|k| json!({"key": k.as_str()})).collect();
+        .map_err(|e| unavailable(&e))?;
+    let mut running: HashMap<String, SessionStatus> = statuses
+        .into_iter()
+        .map(|s| (s.key.as_str().to_owned(), s))
+        .collect();
+    let stored = state
+        .supervisor
+        .stored_sessions()
+        .await
+        .map_err(|e| unavailable(&e))?;
+    let mut by_key: BTreeMap<String, Value> = BTreeMap::new();
+    for record in stored.into_iter().flatten() {
+        let status = running.remove(record.key.as_str());
+        let view = full_view(&state, Some(&record), status.as_ref());
+        by_key.insert(record.key.clone(), view);
+    }
+    // Running but not stored yet (a session's first record is written as
+    // it starts).
+    for (key, status) in running {
+        by_key.insert(key, full_view(&state, None, Some(&status)));
+    }
+    if let Some(places) = places {
+        for place in places {
+            let Some(key) = place["key"].as_str().map(str::to_owned) else {
+                continue;
+            };
+            let entry = by_key
+                .entry(key.clone())
+                .or_insert_with(|| json!({"key": key}));
+            if let (Some(entry), Some(place)) = (entry.as_object_mut(), place.as_object()) {
+                for (k, v) in place {
+                    entry.insert(k.clone(), v.clone());
+                }
+            }
+        }
+    }
+    let list: Vec<Value> = by_key.into_values().collect();
     Ok(Json(json!({"sessions": list})).into_response())
+}
+
+/// One session's view for `?detail=full`: its record, its turn while it
+/// runs here.
+fn full_view(
+    state: &AppState,
+    record: Option<&SessionRecord>,
+    status: Option<&SessionStatus>,
+) -> Value {
+    let turn_id = status.and_then(|s| s.turn.and_then(|n| state.turns.id_of(&s.key, n)));
+    views::session(record, status, turn_id.as_deref())
 }
 
 /// `GET /v1/sessions/{key}`: its record, and while it runs its turn.
@@ -52,9 +143,13 @@ pub(crate) async fn one_session(
     let key = SessionKey::new(&key);
     let unavailable =
         |e: &dyn std::fmt::Display| ApiError::unavailable("unavailable", e.to_string());
-    let running = match state.supervisor.running(key.clone()).await {
-        Ok(Some(handle)) => handle.status().await.ok(),
-        Ok(None) => None,
+    let (running, trace_id) = match state.supervisor.running(key.clone()).await {
+        Ok(Some(handle)) => {
+            let context = handle.anchor().span_context();
+            let trace = context.is_valid().then(|| context.trace_id().to_string());
+            (handle.status().await.ok(), trace)
+        }
+        Ok(None) => (None, None),
         Err(e) => return Err(unavailable(&e)),
     };
     let record = match &running {
@@ -76,12 +171,74 @@ pub(crate) async fn one_session(
         .as_ref()
         .and_then(|s| s.turn)
         .and_then(|n| state.turns.id_of(&key, n));
-    Ok(Json(views::session(
-        record.as_ref(),
-        running.as_ref(),
-        turn_id.as_deref(),
-    ))
-    .into_response())
+    let mut view = views::session(record.as_ref(), running.as_ref(), turn_id.as_deref());
+    if let Some(trace) = trace_id {
+        view["trace_id"] = json!(trace);
+    }
+    Ok(Json(view).into_response())
+}
+
+/// The query of `POST /v1/sessions/{key}/recover`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RecoverQuery {
+    /// `retry` or `fresh`.
+    how: String,
+}
+
+/// `POST /v1/sessions/{key}/recover?how=retry|fresh`: unsticks the
+/// session's running turn — `retry` stops its attempt as failed so it is
+/// retried (the conversation kept), `fresh` restarts the session without
+/// its stored conversation (the user is told). `{"key", "how",
+/// "recovered"}`: `false` when nothing was stuck (no turn running, or one
+/// waiting for admission or its stream). On a cluster node, the session's
+/// owner does it.
+pub(crate) async fn recover_session(
+    State(state): State<AppState>,
+    Path(key): Path<String>,
+    cluster: Cluster,
+    query: Result<Query<RecoverQuery>, QueryRejection>,
+) -> Result<Response, ApiError> {
+    let bad = |detail: String| {
+        ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_request",
+            format!(
+                "{detail}: give ?how=retry (retry the stuck attempt) or ?how=fresh (restart without the stored conversation)"
+            ),
+        )
+    };
+    let Query(query) = query.map_err(|e| bad(e.body_text()))?;
+    let how = match query.how.as_str() {
+        "retry" => Recovery::Retry,
+        "fresh" => Recovery::Fresh,
+        other => return Err(bad(format!("how={other:?}"))),
+    };
+    let session = SessionKey::new(&key);
+    let running = state
+        .supervisor
+        .running(session.clone())
+        .await
+        .map_err(|e| ApiError::unavailable("unavailable", e.to_string()))?;
+    if running.is_none() {
+        let path = format!(
+            "/v1/sessions/{}/recover?how={}",
+            crate::cluster::encode_segment(&key),
+            query.how
+        );
+        if let Some(answer) = cluster
+            .to_session_owner(&session, Method::POST, &path)
+            .await
+        {
+            return answer;
+        }
+    }
+    let recovered = state
+        .supervisor
+        .recover(session, how)
+        .await
+        .map_err(bad_session)?;
+    Ok(Json(json!({"key": key, "how": query.how, "recovered": recovered})).into_response())
 }
 
 /// `POST /v1/sessions/{key}/reset`: forgets that the session was given up;
