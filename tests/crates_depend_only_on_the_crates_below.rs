@@ -13,6 +13,7 @@ use std::process::Command;
 const ALLOWED: &[(&str, &[&str])] = &[
     ("warden-core", &[]),
     ("warden-mock", &[]),
+    ("warden-browser", &[]),
     ("warden-telemetry", &[]),
     ("warden-http", &[]),
     ("warden-store", &["warden-core"]),
@@ -52,6 +53,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
             "warden-serve",
             "warden-proxy",
             "warden-pg",
+            "warden-browser",
         ],
     ),
 ];
