@@ -52,6 +52,7 @@
 
 mod backoff;
 mod cluster;
+mod console;
 mod continuation;
 mod proxy;
 mod soak;
@@ -1065,6 +1066,9 @@ fn main() {
         }
         if want("cluster") {
             cluster::bench_cluster(quick).await;
+        }
+        if want("console") {
+            console::bench_console(quick).await;
         }
     });
     if want("telemetry") {
