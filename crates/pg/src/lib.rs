@@ -65,6 +65,7 @@
 
 pub mod cluster;
 mod conversations;
+mod group;
 mod lease;
 mod migrate;
 mod node;
@@ -80,6 +81,7 @@ use warden_core::store::SCHEMA_VERSION;
 use warden_core::{Durability, SessionKey, SessionRecord, SessionStore, StoreError};
 
 pub use conversations::PgConversations;
+pub use group::{GroupStats, TurnBatch};
 pub use lease::{Lease, LeaseInfo, TAKEOVER_GRACE};
 pub use migrate::MIGRATIONS;
 pub use node::{NodeInfo, NodeStore, TakeOver};

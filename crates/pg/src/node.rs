@@ -147,6 +147,8 @@ pub struct NodeStore {
     /// Keyed by session, with the lease's epoch.
     renewed: Arc<Mutex<HashMap<String, (u64, tokio::time::Instant)>>>,
     lost: broadcast::Sender<Lease>,
+    /// Its turns' event batches, committed together.
+    group: crate::group::GroupCommit,
 }
 
 impl std::fmt::Debug for NodeStore {
@@ -164,6 +166,7 @@ impl NodeStore {
     pub fn new(pg: PgStore, node: impl Into<String>, ttl: Duration) -> Self {
         let (lost, _) = broadcast::channel(256);
         Self {
+            group: crate::group::GroupCommit::new(pg.clone()),
             pg,
             node: node.into(),
             ttl,
@@ -320,8 +323,12 @@ impl NodeStore {
         opened
     }
 
-    /// [`PgStore::append_turn`] under this node's lease of `key`, like
-    /// [`open_turn`](Self::open_turn).
+    /// Appends `events` to turn `id` under this node's lease of `key`, like
+    /// [`open_turn`](Self::open_turn), in the node's next group commit
+    /// (one transaction carries every turn's pending batch; see
+    /// [`turn_commits`](Self::turn_commits)). Returns once that transaction
+    /// has committed; [`StoreError::LeaseLost`] for this batch alone when
+    /// the lease is no longer the session's.
     pub async fn append_turn(
         &self,
         key: &SessionKey,
@@ -330,9 +337,21 @@ impl NodeStore {
         ended: bool,
     ) -> Result<(), StoreError> {
         let lease = self.held_or_lost(key)?;
-        let appended = self.pg.append_turn(&lease, id, events, ended).await;
+        let batch = crate::group::TurnBatch {
+            lease: lease.clone(),
+            id: id.to_owned(),
+            events: events.to_vec(),
+            ended,
+        };
+        let appended = self.group.append(batch).await;
         self.forget_if_lost(&lease, &appended);
         appended
+    }
+
+    /// What this node's group commit of turn events did: transactions and
+    /// the batches they carried.
+    pub fn turn_commits(&self) -> crate::group::GroupStats {
+        self.group.stats()
     }
 
     fn held_or_lost(&self, key: &SessionKey) -> Result<Lease, StoreError> {

@@ -708,3 +708,164 @@ async fn a_session_changing_nodes_is_listed_as_a_failover_or_a_handover() {
     );
     assert!(a3.epoch > a2.epoch);
 }
+
+fn text_event(seq: u64, text: &str) -> warden_core::store::StoredEvent {
+    use warden_core::store::{StoredEvent, TurnEventKind};
+    StoredEvent::new(seq, TurnEventKind::Text, serde_json::json!({ "text": text }))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_whose_fence_fails_is_refused_alone_and_the_others_in_its_transaction_commit() {
+    let Some(config) = fresh_db().await else {
+        return;
+    };
+    let pg = store(&config).await;
+    let ttl = Duration::from_secs(30);
+    let (k1, k2, k3) = (SessionKey::new("s1"), SessionKey::new("s2"), SessionKey::new("s3"));
+    let l1 = pg.acquire(&k1, "a", ttl).await.expect("acquire").expect("free");
+    let l2 = pg.acquire(&k2, "a", ttl).await.expect("acquire").expect("free");
+    let l3 = pg.acquire(&k3, "a", ttl).await.expect("acquire").expect("free");
+    for (l, id) in [(&l1, "t1"), (&l2, "t2"), (&l3, "t3")] {
+        pg.open_turn(l, 1, id).await.expect("open");
+    }
+    // s2 moves to node b (a takeover: the owner and the epoch change).
+    let (client, conn) = config.connect(NoTls).await.expect("connect");
+    tokio::spawn(conn);
+    client
+        .execute(
+            "UPDATE warden_sessions SET owner = 'b', epoch = epoch + 1 WHERE key = 's2'",
+            &[],
+        )
+        .await
+        .expect("take s2");
+    let batch = |lease: &warden_pg::Lease, id: &str, text: &str| warden_pg::TurnBatch {
+        lease: lease.clone(),
+        id: id.to_owned(),
+        events: vec![text_event(1, text), text_event(2, "!")],
+        ended: false,
+    };
+    let (b1, b2, b3) = (batch(&l1, "t1", "one"), batch(&l2, "t2", "two"), batch(&l3, "t3", "three"));
+    let results = pg.append_turns(&[&b1, &b2, &b3]).await.expect("one statement");
+    assert!(results[0].is_ok(), "{results:?}");
+    assert!(
+        matches!(&results[1], Err(StoreError::LeaseLost { key, epoch: 1 }) if key == "s2"),
+        "{results:?}"
+    );
+    assert!(results[2].is_ok(), "{results:?}");
+    let events = |id: &'static str| {
+        let pg = pg.clone();
+        async move { pg.read_turn(id, 0).await.expect("read").expect("turn").events }
+    };
+    assert_eq!(events("t1").await, [text_event(1, "one"), text_event(2, "!")]);
+    assert!(events("t2").await.is_empty(), "nothing of the fenced-out batch");
+    assert_eq!(events("t3").await, [text_event(1, "three"), text_event(2, "!")]);
+
+    // A batch that repeats a stored number fails a shared statement as a
+    // whole; the group commit then tries each batch alone: only that one
+    // fails. To put both in one transaction, the committer is held busy
+    // first: its append for s4 waits on s4's row, locked elsewhere.
+    assert!(
+        pg.append_turns(&[&batch(&l1, "t1", "again"), &batch(&l3, "t3", "x")])
+            .await
+            .is_err(),
+        "a repeated number fails the shared statement, nothing of it written"
+    );
+    assert_eq!(events("t3").await.len(), 2);
+    let k4 = SessionKey::new("s4");
+    let node = NodeStore::new(pg.clone(), "a", ttl);
+    for k in [&k1, &k3, &k4] {
+        node.claim(k).await.expect("claim").expect("ours");
+    }
+    node.open_turn(&k4, 1, "t4").await.expect("open");
+    client
+        .batch_execute("BEGIN; SELECT 1 FROM warden_sessions WHERE key = 's4' FOR UPDATE")
+        .await
+        .expect("lock s4");
+    let before = node.turn_commits();
+    let blocked = {
+        let node = node.clone();
+        let k4 = k4.clone();
+        tokio::spawn(async move { node.append_turn(&k4, "t4", &[text_event(1, "x")], false).await })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let again = vec![text_event(2, "again")];
+    let fresh = vec![text_event(3, "more")];
+    let both = {
+        let node = node.clone();
+        let (k1, k3) = (k1.clone(), k3.clone());
+        tokio::spawn(async move {
+            tokio::join!(
+                node.append_turn(&k1, "t1", &again, false),
+                node.append_turn(&k3, "t3", &fresh, true),
+            )
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    client.batch_execute("ROLLBACK").await.expect("unlock s4");
+    within("the blocked append", blocked).await.expect("task").expect("s4 appended");
+    let (dup, ok) = within("the shared group", both).await.expect("task");
+    assert!(matches!(dup, Err(StoreError::Backend { .. })), "{dup:?}");
+    assert!(ok.is_ok(), "{ok:?}");
+    let after = node.turn_commits();
+    assert_eq!(
+        (after.transactions - before.transactions, after.batches - before.batches),
+        (2, 3),
+        "s4's alone, then the other two together"
+    );
+    assert_eq!(events("t3").await.len(), 3);
+    assert_eq!(events("t1").await, [text_event(1, "one"), text_event(2, "!")]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_turns_on_a_node_share_transactions_and_every_event_lands_in_order() {
+    let Some(config) = fresh_db().await else {
+        return;
+    };
+    let pg = store(&config).await;
+    let node = NodeStore::new(pg.clone(), "a", Duration::from_secs(30));
+    const TURNS: usize = 40;
+    const BATCHES: u64 = 10;
+    for i in 0..TURNS {
+        let key = SessionKey::new(format!("g{i}"));
+        node.claim(&key).await.expect("claim").expect("ours");
+        node.open_turn(&key, 1, &format!("gt{i}")).await.expect("open");
+    }
+    let before = node.turn_commits();
+    let tasks: Vec<_> = (0..TURNS)
+        .map(|i| {
+            let node = node.clone();
+            tokio::spawn(async move {
+                let key = SessionKey::new(format!("g{i}"));
+                for seq in 1..=BATCHES {
+                    let e = [text_event(seq, &format!("{i}:{seq}"))];
+                    node.append_turn(&key, &format!("gt{i}"), &e, seq == BATCHES)
+                        .await
+                        .expect("append");
+                }
+            })
+        })
+        .collect();
+    for t in tasks {
+        within("the appends", t).await.expect("task");
+    }
+    let after = node.turn_commits();
+    let batches = after.batches - before.batches;
+    let transactions = after.transactions - before.transactions;
+    assert_eq!(batches, TURNS as u64 * BATCHES);
+    assert!(
+        transactions < batches,
+        "{transactions} transactions for {batches} batches: they were grouped"
+    );
+    for i in 0..TURNS {
+        let turn = pg
+            .read_turn(&format!("gt{i}"), 0)
+            .await
+            .expect("read")
+            .expect("turn");
+        let want: Vec<_> = (1..=BATCHES)
+            .map(|seq| text_event(seq, &format!("{i}:{seq}")))
+            .collect();
+        assert_eq!(turn.events, want);
+        assert!(turn.ended);
+    }
+}
