@@ -1067,6 +1067,13 @@ fn main() {
         if want("cluster") {
             cluster::bench_cluster(quick).await;
         }
+        // Section 11's served part alone (it also runs within `cluster`).
+        if picked.contains(&"served") {
+            match std::env::var("WARDEN_PG_URL") {
+                Ok(admin) => soak::bench_served_on_postgres(&admin, quick).await,
+                Err(_) => println!("served: skipped, set WARDEN_PG_URL"),
+            }
+        }
         if want("console") {
             console::bench_console(quick).await;
         }

@@ -387,8 +387,9 @@ enum Backing {
     /// store is handed back for its flush counts.
     SledTurns(std::sync::Mutex<Option<warden_store::SledStore>>),
     /// A cluster node on this PostgreSQL database (fenced records, and
-    /// every turn event stored before it is sent).
-    Postgres(String),
+    /// every turn event stored before it is sent); the node's store is
+    /// handed back for its group-commit counts.
+    Postgres(String, bool, std::sync::Mutex<Option<warden_pg::NodeStore>>),
 }
 
 /// A served node (mock + supervisor + HTTP) and `clients` clients for
@@ -447,9 +448,11 @@ async fn soak_on(
             *out.lock().unwrap_or_else(|p| p.into_inner()) = Some(sled.clone());
             (Arc::new(sled), Some(tx))
         }
-        Backing::Postgres(url) => {
+        Backing::Postgres(url, grouped, out) => {
             let pg = warden_pg::PgStore::connect(url).await.expect("pg");
-            let node = warden_pg::NodeStore::new(pg, "soak", Duration::from_secs(10));
+            let node = warden_pg::NodeStore::new(pg, "soak", Duration::from_secs(10))
+                .with_group_commit(*grouped);
+            *out.lock().unwrap_or_else(|p| p.into_inner()) = Some(node.clone());
             renewer = Some(node.spawn_renewer());
             let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
             serve_config = serve_config
@@ -539,29 +542,136 @@ pub async fn bench_served_on_postgres(admin: &str, quick: bool) {
         sled.bad_text
     );
     let url = crate::cluster::fresh_db(admin, "served").await;
-    let before = crate::cluster::commits(&url).await;
-    let (mut pg, _, pg_t) = soak_on(&Backing::Postgres(url.clone()), clients, secs, keep).await;
-    let after = crate::cluster::commits(&url).await;
-    pg.latencies_us.sort_unstable();
-    let (p50, p99) = (
-        percentile(&pg.latencies_us, 0.5),
-        percentile(&pg.latencies_us, 0.99),
-    );
-    println!(
-        "| PostgreSQL cluster node, events stored first | {:.0} | {} | {} | {} | {p50} / {p99} | {:.2}x / {:.2}x | {:.1} |",
-        pg.turns as f64 / pg_t.as_secs_f64(),
-        pg.errors,
-        pg.bad_ids,
-        pg.bad_text,
-        p50 as f64 / s50.max(1) as f64,
-        p99 as f64 / s99.max(1) as f64,
-        (after - before - 1).max(0) as f64 / pg.turns.max(1) as f64
-    );
-    for (what, t) in [("sled", &sled), ("PostgreSQL", &pg)] {
+    let commit = commit_latency(&url).await;
+    let mut runs = Vec::new();
+    for (grouped, what) in [
+        (false, "each batch its own transaction"),
+        (true, "group commit"),
+    ] {
+        let url =
+            crate::cluster::fresh_db(admin, if grouped { "served_g" } else { "served_1" }).await;
+        let before = crate::cluster::commits(&url).await;
+        let backing = Backing::Postgres(url.clone(), grouped, std::sync::Mutex::new(None));
+        let (mut pg, _, pg_t) = soak_on(&backing, clients, secs, keep).await;
+        let after = crate::cluster::commits(&url).await;
+        let group = node_of(&backing).turn_commits();
+        pg.latencies_us.sort_unstable();
+        let (p50, p99) = (
+            percentile(&pg.latencies_us, 0.5),
+            percentile(&pg.latencies_us, 0.99),
+        );
+        println!(
+            "| PostgreSQL cluster node, events stored first, {what} | {:.0} | {} | {} | {} | {p50} / {p99} | {:.2}x / {:.2}x | {:.1} |",
+            pg.turns as f64 / pg_t.as_secs_f64(),
+            pg.errors,
+            pg.bad_ids,
+            pg.bad_text,
+            p50 as f64 / s50.max(1) as f64,
+            p99 as f64 / s99.max(1) as f64,
+            (after - before - 1).max(0) as f64 / pg.turns.max(1) as f64
+        );
+        if grouped {
+            let target = 2 * s50 + commit.as_micros() as u64;
+            println!(
+                "one commit (a one-row write, median of 50): {} µs; latency target p50 ≤ 2 × {s50} + {} = {target} µs: {} ({p50} µs)",
+                commit.as_micros(),
+                commit.as_micros(),
+                if p50 <= target { "met" } else { "missed" }
+            );
+            println!(
+                "event batches: {} in {} transactions ({:.1} per transaction, {:.1} event transactions per turn)",
+                group.batches,
+                group.transactions,
+                group.batches as f64 / group.transactions.max(1) as f64,
+                group.transactions as f64 / pg.turns.max(1) as f64
+            );
+        }
+        runs.push(pg);
+    }
+    // Many turns at once on one node, each way.
+    let many = if quick { 300 } else { 1_000 };
+    for grouped in [false, true] {
+        let url = crate::cluster::fresh_db(admin, if grouped { "many_g" } else { "many_1" }).await;
+        let before = crate::cluster::commits(&url).await;
+        let backing = Backing::Postgres(url.clone(), grouped, std::sync::Mutex::new(None));
+        let (mut big, _, big_t) = soak_on(&backing, many, secs, keep).await;
+        let after = crate::cluster::commits(&url).await;
+        let group = node_of(&backing).turn_commits();
+        big.latencies_us.sort_unstable();
+        let tx = (after - before - 1).max(0) as f64;
+        println!(
+            "{many} concurrent turns on one node for {secs} s, {}: {:.0} turns/s, errors {}, bad ids {}, bad text {}; \
+             text event latency p50 / p99 {} / {} µs; {:.0} transactions/s in all ({:.1} per turn){}",
+            if grouped {
+                "group commit"
+            } else {
+                "each batch its own transaction"
+            },
+            big.turns as f64 / big_t.as_secs_f64(),
+            big.errors,
+            big.bad_ids,
+            big.bad_text,
+            percentile(&big.latencies_us, 0.5),
+            percentile(&big.latencies_us, 0.99),
+            tx / big_t.as_secs_f64(),
+            tx / big.turns.max(1) as f64,
+            if grouped {
+                format!(
+                    "; event transactions {:.0}/s carrying {:.1} batches each",
+                    group.transactions as f64 / big_t.as_secs_f64(),
+                    group.batches as f64 / group.transactions.max(1) as f64
+                )
+            } else {
+                String::new()
+            }
+        );
+        if let Some(e) = &big.first_error {
+            println!("first error: {e}");
+        }
+    }
+    let (pg, _) = (&runs[1], &runs[0]);
+    for (what, t) in [("sled", &sled), ("PostgreSQL", pg)] {
         if let Some(e) = &t.first_error {
             println!("first error ({what}): {e}");
         }
     }
+}
+
+/// The node store a [`Backing::Postgres`] run used.
+fn node_of(backing: &Backing) -> warden_pg::NodeStore {
+    let Backing::Postgres(_, _, node) = backing else {
+        panic!("a PostgreSQL run");
+    };
+    node.lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .clone()
+        .expect("the run's node store")
+}
+
+/// The median latency of one commit on `url`: a one-row write in its own
+/// transaction, as a fenced event batch is at its smallest.
+async fn commit_latency(url: &str) -> Duration {
+    let (client, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+        .await
+        .expect("connect");
+    let conn = tokio::spawn(conn);
+    client
+        .batch_execute("CREATE TABLE IF NOT EXISTS warden_bench_probe (n int)")
+        .await
+        .expect("probe table");
+    let mut took = Vec::new();
+    for n in 0..50 {
+        let t = Instant::now();
+        client
+            .execute("INSERT INTO warden_bench_probe VALUES ($1)", &[&n])
+            .await
+            .expect("insert");
+        took.push(t.elapsed());
+    }
+    drop(client);
+    let _ = conn.await;
+    took.sort();
+    took[took.len() / 2]
 }
 
 pub async fn bench_soak(quick: bool) {

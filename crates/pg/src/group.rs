@@ -31,6 +31,23 @@ use warden_core::store::StoredEvent;
 
 use crate::{Lease, PgStore, backend, to_db};
 
+/// The shared append: every batch through its own session's fence (the
+/// lease row `FOR SHARE`), its events inserted, its turn marked; per batch
+/// whether its fence held and its turn was there.
+const GROUP_APPEND: &str = "WITH b AS (SELECT * FROM jsonb_to_recordset($1::jsonb) AS b(i int, key text, \
+                   node text, epoch bigint, turn_id text, events jsonb, ended boolean)), \
+                 fenced AS (SELECT b.* FROM b JOIN warden_sessions s \
+                   ON s.key = b.key AND s.owner = b.node AND s.epoch = b.epoch FOR SHARE OF s), \
+                 added AS (INSERT INTO warden_turn_events (turn_id, seq, epoch, kind, data) \
+                   SELECT f.turn_id, e.seq, f.epoch, e.kind, e.data FROM fenced f \
+                   CROSS JOIN LATERAL jsonb_to_recordset(f.events) AS e(seq bigint, kind text, data jsonb) \
+                   RETURNING 1), \
+                 marked AS (UPDATE warden_turns t SET ended = t.ended OR f.ended, updated_at = now() \
+                   FROM fenced f WHERE t.id = f.turn_id AND t.key = f.key RETURNING f.i) \
+                 SELECT b.i, EXISTS (SELECT 1 FROM fenced f WHERE f.i = b.i), \
+                   EXISTS (SELECT 1 FROM marked m WHERE m.i = b.i), (SELECT count(*) FROM added) \
+                 FROM b ORDER BY b.i";
+
 /// Batches carried by one transaction at most (the rest wait for the
 /// next): keeps a statement's size bounded under a burst.
 const MAX_GROUP: usize = 512;
@@ -180,23 +197,11 @@ impl PgStore {
             })
             .collect();
         let client = self.client().await?;
+        // Prepared once per connection: one round trip per transaction,
+        // not a parse and then an execute.
+        let statement = client.prepare_cached(GROUP_APPEND).await.map_err(backend)?;
         let answers = client
-            .query(
-                "WITH b AS (SELECT * FROM jsonb_to_recordset($1::jsonb) AS b(i int, key text, \
-                   node text, epoch bigint, turn_id text, events jsonb, ended boolean)), \
-                 fenced AS (SELECT b.* FROM b JOIN warden_sessions s \
-                   ON s.key = b.key AND s.owner = b.node AND s.epoch = b.epoch FOR SHARE OF s), \
-                 added AS (INSERT INTO warden_turn_events (turn_id, seq, epoch, kind, data) \
-                   SELECT f.turn_id, e.seq, f.epoch, e.kind, e.data FROM fenced f \
-                   CROSS JOIN LATERAL jsonb_to_recordset(f.events) AS e(seq bigint, kind text, data jsonb) \
-                   RETURNING 1), \
-                 marked AS (UPDATE warden_turns t SET ended = t.ended OR f.ended, updated_at = now() \
-                   FROM fenced f WHERE t.id = f.turn_id AND t.key = f.key RETURNING f.i) \
-                 SELECT b.i, EXISTS (SELECT 1 FROM fenced f WHERE f.i = b.i), \
-                   EXISTS (SELECT 1 FROM marked m WHERE m.i = b.i), (SELECT count(*) FROM added) \
-                 FROM b ORDER BY b.i",
-                &[&Value::Array(rows)],
-            )
+            .query(&statement, &[&Value::Array(rows)])
             .await
             .map_err(backend)?;
         let mut results: Vec<Result<(), StoreError>> = batches

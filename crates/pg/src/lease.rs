@@ -100,6 +100,43 @@ impl PgStore {
         Ok(n == 1)
     }
 
+    /// Extends every one of `leases` (all of one node) by `ttl` from now in
+    /// one statement: the keys of those renewed; a lease missing from them
+    /// is lost (its session's epoch or owner moved on). One round trip per
+    /// renewal tick, however many sessions a node holds.
+    pub async fn renew_many(
+        &self,
+        node: &str,
+        leases: &[Lease],
+        ttl: Duration,
+    ) -> Result<std::collections::HashSet<String>, StoreError> {
+        if leases.is_empty() {
+            return Ok(std::collections::HashSet::new());
+        }
+        let held: Vec<serde_json::Value> = leases
+            .iter()
+            .map(|l| serde_json::json!({"key": l.key, "epoch": to_db(l.epoch)}))
+            .collect();
+        let client = self.control_client().await?;
+        let statement = client
+            .prepare_cached(
+                "UPDATE warden_sessions s SET lease_until = now() + make_interval(secs => $3) \
+                 FROM jsonb_to_recordset($1::jsonb) AS l(key text, epoch bigint) \
+                 WHERE s.key = l.key AND s.owner = $2 AND s.epoch = l.epoch \
+                 RETURNING s.key",
+            )
+            .await
+            .map_err(backend)?;
+        let rows = client
+            .query(
+                &statement,
+                &[&serde_json::Value::Array(held), &node, &secs(ttl)],
+            )
+            .await
+            .map_err(backend)?;
+        Ok(rows.into_iter().map(|r| r.get(0)).collect())
+    }
+
     /// Gives `lease` up at once (another node may take the session without
     /// waiting for it to expire). Nothing happens if it was lost already.
     pub async fn release(&self, lease: &Lease) -> Result<(), StoreError> {
@@ -133,10 +170,18 @@ impl PgStore {
         }
         let value = Self::encode(record)?;
         let client = self.client().await?;
-        let n = client
-            .execute(
+        // Prepared once per connection: a session writes its record on
+        // every step of a turn.
+        let statement = client
+            .prepare_cached(
                 "UPDATE warden_sessions SET record = $2, schema_version = $3, updated_at = now() \
                  WHERE key = $1 AND owner = $4 AND epoch = $5",
+            )
+            .await
+            .map_err(backend)?;
+        let n = client
+            .execute(
+                &statement,
                 &[
                     &record.key,
                     &value,

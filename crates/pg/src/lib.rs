@@ -120,6 +120,11 @@ pub enum PgError {
 #[derive(Clone)]
 pub struct PgStore {
     pool: deadpool_postgres::Pool,
+    /// Two connections of their own for what keeps a node's leases and
+    /// membership alive (renewals, heartbeats): never queued behind the
+    /// data traffic of a busy node, whose leases would otherwise lapse
+    /// under load.
+    control: deadpool_postgres::Pool,
 }
 
 impl std::fmt::Debug for PgStore {
@@ -230,19 +235,24 @@ impl PgStore {
         root_cert: Option<&std::path::Path>,
     ) -> Result<Self, PgError> {
         let connector = tls::connector(&mut config, root_cert)?;
-        let manager = deadpool_postgres::Manager::from_config(
-            config,
-            connector,
-            deadpool_postgres::ManagerConfig {
-                recycling_method: deadpool_postgres::RecyclingMethod::Fast,
-            },
-        );
-        let pool = deadpool_postgres::Pool::builder(manager)
-            .max_size(16)
-            .runtime(deadpool_postgres::Runtime::Tokio1)
-            .build()
-            .map_err(|e| PgError::Connect(e.to_string()))?;
-        let store = Self { pool };
+        let pool = |size: usize| {
+            let manager = deadpool_postgres::Manager::from_config(
+                config.clone(),
+                connector.clone(),
+                deadpool_postgres::ManagerConfig {
+                    recycling_method: deadpool_postgres::RecyclingMethod::Fast,
+                },
+            );
+            deadpool_postgres::Pool::builder(manager)
+                .max_size(size)
+                .runtime(deadpool_postgres::Runtime::Tokio1)
+                .build()
+                .map_err(|e| PgError::Connect(e.to_string()))
+        };
+        let store = Self {
+            pool: pool(16)?,
+            control: pool(2)?,
+        };
         let mut client = store
             .pool
             .get()
@@ -261,6 +271,11 @@ impl PgStore {
 
     pub(crate) async fn client(&self) -> Result<deadpool_postgres::Object, StoreError> {
         self.pool.get().await.map_err(backend)
+    }
+
+    /// A connection of the control pool (lease renewals, heartbeats).
+    pub(crate) async fn control_client(&self) -> Result<deadpool_postgres::Object, StoreError> {
+        self.control.get().await.map_err(backend)
     }
 
     /// The record of `key`, decoded: `None` when there is none yet.

@@ -50,7 +50,7 @@ impl PgStore {
 
     /// Beats `node`'s heart; `false` if it is not registered.
     pub async fn heartbeat(&self, node: &str) -> Result<bool, StoreError> {
-        let client = self.client().await?;
+        let client = self.control_client().await?;
         let n = client
             .execute(
                 "UPDATE warden_nodes SET heartbeat_at = now() WHERE node_id = $1",
@@ -147,8 +147,10 @@ pub struct NodeStore {
     /// Keyed by session, with the lease's epoch.
     renewed: Arc<Mutex<HashMap<String, (u64, tokio::time::Instant)>>>,
     lost: broadcast::Sender<Lease>,
-    /// Its turns' event batches, committed together.
+    /// Its turns' event batches, committed together (or, switched off,
+    /// each in its own transaction).
     group: crate::group::GroupCommit,
+    grouped: bool,
 }
 
 impl std::fmt::Debug for NodeStore {
@@ -167,6 +169,7 @@ impl NodeStore {
         let (lost, _) = broadcast::channel(256);
         Self {
             group: crate::group::GroupCommit::new(pg.clone()),
+            grouped: true,
             pg,
             node: node.into(),
             ttl,
@@ -174,6 +177,14 @@ impl NodeStore {
             renewed: Arc::default(),
             lost,
         }
+    }
+
+    /// Commits each turn's event batch in its own transaction instead of
+    /// together with the other turns' (the default, `true`): for
+    /// comparison; every guarantee holds either way.
+    pub fn with_group_commit(mut self, on: bool) -> Self {
+        self.grouped = on;
+        self
     }
 
     /// This node's id.
@@ -337,13 +348,17 @@ impl NodeStore {
         ended: bool,
     ) -> Result<(), StoreError> {
         let lease = self.held_or_lost(key)?;
-        let batch = crate::group::TurnBatch {
-            lease: lease.clone(),
-            id: id.to_owned(),
-            events: events.to_vec(),
-            ended,
+        let appended = if self.grouped {
+            let batch = crate::group::TurnBatch {
+                lease: lease.clone(),
+                id: id.to_owned(),
+                events: events.to_vec(),
+                ended,
+            };
+            self.group.append(batch).await
+        } else {
+            self.pg.append_turn(&lease, id, events, ended).await
         };
-        let appended = self.group.append(batch).await;
         self.forget_if_lost(&lease, &appended);
         appended
     }
@@ -425,21 +440,24 @@ impl NodeStore {
     /// Renews every held lease once; the ones lost are forgotten and
     /// reported. Returns how many were lost.
     pub async fn renew_all(&self) -> Result<usize, StoreError> {
-        let mut lost = 0;
-        for lease in self.held() {
-            let sent = tokio::time::Instant::now();
-            // A renewal that hangs (a partition drops its packets) is given
-            // up after a TTL: the lease is past saving by then.
-            let renewed = tokio::time::timeout(self.ttl, self.pg.renew(&lease, self.ttl))
+        let held = self.held();
+        let sent = tokio::time::Instant::now();
+        // Every lease in one statement. One that hangs (a partition drops
+        // its packets) is given up after a TTL: the leases are past saving
+        // by then.
+        let renewed =
+            tokio::time::timeout(self.ttl, self.pg.renew_many(&self.node, &held, self.ttl))
                 .await
                 .map_err(|_| StoreError::Backend {
                     message: format!(
-                        "renewing the lease of {} got no answer within {:.1}s",
-                        lease.key,
+                        "renewing {} leases got no answer within {:.1}s",
+                        held.len(),
                         self.ttl.as_secs_f64()
                     ),
                 })??;
-            if !renewed {
+        let mut lost = 0;
+        for lease in held {
+            if !renewed.contains(&lease.key) {
                 self.forget(&lease);
                 lost += 1;
                 continue;

@@ -711,7 +711,11 @@ async fn a_session_changing_nodes_is_listed_as_a_failover_or_a_handover() {
 
 fn text_event(seq: u64, text: &str) -> warden_core::store::StoredEvent {
     use warden_core::store::{StoredEvent, TurnEventKind};
-    StoredEvent::new(seq, TurnEventKind::Text, serde_json::json!({ "text": text }))
+    StoredEvent::new(
+        seq,
+        TurnEventKind::Text,
+        serde_json::json!({ "text": text }),
+    )
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -721,10 +725,26 @@ async fn a_batch_whose_fence_fails_is_refused_alone_and_the_others_in_its_transa
     };
     let pg = store(&config).await;
     let ttl = Duration::from_secs(30);
-    let (k1, k2, k3) = (SessionKey::new("s1"), SessionKey::new("s2"), SessionKey::new("s3"));
-    let l1 = pg.acquire(&k1, "a", ttl).await.expect("acquire").expect("free");
-    let l2 = pg.acquire(&k2, "a", ttl).await.expect("acquire").expect("free");
-    let l3 = pg.acquire(&k3, "a", ttl).await.expect("acquire").expect("free");
+    let (k1, k2, k3) = (
+        SessionKey::new("s1"),
+        SessionKey::new("s2"),
+        SessionKey::new("s3"),
+    );
+    let l1 = pg
+        .acquire(&k1, "a", ttl)
+        .await
+        .expect("acquire")
+        .expect("free");
+    let l2 = pg
+        .acquire(&k2, "a", ttl)
+        .await
+        .expect("acquire")
+        .expect("free");
+    let l3 = pg
+        .acquire(&k3, "a", ttl)
+        .await
+        .expect("acquire")
+        .expect("free");
     for (l, id) in [(&l1, "t1"), (&l2, "t2"), (&l3, "t3")] {
         pg.open_turn(l, 1, id).await.expect("open");
     }
@@ -744,8 +764,15 @@ async fn a_batch_whose_fence_fails_is_refused_alone_and_the_others_in_its_transa
         events: vec![text_event(1, text), text_event(2, "!")],
         ended: false,
     };
-    let (b1, b2, b3) = (batch(&l1, "t1", "one"), batch(&l2, "t2", "two"), batch(&l3, "t3", "three"));
-    let results = pg.append_turns(&[&b1, &b2, &b3]).await.expect("one statement");
+    let (b1, b2, b3) = (
+        batch(&l1, "t1", "one"),
+        batch(&l2, "t2", "two"),
+        batch(&l3, "t3", "three"),
+    );
+    let results = pg
+        .append_turns(&[&b1, &b2, &b3])
+        .await
+        .expect("one statement");
     assert!(results[0].is_ok(), "{results:?}");
     assert!(
         matches!(&results[1], Err(StoreError::LeaseLost { key, epoch: 1 }) if key == "s2"),
@@ -754,11 +781,26 @@ async fn a_batch_whose_fence_fails_is_refused_alone_and_the_others_in_its_transa
     assert!(results[2].is_ok(), "{results:?}");
     let events = |id: &'static str| {
         let pg = pg.clone();
-        async move { pg.read_turn(id, 0).await.expect("read").expect("turn").events }
+        async move {
+            pg.read_turn(id, 0)
+                .await
+                .expect("read")
+                .expect("turn")
+                .events
+        }
     };
-    assert_eq!(events("t1").await, [text_event(1, "one"), text_event(2, "!")]);
-    assert!(events("t2").await.is_empty(), "nothing of the fenced-out batch");
-    assert_eq!(events("t3").await, [text_event(1, "three"), text_event(2, "!")]);
+    assert_eq!(
+        events("t1").await,
+        [text_event(1, "one"), text_event(2, "!")]
+    );
+    assert!(
+        events("t2").await.is_empty(),
+        "nothing of the fenced-out batch"
+    );
+    assert_eq!(
+        events("t3").await,
+        [text_event(1, "three"), text_event(2, "!")]
+    );
 
     // A batch that repeats a stored number fails a shared statement as a
     // whole; the group commit then tries each batch alone: only that one
@@ -785,7 +827,10 @@ async fn a_batch_whose_fence_fails_is_refused_alone_and_the_others_in_its_transa
     let blocked = {
         let node = node.clone();
         let k4 = k4.clone();
-        tokio::spawn(async move { node.append_turn(&k4, "t4", &[text_event(1, "x")], false).await })
+        tokio::spawn(async move {
+            node.append_turn(&k4, "t4", &[text_event(1, "x")], false)
+                .await
+        })
     };
     tokio::time::sleep(Duration::from_millis(300)).await;
     let again = vec![text_event(2, "again")];
@@ -802,18 +847,27 @@ async fn a_batch_whose_fence_fails_is_refused_alone_and_the_others_in_its_transa
     };
     tokio::time::sleep(Duration::from_millis(300)).await;
     client.batch_execute("ROLLBACK").await.expect("unlock s4");
-    within("the blocked append", blocked).await.expect("task").expect("s4 appended");
+    within("the blocked append", blocked)
+        .await
+        .expect("task")
+        .expect("s4 appended");
     let (dup, ok) = within("the shared group", both).await.expect("task");
     assert!(matches!(dup, Err(StoreError::Backend { .. })), "{dup:?}");
     assert!(ok.is_ok(), "{ok:?}");
     let after = node.turn_commits();
     assert_eq!(
-        (after.transactions - before.transactions, after.batches - before.batches),
+        (
+            after.transactions - before.transactions,
+            after.batches - before.batches
+        ),
         (2, 3),
         "s4's alone, then the other two together"
     );
     assert_eq!(events("t3").await.len(), 3);
-    assert_eq!(events("t1").await, [text_event(1, "one"), text_event(2, "!")]);
+    assert_eq!(
+        events("t1").await,
+        [text_event(1, "one"), text_event(2, "!")]
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -828,7 +882,9 @@ async fn concurrent_turns_on_a_node_share_transactions_and_every_event_lands_in_
     for i in 0..TURNS {
         let key = SessionKey::new(format!("g{i}"));
         node.claim(&key).await.expect("claim").expect("ours");
-        node.open_turn(&key, 1, &format!("gt{i}")).await.expect("open");
+        node.open_turn(&key, 1, &format!("gt{i}"))
+            .await
+            .expect("open");
     }
     let before = node.turn_commits();
     let tasks: Vec<_> = (0..TURNS)
