@@ -1074,6 +1074,11 @@ fn main() {
                 Err(_) => println!("served: skipped, set WARDEN_PG_URL"),
             }
         }
+        // 10,000 sessions on three nodes and a failover of a third of them
+        // (section 11b; minutes, so only when asked for).
+        if picked.contains(&"scale") {
+            cluster::bench_scale(quick).await;
+        }
         if want("console") {
             console::bench_console(quick).await;
         }

@@ -358,7 +358,7 @@ impl Client {
     }
 }
 
-fn rss_kib() -> u64 {
+pub(crate) fn rss_kib() -> u64 {
     std::fs::read_to_string("/proc/self/status")
         .ok()
         .and_then(|s| {

@@ -162,6 +162,10 @@ impl std::fmt::Debug for NodeStore {
     }
 }
 
+/// Orphans a node takes over at once (each a few round trips: its record,
+/// its lease, its session's start).
+const TAKEOVER_CONCURRENCY: usize = 16;
+
 impl NodeStore {
     /// The store of node `node`, whose leases last `ttl` (10 s is the
     /// cluster default; they are renewed at a third of it).
@@ -397,30 +401,48 @@ impl NodeStore {
     /// exists; elsewhere it stays with its lease expired until such a node
     /// takes it. Run it every [`scan_interval`](Self::scan_interval).
     pub async fn take_over(&self, supervisor: &Supervisor) -> TakeOver {
+        use futures_util::StreamExt as _;
+        use rand::seq::SliceRandom as _;
         let mut done = TakeOver::default();
-        let Ok(orphans) = self.pg.orphans().await else {
+        let Ok(mut orphans) = self.pg.orphans().await else {
             return done;
         };
-        for key in orphans {
-            if self.lease_of(&key).is_some() {
-                // Ours, expired while the database was away: the renewer
-                // renews it at its epoch; taking it would only bump the
-                // epoch under the running session.
-                continue;
-            }
-            if self.missing_workspace(&key).await.is_some() {
-                continue; // for a node that has its workspace
-            }
-            if let Ok(Some(lease)) = self.claim(&key).await {
-                match supervisor.session(key.clone()).await {
-                    Ok(_) => done.taken.push((key, lease.epoch)),
-                    Err(e) => {
-                        // Not runnable here: let another node have it
-                        // rather than hold its lease with nothing running.
-                        let _ = self.release(&key).await;
-                        done.released.push((key, e.to_string()));
+        // A node that died held many sessions: take them several at a
+        // time (each is a few round trips), in an order of this node's
+        // own, so the survivors split them rather than race for each.
+        orphans.shuffle(&mut rand::rng());
+        let outcomes: Vec<Option<Result<(SessionKey, u64), (SessionKey, String)>>> =
+            futures_util::stream::iter(orphans)
+                .map(|key| async move {
+                    if self.lease_of(&key).is_some() {
+                        // Ours, expired while the database was away: the
+                        // renewer renews it at its epoch; taking it would
+                        // only bump the epoch under the running session.
+                        return None;
                     }
-                }
+                    if self.missing_workspace(&key).await.is_some() {
+                        return None; // for a node that has its workspace
+                    }
+                    let Ok(Some(lease)) = self.claim(&key).await else {
+                        return None;
+                    };
+                    match supervisor.session(key.clone()).await {
+                        Ok(_) => Some(Ok((key, lease.epoch))),
+                        Err(e) => {
+                            // Not runnable here: let another node have it
+                            // rather than hold its lease with nothing running.
+                            let _ = self.release(&key).await;
+                            Some(Err((key, e.to_string())))
+                        }
+                    }
+                })
+                .buffer_unordered(TAKEOVER_CONCURRENCY)
+                .collect()
+                .await;
+        for outcome in outcomes.into_iter().flatten() {
+            match outcome {
+                Ok(taken) => done.taken.push(taken),
+                Err(released) => done.released.push(released),
             }
         }
         done
