@@ -162,6 +162,9 @@ impl std::fmt::Debug for NodeStore {
     }
 }
 
+/// One orphan's outcome: taken (under that epoch), or released (why).
+type Taken = Result<(SessionKey, u64), (SessionKey, String)>;
+
 /// Orphans a node takes over at once (each a few round trips: its record,
 /// its lease, its session's start).
 const TAKEOVER_CONCURRENCY: usize = 16;
@@ -411,34 +414,33 @@ impl NodeStore {
         // time (each is a few round trips), in an order of this node's
         // own, so the survivors split them rather than race for each.
         orphans.shuffle(&mut rand::rng());
-        let outcomes: Vec<Option<Result<(SessionKey, u64), (SessionKey, String)>>> =
-            futures_util::stream::iter(orphans)
-                .map(|key| async move {
-                    if self.lease_of(&key).is_some() {
-                        // Ours, expired while the database was away: the
-                        // renewer renews it at its epoch; taking it would
-                        // only bump the epoch under the running session.
-                        return None;
+        let outcomes: Vec<Option<Taken>> = futures_util::stream::iter(orphans)
+            .map(|key| async move {
+                if self.lease_of(&key).is_some() {
+                    // Ours, expired while the database was away: the
+                    // renewer renews it at its epoch; taking it would
+                    // only bump the epoch under the running session.
+                    return None;
+                }
+                if self.missing_workspace(&key).await.is_some() {
+                    return None; // for a node that has its workspace
+                }
+                let Ok(Some(lease)) = self.claim(&key).await else {
+                    return None;
+                };
+                match supervisor.session(key.clone()).await {
+                    Ok(_) => Some(Ok((key, lease.epoch))),
+                    Err(e) => {
+                        // Not runnable here: let another node have it
+                        // rather than hold its lease with nothing running.
+                        let _ = self.release(&key).await;
+                        Some(Err((key, e.to_string())))
                     }
-                    if self.missing_workspace(&key).await.is_some() {
-                        return None; // for a node that has its workspace
-                    }
-                    let Ok(Some(lease)) = self.claim(&key).await else {
-                        return None;
-                    };
-                    match supervisor.session(key.clone()).await {
-                        Ok(_) => Some(Ok((key, lease.epoch))),
-                        Err(e) => {
-                            // Not runnable here: let another node have it
-                            // rather than hold its lease with nothing running.
-                            let _ = self.release(&key).await;
-                            Some(Err((key, e.to_string())))
-                        }
-                    }
-                })
-                .buffer_unordered(TAKEOVER_CONCURRENCY)
-                .collect()
-                .await;
+                }
+            })
+            .buffer_unordered(TAKEOVER_CONCURRENCY)
+            .collect()
+            .await;
         for outcome in outcomes.into_iter().flatten() {
             match outcome {
                 Ok(taken) => done.taken.push(taken),
