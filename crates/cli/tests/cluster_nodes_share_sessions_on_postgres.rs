@@ -42,37 +42,6 @@ async fn stall_then_answer() -> MockServer {
     .expect("mock")
 }
 
-/// A fresh database's URL, or `None` (with the reason printed).
-async fn fresh_db() -> Option<String> {
-    let Ok(url) = std::env::var("WARDEN_PG_URL") else {
-        assert!(
-            std::env::var("WARDEN_REQUIRE_POSTGRES").as_deref() != Ok("1"),
-            "WARDEN_REQUIRE_POSTGRES=1 but WARDEN_PG_URL is unset"
-        );
-        eprintln!("skipped: set WARDEN_PG_URL to a PostgreSQL admin URL to run this test");
-        return None;
-    };
-    let name = format!(
-        "warden_c_{}_{}",
-        std::process::id(),
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos())
-            .unwrap_or(0)
-    );
-    let psql = std::process::Command::new("psql")
-        .args([url.as_str(), "-qAtc", &format!("CREATE DATABASE {name}")])
-        .output()
-        .expect("psql runs");
-    assert!(
-        psql.status.success(),
-        "create database: {}",
-        String::from_utf8_lossy(&psql.stderr)
-    );
-    let (base, _) = url.rsplit_once('/').expect("a URL with a database");
-    Some(format!("{base}/{name}"))
-}
-
 struct Node {
     id: String,
     child: tokio::process::Child,
@@ -219,7 +188,9 @@ fn dir() -> (tempfile::TempDir, PathBuf) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_owners_session_is_taken_over_and_its_message_answered() {
-    let Some(url) = fresh_db().await else { return };
+    let Some(url) = fresh_db("warden_c").await else {
+        return;
+    };
     let mock = stall_then_answer().await;
     let (_d, dir) = dir();
     let mut a = start(&dir, "node-a", &url, &mock).await;
@@ -409,7 +380,9 @@ async fn a_killed_owners_session_is_taken_over_and_its_message_answered() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_owner_paused_past_its_lease_is_fenced_out_when_it_wakes() {
-    let Some(url) = fresh_db().await else { return };
+    let Some(url) = fresh_db("warden_c").await else {
+        return;
+    };
     let mock = stall_then_answer().await;
     let (_d, dir) = dir();
     let a = start(&dir, "node-a", &url, &mock).await;
@@ -606,7 +579,9 @@ async fn stream_turn(node: &Node, key: &str, message: &str) -> (String, SseReade
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_re_attaches_on_another_node_to_a_turn_whose_node_died() {
-    let Some(url) = fresh_db().await else { return };
+    let Some(url) = fresh_db("warden_c").await else {
+        return;
+    };
     let mock = stall_then_answer().await;
     let (_d, dir) = dir();
     let mut a = start(&dir, "node-a", &url, &mock).await;
@@ -695,7 +670,9 @@ async fn a_client_re_attaches_on_another_node_to_a_turn_whose_node_died() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_stopped_gracefully_mid_turn_hands_the_turn_to_another_node_to_finish() {
-    let Some(url) = fresh_db().await else { return };
+    let Some(url) = fresh_db("warden_c").await else {
+        return;
+    };
     let mock = stall_then_answer().await;
     let (_d, dir) = dir();
     let mut a = start(&dir, "node-a", &url, &mock).await;
@@ -746,7 +723,9 @@ async fn a_node_stopped_gracefully_mid_turn_hands_the_turn_to_another_node_to_fi
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_turn_whose_node_died_is_cancelled_through_any_node() {
-    let Some(url) = fresh_db().await else { return };
+    let Some(url) = fresh_db("warden_c").await else {
+        return;
+    };
     // Every attempt stalls (held open): the turn runs until cancelled.
     let mock = MockServer::start(
         MockConfig::default()
@@ -840,7 +819,9 @@ fn claude_bin() -> Option<String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_claude_code_session_fails_over_through_a_fresh_start_where_its_workspace_is() {
-    let Some(url) = fresh_db().await else { return };
+    let Some(url) = fresh_db("warden_c").await else {
+        return;
+    };
     let Some(bin) = claude_bin() else { return };
     // Slow frames: a reply takes seconds, so a turn can be caught mid-text.
     let mock =
@@ -978,7 +959,9 @@ async fn a_claude_code_session_fails_over_through_a_fresh_start_where_its_worksp
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn any_node_takes_a_turn_and_forwards_it_to_the_sessions_owner() {
-    let Some(url) = fresh_db().await else { return };
+    let Some(url) = fresh_db("warden_c").await else {
+        return;
+    };
     let mock =
         MockServer::start(MockConfig::default().with_frame_interval(Duration::from_millis(2)))
             .await
@@ -1199,7 +1182,9 @@ async fn any_node_takes_a_turn_and_forwards_it_to_the_sessions_owner() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_session_bound_to_a_workspace_is_taken_over_only_where_that_directory_exists() {
-    let Some(url) = fresh_db().await else { return };
+    let Some(url) = fresh_db("warden_c").await else {
+        return;
+    };
     let mock = stall_then_answer().await;
     let (_d, dir) = dir();
     let ws = dir.join("workspace");
@@ -1426,7 +1411,9 @@ async fn three_nodes_killed_twenty_times_lose_no_message_and_never_stream_a_sess
     const SESSIONS: usize = 6;
     const KILLS: usize = 20;
     const SOAK_TTL: f64 = 1.0;
-    let Some(url) = fresh_db().await else { return };
+    let Some(url) = fresh_db("warden_c").await else {
+        return;
+    };
     let mock = Arc::new(
         MockServer::start(
             MockConfig::default()
@@ -1665,7 +1652,9 @@ impl JsonValue for reqwest::Response {
 /// ~12 ms; the bound leaves room for a loaded CI machine.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_idle_node_exits_at_once_on_sigterm() {
-    let Some(url) = fresh_db().await else { return };
+    let Some(url) = fresh_db("warden_c").await else {
+        return;
+    };
     let mock = stall_then_answer().await;
     let (_d, dir) = dir();
     let mut a = start(&dir, "node-a", &url, &mock).await;
@@ -1729,7 +1718,9 @@ fn shown<'a>(events: impl IntoIterator<Item = &'a Sse>) -> String {
 /// connections and its open ones are cut, as a restart would.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_database_restart_within_the_lease_moves_no_session() {
-    let Some(url) = fresh_db().await else { return };
+    let Some(url) = fresh_db("warden_c").await else {
+        return;
+    };
     let db = url.rsplit('/').next().expect("a database").to_owned();
     let mock =
         MockServer::start(MockConfig::default().with_frame_interval(Duration::from_millis(400)))
@@ -1782,7 +1773,9 @@ async fn a_database_restart_within_the_lease_moves_no_session() {
 /// once; never two upstream streams at once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_database_outage_longer_than_the_lease_stops_the_turn_and_it_is_re_delivered() {
-    let Some(url) = fresh_db().await else { return };
+    let Some(url) = fresh_db("warden_c").await else {
+        return;
+    };
     let db = url.rsplit('/').next().expect("a database").to_owned();
     let mock =
         MockServer::start(MockConfig::default().with_frame_interval(Duration::from_millis(400)))
@@ -1945,7 +1938,9 @@ async fn a_node_partitioned_from_the_database_past_its_lease_stops_before_it_is_
         eprintln!("skipped: {why}");
         return;
     }
-    let Some(url) = fresh_db().await else { return };
+    let Some(url) = fresh_db("warden_c").await else {
+        return;
+    };
     let port: u16 = url
         .rsplit_once(':')
         .and_then(|(_, rest)| rest.split('/').next())

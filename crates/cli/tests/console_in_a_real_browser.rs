@@ -351,38 +351,6 @@ async fn the_console_signs_in_and_shows_a_turn_live_with_its_kill_continuation_a
     let _ = server.start_kill();
 }
 
-/// A fresh database on `WARDEN_PG_URL`'s server, or `None` (with the
-/// reason printed) when there is none and CI does not require one.
-async fn fresh_db() -> Option<String> {
-    let Ok(url) = std::env::var("WARDEN_PG_URL") else {
-        assert!(
-            std::env::var("WARDEN_REQUIRE_POSTGRES").as_deref() != Ok("1"),
-            "WARDEN_REQUIRE_POSTGRES=1 but WARDEN_PG_URL is unset"
-        );
-        eprintln!("skipped: set WARDEN_PG_URL to a PostgreSQL admin URL to run this test");
-        return None;
-    };
-    let name = format!(
-        "warden_ui_{}_{}",
-        std::process::id(),
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos())
-            .unwrap_or(0)
-    );
-    let psql = std::process::Command::new("psql")
-        .args([url.as_str(), "-qAtc", &format!("CREATE DATABASE {name}")])
-        .output()
-        .expect("psql runs");
-    assert!(
-        psql.status.success(),
-        "create database: {}",
-        String::from_utf8_lossy(&psql.stderr)
-    );
-    let (base, _) = url.rsplit_once('/').expect("a URL with a database");
-    Some(format!("{base}/{name}"))
-}
-
 /// A cluster node: `warden serve --store <db> --node-id <id>`.
 async fn node(
     dir: &Path,
@@ -421,7 +389,9 @@ async fn node(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_console_shows_the_clusters_nodes_leases_and_a_failover() {
-    let Some(db) = fresh_db().await else { return };
+    let Some(db) = fresh_db("warden_ui").await else {
+        return;
+    };
     let Some(browser) = browser().await else {
         return;
     };

@@ -389,18 +389,7 @@ async fn a_turn_survives_kill_9_under_its_id_and_a_client_re_attaches() {
     }
     assert_eq!(shown, expected, "the text once: {seen:?} {rest:?}");
     // The session's turns list it, under its id, answered.
-    let listed: serde_json::Value = serde_json::from_slice(
-        &client
-            .get(format!("{}/v1/sessions/ws/turns", again.base))
-            .bearer_auth(&again.token)
-            .send()
-            .await
-            .expect("get")
-            .bytes()
-            .await
-            .expect("body"),
-    )
-    .expect("JSON");
+    let listed = get_json(&client, &again, "/v1/sessions/ws/turns").await;
     assert_eq!(listed["turns"][0]["id"], id.as_str(), "{listed}");
     assert_eq!(listed["turns"][0]["outcome"], "done", "{listed}");
     assert_eq!(listed["turns"][0]["text"], expected, "{listed}");
@@ -535,18 +524,7 @@ async fn a_message_accepted_before_a_crash_is_found_by_its_idempotency_key() {
         before + 1,
         "the message was answered once"
     );
-    let listed: serde_json::Value = serde_json::from_slice(
-        &client
-            .get(format!("{}/v1/sessions/crashy/turns", again.base))
-            .bearer_auth(&again.token)
-            .send()
-            .await
-            .expect("get")
-            .bytes()
-            .await
-            .expect("body"),
-    )
-    .expect("JSON");
+    let listed = get_json(&client, &again, "/v1/sessions/crashy/turns").await;
     let ids: Vec<&str> = listed["turns"]
         .as_array()
         .expect("turns")
@@ -559,16 +537,20 @@ async fn a_message_accepted_before_a_crash_is_found_by_its_idempotency_key() {
     let _ = again.child.start_kill();
 }
 
-/// The session's `pending` count as `GET /v1/sessions/{key}` shows it.
-async fn session_pending(client: &reqwest::Client, node: &Node, key: &str) -> u64 {
+/// `GET path` on `node` with its token: the JSON answer.
+async fn get_json(client: &reqwest::Client, node: &Node, path: &str) -> serde_json::Value {
     let r = client
-        .get(format!("{}/v1/sessions/{key}", node.base))
+        .get(format!("{}{path}", node.base))
         .bearer_auth(&node.token)
         .send()
         .await
         .expect("get");
-    let body: serde_json::Value =
-        serde_json::from_slice(&r.bytes().await.expect("body")).expect("JSON");
+    serde_json::from_slice(&r.bytes().await.expect("body")).expect("JSON")
+}
+
+/// The session's `pending` count as `GET /v1/sessions/{key}` shows it.
+async fn session_pending(client: &reqwest::Client, node: &Node, key: &str) -> u64 {
+    let body = get_json(client, node, &format!("/v1/sessions/{key}")).await;
     body["pending"].as_u64().unwrap_or(u64::MAX)
 }
 

@@ -102,6 +102,18 @@ impl Server {
         read_events(turn, |_| false).await
     }
 
+    /// `GET path` with the token: the JSON answer.
+    async fn get_json(&self, path: &str) -> Value {
+        self.client
+            .get(format!("{}{path}", self.base))
+            .bearer_auth(TOKEN)
+            .send()
+            .await
+            .expect("get")
+            .json_value()
+            .await
+    }
+
     fn events(&self, id: &str) -> reqwest::RequestBuilder {
         self.client
             .get(format!("{}/v1/turns/{id}/events", self.base))
@@ -1078,15 +1090,7 @@ async fn a_retried_post_with_its_idempotency_key_gets_the_same_turn() {
             .expect("opened");
         a.finish();
     }
-    let listed = s
-        .client
-        .get(format!("{}/v1/sessions/idem/turns", s.base))
-        .bearer_auth(TOKEN)
-        .send()
-        .await
-        .expect("get")
-        .json_value()
-        .await;
+    let listed = s.get_json("/v1/sessions/idem/turns").await;
     assert_eq!(
         listed["turns"].as_array().map(Vec::len),
         Some(3),
@@ -1136,15 +1140,7 @@ async fn lifecycle_events_and_the_session_name_the_turn_by_its_id() {
     let attempt = within("the stream to open", s.ctl.next_attempt())
         .await
         .expect("opened");
-    let shown = s
-        .client
-        .get(format!("{}/v1/sessions/named", s.base))
-        .bearer_auth(TOKEN)
-        .send()
-        .await
-        .expect("get")
-        .json_value()
-        .await;
+    let shown = s.get_json("/v1/sessions/named").await;
     assert_eq!(shown["turn"]["turn_id"], id.as_str(), "{shown}");
     attempt.text("ok");
     attempt.finish();
@@ -1170,22 +1166,18 @@ async fn the_server_says_what_a_console_needs_and_a_single_node_has_no_cluster()
             .with_jaeger_url("http://jaeger.example:16686/"),
     )
     .await;
-    let get = |path: &str| {
-        s.client
-            .get(format!("{}{path}", s.base))
-            .bearer_auth(TOKEN)
-            .send()
-    };
-    let info = get("/v1/server").await.expect("get").json_value().await;
+    let info = s.get_json("/v1/server").await;
     assert_eq!(info["agent"], "anthropic");
     assert_eq!(info["cluster"], false);
     assert_eq!(info["node"], Value::Null);
     assert_eq!(info["jaeger_url"], "http://jaeger.example:16686");
     let default = warden_core::WatchdogConfig::default().default_timeout;
     assert_eq!(info["stream_timeout_ms"], default.as_millis() as u64);
-    let cluster = get("/v1/cluster").await.expect("get");
-    assert_eq!(cluster.status(), 404);
-    assert_eq!(cluster.json_value().await["error"]["type"], "not_found");
+    let cluster = s.get_json("/v1/cluster").await;
+    assert_eq!(
+        cluster["error"]["type"], "not_found",
+        "404 on a single node"
+    );
     // The console's page: this origin only, nothing inline.
     let page = s
         .client
@@ -1241,7 +1233,7 @@ async fn the_full_session_list_shows_every_stored_session_with_its_record() {
             .bearer_auth(TOKEN)
             .send()
     };
-    let full = list("?detail=full").await.expect("get").json_value().await;
+    let full = s.get_json("/v1/sessions?detail=full").await;
     let sessions = full["sessions"].as_array().expect("sessions");
     let find = |key: &str| {
         sessions
@@ -1255,7 +1247,7 @@ async fn the_full_session_list_shows_every_stored_session_with_its_record() {
     assert_eq!(b["turn"]["turn_id"], id.as_str(), "{b}");
     assert_eq!(b["pending"], 1, "{b}");
     // Without detail, keys only; an unknown detail is refused.
-    let plain = list("").await.expect("get").json_value().await;
+    let plain = s.get_json("/v1/sessions").await;
     assert!(plain["sessions"][0].get("status").is_none(), "{plain}");
     let bad = list("?detail=everything").await.expect("get");
     assert_eq!(bad.status(), 400);

@@ -151,3 +151,36 @@ pub(crate) async fn serve_on(
         .to_owned();
     (child, base, token)
 }
+
+/// A fresh database named `prefix_<pid>_<nanos>` on `WARDEN_PG_URL`'s
+/// server (an admin URL), or `None` (with the reason printed) when the
+/// variable is unset and CI does not require it (`WARDEN_REQUIRE_POSTGRES`).
+pub(crate) async fn fresh_db(prefix: &str) -> Option<String> {
+    let Ok(url) = std::env::var("WARDEN_PG_URL") else {
+        assert!(
+            std::env::var("WARDEN_REQUIRE_POSTGRES").as_deref() != Ok("1"),
+            "WARDEN_REQUIRE_POSTGRES=1 but WARDEN_PG_URL is unset"
+        );
+        eprintln!("skipped: set WARDEN_PG_URL to a PostgreSQL admin URL to run this test");
+        return None;
+    };
+    let name = format!(
+        "{prefix}_{}_{}",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0)
+    );
+    let psql = std::process::Command::new("psql")
+        .args([url.as_str(), "-qAtc", &format!("CREATE DATABASE {name}")])
+        .output()
+        .expect("psql runs");
+    assert!(
+        psql.status.success(),
+        "create database: {}",
+        String::from_utf8_lossy(&psql.stderr)
+    );
+    let (base, _) = url.rsplit_once('/').expect("a URL with a database");
+    Some(format!("{base}/{name}"))
+}
