@@ -46,7 +46,14 @@
 //! 11. `cluster`: turns/s with the sessions on PostgreSQL through a cluster
 //!     node's fenced store (1 and 3 nodes) against sled, and database
 //!     transactions per turn (issue #17; needs `WARDEN_PG_URL`); see
-//!     [`cluster`].
+//!     [`cluster`]. `served` (also within `cluster`): `warden serve` as a
+//!     cluster node storing every event first, each batch its own
+//!     transaction against the node's group commit, at 50 and 1,000 turns
+//!     (issue #26). `scale` (11b, only when named): 10,000 sessions on
+//!     three nodes, the idle load, and the failover of 3,333 of them.
+//! 12. `console`: the web console with 1,000 sessions against 10 in a real
+//!     headless Chromium (issue #27; needs `chromium` and `chromedriver`);
+//!     see [`console`].
 #![allow(unsafe_code)] // the counting global allocator below
 #![allow(missing_docs, unreachable_pub)]
 
