@@ -1010,6 +1010,10 @@ fn main() {
         proxy::proxy_child(args.get(i + 1).map_or("", String::as_str));
         return;
     }
+    if let Some(i) = args.iter().position(|a| a == "--relay-child") {
+        proxy::relay_child(args.get(i + 1).map_or("", String::as_str));
+        return;
+    }
     let quick = args.iter().any(|a| a == "--quick");
     let picked: Vec<&str> = args
         .iter()

@@ -5,12 +5,12 @@
 //! through a `warden-proxy` running in a child process (this binary with
 //! `--proxy-child`), so the proxy's CPU and memory are its own.
 //!
-//! Reported at 1 and 1,000 concurrent streams: the latency from the
-//! upstream's write to the client's parse (p50/p99), direct and proxied,
-//! and the difference; CPU per event (this process, the proxy child, and
-//! the total against direct); the proxy's memory per idle stream (RSS of
-//! the child with 1,000 open streams that carry nothing, against the child
-//! with none).
+//! Reported at 1 and 50 streams of 50 events/s and 1,000 of 10 events/s:
+//! the latency from the upstream's write to the client's parse
+//! (p50/p99) direct, and what a plain TCP relay (`--relay-child`, the
+//! floor for any proxy, in its own process) and the proxy each add to it;
+//! CPU per event of each child; RSS per idle stream of each (200 streams
+//! held open mid-reply, against the child with none).
 
 use std::convert::Infallible;
 use std::io::{BufRead as _, Write as _};
@@ -149,6 +149,45 @@ pub fn proxy_child(upstream: &str) {
     });
 }
 
+/// The child for the floor: a plain TCP relay in front of `upstream`
+/// (`http://host:port`), each connection copied both ways as it comes
+/// (`tokio::io::copy_bidirectional`) — what any proxy costs at least. Its
+/// address on stdout; it runs until its stdin closes.
+pub fn relay_child(upstream: &str) {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let target = upstream.trim_start_matches("http://").to_owned();
+    rt.block_on(async move {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        println!("http://{}", listener.local_addr().expect("addr"));
+        let _ = std::io::stdout().flush();
+        tokio::spawn(async move {
+            while let Ok((mut inbound, _)) = listener.accept().await {
+                let target = target.clone();
+                tokio::spawn(async move {
+                    let _ = inbound.set_nodelay(true);
+                    let Ok(mut outbound) = tokio::net::TcpStream::connect(&target).await else {
+                        return;
+                    };
+                    let _ = outbound.set_nodelay(true);
+                    let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
+                });
+            }
+        });
+        tokio::task::spawn_blocking(|| {
+            let mut line = String::new();
+            let _ = std::io::stdin().lock().read_line(&mut line);
+        })
+        .await
+        .ok();
+    });
+}
+
 /// CPU time of every thread of `pid` (`self` for this process), in
 /// seconds, from `/proc/PID/task/*/schedstat` (nanoseconds, unlike the
 /// 10 ms ticks of `/proc/PID/stat`). Threads that already exited are not
@@ -175,10 +214,12 @@ struct Child {
 }
 
 impl Child {
-    fn spawn(upstream: &str) -> Self {
+    /// This binary as a child in `mode` (`--proxy-child`, `--relay-child`)
+    /// in front of `upstream`.
+    fn spawn(mode: &str, upstream: &str) -> Self {
         let exe = std::env::current_exe().expect("exe");
         let mut child = std::process::Command::new(exe)
-            .args(["--proxy-child", upstream])
+            .args([mode, upstream])
             .stdin(std::process::Stdio::piped())
             .stdout(std::process::Stdio::piped())
             .spawn()
@@ -306,57 +347,9 @@ fn pct(v: &[u64], p: f64) -> u64 {
     v[(((v.len() - 1) as f64) * p).round() as usize]
 }
 
-pub async fn bench_proxy(quick: bool) {
-    println!("\n## 10. `warden proxy`: latency, CPU and memory it adds per streamed event");
-    let base = upstream().await;
-    let child = Child::spawn(&base);
-    // Warm both paths (connections, allocator).
-    run(&base, 10, INTERVAL).await;
-    run(&child.base, 10, INTERVAL).await;
-    println!(
-        "{EVENTS} text events per stream; latency = upstream write → client parse (µs); CPU from schedstat\n"
-    );
-    println!(
-        "| streams | direct p50 | direct p99 | proxied p50 | proxied p99 | added p50 | added p99 | CPU/event direct (µs) | CPU/event proxied: this process + proxy (µs) | CPU ratio |"
-    );
-    println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
-    for n in [1usize, if quick { 200 } else { 1_000 }] {
-        let interval = if n == 1 { INTERVAL } else { LOADED_INTERVAL };
-        let cpu0 = cpu("self");
-        let direct = run(&base, n, interval).await;
-        let cpu_direct = cpu("self") - cpu0;
-        let (cpu1, child1) = (cpu("self"), child.cpu());
-        let proxied = run(&child.base, n, interval).await;
-        let cpu_here = cpu("self") - cpu1;
-        let cpu_child = child.cpu() - child1;
-        let per = |cpu: f64, events: usize| cpu * 1e6 / events.max(1) as f64;
-        let d = per(cpu_direct, direct.len());
-        let p_here = per(cpu_here, proxied.len());
-        let p_child = per(cpu_child, proxied.len());
-        println!(
-            "| {n} ({} ev/s) | {} | {} | {} | {} | {} | {} | {d:.1} | {p_here:.1} + {p_child:.1} | {:.2}x |",
-            (n as f64 / interval.as_secs_f64()).round(),
-            pct(&direct, 0.5),
-            pct(&direct, 0.99),
-            pct(&proxied, 0.5),
-            pct(&proxied, 0.99),
-            pct(&proxied, 0.5) as i64 - pct(&direct, 0.5) as i64,
-            pct(&proxied, 0.99) as i64 - pct(&direct, 0.99) as i64,
-            (p_here + p_child) / d
-        );
-        if direct.len() != n * EVENTS || proxied.len() != n * EVENTS {
-            println!(
-                "(events lost: direct {} of {}, proxied {} of {})",
-                direct.len(),
-                n * EVENTS,
-                proxied.len(),
-                n * EVENTS
-            );
-        }
-    }
-
-    // Memory per idle stream, in the proxy child.
-    let n = if quick { 200 } else { 1_000 };
+/// RSS growth of `child` with `n` streams held open mid-reply (a start,
+/// then silence), KiB per stream.
+async fn idle_rss_per_stream(child: &Child, n: usize) -> f64 {
     tokio::time::sleep(Duration::from_millis(500)).await;
     let before = child.rss_kib();
     let http = reqwest::Client::builder()
@@ -372,14 +365,76 @@ pub async fn bench_proxy(quick: bool) {
         .collect();
     tokio::time::sleep(Duration::from_secs(3)).await;
     let during = child.rss_kib();
-    println!(
-        "\nproxy child RSS: {:.1} MiB with no stream, {:.1} MiB with {n} idle streams open: {:.1} KiB per idle stream",
-        before as f64 / 1024.0,
-        during as f64 / 1024.0,
-        (during.saturating_sub(before)) as f64 / n as f64
-    );
     for t in idle {
         t.abort();
     }
-    drop(child);
+    during.saturating_sub(before) as f64 / n as f64
+}
+
+pub async fn bench_proxy(quick: bool) {
+    println!("\n## 10. `warden proxy`: latency, CPU and memory it adds per streamed event");
+    let base = upstream().await;
+    let proxy = Child::spawn("--proxy-child", &base);
+    let relay = Child::spawn("--relay-child", &base);
+    // Warm every path (connections, allocator).
+    for b in [&base, &relay.base, &proxy.base] {
+        run(b, 10, INTERVAL).await;
+    }
+    println!(
+        "{EVENTS} text events per stream; latency = upstream write → client parse (µs); CPU from schedstat. \
+         Added = against direct; the relay (a plain TCP copy in its own process) is the floor for any proxy.\n"
+    );
+    println!(
+        "| streams | direct p50 / p99 | relay added p50 / p99 | proxy added p50 / p99 | proxy / relay added p99 | CPU/event: relay / proxy (µs, the child) | client side direct / relay / proxy (µs) |"
+    );
+    println!("|---:|---:|---:|---:|---:|---:|---:|");
+    let high = if quick { 200 } else { 1_000 };
+    for (n, interval) in [(1usize, INTERVAL), (50, INTERVAL), (high, LOADED_INTERVAL)] {
+        let per = |cpu: f64, events: usize| cpu * 1e6 / events.max(1) as f64;
+        let cpu0 = cpu("self");
+        let direct = run(&base, n, interval).await;
+        let here_direct = per(cpu("self") - cpu0, direct.len());
+        let (cpu1, r1) = (cpu("self"), relay.cpu());
+        let relayed = run(&relay.base, n, interval).await;
+        let here_relay = per(cpu("self") - cpu1, relayed.len());
+        let relay_cpu = per(relay.cpu() - r1, relayed.len());
+        let (cpu2, p1) = (cpu("self"), proxy.cpu());
+        let proxied = run(&proxy.base, n, interval).await;
+        let here_proxy = per(cpu("self") - cpu2, proxied.len());
+        let proxy_cpu = per(proxy.cpu() - p1, proxied.len());
+        let added = |v: &[u64], p: f64| pct(v, p) as i64 - pct(&direct, p) as i64;
+        let ratio = added(&proxied, 0.99) as f64 / added(&relayed, 0.99).max(1) as f64;
+        println!(
+            "| {n} ({} ev/s) | {} / {} | {} / {} | {} / {} | {ratio:.2}x | {relay_cpu:.1} / {proxy_cpu:.1} | {here_direct:.1} / {here_relay:.1} / {here_proxy:.1} |",
+            (n as f64 / interval.as_secs_f64()).round(),
+            pct(&direct, 0.5),
+            pct(&direct, 0.99),
+            added(&relayed, 0.5),
+            added(&relayed, 0.99),
+            added(&proxied, 0.5),
+            added(&proxied, 0.99),
+        );
+        for (what, v) in [("direct", &direct), ("relay", &relayed), ("proxy", &proxied)] {
+            if v.len() != n * EVENTS {
+                println!("(events lost, {what}: {} of {})", v.len(), n * EVENTS);
+            }
+        }
+    }
+
+    // Memory per idle stream (a start, then silence: a stream held open
+    // mid-reply), in fresh children (one that served the runs above has
+    // memory to reuse), each warmed by one stream first.
+    drop(proxy);
+    drop(relay);
+    let n = 200;
+    let mut kib = Vec::new();
+    for mode in ["--relay-child", "--proxy-child"] {
+        let child = Child::spawn(mode, &base);
+        run(&child.base, 1, INTERVAL).await;
+        kib.push(idle_rss_per_stream(&child, n).await);
+    }
+    let (relay_kib, proxy_kib) = (kib[0], kib[1]);
+    println!(
+        "\nRSS per idle stream ({n} held open mid-reply, fresh children): relay {relay_kib:.1} KiB, proxy {proxy_kib:.1} KiB (target ≤ 16 KB)"
+    );
 }
