@@ -414,7 +414,11 @@ pub async fn bench_proxy(quick: bool) {
             added(&proxied, 0.5),
             added(&proxied, 0.99),
         );
-        for (what, v) in [("direct", &direct), ("relay", &relayed), ("proxy", &proxied)] {
+        for (what, v) in [
+            ("direct", &direct),
+            ("relay", &relayed),
+            ("proxy", &proxied),
+        ] {
             if v.len() != n * EVENTS {
                 println!("(events lost, {what}: {} of {})", v.len(), n * EVENTS);
             }
