@@ -110,9 +110,12 @@ pub(crate) async fn create_turn(
     let must_exist = state.config.workspaces_must_exist && state.config.placement.is_none();
     let target = Target::parse(&new, &state.supervisor, must_exist)?;
     let idempotency = idempotency_key(&headers)?;
-    // A retry of a turn this node or the cluster's store knows is answered
-    // here, even while the session's owner cannot be reached.
-    if let Some(k) = &idempotency {
+    // On a cluster node, a retry of a turn the cluster's store knows is
+    // answered here, even while the session's owner cannot be reached. (A
+    // single node answers it below, under the key's claim: one lookup.)
+    if let Some(k) = &idempotency
+        && cluster.placement().is_some()
+    {
         let id = crate::ids::idempotent_turn_id(target.key(), k);
         if let Some(answer) = replay(&state, &id, target.key(), &headers).await? {
             return Ok(answer);
