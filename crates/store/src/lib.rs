@@ -22,7 +22,10 @@
 //!   protected by the directory's mode.
 //! - **One owner**: sled holds an exclusive lock on its files; opening a
 //!   database another live process (or this one) holds is
-//!   [`StoreError::Locked`].
+//!   [`StoreError::Locked`]. sled releases the lock from its own I/O
+//!   threads, which may still be finishing a write (or failing one, on a
+//!   full disk) just after a store is dropped, so [`SledStore::open`] waits
+//!   up to [`LOCK_WAIT`] for a held lock before it reports it.
 //! - **Recovery on open**: a disk that filled up while sled wrote its
 //!   startup snapshot leaves an unfinished `snap.*.generating` file that
 //!   makes every later open fail as "corrupted". [`SledStore::open`]
@@ -117,10 +120,7 @@ impl SledStore {
     pub fn open(dir: impl AsRef<Path>) -> Result<Self, StoreError> {
         let path = dir.as_ref().to_path_buf();
         make_private_dir(&path)?;
-        let (db, recoveries) = open_recovering(&path).map_err(|e| match e {
-            OpenFailure::Sled(e) => open_error(&path, &e),
-            OpenFailure::Store(e) => e,
-        })?;
+        let (db, recoveries) = open_waiting_for_the_lock(&path, LOCK_WAIT)?;
         make_files_private(&path)?;
         let tree = db.open_tree(TREE).map_err(|e| backend(describe(&e)))?;
         Ok(Self {
@@ -213,6 +213,31 @@ fn backend(message: String) -> StoreError {
 
 fn open_sled(path: &Path) -> sled::Result<sled::Db> {
     sled::Config::new().path(path).open()
+}
+
+/// How long [`SledStore::open`] waits for a database lock held elsewhere
+/// (by another process, or by sled's I/O threads of a store this process
+/// just dropped) before it reports [`StoreError::Locked`].
+pub const LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// [`open_recovering`], retried every 20 ms while the database is locked,
+/// for at most `wait`.
+fn open_waiting_for_the_lock(
+    path: &Path,
+    wait: std::time::Duration,
+) -> Result<(sled::Db, Vec<Recovery>), StoreError> {
+    let until = std::time::Instant::now() + wait;
+    loop {
+        let error = match open_recovering(path) {
+            Ok(opened) => return Ok(opened),
+            Err(OpenFailure::Sled(e)) => open_error(path, &e),
+            Err(OpenFailure::Store(e)) => e,
+        };
+        if !matches!(error, StoreError::Locked { .. }) || std::time::Instant::now() >= until {
+            return Err(error);
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
 }
 
 /// Why [`open_recovering`] failed: sled's own error, or one of the repair.
@@ -720,5 +745,42 @@ mod tests {
             .await
             .expect("save");
         assert_eq!(store.commit.flushed.load(Ordering::SeqCst), 2);
+    }
+
+    /// Holds sled's lock on the database at `dir` from another file
+    /// description (as another process, or sled's I/O threads, would) for
+    /// `hold`, on a thread; returns once the lock is taken.
+    fn hold_the_lock(dir: &Path, hold: std::time::Duration) -> std::thread::JoinHandle<()> {
+        let lock = recovery::lock_database(dir).expect("take the lock");
+        std::thread::spawn(move || {
+            std::thread::sleep(hold);
+            drop(lock);
+        })
+    }
+
+    #[test]
+    fn open_waits_for_a_lock_released_shortly_after() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        drop(SledStore::open(dir.path()).expect("create"));
+        let hold = std::time::Duration::from_millis(300);
+        let holder = hold_the_lock(dir.path(), hold);
+        let started = std::time::Instant::now();
+        let store = SledStore::open(dir.path()).expect("open once the lock is released");
+        assert!(started.elapsed() >= hold - std::time::Duration::from_millis(50));
+        drop(store);
+        holder.join().expect("holder");
+    }
+
+    #[test]
+    fn a_lock_held_past_the_wait_is_reported_locked() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        drop(SledStore::open(dir.path()).expect("create"));
+        let wait = std::time::Duration::from_millis(100);
+        let holder = hold_the_lock(dir.path(), wait * 5);
+        let started = std::time::Instant::now();
+        let refused = open_waiting_for_the_lock(dir.path(), wait).expect_err("held");
+        assert!(matches!(refused, StoreError::Locked { .. }), "{refused:?}");
+        assert!(started.elapsed() >= wait, "gave up before the wait");
+        holder.join().expect("holder");
     }
 }
