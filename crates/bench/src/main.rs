@@ -64,7 +64,7 @@ mod continuation;
 mod proxy;
 mod soak;
 
-use std::alloc::{GlobalAlloc, Layout, System};
+use std::alloc::{GlobalAlloc, Layout};
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -73,6 +73,7 @@ use std::time::Duration;
 
 use futures_util::future::BoxFuture;
 use futures_util::{Stream, StreamExt};
+use mimalloc::MiMalloc;
 use tokio::sync::{Notify, watch};
 use tokio::time::Instant;
 use warden_core::stream::StreamArgs;
@@ -86,38 +87,57 @@ use warden_core::{
 
 // ---------------------------------------------------------------- allocator
 
-/// Counts live heap bytes, for memory-per-stream figures.
+/// Counts live heap bytes, for memory-per-stream figures, on top of the
+/// allocator the `warden` binary uses (mimalloc, tuned as in
+/// `crates/cli/src/allocator.rs`), so the children's CPU and RSS are what
+/// `warden proxy` and `warden serve` pay.
 struct Counting;
+
+/// `mi_option_purge_delay` (see `crates/cli/src/allocator.rs`).
+const MI_OPTION_PURGE_DELAY: libmimalloc_sys::mi_option_t = 15;
+
+/// The `warden` binary's allocator tuning: freed memory returned after
+/// 10 ms.
+fn tune_allocator() {
+    if std::env::var_os("MIMALLOC_PURGE_DELAY").is_some() {
+        return;
+    }
+    // SAFETY: `mi_option_set` stores a number in mimalloc's option table;
+    // it may be called at any time from any thread.
+    unsafe {
+        libmimalloc_sys::mi_option_set(MI_OPTION_PURGE_DELAY, 10);
+    }
+}
 
 static LIVE_BYTES: AtomicUsize = AtomicUsize::new(0);
 
-// SAFETY: every method forwards to `System` with the arguments it was given,
-// so the pointers handed out are `System`'s and meet `GlobalAlloc`'s contract
-// (alignment, size, ownership) exactly as `System` does. The bookkeeping is
+// SAFETY: every method forwards to `MiMalloc` with the arguments it was given,
+// so the pointers handed out are `MiMalloc`'s and meet `GlobalAlloc`'s contract
+// (alignment, size, ownership) exactly as `MiMalloc` does. The bookkeeping is
 // a relaxed atomic add/sub on a static: it neither allocates (no reentry into
 // the allocator) nor panics, and it does not touch the memory itself.
 unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         LIVE_BYTES.fetch_add(layout.size(), Ordering::Relaxed);
         // SAFETY: our caller upholds `GlobalAlloc::alloc`'s contract for
-        // `layout` (non-zero size), which is the contract `System.alloc` has.
-        unsafe { System.alloc(layout) }
+        // `layout` (non-zero size), which is the contract `MiMalloc.alloc` has.
+        unsafe { MiMalloc.alloc(layout) }
     }
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
         LIVE_BYTES.fetch_sub(layout.size(), Ordering::Relaxed);
         // SAFETY: our caller guarantees `ptr` came from this allocator with
-        // `layout`; this allocator's pointers all come from `System`, so
-        // `ptr` was allocated by `System` with `layout`.
-        unsafe { System.dealloc(ptr, layout) }
+        // `layout`; this allocator's pointers all come from `MiMalloc`, so
+        // `ptr` was allocated by `MiMalloc` with `layout`.
+        unsafe { MiMalloc.dealloc(ptr, layout) }
     }
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
         LIVE_BYTES.fetch_add(new_size, Ordering::Relaxed);
         LIVE_BYTES.fetch_sub(layout.size(), Ordering::Relaxed);
-        // SAFETY: as in `dealloc`, `ptr` was allocated by `System` with
+        // SAFETY: as in `dealloc`, `ptr` was allocated by `MiMalloc` with
         // `layout`; our caller guarantees `new_size` is non-zero and does not
-        // overflow when rounded to `layout.align()`, as `System.realloc`
+        // overflow when rounded to `layout.align()`, as `MiMalloc.realloc`
         // requires.
-        unsafe { System.realloc(ptr, layout, new_size) }
+        unsafe { MiMalloc.realloc(ptr, layout, new_size) }
     }
 }
 
@@ -997,6 +1017,7 @@ fn bench_telemetry(quick: bool) {
 }
 
 fn main() {
+    tune_allocator();
     let args: Vec<String> = std::env::args().skip(1).collect();
     if let Some(i) = args.iter().position(|a| a == "--telemetry-child") {
         let turns = args

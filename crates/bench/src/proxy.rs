@@ -140,13 +140,20 @@ pub fn proxy_child(upstream: &str) {
         let _ = std::io::stdout().flush();
         tokio::spawn(async move { proxy.serve(listener, std::future::pending()).await });
         // Until the parent closes our stdin.
-        tokio::task::spawn_blocking(|| {
-            let mut line = String::new();
-            let _ = std::io::stdin().lock().read_line(&mut line);
-        })
-        .await
-        .ok();
+        tokio::task::spawn_blocking(serve_stdin).await.ok();
     });
+}
+
+/// A child's control channel: each line on stdin is answered on stdout
+/// with the live heap in bytes; the child ends when stdin closes.
+fn serve_stdin() {
+    let mut stdin = std::io::stdin().lock();
+    let mut line = String::new();
+    while matches!(stdin.read_line(&mut line), Ok(n) if n > 0) {
+        line.clear();
+        println!("{}", crate::live_bytes());
+        let _ = std::io::stdout().flush();
+    }
 }
 
 /// The child for the floor: a plain TCP relay in front of `upstream`
@@ -179,12 +186,7 @@ pub fn relay_child(upstream: &str) {
                 });
             }
         });
-        tokio::task::spawn_blocking(|| {
-            let mut line = String::new();
-            let _ = std::io::stdin().lock().read_line(&mut line);
-        })
-        .await
-        .ok();
+        tokio::task::spawn_blocking(serve_stdin).await.ok();
     });
 }
 
@@ -211,6 +213,7 @@ fn cpu(pid: &str) -> f64 {
 struct Child {
     child: std::process::Child,
     base: String,
+    stdout: std::io::BufReader<std::process::ChildStdout>,
 }
 
 impl Child {
@@ -225,14 +228,23 @@ impl Child {
             .spawn()
             .expect("proxy child");
         let mut line = String::new();
-        let stdout = child.stdout.take().expect("stdout");
-        std::io::BufReader::new(stdout)
-            .read_line(&mut line)
-            .expect("the child's address");
+        let mut stdout = std::io::BufReader::new(child.stdout.take().expect("stdout"));
+        stdout.read_line(&mut line).expect("the child's address");
         Self {
             child,
             base: line.trim().to_owned(),
+            stdout,
         }
+    }
+
+    /// The child's live heap (bytes), as its allocator counts it.
+    fn heap(&mut self) -> u64 {
+        let stdin = self.child.stdin.as_mut().expect("stdin");
+        writeln!(stdin, "heap").expect("ask the child");
+        stdin.flush().expect("ask the child");
+        let mut line = String::new();
+        self.stdout.read_line(&mut line).expect("the child's heap");
+        line.trim().parse().expect("a number")
     }
 
     fn cpu(&self) -> f64 {
@@ -347,11 +359,11 @@ fn pct(v: &[u64], p: f64) -> u64 {
     v[(((v.len() - 1) as f64) * p).round() as usize]
 }
 
-/// RSS growth of `child` with `n` streams held open mid-reply (a start,
-/// then silence), KiB per stream.
-async fn idle_rss_per_stream(child: &Child, n: usize) -> f64 {
+/// RSS and live-heap growth of `child` with `n` streams held open
+/// mid-reply (a start, then silence), KiB per stream.
+async fn idle_per_stream(child: &mut Child, n: usize) -> (f64, f64) {
     tokio::time::sleep(Duration::from_millis(500)).await;
-    let before = child.rss_kib();
+    let (rss0, heap0) = (child.rss_kib(), child.heap());
     let http = reqwest::Client::builder()
         .pool_max_idle_per_host(n)
         .build()
@@ -364,11 +376,15 @@ async fn idle_rss_per_stream(child: &Child, n: usize) -> f64 {
         })
         .collect();
     tokio::time::sleep(Duration::from_secs(3)).await;
-    let during = child.rss_kib();
+    let (rss1, heap1) = (child.rss_kib(), child.heap());
     for t in idle {
         t.abort();
     }
-    during.saturating_sub(before) as f64 / n as f64
+    let per = |grew: u64| grew as f64 / n as f64;
+    (
+        per(rss1.saturating_sub(rss0)),
+        per(heap1.saturating_sub(heap0)) / 1024.0,
+    )
 }
 
 pub async fn bench_proxy(quick: bool) {
@@ -431,14 +447,17 @@ pub async fn bench_proxy(quick: bool) {
     drop(proxy);
     drop(relay);
     let n = 200;
-    let mut kib = Vec::new();
+    let mut idle = Vec::new();
     for mode in ["--relay-child", "--proxy-child"] {
-        let child = Child::spawn(mode, &base);
+        let mut child = Child::spawn(mode, &base);
         run(&child.base, 1, INTERVAL).await;
-        kib.push(idle_rss_per_stream(&child, n).await);
+        idle.push(idle_per_stream(&mut child, n).await);
     }
-    let (relay_kib, proxy_kib) = (kib[0], kib[1]);
+    let [(relay_rss, relay_heap), (proxy_rss, proxy_heap)] = idle[..] else {
+        unreachable!("two children")
+    };
     println!(
-        "\nRSS per idle stream ({n} held open mid-reply, fresh children): relay {relay_kib:.1} KiB, proxy {proxy_kib:.1} KiB (target ≤ 16 KB)"
+        "\nPer idle stream ({n} held open mid-reply, fresh children): RSS relay {relay_rss:.1} KiB, proxy {proxy_rss:.1} KiB (target ≤ 16 KB); \
+         live heap relay {relay_heap:.1} KiB, proxy {proxy_heap:.1} KiB"
     );
 }

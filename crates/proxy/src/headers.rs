@@ -1,6 +1,6 @@
 //! Which headers cross the proxy.
 
-use axum::http::{HeaderMap, HeaderName, header};
+use axum::http::{HeaderMap, HeaderName, HeaderValue, header};
 
 /// Hop-by-hop headers (RFC 9110 §7.6.1) and the ones the proxy sets
 /// itself: never forwarded in either direction.
@@ -18,6 +18,12 @@ const HOP_BY_HOP: [HeaderName; 9] = [
 
 /// `map` without hop-by-hop headers (and without those named by
 /// `Connection`), everything else untouched.
+///
+/// The values are copied, not shared: hyper's header values are slices of
+/// the connection's 8 KiB read buffer, and a map kept for a stream's whole
+/// life (the request's, for each retry; the response's, for the client)
+/// would keep that buffer alive while hyper allocates another to go on
+/// reading — 8 KiB per open stream on each side.
 pub(crate) fn end_to_end(map: &HeaderMap) -> HeaderMap {
     let named: Vec<String> = map
         .get_all(header::CONNECTION)
@@ -34,7 +40,9 @@ pub(crate) fn end_to_end(map: &HeaderMap) -> HeaderMap {
         {
             continue;
         }
-        out.append(name.clone(), value.clone());
+        let mut owned = HeaderValue::from_bytes(value.as_bytes()).unwrap_or_else(|_| value.clone());
+        owned.set_sensitive(value.is_sensitive());
+        out.append(name.clone(), owned);
     }
     out
 }
@@ -45,7 +53,7 @@ pub(crate) fn watched_request(map: &HeaderMap) -> HeaderMap {
     let mut out = end_to_end(map);
     out.insert(
         header::ACCEPT_ENCODING,
-        header::HeaderValue::from_static("identity"),
+        HeaderValue::from_static("identity"),
     );
     out
 }
@@ -61,7 +69,6 @@ pub(crate) fn watched_response(map: &HeaderMap) -> HeaderMap {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use axum::http::HeaderValue;
 
     #[test]
     fn credentials_and_provider_headers_pass_and_hop_by_hop_ones_do_not() {
@@ -93,5 +100,24 @@ mod tests {
         );
         assert_eq!(out["x-api-key"], "sk-secret");
         assert_eq!(watched_request(&h)["accept-encoding"], "identity");
+    }
+
+    #[test]
+    fn kept_values_do_not_share_the_buffer_they_were_read_from() {
+        // hyper's values are slices of its read buffer; a copy lets the
+        // buffer go.
+        let buffer = bytes::Bytes::from_static(b"x-api-key: sk-secret\r\n");
+        let mut value =
+            HeaderValue::from_maybe_shared(buffer.slice(11..20)).expect("a valid value");
+        value.set_sensitive(true);
+        let mut h = HeaderMap::new();
+        h.insert("x-api-key", value.clone());
+        let out = end_to_end(&h);
+        assert_eq!(out["x-api-key"], value);
+        assert!(out["x-api-key"].is_sensitive());
+        assert_ne!(
+            out["x-api-key"].as_bytes().as_ptr(),
+            value.as_bytes().as_ptr()
+        );
     }
 }

@@ -300,8 +300,11 @@ pub(crate) async fn watched(
             );
         }
     };
+    // Copied out of hyper's read buffer, of which it is a slice: kept for
+    // the stream's life (each retry re-sends it), it would keep that 8 KiB
+    // buffer alive while hyper allocates another to watch the connection.
+    let mut bytes = Bytes::copy_from_slice(&bytes);
     let mut json: Option<Value> = serde_json::from_slice(&bytes).ok();
-    let mut bytes = bytes;
     let streamed = json
         .as_ref()
         .map(|v| v.get("stream").and_then(Value::as_bool));
@@ -372,6 +375,7 @@ pub(crate) async fn watched(
         attempts: 0,
         current: None,
         pending: None,
+        out: String::new(),
         rng: rand::rngs::SmallRng::from_rng(&mut rand::rng()),
         deadline: inner_deadline.map(|d| started + d),
         continuing: false,
@@ -570,6 +574,9 @@ struct Pump {
     current: Option<Current>,
     /// A break found after output that was returned first.
     pending: Option<Failure>,
+    /// What [`read`](Self::read) writes the client's bytes into; empty
+    /// between reads, its capacity kept (no growth per event).
+    out: String,
     rng: rand::rngs::SmallRng,
     /// When the request must be over (`ProxyConfig::deadline`), if ever.
     deadline: Option<Instant>,
@@ -647,9 +654,14 @@ impl Pump {
                 self.end(Outcome::Complete);
             }
             if out.is_empty() {
+                self.out = out;
                 continue;
             }
-            let bytes = Bytes::from(out);
+            // One allocation of the exact size per chunk; the buffer the
+            // events were written into keeps its capacity for the next.
+            let bytes = Bytes::copy_from_slice(out.as_bytes());
+            self.out = out;
+            self.out.clear();
             if self.sent {
                 return Step::Chunk(bytes);
             }
@@ -812,7 +824,7 @@ impl Pump {
     /// Reads the current attempt until it has output for the client, ends
     /// complete, or breaks: the output, and the break if any.
     async fn read(&mut self) -> (String, Option<Failure>) {
-        let mut out = String::new();
+        let mut out = std::mem::take(&mut self.out);
         let Some(current) = self.current.as_mut() else {
             return (out, None);
         };
