@@ -84,6 +84,69 @@ impl PgStore {
         }))
     }
 
+    /// Takes the leases of those of `keys` that are free or expired (the
+    /// rule of [`acquire`](Self::acquire), for sessions that exist) for
+    /// `node` for `ttl`, in one statement: the leases taken, each with the
+    /// session's record as it was when taken. A row another node is taking
+    /// at the same moment is skipped, not waited for (`SKIP LOCKED`), so
+    /// survivors taking a dead node's sessions split them instead of
+    /// queueing behind each other, and never deadlock.
+    pub async fn acquire_many(
+        &self,
+        keys: &[SessionKey],
+        node: &str,
+        ttl: Duration,
+    ) -> Result<Vec<(Lease, Result<Option<SessionRecord>, StoreError>)>, StoreError> {
+        if keys.is_empty() {
+            return Ok(Vec::new());
+        }
+        let keys: Vec<&str> = keys.iter().map(SessionKey::as_str).collect();
+        let client = self.client().await?;
+        let statement = client
+            .prepare_cached(
+                "WITH free AS ( \
+                   SELECT key FROM warden_sessions \
+                   WHERE key = ANY($1) AND (lease_until IS NULL OR owner = $2 \
+                     OR lease_until < now() - make_interval(secs => $4)) \
+                   ORDER BY key FOR UPDATE SKIP LOCKED) \
+                 UPDATE warden_sessions s SET owner = $2, epoch = s.epoch + 1, \
+                   lease_until = now() + make_interval(secs => $3), \
+                   moved_from = CASE WHEN s.owner IS DISTINCT FROM $2 AND s.owner IS NOT NULL \
+                     THEN s.owner ELSE s.moved_from END, \
+                   moved_at = CASE WHEN s.owner IS DISTINCT FROM $2 AND s.owner IS NOT NULL \
+                     THEN now() ELSE s.moved_at END, \
+                   moved_kind = CASE WHEN s.owner IS DISTINCT FROM $2 AND s.owner IS NOT NULL \
+                     THEN (CASE WHEN s.lease_until IS NULL THEN 'handover' ELSE 'failover' END) \
+                     ELSE s.moved_kind END, \
+                   moved_epoch = CASE WHEN s.owner IS DISTINCT FROM $2 AND s.owner IS NOT NULL \
+                     THEN s.epoch + 1 ELSE s.moved_epoch END \
+                 FROM free WHERE s.key = free.key \
+                 RETURNING s.key, s.epoch, s.schema_version, s.record",
+            )
+            .await
+            .map_err(backend)?;
+        let rows = client
+            .query(
+                &statement,
+                &[&keys, &node, &secs(ttl), &secs(TAKEOVER_GRACE)],
+            )
+            .await
+            .map_err(backend)?;
+        Ok(rows
+            .into_iter()
+            .map(|r| {
+                let key: String = r.get(0);
+                let record = Self::decode(&key, r.get(2), r.get(3));
+                let lease = Lease {
+                    key,
+                    node: node.to_owned(),
+                    epoch: from_db(r.get(1)),
+                };
+                (lease, record)
+            })
+            .collect())
+    }
+
     /// Extends `lease` by `ttl` from now; `false` when the session's epoch
     /// or owner moved on (the lease is lost). A lease that expired but
     /// that nobody took is extended: its epoch still fences every write.
@@ -282,6 +345,36 @@ impl PgStore {
                     from_db(r.get(3)),
                     r.get(4),
                     at.max(0.0) as u64,
+                )
+            })
+            .collect())
+    }
+
+    /// [`orphans`](Self::orphans), each with the workspace directory its
+    /// record names (if any), in one query: what a node needs to choose
+    /// the orphans it can run.
+    pub async fn orphans_with_workspaces(
+        &self,
+    ) -> Result<Vec<(SessionKey, Option<std::path::PathBuf>)>, StoreError> {
+        let client = self.client().await?;
+        let rows = client
+            .query(
+                "SELECT key, record ->> 'workspace' FROM warden_sessions \
+                 WHERE jsonb_typeof(record -> 'pending') = 'array' \
+                   AND jsonb_array_length(record -> 'pending') > 0 \
+                   AND (lease_until IS NULL OR lease_until < now() - make_interval(secs => $1)) \
+                 ORDER BY key",
+                &[&secs(TAKEOVER_GRACE)],
+            )
+            .await
+            .map_err(backend)?;
+        Ok(rows
+            .into_iter()
+            .map(|r| {
+                let workspace: Option<String> = r.get(1);
+                (
+                    SessionKey::new(r.get::<_, String>(0)),
+                    workspace.map(std::path::PathBuf::from),
                 )
             })
             .collect())

@@ -146,6 +146,12 @@ pub struct NodeStore {
     /// that.
     /// Keyed by session, with the lease's epoch.
     renewed: Arc<Mutex<HashMap<String, (u64, tokio::time::Instant)>>>,
+    /// Records read by [`claim_many`](Self::claim_many) with their leases,
+    /// handed to the session's first [`load`](SessionStore::load) instead
+    /// of reading them again. Valid while this node holds the lease at that
+    /// epoch (no one else can write the record then): removed by this
+    /// node's own writes and when the lease goes.
+    prefetched: Arc<Mutex<HashMap<String, (u64, SessionRecord)>>>,
     lost: broadcast::Sender<Lease>,
     /// Its turns' event batches, committed together (or, switched off,
     /// each in its own transaction).
@@ -165,9 +171,15 @@ impl std::fmt::Debug for NodeStore {
 /// One orphan's outcome: taken (under that epoch), or released (why).
 type Taken = Result<(SessionKey, u64), (SessionKey, String)>;
 
-/// Orphans a node takes over at once (each a few round trips: its record,
-/// its lease, its session's start).
+/// Orphans' sessions a node starts at once (each a round trip or two: its
+/// record's first write).
 const TAKEOVER_CONCURRENCY: usize = 16;
+
+/// Orphans whose leases one statement takes: small enough that survivors
+/// taking a dead node's sessions in their own random orders split them
+/// (a batch is started before the next is taken), large enough that a
+/// node holding thousands is taken in a few round trips.
+const TAKEOVER_BATCH: usize = 64;
 
 impl NodeStore {
     /// The store of node `node`, whose leases last `ttl` (10 s is the
@@ -182,6 +194,7 @@ impl NodeStore {
             ttl,
             leases: Arc::default(),
             renewed: Arc::default(),
+            prefetched: Arc::default(),
             lost,
         }
     }
@@ -238,8 +251,32 @@ impl NodeStore {
         Ok(lease)
     }
 
+    /// Takes the leases of those of `keys` that are free or expired, in
+    /// one statement (see [`PgStore::acquire_many`]): the leases taken.
+    /// Each session's record, read by the same statement, serves its
+    /// first [`load`](SessionStore::load) here.
+    pub async fn claim_many(&self, keys: &[SessionKey]) -> Result<Vec<Lease>, StoreError> {
+        let sent = tokio::time::Instant::now();
+        let taken = self.pg.acquire_many(keys, &self.node, self.ttl).await?;
+        let mut leases = Vec::with_capacity(taken.len());
+        for (lease, record) in taken {
+            self.leases().insert(lease.key.clone(), lease.clone());
+            self.renewed
+                .lock()
+                .insert(lease.key.clone(), (lease.epoch, sent));
+            if let Ok(Some(record)) = record {
+                self.prefetched
+                    .lock()
+                    .insert(lease.key.clone(), (lease.epoch, record));
+            }
+            leases.push(lease);
+        }
+        Ok(leases)
+    }
+
     /// Gives `key`'s lease up (on a clean stop).
     pub async fn release(&self, key: &SessionKey) -> Result<(), StoreError> {
+        self.prefetched.lock().remove(key.as_str());
         let lease = self.leases().remove(key.as_str());
         match lease {
             Some(l) => self.pg.release(&l).await,
@@ -256,6 +293,7 @@ impl NodeStore {
         };
         drop(leases);
         if removed.is_some() {
+            self.prefetched.lock().remove(&lease.key);
             let mut renewed = self.renewed.lock();
             if renewed
                 .get(&lease.key)
@@ -407,47 +445,71 @@ impl NodeStore {
         use futures_util::StreamExt as _;
         use rand::seq::SliceRandom as _;
         let mut done = TakeOver::default();
-        let Ok(mut orphans) = self.pg.orphans().await else {
+        let Ok(orphans) = self.pg.orphans_with_workspaces().await else {
             return done;
         };
-        // A node that died held many sessions: take them several at a
-        // time (each is a few round trips), in an order of this node's
-        // own, so the survivors split them rather than race for each.
+        let mut orphans: Vec<SessionKey> = orphans
+            .into_iter()
+            // Ours, expired while the database was away: the renewer
+            // renews it at its epoch; taking it would only bump the epoch
+            // under the running session.
+            .filter(|(key, _)| self.lease_of(key).is_none())
+            // Bound to a workspace this node does not have: for a node
+            // that has it.
+            .filter(|(_, workspace)| workspace.as_ref().is_none_or(|w| w.is_dir()))
+            .map(|(key, _)| key)
+            .collect();
+        // A node that died held many sessions: their leases are taken a
+        // batch per statement, in an order of this node's own, so the
+        // survivors split them rather than race for each; each batch's
+        // sessions are started several at a time.
         orphans.shuffle(&mut rand::rng());
-        let outcomes: Vec<Option<Taken>> = futures_util::stream::iter(orphans)
-            .map(|key| async move {
-                if self.lease_of(&key).is_some() {
-                    // Ours, expired while the database was away: the
-                    // renewer renews it at its epoch; taking it would
-                    // only bump the epoch under the running session.
-                    return None;
-                }
-                if self.missing_workspace(&key).await.is_some() {
-                    return None; // for a node that has its workspace
-                }
-                let Ok(Some(lease)) = self.claim(&key).await else {
-                    return None;
-                };
-                match supervisor.session(key.clone()).await {
-                    Ok(_) => Some(Ok((key, lease.epoch))),
-                    Err(e) => {
-                        // Not runnable here: let another node have it
-                        // rather than hold its lease with nothing running.
-                        let _ = self.release(&key).await;
-                        Some(Err((key, e.to_string())))
+        let mut outcomes = Vec::with_capacity(orphans.len());
+        let mut starting = futures_util::stream::FuturesUnordered::new();
+        for batch in orphans.chunks(TAKEOVER_BATCH) {
+            // The sessions already taken go on starting meanwhile.
+            let claim = self.claim_many(batch);
+            tokio::pin!(claim);
+            let leases = loop {
+                tokio::select! {
+                    leases = &mut claim => break leases.unwrap_or_default(),
+                    Some(outcome) = starting.next(), if !starting.is_empty() => {
+                        outcomes.push(outcome);
                     }
                 }
-            })
-            .buffer_unordered(TAKEOVER_CONCURRENCY)
-            .collect()
-            .await;
-        for outcome in outcomes.into_iter().flatten() {
+            };
+            for lease in leases {
+                while starting.len() >= TAKEOVER_CONCURRENCY {
+                    outcomes.extend(starting.next().await);
+                }
+                starting.push(self.start_taken(supervisor, lease));
+            }
+        }
+        while let Some(outcome) = starting.next().await {
+            outcomes.push(outcome);
+        }
+        for outcome in outcomes {
             match outcome {
                 Ok(taken) => done.taken.push(taken),
                 Err(released) => done.released.push(released),
             }
         }
         done
+    }
+
+    /// Starts the session of an orphan whose lease this node just took; one
+    /// that cannot run here is released for another node.
+    async fn start_taken(&self, supervisor: &Supervisor, lease: Lease) -> Taken {
+        let key = SessionKey::new(&lease.key);
+        match supervisor.session(key.clone()).await {
+            Ok(_) => Ok((key, lease.epoch)),
+            Err(e) => {
+                // Not runnable here: let another node have it rather than
+                // hold its lease with nothing running.
+                let _ = self.release(&key).await;
+                Err((key, e.to_string()))
+            }
+        }
     }
 
     /// The workspace directory `key`'s session is bound to, if this node
@@ -563,6 +625,12 @@ impl NodeStore {
 
 impl SessionStore for NodeStore {
     fn load(&self, key: &SessionKey) -> BoxFuture<'_, Result<Option<SessionRecord>, StoreError>> {
+        let prefetched = self.prefetched.lock().remove(key.as_str());
+        if let Some((epoch, record)) = prefetched
+            && self.lease_of(key).is_some_and(|l| l.epoch == epoch)
+        {
+            return Box::pin(std::future::ready(Ok(Some(record))));
+        }
         self.pg.load(key)
     }
 
@@ -572,6 +640,7 @@ impl SessionStore for NodeStore {
         _durability: Durability,
     ) -> BoxFuture<'a, Result<(), StoreError>> {
         Box::pin(async move {
+            self.prefetched.lock().remove(&record.key);
             let held = self.leases().get(&record.key).cloned();
             let lease = match held {
                 Some(l) => l,

@@ -374,6 +374,100 @@ async fn orphans_are_sessions_with_pending_messages_and_no_live_lease() {
     assert_eq!(live_info.and_then(|l| l.owner), Some("n1".to_owned()));
 }
 
+/// A dead node's many sessions taken a batch per statement: nodes racing
+/// over the same keys split them (each taken once, at one more epoch, as a
+/// failover), a live lease is not taken, and each lease comes with the
+/// record as it was.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batch_takes_split_a_dead_nodes_sessions_and_skip_live_leases() {
+    let Some(config) = fresh_db().await else {
+        return;
+    };
+    let pg = store(&config).await;
+    let short = Duration::from_millis(200);
+    let keys: Vec<SessionKey> = (0..200)
+        .map(|i| SessionKey::new(format!("s-{i:03}")))
+        .collect();
+    for key in &keys {
+        let lease = pg
+            .acquire(key, "dead", short)
+            .await
+            .expect("acquire")
+            .expect("taken");
+        pg.save_fenced(&lease, &record(key.as_str(), "waiting"))
+            .await
+            .expect("save");
+    }
+    // One session still held by a live node.
+    let live = pg
+        .acquire(&SessionKey::new("live"), "n-live", Duration::from_secs(30))
+        .await
+        .expect("acquire")
+        .expect("taken");
+    tokio::time::sleep(short + TAKEOVER_GRACE + Duration::from_millis(200)).await;
+    let mut asked = keys.clone();
+    asked.push(SessionKey::new("live"));
+    let racers: Vec<_> = (0..4)
+        .map(|i| {
+            let pg = pg.clone();
+            let mut asked = asked.clone();
+            // Each in an order of its own, as nodes shuffle theirs.
+            asked.rotate_left(i * 50);
+            tokio::spawn(async move {
+                let mut taken = Vec::new();
+                for batch in asked.chunks(16) {
+                    taken.extend(
+                        pg.acquire_many(batch, &format!("n-{i}"), Duration::from_secs(30))
+                            .await
+                            .expect("acquire_many"),
+                    );
+                }
+                taken
+            })
+        })
+        .collect();
+    let mut owners = std::collections::HashMap::new();
+    for racer in racers {
+        for (lease, record) in within("racer", racer).await.expect("racer") {
+            let record = record.expect("decoded").expect("a record");
+            assert_eq!(record.key, lease.key);
+            assert_eq!(record.pending.len(), 1, "{record:?}");
+            assert_eq!(lease.epoch, 2, "{lease:?}");
+            assert!(
+                owners.insert(lease.key.clone(), lease.node).is_none(),
+                "{} taken twice",
+                lease.key
+            );
+        }
+    }
+    assert_eq!(owners.len(), keys.len(), "every dead session taken once");
+    assert!(!owners.contains_key("live"));
+    let leases = pg.leases().await.expect("leases");
+    for (key, info) in &leases {
+        let expected = if key == "live" {
+            "n-live"
+        } else {
+            &owners[key]
+        };
+        assert_eq!(info.owner.as_deref(), Some(expected), "{key}");
+    }
+    assert!(
+        pg.renew(&live, Duration::from_secs(30))
+            .await
+            .expect("renew"),
+        "the live lease stands"
+    );
+    let moves = pg.moves(10).await.expect("moves");
+    assert_eq!(moves.len(), 10);
+    assert!(
+        moves.iter().all(|m| m.from == "dead"
+            && m.kind == "failover"
+            && m.epoch == 2
+            && owners.get(&m.key) == Some(&m.to)),
+        "{moves:?}"
+    );
+}
+
 /// The HTTP agents' conversations in the database: any node reads what
 /// another wrote, an unknown one is the CLI's "No conversation found", and
 /// a turn is recorded once per (turn id, message) even when nodes race.
