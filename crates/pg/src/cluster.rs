@@ -282,7 +282,9 @@ impl Node {
     /// background work with `supervisor`: lease renewal at a third of the
     /// TTL, heartbeats as often, turn-log expiry every minute, stopping a
     /// session here whose lease is lost, and taking over orphans every
-    /// [`scan_interval`](NodeStore::scan_interval). It stops when the node
+    /// [`scan_interval`](NodeStore::scan_interval), or as soon as another
+    /// node's lease on a session with waiting messages can be taken
+    /// ([`TakeOver::next_scan`]). It stops when the node
     /// is dropped or [leaves](Self::leave). Joining twice restarts it.
     pub async fn join(&mut self, supervisor: &Supervisor) -> Result<(), StoreError> {
         let store = &self.store;
@@ -392,11 +394,9 @@ impl Node {
             self.counters.clone(),
         );
         tasks.push(AbortOnDropHandle::new(tokio::spawn(async move {
-            let mut tick = tokio::time::interval(scan.scan_interval());
-            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
-                tick.tick().await;
-                take_over(&scan, &sup, &events, &counters).await;
+                let done = take_over(&scan, &sup, &events, &counters).await;
+                tokio::time::sleep(done.next_scan).await;
             }
         })));
         self.tasks = tasks;

@@ -31,6 +31,19 @@ pub struct Lease {
     pub epoch: u64,
 }
 
+/// What [`PgStore::orphans_with_workspaces`] found.
+#[derive(Debug, Clone, Default, PartialEq)]
+#[non_exhaustive]
+pub struct Orphans {
+    /// The orphans, each with the workspace directory its record names.
+    pub sessions: Vec<(SessionKey, Option<std::path::PathBuf>)>,
+    /// How long until the next lease of a session with waiting messages,
+    /// held by another node, can be taken (its expiry plus
+    /// [`TAKEOVER_GRACE`]), if such a lease is held. A live owner renews it
+    /// before then; a dead one's sessions are orphans from then on.
+    pub next_in: Option<Duration>,
+}
+
 /// Who holds a session, as the database says now.
 #[derive(Debug, Clone, PartialEq)]
 #[non_exhaustive]
@@ -351,33 +364,48 @@ impl PgStore {
     }
 
     /// [`orphans`](Self::orphans), each with the workspace directory its
-    /// record names (if any), in one query: what a node needs to choose
-    /// the orphans it can run.
-    pub async fn orphans_with_workspaces(
-        &self,
-    ) -> Result<Vec<(SessionKey, Option<std::path::PathBuf>)>, StoreError> {
+    /// record names (if any), and how soon the next lease of a session with
+    /// waiting messages held by a node other than `node` can be taken, in
+    /// one query: what a node needs to choose the orphans it can run, and
+    /// when to look again.
+    pub async fn orphans_with_workspaces(&self, node: &str) -> Result<Orphans, StoreError> {
         let client = self.client().await?;
         let rows = client
             .query(
-                "SELECT key, record ->> 'workspace' FROM warden_sessions \
+                "SELECT key, record ->> 'workspace', NULL::float8 FROM warden_sessions \
                  WHERE jsonb_typeof(record -> 'pending') = 'array' \
                    AND jsonb_array_length(record -> 'pending') > 0 \
                    AND (lease_until IS NULL OR lease_until < now() - make_interval(secs => $1)) \
-                 ORDER BY key",
-                &[&secs(TAKEOVER_GRACE)],
+                 UNION ALL \
+                 SELECT NULL, NULL, \
+                   (EXTRACT(EPOCH FROM min(lease_until) - now()) + $1)::float8 \
+                 FROM warden_sessions \
+                 WHERE jsonb_typeof(record -> 'pending') = 'array' \
+                   AND jsonb_array_length(record -> 'pending') > 0 \
+                   AND lease_until >= now() - make_interval(secs => $1) \
+                   AND owner IS DISTINCT FROM $2",
+                &[&secs(TAKEOVER_GRACE), &node],
             )
             .await
             .map_err(backend)?;
-        Ok(rows
-            .into_iter()
-            .map(|r| {
-                let workspace: Option<String> = r.get(1);
-                (
-                    SessionKey::new(r.get::<_, String>(0)),
-                    workspace.map(std::path::PathBuf::from),
-                )
-            })
-            .collect())
+        let mut found = Orphans::default();
+        for r in rows {
+            match r.get::<_, Option<String>>(0) {
+                Some(key) => {
+                    let workspace: Option<String> = r.get(1);
+                    found.sessions.push((
+                        SessionKey::new(key),
+                        workspace.map(std::path::PathBuf::from),
+                    ));
+                }
+                None => {
+                    found.next_in = r
+                        .get::<_, Option<f64>>(2)
+                        .map(|s| Duration::from_secs_f64(s.max(0.0)));
+                }
+            }
+        }
+        Ok(found)
     }
 
     /// Sessions with messages waiting for an answer whose lease is free or

@@ -82,7 +82,7 @@ use warden_core::{Durability, SessionKey, SessionRecord, SessionStore, StoreErro
 
 pub use conversations::PgConversations;
 pub use group::{GroupStats, TurnBatch};
-pub use lease::{Lease, LeaseInfo, TAKEOVER_GRACE};
+pub use lease::{Lease, LeaseInfo, Orphans, TAKEOVER_GRACE};
 pub use migrate::MIGRATIONS;
 pub use node::{NodeInfo, NodeStore, TakeOver};
 pub use node_turns::NodeTurns;

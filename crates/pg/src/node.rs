@@ -128,6 +128,12 @@ pub struct TakeOver {
     /// Sessions taken that could not start here, with why; their leases
     /// were given back at once for another node.
     pub released: Vec<(SessionKey, String)>,
+    /// When to run the next take-over: the [scan
+    /// interval](NodeStore::scan_interval), or sooner when another node's
+    /// lease on a session with waiting messages can be taken before then
+    /// (so a dead node's sessions are taken as soon as the database allows,
+    /// not up to a scan interval later). Never less than 10 ms.
+    pub next_scan: Duration,
 }
 
 /// The [`SessionStore`] of one node of a cluster. A session's first write
@@ -440,15 +446,26 @@ impl NodeStore {
     /// bound to a workspace directory (a Claude Code session lives where
     /// its workspace and transcript are) is taken only where that directory
     /// exists; elsewhere it stays with its lease expired until such a node
-    /// takes it. Run it every [`scan_interval`](Self::scan_interval).
+    /// takes it. Run it again after the [`next_scan`](TakeOver::next_scan)
+    /// it returns (at most a [`scan_interval`](Self::scan_interval)).
     pub async fn take_over(&self, supervisor: &Supervisor) -> TakeOver {
         use futures_util::StreamExt as _;
         use rand::seq::SliceRandom as _;
-        let mut done = TakeOver::default();
-        let Ok(orphans) = self.pg.orphans_with_workspaces().await else {
+        let mut done = TakeOver {
+            next_scan: self.scan_interval(),
+            ..TakeOver::default()
+        };
+        let Ok(orphans) = self.pg.orphans_with_workspaces(&self.node).await else {
             return done;
         };
+        if let Some(next) = orphans.next_in {
+            // A few ms past the moment, so the lease has expired by the
+            // database's clock when the query arrives.
+            done.next_scan =
+                (next + Duration::from_millis(5)).clamp(Duration::from_millis(10), done.next_scan);
+        }
         let mut orphans: Vec<SessionKey> = orphans
+            .sessions
             .into_iter()
             // Ours, expired while the database was away: the renewer
             // renews it at its epoch; taking it would only bump the epoch

@@ -273,3 +273,68 @@ async fn an_outage_is_reported_once_and_its_end_once() {
     supervisor.shutdown().await;
     node.leave().await;
 }
+
+/// A dead node's session is taken as soon as the database allows (its
+/// lease expired plus the grace), not up to a scan interval later: the
+/// take-over that finds it not yet takeable says when to look again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_nodes_session_is_taken_as_soon_as_its_lease_can_be() {
+    let Some(config) = fresh_db().await else {
+        return;
+    };
+    let pg = store(&config).await;
+    let dead = NodeStore::new(pg.clone(), "dead", Duration::from_secs(10));
+    let s1 = SessionKey::new("s1");
+    assert!(dead.claim(&s1).await.expect("claim").is_some());
+    let mut record = SessionRecord::new(&s1, None);
+    record.accept("are you there?");
+    dead.save(&record, Durability::Flushed).await.expect("save");
+
+    let alive = NodeStore::new(pg.clone(), "alive", Duration::from_secs(10));
+    let (source, control) = ChannelSource::new();
+    let factory = move |_: &SessionKey| source.clone() as Arc<dyn EventSource>;
+    let supervisor = within(
+        "supervisor",
+        Supervisor::builder(Arc::new(factory))
+            .store(Arc::new(alive.clone()))
+            .start(),
+    )
+    .await
+    .expect("supervisor starts");
+    let quiet = within("a scan", alive.take_over(&supervisor)).await;
+    assert!(quiet.taken.is_empty());
+    assert_eq!(
+        quiet.next_scan,
+        alive.scan_interval(),
+        "a live lease, far off"
+    );
+
+    // The dead node's lease ran out 200 ms ago by the database's clock:
+    // takeable 300 ms from now (the grace is 500 ms).
+    let (client, conn) = config.connect(NoTls).await.expect("connect");
+    tokio::spawn(conn);
+    client
+        .execute(
+            "UPDATE warden_sessions SET lease_until = now() - interval '200 milliseconds' WHERE key = 's1'",
+            &[],
+        )
+        .await
+        .expect("expire");
+    let early = within("a scan", alive.take_over(&supervisor)).await;
+    assert!(early.taken.is_empty(), "within the grace: {early:?}");
+    assert!(
+        early.next_scan >= Duration::from_millis(100)
+            && early.next_scan <= Duration::from_millis(400),
+        "look again when it can be taken: {:?}",
+        early.next_scan
+    );
+    tokio::time::sleep(early.next_scan).await;
+    let taken = within("a scan", alive.take_over(&supervisor)).await;
+    assert_eq!(taken.taken, [(s1.clone(), 2)]);
+    let attempt = within("the message is sent again", control.next_attempt())
+        .await
+        .expect("an attempt");
+    assert_eq!(attempt.request.message, "are you there?");
+    attempt.text("yes");
+    attempt.finish();
+}

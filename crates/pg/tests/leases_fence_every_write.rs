@@ -366,6 +366,36 @@ async fn orphans_are_sessions_with_pending_messages_and_no_live_lease() {
         .map(|k| k.as_str().to_owned())
         .collect();
     assert_eq!(orphans, ["dead", "free"]);
+    // The same with workspaces, and when the next lease can be taken: the
+    // live one's, seen from another node; none seen from its owner.
+    let mut bound = SessionRecord::new(
+        &SessionKey::new("bound"),
+        Some(std::path::PathBuf::from("/srv/ws")),
+    );
+    bound.accept("waiting");
+    pg.save(&bound, Durability::Flushed).await.expect("save");
+    let seen = pg.orphans_with_workspaces("n2").await.expect("orphans");
+    let mut sessions: Vec<(String, Option<std::path::PathBuf>)> = seen
+        .sessions
+        .iter()
+        .map(|(k, w)| (k.as_str().to_owned(), w.clone()))
+        .collect();
+    sessions.sort();
+    assert_eq!(
+        sessions,
+        [
+            ("bound".to_owned(), Some("/srv/ws".into())),
+            ("dead".to_owned(), None),
+            ("free".to_owned(), None)
+        ]
+    );
+    let next = seen.next_in.expect("the live lease");
+    assert!(
+        next > ttl - Duration::from_secs(5) && next <= ttl + TAKEOVER_GRACE,
+        "{next:?}"
+    );
+    let own = pg.orphans_with_workspaces("n1").await.expect("orphans");
+    assert_eq!(own.next_in, None, "its own lease is not another node's");
     let leases = pg.leases().await.expect("leases");
     let live_info = leases
         .iter()
