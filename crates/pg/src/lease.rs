@@ -373,16 +373,12 @@ impl PgStore {
         let rows = client
             .query(
                 "SELECT key, record ->> 'workspace', NULL::float8 FROM warden_sessions \
-                 WHERE jsonb_typeof(record -> 'pending') = 'array' \
-                   AND jsonb_array_length(record -> 'pending') > 0 \
-                   AND (lease_until IS NULL OR lease_until < now() - make_interval(secs => $1)) \
+                 WHERE waiting AND (lease_until IS NULL OR lease_until < now() - make_interval(secs => $1)) \
                  UNION ALL \
                  SELECT NULL, NULL, \
                    (EXTRACT(EPOCH FROM min(lease_until) - now()) + $1)::float8 \
                  FROM warden_sessions \
-                 WHERE jsonb_typeof(record -> 'pending') = 'array' \
-                   AND jsonb_array_length(record -> 'pending') > 0 \
-                   AND lease_until >= now() - make_interval(secs => $1) \
+                 WHERE waiting AND lease_until >= now() - make_interval(secs => $1) \
                    AND owner IS DISTINCT FROM $2",
                 &[&secs(TAKEOVER_GRACE), &node],
             )
@@ -415,9 +411,7 @@ impl PgStore {
         let rows = client
             .query(
                 "SELECT key FROM warden_sessions \
-                 WHERE jsonb_typeof(record -> 'pending') = 'array' \
-                   AND jsonb_array_length(record -> 'pending') > 0 \
-                   AND (lease_until IS NULL OR lease_until < now() - make_interval(secs => $1)) \
+                 WHERE waiting AND (lease_until IS NULL OR lease_until < now() - make_interval(secs => $1)) \
                  ORDER BY key",
                 &[&secs(TAKEOVER_GRACE)],
             )

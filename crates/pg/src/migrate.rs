@@ -77,6 +77,20 @@ pub const MIGRATIONS: &[(i32, &str)] = &[
      CREATE INDEX warden_sessions_moved ON warden_sessions (moved_at)
          WHERE moved_at IS NOT NULL;",
     ),
+    (
+        // Sessions with messages waiting for an answer, indexed: the orphan
+        // scan every node runs twice a second read every record's JSON
+        // (~100 ms of the server's CPU at 10,000 sessions); now it reads the
+        // few that wait. Computed by the database from the record, so
+        // every writer (an older node's too) keeps it true.
+        5,
+        "ALTER TABLE warden_sessions
+         ADD COLUMN waiting BOOLEAN NOT NULL GENERATED ALWAYS AS (
+             CASE WHEN jsonb_typeof(record -> 'pending') = 'array'
+                  THEN jsonb_array_length(record -> 'pending') > 0
+                  ELSE false END) STORED;
+     CREATE INDEX warden_sessions_waiting ON warden_sessions (key) WHERE waiting;",
+    ),
 ];
 
 /// An arbitrary constant naming warden's migration lock.

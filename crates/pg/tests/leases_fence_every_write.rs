@@ -366,6 +366,36 @@ async fn orphans_are_sessions_with_pending_messages_and_no_live_lease() {
         .map(|k| k.as_str().to_owned())
         .collect();
     assert_eq!(orphans, ["dead", "free"]);
+    // Whoever writes a record (an older node, by hand), the database keeps
+    // track of whether it waits: `pending` a non-empty array.
+    let (client, conn) = config.connect(NoTls).await.expect("connect");
+    tokio::spawn(conn);
+    client
+        .batch_execute(
+            "INSERT INTO warden_sessions (key, record) VALUES \
+             ('raw', '{\"pending\": [{\"text\": \"x\"}]}'), \
+             ('odd', '{\"pending\": 5}'), ('none', NULL)",
+        )
+        .await
+        .expect("insert");
+    let orphans: Vec<String> = pg
+        .orphans()
+        .await
+        .expect("orphans")
+        .iter()
+        .map(|k| k.as_str().to_owned())
+        .collect();
+    assert_eq!(orphans, ["dead", "free", "raw"]);
+    client
+        .batch_execute("UPDATE warden_sessions SET record = '{\"pending\": []}' WHERE key = 'raw'")
+        .await
+        .expect("update");
+    let orphans = pg.orphans().await.expect("orphans");
+    assert_eq!(orphans.len(), 2, "answered: no longer waiting: {orphans:?}");
+    client
+        .batch_execute("DELETE FROM warden_sessions WHERE key IN ('raw', 'odd', 'none')")
+        .await
+        .expect("delete");
     // The same with workspaces, and when the next lease can be taken: the
     // live one's, seen from another node; none seen from its owner.
     let mut bound = SessionRecord::new(
