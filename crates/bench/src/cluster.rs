@@ -183,6 +183,37 @@ impl SessionStore for Killable {
     }
 }
 
+/// CPU time (s) of every PostgreSQL process on this machine (the bench's
+/// database server runs here), from `/proc/PID/stat`.
+fn postgres_cpu_secs() -> f64 {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return 0.0;
+    };
+    let mut ticks = 0u64;
+    for entry in dir.flatten() {
+        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
+            continue;
+        };
+        let Some((comm, rest)) = stat.split_once(") ") else {
+            continue;
+        };
+        if !comm.ends_with("(postgres") {
+            continue;
+        }
+        // Fields 14 and 15 (utime, stime); `rest` starts at field 3.
+        let fields: Vec<&str> = rest.split_whitespace().collect();
+        ticks += fields
+            .get(11)
+            .and_then(|v| v.parse::<u64>().ok())
+            .unwrap_or(0)
+            + fields
+                .get(12)
+                .and_then(|v| v.parse::<u64>().ok())
+                .unwrap_or(0);
+    }
+    ticks as f64 / 100.0 // USER_HZ
+}
+
 /// Failover time over `kills` kills at lease TTL `ttl`: a node runs a
 /// session's turn (its stream held open) and is killed — its renewals and
 /// writes stop at once, as the database sees a `kill -9`, at a random
@@ -466,13 +497,47 @@ pub async fn bench_scale(quick: bool) {
         .await
         .expect("size")
         .get(0);
+    // Orphan scans on every node, as `warden serve` runs them.
+    let mut scans: Vec<_> = nodes
+        .iter()
+        .map(|(node, _, _, sup, _, _)| {
+            let (node, sup) = (node.clone(), sup.clone());
+            tokio::spawn(async move {
+                loop {
+                    let done = node.take_over(&sup).await;
+                    tokio::time::sleep(done.next_scan).await;
+                }
+            })
+        })
+        .collect();
     // Idle: what keeps n sessions owned costs the database.
     let idle = if quick { 6 } else { 20 };
     let before = commits(&url).await;
     let t = Instant::now();
+    let pg_cpu = postgres_cpu_secs();
     tokio::time::sleep(Duration::from_secs(idle)).await;
+    let pg_busy = (postgres_cpu_secs() - pg_cpu) / t.elapsed().as_secs_f64();
     let after = commits(&url).await;
     let idle_tx = (after - before - 1).max(0) as f64 / t.elapsed().as_secs_f64();
+    // The orphan scan's query against the one before migration 5, which
+    // read every record's JSON (same database, same moment).
+    let mut scan_ms = Vec::new();
+    for query in [
+        "SELECT key, record ->> 'workspace' FROM warden_sessions \
+         WHERE jsonb_typeof(record -> 'pending') = 'array' \
+           AND jsonb_array_length(record -> 'pending') > 0 \
+           AND (lease_until IS NULL OR lease_until < now() - interval '0.5 seconds')",
+        "SELECT key, record ->> 'workspace' FROM warden_sessions \
+         WHERE waiting AND (lease_until IS NULL OR lease_until < now() - interval '0.5 seconds')",
+    ] {
+        let mut best = f64::MAX;
+        for _ in 0..5 {
+            let t = Instant::now();
+            client.query(query, &[]).await.expect("scan");
+            best = best.min(t.elapsed().as_secs_f64() * 1e3);
+        }
+        scan_ms.push(best);
+    }
     println!("| figure | value |");
     println!("|---|---:|");
     println!(
@@ -498,6 +563,14 @@ pub async fn bench_scale(quick: bool) {
         "| lease-renewal statements/s (one per node per TTL/3, all its leases) | {:.2} |",
         3.0 / (ttl.as_secs_f64() / 3.0)
     );
+    println!(
+        "| orphan scan query, best of 5: reading every record (before) / the `waiting` index | {:.2} ms / {:.2} ms |",
+        scan_ms[0], scan_ms[1]
+    );
+    println!(
+        "| PostgreSQL's CPU while idle (all its processes; 3 nodes renewing and scanning for orphans) | {:.1} % of a core |",
+        pg_busy * 100.0
+    );
 
     // The victim's sessions each get a turn held open upstream.
     let victims: Vec<usize> = (0..n).filter(|s| s % 3 == 2).collect();
@@ -512,19 +585,6 @@ pub async fn bench_scale(quick: bool) {
         assert!(Instant::now() < deadline, "the victim's turns open in time");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    // Orphan scans on the survivors, as `warden serve` runs them.
-    let scans: Vec<_> = nodes[..2]
-        .iter()
-        .map(|(node, _, _, sup, _, _)| {
-            let (node, sup) = (node.clone(), sup.clone());
-            tokio::spawn(async move {
-                loop {
-                    let done = node.take_over(&sup).await;
-                    tokio::time::sleep(done.next_scan).await;
-                }
-            })
-        })
-        .collect();
     // kill -9 of node 2, at a random moment between two renewals.
     tokio::time::sleep(ttl.mul_f64(rand::random::<f64>() / 3.0)).await;
     let t0 = Instant::now();
@@ -545,6 +605,7 @@ pub async fn bench_scale(quick: bool) {
         .store(true, std::sync::atomic::Ordering::SeqCst);
     let (_, renewer, _, _, _, held) = &mut nodes[2];
     drop(renewer.take());
+    scans.pop().expect("node 2's scan").abort();
     {
         // Its streams end with it (kept, never answered or dropped here: a
         // dead process neither finishes nor retries them).
