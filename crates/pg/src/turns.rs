@@ -48,7 +48,7 @@ impl PgStore {
                      INSERT INTO warden_turns (id, key, message_id) \
                      SELECT $4, $1, $5 WHERE EXISTS (SELECT 1 FROM fence) \
                      ON CONFLICT (key, message_id) DO UPDATE SET updated_at = now() \
-                     RETURNING id, ended"
+                     RETURNING id, ended, xmax = 0"
                 ),
                 &[
                     &lease.key,
@@ -68,7 +68,15 @@ impl PgStore {
         };
         let id: String = row.get(0);
         let ended: bool = row.get(1);
-        let events = self.turn_events(&client, &id, 0).await?;
+        // A row just inserted (`xmax` 0: PostgreSQL's mark of a tuple no
+        // transaction has updated) has no events yet: no second round trip
+        // for the common case, a new turn.
+        let inserted: bool = row.get(2);
+        let events = if inserted {
+            Vec::new()
+        } else {
+            self.turn_events(&client, &id, 0).await?
+        };
         let key = SessionKey::new(lease.key.clone());
         Ok(StoredTurn::new(id, key, message_id, events, ended))
     }
