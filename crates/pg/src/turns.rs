@@ -28,6 +28,14 @@ use crate::{Lease, PgStore, backend, from_db, secs, to_db};
 const FENCE: &str = "fence AS (SELECT 1 FROM warden_sessions \
                      WHERE key = $1 AND owner = $2 AND epoch = $3 FOR SHARE)";
 
+/// How stale a running turn's `updated_at` may get before an append
+/// refreshes it (its end always does). `updated_at` is indexed, so touching
+/// it is a new row version and three index entries: per event batch that
+/// was most of an append's writing. Expiry keeps a turn that never ended a
+/// day past its retention, so a minute's staleness never expires one that
+/// still runs.
+pub(crate) const TOUCH_EVERY: &str = "interval '1 minute'";
+
 impl PgStore {
     /// Opens the log of the turn answering message `message_id` of
     /// `lease`'s session, under the id `id` if it has none yet: the turn's
@@ -105,10 +113,14 @@ impl PgStore {
                      added AS (INSERT INTO warden_turn_events (turn_id, seq, epoch, kind, data) \
                        SELECT $4, e.seq, $3, e.kind, e.data \
                        FROM jsonb_to_recordset($5::jsonb) AS e(seq bigint, kind text, data jsonb) \
-                       WHERE EXISTS (SELECT 1 FROM fence) RETURNING 1), \
+                       WHERE EXISTS (SELECT 1 FROM fence) \
+                         AND EXISTS (SELECT 1 FROM warden_turns WHERE id = $4 AND key = $1) \
+                       RETURNING 1), \
                      marked AS (UPDATE warden_turns SET ended = ended OR $6, updated_at = now() \
-                       WHERE id = $4 AND key = $1 AND EXISTS (SELECT 1 FROM fence) RETURNING 1) \
-                     SELECT EXISTS (SELECT 1 FROM fence), (SELECT count(*) FROM marked)"
+                       WHERE id = $4 AND key = $1 AND EXISTS (SELECT 1 FROM fence) \
+                         AND ($6 OR updated_at < now() - {TOUCH_EVERY}) RETURNING 1), \
+                     present AS (SELECT 1 FROM warden_turns WHERE id = $4 AND key = $1) \
+                     SELECT EXISTS (SELECT 1 FROM fence), (SELECT count(*) FROM present)"
                 ),
                 &[
                     &lease.key,
@@ -122,14 +134,14 @@ impl PgStore {
             .await
             .map_err(backend)?;
         let fenced_in: bool = row.get(0);
-        let marked: i64 = row.get(1);
+        let present: i64 = row.get(1);
         if !fenced_in {
             return Err(StoreError::LeaseLost {
                 key: lease.key.clone(),
                 epoch: lease.epoch,
             });
         }
-        if marked != 1 {
+        if present != 1 {
             return Err(StoreError::Backend {
                 message: format!("no turn {id} of session {} to append to", lease.key),
             });

@@ -1079,3 +1079,122 @@ async fn concurrent_turns_on_a_node_share_transactions_and_every_event_lands_in_
         assert!(turn.ended);
     }
 }
+
+/// An append marks its turn only when it ends it (or the turn's mark is a
+/// minute old): the mark is indexed, so touching it per batch was most of
+/// an append's writing. Both paths, one batch alone and batches together;
+/// a turn that is not there is still an error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn appends_mark_their_turn_when_it_ends_not_at_every_batch() {
+    use serde_json::json;
+    use warden_core::store::{StoredEvent, TurnEventKind};
+    use warden_pg::TurnBatch;
+    let Some(config) = fresh_db().await else {
+        return;
+    };
+    let pg = store(&config).await;
+    let (client, conn) = config.connect(NoTls).await.expect("connect");
+    tokio::spawn(conn);
+    let ev = |seq: u64| StoredEvent::new(seq, TurnEventKind::Text, json!({ "text": "x" }));
+    let marks = |id: &'static str| {
+        let client = &client;
+        async move {
+            let row = client
+                .query_one(
+                    "SELECT ended, updated_at::text FROM warden_turns WHERE id = $1",
+                    &[&id],
+                )
+                .await
+                .expect("the turn");
+            (row.get::<_, bool>(0), row.get::<_, String>(1))
+        }
+    };
+    let ttl = Duration::from_secs(30);
+    let a = pg
+        .acquire(&SessionKey::new("a"), "n", ttl)
+        .await
+        .expect("acquire")
+        .expect("free");
+    let b = pg
+        .acquire(&SessionKey::new("b"), "n", ttl)
+        .await
+        .expect("acquire")
+        .expect("free");
+    pg.open_turn(&a, 1, "ta").await.expect("open");
+    pg.open_turn(&b, 1, "tb").await.expect("open");
+    let (_, a0) = marks("ta").await;
+    let (_, b0) = marks("tb").await;
+
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    pg.append_turn(&a, "ta", &[ev(1)], false)
+        .await
+        .expect("append");
+    let batch = TurnBatch {
+        lease: b.clone(),
+        id: "tb".to_owned(),
+        events: vec![ev(1)],
+        ended: false,
+    };
+    let done = pg.append_turns(&[&batch]).await.expect("append");
+    assert!(done[0].is_ok(), "{done:?}");
+    assert_eq!(
+        marks("ta").await,
+        (false, a0.clone()),
+        "not touched mid-turn"
+    );
+    assert_eq!(
+        marks("tb").await,
+        (false, b0.clone()),
+        "not touched mid-turn"
+    );
+
+    pg.append_turn(&a, "ta", &[ev(2)], true)
+        .await
+        .expect("append");
+    let last = TurnBatch {
+        events: vec![ev(2)],
+        ended: true,
+        ..batch
+    };
+    let done = pg.append_turns(&[&last]).await.expect("append");
+    assert!(done[0].is_ok(), "{done:?}");
+    let (ended, a1) = marks("ta").await;
+    assert!(ended && a1 > a0, "marked at its end: {a1} after {a0}");
+    let (ended, b1) = marks("tb").await;
+    assert!(ended && b1 > b0, "marked at its end: {b1} after {b0}");
+
+    // A stale mark is refreshed by any batch.
+    pg.open_turn(&a, 2, "ta2").await.expect("open");
+    client
+        .execute(
+            "UPDATE warden_turns SET updated_at = now() - interval '2 minutes' WHERE id = 'ta2'",
+            &[],
+        )
+        .await
+        .expect("age");
+    let (_, stale) = marks("ta2").await;
+    pg.append_turn(&a, "ta2", &[ev(1)], false)
+        .await
+        .expect("append");
+    let (ended, fresh) = marks("ta2").await;
+    assert!(!ended && fresh > stale, "refreshed: {fresh} after {stale}");
+
+    assert!(pg.append_turn(&a, "none", &[ev(1)], false).await.is_err());
+    let ghost = TurnBatch {
+        lease: b,
+        id: "none".to_owned(),
+        events: vec![ev(1)],
+        ended: false,
+    };
+    let done = pg.append_turns(&[&ghost]).await.expect("append");
+    assert!(done[0].is_err(), "a turn that is not there: {done:?}");
+    let stray: i64 = client
+        .query_one(
+            "SELECT count(*) FROM warden_turn_events WHERE turn_id = 'none'",
+            &[],
+        )
+        .await
+        .expect("count")
+        .get(0);
+    assert_eq!(stray, 0, "a refused append writes nothing");
+}
