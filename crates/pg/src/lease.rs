@@ -97,10 +97,12 @@ impl PgStore {
         }))
     }
 
-    /// Takes the leases of those of `keys` that are free or expired (the
-    /// rule of [`acquire`](Self::acquire), for sessions that exist) for
-    /// `node` for `ttl`, in one statement: the leases taken, each with the
-    /// session's record as it was when taken. A row another node is taking
+    /// Takes the leases of those of `keys` that are free or expired past
+    /// [`TAKEOVER_GRACE`] (for sessions that exist) for `node` for `ttl`, in
+    /// one statement: the leases taken, each with the session's record as
+    /// it was when taken. Unlike [`acquire`](Self::acquire), a live lease
+    /// of `node`'s own is not taken again: an orphan scan that raced the
+    /// node's own start of the session must not bump the epoch under it. A row another node is taking
     /// at the same moment is skipped, not waited for (`SKIP LOCKED`), so
     /// survivors taking a dead node's sessions split them instead of
     /// queueing behind each other, and never deadlock.
@@ -119,7 +121,7 @@ impl PgStore {
             .prepare_cached(
                 "WITH free AS ( \
                    SELECT key FROM warden_sessions \
-                   WHERE key = ANY($1) AND (lease_until IS NULL OR owner = $2 \
+                   WHERE key = ANY($1) AND (lease_until IS NULL \
                      OR lease_until < now() - make_interval(secs => $4)) \
                    ORDER BY key FOR UPDATE SKIP LOCKED) \
                  UPDATE warden_sessions s SET owner = $2, epoch = s.epoch + 1, \

@@ -132,7 +132,8 @@ pub struct TakeOver {
     /// interval](NodeStore::scan_interval), or sooner when another node's
     /// lease on a session with waiting messages can be taken before then
     /// (so a dead node's sessions are taken as soon as the database allows,
-    /// not up to a scan interval later). Never less than 10 ms.
+    /// not up to a scan interval later). Never less than 10 ms (unless the
+    /// scan interval is).
     pub next_scan: Duration,
 }
 
@@ -251,10 +252,28 @@ impl NodeStore {
         let sent = tokio::time::Instant::now();
         let lease = self.pg.acquire(key, &self.node, self.ttl).await?;
         if let Some(l) = &lease {
-            self.leases().insert(l.key.clone(), l.clone());
-            self.renewed.lock().insert(l.key.clone(), (l.epoch, sent));
+            self.hold(l, sent);
         }
         Ok(lease)
+    }
+
+    /// Records `lease` as held (taken by a request sent at `sent`), unless
+    /// a later take of the same session (a higher epoch) landed first: two
+    /// takes racing here (an orphan scan and a turn starting the session)
+    /// must leave the newer one.
+    fn hold(&self, lease: &Lease, sent: tokio::time::Instant) {
+        let mut leases = self.leases();
+        if leases
+            .get(&lease.key)
+            .is_some_and(|held| held.epoch > lease.epoch)
+        {
+            return;
+        }
+        leases.insert(lease.key.clone(), lease.clone());
+        drop(leases);
+        self.renewed
+            .lock()
+            .insert(lease.key.clone(), (lease.epoch, sent));
     }
 
     /// Takes the leases of those of `keys` that are free or expired, in
@@ -266,10 +285,7 @@ impl NodeStore {
         let taken = self.pg.acquire_many(keys, &self.node, self.ttl).await?;
         let mut leases = Vec::with_capacity(taken.len());
         for (lease, record) in taken {
-            self.leases().insert(lease.key.clone(), lease.clone());
-            self.renewed
-                .lock()
-                .insert(lease.key.clone(), (lease.epoch, sent));
+            self.hold(&lease, sent);
             if let Ok(Some(record)) = record {
                 self.prefetched
                     .lock()
@@ -461,8 +477,9 @@ impl NodeStore {
         if let Some(next) = orphans.next_in {
             // A few ms past the moment, so the lease has expired by the
             // database's clock when the query arrives.
-            done.next_scan =
-                (next + Duration::from_millis(5)).clamp(Duration::from_millis(10), done.next_scan);
+            done.next_scan = (next + Duration::from_millis(5))
+                .max(Duration::from_millis(10))
+                .min(done.next_scan);
         }
         let mut orphans: Vec<SessionKey> = orphans
             .sessions

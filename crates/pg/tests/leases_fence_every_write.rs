@@ -464,9 +464,17 @@ async fn batch_takes_split_a_dead_nodes_sessions_and_skip_live_leases() {
         .await
         .expect("acquire")
         .expect("taken");
+    // And one racer's own, live: a scan that raced its own start of the
+    // session does not take it again.
+    let own = pg
+        .acquire(&SessionKey::new("own"), "n-0", Duration::from_secs(30))
+        .await
+        .expect("acquire")
+        .expect("taken");
     tokio::time::sleep(short + TAKEOVER_GRACE + Duration::from_millis(200)).await;
     let mut asked = keys.clone();
     asked.push(SessionKey::new("live"));
+    asked.push(SessionKey::new("own"));
     let racers: Vec<_> = (0..4)
         .map(|i| {
             let pg = pg.clone();
@@ -502,12 +510,21 @@ async fn batch_takes_split_a_dead_nodes_sessions_and_skip_live_leases() {
     }
     assert_eq!(owners.len(), keys.len(), "every dead session taken once");
     assert!(!owners.contains_key("live"));
+    assert!(
+        !owners.contains_key("own"),
+        "its own live lease, taken again"
+    );
+    assert!(
+        pg.renew(&own, Duration::from_secs(30))
+            .await
+            .expect("renew")
+    );
     let leases = pg.leases().await.expect("leases");
     for (key, info) in &leases {
-        let expected = if key == "live" {
-            "n-live"
-        } else {
-            &owners[key]
+        let expected = match key.as_str() {
+            "live" => "n-live",
+            "own" => "n-0",
+            _ => &owners[key],
         };
         assert_eq!(info.owner.as_deref(), Some(expected), "{key}");
     }

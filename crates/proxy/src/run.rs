@@ -555,6 +555,9 @@ struct Current {
     span: tracing::Span,
 }
 
+/// The most capacity a stream's output buffer keeps between chunks.
+const OUT_KEEP: usize = 16 * 1024;
+
 /// A watched request's attempts, pulled one chunk at a time by whoever
 /// sends the response.
 struct Pump {
@@ -660,8 +663,12 @@ impl Pump {
             // One allocation of the exact size per chunk; the buffer the
             // events were written into keeps its capacity for the next.
             let bytes = Bytes::copy_from_slice(out.as_bytes());
-            self.out = out;
-            self.out.clear();
+            // Kept unless an unusually large chunk grew it: an open stream
+            // must not hold a big buffer for the rest of its life.
+            if out.capacity() <= OUT_KEEP {
+                self.out = out;
+                self.out.clear();
+            }
             if self.sent {
                 return Step::Chunk(bytes);
             }
