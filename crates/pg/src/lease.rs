@@ -57,6 +57,22 @@ pub struct LeaseInfo {
     pub remaining_secs: Option<f64>,
 }
 
+/// The `SET` assignments that record a take of a session row `s` by
+/// `new_owner` (an SQL expression) as a move when the owner changes — from
+/// whom, when, under which epoch, and whether the old lease had expired (a
+/// failover) or was given back (a handover) — for `moves` and the console.
+fn record_move(new_owner: &str) -> String {
+    let moved = format!("s.owner IS DISTINCT FROM {new_owner} AND s.owner IS NOT NULL");
+    format!(
+        "moved_from = CASE WHEN {moved} THEN s.owner ELSE s.moved_from END, \
+         moved_at = CASE WHEN {moved} THEN now() ELSE s.moved_at END, \
+         moved_kind = CASE WHEN {moved} \
+           THEN (CASE WHEN s.lease_until IS NULL THEN 'handover' ELSE 'failover' END) \
+           ELSE s.moved_kind END, \
+         moved_epoch = CASE WHEN {moved} THEN s.epoch + 1 ELSE s.moved_epoch END"
+    )
+}
+
 impl PgStore {
     /// Takes the lease of `key` for `node` for `ttl` when it is free,
     /// expired or already `node`'s: `Some` with the new epoch (one more
@@ -70,22 +86,16 @@ impl PgStore {
         let client = self.client().await?;
         let row = client
             .query_opt(
-                "INSERT INTO warden_sessions AS s (key, owner, epoch, lease_until) \
-                 VALUES ($1, $2, 1, now() + make_interval(secs => $3)) \
-                 ON CONFLICT (key) DO UPDATE SET owner = EXCLUDED.owner, epoch = s.epoch + 1, \
-                 lease_until = EXCLUDED.lease_until, \
-                 moved_from = CASE WHEN s.owner IS DISTINCT FROM EXCLUDED.owner AND s.owner IS NOT NULL \
-                   THEN s.owner ELSE s.moved_from END, \
-                 moved_at = CASE WHEN s.owner IS DISTINCT FROM EXCLUDED.owner AND s.owner IS NOT NULL \
-                   THEN now() ELSE s.moved_at END, \
-                 moved_kind = CASE WHEN s.owner IS DISTINCT FROM EXCLUDED.owner AND s.owner IS NOT NULL \
-                   THEN (CASE WHEN s.lease_until IS NULL THEN 'handover' ELSE 'failover' END) \
-                   ELSE s.moved_kind END, \
-                 moved_epoch = CASE WHEN s.owner IS DISTINCT FROM EXCLUDED.owner AND s.owner IS NOT NULL \
-                   THEN s.epoch + 1 ELSE s.moved_epoch END \
-                 WHERE s.lease_until IS NULL OR s.owner = EXCLUDED.owner \
-                    OR s.lease_until < now() - make_interval(secs => $4) \
-                 RETURNING epoch",
+                &format!(
+                    "INSERT INTO warden_sessions AS s (key, owner, epoch, lease_until) \
+                     VALUES ($1, $2, 1, now() + make_interval(secs => $3)) \
+                     ON CONFLICT (key) DO UPDATE SET owner = EXCLUDED.owner, epoch = s.epoch + 1, \
+                     lease_until = EXCLUDED.lease_until, {} \
+                     WHERE s.lease_until IS NULL OR s.owner = EXCLUDED.owner \
+                        OR s.lease_until < now() - make_interval(secs => $4) \
+                     RETURNING epoch",
+                    record_move("EXCLUDED.owner")
+                ),
                 &[&key.as_str(), &node, &secs(ttl), &secs(TAKEOVER_GRACE)],
             )
             .await
@@ -118,26 +128,18 @@ impl PgStore {
         let keys: Vec<&str> = keys.iter().map(SessionKey::as_str).collect();
         let client = self.client().await?;
         let statement = client
-            .prepare_cached(
+            .prepare_cached(&format!(
                 "WITH free AS ( \
                    SELECT key FROM warden_sessions \
                    WHERE key = ANY($1) AND (lease_until IS NULL \
                      OR lease_until < now() - make_interval(secs => $4)) \
                    ORDER BY key FOR UPDATE SKIP LOCKED) \
                  UPDATE warden_sessions s SET owner = $2, epoch = s.epoch + 1, \
-                   lease_until = now() + make_interval(secs => $3), \
-                   moved_from = CASE WHEN s.owner IS DISTINCT FROM $2 AND s.owner IS NOT NULL \
-                     THEN s.owner ELSE s.moved_from END, \
-                   moved_at = CASE WHEN s.owner IS DISTINCT FROM $2 AND s.owner IS NOT NULL \
-                     THEN now() ELSE s.moved_at END, \
-                   moved_kind = CASE WHEN s.owner IS DISTINCT FROM $2 AND s.owner IS NOT NULL \
-                     THEN (CASE WHEN s.lease_until IS NULL THEN 'handover' ELSE 'failover' END) \
-                     ELSE s.moved_kind END, \
-                   moved_epoch = CASE WHEN s.owner IS DISTINCT FROM $2 AND s.owner IS NOT NULL \
-                     THEN s.epoch + 1 ELSE s.moved_epoch END \
+                   lease_until = now() + make_interval(secs => $3), {} \
                  FROM free WHERE s.key = free.key \
                  RETURNING s.key, s.epoch, s.schema_version, s.record",
-            )
+                record_move("$2")
+            ))
             .await
             .map_err(backend)?;
         let rows = client
