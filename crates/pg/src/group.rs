@@ -33,10 +33,10 @@ use crate::{Lease, PgStore, backend, to_db};
 
 /// The shared append: every batch through its own session's fence (the
 /// lease row `FOR SHARE`), its events inserted if its turn is there, its
-/// turn marked (ended, or
-/// touched when stale: see `turns::TOUCH_EVERY`, whose interval this
-/// repeats); per batch whether its fence held and its turn was there.
-const GROUP_APPEND: &str = "WITH b AS (SELECT * FROM jsonb_to_recordset($1::jsonb) AS b(i int, key text, \
+/// turn marked (ended, or touched when stale: see `turns::touch_every`);
+/// per batch whether its fence held and its turn was there.
+const GROUP_APPEND: &str = concat!(
+    "WITH b AS (SELECT * FROM jsonb_to_recordset($1::jsonb) AS b(i int, key text, \
                    node text, epoch bigint, turn_id text, events jsonb, ended boolean)), \
                  fenced AS (SELECT b.* FROM b JOIN warden_sessions s \
                    ON s.key = b.key AND s.owner = b.node AND s.epoch = b.epoch FOR SHARE OF s), \
@@ -47,12 +47,15 @@ const GROUP_APPEND: &str = "WITH b AS (SELECT * FROM jsonb_to_recordset($1::json
                    RETURNING 1), \
                  marked AS (UPDATE warden_turns t SET ended = t.ended OR f.ended, updated_at = now() \
                    FROM fenced f WHERE t.id = f.turn_id AND t.key = f.key \
-                     AND (f.ended OR t.updated_at < now() - interval '1 minute') RETURNING f.i), \
+                     AND (f.ended OR t.updated_at < now() - ",
+    crate::turns::touch_every!(),
+    ") RETURNING f.i), \
                  present AS (SELECT f.i FROM fenced f JOIN warden_turns t \
                    ON t.id = f.turn_id AND t.key = f.key) \
                  SELECT b.i, EXISTS (SELECT 1 FROM fenced f WHERE f.i = b.i), \
                    EXISTS (SELECT 1 FROM present p WHERE p.i = b.i), (SELECT count(*) FROM added) \
-                 FROM b ORDER BY b.i";
+                 FROM b ORDER BY b.i"
+);
 
 /// Batches carried by one transaction at most (the rest wait for the
 /// next): keeps a statement's size bounded under a burst.

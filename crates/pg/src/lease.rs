@@ -31,6 +31,12 @@ pub struct Lease {
     pub epoch: u64,
 }
 
+/// A row of `warden_sessions` that is an orphan: messages waiting for an
+/// answer and no lease, or one expired for longer than the takeover grace
+/// (`$1`, in seconds).
+const ORPHAN: &str =
+    "waiting AND (lease_until IS NULL OR lease_until < now() - make_interval(secs => $1))";
+
 /// What [`PgStore::orphans_with_workspaces`] found.
 #[derive(Debug, Clone, Default, PartialEq)]
 #[non_exhaustive]
@@ -376,14 +382,16 @@ impl PgStore {
         let client = self.client().await?;
         let rows = client
             .query(
-                "SELECT key, record ->> 'workspace', NULL::float8 FROM warden_sessions \
-                 WHERE waiting AND (lease_until IS NULL OR lease_until < now() - make_interval(secs => $1)) \
+                &format!(
+                    "SELECT key, record ->> 'workspace', NULL::float8 FROM warden_sessions \
+                 WHERE {ORPHAN} \
                  UNION ALL \
                  SELECT NULL, NULL, \
                    (EXTRACT(EPOCH FROM min(lease_until) - now()) + $1)::float8 \
                  FROM warden_sessions \
                  WHERE waiting AND lease_until >= now() - make_interval(secs => $1) \
-                   AND owner IS DISTINCT FROM $2",
+                   AND owner IS DISTINCT FROM $2"
+                ),
                 &[&secs(TAKEOVER_GRACE), &node],
             )
             .await
@@ -414,9 +422,7 @@ impl PgStore {
         let client = self.client().await?;
         let rows = client
             .query(
-                "SELECT key FROM warden_sessions \
-                 WHERE waiting AND (lease_until IS NULL OR lease_until < now() - make_interval(secs => $1)) \
-                 ORDER BY key",
+                &format!("SELECT key FROM warden_sessions WHERE {ORPHAN} ORDER BY key"),
                 &[&secs(TAKEOVER_GRACE)],
             )
             .await

@@ -34,7 +34,14 @@ const FENCE: &str = "fence AS (SELECT 1 FROM warden_sessions \
 /// was most of an append's writing. Expiry keeps a turn that never ended a
 /// day past its retention, so a minute's staleness never expires one that
 /// still runs.
-pub(crate) const TOUCH_EVERY: &str = "interval '1 minute'";
+/// (A macro, so that the group append's `const` statement can `concat!`
+/// it in too.)
+macro_rules! touch_every {
+    () => {
+        "interval '1 minute'"
+    };
+}
+pub(crate) use touch_every;
 
 impl PgStore {
     /// Opens the log of the turn answering message `message_id` of
@@ -118,9 +125,10 @@ impl PgStore {
                        RETURNING 1), \
                      marked AS (UPDATE warden_turns SET ended = ended OR $6, updated_at = now() \
                        WHERE id = $4 AND key = $1 AND EXISTS (SELECT 1 FROM fence) \
-                         AND ($6 OR updated_at < now() - {TOUCH_EVERY}) RETURNING 1), \
+                         AND ($6 OR updated_at < now() - {touch}) RETURNING 1), \
                      present AS (SELECT 1 FROM warden_turns WHERE id = $4 AND key = $1) \
-                     SELECT EXISTS (SELECT 1 FROM fence), (SELECT count(*) FROM present)"
+                     SELECT EXISTS (SELECT 1 FROM fence), (SELECT count(*) FROM present)",
+                    touch = touch_every!()
                 ),
                 &[
                     &lease.key,
