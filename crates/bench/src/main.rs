@@ -37,8 +37,8 @@
 //! 9. `soak`: 1,000 concurrent SSE clients running turns on `warden serve`
 //!    for 60 s with 5 % stalls and 5 % client drops: lost turns, errors,
 //!    added latency per event against a 10-client baseline, RSS (issue
-//!    #15); see [`soak`]. `durable` (9b): the same turns with the turn
-//!    logs flushed to sled before each batch is sent, against the
+//!    #15); see [`soak`]. `durable` (9c): the same turns with the turn
+//!    logs synced to their write-ahead log before each batch is sent, against the
 //!    in-memory log, at 10 and 1,000 clients (issue #25).
 //! 10. `proxy`: latency and CPU `warden proxy` adds per streamed event at 1
 //!     and 1,000 concurrent streams, against direct, and its memory per

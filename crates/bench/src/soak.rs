@@ -757,18 +757,18 @@ pub async fn bench_soak(quick: bool) {
     );
 }
 
-/// Section 9b: the same soak with the turn logs durable on one machine
-/// (sled, every batch of events flushed before it is sent) against the
-/// in-memory log, at 10 clients and at `clients`, in the same run: the
-/// latency a text event gains, and how many event batches each flush
-/// (fsync) carries — the group commit.
+/// Section 9c: the same soak with the turn logs durable on one machine
+/// (sled behind its write-ahead log, every batch of events synced before
+/// it is sent) against the in-memory log, at 10 clients and at `clients`,
+/// in the same run: the latency a text event gains, and how many batches
+/// each sync (fdatasync) of the log carries — the group commit.
 pub async fn bench_durable_turns(quick: bool) {
     let (clients, secs) = if quick { (200, 10) } else { (1_000, 30) };
     println!(
-        "\n## 9b. Durable turn logs on one machine: sled, every event batch flushed before it is sent, against the in-memory log ({secs} s each)"
+        "\n## 9c. Durable turn logs on one machine: sled behind a write-ahead log, every event batch synced before it is sent, against the in-memory log ({secs} s each)"
     );
     println!(
-        "| clients | turn log | turns/s | errors | bad ids | bad text | text event latency p50 / p99 (µs) | ratio p50 / p99 | writes per flush |"
+        "| clients | turn log | turns/s | errors | bad ids | bad text | text event latency p50 / p99 (µs) | ratio p50 / p99 | batches per sync |"
     );
     println!("|---:|---|---:|---:|---:|---:|---:|---:|---:|");
     let keep = Duration::from_secs(5);
@@ -792,21 +792,21 @@ pub async fn bench_durable_turns(quick: bool) {
             unreachable!("built above")
         };
         let store = store.lock().unwrap_or_else(|p| p.into_inner()).take();
-        let (writes, flushes) = store.map_or((0, 0), |s| (s.writes(), s.flushes()));
+        let (batches, syncs) = store.map_or((0, 0), |s| s.turns().expect("turns").commits());
         durable.latencies_us.sort_unstable();
         let (d50, d99) = (
             percentile(&durable.latencies_us, 0.5),
             percentile(&durable.latencies_us, 0.99),
         );
         println!(
-            "| {n} | sled, flushed first | {:.0} | {} | {} | {} | {d50} / {d99} | {:.2}x / {:.2}x | {:.1} ({writes} writes, {flushes} flushes) |",
+            "| {n} | sled + write-ahead log | {:.0} | {} | {} | {} | {d50} / {d99} | {:.2}x / {:.2}x | {:.1} ({batches} batches, {syncs} syncs) |",
             durable.turns as f64 / durable_t.as_secs_f64(),
             durable.errors,
             durable.bad_ids,
             durable.bad_text,
             d50 as f64 / m50.max(1) as f64,
             d99 as f64 / m99.max(1) as f64,
-            writes as f64 / flushes.max(1) as f64
+            batches as f64 / syncs.max(1) as f64
         );
         for (what, t) in [("in memory", &memory), ("durable", &durable)] {
             if let Some(e) = &t.first_error {

@@ -55,7 +55,13 @@
 //! # }
 //! ```
 //!
+//! - **Turn logs** ([`SledStore::turns`], for `warden serve`) are made
+//!   durable by a write-ahead log of their own (`turns.wal/`), one
+//!   `fdatasync` per group of batches, not by sled's flush; see
+//!   [`SledTurns`].
+//!
 //! Dependencies: `sled` (embedded, crash-safe log-structured store),
+//! `crc32fast` (the turn log's record checksums; sled uses it too),
 //! `bincode` 2 with its serde feature (compact record encoding; 3.0.0 is a
 //! deliberately broken release), `serde` (the record's derive).
 
@@ -70,6 +76,7 @@ use warden_core::{Durability, SessionKey, SessionRecord, SessionStore, StoreErro
 mod recovery;
 mod salvage;
 mod turns;
+mod wal;
 
 pub use recovery::Recovery;
 pub use salvage::{SalvageError, SalvageReport, Unreadable};
@@ -86,6 +93,9 @@ pub struct SledStore {
     path: PathBuf,
     commit: Arc<GroupCommit>,
     recoveries: Arc<[Recovery]>,
+    /// The turn logs, once [`turns`](Self::turns) opened them (one writer
+    /// per database).
+    turns: Arc<parking_lot::Mutex<Option<SledTurns>>>,
 }
 
 /// Serializes flushes and lets one flush cover every write before it.
@@ -129,6 +139,7 @@ impl SledStore {
             path,
             commit: Arc::default(),
             recoveries: recoveries.into(),
+            turns: Arc::default(),
         })
     }
 
@@ -164,15 +175,10 @@ impl SledStore {
         self.commit.runs.load(Ordering::Relaxed)
     }
 
-    /// How many writes (records and turn-log batches) this store has taken.
+    /// How many record writes this store has taken (the turn logs count
+    /// theirs in [`SledTurns::commits`]).
     pub fn writes(&self) -> u64 {
         self.commit.written.load(Ordering::SeqCst)
-    }
-
-    /// Numbers a write made directly on a tree (after it landed: see
-    /// [`GroupCommit`]).
-    fn note_write(&self) -> u64 {
-        self.commit.written.fetch_add(1, Ordering::SeqCst) + 1
     }
 
     /// Flushes everything written so far to disk.
@@ -751,7 +757,16 @@ mod tests {
     /// description (as another process, or sled's I/O threads, would) for
     /// `hold`, on a thread; returns once the lock is taken.
     fn hold_the_lock(dir: &Path, hold: std::time::Duration) -> std::thread::JoinHandle<()> {
-        let lock = recovery::lock_database(dir).expect("take the lock");
+        // The store just dropped may still hold it for a moment (sled
+        // releases it from its own threads).
+        let until = std::time::Instant::now() + LOCK_WAIT;
+        let lock = loop {
+            match recovery::lock_database(dir) {
+                Ok(lock) => break lock,
+                Err(e) if std::time::Instant::now() >= until => panic!("take the lock: {e}"),
+                Err(_) => std::thread::sleep(std::time::Duration::from_millis(10)),
+            }
+        };
         std::thread::spawn(move || {
             std::thread::sleep(hold);
             drop(lock);

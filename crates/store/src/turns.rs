@@ -10,14 +10,29 @@
 //!   answering that message (one turn per message);
 //! - `t` + turn id: the turn (`{"key", "message_id", "ended",
 //!   "updated_ms"}`, JSON);
-//! - `e` + turn id + `0x00` + event number (big-endian): one event
-//!   (`{"kind", "data"}`, JSON).
+//! - `e` + turn id + `0x00` + number of its first event (big-endian): one
+//!   appended batch of events (`[{"id", "kind", "data"}, …]`, JSON); a
+//!   database written before batches were stored whole holds one event per
+//!   key (`{"kind", "data"}`), which reads the same.
 //!
-//! A batch of events is flushed (fsync, shared with the other writes of
-//! the database: one flush covers every write before it) before
-//! [`append`](TurnStore::append) returns, and `warden serve` shows no
-//! event before its batch is stored.
+//! The turn's entry is rewritten when the turn ends and otherwise at most
+//! once a minute (its time is what expires a turn that never ends), so a
+//! streaming turn costs one write per batch.
+//!
+//! A batch of events is on disk before [`append`](TurnStore::append)
+//! returns, and `warden serve` shows no event before its batch is stored:
+//! each batch goes through the turn logs' write-ahead log (`turns.wal/` in
+//! the database directory: one append and one `fdatasync` shared by every
+//! batch waiting at that moment), then into the tree; sled persists the
+//! tree on its own and the log is trimmed after each of its checkpoints.
+//! A crash leaves the log's files behind, and the next
+//! [`SledStore::turns`] replays them before anything is read.
+//!
+//! Removals by [`SledTurns::expire`] go to the tree directly: one lost in
+//! a crash is made again at the next expiry.
 
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use futures_util::future::BoxFuture;
@@ -25,10 +40,14 @@ use serde_json::{Value, json};
 use warden_core::SessionKey;
 use warden_core::store::{StoredEvent, StoredTurn, TurnStore, TurnStoreError};
 
+use crate::wal::{self, Op, Wal};
 use crate::{SledStore, describe};
 
 /// The sled tree holding the turn logs.
 const TREE: &str = "turns";
+
+/// How often a turn still streaming has its entry's time refreshed.
+const TOUCH_EVERY: Duration = Duration::from_secs(60);
 
 /// How much longer than `keep` an unfinished turn is kept (its process
 /// died for good and nothing will end it).
@@ -38,22 +57,38 @@ const UNFINISHED_EXTRA: Duration = Duration::from_secs(24 * 60 * 60);
 /// ([`SledStore::turns`]). Cheap to clone.
 #[derive(Debug, Clone)]
 pub struct SledTurns {
-    store: SledStore,
     tree: sled::Tree,
+    wal: Arc<Wal>,
 }
 
 impl SledStore {
     /// This database's turn event logs, for `warden serve`
-    /// (`ServeConfig::with_turn_store`).
+    /// (`ServeConfig::with_turn_store`). The first call replays what a
+    /// crash left in the write-ahead log; later calls return the same
+    /// logs.
     pub fn turns(&self) -> Result<SledTurns, warden_core::StoreError> {
+        let mut cached = self.turns.lock();
+        if let Some(turns) = &*cached {
+            return Ok(turns.clone());
+        }
         let tree = self
             .db
             .open_tree(TREE)
             .map_err(|e| crate::backend(describe(&e)))?;
-        Ok(SledTurns {
-            store: self.clone(),
+        let (wal, replayed) =
+            Wal::open(&self.path.join(wal::DIR), tree.clone()).map_err(crate::backend)?;
+        if replayed > 0 {
+            tracing::info!(
+                batches = replayed,
+                "turn log batches replayed from the write-ahead log"
+            );
+        }
+        let turns = SledTurns {
             tree,
-        })
+            wal: Arc::new(wal),
+        };
+        *cached = Some(turns.clone());
+        Ok(turns)
     }
 }
 
@@ -137,6 +172,48 @@ impl Meta {
     }
 }
 
+/// Decodes the value stored under a turn's event key `first`: a batch
+/// (`[{"id", "kind", "data"}, …]`, one key per appended batch) or, as
+/// databases written before batches were stored whole hold it, one event
+/// (`{"kind", "data"}`, numbered by its key).
+fn decode_batch(
+    first: u64,
+    bytes: &[u8],
+    out: &mut Vec<StoredEvent>,
+) -> Result<(), TurnStoreError> {
+    let v: Value = serde_json::from_slice(bytes).map_err(|e| corrupt("event", e))?;
+    let one = |v: &Value, id: u64| -> Result<StoredEvent, TurnStoreError> {
+        let kind = v["kind"]
+            .as_str()
+            .ok_or_else(|| corrupt("event", "kind"))?
+            .parse()
+            .map_err(|e| corrupt("event", e))?;
+        Ok(StoredEvent::new(id, kind, v["data"].clone()))
+    };
+    match &v {
+        Value::Array(events) => {
+            for e in events {
+                let id = e["id"].as_u64().ok_or_else(|| corrupt("event", "id"))?;
+                out.push(one(e, id)?);
+            }
+        }
+        _ => out.push(one(&v, first)?),
+    }
+    Ok(())
+}
+
+/// A batch of events as stored under its first event's key.
+fn encode_batch(events: &[StoredEvent]) -> Vec<u8> {
+    Value::Array(
+        events
+            .iter()
+            .map(|e| json!({"id": e.id, "kind": e.kind.as_str(), "data": e.data}))
+            .collect(),
+    )
+    .to_string()
+    .into_bytes()
+}
+
 impl SledTurns {
     fn meta(&self, id: &str) -> Result<Option<Meta>, TurnStoreError> {
         self.tree
@@ -147,38 +224,48 @@ impl SledTurns {
     }
 
     fn events(&self, id: &str, after: u64) -> Result<Vec<StoredEvent>, TurnStoreError> {
-        let from = event_key(id, after.saturating_add(1));
         let prefix = events_prefix(id);
+        let wanted = after.saturating_add(1);
+        // The batch holding event `after + 1` may start before it: begin
+        // at the last batch starting at or before it.
+        let start = match self
+            .tree
+            .range(prefix.clone()..=event_key(id, wanted))
+            .next_back()
+        {
+            Some(item) => item.map_err(|e| failed(&e))?.0.to_vec(),
+            None => prefix.clone(),
+        };
         let mut out = Vec::new();
-        for item in self.tree.range(from..) {
+        for item in self.tree.range(start..) {
             let (k, v) = item.map_err(|e| failed(&e))?;
             if !k.starts_with(&prefix) {
                 break;
             }
-            let seq_bytes: [u8; 8] = k[prefix.len()..]
+            let first: [u8; 8] = k[prefix.len()..]
                 .try_into()
                 .map_err(|_| corrupt("event key", id))?;
-            let seq = u64::from_be_bytes(seq_bytes);
-            let v: Value = serde_json::from_slice(&v).map_err(|e| corrupt("event", e))?;
-            let kind = v["kind"]
-                .as_str()
-                .ok_or_else(|| corrupt("event", "kind"))?
-                .parse()
-                .map_err(|e| corrupt("event", e))?;
-            out.push(StoredEvent::new(seq, kind, v["data"].clone()));
+            decode_batch(u64::from_be_bytes(first), &v, &mut out)?;
         }
+        out.retain(|e| e.id >= wanted);
         Ok(out)
     }
 
-    /// Writes `batch`, then makes it durable (one flush may cover many
-    /// writers).
-    async fn commit(&self, batch: sled::Batch) -> Result<(), TurnStoreError> {
-        self.tree.apply_batch(batch).map_err(|e| failed(&e))?;
-        let seq = self.store.note_write();
-        self.store
-            .flush_through(seq)
-            .await
-            .map_err(|e| TurnStoreError::Failed(e.to_string()))
+    /// Makes `ops` durable (one sync may cover many writers), then
+    /// applies them to the tree as one batch.
+    async fn commit(&self, ops: Vec<Op>) -> Result<(), TurnStoreError> {
+        self.wal.commit(ops).await.map_err(TurnStoreError::Failed)
+    }
+
+    /// How many batches (a turn opened, or events appended) are stored,
+    /// and how many syncs of the write-ahead log carried them: with many
+    /// turns streaming, one sync carries many batches.
+    pub fn commits(&self) -> (u64, u64) {
+        let c = &self.wal.counters;
+        (
+            c.batches.load(Ordering::Relaxed),
+            c.syncs.load(Ordering::Relaxed),
+        )
     }
 
     /// Removes the turns that ended more than `keep` ago, and the
@@ -235,10 +322,11 @@ impl TurnStore for SledTurns {
                 updated_ms: 0,
             });
             meta.updated_ms = now_ms();
-            let mut batch = sled::Batch::default();
-            batch.insert(by_message, id.as_bytes());
-            batch.insert(turn_key(&id), meta.encode());
-            self.commit(batch).await?;
+            self.commit(vec![
+                Op::Insert(by_message, id.as_bytes().to_vec()),
+                Op::Insert(turn_key(&id), meta.encode()),
+            ])
+            .await?;
             let events = self.events(&id, 0)?;
             Ok(StoredTurn::new(
                 id,
@@ -263,15 +351,25 @@ impl TurnStore for SledTurns {
                     "turn {id} of {key} is not in the store (expired?)"
                 )));
             };
-            meta.ended |= ended;
-            meta.updated_ms = now_ms();
-            let mut batch = sled::Batch::default();
-            for e in events {
-                let value = json!({"kind": e.kind.as_str(), "data": e.data});
-                batch.insert(event_key(id, e.id), value.to_string().into_bytes());
+            // The entry is rewritten when the turn ends, or when its
+            // last mark is older than `TOUCH_EVERY` (expiry of a turn that
+            // never ends counts from it): not at every batch.
+            let now = now_ms();
+            let touch = (ended && !meta.ended)
+                || now.saturating_sub(meta.updated_ms) >= TOUCH_EVERY.as_millis() as u64;
+            let mut ops = Vec::with_capacity(2);
+            if let Some(first) = events.first() {
+                ops.push(Op::Insert(event_key(id, first.id), encode_batch(events)));
             }
-            batch.insert(turn_key(id), meta.encode());
-            self.commit(batch).await
+            if touch {
+                meta.ended |= ended;
+                meta.updated_ms = now;
+                ops.push(Op::Insert(turn_key(id), meta.encode()));
+            }
+            if ops.is_empty() {
+                return Ok(());
+            }
+            self.commit(ops).await
         })
     }
 
@@ -295,16 +393,16 @@ impl TurnStore for SledTurns {
                 let Some(meta) = self.meta(&id)? else {
                     continue;
                 };
-                let last = match self.tree.scan_prefix(events_prefix(&id)).next_back() {
-                    Some(item) => {
-                        let (k, _) = item.map_err(|e| failed(&e))?;
-                        let seq_bytes: [u8; 8] = k[events_prefix(&id).len()..]
-                            .try_into()
-                            .map_err(|_| corrupt("event key", &id))?;
-                        self.events(&id, u64::from_be_bytes(seq_bytes) - 1)?
-                    }
-                    None => Vec::new(),
-                };
+                // The last event: the end of the last batch.
+                let mut last = Vec::new();
+                if let Some(item) = self.tree.scan_prefix(events_prefix(&id)).next_back() {
+                    let (k, v) = item.map_err(|e| failed(&e))?;
+                    let first: [u8; 8] = k[events_prefix(&id).len()..]
+                        .try_into()
+                        .map_err(|_| corrupt("event key", &id))?;
+                    decode_batch(u64::from_be_bytes(first), &v, &mut last)?;
+                    last.drain(..last.len().saturating_sub(1));
+                }
                 out.push(StoredTurn::new(
                     id,
                     key.clone(),

@@ -114,3 +114,120 @@ async fn a_corrupt_entry_is_a_typed_error() {
         other => panic!("expected a typed error, got {other:?}"),
     }
 }
+
+/// Set in the child process of the crash test: the database to write to.
+const CRASH_CHILD: &str = "WARDEN_TURN_LOG_CRASH_CHILD";
+
+/// A process that dies right after its appends were acknowledged — before
+/// sled's own flush (every 500 ms) could run — leaves every acknowledged
+/// event behind: the write-ahead log is replayed at the next open.
+#[tokio::test]
+async fn events_acknowledged_just_before_a_crash_are_there_after_it() {
+    if let Some(dir) = std::env::var_os(CRASH_CHILD) {
+        // The child: open, append 50 batches, say so, die without any
+        // cleanup (no destructor, no flush).
+        let store = SledStore::open(dir).expect("open");
+        let turns = store.turns().expect("turns");
+        let key = SessionKey::new("ws");
+        turns.open(&key, 1, "turn_a").await.expect("open");
+        for n in 1..=50 {
+            turns
+                .append(&key, "turn_a", &[text(n, &format!("<{n}>"))], n == 50)
+                .await
+                .expect("append");
+        }
+        println!("acknowledged");
+        std::process::abort();
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut child = std::process::Command::new(std::env::current_exe().expect("exe"));
+    child
+        .args([
+            "--exact",
+            "events_acknowledged_just_before_a_crash_are_there_after_it",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(CRASH_CHILD, dir.path())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null());
+    let out = tokio::time::timeout(
+        Duration::from_secs(60),
+        tokio::process::Command::from(child).output(),
+    )
+    .await
+    .expect("the child finishes within a minute")
+    .expect("run the child");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("acknowledged"), "child said: {stdout}");
+    assert!(!out.status.success(), "the child aborted: {:?}", out.status);
+
+    let store = SledStore::open(dir.path()).expect("reopen");
+    let turns = store.turns().expect("turns (replays the log)");
+    let read = turns.read("turn_a", 0).await.expect("read").expect("known");
+    assert!(read.ended, "the last batch's end mark survived");
+    let texts: Vec<_> = read.events.iter().map(|e| e.data["text"].clone()).collect();
+    let wanted: Vec<_> = (1..=50).map(|n| json!(format!("<{n}>"))).collect();
+    assert_eq!(texts, wanted, "every acknowledged event, once, in order");
+}
+
+/// A database written before batches were stored whole (one key per
+/// event) reads the same, and appends to it continue the turn.
+#[tokio::test]
+async fn a_log_written_one_event_per_key_reads_the_same() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    {
+        let db = sled::open(dir.path()).expect("sled");
+        let tree = db.open_tree("turns").expect("tree");
+        tree.insert(
+            b"mws\x00\x00\x00\x00\x00\x00\x00\x00\x01",
+            b"turn_old".to_vec(),
+        )
+        .expect("insert");
+        tree.insert(
+            b"tturn_old",
+            br#"{"key":"ws","message_id":1,"ended":false,"updated_ms":1}"#.to_vec(),
+        )
+        .expect("insert");
+        for n in 1u64..=3 {
+            let mut k = b"eturn_old\x00".to_vec();
+            k.extend_from_slice(&n.to_be_bytes());
+            let v = json!({"kind": "text", "data": {"text": format!("<{n}>")}});
+            tree.insert(k, v.to_string().into_bytes()).expect("insert");
+        }
+        db.flush().expect("flush");
+    }
+    let store = SledStore::open(dir.path()).expect("open");
+    let turns = store.turns().expect("turns");
+    let key = SessionKey::new("ws");
+    let read = turns
+        .read("turn_old", 1)
+        .await
+        .expect("read")
+        .expect("known");
+    assert_eq!(read.events, vec![text(2, "<2>"), text(3, "<3>")]);
+    turns
+        .append(&key, "turn_old", &[text(4, "<4>"), text(5, "<5>")], true)
+        .await
+        .expect("append");
+    let read = turns
+        .read("turn_old", 2)
+        .await
+        .expect("read")
+        .expect("known");
+    assert!(read.ended);
+    let ids: Vec<_> = read.events.iter().map(|e| e.id).collect();
+    assert_eq!(ids, [3, 4, 5]);
+    let read = turns
+        .read("turn_old", 4)
+        .await
+        .expect("read")
+        .expect("known");
+    assert_eq!(read.events, vec![text(5, "<5>")], "from inside a batch");
+    let recent = turns.recent(&key, 1).await.expect("recent");
+    assert_eq!(
+        recent[0].events,
+        vec![text(5, "<5>")],
+        "the last event only"
+    );
+}

@@ -1,0 +1,536 @@
+//! The turn logs' write-ahead log: what makes a batch of turn events
+//! durable before `warden serve` shows it, at the cost of one append and
+//! one `fdatasync` shared by every batch that arrived meanwhile — instead
+//! of a flush of sled's whole page cache per group (~60 ms on the bench's
+//! disk with 1,000 turns streaming; see docs/performance.md §9c).
+//!
+//! One writer thread takes every waiting batch, appends them to the
+//! current log file as checksummed records, syncs the file once, then
+//! applies each batch to the sled tree and answers its caller. A batch is
+//! thus in sled (readable) only once it is on disk, and every caller hears
+//! back only after that. sled persists the tree on its own (every 500 ms);
+//! when a log file passes [`CHECKPOINT_BYTES`] the writer starts another
+//! and a checkpoint thread flushes sled, after which the older files hold
+//! nothing sled does not and are deleted. On open, the files left by a
+//! crash are replayed into the tree in order (replaying a record twice
+//! writes the same values), sled is flushed and the files removed.
+//!
+//! Record: `[len: u32 LE][crc32 of payload: u32 LE][payload]`; payload: a
+//! sequence of `[1][key len: u32 LE][key][value len: u32 LE][value]`
+//! (insert) or `[0][key len: u32 LE][key]` (remove). A record that is cut
+//! short or fails its checksum (a crash mid-append) ends its file's
+//! replay; nothing after it in that file was ever acknowledged, because a
+//! failed append or sync cuts the file back to its last synced length (or,
+//! if that fails too, makes the writer move to a new file).
+
+use std::fs::{File, OpenOptions};
+use std::io::Write as _;
+use std::os::unix::fs::OpenOptionsExt as _;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc;
+
+use tokio::sync::oneshot;
+
+/// The directory, inside the database's, holding the log files.
+pub(crate) const DIR: &str = "turns.wal";
+
+/// A log file larger than this is closed and checkpointed.
+pub(crate) const CHECKPOINT_BYTES: u64 = 16 * 1024 * 1024;
+
+/// At most this many bytes of batches go into one append (the rest wait
+/// for the next one), so one sync never carries an unbounded group.
+const GROUP_BYTES: usize = 4 * 1024 * 1024;
+
+/// One change to the tree.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Op {
+    /// Set `key` to `value`.
+    Insert(Vec<u8>, Vec<u8>),
+    /// Remove `key`.
+    Remove(Vec<u8>),
+}
+
+/// What the writer and checkpointer counted, for the bench.
+#[derive(Debug, Default)]
+pub(crate) struct Counters {
+    /// Batches made durable.
+    pub(crate) batches: AtomicU64,
+    /// Appends synced (each carries one or more batches).
+    pub(crate) syncs: AtomicU64,
+    /// Checkpoints completed (sled flushed, older files removed).
+    pub(crate) checkpoints: AtomicU64,
+}
+
+struct Job {
+    ops: Vec<Op>,
+    done: oneshot::Sender<Result<(), String>>,
+}
+
+/// The handle callers use; the writer thread stops (after a last
+/// checkpoint) when every handle is gone.
+#[derive(Debug)]
+pub(crate) struct Wal {
+    jobs: parking_lot::Mutex<mpsc::Sender<Job>>,
+    pub(crate) counters: Arc<Counters>,
+}
+
+impl Wal {
+    /// Replays what `dir` holds into `tree`, flushes it, removes the files
+    /// and starts the writer on a new file. Returns the handle and how
+    /// many records were replayed.
+    pub(crate) fn open(dir: &Path, tree: sled::Tree) -> Result<(Self, u64), String> {
+        create_private_dir(dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
+        let files = log_files(dir).map_err(|e| format!("listing {}: {e}", dir.display()))?;
+        let mut replayed = 0;
+        for (_, path) in &files {
+            let bytes =
+                std::fs::read(path).map_err(|e| format!("reading {}: {e}", path.display()))?;
+            let (records, rest) = decode_all(&bytes);
+            if rest > 0 {
+                tracing::warn!(
+                    file = %path.display(),
+                    bytes = rest,
+                    "the turn log ends in an unfinished record (a crash mid-append); it was never acknowledged and is dropped"
+                );
+            }
+            for ops in records {
+                tree.apply_batch(batch_of(ops)).map_err(|e| {
+                    format!("replaying {}: {}", path.display(), crate::describe(&e))
+                })?;
+                replayed += 1;
+            }
+        }
+        if !files.is_empty() {
+            tree.flush()
+                .map_err(|e| format!("flushing the replayed turn log: {}", crate::describe(&e)))?;
+            for (_, path) in &files {
+                std::fs::remove_file(path)
+                    .map_err(|e| format!("removing {}: {e}", path.display()))?;
+            }
+        }
+        let next = files.last().map_or(1, |(n, _)| n + 1);
+        let counters = Arc::new(Counters::default());
+        let (tx, rx) = mpsc::channel();
+        let writer = Writer {
+            dir: dir.to_path_buf(),
+            tree,
+            next,
+            file: None,
+            written: 0,
+            counters: Arc::clone(&counters),
+            checkpoints: None,
+        };
+        std::thread::Builder::new()
+            .name("warden-turn-log".into())
+            .spawn(move || writer.run(&rx))
+            .map_err(|e| format!("starting the turn log's writer: {e}"))?;
+        Ok((
+            Self {
+                jobs: parking_lot::Mutex::new(tx),
+                counters,
+            },
+            replayed,
+        ))
+    }
+
+    /// Makes `ops` durable, then applies them to the tree (atomically, as
+    /// one sled batch).
+    pub(crate) async fn commit(&self, ops: Vec<Op>) -> Result<(), String> {
+        let (done, answer) = oneshot::channel();
+        self.jobs
+            .lock()
+            .send(Job { ops, done })
+            .map_err(|_| "the turn log's writer has stopped".to_owned())?;
+        answer
+            .await
+            .map_err(|_| "the turn log's writer has stopped".to_owned())?
+    }
+}
+
+struct Writer {
+    dir: PathBuf,
+    tree: sled::Tree,
+    /// Number of the next file to create.
+    next: u64,
+    /// The open file and its number.
+    file: Option<(u64, File)>,
+    /// Bytes appended to the open file.
+    written: u64,
+    counters: Arc<Counters>,
+    /// Files to checkpoint (flush sled, then remove them).
+    checkpoints: Option<mpsc::Sender<PathBuf>>,
+}
+
+impl Writer {
+    fn run(mut self, jobs: &mpsc::Receiver<Job>) {
+        let mut buf = Vec::new();
+        let mut group = Vec::new();
+        while let Ok(first) = jobs.recv() {
+            let mut size = encode(&mut buf, &first.ops);
+            group.push(first);
+            while size < GROUP_BYTES {
+                let Ok(more) = jobs.try_recv() else { break };
+                size = encode(&mut buf, &more.ops);
+                group.push(more);
+            }
+            let result = self.append(&buf);
+            buf.clear();
+            for job in group.drain(..) {
+                let answer = match &result {
+                    Ok(()) => self
+                        .tree
+                        .apply_batch(batch_of(job.ops))
+                        .map_err(|e| format!("applying a turn log batch: {}", crate::describe(&e))),
+                    Err(e) => Err(e.clone()),
+                };
+                if answer.is_ok() {
+                    self.counters.batches.fetch_add(1, Ordering::Relaxed);
+                }
+                let _ = job.done.send(answer);
+            }
+            if result.is_ok() && self.written >= CHECKPOINT_BYTES {
+                self.rotate();
+            }
+        }
+        // Every handle is gone: the store is closing. Flush once so the
+        // next open has nothing to replay.
+        if let Some((_, file)) = self.file.take() {
+            drop(file);
+        }
+        drop(self.checkpoints.take()); // the checkpointer finishes its queue
+        if self.tree.flush().is_ok() {
+            if let Ok(files) = log_files(&self.dir) {
+                for (_, path) in files {
+                    let _ = std::fs::remove_file(path);
+                }
+            }
+        }
+    }
+
+    /// Appends `bytes` to the current file and syncs it. On failure the
+    /// file is abandoned (its tail may hold part of this append), so
+    /// nothing is ever appended after a torn record.
+    fn append(&mut self, bytes: &[u8]) -> Result<(), String> {
+        if self.file.is_none() {
+            let n = self.next;
+            let path = file_path(&self.dir, n);
+            let file = OpenOptions::new()
+                .create_new(true)
+                .append(true)
+                .mode(0o600)
+                .open(&path)
+                .map_err(|e| format!("creating the turn log {}: {e}", path.display()))?;
+            self.next += 1;
+            self.written = 0;
+            self.file = Some((n, file));
+        }
+        let Some((_, file)) = self.file.as_mut() else {
+            unreachable!("opened above")
+        };
+        let result = file.write_all(bytes).and_then(|()| file.sync_data());
+        match result {
+            Ok(()) => {
+                self.written += bytes.len() as u64;
+                self.counters.syncs.fetch_add(1, Ordering::Relaxed);
+                Ok(())
+            }
+            Err(e) => {
+                // Cut the file back to what was synced before (a full disk
+                // leaves part of this append behind); if even that fails,
+                // leave the file as it is (replay stops at its torn tail)
+                // and write on in a new one.
+                if file.set_len(self.written).is_err() {
+                    self.rotate();
+                }
+                Err(format!("writing the turn log: {e}"))
+            }
+        }
+    }
+
+    /// Closes the current file and hands it to the checkpointer.
+    fn rotate(&mut self) {
+        let Some((n, file)) = self.file.take() else {
+            return;
+        };
+        drop(file);
+        let path = file_path(&self.dir, n);
+        if self.checkpoints.is_none() {
+            let (tx, rx) = mpsc::channel::<PathBuf>();
+            let tree = self.tree.clone();
+            let counters = Arc::clone(&self.counters);
+            let started = std::thread::Builder::new()
+                .name("warden-turn-log-checkpoint".into())
+                .spawn(move || checkpoint(&tree, &rx, &counters));
+            match started {
+                Ok(_) => self.checkpoints = Some(tx),
+                Err(e) => {
+                    // The file stays; it is replayed (and removed) at the
+                    // next open.
+                    tracing::warn!(error = %e, "could not start the turn log's checkpoint thread");
+                    return;
+                }
+            }
+        }
+        if let Some(tx) = &self.checkpoints {
+            let _ = tx.send(path);
+        }
+    }
+}
+
+/// Flushes sled, then removes the files whose every record was applied
+/// before the flush started.
+fn checkpoint(tree: &sled::Tree, files: &mpsc::Receiver<PathBuf>, counters: &Counters) {
+    while let Ok(first) = files.recv() {
+        let mut done = vec![first];
+        done.extend(files.try_iter());
+        match tree.flush() {
+            Ok(_) => {
+                for path in done {
+                    if let Err(e) = std::fs::remove_file(&path)
+                        && e.kind() != std::io::ErrorKind::NotFound
+                    {
+                        tracing::warn!(file = %path.display(), error = %e, "could not remove a checkpointed turn log");
+                    }
+                }
+                counters.checkpoints.fetch_add(1, Ordering::Relaxed);
+            }
+            // The files stay and are replayed at the next open.
+            Err(e) => tracing::warn!(error = %crate::describe(&e), "turn log checkpoint failed"),
+        }
+    }
+}
+
+fn file_path(dir: &Path, n: u64) -> PathBuf {
+    dir.join(format!("{n:020}.log"))
+}
+
+/// The log files in `dir`, oldest first.
+fn log_files(dir: &Path) -> std::io::Result<Vec<(u64, PathBuf)>> {
+    let mut files = Vec::new();
+    for entry in std::fs::read_dir(dir)? {
+        let path = entry?.path();
+        let number = path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .and_then(|n| n.strip_suffix(".log"))
+            .and_then(|n| n.parse::<u64>().ok());
+        if let Some(n) = number {
+            files.push((n, path));
+        }
+    }
+    files.sort_unstable();
+    Ok(files)
+}
+
+fn create_private_dir(dir: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::{DirBuilderExt as _, PermissionsExt as _};
+    match std::fs::DirBuilder::new().mode(0o700).create(dir) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+            std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
+        }
+        Err(e) => Err(e),
+    }
+}
+
+fn batch_of(ops: Vec<Op>) -> sled::Batch {
+    let mut batch = sled::Batch::default();
+    for op in ops {
+        match op {
+            Op::Insert(k, v) => batch.insert(k, v),
+            Op::Remove(k) => batch.remove(k),
+        }
+    }
+    batch
+}
+
+fn put_len(buf: &mut Vec<u8>, len: usize) {
+    let len = u32::try_from(len).expect("a turn log entry under 4 GiB");
+    buf.extend_from_slice(&len.to_le_bytes());
+}
+
+/// Appends one record holding `ops` to `buf`; returns `buf`'s new length.
+pub(crate) fn encode(buf: &mut Vec<u8>, ops: &[Op]) -> usize {
+    let start = buf.len();
+    buf.extend_from_slice(&[0; 8]); // length and checksum, below
+    for op in ops {
+        match op {
+            Op::Insert(k, v) => {
+                buf.push(1);
+                put_len(buf, k.len());
+                buf.extend_from_slice(k);
+                put_len(buf, v.len());
+                buf.extend_from_slice(v);
+            }
+            Op::Remove(k) => {
+                buf.push(0);
+                put_len(buf, k.len());
+                buf.extend_from_slice(k);
+            }
+        }
+    }
+    let payload = &buf[start + 8..];
+    let len = u32::try_from(payload.len()).expect("a turn log record under 4 GiB");
+    let crc = crc32fast::hash(payload);
+    buf[start..start + 4].copy_from_slice(&len.to_le_bytes());
+    buf[start + 4..start + 8].copy_from_slice(&crc.to_le_bytes());
+    buf.len()
+}
+
+/// Every whole, intact record at the start of `bytes`, and how many bytes
+/// after them were not (a torn or damaged tail).
+pub(crate) fn decode_all(bytes: &[u8]) -> (Vec<Vec<Op>>, usize) {
+    let mut records = Vec::new();
+    let mut at = 0;
+    while let Some((ops, used)) = decode_one(&bytes[at..]) {
+        records.push(ops);
+        at += used;
+    }
+    (records, bytes.len() - at)
+}
+
+fn decode_one(bytes: &[u8]) -> Option<(Vec<Op>, usize)> {
+    let len = u32::from_le_bytes(bytes.get(0..4)?.try_into().ok()?) as usize;
+    let crc = u32::from_le_bytes(bytes.get(4..8)?.try_into().ok()?);
+    let payload = bytes.get(8..8usize.checked_add(len)?)?;
+    if crc32fast::hash(payload) != crc {
+        return None;
+    }
+    let mut ops = Vec::new();
+    let mut rest = payload;
+    let take = |rest: &mut &[u8]| -> Option<Vec<u8>> {
+        let n = u32::from_le_bytes(rest.get(0..4)?.try_into().ok()?) as usize;
+        let v = rest.get(4..4usize.checked_add(n)?)?.to_vec();
+        *rest = &rest[4 + n..];
+        Some(v)
+    };
+    while let Some((&tag, after)) = rest.split_first() {
+        rest = after;
+        let key = take(&mut rest)?;
+        ops.push(match tag {
+            1 => Op::Insert(key, take(&mut rest)?),
+            0 => Op::Remove(key),
+            _ => return None,
+        });
+    }
+    Some((ops, 8 + len))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ops(n: u8) -> Vec<Op> {
+        vec![
+            Op::Insert(vec![b'e', n], vec![n; usize::from(n) * 3]),
+            Op::Remove(vec![b'x', n]),
+        ]
+    }
+
+    #[test]
+    fn records_round_trip_and_a_torn_or_damaged_tail_is_dropped() {
+        let mut buf = Vec::new();
+        for n in 1..=3 {
+            encode(&mut buf, &ops(n));
+        }
+        let whole = buf.len();
+        assert_eq!(decode_all(&buf), (vec![ops(1), ops(2), ops(3)], 0));
+        // Cut anywhere inside the last record: the first two survive.
+        let mut two = Vec::new();
+        encode(&mut two, &ops(1));
+        let two_len = encode(&mut two, &ops(2));
+        for cut in two_len..whole {
+            assert_eq!(
+                decode_all(&buf[..cut]),
+                (vec![ops(1), ops(2)], cut - two_len),
+                "cut at {cut}"
+            );
+        }
+        // A flipped byte in the second record's payload: only the first.
+        let mut damaged = buf.clone();
+        damaged[two_len - 1] ^= 0x40;
+        let one_len = encode(&mut Vec::new(), &ops(1));
+        assert_eq!(decode_all(&damaged), (vec![ops(1)], whole - one_len));
+    }
+
+    #[test]
+    fn what_a_crash_left_in_the_log_is_replayed_into_the_tree_and_removed() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let db = sled::Config::new()
+            .path(dir.path().join("db"))
+            .open()
+            .expect("sled");
+        let tree = db.open_tree("t").expect("tree");
+        tree.insert(b"x\x02", b"stale".to_vec()).expect("insert");
+        let wal_dir = dir.path().join(DIR);
+        create_private_dir(&wal_dir).expect("dir");
+        // Two files, as a crash between a rotation and its checkpoint
+        // leaves them; the second ends in a torn record.
+        let mut first = Vec::new();
+        encode(&mut first, &ops(1));
+        std::fs::write(file_path(&wal_dir, 4), &first).expect("write");
+        let mut second = Vec::new();
+        encode(&mut second, &ops(2));
+        let torn = encode(&mut second, &ops(3)) - 2;
+        std::fs::write(file_path(&wal_dir, 5), &second[..torn]).expect("write");
+
+        let (wal, replayed) = Wal::open(&wal_dir, tree.clone()).expect("open");
+        assert_eq!(replayed, 2);
+        assert_eq!(
+            tree.get([b'e', 1]).expect("get").as_deref(),
+            Some(&[1u8; 3][..])
+        );
+        assert_eq!(
+            tree.get([b'e', 2]).expect("get").as_deref(),
+            Some(&[2u8; 6][..])
+        );
+        assert_eq!(
+            tree.get(b"x\x02").expect("get"),
+            None,
+            "the remove replayed"
+        );
+        assert_eq!(
+            tree.get([b'e', 3]).expect("get"),
+            None,
+            "the torn record dropped"
+        );
+        // The replayed files are gone; the writer numbers on from them.
+        assert_eq!(log_files(&wal_dir).expect("list").len(), 0);
+        drop(wal);
+    }
+
+    #[tokio::test]
+    async fn committed_batches_are_in_the_log_whole_in_order_and_private() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let db = sled::Config::new()
+            .path(dir.path().join("db"))
+            .open()
+            .expect("sled");
+        let tree = db.open_tree("t").expect("tree");
+        let wal_dir = dir.path().join(DIR);
+        let (wal, _) = Wal::open(&wal_dir, tree.clone()).expect("open");
+        let writes: Vec<_> = (1..=20u8).map(|n| wal.commit(ops(n))).collect();
+        for result in futures_util::future::join_all(writes).await {
+            result.expect("commit");
+        }
+        // What the log file holds now is what a crash would replay: every
+        // batch, whole, in order.
+        let files = log_files(&wal_dir).expect("list");
+        assert_eq!(files.len(), 1);
+        let (records, rest) = decode_all(&std::fs::read(&files[0].1).expect("read"));
+        assert_eq!(rest, 0);
+        assert_eq!(records, (1..=20u8).map(ops).collect::<Vec<_>>());
+        assert_eq!(
+            tree.get([b'e', 20]).expect("get").as_deref(),
+            Some(&[20u8; 60][..])
+        );
+        assert_eq!(wal.counters.batches.load(Ordering::Relaxed), 20);
+        assert!(wal.counters.syncs.load(Ordering::Relaxed) <= 20);
+        let mode = std::os::unix::fs::PermissionsExt::mode(
+            &std::fs::metadata(&files[0].1).expect("meta").permissions(),
+        );
+        assert_eq!(mode & 0o777, 0o600, "the log is private to the user");
+    }
+}
