@@ -72,7 +72,7 @@ struct Job {
 /// checkpoint) when every handle is gone.
 #[derive(Debug)]
 pub(crate) struct Wal {
-    jobs: parking_lot::Mutex<mpsc::Sender<Job>>,
+    jobs: mpsc::Sender<Job>,
     pub(crate) counters: Arc<Counters>,
 }
 
@@ -126,13 +126,7 @@ impl Wal {
             .name("warden-turn-log".into())
             .spawn(move || writer.run(&rx))
             .map_err(|e| format!("starting the turn log's writer: {e}"))?;
-        Ok((
-            Self {
-                jobs: parking_lot::Mutex::new(tx),
-                counters,
-            },
-            replayed,
-        ))
+        Ok((Self { jobs: tx, counters }, replayed))
     }
 
     /// Makes `ops` durable, then applies them to the tree (atomically, as
@@ -140,7 +134,6 @@ impl Wal {
     pub(crate) async fn commit(&self, ops: Vec<Op>) -> Result<(), String> {
         let (done, answer) = oneshot::channel();
         self.jobs
-            .lock()
             .send(Job { ops, done })
             .map_err(|_| "the turn log's writer has stopped".to_owned())?;
         answer
@@ -455,14 +448,20 @@ mod tests {
         assert_eq!(decode_all(&damaged), (vec![ops(1)], whole - one_len));
     }
 
-    #[test]
-    fn what_a_crash_left_in_the_log_is_replayed_into_the_tree_and_removed() {
-        let dir = tempfile::tempdir().expect("tempdir");
+    /// A sled database in `dir` and a tree of it.
+    fn a_tree(dir: &Path) -> (sled::Db, sled::Tree) {
         let db = sled::Config::new()
-            .path(dir.path().join("db"))
+            .path(dir.join("db"))
             .open()
             .expect("sled");
         let tree = db.open_tree("t").expect("tree");
+        (db, tree)
+    }
+
+    #[tokio::test]
+    async fn what_a_crash_left_in_the_log_is_replayed_into_the_tree_and_removed() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (_db, tree) = a_tree(dir.path());
         tree.insert(b"x\x02", b"stale".to_vec()).expect("insert");
         let wal_dir = dir.path().join(DIR);
         create_private_dir(&wal_dir).expect("dir");
@@ -498,17 +497,19 @@ mod tests {
         );
         // The replayed files are gone; the writer numbers on from them.
         assert_eq!(log_files(&wal_dir).expect("list").len(), 0);
-        drop(wal);
+        wal.commit(ops(7)).await.expect("commit");
+        let numbers: Vec<_> = log_files(&wal_dir)
+            .expect("list")
+            .into_iter()
+            .map(|(n, _)| n)
+            .collect();
+        assert_eq!(numbers, [6]);
     }
 
     #[tokio::test]
     async fn committed_batches_are_in_the_log_whole_in_order_and_private() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let db = sled::Config::new()
-            .path(dir.path().join("db"))
-            .open()
-            .expect("sled");
-        let tree = db.open_tree("t").expect("tree");
+        let (_db, tree) = a_tree(dir.path());
         let wal_dir = dir.path().join(DIR);
         let (wal, _) = Wal::open(&wal_dir, tree.clone()).expect("open");
         let writes: Vec<_> = (1..=20u8).map(|n| wal.commit(ops(n))).collect();
