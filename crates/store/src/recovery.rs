@@ -102,6 +102,9 @@ fn unfinished_snapshots(dir: &Path) -> Result<Vec<PathBuf>, StoreError> {
 
 /// Takes sled's lock: an exclusive `flock` on the data file `db`, as sled's
 /// `Config::open` does (through `fs2`). Released when the file is dropped.
+/// A lock held elsewhere is waited for up to [`LOCK_WAIT`](crate::LOCK_WAIT)
+/// (sled releases it from its own threads a moment after a store of this
+/// process is dropped), then [`StoreError::Locked`].
 pub(crate) fn lock_database(dir: &Path) -> Result<std::fs::File, StoreError> {
     use fs2::FileExt;
     let data = dir.join("db");
@@ -110,9 +113,15 @@ pub(crate) fn lock_database(dir: &Path) -> Result<std::fs::File, StoreError> {
         .write(true)
         .open(&data)
         .map_err(|e| backend(format!("opening {}: {e}", data.display())))?;
-    file.try_lock_exclusive().map_err(|_| StoreError::Locked {
-        path: dir.display().to_string(),
-    })?;
+    let until = std::time::Instant::now() + crate::LOCK_WAIT;
+    while file.try_lock_exclusive().is_err() {
+        if std::time::Instant::now() >= until {
+            return Err(StoreError::Locked {
+                path: dir.display().to_string(),
+            });
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
     Ok(file)
 }
 

@@ -55,7 +55,8 @@ pub enum SalvageError {
         /// sled's error, one line.
         message: String,
     },
-    /// Another live process holds the source database. Retryable once it
+    /// Another live process holds the source database (still, after
+    /// waiting [`LOCK_WAIT`](crate::LOCK_WAIT) for it). Retryable once it
     /// stops.
     #[error("the session database {} is in use by another process", path.display())]
     Locked {
