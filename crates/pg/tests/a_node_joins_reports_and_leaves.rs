@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio_postgres::NoTls;
-use warden_core::testing::ChannelSource;
+use warden_core::testing::{ChannelSource, ChannelSourceControl};
 use warden_core::{Durability, EventSource, SessionKey, SessionRecord, SessionStore, Supervisor};
 use warden_pg::NodeStore;
 use warden_pg::cluster::{Node, NodeEvent};
@@ -17,6 +17,22 @@ use warden_pg::cluster::{Node, NodeEvent};
 mod common;
 
 use common::{fresh_db, store, within};
+
+/// A supervisor keeping its sessions in `store`, its agent a channel the
+/// test drives.
+async fn supervisor_on(store: &NodeStore) -> (Supervisor, ChannelSourceControl) {
+    let (source, control) = ChannelSource::new();
+    let factory = move |_: &SessionKey| source.clone() as Arc<dyn EventSource>;
+    let supervisor = within(
+        "supervisor",
+        Supervisor::builder(Arc::new(factory))
+            .store(Arc::new(store.clone()))
+            .start(),
+    )
+    .await
+    .expect("supervisor starts");
+    (supervisor, control)
+}
 
 /// The next event that `pick` accepts (others are skipped).
 async fn next_event<T>(
@@ -43,16 +59,7 @@ async fn a_node_joins_evicts_what_it_lost_takes_over_orphans_and_leaves() {
     let pg = store(&config).await;
     let ttl = Duration::from_millis(900);
     let store = NodeStore::new(pg.clone(), "node-a", ttl);
-    let (source, control) = ChannelSource::new();
-    let factory = move |_: &SessionKey| source.clone() as Arc<dyn EventSource>;
-    let supervisor = within(
-        "supervisor",
-        Supervisor::builder(Arc::new(factory))
-            .store(Arc::new(store.clone()))
-            .start(),
-    )
-    .await
-    .expect("supervisor starts");
+    let (supervisor, control) = supervisor_on(&store).await;
 
     // Joining registers the node where the others find it.
     let mut node = Node::new(store.clone(), "http://10.0.0.5:8080");
@@ -232,16 +239,7 @@ async fn an_outage_is_reported_once_and_its_end_once() {
     };
     let pg = store(&config).await;
     let store = NodeStore::new(pg, "node-a", Duration::from_millis(600));
-    let (source, _control) = ChannelSource::new();
-    let factory = move |_: &SessionKey| source.clone() as Arc<dyn EventSource>;
-    let supervisor = within(
-        "supervisor",
-        Supervisor::builder(Arc::new(factory))
-            .store(Arc::new(store.clone()))
-            .start(),
-    )
-    .await
-    .expect("supervisor starts");
+    let (supervisor, _control) = supervisor_on(&store).await;
     let mut node = Node::new(store, "http://10.0.0.5:8080");
     let mut events = node.events();
     within("join", node.join(&supervisor)).await.expect("joins");
@@ -291,16 +289,7 @@ async fn a_dead_nodes_session_is_taken_as_soon_as_its_lease_can_be() {
     dead.save(&record, Durability::Flushed).await.expect("save");
 
     let alive = NodeStore::new(pg.clone(), "alive", Duration::from_secs(10));
-    let (source, control) = ChannelSource::new();
-    let factory = move |_: &SessionKey| source.clone() as Arc<dyn EventSource>;
-    let supervisor = within(
-        "supervisor",
-        Supervisor::builder(Arc::new(factory))
-            .store(Arc::new(alive.clone()))
-            .start(),
-    )
-    .await
-    .expect("supervisor starts");
+    let (supervisor, control) = supervisor_on(&alive).await;
     let quiet = within("a scan", alive.take_over(&supervisor)).await;
     assert!(quiet.taken.is_empty());
     assert_eq!(

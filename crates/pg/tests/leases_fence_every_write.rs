@@ -19,6 +19,14 @@ fn record(key: &str, text: &str) -> SessionRecord {
     r
 }
 
+/// Takes the lease of `key` for `node`; it must be free.
+async fn take(pg: &PgStore, key: &SessionKey, node: &str, ttl: Duration) -> warden_pg::Lease {
+    pg.acquire(key, node, ttl)
+        .await
+        .expect("acquire")
+        .expect("taken")
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn records_round_trip_and_a_corrupt_one_is_a_typed_error_in_its_slot() {
     let Some(config) = fresh_db().await else {
@@ -336,20 +344,18 @@ async fn orphans_are_sessions_with_pending_messages_and_no_live_lease() {
         .await
         .expect("save");
     // Pending, leased by a live node: not one.
-    let live = pg
-        .acquire(&SessionKey::new("live"), "n1", ttl)
-        .await
-        .expect("acquire")
-        .expect("taken");
+    let live = take(&pg, &SessionKey::new("live"), "n1", ttl).await;
     pg.save_fenced(&live, &record("live", "waiting"))
         .await
         .expect("save");
     // Pending, its lease expired (the owner died): an orphan.
-    let dead = pg
-        .acquire(&SessionKey::new("dead"), "n2", Duration::from_millis(200))
-        .await
-        .expect("acquire")
-        .expect("taken");
+    let dead = take(
+        &pg,
+        &SessionKey::new("dead"),
+        "n2",
+        Duration::from_millis(200),
+    )
+    .await;
     pg.save_fenced(&dead, &record("dead", "waiting"))
         .await
         .expect("save");
@@ -449,28 +455,22 @@ async fn batch_takes_split_a_dead_nodes_sessions_and_skip_live_leases() {
         .map(|i| SessionKey::new(format!("s-{i:03}")))
         .collect();
     for key in &keys {
-        let lease = pg
-            .acquire(key, "dead", short)
-            .await
-            .expect("acquire")
-            .expect("taken");
+        let lease = take(&pg, key, "dead", short).await;
         pg.save_fenced(&lease, &record(key.as_str(), "waiting"))
             .await
             .expect("save");
     }
     // One session still held by a live node.
-    let live = pg
-        .acquire(&SessionKey::new("live"), "n-live", Duration::from_secs(30))
-        .await
-        .expect("acquire")
-        .expect("taken");
+    let live = take(
+        &pg,
+        &SessionKey::new("live"),
+        "n-live",
+        Duration::from_secs(30),
+    )
+    .await;
     // And one racer's own, live: a scan that raced its own start of the
     // session does not take it again.
-    let own = pg
-        .acquire(&SessionKey::new("own"), "n-0", Duration::from_secs(30))
-        .await
-        .expect("acquire")
-        .expect("taken");
+    let own = take(&pg, &SessionKey::new("own"), "n-0", Duration::from_secs(30)).await;
     tokio::time::sleep(short + TAKEOVER_GRACE + Duration::from_millis(200)).await;
     let mut asked = keys.clone();
     asked.push(SessionKey::new("live"));
