@@ -58,6 +58,11 @@ pub(crate) enum Next {
         reason: &'static str,
         /// The events kept, from the oldest.
         events: Vec<Kept>,
+        /// Where the reader stands before these events: just before the
+        /// oldest kept (this run's start when none is). A reader placed
+        /// there is never reset again for the same miss: it reads on
+        /// into the live events instead of looping.
+        position: u64,
     },
 }
 
@@ -113,7 +118,8 @@ impl History {
             events.pop_front();
         }
         events.push_back(Kept { id, kind, data });
-        drop(events);
+        // Under the lock: a reader placed at the newest kept event (see
+        // `position`) is never ahead of `now`.
         self.newest.send_replace(id);
     }
 
@@ -122,15 +128,22 @@ impl History {
         *self.newest.borrow()
     }
 
+    /// Where a reset reader is placed (see [`Next::Reset::position`]),
+    /// `events` being the window, locked.
+    fn position(&self, events: &VecDeque<Kept>) -> u64 {
+        events.front().map_or(self.start, |e| e.id - 1)
+    }
+
     /// What comes after `seen` (waiting for it if nothing has yet).
     pub(crate) async fn after(&self, seen: u64) -> Next {
         let mut changed = self.newest.subscribe();
         if seen < self.start || seen > self.now() {
             // An id of an earlier (or a later: a clock set back) run.
-            let events = self.events.lock().iter().cloned().collect();
+            let events = self.events.lock();
             return Next::Reset {
                 reason: "restarted",
-                events,
+                position: self.position(&events),
+                events: events.iter().cloned().collect(),
             };
         }
         loop {
@@ -142,6 +155,7 @@ impl History {
                     Some(oldest) if oldest > seen.saturating_add(1) => {
                         return Next::Reset {
                             reason: "missed",
+                            position: self.position(&events),
                             events: events.iter().cloned().collect(),
                         };
                     }
@@ -162,7 +176,40 @@ impl History {
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn a_reader_the_window_cannot_place_is_reset_once_then_waits_for_live_events() {
+        let h = History::new();
+        // Nothing kept yet (a fresh or just-restarted server): an id from
+        // an earlier run, 0, or the largest id.
+        for seen in [0, h.start - 1, u64::MAX] {
+            let Next::Reset {
+                reason,
+                events,
+                position,
+            } = h.after(seen).await
+            else {
+                panic!("{seen} cannot be placed: a reset");
+            };
+            assert_eq!(reason, "restarted");
+            assert!(events.is_empty());
+            // From where the reset put it, the reader waits for what
+            // comes next, instead of being reset again.
+            let next = tokio::time::timeout(Duration::from_secs(60), h.after(position)).await;
+            assert!(next.is_err(), "a placed reader is not reset again");
+        }
+        h.push("n", json!({"i": 1}));
+        let Next::Reset { position, .. } = h.after(0).await else {
+            panic!("still an id of another run");
+        };
+        match h.after(position).await {
+            Next::Events(events) => assert_eq!(events.len(), 1),
+            Next::Reset { .. } => panic!("placed before the oldest kept: no second reset"),
+        }
+    }
 
     #[tokio::test]
     async fn a_reader_past_the_window_is_reset_and_one_within_it_is_not() {
@@ -173,7 +220,7 @@ mod tests {
         }
         // The first 10 are gone: a reader that saw only the first missed them.
         match h.after(first).await {
-            Next::Reset { reason, events } => {
+            Next::Reset { reason, events, .. } => {
                 assert_eq!(reason, "missed");
                 assert_eq!(events.len(), KEPT);
                 assert_eq!(events[0].id, first + 10);

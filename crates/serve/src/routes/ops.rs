@@ -99,7 +99,8 @@ pub(crate) async fn ready(State(state): State<AppState>, cluster: Cluster) -> Re
 /// replayed from the window kept ([`history::KEPT`](crate::history::KEPT)
 /// events); a client that missed more than that, or whose id is from an
 /// earlier run of the server, first gets a `reset` event saying so
-/// (`{"reason": "missed" | "restarted"}`), then every event kept.
+/// (`{"reason": "missed" | "restarted"}`), then every event kept, then
+/// the live events: one `reset` per miss, never a loop of them.
 pub(crate) async fn lifecycle_events(
     State(state): State<AppState>,
     headers: HeaderMap,
@@ -116,7 +117,15 @@ pub(crate) async fn lifecycle_events(
                 }
                 let kept = match history.after(seen).await {
                     history::Next::Events(events) => events,
-                    history::Next::Reset { reason, events } => {
+                    history::Next::Reset {
+                        reason,
+                        events,
+                        position,
+                    } => {
+                        // Placed from here on (the events below move it
+                        // on): the next `after` waits for live events
+                        // instead of resetting again.
+                        seen = position;
                         queue.push_back(
                             Event::default()
                                 .event("reset")
