@@ -16,6 +16,7 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use common::console::*;
 use common::*;
 use serde_json::{Value, json};
 use warden_browser::{Browser, Locator, PATIENCE};
@@ -23,56 +24,6 @@ use warden_mock::{MockConfig, MockServer, Scenario};
 
 /// The watchdog's allowance the single node here runs with.
 const STREAM_TIMEOUT: Duration = Duration::from_secs(3);
-
-/// A headless Chromium, or `None` (with the reason printed) where there is
-/// none and CI does not require one.
-async fn browser() -> Option<Browser> {
-    if let Err(why) = warden_browser::programs() {
-        assert!(
-            std::env::var("WARDEN_REQUIRE_BROWSER").as_deref() != Ok("1"),
-            "WARDEN_REQUIRE_BROWSER=1 but {why}"
-        );
-        eprintln!("skipped: {why}");
-        return None;
-    }
-    Some(Browser::start().await.expect("a headless Chromium"))
-}
-
-/// Where screenshots go: target/console-screenshots/, and docs/console/
-/// with `WARDEN_BLESS=1`.
-fn screenshot_dirs() -> Vec<PathBuf> {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
-    let mut dirs = vec![root.join("target/console-screenshots")];
-    if std::env::var_os("WARDEN_BLESS").is_some() {
-        dirs.push(root.join("docs/console"));
-    }
-    dirs
-}
-
-async fn screenshot(browser: &Browser, name: &str) {
-    let dirs = screenshot_dirs();
-    let dirs: Vec<&Path> = dirs.iter().map(PathBuf::as_path).collect();
-    browser.screenshot(name, &dirs).await;
-}
-
-async fn sign_in(browser: &Browser, token: &str) {
-    browser.type_into("#token", token).await;
-    browser.click("#login-button").await;
-}
-
-async fn post_turn(base: &str, token: &str, key: &str, message: &str) -> String {
-    let response = reqwest::Client::new()
-        .post(format!("{base}/v1/turns"))
-        .bearer_auth(token)
-        .header("content-type", "application/json")
-        .body(json!({"key": key, "message": message}).to_string())
-        .send()
-        .await
-        .expect("post");
-    assert_eq!(response.status(), 202);
-    let body: Value = serde_json::from_slice(&response.bytes().await.expect("body")).expect("JSON");
-    body["id"].as_str().expect("id").to_owned()
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_console_signs_in_and_shows_a_turn_live_with_its_kill_continuation_and_cancel() {

@@ -2,6 +2,8 @@
 
 #![allow(dead_code)]
 
+pub(crate) mod console;
+
 use std::path::Path;
 use std::process::{Output, Stdio};
 use std::time::Duration;
@@ -123,33 +125,54 @@ pub(crate) fn arg(path: &Path) -> &str {
 
 /// `warden serve` on data directory `data`, its agent's API at `base_url`,
 /// with `extra` flags and `env`: the child, its URL and its token (read
-/// from `data/token`).
+/// from `data/token`). Its stderr is read (see [`serve_logged`]), so its
+/// warnings never fill the pipe and stop it.
 pub(crate) async fn serve_on(
     data: &Path,
     base_url: &str,
     extra: &[&str],
     env: &[(&str, &str)],
 ) -> (tokio::process::Child, String, String) {
-    let mut args = vec![
-        "serve",
-        "--listen",
-        "127.0.0.1:0",
-        "--data-dir",
-        arg(data),
-        "--base-url",
-        base_url,
-    ];
+    let (child, base, token, _) = serve_logged(data, base_url, extra, env).await;
+    (child, base, token)
+}
+
+/// The lines a child wrote to stderr so far.
+pub(crate) type Logged = std::sync::Arc<parking_lot::Mutex<Vec<String>>>;
+
+/// [`serve_on`], and the lines the server writes to stderr (its warnings
+/// and errors: `warden serve` logs them without `RUST_LOG`), as they come.
+pub(crate) async fn serve_logged(
+    data: &Path,
+    base_url: &str,
+    extra: &[&str],
+    env: &[(&str, &str)],
+) -> (tokio::process::Child, String, String, Logged) {
+    use tokio::io::AsyncBufReadExt as _;
+    let mut args = vec!["serve", "--data-dir", arg(data), "--base-url", base_url];
+    // A free port unless the caller names one (a restart on the same).
+    if !extra.contains(&"--listen") {
+        args.extend(["--listen", "127.0.0.1:0"]);
+    }
     args.extend(extra);
     let mut cmd = command(&args);
     for (k, v) in env {
         cmd.env(k, v);
     }
-    let (child, base, _stdout) = spawn_listening(cmd, Duration::from_secs(30)).await;
+    let (mut child, base, _stdout) = spawn_listening(cmd, Duration::from_secs(30)).await;
+    let logged = Logged::default();
+    let mut lines = tokio::io::BufReader::new(child.stderr.take().expect("stderr")).lines();
+    let keep = std::sync::Arc::clone(&logged);
+    tokio::spawn(async move {
+        while let Ok(Some(line)) = lines.next_line().await {
+            keep.lock().push(line);
+        }
+    });
     let token = std::fs::read_to_string(data.join("token"))
         .expect("the token file")
         .trim()
         .to_owned();
-    (child, base, token)
+    (child, base, token, logged)
 }
 
 /// A fresh database named `prefix_<pid>_<nanos>` on `WARDEN_PG_URL`'s

@@ -21,6 +21,8 @@ const state = {
   turn: null, // the followed turn
   route: "",
   lastFull: 0, // when the whole list was last fetched (performance.now())
+  refreshing: false, // a whole-list fetch a `reset` asked for is under way
+  refreshAgain: false, // and another reset came meanwhile
   received: new Map(), // key -> when its first unpainted event came (profiling)
   painted: false,
   // Set by a benchmark (sessionStorage `warden-profile`): the page then
@@ -207,7 +209,7 @@ function drawRow(entry) {
   }
   const c = entry.cells;
   const tds = entry.row.children;
-  put(tds[0], c.key);
+  put(tds[0], shown(c.key));
   if (tds[0].title !== entry.view.key) tds[0].title = entry.view.key;
   put(tds[1], c.agent);
   put(tds[2], c.model);
@@ -336,6 +338,35 @@ async function refreshAll() {
   measure("warden.refresh", started, { rows: sessions.length });
 }
 
+/** The least time between two whole-list fetches a `reset` asks for. */
+const RESET_REFRESH_GAP_MS = 1000;
+
+/**
+ * The whole list again after a `reset` (the events missed are not
+ * replayed): one fetch at a time, at most one per second; resets that
+ * come meanwhile fold into one more fetch after it, never one each.
+ */
+function refreshAfterReset() {
+  if (state.refreshing) {
+    state.refreshAgain = true;
+    return;
+  }
+  state.refreshing = true;
+  const wait = Math.max(0, state.lastFull + RESET_REFRESH_GAP_MS - performance.now());
+  setTimeout(() => {
+    refreshAll()
+      .catch(() => {})
+      .finally(() => {
+        state.lastFull = performance.now();
+        state.refreshing = false;
+        if (state.refreshAgain && token()) {
+          state.refreshAgain = false;
+          refreshAfterReset();
+        }
+      });
+  }, wait);
+}
+
 /** Sessions fetched again per tick, the first ones events said changed. */
 const STALE_PER_TICK = 20;
 
@@ -372,8 +403,10 @@ async function followLifecycle() {
     try {
       $("live").textContent = "● live";
       for await (const e of sse("/v1/events", abort.signal, last)) {
-        failures = 0;
         if (e.id != null) last = e.id;
+        // A `reset` alone is no sign the stream works: a connection that
+        // gives only that and ends still backs off.
+        if (e.event !== "reset") failures = 0;
         onLifecycle(e);
       }
     } catch (e) {
@@ -390,7 +423,7 @@ async function followLifecycle() {
 function onLifecycle(e) {
   const started = performance.now();
   if (e.event === "reset") {
-    refreshAll().catch(() => {});
+    refreshAfterReset();
     return;
   }
   const key = e.data.key;
@@ -421,7 +454,8 @@ function onLifecycle(e) {
 
 async function openSession(key) {
   show("session");
-  $("session-key").textContent = key;
+  $("session-key").textContent = shown(key);
+  $("session-key").dataset.key = key;
   $("session-meta").textContent = "";
   $("action-result").textContent = "";
   const view = await showMeta(key);
@@ -443,20 +477,48 @@ async function showMeta(key) {
     $("session-meta").textContent = e.message;
     return null;
   }
-  if ($("session-key").textContent !== key) return null;
+  if ($("session-key").dataset.key !== key) return null;
   const c = cells({ ...view, key });
-  $("session-meta").textContent = [
-    view.workspace && `workspace ${view.workspace}`,
-    `status ${c.status}`,
-    c.ctx != null && `context ${c.ctx} %`,
-    view.conversation && `conversation ${view.conversation}`,
-    `restarts ${c.restarts}`,
-    `pending ${c.pending}`,
-  ].filter(Boolean).join(" · ");
+  metaLine($("session-meta"), [
+    view.workspace && ["workspace", view.workspace],
+    ["status", c.status],
+    c.ctx != null && ["context", `${c.ctx} %`],
+    view.conversation && ["conversation", view.conversation],
+    ["restarts", String(c.restarts)],
+    ["pending", String(c.pending)],
+  ]);
   const trace = $("trace");
   trace.hidden = !(state.server.jaeger_url && view.trace_id);
   if (!trace.hidden) trace.href = `${state.server.jaeger_url}/trace/${view.trace_id}`;
   return view;
+}
+
+/** Invisible characters that change the direction of the text around them. */
+const BIDI_CONTROLS = /[\u061C\u200E\u200F\u202A-\u202E\u2066-\u2069]/g;
+
+/**
+ * A name as shown: its direction controls made visible (`⟨U+202E⟩`), so a
+ * workspace cannot pass for another one (`evil\u202Egnp.exe` shows as
+ * `evil⟨U+202E⟩gnp.exe`, not `evilexe.png`).
+ */
+function shown(text) {
+  return String(text).replace(BIDI_CONTROLS, (c) => `⟨U+${c.codePointAt(0).toString(16).toUpperCase().padStart(4, "0")}⟩`);
+}
+
+/**
+ * Fills `element` with "label value · label value …", each value in its
+ * own `<bdi>`: a value's text (a workspace path, an id the agent chose)
+ * may hold right-to-left characters or overrides (U+202E), and isolated
+ * they cannot reorder the labels or the values after them.
+ */
+function metaLine(element, parts) {
+  element.textContent = "";
+  for (const part of parts.filter(Boolean)) {
+    if (element.childNodes.length > 0) element.append(" · ");
+    const value = document.createElement("bdi");
+    value.textContent = shown(part[1]);
+    element.append(`${part[0]} `, value);
+  }
 }
 
 async function loadTurns(key) {
