@@ -170,10 +170,15 @@ fn fail(error: &CliError) -> ExitCode {
 
 async fn run(cli: Cli) -> Result<Exit, CliError> {
     // Console logs only when asked for (RUST_LOG): stdout and stderr belong
-    // to the command's own output. OTLP export when the endpoint is set.
+    // to the command's own output — except a server's warnings and errors
+    // (a damaged turn log, a store that fails), which an operator must see
+    // without asking. OTLP export when the endpoint is set.
     let mut telemetry = TelemetryConfig::from_env();
     if std::env::var_os("RUST_LOG").is_none() {
-        telemetry = telemetry.with_console(false);
+        telemetry = match cli.command {
+            Command::Serve(_) => telemetry.with_console_filter("warn"),
+            _ => telemetry.with_console(false),
+        };
     }
     let guard = warden_telemetry::init(telemetry)
         .map_err(|e| CliError::usage(format!("telemetry: {e}")))?;

@@ -134,6 +134,13 @@ impl TelemetryConfig {
         self
     }
 
+    /// Sets the console's filter directives (`RUST_LOG` syntax, e.g.
+    /// `warn` or `info,warden_core=debug`).
+    pub fn with_console_filter(mut self, directives: impl Into<String>) -> Self {
+        self.console_filter = directives.into();
+        self
+    }
+
     /// Sets the service name.
     pub fn with_service_name(mut self, name: impl Into<String>) -> Self {
         self.service_name = name.into();
@@ -394,6 +401,9 @@ pub fn init(config: TelemetryConfig) -> Result<TelemetryGuard, TelemetryError> {
     let console = config.console.then(|| {
         tracing_subscriber::fmt::layer()
             .with_writer(std::io::stderr)
+            // Colours for a person at a terminal; plain text for a
+            // journal, a file or a pipe.
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
             .with_target(false)
             .with_filter(console_filter)
     });
