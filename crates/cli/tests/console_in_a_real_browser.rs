@@ -13,13 +13,13 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use common::console::*;
 use common::*;
 use serde_json::{Value, json};
-use warden_browser::{Browser, Locator, PATIENCE};
+use warden_browser::{Locator, PATIENCE};
 use warden_mock::{MockConfig, MockServer, Scenario};
 
 /// The watchdog's allowance the single node here runs with.
