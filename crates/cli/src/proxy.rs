@@ -17,7 +17,10 @@ Forwards Anthropic Messages and OpenAI chat-completions / Responses requests to 
 and watches every streamed answer: silence past --timeout kills the upstream attempt; a
 request nothing of which reached the client yet is retried (retry-after honoured, backoff
 shared); a reply broken mid-text is continued and spliced into the same response; where
-neither is possible the stream ends with the provider's own retryable error event. Other
+neither is possible the stream ends with the provider's own retryable error event. A
+request without \"stream\": true is sent upstream as a stream and its JSON answer assembled
+here: tool input that is not JSON, a reply past --max-reply-bytes and an answer that is
+neither a stream nor JSON are errors in the provider's shape (502), never a made-up answer. Other
 /v1/ requests pass through untouched; other paths are answered here (200 for HEAD /, else
 404) unless --other-upstream names where they go. Each kill, retry, continuation, give-up
 and unreachable upstream is one `warden proxy:` line on stderr (without --json). Headers
@@ -63,6 +66,14 @@ pub(crate) struct ProxyArgs {
     /// with a unit. A second signal exits at once.
     #[arg(long, value_name = "SECONDS", default_value = "10", value_parser = crate::units::seconds)]
     grace: Duration,
+    /// Size cap of a whole answer the proxy holds, in bytes: one it
+    /// assembles for a client that asked for no stream (text, thinking and
+    /// tool input), or one an upstream gives whole instead of a stream.
+    /// Past it nothing more is read and the client gets a 502 naming
+    /// EREPLY_TOO_LARGE. Streams pass as they come and are not capped.
+    #[arg(long, value_name = "BYTES", default_value_t = DEFAULT_MAX_REPLY_BYTES,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    max_reply_bytes: u64,
     #[command(flatten)]
     connections: crate::connections::ConnectionArgs,
     /// One JSON access-log line per request on stdout (status, duration,
@@ -70,6 +81,9 @@ pub(crate) struct ProxyArgs {
     #[arg(long)]
     json: bool,
 }
+
+/// `--max-reply-bytes`: 16 MiB, as `warden serve`'s.
+const DEFAULT_MAX_REPLY_BYTES: u64 = warden_proxy::DEFAULT_MAX_REPLY_BYTES as u64;
 
 /// Runs `warden proxy` until SIGTERM or Ctrl-C.
 pub(crate) async fn run(args: ProxyArgs) -> Result<Exit, CliError> {
@@ -93,7 +107,8 @@ pub(crate) async fn run(args: ProxyArgs) -> Result<Exit, CliError> {
     };
     let mut config = base
         .with_anthropic_upstream(&args.anthropic_upstream)
-        .with_openai_upstream(&args.openai_upstream);
+        .with_openai_upstream(&args.openai_upstream)
+        .with_max_reply_bytes(usize::try_from(args.max_reply_bytes).unwrap_or(usize::MAX));
     if let Some(url) = &args.other_upstream {
         config = config.with_other_upstream(url);
     }
@@ -213,5 +228,29 @@ async fn reachable(url: &str) -> Result<(), String> {
         Ok(Ok(_)) => Ok(()),
         Ok(Err(e)) => Err(e.to_string()),
         Err(_) => Err("no answer within 3 s".to_owned()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser as _;
+
+    use super::*;
+
+    #[derive(clap::Parser)]
+    struct Command {
+        #[command(flatten)]
+        args: ProxyArgs,
+    }
+
+    #[test]
+    fn the_reply_cap_is_serves_and_zero_is_refused() {
+        let parsed = Command::try_parse_from(["proxy"]).expect("defaults");
+        assert_eq!(parsed.args.max_reply_bytes, 16 * 1024 * 1024);
+        let parsed =
+            Command::try_parse_from(["proxy", "--max-reply-bytes", "65536"]).expect("a cap");
+        assert_eq!(parsed.args.max_reply_bytes, 65_536);
+        assert!(Command::try_parse_from(["proxy", "--max-reply-bytes", "0"]).is_err());
+        assert!(Command::try_parse_from(["proxy", "--max-reply-bytes", "16MiB"]).is_err());
     }
 }

@@ -17,6 +17,9 @@ pub const OPENAI_API: &str = "https://api.openai.com";
 pub const DEFAULT_MAX_BODY_BYTES: usize = 32 * 1024 * 1024;
 /// Largest single SSE event accepted from an upstream: 16 MiB.
 pub const DEFAULT_MAX_FRAME_BYTES: usize = 16 * 1024 * 1024;
+/// Largest assembled answer: 16 MiB (as `warden serve --max-reply-bytes`;
+/// real replies are well under 1 MiB).
+pub const DEFAULT_MAX_REPLY_BYTES: usize = 16 * 1024 * 1024;
 
 /// The `503` body past the connection cap: the Anthropic error shape,
 /// which the OpenAI SDKs read as well (`error.message`); both retry a 503.
@@ -56,6 +59,16 @@ pub struct ProxyConfig {
     /// Largest SSE event accepted from an upstream. Default
     /// [`DEFAULT_MAX_FRAME_BYTES`].
     pub max_frame_bytes: usize,
+    /// Size cap of a whole answer the proxy holds: one assembled for a
+    /// client that asked for no stream (its text, thinking, signatures and
+    /// tool input — chat: content, refusal and tool-call arguments — and
+    /// the size of everything else it keeps), and any answer an upstream
+    /// gives whole in place of a stream (an error answer, a JSON reply).
+    /// Past it nothing more is read and the client gets a `502` in the
+    /// provider's shape naming `EREPLY_TOO_LARGE`. Streams the client
+    /// reads as they come are not held, and not capped. Default
+    /// [`DEFAULT_MAX_REPLY_BYTES`].
+    pub max_reply_bytes: usize,
     /// The downstream connections' limits: the header-read (and idle)
     /// timeout and the connection cap, past which a connection gets a
     /// `503` the SDKs retry. Default [`Limits::default`] (30 s, 4,096).
@@ -79,6 +92,7 @@ impl std::fmt::Debug for ProxyConfig {
             .field("retry", &self.retry)
             .field("max_body_bytes", &self.max_body_bytes)
             .field("max_frame_bytes", &self.max_frame_bytes)
+            .field("max_reply_bytes", &self.max_reply_bytes)
             .field("connections", &self.connections)
             .field("access_log", &self.access_log.is_some())
             .field("recovery_log", &self.recovery_log.is_some())
@@ -100,6 +114,7 @@ impl Default for ProxyConfig {
             retry: RetryPolicy::default(),
             max_body_bytes: DEFAULT_MAX_BODY_BYTES,
             max_frame_bytes: DEFAULT_MAX_FRAME_BYTES,
+            max_reply_bytes: DEFAULT_MAX_REPLY_BYTES,
             connections: Limits::default().with_busy_body(BUSY_BODY),
             access_log: None,
             recovery_log: None,
@@ -180,6 +195,12 @@ impl ProxyConfig {
     /// Sets [`max_frame_bytes`](Self::max_frame_bytes).
     pub fn with_max_frame_bytes(mut self, bytes: usize) -> Self {
         self.max_frame_bytes = bytes;
+        self
+    }
+
+    /// Sets [`max_reply_bytes`](Self::max_reply_bytes).
+    pub fn with_max_reply_bytes(mut self, bytes: usize) -> Self {
+        self.max_reply_bytes = bytes;
         self
     }
 

@@ -14,7 +14,7 @@
 //! |---|---|
 //! | `POST /v1/messages` with `"stream": true` | watched; retried, continued and spliced |
 //! | `POST /v1/chat/completions` with `"stream": true` | watched; retried, continued and spliced |
-//! | `POST /v1/messages` or `/v1/chat/completions` without `"stream": true` | sent upstream as a stream, watched, retried and continued like the above; the whole JSON answer assembled from it |
+//! | `POST /v1/messages` or `/v1/chat/completions` without `"stream": true` | sent upstream as a stream, watched, retried and continued like the above; the whole JSON answer assembled from it, within [`ProxyConfig::max_reply_bytes`]; tool input that is not JSON, or an answer that is neither a stream nor JSON, is an error in the provider's shape, never a made-up answer |
 //! | `POST /v1/responses` with `"stream": true` | watched; retried until the first byte |
 //! | any other `/v1/…` request | passed through as it is, bodies streamed both ways |
 //! | any other path | sent to [`ProxyConfig::other_upstream`] when set (unwatched); else answered here: `200` for `HEAD /` and `GET /`, `404` otherwise — nothing goes to a host the user did not name |
@@ -59,7 +59,9 @@
 //! `anthropic-beta`, …) are forwarded untouched and never logged or put in
 //! spans; neither is prompt or reply text. Request bodies of the watched
 //! routes are buffered (a continuation needs them), up to
-//! [`ProxyConfig::max_body_bytes`]; everything else is streamed.
+//! [`ProxyConfig::max_body_bytes`]; an answer assembled for a client that
+//! asked for no stream, or read whole in place of a stream, up to
+//! [`ProxyConfig::max_reply_bytes`]; everything else is streamed.
 //!
 //! [`WatchdogActor`]: warden_core::WatchdogActor
 //! [`RetryPolicy`]: warden_core::RetryPolicy
@@ -103,7 +105,8 @@ use warden_core::{Admission, AdmissionConfig, WatchdogActor, WatchdogConfig};
 
 pub use access::{AccessLog, AccessRecord, Outcome, Recovery, RecoveryLog};
 pub use config::{
-    ANTHROPIC_API, DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_FRAME_BYTES, OPENAI_API, ProxyConfig,
+    ANTHROPIC_API, DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_FRAME_BYTES, DEFAULT_MAX_REPLY_BYTES,
+    OPENAI_API, ProxyConfig,
 };
 use run::Inner;
 use upstream::{Protocol, Upstream};

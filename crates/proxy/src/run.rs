@@ -1,6 +1,8 @@
 //! Running one proxied request: the pass-through path, and the watched
 //! path's attempts (watchdog, retries, continuation, the held response
-//! head).
+//! head); a whole answer assembled from them in [`whole`].
+
+mod whole;
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -8,7 +10,7 @@ use std::sync::Arc;
 use axum::body::Body;
 use axum::extract::Request;
 use axum::http::{HeaderMap, Method, StatusCode};
-use axum::response::{IntoResponse as _, Response};
+use axum::response::Response;
 use bytes::Bytes;
 use futures_util::StreamExt as _;
 use rand::SeedableRng as _;
@@ -20,12 +22,11 @@ use warden_core::StreamError;
 use warden_llm::sse::{Parsed, SseParser};
 
 use crate::access::{AccessRecord, Outcome, Recovery};
-use crate::assemble::{self, Assembled};
 use crate::config::ProxyConfig;
 use crate::headers;
 use crate::spans::{PROXY_ATTEMPT, PROXY_CONTINUE, PROXY_KILL, PROXY_REQUEST};
 use crate::splice::{self, Resume, Splice};
-use crate::upstream::{Protocol, Upstream, error_response};
+use crate::upstream::{self, Protocol, Upstream, error_response};
 
 /// What every request of a running proxy shares.
 pub(crate) struct Inner {
@@ -382,7 +383,7 @@ pub(crate) async fn watched(
         logged,
     };
     if whole {
-        return assemble(pump, protocol).instrument(span).await;
+        return whole::answer(pump, protocol).instrument(span).await;
     }
     match pump.next().instrument(span.clone()).await {
         Step::Head(headers, first) => {
@@ -412,85 +413,6 @@ pub(crate) async fn watched(
             "warden proxy: the request ended without an answer",
         ),
     }
-}
-
-/// Drives `pump` to its end and answers with the whole message (or chat
-/// completion) its spliced stream makes: the JSON the API would have
-/// given a non-streaming request, an error answer in the provider's shape
-/// when the stream ended with an error, or the upstream's own answer when
-/// it gave one instead of a stream.
-async fn assemble(mut pump: Pump, protocol: Protocol) -> Response {
-    let upstream = pump.upstream;
-    let mut headers = HeaderMap::new();
-    let mut stream = Vec::new();
-    loop {
-        match pump.next().await {
-            Step::Head(h, b) => {
-                headers = h;
-                stream.extend_from_slice(&b);
-            }
-            Step::Chunk(b) => stream.extend_from_slice(&b),
-            Step::Answer(response) => return response,
-            Step::End => break,
-        }
-    }
-    // The stream was spliced from well-formed upstream events: its events
-    // parse, each within the frame limit.
-    let mut parser = SseParser::new(pump.inner.config.max_frame_bytes);
-    let mut frames = VecDeque::new();
-    let parsed = parser.feed(&stream, &mut frames);
-    let mut messages = assemble::Messages::default();
-    let mut chat = assemble::ChatCompletions::default();
-    for frame in frames {
-        if let Parsed::Event(event) = frame {
-            match protocol {
-                Protocol::ChatCompletions => chat.event(&event),
-                _ => messages.event(&event),
-            }
-        }
-    }
-    let assembled = match (parsed, protocol) {
-        (Err(_), _) => Assembled::Incomplete,
-        (Ok(()), Protocol::ChatCompletions) => chat.finish(),
-        (Ok(()), _) => messages.finish(),
-    };
-    let (status, body) = match assembled {
-        Assembled::Answer(answer) => (StatusCode::OK, answer),
-        Assembled::Error(error) => {
-            let status = match upstream {
-                Upstream::Anthropic => {
-                    StatusCode::from_u16(529).unwrap_or(StatusCode::SERVICE_UNAVAILABLE)
-                }
-                Upstream::OpenAi => StatusCode::SERVICE_UNAVAILABLE,
-            };
-            let body = match upstream {
-                Upstream::Anthropic => serde_json::json!({"type": "error", "error": error}),
-                Upstream::OpenAi => serde_json::json!({"error": error}),
-            };
-            (status, body)
-        }
-        Assembled::Incomplete => {
-            let response = error_response(
-                upstream,
-                StatusCode::BAD_GATEWAY,
-                "warden proxy: the upstream stream ended before its last event",
-            );
-            pump.record().status = response.status().as_u16();
-            return response;
-        }
-    };
-    pump.record().status = status.as_u16();
-    let mut response = (status, Body::from(body.to_string())).into_response();
-    for (name, value) in &headers {
-        if name != axum::http::header::CONTENT_TYPE {
-            response.headers_mut().append(name.clone(), value.clone());
-        }
-    }
-    response.headers_mut().insert(
-        axum::http::header::CONTENT_TYPE,
-        axum::http::HeaderValue::from_static("application/json"),
-    );
-    response
 }
 
 /// What the next pull of a watched request gives.
@@ -705,6 +627,7 @@ impl Pump {
             }
             Ok(Err(answer)) => {
                 span.record("warden.outcome", "answered");
+                self.record().status = answer.status().as_u16();
                 self.end(Outcome::UpstreamError);
                 Err(Step::Answer(answer))
             }
@@ -766,9 +689,16 @@ impl Pump {
             .and_then(|v| v.to_str().ok())
             .is_some_and(|v| v.starts_with("text/event-stream"));
         if !status.is_success() || !is_stream {
+            let limit = self.inner.config.max_reply_bytes;
             let bytes = tokio::select! {
-                b = response.bytes() => b.unwrap_or_default(),
+                b = upstream::read_capped(response, limit, self.upstream) => b,
                 e = &mut expired => return Err(Failure::killed(e)),
+            };
+            let bytes = match bytes {
+                Ok(b) => b,
+                Err(too_large) if !self.sent => return Ok(Err(too_large)),
+                // Judged by its status alone: the client has a stream.
+                Err(_) => Bytes::new(),
             };
             let error = if status.is_success() {
                 StreamError::Malformed {
@@ -784,7 +714,6 @@ impl Pump {
                 )
             };
             if !error.is_retryable() && !self.sent {
-                self.record().status = status.as_u16();
                 return Ok(Err(answer(status, &response_headers, bytes)));
             }
             return Err(Failure {

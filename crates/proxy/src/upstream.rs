@@ -5,6 +5,7 @@
 use axum::body::Body;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
+use bytes::{Bytes, BytesMut};
 
 /// Which API a request is for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -76,13 +77,24 @@ impl Protocol {
 
 /// A JSON error answer in the provider's shape.
 pub(crate) fn error_response(upstream: Upstream, status: StatusCode, message: &str) -> Response {
+    error_response_coded(upstream, status, message, None)
+}
+
+/// A JSON error answer in the provider's shape, with a `code` for the
+/// OpenAI shape (the Anthropic shape has none: the message names it).
+pub(crate) fn error_response_coded(
+    upstream: Upstream,
+    status: StatusCode,
+    message: &str,
+    code: Option<&str>,
+) -> Response {
     let body = match upstream {
         Upstream::Anthropic => serde_json::json!({
             "type": "error",
             "error": {"type": anthropic_error_type(status), "message": message},
         }),
         Upstream::OpenAi => serde_json::json!({
-            "error": {"message": message, "type": openai_error_type(status), "param": null, "code": null},
+            "error": {"message": message, "type": openai_error_type(status), "param": null, "code": code},
         }),
     };
     let mut response = (status, Body::from(body.to_string())).into_response();
@@ -93,19 +105,60 @@ pub(crate) fn error_response(upstream: Upstream, status: StatusCode, message: &s
     response
 }
 
+/// An upstream's whole answer (an error answer, or what came instead of a
+/// stream), read up to `limit` bytes
+/// ([`ProxyConfig::max_reply_bytes`](crate::ProxyConfig::max_reply_bytes));
+/// past it, nothing more is read and the error is a `502` in the
+/// provider's shape naming the cap. A body that breaks off is empty.
+pub(crate) async fn read_capped(
+    mut response: reqwest::Response,
+    limit: usize,
+    upstream: Upstream,
+) -> Result<Bytes, Response> {
+    let too_large = || {
+        let message = format!(
+            "warden proxy: the upstream's answer passed --max-reply-bytes ({limit} bytes); the \
+             rest was not read (EREPLY_TOO_LARGE)"
+        );
+        error_response_coded(
+            upstream,
+            StatusCode::BAD_GATEWAY,
+            &message,
+            Some("reply_too_large"),
+        )
+    };
+    let declared = response.content_length().unwrap_or(0);
+    if u64::try_from(limit).is_ok_and(|limit| declared > limit) {
+        return Err(too_large());
+    }
+    let mut body = BytesMut::new();
+    loop {
+        match response.chunk().await {
+            Ok(Some(chunk)) if body.len().saturating_add(chunk.len()) > limit => {
+                return Err(too_large());
+            }
+            Ok(Some(chunk)) => body.extend_from_slice(&chunk),
+            Ok(None) => return Ok(body.freeze()),
+            Err(_) => return Ok(Bytes::new()),
+        }
+    }
+}
+
 fn anthropic_error_type(status: StatusCode) -> &'static str {
     match status.as_u16() {
-        400 | 413 | 415 => "invalid_request_error",
+        401 => "authentication_error",
+        403 => "permission_error",
         404 => "not_found_error",
         429 => "rate_limit_error",
-        502 | 504 => "api_error",
+        400..=499 => "invalid_request_error",
+        500 | 502 | 504 => "api_error",
         _ => "overloaded_error",
     }
 }
 
 fn openai_error_type(status: StatusCode) -> &'static str {
     match status.as_u16() {
-        400 | 413 | 415 => "invalid_request_error",
+        400..=499 => "invalid_request_error",
         _ => "server_error",
     }
 }
