@@ -20,6 +20,7 @@ from warden_client import (
     Continuing,
     Done,
     Error,
+    IdempotencyKeyReused,
     InvalidRequest,
     NotFound,
     Retrying,
@@ -166,6 +167,12 @@ class AgainstServe(unittest.TestCase):
             first = w.send("once", key="idem-py", idempotency_key="py-order-1")
             again = w.send("once", key="idem-py", idempotency_key="py-order-1")
             self.assertEqual(again.id, first.id)
+            # The key with another message: refused, typed, nothing sent.
+            with self.assertRaises(IdempotencyKeyReused) as e:
+                w.send("twice", key="idem-py", idempotency_key="py-order-1")
+            self.assertIsInstance(e.exception, InvalidRequest)
+            self.assertEqual((e.exception.status, e.exception.type), (422, "idempotency_key_reused"))
+            self.assertEqual(e.exception.body["id"], first.id)
             self.assertEqual(first.result().text, reply("once"))
             other = w.send("once", key="idem-py")
             self.assertNotEqual(other.id, first.id, "without the key, another turn")
@@ -196,7 +203,15 @@ class AgainstServe(unittest.TestCase):
         self.assertIn("Idempotency-Key", [p["name"] for p in params])
 
     def test_9_the_package_exports_what_its_readme_uses(self):
-        for name in ("Warden", "AsyncWarden", "Text", "Done", "TurnFailed", "WardenError"):
+        for name in (
+            "Warden",
+            "AsyncWarden",
+            "Text",
+            "Done",
+            "TurnFailed",
+            "WardenError",
+            "IdempotencyKeyReused",
+        ):
             self.assertTrue(hasattr(warden_client, name), name)
 
 

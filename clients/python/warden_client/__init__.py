@@ -13,6 +13,7 @@ from ._client import AsyncTurn, AsyncWarden, Turn, Warden
 from ._errors import (
     Conflict,
     ConnectionLost,
+    IdempotencyKeyReused,
     InvalidRequest,
     NotFound,
     TurnFailed,
@@ -43,6 +44,7 @@ __all__ = [
     "Continuing",
     "Done",
     "Error",
+    "IdempotencyKeyReused",
     "InvalidRequest",
     "LifecycleEvent",
     "NotFound",

@@ -34,6 +34,13 @@ class InvalidRequest(WardenError):
     again will not help."""
 
 
+class IdempotencyKeyReused(InvalidRequest):
+    """422 ``idempotency_key_reused``: the ``idempotency_key`` was first sent
+    with another message, model or agent (its turn is ``body["id"]``);
+    nothing was sent. A key names one message: send a new message with a
+    new key."""
+
+
 class Unauthorized(WardenError):
     """401: no token, or the wrong one."""
 
@@ -93,6 +100,12 @@ _BY_STATUS = {
 }
 
 
+#: Error types with a class of their own (a subclass of their status's).
+_BY_TYPE = {
+    "idempotency_key_reused": IdempotencyKeyReused,
+}
+
+
 def error_from(response: httpx.Response, body: bytes) -> WardenError:
     """The typed error of an error answer (its body already read)."""
     import json
@@ -109,7 +122,9 @@ def error_from(response: httpx.Response, body: bytes) -> WardenError:
             retry_after = float(header)
         except ValueError:
             retry_after = None
-    cls = _BY_STATUS.get(response.status_code, WardenError)
+    cls = _BY_TYPE.get(str(error.get("type")))
+    if cls is None:
+        cls = _BY_STATUS.get(response.status_code, WardenError)
     return cls(
         response.status_code,
         str(error.get("type", "unknown")),

@@ -892,7 +892,7 @@ export interface operations {
         parameters: {
             query?: never;
             header?: {
-                /** @description A key the client chose for this message (a UUID). A request repeating a key of the same session while its turn is kept gets that turn (`Idempotent-Replayed: true`), not a second one; its id is derived from session and key, so it is the same after a restart or on another node */
+                /** @description A key the client chose for this message (a UUID), sent once. A request repeating a key of the same session while its turn is kept gets that turn (`Idempotent-Replayed: true`), not a second one, if it has the same `message`, `model` and `agent` (each as sent; a turn stored without them, by an older server, is answered whatever they are); with others it is a 422 `idempotency_key_reused`. The turn's id is derived from session and key, so it is the same after a restart or on another node */
                 "Idempotency-Key"?: string;
             };
             path?: never;
@@ -926,7 +926,7 @@ export interface operations {
                     "application/json": components["schemas"]["TurnCreated"];
                 };
             };
-            /** @description `invalid_request`: bad JSON, neither or both of workspace/key. `invalid_idempotency_key`: empty, over 255 characters or not visible ASCII. `invalid_workspace`: not absolute, a NUL byte, over 4,096 bytes, not a directory (or, for an agent that runs in its workspace, not an existing one) */
+            /** @description `invalid_request`: bad JSON, neither or both of workspace/key. `invalid_idempotency_key`: empty, over 255 characters, not visible ASCII, or the header sent more than once. `invalid_workspace`: not absolute, a NUL byte, over 4,096 bytes, not a directory (or, for an agent that runs in its workspace, not an existing one) */
             400: {
                 headers: {
                     [name: string]: unknown;
@@ -971,7 +971,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description `invalid_fields`: a field missing, unknown or of the wrong type (the message names the fields a turn takes) */
+            /** @description `invalid_fields`: a field missing, unknown or of the wrong type (the message names the fields a turn takes). `idempotency_key_reused`: the Idempotency-Key named turn `id` of this session, sent with another `message`, `model` or `agent`; nothing was sent (use a new key for a new message) */
             422: {
                 headers: {
                     [name: string]: unknown;

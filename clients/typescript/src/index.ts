@@ -77,6 +77,12 @@ export class WardenError extends Error {
 }
 /** 400, 413, 415, 422: the request is wrong. */
 export class InvalidRequest extends WardenError {}
+/**
+ * 422 `idempotency_key_reused`: the `idempotencyKey` was first sent with
+ * another message, model or agent (its turn is `body.id`); nothing was sent.
+ * A key names one message: send a new message with a new key.
+ */
+export class IdempotencyKeyReused extends InvalidRequest {}
 /** 401: no token or the wrong one. */
 export class Unauthorized extends WardenError {}
 /** 404: no such turn, session or route. */
@@ -114,6 +120,9 @@ const BY_STATUS: Record<number, typeof WardenError> = {
   503: Unavailable,
 };
 
+/** Error types with a class of their own (a subclass of their status's). */
+const BY_TYPE = new Map<string, typeof WardenError>([["idempotency_key_reused", IdempotencyKeyReused]]);
+
 async function errorFrom(response: Response): Promise<WardenError> {
   const text = await response.text();
   let error: Record<string, unknown> = {};
@@ -125,7 +134,7 @@ async function errorFrom(response: Response): Promise<WardenError> {
   }
   const header = response.headers.get("retry-after");
   const retryAfter = header !== null && !Number.isNaN(Number(header)) ? Number(header) : null;
-  const Kind = BY_STATUS[response.status] ?? WardenError;
+  const Kind = BY_TYPE.get(String(error.type)) ?? BY_STATUS[response.status] ?? WardenError;
   return new Kind(
     response.status,
     String(error.type ?? "unknown"),

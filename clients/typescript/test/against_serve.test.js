@@ -8,7 +8,15 @@
 import assert from "node:assert/strict";
 import { test } from "node:test";
 
-import { Conflict, InvalidRequest, NotFound, TurnFailed, Unauthorized, Warden } from "../dist/index.js";
+import {
+  Conflict,
+  IdempotencyKeyReused,
+  InvalidRequest,
+  NotFound,
+  TurnFailed,
+  Unauthorized,
+  Warden,
+} from "../dist/index.js";
 
 const { WARDEN_URL, WARDEN_FLAKY_URL, WARDEN_TOKEN, WARDEN_WORKSPACE } = process.env;
 
@@ -107,6 +115,16 @@ test("a send repeated with its idempotency key gets the same turn", async () => 
   const first = await w.send("once", { key: "idem-ts", idempotencyKey: "ts-order-1" });
   const again = await w.send("once", { key: "idem-ts", idempotencyKey: "ts-order-1" });
   assert.equal(again.id, first.id);
+  // The key with another message: refused, typed, nothing sent.
+  await assert.rejects(
+    w.send("twice", { key: "idem-ts", idempotencyKey: "ts-order-1" }),
+    (e) =>
+      e instanceof IdempotencyKeyReused &&
+      e instanceof InvalidRequest &&
+      e.status === 422 &&
+      e.type === "idempotency_key_reused" &&
+      e.body.id === first.id,
+  );
   assert.equal((await first.result()).text, reply("once"));
   const other = await w.send("once", { key: "idem-ts" });
   assert.notEqual(other.id, first.id, "without the key, another turn");

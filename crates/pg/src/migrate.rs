@@ -91,6 +91,14 @@ pub const MIGRATIONS: &[(i32, &str)] = &[
                   ELSE false END) STORED;
      CREATE INDEX warden_sessions_waiting ON warden_sessions (key) WHERE waiting;",
     ),
+    (
+        // The fingerprint of the request that sent a keyed turn's message
+        // (its message, model and agent): the same Idempotency-Key with
+        // another body is refused on any node. NULL (every turn stored
+        // before, and turns sent without a key): unknown.
+        6,
+        "ALTER TABLE warden_turns ADD COLUMN request_fingerprint TEXT;",
+    ),
 ];
 
 /// An arbitrary constant naming warden's migration lock.

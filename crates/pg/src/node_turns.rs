@@ -39,8 +39,20 @@ impl TurnStore for NodeTurns {
         key: &'a SessionKey,
         message_id: u64,
         id: &'a str,
+        fingerprint: Option<&'a str>,
     ) -> BoxFuture<'a, Result<StoredTurn, TurnStoreError>> {
         Box::pin(async move {
+            // A keyed turn: opened with its fingerprint in one statement,
+            // under the lease the node holds. A lease it lost meanwhile
+            // goes to the node's own `open_turn`, which reports it lost as
+            // for every write.
+            if let (Some(fp), Some(lease)) = (fingerprint, self.node.lease_of(key)) {
+                let pg = self.node.pg();
+                match pg.open_keyed_turn(&lease, message_id, id, Some(fp)).await {
+                    Err(StoreError::LeaseLost { .. }) => {}
+                    opened => return opened.map_err(turn_error),
+                }
+            }
             let turn = self.node.open_turn(key, message_id, id).await;
             turn.map_err(turn_error)
         })

@@ -5,11 +5,12 @@
 //!
 //! A turn is a row of `warden_turns` (its id, its session and the message
 //! it answers: one turn per message) and its events rows of
-//! `warden_turn_events` numbered from 1. Every write goes through the
-//! session's fence in the same statement, like a record's: the lease row
-//! is read `FOR SHARE`, so a takeover (which updates that row) waits for
-//! an append in flight, and once it has committed no append of the old
-//! epoch can land. The new owner reads the log after its takeover and
+//! `warden_turn_events` numbered from 1; a turn sent with an idempotency
+//! key keeps its request's fingerprint (`request_fingerprint`, NULL when
+//! unknown). Every write goes through the session's fence in the same
+//! statement, like a record's: the lease row is read `FOR SHARE`, so a
+//! takeover (which updates that row) waits for an append in flight, and
+//! once it has committed no append of the old epoch can land. The new owner reads the log after its takeover and
 //! numbers on from its last event: two owners never write the same number.
 //!
 //! Events carry text the model wrote: the database's access control is
@@ -55,15 +56,30 @@ impl PgStore {
         message_id: u64,
         id: &str,
     ) -> Result<StoredTurn, StoreError> {
+        self.open_keyed_turn(lease, message_id, id, None).await
+    }
+
+    /// [`open_turn`](Self::open_turn), keeping `fingerprint` (the
+    /// request's: [`StoredTurn::fingerprint`]) with a turn that has none
+    /// yet, in the same statement; a stored one is never replaced.
+    pub async fn open_keyed_turn(
+        &self,
+        lease: &Lease,
+        message_id: u64,
+        id: &str,
+        fingerprint: Option<&str>,
+    ) -> Result<StoredTurn, StoreError> {
         let client = self.client().await?;
         let row = client
             .query_opt(
                 &format!(
                     "WITH {FENCE} \
-                     INSERT INTO warden_turns (id, key, message_id) \
-                     SELECT $4, $1, $5 WHERE EXISTS (SELECT 1 FROM fence) \
-                     ON CONFLICT (key, message_id) DO UPDATE SET updated_at = now() \
-                     RETURNING id, ended, xmax = 0"
+                     INSERT INTO warden_turns (id, key, message_id, request_fingerprint) \
+                     SELECT $4, $1, $5, $6 WHERE EXISTS (SELECT 1 FROM fence) \
+                     ON CONFLICT (key, message_id) DO UPDATE SET updated_at = now(), \
+                       request_fingerprint = COALESCE(warden_turns.request_fingerprint, \
+                                                      EXCLUDED.request_fingerprint) \
+                     RETURNING id, ended, xmax = 0, request_fingerprint"
                 ),
                 &[
                     &lease.key,
@@ -71,6 +87,7 @@ impl PgStore {
                     &to_db(lease.epoch),
                     &id,
                     &to_db(message_id),
+                    &fingerprint,
                 ],
             )
             .await
@@ -87,13 +104,14 @@ impl PgStore {
         // transaction has updated) has no events yet: no second round trip
         // for the common case, a new turn.
         let inserted: bool = row.get(2);
+        let fingerprint: Option<String> = row.get(3);
         let events = if inserted {
             Vec::new()
         } else {
             self.turn_events(&client, &id, 0).await?
         };
         let key = SessionKey::new(lease.key.clone());
-        Ok(StoredTurn::new(id, key, message_id, events, ended))
+        Ok(StoredTurn::new(id, key, message_id, events, ended).with_fingerprint(fingerprint))
     }
 
     /// Appends `events` to turn `id` of `lease`'s session, through the
@@ -164,7 +182,8 @@ impl PgStore {
         // `ended` first: if it is set, every event is already there.
         let Some(row) = client
             .query_opt(
-                "SELECT key, message_id, ended FROM warden_turns WHERE id = $1",
+                "SELECT key, message_id, ended, request_fingerprint FROM warden_turns \
+                 WHERE id = $1",
                 &[&id],
             )
             .await
@@ -175,7 +194,8 @@ impl PgStore {
         let events = self.turn_events(&client, id, after).await?;
         let key = SessionKey::new(row.get::<_, String>(0));
         let (message_id, ended) = (from_db(row.get(1)), row.get(2));
-        Ok(Some(StoredTurn::new(id, key, message_id, events, ended)))
+        let turn = StoredTurn::new(id, key, message_id, events, ended);
+        Ok(Some(turn.with_fingerprint(row.get(3))))
     }
 
     /// The newest `limit` turns of `key`, newest first, each with its last

@@ -97,6 +97,23 @@ pub(crate) fn gone() -> ApiError {
     )
 }
 
+/// 422 `idempotency_key_reused`: the request's Idempotency-Key named turn
+/// `id` of session `key`, sent with another message, model or agent; nothing
+/// was sent (as Stripe, and the IETF idempotency-key draft, answer it).
+pub(crate) fn idempotency_key_reused(id: &str, key: &SessionKey) -> ApiError {
+    ApiError::new(
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "idempotency_key_reused",
+        format!(
+            "this Idempotency-Key was first sent to session {} with another message, model or \
+             agent (turn {id}); a key names one message: nothing was sent. Send a new message \
+             with a new key",
+            key.as_str()
+        ),
+    )
+    .with("id", json!(id))
+}
+
 /// 503 with `Retry-After`: the session runs on another node (or, when its
 /// workspace is not on this node and its owner is gone, nowhere yet).
 pub(crate) fn elsewhere(key: &SessionKey, e: Elsewhere) -> ApiError {

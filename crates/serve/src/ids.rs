@@ -2,7 +2,9 @@
 //! (`turn_<node in hex>_<random>`), so any node knows where to ask for it.
 //! A turn sent with an idempotency key gets an id derived from its session
 //! and key (`turn_<32 hex digits>`), the same on every node and after a
-//! restart, so a retried request finds it.
+//! restart, so a retried request finds it; the turn keeps its request's
+//! fingerprint, so a request repeating the key with another body is told
+//! apart from a retry.
 
 use sha2::{Digest, Sha256};
 use warden_core::SessionKey;
@@ -18,6 +20,33 @@ pub(crate) fn idempotent_turn_id(key: &SessionKey, idempotency_key: &str) -> Str
     let digest = hash.finalize();
     let hex: String = digest.iter().take(16).map(|b| format!("{b:02x}")).collect();
     format!("turn_{hex}")
+}
+
+/// The fingerprint of a `POST /v1/turns` with an idempotency key: SHA-256
+/// over its `message`, `model` and `agent` as the body gives them (an
+/// absent field differs from every given one, an empty one included), in
+/// hex. Each field is length-prefixed, so no two bodies share one. Stable
+/// across builds, platforms and nodes: it is stored with the turn
+/// ([`StoredTurn::fingerprint`](warden_core::store::StoredTurn)) and
+/// compared after a restart or on another node.
+pub(crate) fn request_fingerprint(
+    message: &str,
+    model: Option<&str>,
+    agent: Option<&str>,
+) -> String {
+    let mut hash = Sha256::new();
+    hash.update(b"warden-turn-request-v1");
+    for field in [Some(message), model, agent] {
+        match field {
+            None => hash.update([0u8]),
+            Some(text) => {
+                hash.update([1u8]);
+                hash.update((text.len() as u64).to_be_bytes());
+                hash.update(text.as_bytes());
+            }
+        }
+    }
+    hash.finalize().iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// A turn id naming `node`: `turn_<node in hex>_<16 hex digits>`.
@@ -81,6 +110,37 @@ mod tests {
         assert_eq!(
             idempotent_turn_id(&a, "k1"),
             "turn_fb97f2ca0918a2711297b0359b49adeb"
+        );
+    }
+
+    #[test]
+    fn a_request_fingerprint_tells_every_field_apart() {
+        let fp = request_fingerprint("hello", None, None);
+        assert_eq!(fp, request_fingerprint("hello", None, None));
+        assert_eq!(fp.len(), 64, "{fp}");
+        let others = [
+            request_fingerprint("hello!", None, None),
+            request_fingerprint("hello", Some("m"), None),
+            request_fingerprint("hello", Some(""), None),
+            request_fingerprint("hello", None, Some("openai")),
+            request_fingerprint("hello", None, Some("")),
+            // A model and an agent of the same text are different fields.
+            request_fingerprint("hello", Some("x"), None),
+            request_fingerprint("hello", None, Some("x")),
+            // The lengths keep ("ab", "c") and ("a", "bc") apart.
+            request_fingerprint("ab", Some("c"), None),
+            request_fingerprint("a", Some("bc"), None),
+        ];
+        let mut all: Vec<&String> = others.iter().collect();
+        all.push(&fp);
+        let distinct: std::collections::HashSet<_> = all.iter().collect();
+        assert_eq!(distinct.len(), all.len(), "{all:#?}");
+        // Stable across builds and platforms: stored, and compared after a
+        // restart or on another node (SHA-256 of the tag, then 1, the
+        // length in 8 bytes big-endian and "hello", then 0 and 0).
+        assert_eq!(
+            fp,
+            "f4fe410fddd46ba49291d8f725ec626ee116493a5dafb0165d0efa06cda5ac9a"
         );
     }
 }

@@ -102,7 +102,7 @@ pub(crate) fn document() -> Value {
                 "parameters": [
                     {"name": "Idempotency-Key", "in": "header", "required": false,
                      "schema": {"type": "string", "minLength": 1, "maxLength": 255, "pattern": "^[!-~]+$"},
-                     "description": "A key the client chose for this message (a UUID). A request repeating a key of the same session while its turn is kept gets that turn (`Idempotent-Replayed: true`), not a second one; its id is derived from session and key, so it is the same after a restart or on another node"}
+                     "description": "A key the client chose for this message (a UUID), sent once. A request repeating a key of the same session while its turn is kept gets that turn (`Idempotent-Replayed: true`), not a second one, if it has the same `message`, `model` and `agent` (each as sent; a turn stored without them, by an older server, is answered whatever they are); with others it is a 422 `idempotency_key_reused`. The turn's id is derived from session and key, so it is the same after a restart or on another node"}
                 ],
                 "requestBody": {"required": true, "content": {"application/json": {"schema": {"$ref": "#/components/schemas/NewTurn"}}}},
                 "responses": {
@@ -111,12 +111,12 @@ pub(crate) fn document() -> Value {
                                     "X-Warden-Turn-Id": {"schema": {"type": "string"}, "description": "The turn's id"}},
                         "content": {"application/json": {"schema": schema("TurnCreated")}}},
                     "200": sse("With `Accept: text/event-stream`: the turn's events"),
-                    "400": err("`invalid_request`: bad JSON, neither or both of workspace/key. `invalid_idempotency_key`: empty, over 255 characters or not visible ASCII. `invalid_workspace`: not absolute, a NUL byte, over 4,096 bytes, not a directory (or, for an agent that runs in its workspace, not an existing one)"),
+                    "400": err("`invalid_request`: bad JSON, neither or both of workspace/key. `invalid_idempotency_key`: empty, over 255 characters, not visible ASCII, or the header sent more than once. `invalid_workspace`: not absolute, a NUL byte, over 4,096 bytes, not a directory (or, for an agent that runs in its workspace, not an existing one)"),
                     "401": err("No or a wrong token"),
                     "409": err("`session_failed`: the session was given up (reset it). `agent_mismatch`: `agent` names another kind than the session's (`agent`, `requested`); nothing was sent. `turn_recovering`: the Idempotency-Key's message was accepted before a restart and is being re-delivered as turn `id`; ask again after `Retry-After`"),
                     "413": err("Body over the limit (10 MiB)"),
                     "415": err("Not application/json"),
-                    "422": err("`invalid_fields`: a field missing, unknown or of the wrong type (the message names the fields a turn takes)"),
+                    "422": err("`invalid_fields`: a field missing, unknown or of the wrong type (the message names the fields a turn takes). `idempotency_key_reused`: the Idempotency-Key named turn `id` of this session, sent with another `message`, `model` or `agent`; nothing was sent (use a new key for a new message)"),
                     "503": err("`too_many_sessions`: the live-session bound is reached and every session is busy (`limit`, `Retry-After`). `unavailable`: the session's store failed (a full disk). `session_elsewhere` (cluster): another node runs the session and the request was already forwarded once, or its owner cannot be reached; `Retry-After`, `owner`, `advertise`. `database_unreachable` (cluster): this node cannot reach the cluster's database; ask another node or after `Retry-After`")
                 }
             }},

@@ -39,6 +39,9 @@ const READ_BATCH: usize = 256;
 #[derive(Debug)]
 pub(crate) struct TurnLog {
     pub(crate) key: SessionKey,
+    /// The fingerprint of the request that sent it (with an idempotency
+    /// key: [`StoredTurn::fingerprint`]), if known.
+    pub(crate) fingerprint: Option<String>,
     events: Mutex<Vec<ServeEvent>>,
     /// The number of events so far; `ended` once the last one is in (or
     /// the turn moved to another node: no more events here).
@@ -114,6 +117,7 @@ impl Drop for Reader {
 impl TurnLog {
     fn new(
         key: SessionKey,
+        fingerprint: Option<String>,
         canceller: TurnCanceller,
         events: Vec<ServeEvent>,
         slow_reader_grace: Duration,
@@ -121,6 +125,7 @@ impl TurnLog {
         let (changed, _) = watch::channel((events.len(), false));
         Self {
             key,
+            fingerprint,
             events: Mutex::new(events),
             changed,
             canceller,
@@ -357,32 +362,40 @@ impl Turns {
     }
 
     /// Registers `turn` of session `key` under `named` (the id its
-    /// idempotency key names) or a new id (or, with a store, the id its
-    /// message already has) and starts pumping its events into its log;
-    /// the log is forgotten `keep` after the turn ends. A recovered turn
-    /// comes with its `continue_from` port: the text an earlier node
-    /// streamed of it is offered there.
+    /// idempotency key names, and its request's fingerprint) or a new id
+    /// (or, with a store, the id its message already has) and starts
+    /// pumping its events into its log; the log is forgotten `keep` after
+    /// the turn ends. A recovered turn comes with its `continue_from`
+    /// port: the text an earlier node streamed of it is offered there.
     pub(crate) async fn start(
         self: &Arc<Self>,
         key: SessionKey,
         turn: TurnHandle,
         keep: Duration,
         node: Option<&str>,
-        named: Option<String>,
+        named: Option<Named>,
         continue_from: Option<ContinueFrom>,
     ) -> String {
-        let fresh = named.unwrap_or_else(|| crate::ids::turn_id(node));
+        let (fresh, fingerprint) = match named {
+            Some(Named { id, fingerprint }) => (id, fingerprint),
+            None => (crate::ids::turn_id(node), None),
+        };
         let message_id = turn.canceller().turn();
         let stored = match &self.store {
-            Some(store) => open(store.as_ref(), &key, message_id, &fresh).await,
+            Some(store) => {
+                let fp = fingerprint.as_deref();
+                open(store.as_ref(), &key, message_id, &fresh, fp).await
+            }
             None => None,
         };
-        let (id, events) = match &stored {
-            Some(t) => (t.id.clone(), t.events.clone()),
-            None => (fresh, Vec::new()),
+        // A stored turn's fingerprint is its first request's.
+        let (id, events, fingerprint) = match &stored {
+            Some(t) => (t.id.clone(), t.events.clone(), t.fingerprint.clone()),
+            None => (fresh, Vec::new(), fingerprint),
         };
         let log = Arc::new(TurnLog::new(
             key.clone(),
+            fingerprint,
             turn.canceller(),
             events,
             self.slow_reader_grace,
@@ -491,10 +504,13 @@ impl Turns {
                     ..
                 } = turn;
                 // Under the id its key names, as when it was sent: a client
-                // retrying its request finds it.
-                let named = idempotency_key
-                    .as_deref()
-                    .map(|k| crate::ids::idempotent_turn_id(&key, k));
+                // retrying its request finds it. Its request's fingerprint
+                // is the one its stored log has (none if the crash came
+                // before the log was opened: unknown).
+                let named = idempotency_key.as_deref().map(|k| Named {
+                    id: crate::ids::idempotent_turn_id(&key, k),
+                    fingerprint: None,
+                });
                 let id = turns
                     .start(
                         key.clone(),
@@ -509,6 +525,13 @@ impl Turns {
             }
         });
     }
+}
+
+/// The id a turn's idempotency key names, and the fingerprint of the
+/// request that sent it ([`StoredTurn::fingerprint`]; `None`: unknown).
+pub(crate) struct Named {
+    pub(crate) id: String,
+    pub(crate) fingerprint: Option<String>,
 }
 
 /// A request's hold on a turn id ([`Turns::claim`]), let go when dropped.
@@ -568,10 +591,11 @@ async fn open(
     key: &SessionKey,
     message_id: u64,
     id: &str,
+    fingerprint: Option<&str>,
 ) -> Option<StoredTurn> {
     let policy = store_retry();
     for attempt in 1..=policy.max_attempts {
-        match store.open(key, message_id, id).await {
+        match store.open(key, message_id, id, fingerprint).await {
             Ok(t) => return Some(t),
             Err(TurnStoreError::Moved(why)) => {
                 tracing::warn!(session = %key, %why, "the session moved before its turn was stored");
@@ -822,6 +846,7 @@ mod tests {
             _: &'a SessionKey,
             _: u64,
             _: &'a str,
+            _: Option<&'a str>,
         ) -> BoxFuture<'a, Result<StoredTurn, TurnStoreError>> {
             Box::pin(async { Err(TurnStoreError::Failed("down".into())) })
         }

@@ -946,6 +946,56 @@ async fn lifecycle_events_are_replayed_after_last_event_id() {
     assert_eq!(bad.status(), 400);
 }
 
+/// A fresh (or just restarted) server keeps no lifecycle event yet; a
+/// client that reconnects with an id it cannot place (one of an earlier
+/// run, 0, the largest) is told so once, then follows the live events.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lifecycle_reader_the_server_cannot_place_is_reset_once_then_follows_live_events() {
+    let s = server().await;
+    for last in ["0", "1", &u64::MAX.to_string()] {
+        let response = s
+            .client
+            .get(format!("{}/v1/events", s.base))
+            .bearer_auth(TOKEN)
+            .header("last-event-id", last)
+            .send()
+            .await
+            .expect("get events");
+        assert_eq!(response.status(), 200);
+        let mut body = response.bytes_stream();
+        // Whatever the server sends within half a second of quiet.
+        let mut text = String::new();
+        let quiet = tokio::time::sleep(Duration::from_millis(500));
+        tokio::pin!(quiet);
+        loop {
+            tokio::select! {
+                chunk = body.next() => {
+                    let chunk = chunk.expect("the stream stays open").expect("chunk");
+                    text.push_str(&String::from_utf8_lossy(&chunk));
+                    assert!(text.len() < 64 * 1024, "a stream of resets: {} bytes, {}…", text.len(), &text[..200]);
+                }
+                () = &mut quiet => break,
+            }
+        }
+        assert_eq!(
+            text.matches("event: reset").count(),
+            1,
+            "one reset for id {last}: {text}"
+        );
+        // Then the live events, on the same connection.
+        let finished = text.matches("event: turn_finished").count();
+        s.answer(&format!("placed-{}", last.len()), "ok").await;
+        while text.matches("event: turn_finished").count() == finished {
+            let chunk = within("a live event after the reset", body.next())
+                .await
+                .expect("the stream goes on")
+                .expect("chunk");
+            text.push_str(&String::from_utf8_lossy(&chunk));
+        }
+        assert_eq!(text.matches("event: reset").count(), 1, "{text}");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sessions_recent_turns_are_listed_with_their_outcome() {
     let s = server().await;

@@ -22,7 +22,7 @@ async fn a_turn_log_keeps_its_id_and_events_across_a_reopen() {
     {
         let store = SledStore::open(dir.path()).expect("open");
         let turns = store.turns().expect("turns");
-        let opened = turns.open(&key, 1, "turn_a").await.expect("open");
+        let opened = turns.open(&key, 1, "turn_a", None).await.expect("open");
         assert_eq!(opened.id, "turn_a");
         assert!(opened.events.is_empty() && !opened.ended);
         turns
@@ -30,11 +30,11 @@ async fn a_turn_log_keeps_its_id_and_events_across_a_reopen() {
             .await
             .expect("append");
         // The same message again (a re-delivery): the same turn.
-        let again = turns.open(&key, 1, "turn_b").await.expect("open");
+        let again = turns.open(&key, 1, "turn_b", None).await.expect("open");
         assert_eq!(again.id, "turn_a");
         assert_eq!(again.events.len(), 2);
         // Another message: another turn.
-        let other = turns.open(&key, 2, "turn_c").await.expect("open");
+        let other = turns.open(&key, 2, "turn_c", None).await.expect("open");
         assert_eq!(other.id, "turn_c");
     }
     // Closed and reopened, as after a restart.
@@ -80,19 +80,19 @@ async fn finished_logs_expire_and_unfinished_ones_stay() {
     let store = SledStore::open(dir.path()).expect("open");
     let turns = store.turns().expect("turns");
     let key = SessionKey::new("ws");
-    turns.open(&key, 1, "finished").await.expect("open");
+    turns.open(&key, 1, "finished", None).await.expect("open");
     turns
         .append(&key, "finished", &[text(1, "x")], true)
         .await
         .expect("append");
-    turns.open(&key, 2, "running").await.expect("open");
+    turns.open(&key, 2, "running", None).await.expect("open");
     tokio::time::sleep(Duration::from_millis(20)).await;
     assert_eq!(turns.expire(Duration::from_secs(60)).expect("expire"), 0);
     assert_eq!(turns.expire(Duration::from_millis(1)).expect("expire"), 1);
     assert_eq!(turns.read("finished", 0).await.expect("read"), None);
     assert!(turns.read("running", 0).await.expect("read").is_some());
     // The message's turn is gone with it: a re-delivery opens a new log.
-    let again = turns.open(&key, 1, "fresh").await.expect("open");
+    let again = turns.open(&key, 1, "fresh", None).await.expect("open");
     assert_eq!(again.id, "fresh");
     assert!(again.events.is_empty());
 }
@@ -129,7 +129,7 @@ async fn events_acknowledged_just_before_a_crash_are_there_after_it() {
         let store = SledStore::open(dir).expect("open");
         let turns = store.turns().expect("turns");
         let key = SessionKey::new("ws");
-        turns.open(&key, 1, "turn_a").await.expect("open");
+        turns.open(&key, 1, "turn_a", None).await.expect("open");
         for n in 1..=50 {
             turns
                 .append(&key, "turn_a", &[text(n, &format!("<{n}>"))], n == 50)
@@ -230,4 +230,73 @@ async fn a_log_written_one_event_per_key_reads_the_same() {
         vec![text(5, "<5>")],
         "the last event only"
     );
+}
+
+/// A turn sent with an idempotency key keeps its request's fingerprint
+/// across a reopen (a restart, kill -9 included: it is written with the
+/// turn's entry); a re-delivery of its message, which has none, and a
+/// later open with another never replace it; an entry written before
+/// fingerprints were kept reads as unknown.
+#[tokio::test]
+async fn a_keyed_turn_keeps_the_fingerprint_of_its_first_request() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let key = SessionKey::new("ws");
+    {
+        let db = sled::open(dir.path()).expect("sled");
+        let tree = db.open_tree("turns").expect("tree");
+        tree.insert(
+            b"mws\x00\x00\x00\x00\x00\x00\x00\x00\x09",
+            b"turn_old".to_vec(),
+        )
+        .expect("insert");
+        tree.insert(
+            b"tturn_old",
+            br#"{"key":"ws","message_id":9,"ended":true,"updated_ms":1}"#.to_vec(),
+        )
+        .expect("insert");
+        db.flush().expect("flush");
+    }
+    {
+        let store = SledStore::open(dir.path()).expect("open");
+        let turns = store.turns().expect("turns");
+        let opened = turns
+            .open(&key, 1, "turn_keyed", Some("fp-first"))
+            .await
+            .expect("open");
+        assert_eq!(opened.fingerprint.as_deref(), Some("fp-first"));
+        turns
+            .append(&key, "turn_keyed", &[text(1, "x")], true)
+            .await
+            .expect("append");
+        let plain = turns.open(&key, 2, "turn_plain", None).await.expect("open");
+        assert_eq!(plain.fingerprint, None);
+    }
+    let store = SledStore::open(dir.path()).expect("reopen");
+    let turns = store.turns().expect("turns");
+    let read = turns
+        .read("turn_keyed", 0)
+        .await
+        .expect("read")
+        .expect("known");
+    assert_eq!(read.fingerprint.as_deref(), Some("fp-first"));
+    // Re-delivered (no fingerprint), then opened with another: the first.
+    for given in [None, Some("fp-other")] {
+        let again = turns.open(&key, 1, "turn_x", given).await.expect("open");
+        assert_eq!(again.id, "turn_keyed");
+        assert_eq!(again.fingerprint.as_deref(), Some("fp-first"), "{given:?}");
+    }
+    let read = turns
+        .read("turn_keyed", 0)
+        .await
+        .expect("read")
+        .expect("known");
+    assert_eq!(read.fingerprint.as_deref(), Some("fp-first"));
+    assert!(read.ended, "its events and end untouched");
+    let old = turns
+        .read("turn_old", 0)
+        .await
+        .expect("read")
+        .expect("known");
+    assert_eq!(old.fingerprint, None, "unknown, not an error");
+    assert!(old.ended);
 }

@@ -142,6 +142,13 @@ pub struct StoredTurn {
     pub events: Vec<StoredEvent>,
     /// Whether its last event is among the stored ones.
     pub ended: bool,
+    /// The fingerprint of the request that sent the turn's message (a
+    /// digest `warden-serve` makes of a keyed request's message, model and
+    /// agent, given to [`TurnStore::open`]): a request repeating its
+    /// idempotency key with another body is refused. `None`: unknown (a
+    /// turn sent without a key, re-delivered before its log was opened, or
+    /// stored by a warden that did not keep it).
+    pub fingerprint: Option<String>,
 }
 
 impl StoredTurn {
@@ -160,7 +167,15 @@ impl StoredTurn {
             message_id,
             events,
             ended,
+            fingerprint: None,
         }
+    }
+
+    /// The same, with the fingerprint of the request that sent it
+    /// ([`fingerprint`](Self::fingerprint)).
+    pub fn with_fingerprint(mut self, fingerprint: Option<String>) -> Self {
+        self.fingerprint = fingerprint;
+        self
     }
 }
 
@@ -186,11 +201,14 @@ pub trait TurnStore: Send + Sync + 'static {
     /// Opens the log of the turn answering message `message_id` of `key`,
     /// under `id` if the message has none yet; the log as stored (its id
     /// and events: those of an earlier owner for a re-delivered message).
+    /// `fingerprint` (the request's, [`StoredTurn::fingerprint`]) is kept
+    /// with a log that has none yet; a stored one is never replaced.
     fn open<'a>(
         &'a self,
         key: &'a SessionKey,
         message_id: u64,
         id: &'a str,
+        fingerprint: Option<&'a str>,
     ) -> BoxFuture<'a, Result<StoredTurn, TurnStoreError>>;
 
     /// Appends `events` to turn `id` of `key`; `ended` when its last event
@@ -212,7 +230,8 @@ pub trait TurnStore: Send + Sync + 'static {
         limit: usize,
     ) -> BoxFuture<'a, Result<Vec<StoredTurn>, TurnStoreError>>;
 
-    /// Turn `id` with its events after number `after`; `None` if unknown.
+    /// Turn `id` with its events after number `after` (and its
+    /// [`fingerprint`](StoredTurn::fingerprint)); `None` if unknown.
     fn read<'a>(
         &'a self,
         id: &'a str,

@@ -7,12 +7,13 @@ use axum::http::{HeaderMap, Method, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 use serde_json::json;
-use warden_core::{SendOptions, SessionKey, Supervisor, TurnHandle};
+use warden_core::{PendingMessage, SendOptions, SessionKey, Supervisor, TurnHandle};
 
 use crate::cluster::{Cluster, Placed};
-use crate::error::{ApiError, bad_session, gone};
+use crate::error::{ApiError, bad_session, gone, idempotency_key_reused};
 use crate::sse;
 use crate::state::AppState;
+use crate::turns::Named;
 
 /// The body of `POST /v1/turns`.
 #[derive(Debug, Deserialize, serde::Serialize)]
@@ -110,14 +111,20 @@ pub(crate) async fn create_turn(
     let must_exist = state.config.workspaces_must_exist && state.config.placement.is_none();
     let target = Target::parse(&new, &state.supervisor, must_exist)?;
     let idempotency = idempotency_key(&headers)?;
+    // What a request repeating the key must repeat: its message, model and
+    // agent (a retry); another body is refused, never answered with the
+    // first one's turn.
+    let fingerprint = idempotency.as_ref().map(|_| {
+        crate::ids::request_fingerprint(&new.message, new.model.as_deref(), new.agent.as_deref())
+    });
     // On a cluster node, a retry of a turn the cluster's store knows is
     // answered here, even while the session's owner cannot be reached. (A
     // single node answers it below, under the key's claim: one lookup.)
-    if let Some(k) = &idempotency
+    if let (Some(k), Some(fp)) = (&idempotency, &fingerprint)
         && cluster.placement().is_some()
     {
         let id = crate::ids::idempotent_turn_id(target.key(), k);
-        if let Some(answer) = replay(&state, &id, target.key(), &headers).await? {
+        if let Some(answer) = replay(&state, &id, target.key(), &headers, fp).await? {
             return Ok(answer);
         }
     }
@@ -125,38 +132,30 @@ pub(crate) async fn create_turn(
     if let Placed::Forwarded(answer) = cluster.place_turn(target.key(), &new).await? {
         return Ok(answer);
     }
-    if let (Some(asked), Some(runs)) = (&new.agent, &state.config.agent)
-        && asked != runs
-    {
-        return Err(ApiError::new(
-            StatusCode::CONFLICT,
-            "agent_mismatch",
-            format!(
-                "session {} runs the {runs} agent (every session of this server does); a turn \
-                 cannot switch it to {asked}, and nothing was sent. Send it to a server running \
-                 {asked}, or drop `agent` to use {runs}",
-                target.key().as_str()
-            ),
-        )
-        .with("agent", json!(runs))
-        .with("requested", json!(asked)));
-    }
+    let model = new.model.clone().filter(|m| !m.trim().is_empty());
     let mut options = SendOptions::default();
-    if let Some(model) = new.model.clone().filter(|m| !m.trim().is_empty()) {
+    if let Some(model) = model.clone() {
         options = options.with_model(model);
     }
     let key = target.key().clone();
     // A retried request with the key of a turn already sent gets that
-    // turn; requests with one key decide one after the other.
+    // turn; requests with one key decide one after the other. (Before the
+    // agent is checked, as on a cluster's entry node: a key reused with
+    // another agent is a reused key.)
     let mut named = None;
-    let _claim = match &idempotency {
-        Some(k) => {
+    let _claim = match (&idempotency, fingerprint) {
+        (Some(k), Some(fp)) => {
             let id = crate::ids::idempotent_turn_id(&key, k);
             let claim = state.turns.claim(&id).await;
-            if let Some(answer) = replay(&state, &id, &key, &headers).await? {
+            if let Some(answer) = replay(&state, &id, &key, &headers, &fp).await? {
                 return Ok(answer);
             }
-            if accepted_not_relayed(&state, &key, k).await? {
+            if let Some(waiting) = accepted_not_relayed(&state, &key, k).await? {
+                // The message and model stored with it must be the
+                // request's (its agent is not stored: not compared here).
+                if waiting.text != new.message || waiting.model != model {
+                    return Err(idempotency_key_reused(&id, &key));
+                }
                 return Err(ApiError::new(
                     StatusCode::CONFLICT,
                     "turn_recovering",
@@ -170,11 +169,30 @@ pub(crate) async fn create_turn(
                 .retry_after(1));
             }
             options = options.with_idempotency_key(k.clone());
-            named = Some(id);
+            named = Some(Named {
+                id,
+                fingerprint: Some(fp),
+            });
             Some(claim)
         }
-        None => None,
+        _ => None,
     };
+    if let (Some(asked), Some(runs)) = (&new.agent, &state.config.agent)
+        && asked != runs
+    {
+        return Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "agent_mismatch",
+            format!(
+                "session {} runs the {runs} agent (every session of this server does); a turn \
+                 cannot switch it to {asked}, and nothing was sent. Send it to a server running \
+                 {asked}, or drop `agent` to use {runs}",
+                key.as_str()
+            ),
+        )
+        .with("agent", json!(runs))
+        .with("requested", json!(asked)));
+    }
     let handle = target.send(&state.supervisor, new.message, options).await?;
     let id = state
         .turns
@@ -198,11 +216,20 @@ pub(crate) async fn create_turn(
     Ok(accepted(&id, &key))
 }
 
-/// The `Idempotency-Key` header: 1 to 255 visible ASCII characters.
+/// The `Idempotency-Key` header: 1 to 255 visible ASCII characters, sent
+/// once (two would leave which message the request names to a guess).
 fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
-    let Some(value) = headers.get(IDEMPOTENCY_KEY) else {
+    let mut values = headers.get_all(IDEMPOTENCY_KEY).iter();
+    let Some(value) = values.next() else {
         return Ok(None);
     };
+    if values.next().is_some() {
+        return Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_idempotency_key",
+            "send one Idempotency-Key header, not several: one key names one message",
+        ));
+    }
     let bad = || {
         ApiError::new(
             StatusCode::BAD_REQUEST,
@@ -223,14 +250,22 @@ const IDEMPOTENCY_KEY: &str = "idempotency-key";
 
 /// The answer to a request whose idempotency key names turn `id` of `key`
 /// when that turn exists (kept here or in the store): the answer its first
-/// request got, marked `Idempotent-Replayed: true`.
+/// request got, marked `Idempotent-Replayed: true` — if the request is a
+/// retry of that one (its `fingerprint` the turn's, or the turn's unknown:
+/// stored by an older warden, or re-delivered after a crash that came
+/// before its log was opened); `422 idempotency_key_reused` if not.
 async fn replay(
     state: &AppState,
     id: &str,
     key: &SessionKey,
     headers: &HeaderMap,
+    fingerprint: &str,
 ) -> Result<Option<Response>, ApiError> {
+    let another = |stored: Option<&str>| stored.is_some_and(|f| f != fingerprint);
     let mut response = if let Some(log) = state.turns.get(id) {
+        if another(log.fingerprint.as_deref()) {
+            return Err(idempotency_key_reused(id, key));
+        }
         match wants_events(headers) {
             true => sse::local(log, 0).into_response(),
             false => accepted(id, key),
@@ -240,6 +275,11 @@ async fn replay(
             .read(id, 0)
             .await
             .map_err(|e| ApiError::unavailable("unavailable", e.to_string()).retry_after(1))?;
+        if let Some(turn) = &stored
+            && another(turn.fingerprint.as_deref())
+        {
+            return Err(idempotency_key_reused(id, key));
+        }
         match (stored, wants_events(headers)) {
             (None, _) => return Ok(None),
             (Some(turn), true) => sse::stored(store.clone(), turn, 0).into_response(),
@@ -268,22 +308,22 @@ fn accepted(id: &str, key: &SessionKey) -> Response {
         .into_response()
 }
 
-/// Whether a message with idempotency key `k` waits in `key`'s stored
-/// record: accepted before a restart, its turn not relayed yet.
+/// The message with idempotency key `k` waiting in `key`'s stored record,
+/// if one does: accepted before a restart, its turn not relayed yet.
 async fn accepted_not_relayed(
     state: &AppState,
     key: &SessionKey,
     k: &str,
-) -> Result<bool, ApiError> {
+) -> Result<Option<PendingMessage>, ApiError> {
     let record = state
         .supervisor
         .stored(key)
         .await
         .map_err(|e| ApiError::unavailable("unavailable", e.to_string()).retry_after(1))?;
-    Ok(record.is_some_and(|r| {
+    Ok(record.and_then(|r| {
         r.pending
-            .iter()
-            .any(|p| p.idempotency_key.as_deref() == Some(k))
+            .into_iter()
+            .find(|p| p.idempotency_key.as_deref() == Some(k))
     }))
 }
 
