@@ -67,6 +67,7 @@ pub(crate) async fn run(args: SessionsArgs) -> Result<Exit, CliError> {
             eprintln!("warden: skipped a record: {e}");
         }
     }
+    report_turn_log_damage(&dir);
     let mut records: Vec<&SessionRecord> = records.iter().filter_map(|r| r.as_ref().ok()).collect();
     records.sort_by_key(|r| std::cmp::Reverse(r.last_active_ms));
     if args.json {
@@ -137,6 +138,7 @@ fn repair(dir: &Path) -> Result<Exit, CliError> {
     for recovery in &report.recoveries {
         eprintln!("warden: {recovery}");
     }
+    report_turn_log_damage(dir);
     for key in &report.kept_newer {
         eprintln!("warden: kept {key:?} as is: written by a newer warden");
     }
@@ -159,6 +161,49 @@ fn repair(dir: &Path) -> Result<Exit, CliError> {
     } else {
         Exit::Failure
     })
+}
+
+/// Tells, on stderr, of every damaged turn log `warden serve` found in
+/// `dir`'s database (see `SledStore::turn_log_damage`): the file kept
+/// aside, what was skipped, the turns it cost.
+fn report_turn_log_damage(dir: &Path) {
+    let found = match SledStore::turn_log_damage(&dir.join(paths::DATABASE)) {
+        Ok(found) => found,
+        Err(e) => {
+            eprintln!("warden: cannot read the turn logs' damage reports: {e}");
+            return;
+        }
+    };
+    for d in found {
+        let when = timestamp(d.found_ms);
+        eprintln!(
+            "warden: damaged turn log {} (found {when}): {} bytes skipped, {} intact records kept; {} turn(s) ended with {}{}{}",
+            d.file.display(),
+            d.skipped_bytes,
+            d.intact_records,
+            d.turns_ended.len(),
+            warden_store::TURN_LOG_DAMAGED,
+            list(&d.turns_ended),
+            if d.turns_missing_events.is_empty() {
+                String::new()
+            } else {
+                format!(
+                    "; {} turn(s) miss events{}",
+                    d.turns_missing_events.len(),
+                    list(&d.turns_missing_events)
+                )
+            },
+        );
+    }
+}
+
+/// `: a, b, c` (or nothing for none).
+fn list(ids: &[String]) -> String {
+    if ids.is_empty() {
+        String::new()
+    } else {
+        format!(": {}", ids.join(", "))
+    }
 }
 
 /// `20261203T093210Z`: an RFC 3339 UTC time without the separators, safe

@@ -80,7 +80,7 @@ mod wal;
 
 pub use recovery::Recovery;
 pub use salvage::{SalvageError, SalvageReport, Unreadable};
-pub use turns::SledTurns;
+pub use turns::{SledTurns, TURN_LOG_DAMAGED, TurnLogDamage};
 
 /// The sled tree holding session records.
 const TREE: &str = "sessions";

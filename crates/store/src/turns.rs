@@ -9,7 +9,9 @@
 //! - `m` + session key + `0x00` + message id (big-endian): the turn id
 //!   answering that message (one turn per message);
 //! - `t` + turn id: the turn (`{"key", "message_id", "ended",
-//!   "updated_ms"}`, JSON);
+//!   "updated_ms"}`, JSON, and `"fingerprint"` when the request that sent
+//!   it had an idempotency key: [`StoredTurn::fingerprint`]; an entry
+//!   written before it was kept has none, which reads as unknown);
 //! - `e` + turn id + `0x00` + number of its first event (big-endian): one
 //!   appended batch of events (`[{"id", "kind", "data"}, …]`, JSON); a
 //!   database written before batches were stored whole holds one event per
@@ -41,7 +43,11 @@ use warden_core::SessionKey;
 use warden_core::store::{StoredEvent, StoredTurn, TurnStore, TurnStoreError};
 
 use crate::wal::{self, Op, Wal};
+
+mod lost;
+
 use crate::{SledStore, describe};
+pub use lost::{TURN_LOG_DAMAGED, TurnLogDamage};
 
 /// The sled tree holding the turn logs.
 const TREE: &str = "turns";
@@ -75,11 +81,11 @@ impl SledStore {
             .db
             .open_tree(TREE)
             .map_err(|e| crate::backend(describe(&e)))?;
-        let (wal, replayed) =
+        let (wal, replay) =
             Wal::open(&self.path.join(wal::DIR), tree.clone()).map_err(crate::backend)?;
-        if replayed > 0 {
+        if replay.records > 0 {
             tracing::info!(
-                batches = replayed,
+                batches = replay.records,
                 "turn log batches replayed from the write-ahead log"
             );
         }
@@ -87,6 +93,12 @@ impl SledStore {
             tree,
             wal: Arc::new(wal),
         };
+        // Before any session runs: every unended turn is either re-run
+        // (its message pending) or ended here.
+        let lost = turns
+            .end_lost_turns(self, !replay.damaged.is_empty())
+            .map_err(crate::backend)?;
+        lost::report(&replay, &lost);
         *cached = Some(turns.clone());
         Ok(turns)
     }
@@ -142,13 +154,17 @@ struct Meta {
     message_id: u64,
     ended: bool,
     updated_ms: u64,
+    /// The fingerprint of the request that sent it, if known.
+    fingerprint: Option<String>,
 }
 
 impl Meta {
     fn encode(&self) -> Vec<u8> {
-        json!({"key": self.key, "message_id": self.message_id, "ended": self.ended, "updated_ms": self.updated_ms})
-            .to_string()
-            .into_bytes()
+        let mut v = json!({"key": self.key, "message_id": self.message_id, "ended": self.ended, "updated_ms": self.updated_ms});
+        if let Some(f) = &self.fingerprint {
+            v["fingerprint"] = json!(f);
+        }
+        v.to_string().into_bytes()
     }
 
     fn decode(bytes: &[u8]) -> Result<Self, TurnStoreError> {
@@ -168,6 +184,11 @@ impl Meta {
             updated_ms: field("updated_ms")?
                 .as_u64()
                 .ok_or_else(|| corrupt("turn", "updated_ms"))?,
+            // Absent (written before it was kept): unknown.
+            fingerprint: v
+                .get("fingerprint")
+                .and_then(Value::as_str)
+                .map(str::to_owned),
         })
     }
 }
@@ -307,6 +328,7 @@ impl TurnStore for SledTurns {
         key: &'a SessionKey,
         message_id: u64,
         id: &'a str,
+        fingerprint: Option<&'a str>,
     ) -> BoxFuture<'a, Result<StoredTurn, TurnStoreError>> {
         Box::pin(async move {
             let by_message = message_key(key, message_id);
@@ -320,21 +342,23 @@ impl TurnStore for SledTurns {
                 message_id,
                 ended: false,
                 updated_ms: 0,
+                fingerprint: None,
             });
             meta.updated_ms = now_ms();
+            // The first request's, never replaced (a re-delivery has none).
+            if meta.fingerprint.is_none() {
+                meta.fingerprint = fingerprint.map(str::to_owned);
+            }
             self.commit(vec![
                 Op::Insert(by_message, id.as_bytes().to_vec()),
                 Op::Insert(turn_key(&id), meta.encode()),
             ])
             .await?;
             let events = self.events(&id, 0)?;
-            Ok(StoredTurn::new(
-                id,
-                key.clone(),
-                message_id,
-                events,
-                meta.ended,
-            ))
+            Ok(
+                StoredTurn::new(id, key.clone(), message_id, events, meta.ended)
+                    .with_fingerprint(meta.fingerprint),
+            )
         })
     }
 
@@ -426,13 +450,14 @@ impl TurnStore for SledTurns {
                 return Ok(None);
             };
             let events = self.events(id, after)?;
-            Ok(Some(StoredTurn::new(
+            let turn = StoredTurn::new(
                 id,
                 SessionKey::new(meta.key),
                 meta.message_id,
                 events,
                 meta.ended,
-            )))
+            );
+            Ok(Some(turn.with_fingerprint(meta.fingerprint)))
         })
     }
 }

@@ -17,11 +17,19 @@
 //!
 //! Record: `[len: u32 LE][crc32 of payload: u32 LE][payload]`; payload: a
 //! sequence of `[1][key len: u32 LE][key][value len: u32 LE][value]`
-//! (insert) or `[0][key len: u32 LE][key]` (remove). A record that is cut
-//! short or fails its checksum (a crash mid-append) ends its file's
-//! replay; nothing after it in that file was ever acknowledged, because a
-//! failed append or sync cuts the file back to its last synced length (or,
-//! if that fails too, makes the writer move to a new file).
+//! (insert) or `[0][key len: u32 LE][key]` (remove).
+//!
+//! A crash mid-append leaves a *torn tail*: a last record cut short (or
+//! zeros where it was to be). It was never acknowledged — a failed append
+//! or sync cuts the file back to its last synced length, or, if that fails
+//! too, makes the writer move to a new file — so replay drops it without a
+//! word. Anything else that does not read is *damage* (a flipped bit, a
+//! file cut or overwritten by something other than warden): replay skips
+//! the bad bytes, finds the next intact record (its length and checksum
+//! frame it) and keeps every intact record after them; the file is then
+//! kept aside as `NNN.log.damaged`, never deleted, and [`Wal::open`]
+//! reports what was skipped ([`Damage`]) for one warning that names the
+//! turns it cost.
 
 use std::fs::{File, OpenOptions};
 use std::io::Write as _;
@@ -76,40 +84,81 @@ pub(crate) struct Wal {
     pub(crate) counters: Arc<Counters>,
 }
 
+/// What replaying one damaged log file skipped ([`Wal::open`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Damage {
+    /// Where the file is kept now (`NNN.log.damaged`).
+    pub(crate) kept_as: PathBuf,
+    /// Bytes that did not read as records, in all.
+    pub(crate) skipped_bytes: usize,
+    /// The stretches of them: `(offset, length)`.
+    pub(crate) stretches: Vec<(usize, usize)>,
+    /// The intact records replayed from the file, before and after them.
+    pub(crate) intact_records: usize,
+}
+
+/// What [`Wal::open`] replayed.
+#[derive(Debug, Default)]
+pub(crate) struct Replay {
+    /// Records replayed, from every file.
+    pub(crate) records: u64,
+    /// The files that were damaged (not merely torn at the end).
+    pub(crate) damaged: Vec<Damage>,
+}
+
 impl Wal {
     /// Replays what `dir` holds into `tree`, flushes it, removes the files
-    /// and starts the writer on a new file. Returns the handle and how
-    /// many records were replayed.
-    pub(crate) fn open(dir: &Path, tree: sled::Tree) -> Result<(Self, u64), String> {
+    /// (keeps a damaged one aside) and starts the writer on a new file.
+    /// Returns the handle and what was replayed.
+    pub(crate) fn open(dir: &Path, tree: sled::Tree) -> Result<(Self, Replay), String> {
         create_private_dir(dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
         let files = log_files(dir).map_err(|e| format!("listing {}: {e}", dir.display()))?;
-        let mut replayed = 0;
+        let mut replay = Replay::default();
         for (_, path) in &files {
             let bytes =
                 std::fs::read(path).map_err(|e| format!("reading {}: {e}", path.display()))?;
-            let (records, rest) = decode_all(&bytes);
-            if rest > 0 {
-                tracing::warn!(
+            let scan = scan(&bytes);
+            if scan.torn_tail > 0 {
+                tracing::debug!(
                     file = %path.display(),
-                    bytes = rest,
-                    "the turn log ends in an unfinished record (a crash mid-append); it was never acknowledged and is dropped"
+                    bytes = scan.torn_tail,
+                    "the turn log ends in an unfinished record (a crash mid-append; never acknowledged)"
                 );
             }
-            for ops in records {
+            let intact = scan.records.len();
+            for ops in scan.records {
                 tree.apply_batch(batch_of(ops)).map_err(|e| {
                     format!("replaying {}: {}", path.display(), crate::describe(&e))
                 })?;
-                replayed += 1;
+                replay.records += 1;
+            }
+            if !scan.skipped.is_empty() {
+                replay.damaged.push(Damage {
+                    kept_as: damaged_path(path),
+                    skipped_bytes: scan.skipped.iter().map(|(_, n)| n).sum(),
+                    stretches: scan.skipped,
+                    intact_records: intact,
+                });
             }
         }
         if !files.is_empty() {
             tree.flush()
                 .map_err(|e| format!("flushing the replayed turn log: {}", crate::describe(&e)))?;
             for (_, path) in &files {
-                std::fs::remove_file(path)
-                    .map_err(|e| format!("removing {}: {e}", path.display()))?;
+                let damage = replay
+                    .damaged
+                    .iter()
+                    .find(|d| d.kept_as == damaged_path(path));
+                match damage {
+                    // Kept for whoever looks into it; not replayed again.
+                    Some(d) => std::fs::rename(path, &d.kept_as)
+                        .map_err(|e| format!("keeping {} aside: {e}", path.display()))?,
+                    None => std::fs::remove_file(path)
+                        .map_err(|e| format!("removing {}: {e}", path.display()))?,
+                }
             }
         }
+
         let next = files.last().map_or(1, |(n, _)| n + 1);
         let counters = Arc::new(Counters::default());
         let (tx, rx) = mpsc::channel();
@@ -126,12 +175,17 @@ impl Wal {
             .name("warden-turn-log".into())
             .spawn(move || writer.run(&rx))
             .map_err(|e| format!("starting the turn log's writer: {e}"))?;
-        Ok((Self { jobs: tx, counters }, replayed))
+        Ok((Self { jobs: tx, counters }, replay))
     }
 
     /// Makes `ops` durable, then applies them to the tree (atomically, as
     /// one sled batch).
     pub(crate) async fn commit(&self, ops: Vec<Op>) -> Result<(), String> {
+        if ops.is_empty() {
+            // Nothing to make durable (and a record is never empty: see
+            // `decode_one`).
+            return Ok(());
+        }
         let (done, answer) = oneshot::channel();
         self.jobs
             .send(Job { ops, done })
@@ -372,8 +426,82 @@ pub(crate) fn encode(buf: &mut Vec<u8>, ops: &[Op]) -> usize {
     buf.len()
 }
 
+/// Where a damaged log file is kept: its name with `.damaged` added.
+fn damaged_path(path: &Path) -> PathBuf {
+    let mut name = path.as_os_str().to_owned();
+    name.push(".damaged");
+    PathBuf::from(name)
+}
+
+/// A record longer than this is not one the writer made: a torn tail
+/// declares at most a group's worth (a single batch may exceed
+/// [`GROUP_BYTES`], but not by orders of magnitude).
+const MAX_RECORD: usize = 256 * 1024 * 1024;
+
+/// What a log file holds ([`scan`]).
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) struct Scan {
+    /// Every intact record, in order.
+    pub(crate) records: Vec<Vec<Op>>,
+    /// Stretches that did not read and were followed by an intact record,
+    /// or that end the file without being a torn tail: `(offset, len)`.
+    pub(crate) skipped: Vec<(usize, usize)>,
+    /// Bytes of a torn tail (a crash mid-append) dropped at the end.
+    pub(crate) torn_tail: usize,
+}
+
+/// Reads every intact record of `bytes`, resynchronising past what does
+/// not read: from a bad byte on, the next offset where a whole record
+/// with a matching checksum starts is where reading goes on. A stretch
+/// that runs to the end is a torn tail when it looks like one (shorter
+/// than a header, zeros, or a header whose plausible length runs past the
+/// end), else damage.
+pub(crate) fn scan(bytes: &[u8]) -> Scan {
+    let mut out = Scan {
+        records: Vec::new(),
+        skipped: Vec::new(),
+        torn_tail: 0,
+    };
+    let mut at = 0;
+    while at < bytes.len() {
+        if let Some((ops, used)) = decode_one(&bytes[at..]) {
+            out.records.push(ops);
+            at += used;
+            continue;
+        }
+        let next = (at + 1..bytes.len()).find(|&i| decode_one(&bytes[i..]).is_some());
+        match next {
+            Some(next) => {
+                out.skipped.push((at, next - at));
+                at = next;
+            }
+            None => {
+                let tail = &bytes[at..];
+                if is_torn(tail) {
+                    out.torn_tail = tail.len();
+                } else {
+                    out.skipped.push((at, tail.len()));
+                }
+                break;
+            }
+        }
+    }
+    out
+}
+
+/// Whether `tail` (bytes at the end of a file, no intact record among
+/// them) is what a crash mid-append leaves.
+fn is_torn(tail: &[u8]) -> bool {
+    if tail.len() < 8 || tail.iter().all(|&b| b == 0) {
+        return true;
+    }
+    let len = u32::from_le_bytes([tail[0], tail[1], tail[2], tail[3]]) as usize;
+    len > 0 && len <= MAX_RECORD && 8 + len > tail.len()
+}
+
 /// Every whole, intact record at the start of `bytes`, and how many bytes
 /// after them were not (a torn or damaged tail).
+#[cfg(test)]
 pub(crate) fn decode_all(bytes: &[u8]) -> (Vec<Vec<Op>>, usize) {
     let mut records = Vec::new();
     let mut at = 0;
@@ -386,6 +514,11 @@ pub(crate) fn decode_all(bytes: &[u8]) -> (Vec<Vec<Op>>, usize) {
 
 fn decode_one(bytes: &[u8]) -> Option<(Vec<Op>, usize)> {
     let len = u32::from_le_bytes(bytes.get(0..4)?.try_into().ok()?) as usize;
+    if len == 0 {
+        // The writer never writes an empty record; eight zero bytes (a
+        // zeroed stretch) would otherwise read as one.
+        return None;
+    }
     let crc = u32::from_le_bytes(bytes.get(4..8)?.try_into().ok()?);
     let payload = bytes.get(8..8usize.checked_add(len)?)?;
     if crc32fast::hash(payload) != crc {
@@ -448,6 +581,96 @@ mod tests {
         assert_eq!(decode_all(&damaged), (vec![ops(1)], whole - one_len));
     }
 
+    #[test]
+    fn replay_resynchronises_past_damage_and_keeps_every_intact_record() {
+        let mut buf = Vec::new();
+        let ends: Vec<usize> = (1..=20).map(|n| encode(&mut buf, &ops(n))).collect();
+        let all: Vec<_> = (1..=20).map(ops).collect();
+        // One flipped byte in the first record's payload: the other 19.
+        let mut flipped = buf.clone();
+        flipped[9] ^= 0x01;
+        let scan1 = scan(&flipped);
+        assert_eq!(scan1.records, all[1..].to_vec());
+        assert_eq!((scan1.skipped, scan1.torn_tail), (vec![(0, ends[0])], 0));
+        // A stretch overwritten in the middle (records 5 to 7 in part).
+        let mut hole = buf.clone();
+        for b in &mut hole[ends[4] + 3..ends[6] - 2] {
+            *b = 0xA5;
+        }
+        let scan2 = scan(&hole);
+        let mut kept = all[..5].to_vec();
+        kept.extend_from_slice(&all[7..]);
+        assert_eq!(scan2.records, kept);
+        assert_eq!(scan2.skipped, vec![(ends[4], ends[6] - ends[4])]);
+        // A torn tail (cut short, or zeros where the record was to be) is
+        // what a crash leaves: dropped, not damage.
+        let cut = scan(&buf[..ends[19] - 5]);
+        assert_eq!(cut.records, all[..19].to_vec());
+        assert_eq!(
+            (cut.skipped.len(), cut.torn_tail),
+            (0, ends[19] - 5 - ends[18])
+        );
+        let mut zeros = buf.clone();
+        zeros.extend_from_slice(&[0; 4096]);
+        assert_eq!(scan(&zeros).torn_tail, 4096);
+        assert!(scan(&zeros).skipped.is_empty());
+        // An emptied file holds nothing; a file of noise is all damage.
+        assert_eq!(
+            scan(&[]),
+            Scan {
+                records: vec![],
+                skipped: vec![],
+                torn_tail: 0
+            }
+        );
+        let noise: Vec<u8> = (0u32..10_000)
+            .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+            .collect();
+        let scan3 = scan(&noise);
+        assert!(scan3.records.is_empty());
+        assert_eq!(scan3.skipped, vec![(0, noise.len())]);
+    }
+
+    #[tokio::test]
+    async fn a_damaged_file_is_kept_aside_and_its_intact_records_replayed() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (_db, tree) = a_tree(dir.path());
+        let wal_dir = dir.path().join(DIR);
+        create_private_dir(&wal_dir).expect("dir");
+        let mut buf = Vec::new();
+        for n in 1..=5 {
+            encode(&mut buf, &ops(n));
+        }
+        buf[9] ^= 0x01;
+        let path = file_path(&wal_dir, 3);
+        std::fs::write(&path, &buf).expect("write");
+        let (_wal, replay) = Wal::open(&wal_dir, tree.clone()).expect("open");
+        assert_eq!(replay.records, 4);
+        assert_eq!(replay.damaged.len(), 1);
+        let damage = &replay.damaged[0];
+        assert_eq!(
+            damage.kept_as,
+            wal_dir.join(format!("{:020}.log.damaged", 3))
+        );
+        assert_eq!(damage.intact_records, 4);
+        assert_eq!(damage.skipped_bytes, encode(&mut Vec::new(), &ops(1)));
+        assert_eq!(
+            tree.get([b'e', 1]).expect("get"),
+            None,
+            "the damaged record"
+        );
+        for n in 2..=5u8 {
+            assert!(
+                tree.get([b'e', n]).expect("get").is_some(),
+                "record {n} kept"
+            );
+        }
+        // Kept aside whole, never deleted, and not replayed again.
+        assert!(!path.exists());
+        assert_eq!(std::fs::read(&damage.kept_as).expect("kept"), buf);
+        assert!(log_files(&wal_dir).expect("list").is_empty());
+    }
+
     /// A sled database in `dir` and a tree of it.
     fn a_tree(dir: &Path) -> (sled::Db, sled::Tree) {
         let db = sled::Config::new()
@@ -475,8 +698,9 @@ mod tests {
         let torn = encode(&mut second, &ops(3)) - 2;
         std::fs::write(file_path(&wal_dir, 5), &second[..torn]).expect("write");
 
-        let (wal, replayed) = Wal::open(&wal_dir, tree.clone()).expect("open");
-        assert_eq!(replayed, 2);
+        let (wal, replay) = Wal::open(&wal_dir, tree.clone()).expect("open");
+        assert_eq!(replay.records, 2);
+        assert!(replay.damaged.is_empty(), "a torn tail is no damage");
         assert_eq!(
             tree.get([b'e', 1]).expect("get").as_deref(),
             Some(&[1u8; 3][..])
