@@ -48,6 +48,11 @@ pub struct Orphans {
     /// [`TAKEOVER_GRACE`]), if such a lease is held. A live owner renews it
     /// before then; a dead one's sessions are orphans from then on.
     pub next_in: Option<Duration>,
+    /// Sessions with waiting messages whose lease the asking node holds
+    /// (live, or expired within the grace, when only it may renew it):
+    /// each must run on that node; one that does not is started there
+    /// ([`NodeStore::take_over`](crate::NodeStore::take_over)).
+    pub held_waiting: Vec<SessionKey>,
 }
 
 /// Who holds a session, as the database says now.
@@ -374,19 +379,24 @@ impl PgStore {
     }
 
     /// [`orphans`](Self::orphans), each with the workspace directory its
-    /// record names (if any), and how soon the next lease of a session with
-    /// waiting messages held by a node other than `node` can be taken, in
-    /// one query: what a node needs to choose the orphans it can run, and
-    /// when to look again.
+    /// record names (if any), how soon the next lease of a session with
+    /// waiting messages held by a node other than `node` can be taken, and
+    /// the waiting sessions `node` holds itself, in one query: what a node
+    /// needs to choose the orphans it can run, to check that it runs what
+    /// it holds, and to know when to look again.
     pub async fn orphans_with_workspaces(&self, node: &str) -> Result<Orphans, StoreError> {
         let client = self.client().await?;
         let rows = client
             .query(
                 &format!(
-                    "SELECT key, record ->> 'workspace', NULL::float8 FROM warden_sessions \
-                 WHERE {ORPHAN} \
+                    "SELECT 'orphan', key, record ->> 'workspace', NULL::float8 \
+                 FROM warden_sessions WHERE {ORPHAN} \
                  UNION ALL \
-                 SELECT NULL, NULL, \
+                 SELECT 'held', key, NULL, NULL FROM warden_sessions \
+                 WHERE waiting AND owner = $2 \
+                   AND lease_until >= now() - make_interval(secs => $1) \
+                 UNION ALL \
+                 SELECT 'next', NULL, NULL, \
                    (EXTRACT(EPOCH FROM min(lease_until) - now()) + $1)::float8 \
                  FROM warden_sessions \
                  WHERE waiting AND lease_until >= now() - make_interval(secs => $1) \
@@ -398,17 +408,19 @@ impl PgStore {
             .map_err(backend)?;
         let mut found = Orphans::default();
         for r in rows {
-            match r.get::<_, Option<String>>(0) {
-                Some(key) => {
-                    let workspace: Option<String> = r.get(1);
+            let key: Option<String> = r.get(1);
+            match (r.get::<_, &str>(0), key) {
+                ("orphan", Some(key)) => {
+                    let workspace: Option<String> = r.get(2);
                     found.sessions.push((
                         SessionKey::new(key),
                         workspace.map(std::path::PathBuf::from),
                     ));
                 }
-                None => {
+                ("held", Some(key)) => found.held_waiting.push(SessionKey::new(key)),
+                _ => {
                     found.next_in = r
-                        .get::<_, Option<f64>>(2)
+                        .get::<_, Option<f64>>(3)
                         .map(|s| Duration::from_secs_f64(s.max(0.0)));
                 }
             }

@@ -70,6 +70,7 @@ mod lease;
 mod migrate;
 mod node;
 mod node_turns;
+mod stranded;
 mod tls;
 mod turns;
 
@@ -84,8 +85,9 @@ pub use conversations::PgConversations;
 pub use group::{GroupStats, TurnBatch};
 pub use lease::{Lease, LeaseInfo, Orphans, TAKEOVER_GRACE};
 pub use migrate::MIGRATIONS;
-pub use node::{NodeInfo, NodeStore, TakeOver};
+pub use node::{NodeInfo, NodeStore, RETAKE_COOLDOWN, TakeOver};
 pub use node_turns::NodeTurns;
+pub use stranded::TURN_END_LOST;
 
 /// Why the store could not be opened.
 #[derive(Debug, thiserror::Error)]

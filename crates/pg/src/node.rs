@@ -9,139 +9,43 @@ use parking_lot::Mutex;
 
 use futures_util::future::BoxFuture;
 use tokio::sync::broadcast;
-use tokio_util::task::AbortOnDropHandle;
-use warden_core::{Durability, SessionKey, SessionRecord, SessionStore, StoreError, Supervisor};
+use warden_core::{Durability, SessionKey, SessionRecord, SessionStore, StoreError};
 
-use crate::{Lease, PgStore, backend};
+use crate::{Lease, PgStore};
 
-/// How often a node retries renewing its leases while the database fails,
-/// and how often it checks that each is still valid by its own clock.
-const OUTAGE_RETRY: Duration = Duration::from_millis(100);
+mod members;
+mod renew;
+mod takeover;
 
-/// A node as the database sees it.
-#[derive(Debug, Clone, PartialEq)]
-#[non_exhaustive]
-pub struct NodeInfo {
-    /// The node's id (`--node-id`).
-    pub node_id: String,
-    /// Where other nodes reach it (`--advertise`).
-    pub advertise: String,
-    /// Seconds since its last heartbeat, by the database's clock.
-    pub heartbeat_age_secs: f64,
-    /// Sessions whose lease it holds now (unexpired).
-    pub sessions: u64,
-}
+pub use members::NodeInfo;
+pub use takeover::TakeOver;
 
-impl PgStore {
-    /// Registers `node` (or updates its address) and beats its heart.
-    pub async fn register_node(&self, node: &str, advertise: &str) -> Result<(), StoreError> {
-        let client = self.client().await?;
-        client
-            .execute(
-                "INSERT INTO warden_nodes (node_id, advertise) VALUES ($1, $2) \
-                 ON CONFLICT (node_id) DO UPDATE SET advertise = EXCLUDED.advertise, \
-                 started_at = now(), heartbeat_at = now()",
-                &[&node, &advertise],
-            )
-            .await
-            .map_err(backend)?;
-        Ok(())
-    }
-
-    /// Beats `node`'s heart; `false` if it is not registered.
-    pub async fn heartbeat(&self, node: &str) -> Result<bool, StoreError> {
-        let client = self.control_client().await?;
-        let n = client
-            .execute(
-                "UPDATE warden_nodes SET heartbeat_at = now() WHERE node_id = $1",
-                &[&node],
-            )
-            .await
-            .map_err(backend)?;
-        Ok(n == 1)
-    }
-
-    /// Removes `node` from the membership if its last heartbeat is older
-    /// than `silent_for` (a live node is never removed: it would register
-    /// again at once); whether it was removed. Its sessions' leases are not
-    /// touched: they expire, and another node takes the sessions over.
-    pub async fn forget_node(&self, node: &str, silent_for: Duration) -> Result<bool, StoreError> {
-        let client = self.client().await?;
-        let n = client
-            .execute(
-                "DELETE FROM warden_nodes WHERE node_id = $1 \
-                 AND heartbeat_at < now() - make_interval(secs => $2)",
-                &[&node, &crate::secs(silent_for)],
-            )
-            .await
-            .map_err(backend)?;
-        Ok(n == 1)
-    }
-
-    /// Removes every node whose last heartbeat is older than `silent_for`;
-    /// how many. A joined [`Node`](crate::cluster::Node) runs it with
-    /// [`DEAD_NODE_RETENTION`](crate::cluster::DEAD_NODE_RETENTION).
-    pub async fn forget_dead_nodes(&self, silent_for: Duration) -> Result<u64, StoreError> {
-        let client = self.client().await?;
-        client
-            .execute(
-                "DELETE FROM warden_nodes WHERE heartbeat_at < now() - make_interval(secs => $1)",
-                &[&crate::secs(silent_for)],
-            )
-            .await
-            .map_err(backend)
-    }
-
-    /// Every registered node with its heartbeat age and live sessions,
-    /// freshest first.
-    pub async fn nodes(&self) -> Result<Vec<NodeInfo>, StoreError> {
-        let client = self.client().await?;
-        let rows = client
-            .query(
-                "SELECT n.node_id, n.advertise, \
-                 EXTRACT(EPOCH FROM (now() - n.heartbeat_at))::float8, \
-                 (SELECT COUNT(*) FROM warden_sessions s \
-                   WHERE s.owner = n.node_id AND s.lease_until >= now()) \
-                 FROM warden_nodes n ORDER BY n.heartbeat_at DESC, n.node_id",
-                &[],
-            )
-            .await
-            .map_err(backend)?;
-        Ok(rows
-            .into_iter()
-            .map(|r| NodeInfo {
-                node_id: r.get(0),
-                advertise: r.get(1),
-                heartbeat_age_secs: r.get(2),
-                sessions: crate::from_db(r.get(3)),
-            })
-            .collect())
-    }
-}
-
-/// What one [`NodeStore::take_over`] did.
-#[derive(Debug, Default, Clone, PartialEq)]
-#[non_exhaustive]
-pub struct TakeOver {
-    /// Sessions taken and started here, with their new epoch.
-    pub taken: Vec<(SessionKey, u64)>,
-    /// Sessions taken that could not start here, with why; their leases
-    /// were given back at once for another node.
-    pub released: Vec<(SessionKey, String)>,
-    /// When to run the next take-over: the [scan
-    /// interval](NodeStore::scan_interval), or sooner when another node's
-    /// lease on a session with waiting messages can be taken before then
-    /// (so a dead node's sessions are taken as soon as the database allows,
-    /// not up to a scan interval later). Never less than 10 ms (unless the
-    /// scan interval is).
-    pub next_scan: Duration,
-}
+/// How long after giving a session's lease up a node does not take it
+/// again (other nodes may, once it expires): 3 s, longer than the longest
+/// pause between two attempts of a turn relay to store a batch (`warden
+/// serve` waits at most 2 s). A relay of the stopped copy may still be
+/// retrying a batch of the turn; its next attempt must find no lease here
+/// and be told the session moved. A lease taken again here sooner would
+/// let that stale batch through under the new epoch (appends are fenced
+/// by the lease this node holds on the session now), where it collides
+/// with the re-delivered turn's own events.
+pub const RETAKE_COOLDOWN: Duration = Duration::from_secs(3);
 
 /// The [`SessionStore`] of one node of a cluster. A session's first write
 /// takes its lease (or fails with [`StoreError::LeaseLost`] while another
 /// node holds it); every write goes through the fence with the epoch
 /// taken; [`spawn_renewer`](Self::spawn_renewer) keeps the leases alive
 /// and reports each one lost on [`lost`](Self::lost). Cheap to clone.
+///
+/// Once this node has given a session's lease up (lost, fenced in an
+/// outage, released), a write takes it back no more: the copy writing is
+/// one stopping here, and its write fails with [`StoreError::LeaseLost`].
+/// Only a [`claim`](Self::claim) takes it again — a turn placed here, or
+/// the [orphan scan](Self::take_over) — and each of those starts the
+/// session; and not within [`RETAKE_COOLDOWN`], while the stopped copy's
+/// turn relays may still try to store. So this node never holds the lease
+/// of a session nothing here runs, and a session's waiting messages are
+/// never stranded behind it.
 #[derive(Clone)]
 pub struct NodeStore {
     pg: PgStore,
@@ -159,6 +63,11 @@ pub struct NodeStore {
     /// epoch (no one else can write the record then): removed by this
     /// node's own writes and when the lease goes.
     prefetched: Arc<Mutex<HashMap<String, (u64, SessionRecord)>>>,
+    /// Sessions whose lease this node gave up (lost, fenced, released) and
+    /// has not claimed since, with when: a write does not take their lease,
+    /// nor a claim within [`RETAKE_COOLDOWN`] (see the type's docs). One
+    /// key per session that left this node.
+    given_up: Arc<Mutex<HashMap<String, tokio::time::Instant>>>,
     lost: broadcast::Sender<Lease>,
     /// Its turns' event batches, committed together (or, switched off,
     /// each in its own transaction).
@@ -175,19 +84,6 @@ impl std::fmt::Debug for NodeStore {
     }
 }
 
-/// One orphan's outcome: taken (under that epoch), or released (why).
-type Taken = Result<(SessionKey, u64), (SessionKey, String)>;
-
-/// Orphans' sessions a node starts at once (each a round trip or two: its
-/// record's first write).
-const TAKEOVER_CONCURRENCY: usize = 16;
-
-/// Orphans whose leases one statement takes: small enough that survivors
-/// taking a dead node's sessions in their own random orders split them
-/// (a batch is started before the next is taken), large enough that a
-/// node holding thousands is taken in a few round trips.
-const TAKEOVER_BATCH: usize = 64;
-
 impl NodeStore {
     /// The store of node `node`, whose leases last `ttl` (10 s is the
     /// cluster default; they are renewed at a third of it).
@@ -202,6 +98,7 @@ impl NodeStore {
             leases: Arc::default(),
             renewed: Arc::default(),
             prefetched: Arc::default(),
+            given_up: Arc::default(),
             lost,
         }
     }
@@ -247,8 +144,14 @@ impl NodeStore {
     }
 
     /// Takes `key`'s lease now if it is free or expired: the lease, or
-    /// `None` while another node holds it.
+    /// `None` while another node holds it (or this node gave it up less
+    /// than [`RETAKE_COOLDOWN`] ago: see [`cooling_down`](Self::cooling_down)).
+    /// The caller runs the session here (a lease taken is a promise to run
+    /// it): a turn placed here, or the orphan scan starting it.
     pub async fn claim(&self, key: &SessionKey) -> Result<Option<Lease>, StoreError> {
+        if self.cooling_down(key).is_some() {
+            return Ok(None);
+        }
         let sent = tokio::time::Instant::now();
         let lease = self.pg.acquire(key, &self.node, self.ttl).await?;
         if let Some(l) = &lease {
@@ -262,6 +165,7 @@ impl NodeStore {
     /// takes racing here (an orphan scan and a turn starting the session)
     /// must leave the newer one.
     fn hold(&self, lease: &Lease, sent: tokio::time::Instant) {
+        self.given_up.lock().remove(&lease.key);
         let mut leases = self.leases();
         if leases
             .get(&lease.key)
@@ -281,8 +185,13 @@ impl NodeStore {
     /// Each session's record, read by the same statement, serves its
     /// first [`load`](SessionStore::load) here.
     pub async fn claim_many(&self, keys: &[SessionKey]) -> Result<Vec<Lease>, StoreError> {
+        let keys: Vec<SessionKey> = keys
+            .iter()
+            .filter(|k| self.cooling_down(k).is_none())
+            .cloned()
+            .collect();
         let sent = tokio::time::Instant::now();
-        let taken = self.pg.acquire_many(keys, &self.node, self.ttl).await?;
+        let taken = self.pg.acquire_many(&keys, &self.node, self.ttl).await?;
         let mut leases = Vec::with_capacity(taken.len());
         for (lease, record) in taken {
             self.hold(&lease, sent);
@@ -296,10 +205,40 @@ impl NodeStore {
         Ok(leases)
     }
 
+    /// How long until this node may take `key`'s lease again, if it gave
+    /// it up less than [`RETAKE_COOLDOWN`] ago; `None` otherwise.
+    pub fn cooling_down(&self, key: &SessionKey) -> Option<Duration> {
+        let since = *self.given_up.lock().get(key.as_str())?;
+        RETAKE_COOLDOWN
+            .checked_sub(since.elapsed())
+            .filter(|d| !d.is_zero())
+    }
+
+    /// The sessions whose lease this node gave up within the last
+    /// `within` (and has not taken since).
+    fn given_up_within(&self, within: Duration) -> Vec<SessionKey> {
+        self.given_up
+            .lock()
+            .iter()
+            .filter(|(_, at)| at.elapsed() < within)
+            .map(|(key, _)| SessionKey::new(key))
+            .collect()
+    }
+
+    /// Records that this node gave `key`'s lease up now.
+    fn give_up(&self, key: &str) {
+        self.given_up
+            .lock()
+            .insert(key.to_owned(), tokio::time::Instant::now());
+    }
+
     /// Gives `key`'s lease up (on a clean stop).
     pub async fn release(&self, key: &SessionKey) -> Result<(), StoreError> {
         self.prefetched.lock().remove(key.as_str());
         let lease = self.leases().remove(key.as_str());
+        if lease.is_some() {
+            self.give_up(key.as_str());
+        }
         match lease {
             Some(l) => self.pg.release(&l).await,
             None => Ok(()),
@@ -315,6 +254,7 @@ impl NodeStore {
         };
         drop(leases);
         if removed.is_some() {
+            self.give_up(&lease.key);
             self.prefetched.lock().remove(&lease.key);
             let mut renewed = self.renewed.lock();
             if renewed
@@ -327,48 +267,6 @@ impl NodeStore {
         removed
     }
 
-    /// Self-fencing: every lease whose last successful renewal was sent a
-    /// TTL ago or more (the database cannot be reached, or answers too
-    /// late) is given up here and reported on [`lost`](Self::lost), so
-    /// its session stops on this node before the lease can be taken — the
-    /// database lets another node take it only [`TAKEOVER_GRACE`] after it
-    /// expires, and it expires no sooner than a TTL after that renewal was
-    /// sent. The node cannot tell a partition from an outage, so in an
-    /// outage longer than the TTL its sessions stop too (their messages
-    /// stay pending; whichever node reaches the database first re-delivers
-    /// them). Returns how many were given up.
-    ///
-    /// [`TAKEOVER_GRACE`]: crate::TAKEOVER_GRACE
-    pub fn fence_expired(&self) -> usize {
-        let now = tokio::time::Instant::now();
-        // (Never both locks at once: `remove` takes them leases first.)
-        let held = self.held();
-        let due: Vec<Lease> = {
-            let renewed = self.renewed.lock();
-            held.into_iter()
-                .filter(|l| match renewed.get(&l.key) {
-                    Some((epoch, sent)) if *epoch == l.epoch => now >= *sent + self.ttl,
-                    // Taken a moment ago, its time not written yet.
-                    _ => false,
-                })
-                .collect()
-        };
-        let mut fenced = 0;
-        for lease in due {
-            if let Some(l) = self.remove(&lease) {
-                fenced += 1;
-                tracing::warn!(
-                    event = "pg.lease_fenced",
-                    session = %l.key,
-                    epoch = l.epoch,
-                    "cannot renew a session's lease in time; stopping it here before another node may take it"
-                );
-                let _ = self.lost.send(l);
-            }
-        }
-        fenced
-    }
-
     fn forget(&self, lease: &Lease) {
         if let Some(l) = self.remove(lease) {
             tracing::warn!(
@@ -379,6 +277,13 @@ impl NodeStore {
             );
             let _ = self.lost.send(l);
         }
+    }
+
+    /// Whether this node still holds `lease` (same session, same epoch).
+    fn holds(&self, lease: &Lease) -> bool {
+        self.leases()
+            .get(&lease.key)
+            .is_some_and(|l| l.epoch == lease.epoch)
     }
 
     /// The lease this node holds on `key`, if it believes it holds one.
@@ -448,213 +353,6 @@ impl NodeStore {
             self.forget(lease);
         }
     }
-
-    /// How often to run [`take_over`](Self::take_over): a quarter of the
-    /// lease TTL, at most 500 ms, so a dead node's sessions are taken over
-    /// within the TTL plus half a second of its last renewal.
-    pub fn scan_interval(&self) -> Duration {
-        (self.ttl / 4).min(Duration::from_millis(500))
-    }
-
-    /// Takes over every orphan it can (a session with acknowledged,
-    /// unanswered messages whose lease ran out: its node died) and starts
-    /// it in `supervisor`, which re-sends its pending messages. A session
-    /// bound to a workspace directory (a Claude Code session lives where
-    /// its workspace and transcript are) is taken only where that directory
-    /// exists; elsewhere it stays with its lease expired until such a node
-    /// takes it. Run it again after the [`next_scan`](TakeOver::next_scan)
-    /// it returns (at most a [`scan_interval`](Self::scan_interval)).
-    pub async fn take_over(&self, supervisor: &Supervisor) -> TakeOver {
-        use futures_util::StreamExt as _;
-        use rand::seq::SliceRandom as _;
-        let mut done = TakeOver {
-            next_scan: self.scan_interval(),
-            ..TakeOver::default()
-        };
-        let Ok(orphans) = self.pg.orphans_with_workspaces(&self.node).await else {
-            return done;
-        };
-        if let Some(next) = orphans.next_in {
-            // A few ms past the moment, so the lease has expired by the
-            // database's clock when the query arrives.
-            done.next_scan = (next + Duration::from_millis(5))
-                .max(Duration::from_millis(10))
-                .min(done.next_scan);
-        }
-        let mut orphans: Vec<SessionKey> = orphans
-            .sessions
-            .into_iter()
-            // Ours, expired while the database was away: the renewer
-            // renews it at its epoch; taking it would only bump the epoch
-            // under the running session.
-            .filter(|(key, _)| self.lease_of(key).is_none())
-            // Bound to a workspace this node does not have: for a node
-            // that has it.
-            .filter(|(_, workspace)| workspace.as_ref().is_none_or(|w| w.is_dir()))
-            .map(|(key, _)| key)
-            .collect();
-        // A node that died held many sessions: their leases are taken a
-        // batch per statement, in an order of this node's own, so the
-        // survivors split them rather than race for each; each batch's
-        // sessions are started several at a time.
-        orphans.shuffle(&mut rand::rng());
-        let mut outcomes = Vec::with_capacity(orphans.len());
-        let mut starting = futures_util::stream::FuturesUnordered::new();
-        for batch in orphans.chunks(TAKEOVER_BATCH) {
-            // The sessions already taken go on starting meanwhile.
-            let claim = self.claim_many(batch);
-            tokio::pin!(claim);
-            let leases = loop {
-                tokio::select! {
-                    leases = &mut claim => break leases.unwrap_or_default(),
-                    Some(outcome) = starting.next(), if !starting.is_empty() => {
-                        outcomes.push(outcome);
-                    }
-                }
-            };
-            for lease in leases {
-                while starting.len() >= TAKEOVER_CONCURRENCY {
-                    outcomes.extend(starting.next().await);
-                }
-                starting.push(self.start_taken(supervisor, lease));
-            }
-        }
-        while let Some(outcome) = starting.next().await {
-            outcomes.push(outcome);
-        }
-        for outcome in outcomes {
-            match outcome {
-                Ok(taken) => done.taken.push(taken),
-                Err(released) => done.released.push(released),
-            }
-        }
-        done
-    }
-
-    /// Starts the session of an orphan whose lease this node just took; one
-    /// that cannot run here is released for another node.
-    async fn start_taken(&self, supervisor: &Supervisor, lease: Lease) -> Taken {
-        let key = SessionKey::new(&lease.key);
-        match supervisor.session(key.clone()).await {
-            Ok(_) => Ok((key, lease.epoch)),
-            Err(e) => {
-                // Not runnable here: let another node have it rather than
-                // hold its lease with nothing running.
-                let _ = self.release(&key).await;
-                Err((key, e.to_string()))
-            }
-        }
-    }
-
-    /// The workspace directory `key`'s session is bound to, if this node
-    /// does not have it (the session cannot run here); `None` when it has
-    /// no workspace or the directory exists here (or the record cannot be
-    /// read: the claim and the session's start decide then).
-    pub async fn missing_workspace(&self, key: &SessionKey) -> Option<std::path::PathBuf> {
-        match self.pg.load(key).await {
-            Ok(Some(record)) => record.workspace.filter(|w| !w.is_dir()),
-            Ok(None) | Err(_) => None,
-        }
-    }
-
-    /// Renews every held lease once; the ones lost are forgotten and
-    /// reported. Returns how many were lost.
-    pub async fn renew_all(&self) -> Result<usize, StoreError> {
-        let held = self.held();
-        let sent = tokio::time::Instant::now();
-        // Every lease in one statement. One that hangs (a partition drops
-        // its packets) is given up after a TTL: the leases are past saving
-        // by then.
-        let renewed =
-            tokio::time::timeout(self.ttl, self.pg.renew_many(&self.node, &held, self.ttl))
-                .await
-                .map_err(|_| StoreError::Backend {
-                    message: format!(
-                        "renewing {} leases got no answer within {:.1}s",
-                        held.len(),
-                        self.ttl.as_secs_f64()
-                    ),
-                })??;
-        let mut lost = 0;
-        for lease in held {
-            if !renewed.contains(&lease.key) {
-                self.forget(&lease);
-                lost += 1;
-                continue;
-            }
-            let still_held = self
-                .leases()
-                .get(&lease.key)
-                .is_some_and(|l| l.epoch == lease.epoch);
-            if still_held {
-                self.renewed
-                    .lock()
-                    .insert(lease.key.clone(), (lease.epoch, sent));
-            } else {
-                // Fenced here while the renewal was on its way: give it
-                // back, so another node need not wait for it to expire.
-                let _ = self.pg.release(&lease).await;
-            }
-        }
-        Ok(lost)
-    }
-
-    /// Renews the leases every third of the TTL until the returned handle
-    /// is dropped or aborted. A renewal that fails on the database's side
-    /// (unreachable) is retried at the next tick; the leases then expire on
-    /// their own if it stays down, and the fence keeps writes safe.
-    pub fn spawn_renewer(&self) -> AbortOnDropHandle<()> {
-        let store = self.clone();
-        let every = self.ttl / 3;
-        let handle = tokio::spawn(async move {
-            // One line when renewals start failing and one when they work
-            // again: an outage is one warning, not one per tick. While they
-            // fail, they are retried every 100 ms, so the leases are renewed
-            // within the takeover grace once the database answers again.
-            let mut failing_since: Option<tokio::time::Instant> = None;
-            // Each lease's validity by this node's clock, checked apart
-            // from the renewals (which may hang).
-            let fencing = {
-                let store = store.clone();
-                AbortOnDropHandle::new(tokio::spawn(async move {
-                    let mut tick = tokio::time::interval(OUTAGE_RETRY);
-                    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-                    loop {
-                        tick.tick().await;
-                        store.fence_expired();
-                    }
-                }))
-            };
-            let _fencing = fencing;
-            loop {
-                let wait = match failing_since {
-                    Some(_) => OUTAGE_RETRY.min(every),
-                    None => every,
-                };
-                tokio::time::sleep(wait).await;
-                match (store.renew_all().await, failing_since) {
-                    (Ok(_), Some(since)) => {
-                        failing_since = None;
-                        tracing::info!(
-                            event = "pg.renew_recovered",
-                            down_ms =
-                                u64::try_from(since.elapsed().as_millis()).unwrap_or(u64::MAX),
-                            "leases renew again"
-                        );
-                    }
-                    (Ok(_), None) => {}
-                    (Err(e), None) => {
-                        failing_since = Some(tokio::time::Instant::now());
-                        tracing::warn!(event = "pg.renew_failed", error = %e, "cannot renew leases; retrying every third of the TTL");
-                    }
-                    (Err(e), Some(_)) => {
-                        tracing::debug!(event = "pg.renew_failed", error = %e, "still cannot renew leases");
-                    }
-                }
-            }
-        });
-        AbortOnDropHandle::new(handle)
-    }
 }
 
 impl SessionStore for NodeStore {
@@ -675,28 +373,36 @@ impl SessionStore for NodeStore {
     ) -> BoxFuture<'a, Result<(), StoreError>> {
         Box::pin(async move {
             self.prefetched.lock().remove(&record.key);
+            let lost = |epoch| StoreError::LeaseLost {
+                key: record.key.clone(),
+                epoch,
+            };
             let held = self.leases().get(&record.key).cloned();
             let lease = match held {
                 Some(l) => l,
-                None => {
-                    let key = SessionKey::new(&record.key);
-                    match self.claim(&key).await? {
-                        Some(l) => l,
-                        None => {
-                            return Err(StoreError::LeaseLost {
-                                key: record.key.clone(),
-                                epoch: 0,
-                            });
-                        }
-                    }
-                }
+                // Given up here: the copy writing is stopping (its lease
+                // lost or fenced); taking the lease for it would hold the
+                // session with nothing running it.
+                None if self.given_up.lock().contains_key(&record.key) => return Err(lost(0)),
+                // A session's first write here.
+                None => match self.claim(&SessionKey::new(&record.key)).await? {
+                    Some(l) => l,
+                    None => return Err(lost(0)),
+                },
             };
             // A database that does not answer pauses the write (and the
             // session) for up to WRITE_PATIENCE; a fence refusal does not
-            // wait: another node owns the session.
+            // wait: another node owns the session. Nor does a lease this
+            // node gave up meanwhile (fenced while the database was away):
+            // nothing of a stopping copy lands.
             let saved = crate::patiently(
                 |e| matches!(e, StoreError::Backend { .. }),
-                || self.pg.save_fenced(&lease, record),
+                || async {
+                    if !self.holds(&lease) {
+                        return Err(lost(lease.epoch));
+                    }
+                    self.pg.save_fenced(&lease, record).await
+                },
             )
             .await;
             self.forget_if_lost(&lease, &saved);

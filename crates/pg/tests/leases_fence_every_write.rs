@@ -432,6 +432,16 @@ async fn orphans_are_sessions_with_pending_messages_and_no_live_lease() {
     );
     let own = pg.orphans_with_workspaces("n1").await.expect("orphans");
     assert_eq!(own.next_in, None, "its own lease is not another node's");
+    // And each node is told the waiting sessions it holds itself, which
+    // it must be running.
+    let held = |o: &warden_pg::Orphans| -> Vec<String> {
+        o.held_waiting
+            .iter()
+            .map(|k| k.as_str().to_owned())
+            .collect()
+    };
+    assert_eq!(held(&own), ["live"]);
+    assert!(held(&seen).is_empty(), "{seen:?}");
     let leases = pg.leases().await.expect("leases");
     let live_info = leases
         .iter()

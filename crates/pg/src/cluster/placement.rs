@@ -1,0 +1,156 @@
+//! Where a node's sessions run: here only while it holds their leases.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use futures_util::future::BoxFuture;
+use warden_core::cluster::{
+    ClusterStats, Elsewhere, NodeStats, Placement, SessionMove, SessionPlace,
+};
+use warden_core::{SessionKey, StoreError};
+
+use super::Counters;
+use crate::{LeaseInfo, NodeStore};
+
+/// Runs a session here only while this node holds its lease.
+pub(super) struct LeasePlacement {
+    pub(super) node: NodeStore,
+    pub(super) counters: Arc<Counters>,
+}
+
+impl LeasePlacement {
+    /// A session held under `info` by another node: that node, where it is
+    /// reached, and the time left on its lease.
+    async fn held_by(&self, info: LeaseInfo) -> Elsewhere {
+        let advertise = match &info.owner {
+            Some(owner) => self.advertise_of(owner).await,
+            None => None,
+        };
+        let left = info.remaining_secs.unwrap_or(1.0).max(0.0);
+        Elsewhere::new(info.owner, advertise, Duration::from_secs_f64(left))
+    }
+}
+
+impl Placement for LeasePlacement {
+    fn place<'a>(&'a self, key: &'a SessionKey) -> BoxFuture<'a, Result<(), Elsewhere>> {
+        Box::pin(async move {
+            if self.node.lease_of(key).is_some() {
+                return Ok(()); // ours (the fence still guards every write)
+            }
+            let unknown = |e: StoreError| {
+                Counters::add(&self.counters.database_errors, 1);
+                Elsewhere::store_unreachable(e.to_string(), Duration::from_secs(1))
+            };
+            // A session bound to a directory this node lacks is not taken
+            // here: asked while its owner lives, the request is forwarded;
+            // once the owner is gone, the client is told why it waits.
+            if let Some(ws) = self.node.missing_workspace(key).await {
+                let info = self.node.pg().lease_info(key).await.map_err(unknown)?;
+                if info.remaining_secs.unwrap_or(0.0) <= 0.0 {
+                    return Err(Elsewhere::workspace_missing(
+                        info.owner,
+                        ws,
+                        self.node.scan_interval().max(Duration::from_secs(1)),
+                    ));
+                }
+                return Err(self.held_by(info).await);
+            }
+            match self.node.claim(key).await {
+                Ok(Some(_)) => Ok(()),
+                Ok(None) => {
+                    let info = self.node.pg().lease_info(key).await.map_err(unknown)?;
+                    // Given up here a moment ago (its copy and its turn
+                    // relays stopping) and held by no one else: ask again
+                    // once this node may take it, or another node has.
+                    if let Some(left) = self.node.cooling_down(key)
+                        && info.owner.as_deref().is_none_or(|o| o == self.node.node())
+                    {
+                        return Err(Elsewhere::new(None, None, left));
+                    }
+                    Err(self.held_by(info).await)
+                }
+                Err(e) => Err(unknown(e)),
+            }
+        })
+    }
+
+    fn node(&self) -> Option<&str> {
+        Some(self.node.node())
+    }
+
+    fn advertise_of<'a>(&'a self, node: &'a str) -> BoxFuture<'a, Option<String>> {
+        Box::pin(async move {
+            let nodes = self.node.pg().nodes().await.ok()?;
+            nodes
+                .into_iter()
+                .find(|n| n.node_id == node)
+                .map(|n| n.advertise)
+        })
+    }
+
+    fn ready(&self) -> BoxFuture<'_, Result<(), String>> {
+        Box::pin(async move {
+            let ping = self.node.pg().ping();
+            match tokio::time::timeout(Duration::from_secs(2), ping).await {
+                Ok(Ok(())) => Ok(()),
+                Ok(Err(e)) => Err(format!("the cluster's database cannot be reached: {e}")),
+                Err(_) => Err("the cluster's database did not answer within 2 s".to_owned()),
+            }
+        })
+    }
+
+    fn stats(&self) -> BoxFuture<'_, Option<ClusterStats>> {
+        Box::pin(async move {
+            let counters = &self.counters;
+            let mut stats = ClusterStats::default();
+            stats.leases_held = self.node.held().len() as u64;
+            stats.leases_lost = counters.leases_lost.load(Ordering::Relaxed);
+            stats.takeovers = counters.takeovers.load(Ordering::Relaxed);
+            stats.database_errors = counters.database_errors.load(Ordering::Relaxed);
+            let started = tokio::time::Instant::now();
+            let ping = tokio::time::timeout(Duration::from_secs(2), self.node.pg().ping()).await;
+            stats.database_round_trip = matches!(ping, Ok(Ok(()))).then(|| started.elapsed());
+            if let Ok(nodes) = self.node.pg().nodes().await {
+                stats.nodes = nodes
+                    .into_iter()
+                    .map(|n| NodeStats::new(n.node_id, n.heartbeat_age_secs, n.sessions))
+                    .collect();
+            }
+            Some(stats)
+        })
+    }
+
+    fn moves(&self, limit: usize) -> BoxFuture<'_, Option<Result<Vec<SessionMove>, String>>> {
+        Box::pin(async move { Some(self.node.pg().moves(limit).await.map_err(|e| e.to_string())) })
+    }
+
+    fn sessions(&self) -> BoxFuture<'_, Option<Result<Vec<SessionPlace>, String>>> {
+        Box::pin(async move {
+            let pg = self.node.pg();
+            let all = async {
+                let leases = pg.leases().await.map_err(|e| e.to_string())?;
+                let nodes = pg.nodes().await.map_err(|e| e.to_string())?;
+                Ok(leases
+                    .into_iter()
+                    .map(|(key, info)| {
+                        let advertise = info.owner.as_ref().and_then(|o| {
+                            nodes
+                                .iter()
+                                .find(|n| n.node_id == *o)
+                                .map(|n| n.advertise.clone())
+                        });
+                        SessionPlace::new(
+                            key,
+                            info.owner,
+                            advertise,
+                            info.epoch,
+                            info.remaining_secs,
+                        )
+                    })
+                    .collect())
+            };
+            Some(all.await)
+        })
+    }
+}
