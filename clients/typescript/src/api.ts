@@ -130,7 +130,7 @@ export interface paths {
             path?: never;
             cookie?: never;
         };
-        /** This server: version, agent, the watchdog's stream timeout, its node, the trace UI */
+        /** This server: version, agent, the watchdog's stream timeout, its node, the trace UI, its token file */
         get: operations["serverInfo"];
         put?: never;
         post?: never;
@@ -280,148 +280,1049 @@ export interface paths {
 export type webhooks = Record<string, never>;
 export interface components {
     schemas: {
+        /** @description An event's fields with the time it was made: what `data:` carries. */
+        AttemptAdmittedEvent: {
+            /**
+             * @description When the server made it. Absent only on events stored by a warden
+             *     older than this field.
+             */
+            at?: components["schemas"]["EventTime"] | null;
+            /**
+             * Format: uint32
+             * @description The attempt.
+             */
+            attempt: number;
+            /** @description The session. */
+            key: string;
+            /**
+             * Format: uint64
+             * @description The turn.
+             */
+            turn: number;
+            /** @description The turn's id on a `warden serve` server, once it knows it. */
+            turn_id?: string | null;
+            /**
+             * Format: uint64
+             * @description How long it waited, in milliseconds.
+             */
+            waited_ms: number;
+        };
+        /** @description An event's fields with the time it was made: what `data:` carries. */
+        AttemptFailedEvent: {
+            /**
+             * @description When the server made it. Absent only on events stored by a warden
+             *     older than this field.
+             */
+            at?: components["schemas"]["EventTime"] | null;
+            /** @description Why it failed (an error code: `ETIMEDOUT`, `ENODE_LOST`, …). */
+            code: string;
+            /**
+             * Format: uint64
+             * @description The pause before the next attempt, in milliseconds.
+             */
+            delay_ms: number;
+            /** @description Whether the text shown since the last `started` is to be dropped. */
+            discard: boolean;
+            /**
+             * Format: uint64
+             * @description The attempt that failed.
+             */
+            failed_attempt: number;
+            /** @description `ENODE_LOST`: the cluster node that ran it. */
+            node?: string | null;
+        };
+        /** @description An event's fields with the time it was made: what `data:` carries. */
+        AttemptQueuedEvent: {
+            /**
+             * @description When the server made it. Absent only on events stored by a warden
+             *     older than this field.
+             */
+            at?: components["schemas"]["EventTime"] | null;
+            /**
+             * Format: uint32
+             * @description The attempt.
+             */
+            attempt: number;
+            /** @description The session. */
+            key: string;
+            /** @description The pool it waits in. */
+            pool: string;
+            /**
+             * Format: uint64
+             * @description The turn.
+             */
+            turn: number;
+            /** @description The turn's id on a `warden serve` server, once it knows it. */
+            turn_id?: string | null;
+        };
+        /** @description An event's fields with the time it was made: what `data:` carries. */
+        AttemptStartedEvent: {
+            /**
+             * @description When the server made it. Absent only on events stored by a warden
+             *     older than this field.
+             */
+            at?: components["schemas"]["EventTime"] | null;
+            /**
+             * Format: uint32
+             * @description The attempt.
+             */
+            attempt: number;
+            /** @description The session. */
+            key: string;
+            /**
+             * Format: uint64
+             * @description The watchdog's silence allowance for it, in milliseconds.
+             */
+            timeout_ms: number;
+            /**
+             * Format: uint64
+             * @description The turn.
+             */
+            turn: number;
+            /** @description The turn's id on a `warden serve` server, once it knows it. */
+            turn_id?: string | null;
+        };
+        /** @description A member of the cluster, as `GET /v1/cluster` shows it. */
         ClusterNode: {
-            advertise?: string | null;
+            /** @description Where it is reached. */
+            advertise: string | null;
+            /**
+             * Format: double
+             * @description Seconds since its last heartbeat.
+             */
             heartbeat_age_secs: number;
+            /** @description Whether it is the node answering. */
             here: boolean;
+            /** @description Its id. */
             node: string;
+            /**
+             * Format: uint64
+             * @description Sessions whose lease it holds.
+             */
             sessions: number;
         };
+        /** @description `GET /v1/cluster`. */
         ClusterView: {
-            database_round_trip_ms?: number | null;
+            /**
+             * Format: double
+             * @description The database's round trip now, in milliseconds (`null`: no answer).
+             */
+            database_round_trip_ms: number | null;
+            /**
+             * Format: uint64
+             * @description Leases this node holds.
+             */
             leases_held: number;
+            /**
+             * Format: uint64
+             * @description Leases this node lost since it started.
+             */
             leases_lost: number;
-            /** @description The latest move of each session that changed nodes, newest first (at most 50) */
+            /**
+             * @description The latest move of each session that changed nodes, newest first
+             *     (at most 50).
+             */
             moves: components["schemas"]["SessionMove"][];
-            node?: string | null;
+            /** @description The node answering. */
+            node: string | null;
+            /** @description The members, freshest heartbeat first. */
             nodes: components["schemas"]["ClusterNode"][];
+            /**
+             * Format: uint64
+             * @description Sessions this node took over.
+             */
             takeovers: number;
         };
-        Context: {
-            percent?: number;
-            tokens?: number;
-            window?: number;
+        /** @description An event's fields with the time it was made: what `data:` carries. */
+        ContextEvent: {
+            /**
+             * @description When the server made it. Absent only on events stored by a warden
+             *     older than this field.
+             */
+            at?: components["schemas"]["EventTime"] | null;
+            /** @description The session. */
+            key: string;
+            /**
+             * Format: uint32
+             * @description Percent, rounded (over 100 past the window).
+             */
+            percent: number;
+            /**
+             * Format: uint32
+             * @description The agent's own estimate, when the self-report track is on.
+             */
+            self_reported: number | null;
+            /**
+             * Format: uint64
+             * @description Tokens in context.
+             */
+            tokens: number;
+            /**
+             * Format: uint64
+             * @description The window.
+             */
+            window: number;
         };
+        /** @description How full the context window is. */
+        ContextFill: {
+            /**
+             * Format: uint64
+             * @description `tokens` in percent of `window`, rounded (over 100 past the window).
+             */
+            percent: number;
+            /**
+             * Format: uint64
+             * @description Tokens in context.
+             */
+            tokens: number;
+            /**
+             * Format: uint64
+             * @description The window.
+             */
+            window: number;
+        };
+        /** @description An event's fields with the time it was made: what `data:` carries. */
+        ContinueScheduledEvent: {
+            /**
+             * @description When the server made it. Absent only on events stored by a warden
+             *     older than this field.
+             */
+            at?: components["schemas"]["EventTime"] | null;
+            /** @description Why it broke. */
+            code: string;
+            /**
+             * Format: uint64
+             * @description The backoff, in milliseconds.
+             */
+            delay_ms: number;
+            /**
+             * Format: uint32
+             * @description The attempt that broke.
+             */
+            failed_attempt: number;
+            /**
+             * Format: uint64
+             * @description Bytes of reply kept.
+             */
+            kept_bytes: number;
+            /** @description The session. */
+            key: string;
+            /**
+             * Format: uint64
+             * @description The turn.
+             */
+            turn: number;
+            /** @description The turn's id on a `warden serve` server, once it knows it. */
+            turn_id?: string | null;
+        };
+        /** @description An event's fields with the time it was made: what `data:` carries. */
+        ConversationEvent: {
+            /**
+             * @description When the server made it. Absent only on events stored by a warden
+             *     older than this field.
+             */
+            at?: components["schemas"]["EventTime"] | null;
+            /** @description The conversation id. */
+            conversation: string;
+            /** @description The session. */
+            key: string;
+        };
+        /** @description An event's fields with the time it was made: what `data:` carries. */
+        DeltaEvent: {
+            /**
+             * @description When the server made it. Absent only on events stored by a warden
+             *     older than this field.
+             */
+            at?: components["schemas"]["EventTime"] | null;
+            /**
+             * @description The text, appended to what came before (since the last `retrying`
+             *     or `restarting`, which discard it).
+             */
+            text: string;
+        };
+        /** @description An event's fields with the time it was made: what `data:` carries. */
+        DoneEvent: {
+            /**
+             * @description When the server made it. Absent only on events stored by a warden
+             *     older than this field.
+             */
+            at?: components["schemas"]["EventTime"] | null;
+            /**
+             * Format: uint64
+             * @description Attempts used, the first included.
+             */
+            attempts: number;
+            /** @description The context in use after it, once any usage is known. */
+            context: components["schemas"]["ContextFill"] | null;
+            /**
+             * Format: uint64
+             * @description How many of them continued a broken reply.
+             */
+            continuations: number;
+            /**
+             * Format: uint64
+             * @description Output tokens of its last request, when reported.
+             */
+            output_tokens: number | null;
+            /** @description The whole answer. */
+            text: string;
+            /**
+             * Format: uint64
+             * @description The turn's number in its session (its message's id).
+             */
+            turn: number;
+        };
+        /** @description An error answer: `{"error": {...}}`. */
         Error: {
+            /** @description What went wrong. */
             error: components["schemas"]["ErrorBody"];
         };
-        /** @description `type` names the error (see docs/serve.md's catalogue); some types add fields: `limit` (too_many_sessions), `owner`/`advertise` (session_elsewhere), `agent`/`requested` (agent_mismatch), `workspace` (workspace_unavailable) */
+        /**
+         * @description What went wrong: `type` names it (docs/serve.md's catalogue); some types
+         *     add fields.
+         */
         ErrorBody: {
-            message: string;
-            type: string;
-        } & {
-            [key: string]: unknown;
-        };
-        /** @description Exactly one of `workspace` (an absolute directory) or `key` (a name). */
-        NewTurn: {
-            /** @description The agent kind the client expects (`anthropic`, `openai`, `claude-code`); another than the session's is a 409 */
-            agent?: string;
-            key?: string;
-            message: string;
-            /** @description This turn's model (the next turn may ask for another); default: the server's */
-            model?: string;
-            workspace?: string;
-        };
-        RunningTurn: {
-            backing_off?: boolean;
-            /** @description The turn's number (its message's id in the session) */
-            id?: number | null;
-            running_ms?: number | null;
-            streaming_attempt?: number | null;
-            /** @description The turn's id (for /v1/turns/{id}/events) while this node relays it */
-            turn_id?: string | null;
-            waiting_for_admission?: boolean;
-        };
-        ServerInfo: {
+            /** @description `session_elsewhere`: where that node is reached. */
+            advertise?: string | null;
+            /** @description `agent_mismatch`: the agent kind this server's sessions run. */
             agent?: string | null;
-            cluster: boolean;
-            /** @description Where traces are looked at (`--jaeger-url`): `{jaeger_url}/trace/{trace_id}` */
-            jaeger_url?: string | null;
-            node?: string | null;
-            /** @description The watchdog's default silence allowance per stream */
-            stream_timeout_ms: number;
-            version: string;
-        };
-        Session: {
-            context?: components["schemas"]["Context"] | null;
-            conversation?: string | null;
-            failure?: string;
-            key: string | null;
-            last_active_ms?: number;
-            model?: string | null;
-            pending?: number;
-            queued?: number;
-            restarts?: number;
-            running: boolean;
-            /** @enum {string} */
-            status?: "new" | "active" | "idle" | "failed" | "unknown";
-            /** @description While it runs, with tracing on: the trace of its incarnation (its turns are spans in it) */
-            trace_id?: string;
-            turn?: components["schemas"]["RunningTurn"];
-            turns_finished?: number;
+            /** @description `turn_recovering`, `idempotency_key_reused`: the turn named. */
+            id?: string | null;
+            /**
+             * Format: uint64
+             * @description `too_many_sessions`: the live-session bound.
+             */
+            limit?: number | null;
+            /** @description What happened and what to do, for a human. */
+            message: string;
+            /**
+             * @description `session_elsewhere`, `workspace_unavailable`: the node running the
+             *     session.
+             */
+            owner?: string | null;
+            /** @description `agent_mismatch`: the kind the request asked for. */
+            requested?: string | null;
+            /** @description The error's type (`invalid_request`, `session_elsewhere`, …). */
+            type: string;
+            /** @description `workspace_unavailable`: the directory missing on this node. */
             workspace?: string | null;
         };
+        /**
+         * Format: date-time
+         * @description When the event was made, by the server's clock: RFC 3339, UTC, milliseconds
+         */
+        EventTime: string;
+        /** @description An event's fields with the time it was made: what `data:` carries. */
+        FailedEvent: {
+            /**
+             * @description When the server made it. Absent only on events stored by a warden
+             *     older than this field.
+             */
+            at?: components["schemas"]["EventTime"] | null;
+            /** @description The error code (`ETIMEDOUT`, `ECANCELED`, `ESESSION_STOPPED`, …). */
+            code: string;
+            /**
+             * Format: int32
+             * @description The exit-code class `warden chat` uses: 3 API, 4 timeout, 5
+             *     unavailable, 6 deferred (the message stays pending and is answered
+             *     later: do not re-send it), 130 cancelled, 1 other.
+             */
+            exit: number;
+            /** @description What happened, for a human. */
+            message: string;
+        };
+        /** @description An event's fields with the time it was made: what `data:` carries. */
+        FreshFallbackEvent: {
+            /**
+             * @description When the server made it. Absent only on events stored by a warden
+             *     older than this field.
+             */
+            at?: components["schemas"]["EventTime"] | null;
+            /** @description The conversation left behind. */
+            conversation: string;
+            /** @description The session. */
+            key: string;
+            /**
+             * Format: uint64
+             * @description Messages re-delivered to the fresh session.
+             */
+            redelivered: number;
+        };
+        /** @description An event's fields with the time it was made: what `data:` carries. */
+        LaggedEvent: {
+            /**
+             * @description When the server made it. Absent only on events stored by a warden
+             *     older than this field.
+             */
+            at?: components["schemas"]["EventTime"] | null;
+            /**
+             * Format: uint64
+             * @description How many.
+             */
+            missed: number;
+        };
+        /**
+         * @description The SSE `event:` of a lifecycle event
+         * @enum {string}
+         */
+        LifecycleEvent: "session_spawned" | "session_stopped" | "session_restarted" | "session_given_up" | "conversation" | "resume_failed" | "fresh_fallback" | "session_failed" | "session_reaped" | "context" | "workspace_normalized" | "store_failed" | "turn_started" | "attempt_queued" | "attempt_admitted" | "attempt_started" | "stream_timed_out" | "retry_scheduled" | "continue_scheduled" | "turn_finished" | "reset" | "lagged";
+        /** @description The `data:` of each lifecycle event on `/v1/events`, by its `event:` name. The events of a turn also carry `turn_id` (the turn's id on this server) once it is known, and every event `at`. */
+        LifecycleEvents: {
+            attempt_admitted?: components["schemas"]["AttemptAdmittedEvent"];
+            attempt_queued?: components["schemas"]["AttemptQueuedEvent"];
+            attempt_started?: components["schemas"]["AttemptStartedEvent"];
+            context?: components["schemas"]["ContextEvent"];
+            continue_scheduled?: components["schemas"]["ContinueScheduledEvent"];
+            conversation?: components["schemas"]["ConversationEvent"];
+            fresh_fallback?: components["schemas"]["FreshFallbackEvent"];
+            lagged?: components["schemas"]["LaggedEvent"];
+            reset?: components["schemas"]["LifecycleResetEvent"];
+            resume_failed?: components["schemas"]["ResumeFailedEvent"];
+            retry_scheduled?: components["schemas"]["RetryScheduledEvent"];
+            session_failed?: components["schemas"]["SessionFailedEvent"];
+            session_given_up?: components["schemas"]["SessionGivenUpEvent"];
+            session_reaped?: components["schemas"]["SessionReapedEvent"];
+            session_restarted?: components["schemas"]["SessionRestartedEvent"];
+            session_spawned?: components["schemas"]["SessionSpawnedEvent"];
+            session_stopped?: components["schemas"]["SessionStoppedEvent"];
+            store_failed?: components["schemas"]["StoreFailedEvent"];
+            stream_timed_out?: components["schemas"]["StreamTimedOutEvent"];
+            turn_finished?: components["schemas"]["TurnFinishedEvent"];
+            turn_started?: components["schemas"]["TurnStartedEvent"];
+            workspace_normalized?: components["schemas"]["WorkspaceNormalizedEvent"];
+        };
+        /** @description An event's fields with the time it was made: what `data:` carries. */
+        LifecycleResetEvent: {
+            /**
+             * @description When the server made it. Absent only on events stored by a warden
+             *     older than this field.
+             */
+            at?: components["schemas"]["EventTime"] | null;
+            /** @description Why (`expired`, `restarted`, …). */
+            reason: string;
+        };
+        /**
+         * @description Whether a session changed nodes because its owner's lease expired or was given back. `failover`: The old lease had expired. `handover`: It was given back (a graceful stop, an idle release).
+         * @enum {string}
+         */
+        MoveKind: "failover" | "handover";
+        /**
+         * @description The body of `POST /v1/turns`. Exactly one of `workspace` (an absolute
+         *     directory) or `key` (a name).
+         */
+        NewTurn: {
+            /**
+             * @description The agent kind the client expects (`anthropic`, `openai`,
+             *     `claude-code`); another than the session's is a 409.
+             */
+            agent?: string | null;
+            /** @description The session's name (instead of a workspace). */
+            key?: string | null;
+            /** @description The user's message (not empty). */
+            message: string;
+            /**
+             * @description This turn's model (the next turn may ask for another); default: the
+             *     server's.
+             */
+            model?: string | null;
+            /** @description The session's workspace: an absolute directory. */
+            workspace?: string | null;
+        };
+        /** @description An event's fields with the time it was made: what `data:` carries. */
+        QueuedEvent: {
+            /**
+             * @description When the server made it. Absent only on events stored by a warden
+             *     older than this field.
+             */
+            at?: components["schemas"]["EventTime"] | null;
+            /**
+             * Format: uint64
+             * @description The attempt that waits.
+             */
+            attempt: number;
+            /**
+             * Format: uint64
+             * @description How many turns of its session are ahead of it (when it waits behind
+             *     them).
+             */
+            behind?: number | null;
+        };
+        /**
+         * @description How `POST /v1/sessions/{key}/recover` unsticks a session. `retry`: Stop the running attempt as failed so it is retried (the conversation kept). `fresh`: Restart the session without its stored conversation (the user is told).
+         * @enum {string}
+         */
+        RecoverHow: "retry" | "fresh";
+        /** @description An event's fields with the time it was made: what `data:` carries. */
+        RestartingEvent: {
+            /**
+             * @description When the server made it. Absent only on events stored by a warden
+             *     older than this field.
+             */
+            at?: components["schemas"]["EventTime"] | null;
+            /** @description Why the resume failed (`context_overflow`, `conversation_not_found`, …). */
+            cause: string;
+            /** @description Always true: drop the text shown so far. */
+            discard: boolean;
+            /** @description A sentence for the user. */
+            notice: string;
+        };
+        /** @description An event's fields with the time it was made: what `data:` carries. */
+        ResumeFailedEvent: {
+            /**
+             * @description When the server made it. Absent only on events stored by a warden
+             *     older than this field.
+             */
+            at?: components["schemas"]["EventTime"] | null;
+            /** @description Why (`context_overflow`, `conversation_not_found`, …). */
+            cause: string;
+            /** @description The conversation that failed. */
+            conversation: string;
+            /** @description The session. */
+            key: string;
+        };
+        /** @description An event's fields with the time it was made: what `data:` carries. */
+        RetryScheduledEvent: {
+            /**
+             * @description When the server made it. Absent only on events stored by a warden
+             *     older than this field.
+             */
+            at?: components["schemas"]["EventTime"] | null;
+            /** @description Why it failed. */
+            code: string;
+            /**
+             * Format: uint64
+             * @description The backoff, in milliseconds.
+             */
+            delay_ms: number;
+            /**
+             * Format: uint32
+             * @description The attempt that failed.
+             */
+            failed_attempt: number;
+            /** @description The session. */
+            key: string;
+            /**
+             * Format: uint64
+             * @description The turn.
+             */
+            turn: number;
+            /** @description The turn's id on a `warden serve` server, once it knows it. */
+            turn_id?: string | null;
+        };
+        /** @description What a running session's turn is doing. */
+        RunningTurn: {
+            /** @description Waiting out a backoff before its next attempt. */
+            backing_off: boolean;
+            /**
+             * Format: uint64
+             * @description The turn's number (its message's id in the session).
+             */
+            id: number | null;
+            /**
+             * Format: uint64
+             * @description How long it has run, in milliseconds.
+             */
+            running_ms: number | null;
+            /**
+             * Format: uint32
+             * @description The attempt streaming now.
+             */
+            streaming_attempt: number | null;
+            /**
+             * @description The turn's id (for `/v1/turns/{id}/events`) while this node relays
+             *     it.
+             */
+            turn_id: string | null;
+            /** @description Waiting for a stream slot. */
+            waiting_for_admission: boolean;
+        };
+        /** @description `GET /v1/server`: what a client needs to know of this server. */
+        ServerInfo: {
+            /** @description The agent kind its sessions run. */
+            agent: string | null;
+            /** @description Whether it is a cluster node. */
+            cluster: boolean;
+            /**
+             * @description Where traces are looked at (`--jaeger-url`):
+             *     `{jaeger_url}/trace/{trace_id}`.
+             */
+            jaeger_url: string | null;
+            /** @description Its node id, on a cluster. */
+            node: string | null;
+            /**
+             * Format: uint64
+             * @description The watchdog's default silence allowance per stream, in
+             *     milliseconds.
+             */
+            stream_timeout_ms: number;
+            /**
+             * @description The file holding the bearer token the server checks (its path on
+             *     the server's machine).
+             */
+            token_file: string | null;
+            /** @description warden's version. */
+            version: string;
+        };
+        /** @description `GET /v1/sessions/{key}`: one session. */
+        Session: {
+            /** @description How full its context window is, once any usage is known. */
+            context?: components["schemas"]["ContextFill"] | null;
+            /** @description The agent's conversation id it resumes. */
+            conversation?: string | null;
+            /** @description Why it was given up (`status` `failed`). */
+            failure?: string | null;
+            /** @description Its key. */
+            key: string;
+            /**
+             * Format: uint64
+             * @description When it was last active, Unix milliseconds.
+             */
+            last_active_ms?: number | null;
+            /** @description The model of its last turn. */
+            model?: string | null;
+            /**
+             * Format: uint64
+             * @description Messages accepted and not answered yet.
+             */
+            pending?: number | null;
+            /**
+             * Format: uint64
+             * @description While it runs: messages waiting behind its turn.
+             */
+            queued?: number | null;
+            /**
+             * Format: uint32
+             * @description How many times it was restarted.
+             */
+            restarts?: number | null;
+            /** @description Whether it runs on this node now. */
+            running: boolean;
+            /** @description Its stored status. */
+            status?: components["schemas"]["SessionState"] | null;
+            /**
+             * @description While it runs with tracing on: the trace of its incarnation (its
+             *     turns are spans in it).
+             */
+            trace_id?: string | null;
+            /** @description While it runs: its turn. */
+            turn?: components["schemas"]["RunningTurn"] | null;
+            /**
+             * Format: uint64
+             * @description While it runs: turns it finished in this incarnation.
+             */
+            turns_finished?: number | null;
+            /** @description Its workspace directory, for a workspace session. */
+            workspace?: string | null;
+        };
+        /** @description An event's fields with the time it was made: what `data:` carries. */
+        SessionFailedEvent: {
+            /**
+             * @description When the server made it. Absent only on events stored by a warden
+             *     older than this field.
+             */
+            at?: components["schemas"]["EventTime"] | null;
+            /** @description The session. */
+            key: string;
+            /** @description Why. */
+            reason: string;
+        };
+        /** @description An event's fields with the time it was made: what `data:` carries. */
+        SessionGivenUpEvent: {
+            /**
+             * @description When the server made it. Absent only on events stored by a warden
+             *     older than this field.
+             */
+            at?: components["schemas"]["EventTime"] | null;
+            /** @description The original failure. */
+            cause: string;
+            /** @description The session. */
+            key: string;
+        };
+        /** @description `GET /v1/sessions`. */
         SessionList: {
+            /** @description The sessions, by key. */
             sessions: components["schemas"]["SessionSummary"][];
         };
+        /** @description A session that changed nodes. */
         SessionMove: {
-            /** @description Unix milliseconds */
+            /**
+             * Format: uint64
+             * @description When, Unix milliseconds.
+             */
             at_ms: number;
+            /**
+             * Format: uint64
+             * @description The epoch the new node holds it under.
+             */
             epoch: number;
+            /** @description The node that had it. */
             from: string;
+            /** @description The session. */
             key: string;
-            /** @enum {string} */
-            kind: "failover" | "handover";
+            /** @description Why it moved. */
+            kind: components["schemas"]["MoveKind"];
+            /** @description The node that took it. */
             to: string;
         };
-        SessionRecovered: {
-            /** @enum {string} */
-            how: "retry" | "fresh";
+        /** @description An event's fields with the time it was made: what `data:` carries. */
+        SessionReapedEvent: {
+            /**
+             * @description When the server made it. Absent only on events stored by a warden
+             *     older than this field.
+             */
+            at?: components["schemas"]["EventTime"] | null;
+            /**
+             * Format: uint64
+             * @description Its context size then.
+             */
+            context_tokens: number | null;
+            /**
+             * Format: uint64
+             * @description How long it was idle, in milliseconds.
+             */
+            idle_ms: number;
+            /** @description The session. */
             key: string;
-            /** @description false: nothing was stuck (no turn running, or one waiting for admission or its stream) */
+        };
+        /** @description The answer to `POST /v1/sessions/{key}/recover`. */
+        SessionRecovered: {
+            /** @description How. */
+            how: components["schemas"]["RecoverHow"];
+            /** @description The session. */
+            key: string;
+            /**
+             * @description False: nothing was stuck (no turn running, or one waiting for
+             *     admission or its stream).
+             */
             recovered: boolean;
         };
+        /** @description The answer to `POST /v1/sessions/{key}/reset`. */
         SessionReset: {
+            /** @description The session. */
             key: string;
+            /** @description Always true. */
             reset: boolean;
         };
-        /** @description On a cluster node also `owner`, `advertise`, `epoch`, `lease_remaining_secs`, `here`; with `?detail=full` also the fields of a Session */
-        SessionSummary: {
+        /** @description An event's fields with the time it was made: what `data:` carries. */
+        SessionRestartedEvent: {
+            /**
+             * @description When the server made it. Absent only on events stored by a warden
+             *     older than this field.
+             */
+            at?: components["schemas"]["EventTime"] | null;
+            /** @description The failure that caused it. */
+            cause: string;
+            /** @description The session. */
             key: string;
-        } & {
-            [key: string]: unknown;
+            /**
+             * Format: uint32
+             * @description Restarts inside the current intensity window.
+             */
+            restarts_in_window: number;
         };
-        TurnCancelled: {
-            /** @description Whether it was still queued or running */
-            cancelled: boolean;
-            id: string;
-            key: string;
-        };
-        TurnCreated: {
-            id: string;
+        /** @description An event's fields with the time it was made: what `data:` carries. */
+        SessionSpawnedEvent: {
+            /**
+             * @description When the server made it. Absent only on events stored by a warden
+             *     older than this field.
+             */
+            at?: components["schemas"]["EventTime"] | null;
+            /** @description The session. */
             key: string;
         };
         /**
-         * @description The SSE `event:` of a turn event; `done` (the summary) or `error` (`code`, `message`, `exit`: 3 API, 4 timeout, 5 unavailable, 6 deferred — ESESSION_STOPPED, the message stays pending —, 130 cancelled, 1 other) is the last. `queued` with `behind`: waiting behind that many turns of its session.
+         * @description A session's lifecycle status, as stored. `new`: Created, no turn run yet. `active`: Running (or its process died without stopping it). `idle`: Not running; the next message resumes it. `failed`: Given up (see `failure`); reset it to use it again. `unknown`: A status this server does not know (written by a newer warden).
+         * @enum {string}
+         */
+        SessionState: "new" | "active" | "idle" | "failed" | "unknown";
+        /** @description An event's fields with the time it was made: what `data:` carries. */
+        SessionStoppedEvent: {
+            /** @description Whether it crashed (panic or error) rather than stopped. */
+            abnormal: boolean;
+            /**
+             * @description When the server made it. Absent only on events stored by a warden
+             *     older than this field.
+             */
+            at?: components["schemas"]["EventTime"] | null;
+            /** @description The session. */
+            key: string;
+            /** @description Why, when known. */
+            reason: string | null;
+        };
+        /**
+         * @description A session in `GET /v1/sessions`: its key; on a cluster node where it
+         *     runs; with `?detail=full` its record and state.
+         */
+        SessionSummary: {
+            /** @description Where that node is reached, when known. */
+            advertise?: string | null;
+            /** @description How full its context window is, once any usage is known. */
+            context?: components["schemas"]["ContextFill"] | null;
+            /** @description The agent's conversation id it resumes. */
+            conversation?: string | null;
+            /**
+             * Format: uint64
+             * @description The lease's epoch (how many times the session changed hands, plus
+             *     one).
+             */
+            epoch?: number;
+            /** @description Why it was given up (`status` `failed`). */
+            failure?: string | null;
+            /** @description Whether the node answering holds it. */
+            here?: boolean;
+            /** @description Its key. */
+            key: string;
+            /**
+             * Format: uint64
+             * @description When it was last active, Unix milliseconds.
+             */
+            last_active_ms?: number | null;
+            /**
+             * Format: double
+             * @description Seconds left on the lease (negative: expired that long ago); `null`
+             *     when none is held.
+             */
+            lease_remaining_secs?: number | null;
+            /** @description The model of its last turn. */
+            model?: string | null;
+            /** @description The node holding its lease, if any. */
+            owner?: string | null;
+            /**
+             * Format: uint64
+             * @description Messages accepted and not answered yet.
+             */
+            pending?: number | null;
+            /**
+             * Format: uint64
+             * @description While it runs: messages waiting behind its turn.
+             */
+            queued?: number | null;
+            /**
+             * Format: uint32
+             * @description How many times it was restarted.
+             */
+            restarts?: number | null;
+            /** @description Whether it runs on this node now. */
+            running?: boolean;
+            /** @description Its stored status. */
+            status?: components["schemas"]["SessionState"] | null;
+            /**
+             * @description While it runs with tracing on: the trace of its incarnation (its
+             *     turns are spans in it).
+             */
+            trace_id?: string | null;
+            /** @description While it runs: its turn. */
+            turn?: components["schemas"]["RunningTurn"] | null;
+            /**
+             * Format: uint64
+             * @description While it runs: turns it finished in this incarnation.
+             */
+            turns_finished?: number | null;
+            /** @description Its workspace directory, for a workspace session. */
+            workspace?: string | null;
+        };
+        /** @description An event's fields with the time it was made: what `data:` carries. */
+        StartedEvent: {
+            /**
+             * @description When the server made it. Absent only on events stored by a warden
+             *     older than this field.
+             */
+            at?: components["schemas"]["EventTime"] | null;
+            /**
+             * Format: uint64
+             * @description The attempt, from 1.
+             */
+            attempt: number;
+        };
+        /** @description An event's fields with the time it was made: what `data:` carries. */
+        StoreFailedEvent: {
+            /**
+             * @description When the server made it. Absent only on events stored by a warden
+             *     older than this field.
+             */
+            at?: components["schemas"]["EventTime"] | null;
+            /** @description The store's error. */
+            error: string;
+            /** @description The session. */
+            key: string;
+        };
+        /** @description An event's fields with the time it was made: what `data:` carries. */
+        StreamTimedOutEvent: {
+            /**
+             * @description When the server made it. Absent only on events stored by a warden
+             *     older than this field.
+             */
+            at?: components["schemas"]["EventTime"] | null;
+            /**
+             * Format: uint32
+             * @description The attempt.
+             */
+            attempt: number;
+            /** @description The session. */
+            key: string;
+            /**
+             * Format: uint64
+             * @description How long it had been silent, in milliseconds.
+             */
+            silent_ms: number;
+            /**
+             * Format: uint64
+             * @description The turn.
+             */
+            turn: number;
+            /** @description The turn's id on a `warden serve` server, once it knows it. */
+            turn_id?: string | null;
+        };
+        /** @description An event's fields with the time it was made: what `data:` carries. */
+        ToolEvent: {
+            /**
+             * @description When the server made it. Absent only on events stored by a warden
+             *     older than this field.
+             */
+            at?: components["schemas"]["EventTime"] | null;
+            /** @description The call's id (the same in its `started` and `finished`). */
+            id: string;
+            /** @description The tool (on `started`). */
+            name?: string | null;
+            /** @description Began or finished. */
+            state: components["schemas"]["ToolState"];
+        };
+        /**
+         * @description Whether a tool call began or ended. `started`: The agent called it. `finished`: It returned.
+         * @enum {string}
+         */
+        ToolState: "started" | "finished";
+        /** @description The answer to `DELETE /v1/turns/{id}`. */
+        TurnCancelled: {
+            /** @description Whether it was still queued or running (false: it had ended). */
+            cancelled: boolean;
+            /** @description The turn. */
+            id: string;
+            /** @description Its session. */
+            key: string;
+        };
+        /**
+         * @description `202` to `POST /v1/turns`: the message is stored; follow the turn by its
+         *     id.
+         */
+        TurnCreated: {
+            /** @description The turn's id (`/v1/turns/{id}/events`). */
+            id: string;
+            /** @description Its session. */
+            key: string;
+        };
+        /**
+         * @description The SSE `event:` of a turn event
          * @enum {string}
          */
         TurnEvent: "queued" | "started" | "text" | "thinking" | "tool" | "retrying" | "continuing" | "restarting" | "done" | "error";
-        TurnList: {
+        /** @description The `data:` of each turn event, by its `event:` name. Every event carries `at` (when the server made it). `done` or `error` is the last; `retrying` and `restarting` drop the text shown since the last `started` (`discard`), `continuing` keeps it. */
+        TurnEvents: {
+            continuing?: components["schemas"]["AttemptFailedEvent"];
+            done?: components["schemas"]["DoneEvent"];
+            error?: components["schemas"]["FailedEvent"];
+            queued?: components["schemas"]["QueuedEvent"];
+            restarting?: components["schemas"]["RestartingEvent"];
+            retrying?: components["schemas"]["AttemptFailedEvent"];
+            started?: components["schemas"]["StartedEvent"];
+            text?: components["schemas"]["DeltaEvent"];
+            thinking?: components["schemas"]["DeltaEvent"];
+            tool?: components["schemas"]["ToolEvent"];
+        };
+        /** @description An event's fields with the time it was made: what `data:` carries. */
+        TurnFinishedEvent: {
+            /**
+             * @description When the server made it. Absent only on events stored by a warden
+             *     older than this field.
+             */
+            at?: components["schemas"]["EventTime"] | null;
+            /**
+             * Format: uint32
+             * @description Attempts used.
+             */
+            attempts: number;
+            /** @description The error code when it failed. */
+            code: string | null;
+            /** @description The session. */
             key: string;
+            /**
+             * Format: uint64
+             * @description The turn.
+             */
+            turn: number;
+            /** @description The turn's id on a `warden serve` server, once it knows it. */
+            turn_id?: string | null;
+        };
+        /** @description `GET /v1/sessions/{key}/turns`. */
+        TurnList: {
+            /** @description The session. */
+            key: string;
+            /** @description Its turns still kept, newest first. */
             turns: components["schemas"]["TurnSummary"][];
         };
+        /**
+         * @description How a turn kept by the server stands. `done`: Answered (`text`). `error`: Failed (`code`, `message`, `exit`). `running`: Streaming. `pending`: Accepted, no event yet. `moved`: Its log ended without a last event: it moved to another node, or stopped here with its message still pending (it is re-delivered).
+         * @enum {string}
+         */
+        TurnOutcome: "done" | "error" | "running" | "pending" | "moved";
+        /** @description An event's fields with the time it was made: what `data:` carries. */
+        TurnStartedEvent: {
+            /**
+             * @description When the server made it. Absent only on events stored by a warden
+             *     older than this field.
+             */
+            at?: components["schemas"]["EventTime"] | null;
+            /** @description The session. */
+            key: string;
+            /**
+             * Format: uint64
+             * @description The turn's number in the session.
+             */
+            turn: number;
+            /** @description The turn's id on a `warden serve` server, once it knows it. */
+            turn_id?: string | null;
+        };
+        /** @description A turn in `GET /v1/sessions/{key}/turns`. */
         TurnSummary: {
-            attempts?: number;
-            /** @description error: its code */
-            code?: string;
-            exit?: number;
+            /**
+             * Format: uint64
+             * @description `done`: attempts used.
+             */
+            attempts?: number | null;
+            /** @description `error`: its code. */
+            code?: string | null;
+            /** @description When its last event was made (`done`, `error`). */
+            ended_at?: components["schemas"]["EventTime"] | null;
+            /**
+             * Format: int32
+             * @description `error`: its exit-code class.
+             */
+            exit?: number | null;
+            /** @description The turn's id. */
             id: string;
-            message?: string;
+            /** @description `error`: what happened. */
+            message?: string | null;
+            /**
+             * Format: uint64
+             * @description The id of the message it answers.
+             */
             message_id: number;
-            /** @enum {string} */
-            outcome: "done" | "error" | "running" | "pending" | "moved";
-            /** @description done: the answer */
-            text?: string;
+            /** @description How it stands. */
+            outcome: components["schemas"]["TurnOutcome"];
+            /** @description `done`: the answer. */
+            text?: string | null;
+        };
+        /** @description An event's fields with the time it was made: what `data:` carries. */
+        WorkspaceNormalizedEvent: {
+            /**
+             * @description When the server made it. Absent only on events stored by a warden
+             *     older than this field.
+             */
+            at?: components["schemas"]["EventTime"] | null;
+            /** @description The path its session is keyed by. */
+            normalized: string;
+            /** @description The path as given. */
+            original: string;
         };
     };
     responses: never;
@@ -470,7 +1371,7 @@ export interface operations {
                     "text/plain": string;
                 };
             };
-            /** @description No or a wrong token */
+            /** @description `unauthorized`: no token, or a wrong one (the message says which and where the server's token file is) */
             401: {
                 headers: {
                     [name: string]: unknown;
@@ -519,7 +1420,7 @@ export interface operations {
                     "text/plain": string;
                 };
             };
-            /** @description No or a wrong token */
+            /** @description `unauthorized`: no token, or a wrong one (the message says which and where the server's token file is) */
             401: {
                 headers: {
                     [name: string]: unknown;
@@ -577,7 +1478,7 @@ export interface operations {
                     "application/json": components["schemas"]["ClusterView"];
                 };
             };
-            /** @description No or a wrong token */
+            /** @description `unauthorized`: no token, or a wrong one (the message says which and where the server's token file is) */
             401: {
                 headers: {
                     [name: string]: unknown;
@@ -627,8 +1528,17 @@ export interface operations {
                     "text/event-stream": string;
                 };
             };
-            /** @description A Last-Event-ID that is not a number */
+            /** @description `invalid_request`: a Last-Event-ID that is not a number */
             400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description `unauthorized`: no token, or a wrong one (the message says which and where the server's token file is) */
+            401: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -656,7 +1566,7 @@ export interface operations {
                     "application/json": components["schemas"]["ServerInfo"];
                 };
             };
-            /** @description No or a wrong token */
+            /** @description `unauthorized`: no token, or a wrong one (the message says which and where the server's token file is) */
             401: {
                 headers: {
                     [name: string]: unknown;
@@ -697,7 +1607,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description No or a wrong token */
+            /** @description `unauthorized`: no token, or a wrong one (the message says which and where the server's token file is) */
             401: {
                 headers: {
                     [name: string]: unknown;
@@ -722,6 +1632,7 @@ export interface operations {
             query?: never;
             header?: never;
             path: {
+                /** @description The session's key, percent-encoded (a `/` is `%2F`) */
                 key: string;
             };
             cookie?: never;
@@ -737,7 +1648,7 @@ export interface operations {
                     "application/json": components["schemas"]["Session"];
                 };
             };
-            /** @description No or a wrong token */
+            /** @description `unauthorized`: no token, or a wrong one (the message says which and where the server's token file is) */
             401: {
                 headers: {
                     [name: string]: unknown;
@@ -746,7 +1657,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description Unknown session */
+            /** @description `not_found`: unknown session */
             404: {
                 headers: {
                     [name: string]: unknown;
@@ -760,7 +1671,7 @@ export interface operations {
     recoverSession: {
         parameters: {
             query: {
-                how: "retry" | "fresh";
+                how: components["schemas"]["RecoverHow"];
             };
             header?: never;
             path: {
@@ -788,7 +1699,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description No or a wrong token */
+            /** @description `unauthorized`: no token, or a wrong one (the message says which and where the server's token file is) */
             401: {
                 headers: {
                     [name: string]: unknown;
@@ -828,7 +1739,7 @@ export interface operations {
                     "application/json": components["schemas"]["SessionReset"];
                 };
             };
-            /** @description No or a wrong token */
+            /** @description `unauthorized`: no token, or a wrong one (the message says which and where the server's token file is) */
             401: {
                 headers: {
                     [name: string]: unknown;
@@ -868,7 +1779,7 @@ export interface operations {
                     "application/json": components["schemas"]["TurnList"];
                 };
             };
-            /** @description No or a wrong token */
+            /** @description `unauthorized`: no token, or a wrong one (the message says which and where the server's token file is) */
             401: {
                 headers: {
                     [name: string]: unknown;
@@ -916,17 +1827,13 @@ export interface operations {
             /** @description Accepted: the message is stored; follow the turn by its id. A repeated Idempotency-Key: the turn it named, with `Idempotent-Replayed: true` */
             202: {
                 headers: {
-                    /** @description The Idempotency-Key named a turn already sent: this is it */
-                    "Idempotent-Replayed"?: "true";
-                    /** @description The turn's id */
-                    "X-Warden-Turn-Id"?: string;
                     [name: string]: unknown;
                 };
                 content: {
                     "application/json": components["schemas"]["TurnCreated"];
                 };
             };
-            /** @description `invalid_request`: bad JSON, neither or both of workspace/key. `invalid_idempotency_key`: empty, over 255 characters, not visible ASCII, or the header sent more than once. `invalid_workspace`: not absolute, a NUL byte, over 4,096 bytes, not a directory (or, for an agent that runs in its workspace, not an existing one) */
+            /** @description `invalid_request`: bad JSON, neither or both of workspace/key, an empty message. `invalid_idempotency_key`: empty, over 255 characters, not visible ASCII, or the header sent more than once. `invalid_workspace`: not absolute, a NUL byte, over 4,096 bytes, not a directory (or, for an agent that runs in its workspace, not an existing one) */
             400: {
                 headers: {
                     [name: string]: unknown;
@@ -935,7 +1842,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description No or a wrong token */
+            /** @description `unauthorized`: no token, or a wrong one (the message says which and where the server's token file is) */
             401: {
                 headers: {
                     [name: string]: unknown;
@@ -944,7 +1851,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description `session_failed`: the session was given up (reset it). `agent_mismatch`: `agent` names another kind than the session's (`agent`, `requested`); nothing was sent. `turn_recovering`: the Idempotency-Key's message was accepted before a restart and is being re-delivered as turn `id`; ask again after `Retry-After` */
+            /** @description `session_failed`: the session was given up (reset it). `agent_mismatch`: `agent` names another kind than the session's (`agent`: the server's, `requested`); nothing was sent. `turn_recovering`: the Idempotency-Key's message was accepted before a restart and is being re-delivered as turn `id`; ask again after `Retry-After` */
             409: {
                 headers: {
                     [name: string]: unknown;
@@ -953,7 +1860,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description Body over the limit (10 MiB) */
+            /** @description `body_too_large`: the body is over the limit (the message names it) */
             413: {
                 headers: {
                     [name: string]: unknown;
@@ -962,7 +1869,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description Not application/json */
+            /** @description `unsupported_media_type`: not application/json */
             415: {
                 headers: {
                     [name: string]: unknown;
@@ -1011,7 +1918,7 @@ export interface operations {
                     "application/json": components["schemas"]["TurnCancelled"];
                 };
             };
-            /** @description No or a wrong token */
+            /** @description `unauthorized`: no token, or a wrong one (the message says which and where the server's token file is) */
             401: {
                 headers: {
                     [name: string]: unknown;
@@ -1020,7 +1927,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description Unknown or expired turn */
+            /** @description `not_found`: unknown or expired turn */
             404: {
                 headers: {
                     [name: string]: unknown;
@@ -1054,7 +1961,7 @@ export interface operations {
                     "text/event-stream": string;
                 };
             };
-            /** @description A Last-Event-ID that is not a number */
+            /** @description `invalid_request`: a Last-Event-ID that is not a number */
             400: {
                 headers: {
                     [name: string]: unknown;
@@ -1063,7 +1970,16 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description Unknown or expired turn */
+            /** @description `unauthorized`: no token, or a wrong one (the message says which and where the server's token file is) */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description `not_found`: unknown or expired turn */
             404: {
                 headers: {
                     [name: string]: unknown;

@@ -220,12 +220,11 @@ pub(crate) async fn run(args: ServeArgs) -> Result<Exit, CliError> {
         .with_idle_timeout(args.idle_timeout);
     config = config.with_max_sessions(usize::try_from(args.max_sessions).unwrap_or(usize::MAX));
     let data_dir = paths::data_dir(args.data_dir.clone())?;
-    let token = token(
-        &args
-            .token_file
-            .clone()
-            .unwrap_or_else(|| data_dir.join("token")),
-    )?;
+    let token_file = args
+        .token_file
+        .clone()
+        .unwrap_or_else(|| data_dir.join("token"));
+    let token = token(&token_file)?;
     let lease_ttl = Some(args.lease_ttl)
         .filter(|t| *t >= Duration::from_millis(300))
         .ok_or_else(|| CliError::usage("--lease-ttl must be at least 0.3 seconds"))?;
@@ -283,6 +282,7 @@ pub(crate) async fn run(args: ServeArgs) -> Result<Exit, CliError> {
         .config(config)
         .store(store);
     let mut serve_config = ServeConfig::new(token)
+        .with_token_file(std::path::absolute(&token_file).unwrap_or(token_file))
         .with_keep_finished(args.keep_events)
         // Claude Code runs in its workspace: one that does not exist is
         // refused at the door.

@@ -2,8 +2,9 @@
 //! `warden serve`, it passes a standard validator (openapi-spec-validator),
 //! and a client generated from it with a standard generator
 //! (openapi-python-client) has a typed result for every route that is not
-//! an event stream — and that client, run against the same server, gets
-//! those types back.
+//! an event stream and a model for every event's `data` — and that client,
+//! run against the same server, gets those types back, every event of a
+//! turn and of `/v1/events` read into its model with its `at`.
 //!
 //! Needs the two tools (`WARDEN_OPENAPI_TOOLS`: the `bin` directory of a
 //! venv with `openapi-python-client==0.26.1` and
@@ -29,6 +30,8 @@ const TYPED: &[(&str, &str)] = &[
     ("get_session", "Session"),
     ("reset_session", "SessionReset"),
     ("session_turns", "TurnList"),
+    ("recover_session", "SessionRecovered"),
+    ("server_info", "ServerInfo"),
     ("metrics", "str"),
     ("ready", "str"),
     ("health", "str"),
@@ -70,7 +73,7 @@ async fn run(program: &Path, args: &[&str], dir: &Path) -> (bool, String) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_generated_client_is_typed_for_every_route_but_the_event_streams() {
+async fn a_generated_client_types_every_route_and_every_event() {
     let Some(tools) = tools() else { return };
     let mock = MockServer::start(MockConfig::default())
         .await
@@ -151,6 +154,40 @@ assert isinstance(reset, SessionReset) and reset.reset, reset
 turns = session_turns.sync(client=client, key="generated")
 assert isinstance(turns, TurnList), turns
 assert created.id in [t.id for t in turns.turns], turns
+
+# Every event a stream carries reads into the model its schema names.
+import importlib, json, re
+import httpx
+from gen.types import UNSET
+document = json.load(open("openapi.json"))
+def models(of):
+    found = {{}}
+    for event, schema in document["components"]["schemas"][of]["properties"].items():
+        name = schema["$ref"].rsplit("/", 1)[1]
+        module = importlib.import_module("gen.models." + re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower())
+        found[event] = getattr(module, name)
+    return found
+turn_models, lifecycle_models = models("TurnEvents"), models("LifecycleEvents")
+auth = {{"Authorization": "Bearer {token}"}}
+def read(path, models, last, headers={{}}):
+    seen, event = [], None
+    with httpx.stream("GET", "{base}" + path, headers={{**auth, **headers}}, timeout=20) as r:
+        assert r.status_code == 200, r.status_code
+        for line in r.iter_lines():
+            if line.startswith("event: "):
+                event = line[len("event: "):]
+            elif line.startswith("data: "):
+                typed = models[event].from_dict(json.loads(line[len("data: "):]))
+                assert typed.at is not UNSET and typed.at.year >= 2026, (event, typed)
+                seen.append(event)
+                if event == last:
+                    return seen
+    return seen
+turn = read(f"/v1/turns/{{created.id}}/events", turn_models, "done")
+assert turn[0] in ("queued", "started") and turn[-1] == "done", turn
+lifecycle = read("/v1/events", lifecycle_models, "turn_finished", {{"Last-Event-ID": "0"}})
+assert lifecycle[0] == "reset" and "turn_started" in lifecycle, lifecycle
+print("typed events:", len(turn), "turn,", len(lifecycle), "lifecycle")
 print("typed:", type(created).__name__, type(sessions).__name__, type(session).__name__)
 "#
     );
@@ -164,7 +201,8 @@ print("typed:", type(created).__name__, type(sessions).__name__, type(session)._
     .await;
     assert!(used.0, "the generated client failed:\n{}", used.1);
     assert!(
-        used.1.contains("typed: TurnCreated SessionList Session"),
+        used.1.contains("typed: TurnCreated SessionList Session")
+            && used.1.contains("typed events:"),
         "{}",
         used.1
     );

@@ -28,9 +28,11 @@ use crate::event::Usage;
 use crate::source::SessionKey;
 
 mod conversations;
+pub mod turn_event;
 mod turns;
 
 pub use conversations::{ConversationStore, Entry, Role, unknown_conversation};
+pub use turn_event::{EventTime, TurnEventData};
 pub use turns::{
     StoredEvent, StoredTurn, TurnEventKind, TurnStore, TurnStoreError, UnknownEventKind,
 };

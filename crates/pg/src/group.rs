@@ -192,7 +192,9 @@ impl PgStore {
                 let events: Vec<Value> = b
                     .events
                     .iter()
-                    .map(|e| json!({"seq": e.id, "kind": e.kind.as_str(), "data": e.data}))
+                    .map(
+                        |e| json!({"seq": e.id, "kind": e.kind().as_str(), "data": e.data_value()}),
+                    )
                     .collect();
                 json!({
                     "i": i,

@@ -10,7 +10,8 @@
 //! conversation holds the reply itself. (The single-node store does the
 //! same for a turn log that lost its end: `ETURN_LOG_DAMAGED`.)
 
-use serde_json::json;
+use warden_core::store::turn_event::Failed;
+use warden_core::store::{EventTime, TurnEventData};
 use warden_core::{SessionKey, StoreError};
 
 use crate::{PgStore, TAKEOVER_GRACE, backend, secs};
@@ -38,12 +39,13 @@ impl PgStore {
         keys: Option<&[SessionKey]>,
     ) -> Result<Vec<String>, StoreError> {
         let keys: Option<Vec<&str>> = keys.map(|k| k.iter().map(SessionKey::as_str).collect());
-        let end = json!({
-            "code": TURN_END_LOST,
-            "message": "the end of this turn was lost: its node gave the session up (a database outage, or it died) after the message was answered and before the turn's end was stored; the session's conversation holds the reply",
+        let end = TurnEventData::Error(Failed::new(
+            TURN_END_LOST,
+            "the end of this turn was lost: its node gave the session up (a database outage, or it died) after the message was answered and before the turn's end was stored; the session's conversation holds the reply",
             // `warden chat`'s class for any other failure.
-            "exit": 1,
-        });
+            1,
+        ))
+        .to_value(Some(EventTime::now()));
         let client = self.client().await?;
         let rows = client
             .query(

@@ -128,7 +128,7 @@ impl PgStore {
     ) -> Result<(), StoreError> {
         let batch: Vec<Value> = events
             .iter()
-            .map(|e| json!({"seq": e.id, "kind": e.kind.as_str(), "data": e.data}))
+            .map(|e| json!({"seq": e.id, "kind": e.kind().as_str(), "data": e.data_value()}))
             .collect();
         let client = self.client().await?;
         let row = client
@@ -223,10 +223,11 @@ impl PgStore {
                 let last = match r.get::<_, Option<i64>>(3) {
                     Some(seq) => {
                         let kind: String = r.get(4);
-                        let kind = kind.parse().map_err(|e| StoreError::Backend {
-                            message: format!("turn {id}: event {seq}: {e}"),
-                        })?;
-                        vec![StoredEvent::new(from_db(seq), kind, r.get(5))]
+                        let event = StoredEvent::from_stored(from_db(seq), &kind, r.get(5))
+                            .map_err(|e| StoreError::Backend {
+                                message: format!("turn {id}: event {seq}: {e}"),
+                            })?;
+                        vec![event]
                     }
                     None => Vec::new(),
                 };
@@ -258,10 +259,11 @@ impl PgStore {
         rows.into_iter()
             .map(|r| {
                 let kind: String = r.get(1);
-                let kind = kind.parse().map_err(|e| StoreError::Backend {
-                    message: format!("turn {id}: event {}: {e}", from_db(r.get(0))),
-                })?;
-                Ok(StoredEvent::new(from_db(r.get(0)), kind, r.get(2)))
+                StoredEvent::from_stored(from_db(r.get(0)), &kind, r.get(2)).map_err(|e| {
+                    StoreError::Backend {
+                        message: format!("turn {id}: event {}: {e}", from_db(r.get(0))),
+                    }
+                })
             })
             .collect()
     }

@@ -251,7 +251,13 @@ async fn a_waiting_session_a_node_holds_but_does_not_run_is_started_by_its_next_
 }
 
 fn stored(seq: u64, kind: warden_core::store::TurnEventKind) -> warden_core::store::StoredEvent {
-    warden_core::store::StoredEvent::new(seq, kind, serde_json::json!({"attempt": 1}))
+    use warden_core::store::TurnEventData;
+    use warden_core::store::turn_event::{Done, Started};
+    let data = match kind {
+        warden_core::store::TurnEventKind::Done => TurnEventData::Done(Done::new(1, "", 1, 0)),
+        _ => TurnEventData::Started(Started::new(1)),
+    };
+    warden_core::store::StoredEvent::new(seq, data)
 }
 
 /// The other way an outage left a turn without an end: the session
@@ -315,7 +321,7 @@ async fn a_turn_answered_but_whose_end_was_lost_with_its_lease_ends_with_a_typed
     assert!(t1.ended);
     let last = t1.events.last().expect("events");
     assert_eq!(
-        (last.id, last.kind, last.data["code"].as_str()),
+        (last.id, last.kind(), last.data_value()["code"].as_str()),
         (2, TurnEventKind::Error, Some(warden_pg::TURN_END_LOST)),
         "{t1:?}"
     );

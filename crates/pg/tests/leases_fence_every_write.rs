@@ -641,16 +641,22 @@ async fn conversations_are_shared_by_nodes_and_each_turn_is_recorded_once() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_turns_log_moves_with_its_session_and_numbers_on_without_a_gap() {
-    use serde_json::json;
-    use warden_core::store::{StoredEvent, TurnEventKind};
+    use warden_core::store::StoredEvent;
     let Some(config) = fresh_db().await else {
         return;
     };
     let pg = store(&config).await;
     let key = SessionKey::new("ws");
     let ttl = Duration::from_millis(600);
-    let ev =
-        |seq: u64, text: &str| StoredEvent::new(seq, TurnEventKind::Text, json!({ "text": text }));
+    let ev = |seq: u64, text: &str| {
+        StoredEvent::new(
+            seq,
+            warden_core::store::TurnEventData::Text(warden_core::store::turn_event::Delta::new(
+                text,
+            )),
+        )
+        .made_at(Some(warden_core::store::EventTime::from_unix_ms(seq)))
+    };
 
     let a = pg.acquire(&key, "node-a", ttl).await.expect("acquire");
     let a = a.expect("free");
@@ -748,8 +754,7 @@ async fn a_turns_log_moves_with_its_session_and_numbers_on_without_a_gap() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_old_owner_appending_through_a_takeover_never_collides_with_the_new_one() {
-    use serde_json::json;
-    use warden_core::store::{StoredEvent, TurnEventKind};
+    use warden_core::store::StoredEvent;
     let Some(config) = fresh_db().await else {
         return;
     };
@@ -771,8 +776,15 @@ async fn an_old_owner_appending_through_a_takeover_never_collides_with_the_new_o
         .expect("trigger");
     let key = SessionKey::new("ws");
     let ttl = Duration::from_millis(300);
-    let ev =
-        |seq: u64, text: &str| StoredEvent::new(seq, TurnEventKind::Text, json!({ "text": text }));
+    let ev = |seq: u64, text: &str| {
+        StoredEvent::new(
+            seq,
+            warden_core::store::TurnEventData::Text(warden_core::store::turn_event::Delta::new(
+                text,
+            )),
+        )
+        .made_at(Some(warden_core::store::EventTime::from_unix_ms(seq)))
+    };
     let a = pg.acquire(&key, "node-a", ttl).await.expect("acquire");
     let a = a.expect("free");
     pg.open_turn(&a, 1, "turn").await.expect("open");
@@ -891,12 +903,9 @@ async fn a_session_changing_nodes_is_listed_as_a_failover_or_a_handover() {
 }
 
 fn text_event(seq: u64, text: &str) -> warden_core::store::StoredEvent {
-    use warden_core::store::{StoredEvent, TurnEventKind};
-    StoredEvent::new(
-        seq,
-        TurnEventKind::Text,
-        serde_json::json!({ "text": text }),
-    )
+    use warden_core::store::{StoredEvent, TurnEventData, turn_event::Delta};
+    StoredEvent::new(seq, TurnEventData::Text(Delta::new(text)))
+        .made_at(Some(warden_core::store::EventTime::from_unix_ms(seq)))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1113,8 +1122,7 @@ async fn concurrent_turns_on_a_node_share_transactions_and_every_event_lands_in_
 /// a turn that is not there is still an error.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn appends_mark_their_turn_when_it_ends_not_at_every_batch() {
-    use serde_json::json;
-    use warden_core::store::{StoredEvent, TurnEventKind};
+    use warden_core::store::StoredEvent;
     use warden_pg::TurnBatch;
     let Some(config) = fresh_db().await else {
         return;
@@ -1122,7 +1130,15 @@ async fn appends_mark_their_turn_when_it_ends_not_at_every_batch() {
     let pg = store(&config).await;
     let (client, conn) = config.connect(NoTls).await.expect("connect");
     tokio::spawn(conn);
-    let ev = |seq: u64| StoredEvent::new(seq, TurnEventKind::Text, json!({ "text": "x" }));
+    let ev = |seq: u64| {
+        StoredEvent::new(
+            seq,
+            warden_core::store::TurnEventData::Text(warden_core::store::turn_event::Delta::new(
+                "x",
+            )),
+        )
+        .made_at(Some(warden_core::store::EventTime::from_unix_ms(seq)))
+    };
     let marks = |id: &'static str| {
         let client = &client;
         async move {

@@ -47,6 +47,10 @@ pub struct ServeConfig {
     /// A Jaeger UI's base URL (`http://jaeger:16686`): the console links
     /// each session's turns to their trace there. Default `None`: no links.
     pub jaeger_url: Option<String>,
+    /// Where the token is kept on the server's machine, named by `GET
+    /// /v1/server` and in a 401's message so a user knows where to find it.
+    /// Default `None`: not said.
+    pub token_file: Option<std::path::PathBuf>,
     /// The supervisor's re-delivered turns, relayed as turns of this
     /// server (see [`with_recovered_turns`](Self::with_recovered_turns)).
     pub(crate) recovered: Option<Arc<parking_lot::Mutex<Option<RecoveredRx>>>>,
@@ -67,6 +71,7 @@ impl std::fmt::Debug for ServeConfig {
             .field("placement", &self.placement.is_some())
             .field("turn_store", &self.turn_store.is_some())
             .field("jaeger_url", &self.jaeger_url)
+            .field("token_file", &self.token_file)
             .finish()
     }
 }
@@ -84,6 +89,7 @@ impl ServeConfig {
             placement: None,
             turn_store: None,
             jaeger_url: None,
+            token_file: None,
             recovered: None,
         }
     }
@@ -91,6 +97,12 @@ impl ServeConfig {
     /// Sets [`jaeger_url`](Self::jaeger_url) (a trailing `/` is dropped).
     pub fn with_jaeger_url(mut self, url: impl Into<String>) -> Self {
         self.jaeger_url = Some(url.into().trim_end_matches('/').to_owned());
+        self
+    }
+
+    /// Sets [`token_file`](Self::token_file).
+    pub fn with_token_file(mut self, path: impl Into<std::path::PathBuf>) -> Self {
+        self.token_file = Some(path.into());
         self
     }
 

@@ -2,15 +2,16 @@
 //! …}}`, with a 4xx/5xx status and, where asking again helps,
 //! `Retry-After`.
 
+use crate::api::ErrorBody;
 use axum::Json;
 use axum::extract::rejection::JsonRejection;
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use serde_json::json;
 use warden_core::cluster::Elsewhere;
 use warden_core::{SessionKey, SupervisorError};
 
-/// A typed error answer: `{"error": {"type", "message"}}`.
+/// A typed error answer: `{"error": {"type", "message", …}}`
+/// ([`crate::api::Error`]).
 #[derive(Debug)]
 pub(crate) struct ApiError {
     pub(crate) status: StatusCode,
@@ -18,8 +19,9 @@ pub(crate) struct ApiError {
     pub(crate) message: String,
     /// Seconds for a `Retry-After` header.
     retry_after: Option<u64>,
-    /// More fields of the error object.
-    extra: serde_json::Map<String, serde_json::Value>,
+    /// The error object's other fields (its `type` and `message` are set
+    /// from the two above).
+    pub(crate) body: Box<ErrorBody>,
 }
 
 impl ApiError {
@@ -29,7 +31,7 @@ impl ApiError {
             kind,
             message: message.into(),
             retry_after: None,
-            extra: serde_json::Map::new(),
+            body: Box::default(),
         }
     }
 
@@ -44,20 +46,19 @@ impl ApiError {
         self
     }
 
-    /// Adds a field to the error object.
-    pub(crate) fn with(mut self, field: &str, value: serde_json::Value) -> Self {
-        self.extra.insert(field.into(), value);
+    /// Sets more fields of the error object.
+    pub(crate) fn with(mut self, set: impl FnOnce(&mut ErrorBody)) -> Self {
+        set(&mut self.body);
         self
     }
 }
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let mut error = serde_json::Map::new();
-        error.insert("type".into(), json!(self.kind));
-        error.insert("message".into(), json!(self.message));
-        error.extend(self.extra);
-        let body = Json(json!({ "error": error }));
+        let mut error = *self.body;
+        error.kind = self.kind.to_owned();
+        error.message = self.message;
+        let body = Json(crate::api::Error { error });
         let mut response = (self.status, body).into_response();
         if self.status == StatusCode::UNAUTHORIZED {
             response.headers_mut().insert(
@@ -111,7 +112,7 @@ pub(crate) fn idempotency_key_reused(id: &str, key: &SessionKey) -> ApiError {
             key.as_str()
         ),
     )
-    .with("id", json!(id))
+    .with(|e| e.id = Some(id.to_owned()))
 }
 
 /// 503 with `Retry-After`: the session runs on another node (or, when its
@@ -140,8 +141,10 @@ pub(crate) fn elsewhere(key: &SessionKey, e: Elsewhere) -> ApiError {
             ),
         )
         .retry_after(retry)
-        .with("owner", json!(e.owner))
-        .with("workspace", json!(ws));
+        .with(|b| {
+            b.owner = e.owner.clone();
+            b.workspace = Some(ws.display().to_string());
+        });
     }
     ApiError::unavailable(
         "session_elsewhere",
@@ -152,8 +155,10 @@ pub(crate) fn elsewhere(key: &SessionKey, e: Elsewhere) -> ApiError {
         ),
     )
     .retry_after(retry)
-    .with("owner", json!(e.owner))
-    .with("advertise", json!(e.advertise))
+    .with(|b| {
+        b.owner = e.owner.clone();
+        b.advertise = e.advertise.clone();
+    })
 }
 
 /// A session error as the client's error: a path that cannot be a
@@ -170,7 +175,7 @@ pub(crate) fn bad_session(e: SupervisorError) -> ApiError {
             let limit = *limit;
             ApiError::unavailable("too_many_sessions", e.to_string())
                 .retry_after(5)
-                .with("limit", json!(limit))
+                .with(|b| b.limit = Some(limit as u64))
         }
         SupervisorError::Store {
             error: warden_core::StoreError::LeaseLost { .. },

@@ -12,9 +12,12 @@ use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use parking_lot::Mutex;
-use serde_json::{Value, json};
+use serde::Serialize;
+use serde_json::Value;
 use tokio::sync::watch;
 use warden_core::Supervisor;
+use warden_core::lifecycle::wire::Lagged;
+use warden_core::store::turn_event::{EventTime, Timed};
 
 use crate::turns::Turns;
 use crate::views;
@@ -93,16 +96,17 @@ impl History {
                 match rx.recv().await {
                     Ok(e) => {
                         if let Some((kind, mut data)) = views::lifecycle(&e) {
-                            if let (Some(key), Some(turn)) = (e.key(), data["turn"].as_u64()) {
-                                let id = turns.id_within(key, turn, NAMING_WAIT).await;
-                                data["turn_id"] = json!(id);
+                            if let (Some(key), Some(turn)) = (e.key(), data.turn())
+                                && let Some(id) = turns.id_within(key, turn, NAMING_WAIT).await
+                            {
+                                data.set_turn_id(id);
                             }
-                            keep.push(kind, data);
+                            keep.push(kind, timed(&data));
                         }
                     }
                     // The window itself fell behind the bus: say so in it.
                     Err(RecvError::Lagged(missed)) => {
-                        keep.push("lagged", json!({"missed": missed}))
+                        keep.push("lagged", timed(&Lagged::new(missed)))
                     }
                     Err(RecvError::Closed) => return,
                 }
@@ -174,9 +178,20 @@ impl History {
     }
 }
 
+/// An event's fields with `at` (now), as the stream sends them.
+pub(crate) fn timed<T: Serialize>(event: &T) -> Value {
+    serde_json::to_value(Timed {
+        event,
+        at: Some(EventTime::now()),
+    })
+    .unwrap_or(Value::Null)
+}
+
 #[cfg(test)]
 mod tests {
     use std::time::Duration;
+
+    use serde_json::json;
 
     use super::*;
 

@@ -29,6 +29,7 @@
 //! `{"error": {"type", "message"}}`, with a 4xx status; bodies over
 //! [`ServeConfig::max_body_bytes`] get 413.
 
+pub mod api;
 mod cluster;
 mod config;
 mod console;

@@ -54,8 +54,8 @@ impl Feed {
 fn sse_event(e: &StoredEvent) -> Event {
     Event::default()
         .id(e.id.to_string())
-        .event(e.kind.as_str())
-        .data(e.data.to_string())
+        .event(e.kind().as_str())
+        .data(e.data.to_wire(e.at))
 }
 
 /// The events of a turn kept here after `after`, then its later ones as

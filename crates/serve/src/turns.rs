@@ -15,10 +15,12 @@ use std::time::Duration;
 use parking_lot::Mutex;
 
 use futures_util::FutureExt as _;
-use serde_json::{Value, json};
 use tokio::sync::watch;
+use warden_core::store::turn_event::{
+    AttemptFailed, ContextFill, Delta, Done, Failed, Queued, Restarting, Started, Tool, ToolState,
+};
 use warden_core::store::{
-    StoredEvent as ServeEvent, StoredTurn, TurnEventKind as Kind, TurnStore, TurnStoreError,
+    StoredEvent as ServeEvent, StoredTurn, TurnEventData as Data, TurnStore, TurnStoreError,
 };
 use warden_core::{
     AgentEvent, ContinueFrom, RecoveredTurn, RetryPolicy, SessionKey, TurnCanceller, TurnError,
@@ -429,22 +431,24 @@ impl Turns {
                 }
                 _ => false,
             };
-            let (kind, discard) = match continued {
+            let failed = |discard| AttemptFailed::new(attempt, 0, "ENODE_LOST", discard);
+            let failed = match continued {
                 // The session numbers the continuation on from the broken
                 // attempt itself.
-                true => (Kind::Continuing, false),
+                true => Data::Continuing(failed(false)),
                 // A fresh run starts at attempt 1 here: number it on.
                 false => {
                     prior_attempts = attempt;
-                    (Kind::Retrying, true)
+                    Data::Retrying(failed(true))
                 }
             };
+            let failed = match (failed, node) {
+                (Data::Continuing(f), Some(n)) => Data::Continuing(f.on_node(n)),
+                (Data::Retrying(f), Some(n)) => Data::Retrying(f.on_node(n)),
+                (other, _) => other,
+            };
             // Stored with the first batch, sent before the new attempt.
-            marker = Some(ServeEvent::new(
-                last.id + 1,
-                kind,
-                json!({"failed_attempt": attempt, "delay_ms": 0, "code": "ENODE_LOST", "discard": discard, "node": node}),
-            ));
+            marker = Some(ServeEvent::new(last.id + 1, failed));
         }
         self.lock().insert(id.clone(), log.clone());
         self.by_message
@@ -566,17 +570,17 @@ fn kept_text(events: &[ServeEvent]) -> (Option<String>, u64) {
     let mut attempt = 0;
     let mut last_is_text = false;
     for e in events {
-        match e.kind {
-            Kind::Started => attempt = e.data["attempt"].as_u64().unwrap_or(attempt),
-            Kind::Retrying | Kind::Restarting => {
+        match &e.data {
+            Data::Started(s) => attempt = s.attempt,
+            Data::Retrying(_) | Data::Restarting(_) => {
                 text.clear();
                 last_is_text = false;
             }
-            Kind::Text => {
-                text.push_str(e.data["text"].as_str().unwrap_or(""));
+            Data::Text(t) => {
+                text.push_str(&t.text);
                 last_is_text = true;
             }
-            Kind::Thinking | Kind::Tool => last_is_text = false,
+            Data::Thinking(_) | Data::Tool(_) => last_is_text = false,
             _ => {}
         }
     }
@@ -659,13 +663,12 @@ async fn pump(
                 moved = true;
                 break;
             }
-            let (kind, mut data, end) = describe(event);
-            number_on(&mut data, prior_attempts);
-            if let Some(kind) = kind {
+            if let Some(mut data) = describe(event) {
+                data.number_on(prior_attempts);
+                last |= data.kind().is_last();
                 let next = staged.last().map_or_else(|| log.next_id(), |e| e.id + 1);
-                staged.push(ServeEvent::new(next, kind, data));
+                staged.push(ServeEvent::new(next, data));
             }
-            last |= end;
         }
         if !staged.is_empty() || last {
             if let Some(store) = store
@@ -720,89 +723,65 @@ async fn store_batch(
     false
 }
 
-/// Numbers an event's attempts on from `prior` (attempts an earlier node
-/// made of a re-delivered turn): `attempt`, `failed_attempt`, `attempts`.
-fn number_on(data: &mut Value, prior: u64) {
-    if prior == 0 {
-        return;
-    }
-    for field in ["attempt", "failed_attempt", "attempts"] {
-        if let Some(n) = data.get(field).and_then(Value::as_u64) {
-            data[field] = json!(n + prior);
+/// The event as clients see it; `None` for events not sent to them (usage
+/// reports, keep-alive-like ones).
+fn describe(event: TurnEvent) -> Option<Data> {
+    let failed =
+        |failed: warden_core::AttemptId, delay, error: &warden_core::StreamError, discard| {
+            AttemptFailed::new(
+                u64::from(failed.attempt),
+                millis(delay),
+                error.code(),
+                discard,
+            )
+        };
+    Some(match event {
+        TurnEvent::Waiting { behind } => Data::Queued(Queued::new(1, Some(behind as u64))),
+        TurnEvent::Queued(a) => Data::Queued(Queued::new(u64::from(a.attempt), None)),
+        TurnEvent::Started(a) => Data::Started(Started::new(u64::from(a.attempt))),
+        TurnEvent::Event(AgentEvent::TextDelta(t)) => Data::Text(Delta::new(t)),
+        TurnEvent::Event(AgentEvent::ThinkingDelta(t)) => Data::Thinking(Delta::new(t)),
+        TurnEvent::Event(AgentEvent::ToolUseStarted { id, name }) => {
+            Data::Tool(Tool::new(id, Some(name), ToolState::Started))
         }
-    }
-}
-
-/// The event's type and fields, and whether it is the last. `None` for
-/// events not sent to clients (usage reports, keep-alive-like ones).
-fn describe(event: TurnEvent) -> (Option<Kind>, Value, bool) {
-    match event {
-        TurnEvent::Waiting { behind } => (
-            Some(Kind::Queued),
-            json!({"attempt": 1, "behind": behind}),
-            false,
-        ),
-        TurnEvent::Queued(a) => (Some(Kind::Queued), json!({"attempt": a.attempt}), false),
-        TurnEvent::Started(a) => (Some(Kind::Started), json!({"attempt": a.attempt}), false),
-        TurnEvent::Event(AgentEvent::TextDelta(t)) => (Some(Kind::Text), json!({"text": t}), false),
-        TurnEvent::Event(AgentEvent::ThinkingDelta(t)) => {
-            (Some(Kind::Thinking), json!({"text": t}), false)
+        TurnEvent::Event(AgentEvent::ToolUseFinished { id }) => {
+            Data::Tool(Tool::new(id, None, ToolState::Finished))
         }
-        TurnEvent::Event(AgentEvent::ToolUseStarted { id, name }) => (
-            Some(Kind::Tool),
-            json!({"id": id, "name": name, "state": "started"}),
-            false,
-        ),
-        TurnEvent::Event(AgentEvent::ToolUseFinished { id }) => (
-            Some(Kind::Tool),
-            json!({"id": id, "state": "finished"}),
-            false,
-        ),
         TurnEvent::Retrying {
-            failed,
+            failed: f,
             delay,
             error,
-        } => (
-            Some(Kind::Retrying),
-            json!({"failed_attempt": failed.attempt, "delay_ms": millis(delay), "code": error.code(), "discard": true}),
-            false,
-        ),
+        } => Data::Retrying(failed(f, delay, &error, true)),
         TurnEvent::Continuing {
-            failed,
+            failed: f,
             delay,
             error,
-        } => (
-            Some(Kind::Continuing),
-            json!({"failed_attempt": failed.attempt, "delay_ms": millis(delay), "code": error.code(), "discard": false}),
-            false,
-        ),
-        TurnEvent::Restarting { cause } => (
-            Some(Kind::Restarting),
-            json!({"cause": cause.as_str(), "notice": "the conversation could not be resumed; the message moves to a fresh session", "discard": true}),
-            false,
-        ),
-        TurnEvent::Finished(Ok(summary)) => (Some(Kind::Done), done(&summary), true),
-        TurnEvent::Finished(Err(error)) => (Some(Kind::Error), failed(&error), true),
-        _ => (None, Value::Null, false),
-    }
+        } => Data::Continuing(failed(f, delay, &error, false)),
+        TurnEvent::Restarting { cause } => Data::Restarting(Restarting::new(cause.as_str())),
+        TurnEvent::Finished(Ok(summary)) => Data::Done(done(&summary)),
+        TurnEvent::Finished(Err(error)) => Data::Error(failure(&error)),
+        _ => return None,
+    })
 }
 
-fn done(s: &TurnSummary) -> Value {
-    json!({
-        "turn": s.turn,
-        "text": s.text,
-        "attempts": s.attempts,
-        "continuations": s.continuations,
-        "context": s.context.map(|c| json!({"tokens": c.tokens, "window": c.window, "percent": c.percent})),
-        "output_tokens": s.usage.map(|u| u.output_tokens),
-    })
+fn done(s: &TurnSummary) -> Done {
+    let context = s
+        .context
+        .map(|c| ContextFill::new(c.tokens, c.window, u64::from(c.percent)));
+    Done::new(
+        s.turn,
+        s.text.clone(),
+        u64::from(s.attempts),
+        u64::from(s.continuations),
+    )
+    .with_usage(context, s.usage.map(|u| u.output_tokens))
 }
 
 /// An error event: the code, the message and the exit-code class the CLI
 /// uses for it (`warden chat`: 4 timeout, 5 unavailable, 3 API, 6 deferred
 /// — the message stays pending and is answered later, do not re-send it —
 /// 130 cancelled, 1 otherwise).
-fn failed(e: &TurnError) -> Value {
+fn failure(e: &TurnError) -> Failed {
     let exit = match e {
         TurnError::Cancelled => 130,
         TurnError::SessionStopped { .. } => 6,
@@ -817,7 +796,7 @@ fn failed(e: &TurnError) -> Value {
         },
         _ => 1,
     };
-    json!({"code": e.code(), "message": e.to_string(), "exit": exit})
+    Failed::new(e.code(), e.to_string(), exit)
 }
 
 fn millis(d: Duration) -> u64 {

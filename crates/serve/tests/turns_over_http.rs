@@ -933,10 +933,13 @@ async fn lifecycle_events_are_replayed_after_last_event_id() {
         text.push_str(&String::from_utf8_lossy(&chunk));
     }
     let reset = text.find("event: reset").expect("a reset event first");
-    assert!(
-        text[reset..].starts_with("event: reset\ndata: {\"reason\":\"restarted\"}"),
-        "{text}"
-    );
+    let data = text[reset..]
+        .strip_prefix("event: reset\ndata: ")
+        .and_then(|rest| rest.lines().next())
+        .expect("the reset's data");
+    let data: serde_json::Value = serde_json::from_str(data).expect("JSON");
+    assert_eq!(data["reason"], "restarted", "{text}");
+    assert!(data["at"].as_str().is_some_and(|at| at.ends_with('Z')), "{text}");
     assert!(
         reset < text.find("event: turn_started").expect("the replay"),
         "{text}"

@@ -204,12 +204,8 @@ fn decode_batch(
 ) -> Result<(), TurnStoreError> {
     let v: Value = serde_json::from_slice(bytes).map_err(|e| corrupt("event", e))?;
     let one = |v: &Value, id: u64| -> Result<StoredEvent, TurnStoreError> {
-        let kind = v["kind"]
-            .as_str()
-            .ok_or_else(|| corrupt("event", "kind"))?
-            .parse()
-            .map_err(|e| corrupt("event", e))?;
-        Ok(StoredEvent::new(id, kind, v["data"].clone()))
+        let kind = v["kind"].as_str().ok_or_else(|| corrupt("event", "kind"))?;
+        StoredEvent::from_stored(id, kind, v["data"].clone()).map_err(|e| corrupt("event", e))
     };
     match &v {
         Value::Array(events) => {
@@ -228,7 +224,7 @@ fn encode_batch(events: &[StoredEvent]) -> Vec<u8> {
     Value::Array(
         events
             .iter()
-            .map(|e| json!({"id": e.id, "kind": e.kind.as_str(), "data": e.data}))
+            .map(|e| json!({"id": e.id, "kind": e.kind().as_str(), "data": e.data_value()}))
             .collect(),
     )
     .to_string()

@@ -5,13 +5,14 @@
 //! re-attaching to it is told instead of waiting for ever; a turn whose
 //! message still waits (a restart re-delivers it) is left to run again.
 
-use serde_json::json;
+use warden_core::store::TurnEventData;
+use warden_core::store::turn_event::Delta;
 use warden_core::store::{StoredEvent, TurnEventKind, TurnStore};
 use warden_core::{Durability, SessionKey, SessionRecord, SessionStore};
 use warden_store::{SledStore, TURN_LOG_DAMAGED};
 
 fn text(id: u64, t: &str) -> StoredEvent {
-    StoredEvent::new(id, TurnEventKind::Text, json!({"text": t}))
+    StoredEvent::new(id, TurnEventData::Text(Delta::new(t)))
 }
 
 #[tokio::test]
@@ -64,9 +65,9 @@ async fn an_answered_turn_without_an_end_is_ended_at_the_next_open_and_a_pending
         assert!(lost.ended, "open {open}: the turn ends");
         assert_eq!(lost.events.len(), 3, "open {open}: one end, once");
         let end = &lost.events[2];
-        assert_eq!((end.id, end.kind), (3, TurnEventKind::Error));
-        assert_eq!(end.data["code"], TURN_LOG_DAMAGED);
-        assert_eq!(end.data["exit"], 1);
+        assert_eq!((end.id, end.kind()), (3, TurnEventKind::Error));
+        assert_eq!(end.data_value()["code"], TURN_LOG_DAMAGED);
+        assert_eq!(end.data_value()["exit"], 1);
         assert!(end.is_last());
         let waiting = turns
             .read("turn_waiting", 0)

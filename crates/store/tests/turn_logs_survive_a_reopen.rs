@@ -8,11 +8,13 @@ use std::time::Duration;
 
 use serde_json::json;
 use warden_core::SessionKey;
+use warden_core::store::TurnEventData;
+use warden_core::store::turn_event::Delta;
 use warden_core::store::{StoredEvent, TurnEventKind, TurnStore, TurnStoreError};
 use warden_store::SledStore;
 
 fn text(id: u64, t: &str) -> StoredEvent {
-    StoredEvent::new(id, TurnEventKind::Text, json!({"text": t}))
+    StoredEvent::new(id, TurnEventData::Text(Delta::new(t)))
 }
 
 #[tokio::test]
@@ -46,7 +48,11 @@ async fn a_turn_log_keeps_its_id_and_events_across_a_reopen() {
         (read.key.as_str(), read.message_id, read.ended),
         ("ws", 1, false)
     );
-    let done = StoredEvent::new(3, TurnEventKind::Done, json!({"text": "Hello"}));
+    let done = StoredEvent::new(
+        3,
+        TurnEventData::Done(warden_core::store::turn_event::Done::new(1, "Hello", 1, 0)),
+    );
+    assert!(done.at.is_some(), "an event is made with its time");
     turns
         .append(&key, "turn_a", std::slice::from_ref(&done), true)
         .await
@@ -62,7 +68,7 @@ async fn a_turn_log_keeps_its_id_and_events_across_a_reopen() {
         .map(|t| (t.id.as_str(), t.message_id, t.ended, t.events.len()))
         .collect();
     assert_eq!(listed, [("turn_c", 2, false, 0), ("turn_a", 1, true, 1)]);
-    assert_eq!(recent[1].events[0].kind, TurnEventKind::Done);
+    assert_eq!(recent[1].events[0].kind(), TurnEventKind::Done);
     assert_eq!(turns.recent(&key, 1).await.expect("recent").len(), 1);
     let other = turns
         .recent(&SessionKey::new("w"), 10)
@@ -166,7 +172,11 @@ async fn events_acknowledged_just_before_a_crash_are_there_after_it() {
     let turns = store.turns().expect("turns (replays the log)");
     let read = turns.read("turn_a", 0).await.expect("read").expect("known");
     assert!(read.ended, "the last batch's end mark survived");
-    let texts: Vec<_> = read.events.iter().map(|e| e.data["text"].clone()).collect();
+    let texts: Vec<_> = read
+        .events
+        .iter()
+        .map(|e| e.data_value()["text"].clone())
+        .collect();
     let wanted: Vec<_> = (1..=50).map(|n| json!(format!("<{n}>"))).collect();
     assert_eq!(texts, wanted, "every acknowledged event, once, in order");
 }

@@ -9,6 +9,7 @@
 //! lossless per-turn channel ([`crate::TurnHandle`]).
 
 mod view;
+pub mod wire;
 
 use std::time::Duration;
 

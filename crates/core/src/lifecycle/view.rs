@@ -2,8 +2,6 @@
 //! (one view, used by `warden serve`'s `/v1/events` and the demo's
 //! `--json`).
 
-use std::time::Duration;
-
 use super::LifecycleEvent;
 use crate::source::SessionKey;
 
@@ -66,115 +64,11 @@ impl LifecycleEvent {
         }
     }
 
-    /// The event as a JSON object: `key` (when there is a session) and the
-    /// event's fields. Durations are whole milliseconds in `…_ms` fields,
-    /// an attempt is `turn` + `attempt` (`failed_attempt` for the one that
-    /// failed), an error code is `code`, a conversation id `conversation`.
-    /// Carries no prompt or reply text.
+    /// The event as a JSON object: its [wire fields](Self::to_wire) (`key`
+    /// when there is a session, and the event's fields). Carries no prompt
+    /// or reply text.
     pub fn to_json(&self) -> serde_json::Value {
-        use LifecycleEvent as L;
-        use serde_json::json;
-        let ms = |d: &Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
-        let mut v = match self {
-            L::SessionSpawned { .. } => json!({}),
-            L::SessionStopped {
-                reason, abnormal, ..
-            } => json!({"reason": reason, "abnormal": abnormal}),
-            L::SessionRestarted {
-                restarts_in_window,
-                cause,
-                ..
-            } => json!({"restarts_in_window": restarts_in_window, "cause": cause}),
-            L::SupervisorEscalated { cause, .. } => json!({"cause": cause}),
-            L::AgentSessionId { session_id, .. } => json!({"conversation": session_id}),
-            L::ResumeFailed {
-                failed_id, cause, ..
-            } => json!({"conversation": failed_id, "cause": cause.as_str()}),
-            L::FreshFallback {
-                failed_id,
-                redelivered,
-                ..
-            } => json!({"conversation": failed_id, "redelivered": redelivered}),
-            L::SessionFailed { reason, .. } => json!({"reason": reason}),
-            L::SessionReaped {
-                idle_for,
-                context_tokens,
-                ..
-            } => json!({"idle_ms": ms(idle_for), "context_tokens": context_tokens}),
-            L::ContextUsage {
-                tokens,
-                window,
-                percent,
-                self_reported,
-                ..
-            } => json!({
-                "tokens": tokens,
-                "window": window,
-                "percent": percent,
-                "self_reported": self_reported,
-            }),
-            L::WorkspaceNormalized {
-                original,
-                normalized,
-            } => json!({
-                "original": original.display().to_string(),
-                "normalized": normalized.display().to_string(),
-            }),
-            L::StoreFailed { error, .. } => json!({"error": error.to_string()}),
-            L::TurnStarted { turn, .. } => json!({"turn": turn}),
-            L::AttemptQueued { attempt, pool, .. } => {
-                json!({"turn": attempt.turn, "attempt": attempt.attempt, "pool": pool})
-            }
-            L::AttemptAdmitted {
-                attempt, waited, ..
-            } => json!({"turn": attempt.turn, "attempt": attempt.attempt, "waited_ms": ms(waited)}),
-            L::AttemptStarted {
-                attempt, timeout, ..
-            } => {
-                json!({"turn": attempt.turn, "attempt": attempt.attempt, "timeout_ms": ms(timeout)})
-            }
-            L::StreamTimedOut {
-                attempt,
-                silent_for,
-                ..
-            } => {
-                json!({"turn": attempt.turn, "attempt": attempt.attempt, "silent_ms": ms(silent_for)})
-            }
-            L::RetryScheduled {
-                failed,
-                delay,
-                error_code,
-                ..
-            } => json!({
-                "turn": failed.turn,
-                "failed_attempt": failed.attempt,
-                "delay_ms": ms(delay),
-                "code": error_code,
-            }),
-            L::ContinueScheduled {
-                failed,
-                delay,
-                error_code,
-                kept_bytes,
-                ..
-            } => json!({
-                "turn": failed.turn,
-                "failed_attempt": failed.attempt,
-                "delay_ms": ms(delay),
-                "code": error_code,
-                "kept_bytes": kept_bytes,
-            }),
-            L::TurnFinished {
-                turn,
-                attempts,
-                error_code,
-                ..
-            } => json!({"turn": turn, "attempts": attempts, "code": error_code}),
-        };
-        if let (Some(key), Some(object)) = (self.key(), v.as_object_mut()) {
-            object.insert("key".into(), key.as_str().into());
-        }
-        v
+        serde_json::to_value(self.to_wire()).unwrap_or(serde_json::Value::Null)
     }
 }
 

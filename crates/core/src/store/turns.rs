@@ -17,6 +17,8 @@ use serde_json::Value;
 
 use crate::source::SessionKey;
 
+use super::turn_event::{EventTime, TurnEventData};
+
 /// The type of a turn's event (the SSE `event:` name).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -104,27 +106,67 @@ impl FromStr for TurnEventKind {
     }
 }
 
-/// One event of a turn, as sent and stored: its number, its type, its JSON.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+/// One event of a turn, as sent and stored: its number, when it was made,
+/// its type and fields.
+#[derive(Debug, Clone, PartialEq)]
 pub struct StoredEvent {
     /// Unique and increasing within the turn, from 1 (the SSE `id:`).
     pub id: u64,
-    /// Its type (the SSE `event:`).
-    #[serde(rename = "type")]
-    pub kind: TurnEventKind,
-    /// The event's fields (the SSE `data:`).
-    pub data: Value,
+    /// When it was made (`None`: stored by a warden that did not keep it).
+    pub at: Option<EventTime>,
+    /// Its type and fields (the SSE `event:` and `data:`).
+    pub data: TurnEventData,
 }
 
 impl StoredEvent {
-    /// Event `id` of type `kind` with `data`.
-    pub fn new(id: u64, kind: TurnEventKind, data: Value) -> Self {
-        Self { id, kind, data }
+    /// Event `id` carrying `data`, made now.
+    pub fn new(id: u64, data: TurnEventData) -> Self {
+        Self {
+            id,
+            at: Some(EventTime::now()),
+            data,
+        }
+    }
+
+    /// The same, made at `at` (as stored).
+    pub fn made_at(mut self, at: Option<EventTime>) -> Self {
+        self.at = at;
+        self
+    }
+
+    /// Event `id` of type `kind` read back from its stored `data` (see
+    /// [`TurnEventData::from_value`]).
+    pub fn from_stored(id: u64, kind: &str, data: Value) -> Result<Self, String> {
+        let kind: TurnEventKind = kind.parse().map_err(|e: UnknownEventKind| e.to_string())?;
+        let (data, at) = TurnEventData::from_value(kind, data)
+            .map_err(|e| format!("a {kind} event that does not read: {e}"))?;
+        Ok(Self { id, at, data })
+    }
+
+    /// Its type (the SSE `event:`).
+    pub fn kind(&self) -> TurnEventKind {
+        self.data.kind()
+    }
+
+    /// Its fields and time as JSON (the SSE `data:`, and what stores keep).
+    pub fn data_value(&self) -> Value {
+        self.data.to_value(self.at)
     }
 
     /// Whether it ends its turn (`done` or `error`).
     pub fn is_last(&self) -> bool {
-        self.kind.is_last()
+        self.kind().is_last()
+    }
+}
+
+impl Serialize for StoredEvent {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeStruct;
+        let mut e = s.serialize_struct("StoredEvent", 3)?;
+        e.serialize_field("id", &self.id)?;
+        e.serialize_field("type", &self.kind())?;
+        e.serialize_field("data", &self.data_value())?;
+        e.end()
     }
 }
 

@@ -53,10 +53,13 @@ impl Transition<'_> {
                 }
                 span
             }
+            // Its conversation is recorded once, when the turn ends (a
+            // field recorded twice is two attributes of one key, and
+            // Jaeger's search matches only the first).
             Self::TurnStarted { turn, provider } => tracing::info_span!(
                 names::SESSION_TURN,
                 warden.session.key = key,
-                gen_ai.conversation.id = conv,
+                gen_ai.conversation.id = Empty,
                 gen_ai.operation.name = "chat",
                 gen_ai.provider.name = provider,
                 warden.turn = turn,

@@ -10,9 +10,9 @@ use axum::http::{HeaderMap, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
-use serde_json::json;
 use subtle::ConstantTimeEq as _;
 
+use crate::api::{self, LifecycleReset};
 use crate::cluster::Cluster;
 use crate::error::ApiError;
 use crate::history;
@@ -129,7 +129,7 @@ pub(crate) async fn lifecycle_events(
                         queue.push_back(
                             Event::default()
                                 .event("reset")
-                                .data(json!({"reason": reason}).to_string()),
+                                .data(history::timed(&LifecycleReset::new(reason)).to_string()),
                         );
                         events
                     }
@@ -156,14 +156,19 @@ pub(crate) async fn lifecycle_events(
 /// node id on a cluster, and where traces are looked at.
 pub(crate) async fn server_info(State(state): State<AppState>, cluster: Cluster) -> Response {
     let timeout = state.supervisor.watchdog().default_timeout();
-    axum::Json(json!({
-        "version": env!("CARGO_PKG_VERSION"),
-        "agent": state.config.agent,
-        "stream_timeout_ms": u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX),
-        "cluster": cluster.placement().is_some(),
-        "node": cluster.node(),
-        "jaeger_url": state.config.jaeger_url,
-    }))
+    axum::Json(api::ServerInfo {
+        version: env!("CARGO_PKG_VERSION").to_owned(),
+        agent: state.config.agent.clone(),
+        stream_timeout_ms: u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX),
+        cluster: cluster.placement().is_some(),
+        node: cluster.node().map(str::to_owned),
+        jaeger_url: state.config.jaeger_url.clone(),
+        token_file: state
+            .config
+            .token_file
+            .as_ref()
+            .map(|p| p.display().to_string()),
+    })
     .into_response()
 }
 
@@ -191,29 +196,42 @@ pub(crate) async fn cluster_view(cluster: Cluster) -> Result<Response, ApiError>
     };
     let mut nodes = Vec::new();
     for n in &stats.nodes {
-        nodes.push(json!({
-            "node": n.node,
-            "advertise": placement.advertise_of(&n.node).await,
-            "heartbeat_age_secs": n.heartbeat_age_secs,
-            "sessions": n.sessions,
-            "here": placement.node() == Some(n.node.as_str()),
-        }));
+        nodes.push(api::ClusterNode {
+            node: n.node.clone(),
+            advertise: placement.advertise_of(&n.node).await,
+            heartbeat_age_secs: n.heartbeat_age_secs,
+            sessions: n.sessions,
+            here: placement.node() == Some(n.node.as_str()),
+        });
     }
     let moves = match placement.moves(RECENT_MOVES).await {
-        Some(Ok(moves)) => json!(moves),
+        Some(Ok(moves)) => moves
+            .into_iter()
+            .map(|m| api::SessionMove {
+                kind: match m.kind {
+                    "failover" => api::MoveKind::Failover,
+                    _ => api::MoveKind::Handover,
+                },
+                key: m.key,
+                from: m.from,
+                to: m.to,
+                epoch: m.epoch,
+                at_ms: m.at_ms,
+            })
+            .collect(),
         Some(Err(why)) => {
             return Err(ApiError::unavailable("database_unreachable", why).retry_after(1));
         }
-        None => json!([]),
+        None => Vec::new(),
     };
-    Ok(axum::Json(json!({
-        "node": placement.node(),
-        "nodes": nodes,
-        "leases_held": stats.leases_held,
-        "leases_lost": stats.leases_lost,
-        "takeovers": stats.takeovers,
-        "database_round_trip_ms": stats.database_round_trip.map(|d| d.as_secs_f64() * 1000.0),
-        "moves": moves,
-    }))
+    Ok(axum::Json(api::ClusterView {
+        node: placement.node().map(str::to_owned),
+        nodes,
+        leases_held: stats.leases_held,
+        leases_lost: stats.leases_lost,
+        takeovers: stats.takeovers,
+        database_round_trip_ms: stats.database_round_trip.map(|d| d.as_secs_f64() * 1000.0),
+        moves,
+    })
     .into_response())
 }

@@ -8,10 +8,13 @@ use axum::extract::{Path, Query, State};
 use axum::http::{Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
-use serde_json::{Value, json};
-use warden_core::store::TurnEventKind;
+use warden_core::store::{StoredEvent, StoredTurn, TurnEventData};
 use warden_core::{Recovery, SessionKey, SessionRecord, SessionStatus};
 
+use crate::api::{
+    RecoverHow, Session, SessionDetail, SessionList, SessionPlacement, SessionRecovered,
+    SessionReset, SessionSummary, TurnList, TurnOutcome, TurnSummary,
+};
 use crate::cluster::Cluster;
 use crate::error::{ApiError, bad_session};
 use crate::state::AppState;
@@ -51,33 +54,51 @@ pub(crate) async fn list_sessions(
     let unavailable =
         |e: &dyn std::fmt::Display| ApiError::unavailable("unavailable", e.to_string());
     // Where each session runs, on a cluster node.
-    let mut places: Option<Vec<Value>> = None;
+    let mut places: Option<Vec<(String, SessionPlacement)>> = None;
     if let Some(placement) = cluster.placement()
         && let Some(all) = placement.sessions().await
     {
         let all = all.map_err(|e| ApiError::unavailable("unavailable", e))?;
         let me = placement.node();
         places = Some(
-            all.iter()
+            all.into_iter()
                 .map(|p| {
-                    let mut v = json!(p);
-                    v["here"] = json!(me.is_some() && p.owner.as_deref() == me);
-                    v
+                    let here = me.is_some() && p.owner.as_deref() == me;
+                    let place = SessionPlacement {
+                        owner: p.owner,
+                        advertise: p.advertise,
+                        epoch: p.epoch,
+                        lease_remaining_secs: p.lease_remaining_secs,
+                        here,
+                    };
+                    (p.key, place)
                 })
                 .collect(),
         );
     }
+    let summary = |key: String| SessionSummary {
+        key,
+        ..SessionSummary::default()
+    };
     if !full {
-        if let Some(list) = places {
-            return Ok(Json(json!({"sessions": list})).into_response());
-        }
-        let keys = state
-            .supervisor
-            .sessions()
-            .await
-            .map_err(|e| unavailable(&e))?;
-        let list: Vec<_> = keys.iter().map(|k| json!({"key": k.as_str()})).collect();
-        return Ok(Json(json!({"sessions": list})).into_response());
+        let sessions = match places {
+            Some(places) => places
+                .into_iter()
+                .map(|(key, place)| SessionSummary {
+                    placement: Some(place),
+                    ..summary(key)
+                })
+                .collect(),
+            None => state
+                .supervisor
+                .sessions()
+                .await
+                .map_err(|e| unavailable(&e))?
+                .into_iter()
+                .map(|k| summary(k.as_str().to_owned()))
+                .collect(),
+        };
+        return Ok(Json(SessionList { sessions }).into_response());
     }
     // Every stored record, the running ones with their status.
     let statuses = state
@@ -94,34 +115,39 @@ pub(crate) async fn list_sessions(
         .stored_sessions()
         .await
         .map_err(|e| unavailable(&e))?;
-    let mut by_key: BTreeMap<String, Value> = BTreeMap::new();
+    let mut by_key: BTreeMap<String, SessionSummary> = BTreeMap::new();
     for record in stored.into_iter().flatten() {
         let status = running.remove(record.key.as_str());
         let view = full_view(&state, Some(&record), status.as_ref());
-        by_key.insert(record.key.clone(), view);
+        let key = record.key.clone();
+        by_key.insert(
+            key.clone(),
+            SessionSummary {
+                detail: Some(view),
+                ..summary(key)
+            },
+        );
     }
     // Running but not stored yet (a session's first record is written as
     // it starts).
     for (key, status) in running {
-        by_key.insert(key, full_view(&state, None, Some(&status)));
+        let view = full_view(&state, None, Some(&status));
+        by_key.insert(
+            key.clone(),
+            SessionSummary {
+                detail: Some(view),
+                ..summary(key)
+            },
+        );
     }
-    if let Some(places) = places {
-        for place in places {
-            let Some(key) = place["key"].as_str().map(str::to_owned) else {
-                continue;
-            };
-            let entry = by_key
-                .entry(key.clone())
-                .or_insert_with(|| json!({"key": key}));
-            if let (Some(entry), Some(place)) = (entry.as_object_mut(), place.as_object()) {
-                for (k, v) in place {
-                    entry.insert(k.clone(), v.clone());
-                }
-            }
-        }
+    for (key, place) in places.into_iter().flatten() {
+        by_key
+            .entry(key.clone())
+            .or_insert_with(|| summary(key))
+            .placement = Some(place);
     }
-    let list: Vec<Value> = by_key.into_values().collect();
-    Ok(Json(json!({"sessions": list})).into_response())
+    let sessions = by_key.into_values().collect();
+    Ok(Json(SessionList { sessions }).into_response())
 }
 
 /// One session's view for `?detail=full`: its record, its turn while it
@@ -130,7 +156,7 @@ fn full_view(
     state: &AppState,
     record: Option<&SessionRecord>,
     status: Option<&SessionStatus>,
-) -> Value {
+) -> SessionDetail {
     let turn_id = status.and_then(|s| s.turn.and_then(|n| state.turns.id_of(&s.key, n)));
     views::session(record, status, turn_id.as_deref())
 }
@@ -171,11 +197,10 @@ pub(crate) async fn one_session(
         .as_ref()
         .and_then(|s| s.turn)
         .and_then(|n| state.turns.id_of(&key, n));
-    let mut view = views::session(record.as_ref(), running.as_ref(), turn_id.as_deref());
-    if let Some(trace) = trace_id {
-        view["trace_id"] = json!(trace);
-    }
-    Ok(Json(view).into_response())
+    let mut detail = views::session(record.as_ref(), running.as_ref(), turn_id.as_deref());
+    detail.trace_id = trace_id;
+    let key = key.as_str().to_owned();
+    Ok(Json(Session { key, detail }).into_response())
 }
 
 /// The query of `POST /v1/sessions/{key}/recover`.
@@ -209,9 +234,9 @@ pub(crate) async fn recover_session(
         )
     };
     let Query(query) = query.map_err(|e| bad(e.body_text()))?;
-    let how = match query.how.as_str() {
-        "retry" => Recovery::Retry,
-        "fresh" => Recovery::Fresh,
+    let (how, said) = match query.how.as_str() {
+        "retry" => (Recovery::Retry, RecoverHow::Retry),
+        "fresh" => (Recovery::Fresh, RecoverHow::Fresh),
         other => return Err(bad(format!("how={other:?}"))),
     };
     let session = SessionKey::new(&key);
@@ -238,7 +263,12 @@ pub(crate) async fn recover_session(
         .recover(session, how)
         .await
         .map_err(bad_session)?;
-    Ok(Json(json!({"key": key, "how": query.how, "recovered": recovered})).into_response())
+    Ok(Json(SessionRecovered {
+        key,
+        how: said,
+        recovered,
+    })
+    .into_response())
 }
 
 /// `POST /v1/sessions/{key}/reset`: forgets that the session was given up;
@@ -272,7 +302,7 @@ pub(crate) async fn reset_session(
         .reset(key.as_str())
         .await
         .map_err(bad_session)?;
-    Ok(Json(json!({"key": key, "reset": true})).into_response())
+    Ok(Json(SessionReset { key, reset: true }).into_response())
 }
 
 /// Turns listed by `GET /v1/sessions/{key}/turns`.
@@ -290,31 +320,56 @@ pub(crate) async fn session_turns(
         .recent(&SessionKey::new(&key), RECENT_TURNS)
         .await
         .map_err(|e| ApiError::unavailable("unavailable", e.to_string()).retry_after(1))?;
-    let list: Vec<_> = turns
-        .iter()
-        .map(|t| {
-            let last = t.events.last();
-            let mut v = json!({"id": t.id, "message_id": t.message_id});
-            match last.map(|e| (e.kind, &e.data)) {
-                Some((TurnEventKind::Done, data)) => {
-                    v["outcome"] = json!("done");
-                    v["text"] = data["text"].clone();
-                    v["attempts"] = data["attempts"].clone();
-                }
-                Some((TurnEventKind::Error, data)) => {
-                    v["outcome"] = json!("error");
-                    v["code"] = data["code"].clone();
-                    v["message"] = data["message"].clone();
-                    v["exit"] = data["exit"].clone();
-                }
-                // Its log ended without a last event: it moved to another
-                // node, or stopped here with its message still pending.
-                _ if t.ended => v["outcome"] = json!("moved"),
-                Some(_) => v["outcome"] = json!("running"),
-                None => v["outcome"] = json!("pending"),
-            }
-            v
-        })
-        .collect();
-    Ok(Json(json!({"key": key, "turns": list})).into_response())
+    let turns = turns.iter().map(summarize).collect();
+    Ok(Json(TurnList { key, turns }).into_response())
+}
+
+/// A kept turn as `GET /v1/sessions/{key}/turns` lists it.
+fn summarize(t: &StoredTurn) -> TurnSummary {
+    let last = t.events.last();
+    let outcome = match last.map(|e| &e.data) {
+        Some(TurnEventData::Done(_)) => TurnOutcome::Done,
+        Some(TurnEventData::Error(_)) => TurnOutcome::Error,
+        // Its log ended without a last event: it moved to another node, or
+        // stopped here with its message still pending.
+        _ if t.ended => TurnOutcome::Moved,
+        Some(_) => TurnOutcome::Running,
+        None => TurnOutcome::Pending,
+    };
+    let mut summary = TurnSummary {
+        id: t.id.clone(),
+        message_id: t.message_id,
+        outcome,
+        text: None,
+        attempts: None,
+        code: None,
+        message: None,
+        exit: None,
+        ended_at: None,
+    };
+    match last {
+        Some(
+            e @ StoredEvent {
+                data: TurnEventData::Done(d),
+                ..
+            },
+        ) => {
+            summary.text = Some(d.text.clone());
+            summary.attempts = Some(d.attempts);
+            summary.ended_at = e.at;
+        }
+        Some(
+            e @ StoredEvent {
+                data: TurnEventData::Error(f),
+                ..
+            },
+        ) => {
+            summary.code = Some(f.code.clone());
+            summary.message = Some(f.message.clone());
+            summary.exit = Some(f.exit);
+            summary.ended_at = e.at;
+        }
+        _ => {}
+    }
+    summary
 }

@@ -5,30 +5,14 @@ use axum::extract::rejection::JsonRejection;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, Method, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use serde::Deserialize;
-use serde_json::json;
 use warden_core::{PendingMessage, SendOptions, SessionKey, Supervisor, TurnHandle};
 
+use crate::api::{NewTurn, TurnCancelled, TurnCreated};
 use crate::cluster::{Cluster, Placed};
 use crate::error::{ApiError, bad_session, gone, idempotency_key_reused};
 use crate::sse;
 use crate::state::AppState;
 use crate::turns::Named;
-
-/// The body of `POST /v1/turns`.
-#[derive(Debug, Deserialize, serde::Serialize)]
-#[serde(deny_unknown_fields)]
-pub(crate) struct NewTurn {
-    workspace: Option<String>,
-    key: Option<String>,
-    message: String,
-    /// The agent kind the client expects the session to have.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    agent: Option<String>,
-    /// The model this turn asks for.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    model: Option<String>,
-}
 
 /// The session a new turn is for, parsed once from its body.
 enum Target {
@@ -165,7 +149,7 @@ pub(crate) async fn create_turn(
                         key.as_str()
                     ),
                 )
-                .with("id", json!(id))
+                .with(|e| e.id = Some(id.clone()))
                 .retry_after(1));
             }
             options = options.with_idempotency_key(k.clone());
@@ -190,8 +174,10 @@ pub(crate) async fn create_turn(
                 key.as_str()
             ),
         )
-        .with("agent", json!(runs))
-        .with("requested", json!(asked)));
+        .with(|e| {
+            e.agent = Some(runs.clone());
+            e.requested = Some(asked.clone());
+        }));
     }
     let handle = target.send(&state.supervisor, new.message, options).await?;
     let id = state
@@ -303,7 +289,10 @@ async fn replay(
 fn accepted(id: &str, key: &SessionKey) -> Response {
     (
         StatusCode::ACCEPTED,
-        Json(json!({"id": id, "key": key.as_str()})),
+        Json(TurnCreated {
+            id: id.to_owned(),
+            key: key.as_str().to_owned(),
+        }),
     )
         .into_response()
 }
@@ -374,10 +363,12 @@ pub(crate) async fn cancel_turn(
     if let Some(log) = state.turns.get(&id) {
         // An error means the session is gone: nothing left to cancel.
         let cancelled = log.cancel().await.unwrap_or(false);
-        return Ok(
-            Json(json!({"id": id, "key": log.key.as_str(), "cancelled": cancelled}))
-                .into_response(),
-        );
+        return Ok(Json(TurnCancelled {
+            key: log.key.as_str().to_owned(),
+            id,
+            cancelled,
+        })
+        .into_response());
     }
     let path = format!("/v1/turns/{id}");
     let elsewhere = cluster.turn_elsewhere(&id, Method::DELETE, &path).await;
@@ -390,9 +381,12 @@ pub(crate) async fn cancel_turn(
         Ok(None) | Err(_) => return elsewhere,
     };
     if turn.ended {
-        return Ok(
-            Json(json!({"id": id, "key": turn.key.as_str(), "cancelled": false})).into_response(),
-        );
+        return Ok(Json(TurnCancelled {
+            key: turn.key.as_str().to_owned(),
+            id,
+            cancelled: false,
+        })
+        .into_response());
     }
     match cluster
         .to_session_owner(&turn.key, Method::DELETE, &path)

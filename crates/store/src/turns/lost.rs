@@ -15,8 +15,8 @@
 
 use std::path::{Path, PathBuf};
 
-use serde_json::json;
-use warden_core::store::{StoredEvent, TurnEventKind};
+use warden_core::store::turn_event::Failed;
+use warden_core::store::{StoredEvent, TurnEventData};
 
 use super::{Meta, SledTurns, decode_batch, encode_batch, event_key, events_prefix, now_ms};
 use crate::wal::Replay;
@@ -64,13 +64,12 @@ impl SledTurns {
             let next = events.last().map_or(1, |e| e.id + 1);
             let end = StoredEvent::new(
                 next,
-                TurnEventKind::Error,
-                json!({
-                    "code": TURN_LOG_DAMAGED,
-                    "message": "the end of this turn was lost from the server's turn log (a damaged log, or a crash as it was written); its message was answered, and the session's conversation holds the reply",
+                TurnEventData::Error(Failed::new(
+                    TURN_LOG_DAMAGED,
+                    "the end of this turn was lost from the server's turn log (a damaged log, or a crash as it was written); its message was answered, and the session's conversation holds the reply",
                     // `warden chat`'s class for any other failure.
-                    "exit": 1,
-                }),
+                    1,
+                )),
             );
             let ended = Meta {
                 ended: true,

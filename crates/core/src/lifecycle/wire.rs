@@ -1,0 +1,519 @@
+//! A lifecycle event as clients receive it: one type per event, each the
+//! `data` of an SSE event named [`LifecycleEvent::name`] on `warden
+//! serve`'s `GET /v1/events` (and a `--json` line of the demo). Durations
+//! are whole milliseconds in `…_ms` fields, an attempt is `turn` +
+//! `attempt` (`failed_attempt` for the one that failed), an error code is
+//! `code`, a conversation id `conversation`. No prompt or reply text.
+
+use std::time::Duration;
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use super::LifecycleEvent;
+use crate::store::turn_event::Timed;
+
+/// Declares the wire struct of each event, with `key` first.
+macro_rules! events {
+    ($(
+        $(#[$doc:meta])*
+        $name:ident { $( $(#[$fdoc:meta])* $field:ident : $ty:ty ),* $(,)? }
+    )*) => {$(
+        $(#[$doc])*
+        #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+        #[non_exhaustive]
+        pub struct $name {
+            /// The session.
+            pub key: String,
+            $( $(#[$fdoc])* pub $field: $ty, )*
+        }
+    )*};
+}
+
+events! {
+    /// `session_spawned`: a session actor started.
+    SessionSpawned {}
+    /// `session_stopped`: a session actor stopped.
+    SessionStopped {
+        /// Why, when known.
+        reason: Option<String>,
+        /// Whether it crashed (panic or error) rather than stopped.
+        abnormal: bool,
+    }
+    /// `session_restarted`: the supervisor restarted it after a failure.
+    SessionRestarted {
+        /// Restarts inside the current intensity window.
+        restarts_in_window: u32,
+        /// The failure that caused it.
+        cause: String,
+    }
+    /// `session_given_up`: restart intensity exceeded; the supervisor gave
+    /// the session up.
+    SessionGivenUp {
+        /// The original failure.
+        cause: String,
+    }
+    /// `conversation`: the agent announced (or changed) its conversation id.
+    Conversation {
+        /// The conversation id.
+        conversation: String,
+    }
+    /// `resume_failed`: the stored conversation could not be resumed.
+    ResumeFailed {
+        /// The conversation that failed.
+        conversation: String,
+        /// Why (`context_overflow`, `conversation_not_found`, …).
+        cause: String,
+    }
+    /// `fresh_fallback`: the session restarted without it, its messages
+    /// re-delivered.
+    FreshFallback {
+        /// The conversation left behind.
+        conversation: String,
+        /// Messages re-delivered to the fresh session.
+        redelivered: u64,
+    }
+    /// `session_failed`: the session is given up for good (reset it).
+    SessionFailed {
+        /// Why.
+        reason: String,
+    }
+    /// `session_reaped`: stopped for idleness (the next message resumes it).
+    SessionReaped {
+        /// How long it was idle, in milliseconds.
+        idle_ms: u64,
+        /// Its context size then.
+        context_tokens: Option<u64>,
+    }
+    /// `context`: how full its context window is.
+    Context {
+        /// Tokens in context.
+        tokens: u64,
+        /// The window.
+        window: u64,
+        /// Percent, rounded (over 100 past the window).
+        percent: u32,
+        /// The agent's own estimate, when the self-report track is on.
+        self_reported: Option<u32>,
+    }
+    /// `store_failed`: its record could not be written.
+    StoreFailed {
+        /// The store's error.
+        error: String,
+    }
+    /// `turn_started`: a turn began.
+    TurnStarted {
+        /// The turn's id on a `warden serve` server, once it knows it.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        turn_id: Option<String>,
+        /// The turn's number in the session.
+        turn: u64,
+    }
+    /// `attempt_queued`: an attempt waits for a stream slot.
+    AttemptQueued {
+        /// The turn's id on a `warden serve` server, once it knows it.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        turn_id: Option<String>,
+        /// The turn.
+        turn: u64,
+        /// The attempt.
+        attempt: u32,
+        /// The pool it waits in.
+        pool: String,
+    }
+    /// `attempt_admitted`: it got its slot.
+    AttemptAdmitted {
+        /// The turn's id on a `warden serve` server, once it knows it.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        turn_id: Option<String>,
+        /// The turn.
+        turn: u64,
+        /// The attempt.
+        attempt: u32,
+        /// How long it waited, in milliseconds.
+        waited_ms: u64,
+    }
+    /// `attempt_started`: an attempt began streaming.
+    AttemptStarted {
+        /// The turn's id on a `warden serve` server, once it knows it.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        turn_id: Option<String>,
+        /// The turn.
+        turn: u64,
+        /// The attempt.
+        attempt: u32,
+        /// The watchdog's silence allowance for it, in milliseconds.
+        timeout_ms: u64,
+    }
+    /// `stream_timed_out`: the watchdog killed a silent stream.
+    StreamTimedOut {
+        /// The turn's id on a `warden serve` server, once it knows it.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        turn_id: Option<String>,
+        /// The turn.
+        turn: u64,
+        /// The attempt.
+        attempt: u32,
+        /// How long it had been silent, in milliseconds.
+        silent_ms: u64,
+    }
+    /// `retry_scheduled`: a failed attempt is retried from the start.
+    RetryScheduled {
+        /// The turn's id on a `warden serve` server, once it knows it.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        turn_id: Option<String>,
+        /// The turn.
+        turn: u64,
+        /// The attempt that failed.
+        failed_attempt: u32,
+        /// The backoff, in milliseconds.
+        delay_ms: u64,
+        /// Why it failed.
+        code: String,
+    }
+    /// `continue_scheduled`: a broken reply is continued by the next attempt.
+    ContinueScheduled {
+        /// The turn's id on a `warden serve` server, once it knows it.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        turn_id: Option<String>,
+        /// The turn.
+        turn: u64,
+        /// The attempt that broke.
+        failed_attempt: u32,
+        /// The backoff, in milliseconds.
+        delay_ms: u64,
+        /// Why it broke.
+        code: String,
+        /// Bytes of reply kept.
+        kept_bytes: u64,
+    }
+    /// `turn_finished`: a turn ended (`code` set when it failed).
+    TurnFinished {
+        /// The turn's id on a `warden serve` server, once it knows it.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        turn_id: Option<String>,
+        /// The turn.
+        turn: u64,
+        /// Attempts used.
+        attempts: u32,
+        /// The error code when it failed.
+        code: Option<String>,
+    }
+}
+
+/// `workspace_normalized`: a workspace path was normalized (before there
+/// is a session).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[non_exhaustive]
+pub struct WorkspaceNormalized {
+    /// The path as given.
+    pub original: String,
+    /// The path its session is keyed by.
+    pub normalized: String,
+}
+
+/// `reset` (first on a `/v1/events` stream that cannot replay from the
+/// client's `Last-Event-ID`): refetch what you show.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[non_exhaustive]
+pub struct LifecycleReset {
+    /// Why (`expired`, `restarted`, …).
+    pub reason: String,
+}
+
+impl LifecycleReset {
+    /// A reset because of `reason`.
+    pub fn new(reason: impl Into<String>) -> Self {
+        Self {
+            reason: reason.into(),
+        }
+    }
+}
+
+/// `lagged`: the server's event window fell behind the bus; events were
+/// lost.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[non_exhaustive]
+pub struct Lagged {
+    /// How many.
+    pub missed: u64,
+}
+
+impl Lagged {
+    /// `missed` events were lost.
+    pub fn new(missed: u64) -> Self {
+        Self { missed }
+    }
+}
+
+/// One lifecycle event's fields, by type.
+#[derive(Debug, Clone, PartialEq, Serialize, JsonSchema)]
+#[serde(untagged)]
+#[non_exhaustive]
+#[allow(missing_docs)] // each variant is its type, documented there
+pub enum LifecycleData {
+    SessionSpawned(SessionSpawned),
+    SessionStopped(SessionStopped),
+    SessionRestarted(SessionRestarted),
+    SessionGivenUp(SessionGivenUp),
+    Conversation(Conversation),
+    ResumeFailed(ResumeFailed),
+    FreshFallback(FreshFallback),
+    SessionFailed(SessionFailed),
+    SessionReaped(SessionReaped),
+    Context(Context),
+    WorkspaceNormalized(WorkspaceNormalized),
+    StoreFailed(StoreFailed),
+    TurnStarted(TurnStarted),
+    AttemptQueued(AttemptQueued),
+    AttemptAdmitted(AttemptAdmitted),
+    AttemptStarted(AttemptStarted),
+    StreamTimedOut(StreamTimedOut),
+    RetryScheduled(RetryScheduled),
+    ContinueScheduled(ContinueScheduled),
+    TurnFinished(TurnFinished),
+}
+
+impl LifecycleData {
+    /// The schema of each event's fields, by its name, the definitions
+    /// added to `generator`: for an API document.
+    pub fn schemas(
+        generator: &mut schemars::SchemaGenerator,
+    ) -> Vec<(&'static str, schemars::Schema)> {
+        macro_rules! each {
+            ($($name:literal => $ty:ty),* $(,)?) => {
+                vec![$(($name, generator.subschema_for::<Timed<$ty>>())),*]
+            };
+        }
+        each! {
+            "session_spawned" => SessionSpawned,
+            "session_stopped" => SessionStopped,
+            "session_restarted" => SessionRestarted,
+            "session_given_up" => SessionGivenUp,
+            "conversation" => Conversation,
+            "resume_failed" => ResumeFailed,
+            "fresh_fallback" => FreshFallback,
+            "session_failed" => SessionFailed,
+            "session_reaped" => SessionReaped,
+            "context" => Context,
+            "workspace_normalized" => WorkspaceNormalized,
+            "store_failed" => StoreFailed,
+            "turn_started" => TurnStarted,
+            "attempt_queued" => AttemptQueued,
+            "attempt_admitted" => AttemptAdmitted,
+            "attempt_started" => AttemptStarted,
+            "stream_timed_out" => StreamTimedOut,
+            "retry_scheduled" => RetryScheduled,
+            "continue_scheduled" => ContinueScheduled,
+            "turn_finished" => TurnFinished,
+        }
+    }
+
+    /// Sets the turn's id (`warden serve`'s) on the events of a turn.
+    pub fn set_turn_id(&mut self, id: String) {
+        let slot = match self {
+            Self::TurnStarted(e) => &mut e.turn_id,
+            Self::AttemptQueued(e) => &mut e.turn_id,
+            Self::AttemptAdmitted(e) => &mut e.turn_id,
+            Self::AttemptStarted(e) => &mut e.turn_id,
+            Self::StreamTimedOut(e) => &mut e.turn_id,
+            Self::RetryScheduled(e) => &mut e.turn_id,
+            Self::ContinueScheduled(e) => &mut e.turn_id,
+            Self::TurnFinished(e) => &mut e.turn_id,
+            _ => return,
+        };
+        *slot = Some(id);
+    }
+
+    /// The turn it is about, for the events of a turn.
+    pub fn turn(&self) -> Option<u64> {
+        match self {
+            Self::TurnStarted(e) => Some(e.turn),
+            Self::AttemptQueued(e) => Some(e.turn),
+            Self::AttemptAdmitted(e) => Some(e.turn),
+            Self::AttemptStarted(e) => Some(e.turn),
+            Self::StreamTimedOut(e) => Some(e.turn),
+            Self::RetryScheduled(e) => Some(e.turn),
+            Self::ContinueScheduled(e) => Some(e.turn),
+            Self::TurnFinished(e) => Some(e.turn),
+            _ => None,
+        }
+    }
+}
+
+fn ms(d: &Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+impl LifecycleEvent {
+    /// The event's fields as clients receive them.
+    pub fn to_wire(&self) -> LifecycleData {
+        use LifecycleData as W;
+        use LifecycleEvent as L;
+        let key = self
+            .key()
+            .map(|k| k.as_str().to_owned())
+            .unwrap_or_default();
+        match self {
+            L::SessionSpawned { .. } => W::SessionSpawned(SessionSpawned { key }),
+            L::SessionStopped {
+                reason, abnormal, ..
+            } => W::SessionStopped(SessionStopped {
+                key,
+                reason: reason.clone(),
+                abnormal: *abnormal,
+            }),
+            L::SessionRestarted {
+                restarts_in_window,
+                cause,
+                ..
+            } => W::SessionRestarted(SessionRestarted {
+                key,
+                restarts_in_window: *restarts_in_window,
+                cause: cause.clone(),
+            }),
+            L::SupervisorEscalated { cause, .. } => W::SessionGivenUp(SessionGivenUp {
+                key,
+                cause: cause.clone(),
+            }),
+            L::AgentSessionId { session_id, .. } => W::Conversation(Conversation {
+                key,
+                conversation: session_id.clone(),
+            }),
+            L::ResumeFailed {
+                failed_id, cause, ..
+            } => W::ResumeFailed(ResumeFailed {
+                key,
+                conversation: failed_id.clone(),
+                cause: cause.as_str().to_owned(),
+            }),
+            L::FreshFallback {
+                failed_id,
+                redelivered,
+                ..
+            } => W::FreshFallback(FreshFallback {
+                key,
+                conversation: failed_id.clone(),
+                redelivered: *redelivered as u64,
+            }),
+            L::SessionFailed { reason, .. } => W::SessionFailed(SessionFailed {
+                key,
+                reason: reason.clone(),
+            }),
+            L::SessionReaped {
+                idle_for,
+                context_tokens,
+                ..
+            } => W::SessionReaped(SessionReaped {
+                key,
+                idle_ms: ms(idle_for),
+                context_tokens: *context_tokens,
+            }),
+            L::ContextUsage {
+                tokens,
+                window,
+                percent,
+                self_reported,
+                ..
+            } => W::Context(Context {
+                key,
+                tokens: *tokens,
+                window: *window,
+                percent: *percent,
+                self_reported: *self_reported,
+            }),
+            L::WorkspaceNormalized {
+                original,
+                normalized,
+            } => W::WorkspaceNormalized(WorkspaceNormalized {
+                original: original.display().to_string(),
+                normalized: normalized.display().to_string(),
+            }),
+            L::StoreFailed { error, .. } => W::StoreFailed(StoreFailed {
+                key,
+                error: error.to_string(),
+            }),
+            L::TurnStarted { turn, .. } => W::TurnStarted(TurnStarted {
+                key,
+                turn_id: None,
+                turn: *turn,
+            }),
+            L::AttemptQueued { attempt, pool, .. } => W::AttemptQueued(AttemptQueued {
+                key,
+                turn_id: None,
+                turn: attempt.turn,
+                attempt: attempt.attempt,
+                pool: pool.clone(),
+            }),
+            L::AttemptAdmitted {
+                attempt, waited, ..
+            } => W::AttemptAdmitted(AttemptAdmitted {
+                key,
+                turn_id: None,
+                turn: attempt.turn,
+                attempt: attempt.attempt,
+                waited_ms: ms(waited),
+            }),
+            L::AttemptStarted {
+                attempt, timeout, ..
+            } => W::AttemptStarted(AttemptStarted {
+                key,
+                turn_id: None,
+                turn: attempt.turn,
+                attempt: attempt.attempt,
+                timeout_ms: ms(timeout),
+            }),
+            L::StreamTimedOut {
+                attempt,
+                silent_for,
+                ..
+            } => W::StreamTimedOut(StreamTimedOut {
+                key,
+                turn_id: None,
+                turn: attempt.turn,
+                attempt: attempt.attempt,
+                silent_ms: ms(silent_for),
+            }),
+            L::RetryScheduled {
+                failed,
+                delay,
+                error_code,
+                ..
+            } => W::RetryScheduled(RetryScheduled {
+                key,
+                turn_id: None,
+                turn: failed.turn,
+                failed_attempt: failed.attempt,
+                delay_ms: ms(delay),
+                code: (*error_code).to_owned(),
+            }),
+            L::ContinueScheduled {
+                failed,
+                delay,
+                error_code,
+                kept_bytes,
+                ..
+            } => W::ContinueScheduled(ContinueScheduled {
+                key,
+                turn_id: None,
+                turn: failed.turn,
+                failed_attempt: failed.attempt,
+                delay_ms: ms(delay),
+                code: (*error_code).to_owned(),
+                kept_bytes: *kept_bytes as u64,
+            }),
+            L::TurnFinished {
+                turn,
+                attempts,
+                error_code,
+                ..
+            } => W::TurnFinished(TurnFinished {
+                key,
+                turn_id: None,
+                turn: *turn,
+                attempts: *attempts,
+                code: error_code.map(str::to_owned),
+            }),
+        }
+    }
+}

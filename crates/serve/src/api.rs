@@ -1,0 +1,422 @@
+//! The contract of `warden serve`: every request and response body, and
+//! (re-exported from core, which makes them) every event a stream carries.
+//!
+//! The routes send and take exactly these types; the OpenAPI document at
+//! `/openapi.json` is derived from them ([`schemars`]), and the Python and
+//! TypeScript clients are generated from (or checked against) that
+//! document. A field added here reaches every edge in one change.
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+pub use warden_core::lifecycle::wire::{Lagged, LifecycleData, LifecycleReset};
+pub use warden_core::store::turn_event::{
+    AttemptFailed, ContextFill, Delta, Done, EventTime, Failed, Queued, Restarting, Started, Timed,
+    Tool, ToolState,
+};
+
+/// The body of `POST /v1/turns`. Exactly one of `workspace` (an absolute
+/// directory) or `key` (a name).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+#[non_exhaustive]
+pub struct NewTurn {
+    /// The session's workspace: an absolute directory.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workspace: Option<String>,
+    /// The session's name (instead of a workspace).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key: Option<String>,
+    /// The user's message (not empty).
+    pub message: String,
+    /// This turn's model (the next turn may ask for another); default: the
+    /// server's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
+    /// The agent kind the client expects (`anthropic`, `openai`,
+    /// `claude-code`); another than the session's is a 409.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent: Option<String>,
+}
+
+/// `202` to `POST /v1/turns`: the message is stored; follow the turn by its
+/// id.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[non_exhaustive]
+pub struct TurnCreated {
+    /// The turn's id (`/v1/turns/{id}/events`).
+    pub id: String,
+    /// Its session.
+    pub key: String,
+}
+
+/// The answer to `DELETE /v1/turns/{id}`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[non_exhaustive]
+pub struct TurnCancelled {
+    /// The turn.
+    pub id: String,
+    /// Its session.
+    pub key: String,
+    /// Whether it was still queued or running (false: it had ended).
+    pub cancelled: bool,
+}
+
+/// Where a session runs, on a cluster node.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[non_exhaustive]
+pub struct SessionPlacement {
+    /// The node holding its lease, if any.
+    pub owner: Option<String>,
+    /// Where that node is reached, when known.
+    pub advertise: Option<String>,
+    /// The lease's epoch (how many times the session changed hands, plus
+    /// one).
+    pub epoch: u64,
+    /// Seconds left on the lease (negative: expired that long ago); `null`
+    /// when none is held.
+    pub lease_remaining_secs: Option<f64>,
+    /// Whether the node answering holds it.
+    pub here: bool,
+}
+
+/// A session's lifecycle status, as stored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum SessionState {
+    /// Created, no turn run yet.
+    New,
+    /// Running (or its process died without stopping it).
+    Active,
+    /// Not running; the next message resumes it.
+    Idle,
+    /// Given up (see `failure`); reset it to use it again.
+    Failed,
+    /// A status this server does not know (written by a newer warden).
+    Unknown,
+}
+
+/// What a running session's turn is doing.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[non_exhaustive]
+pub struct RunningTurn {
+    /// The turn's number (its message's id in the session).
+    pub id: Option<u64>,
+    /// The turn's id (for `/v1/turns/{id}/events`) while this node relays
+    /// it.
+    pub turn_id: Option<String>,
+    /// The attempt streaming now.
+    pub streaming_attempt: Option<u32>,
+    /// Waiting out a backoff before its next attempt.
+    pub backing_off: bool,
+    /// Waiting for a stream slot.
+    pub waiting_for_admission: bool,
+    /// How long it has run, in milliseconds.
+    pub running_ms: Option<u64>,
+}
+
+/// A session's record and, while it runs, what it is doing. Fields of the
+/// record are absent for a session running but not stored yet.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[non_exhaustive]
+pub struct SessionDetail {
+    /// Whether it runs on this node now.
+    pub running: bool,
+    /// Its workspace directory, for a workspace session.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workspace: Option<String>,
+    /// The agent's conversation id it resumes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub conversation: Option<String>,
+    /// The model of its last turn.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
+    /// Its stored status.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status: Option<SessionState>,
+    /// Why it was given up (`status` `failed`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failure: Option<String>,
+    /// Messages accepted and not answered yet.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pending: Option<u64>,
+    /// How many times it was restarted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restarts: Option<u32>,
+    /// How full its context window is, once any usage is known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub context: Option<ContextFill>,
+    /// When it was last active, Unix milliseconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_active_ms: Option<u64>,
+    /// While it runs: its turn.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub turn: Option<RunningTurn>,
+    /// While it runs: messages waiting behind its turn.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub queued: Option<u64>,
+    /// While it runs: turns it finished in this incarnation.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub turns_finished: Option<u64>,
+    /// While it runs with tracing on: the trace of its incarnation (its
+    /// turns are spans in it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trace_id: Option<String>,
+}
+
+/// `GET /v1/sessions/{key}`: one session.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[non_exhaustive]
+pub struct Session {
+    /// Its key.
+    pub key: String,
+    /// Its record and state.
+    #[serde(flatten)]
+    pub detail: SessionDetail,
+}
+
+/// A session in `GET /v1/sessions`: its key; on a cluster node where it
+/// runs; with `?detail=full` its record and state.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[non_exhaustive]
+pub struct SessionSummary {
+    /// Its key.
+    pub key: String,
+    /// Where it runs (cluster nodes).
+    #[serde(flatten, default, skip_serializing_if = "Option::is_none")]
+    pub placement: Option<SessionPlacement>,
+    /// Its record and state (`?detail=full`).
+    #[serde(flatten, default, skip_serializing_if = "Option::is_none")]
+    pub detail: Option<SessionDetail>,
+}
+
+/// `GET /v1/sessions`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[non_exhaustive]
+pub struct SessionList {
+    /// The sessions, by key.
+    pub sessions: Vec<SessionSummary>,
+}
+
+/// How a turn kept by the server stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum TurnOutcome {
+    /// Answered (`text`).
+    Done,
+    /// Failed (`code`, `message`, `exit`).
+    Error,
+    /// Streaming.
+    Running,
+    /// Accepted, no event yet.
+    Pending,
+    /// Its log ended without a last event: it moved to another node, or
+    /// stopped here with its message still pending (it is re-delivered).
+    Moved,
+}
+
+/// A turn in `GET /v1/sessions/{key}/turns`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[non_exhaustive]
+pub struct TurnSummary {
+    /// The turn's id.
+    pub id: String,
+    /// The id of the message it answers.
+    pub message_id: u64,
+    /// How it stands.
+    pub outcome: TurnOutcome,
+    /// `done`: the answer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub text: Option<String>,
+    /// `done`: attempts used.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attempts: Option<u64>,
+    /// `error`: its code.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub code: Option<String>,
+    /// `error`: what happened.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+    /// `error`: its exit-code class.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exit: Option<i32>,
+    /// When its last event was made (`done`, `error`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ended_at: Option<EventTime>,
+}
+
+/// `GET /v1/sessions/{key}/turns`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[non_exhaustive]
+pub struct TurnList {
+    /// The session.
+    pub key: String,
+    /// Its turns still kept, newest first.
+    pub turns: Vec<TurnSummary>,
+}
+
+/// How `POST /v1/sessions/{key}/recover` unsticks a session.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum RecoverHow {
+    /// Stop the running attempt as failed so it is retried (the
+    /// conversation kept).
+    Retry,
+    /// Restart the session without its stored conversation (the user is
+    /// told).
+    Fresh,
+}
+
+/// The answer to `POST /v1/sessions/{key}/recover`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[non_exhaustive]
+pub struct SessionRecovered {
+    /// The session.
+    pub key: String,
+    /// How.
+    pub how: RecoverHow,
+    /// False: nothing was stuck (no turn running, or one waiting for
+    /// admission or its stream).
+    pub recovered: bool,
+}
+
+/// The answer to `POST /v1/sessions/{key}/reset`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[non_exhaustive]
+pub struct SessionReset {
+    /// The session.
+    pub key: String,
+    /// Always true.
+    pub reset: bool,
+}
+
+/// `GET /v1/server`: what a client needs to know of this server.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[non_exhaustive]
+pub struct ServerInfo {
+    /// warden's version.
+    pub version: String,
+    /// The agent kind its sessions run.
+    pub agent: Option<String>,
+    /// The watchdog's default silence allowance per stream, in
+    /// milliseconds.
+    pub stream_timeout_ms: u64,
+    /// Whether it is a cluster node.
+    pub cluster: bool,
+    /// Its node id, on a cluster.
+    pub node: Option<String>,
+    /// Where traces are looked at (`--jaeger-url`):
+    /// `{jaeger_url}/trace/{trace_id}`.
+    pub jaeger_url: Option<String>,
+    /// The file holding the bearer token the server checks (its path on
+    /// the server's machine).
+    pub token_file: Option<String>,
+}
+
+/// A member of the cluster, as `GET /v1/cluster` shows it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[non_exhaustive]
+pub struct ClusterNode {
+    /// Its id.
+    pub node: String,
+    /// Where it is reached.
+    pub advertise: Option<String>,
+    /// Seconds since its last heartbeat.
+    pub heartbeat_age_secs: f64,
+    /// Sessions whose lease it holds.
+    pub sessions: u64,
+    /// Whether it is the node answering.
+    pub here: bool,
+}
+
+/// Whether a session changed nodes because its owner's lease expired or
+/// was given back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum MoveKind {
+    /// The old lease had expired.
+    Failover,
+    /// It was given back (a graceful stop, an idle release).
+    Handover,
+}
+
+/// A session that changed nodes.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[non_exhaustive]
+pub struct SessionMove {
+    /// The session.
+    pub key: String,
+    /// The node that had it.
+    pub from: String,
+    /// The node that took it.
+    pub to: String,
+    /// The epoch the new node holds it under.
+    pub epoch: u64,
+    /// Why it moved.
+    pub kind: MoveKind,
+    /// When, Unix milliseconds.
+    pub at_ms: u64,
+}
+
+/// `GET /v1/cluster`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[non_exhaustive]
+pub struct ClusterView {
+    /// The node answering.
+    pub node: Option<String>,
+    /// The members, freshest heartbeat first.
+    pub nodes: Vec<ClusterNode>,
+    /// Leases this node holds.
+    pub leases_held: u64,
+    /// Leases this node lost since it started.
+    pub leases_lost: u64,
+    /// Sessions this node took over.
+    pub takeovers: u64,
+    /// The database's round trip now, in milliseconds (`null`: no answer).
+    pub database_round_trip_ms: Option<f64>,
+    /// The latest move of each session that changed nodes, newest first
+    /// (at most 50).
+    pub moves: Vec<SessionMove>,
+}
+
+/// An error answer: `{"error": {...}}`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[non_exhaustive]
+pub struct Error {
+    /// What went wrong.
+    pub error: ErrorBody,
+}
+
+/// What went wrong: `type` names it (docs/serve.md's catalogue); some types
+/// add fields.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[non_exhaustive]
+pub struct ErrorBody {
+    /// The error's type (`invalid_request`, `session_elsewhere`, …).
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// What happened and what to do, for a human.
+    pub message: String,
+    /// `turn_recovering`, `idempotency_key_reused`: the turn named.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+    /// `too_many_sessions`: the live-session bound.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limit: Option<u64>,
+    /// `session_elsewhere`, `workspace_unavailable`: the node running the
+    /// session.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owner: Option<String>,
+    /// `session_elsewhere`: where that node is reached.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub advertise: Option<String>,
+    /// `agent_mismatch`: the agent kind this server's sessions run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent: Option<String>,
+    /// `agent_mismatch`: the kind the request asked for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub requested: Option<String>,
+    /// `workspace_unavailable`: the directory missing on this node.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workspace: Option<String>,
+}
