@@ -100,6 +100,12 @@ impl ServeConfig {
         self
     }
 
+    /// Sets [`max_body_bytes`](Self::max_body_bytes).
+    pub fn with_max_body_bytes(mut self, bytes: usize) -> Self {
+        self.max_body_bytes = bytes;
+        self
+    }
+
     /// Sets [`token_file`](Self::token_file).
     pub fn with_token_file(mut self, path: impl Into<std::path::PathBuf>) -> Self {
         self.token_file = Some(path.into());

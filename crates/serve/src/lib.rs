@@ -122,7 +122,34 @@ pub fn router(supervisor: Supervisor, config: ServeConfig) -> Router {
         .route("/ui/console.js", get(console::script))
         .route("/ui/console.css", get(console::style))
         .merge(api)
-        .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such route") })
+        .fallback(no_route)
+        .method_not_allowed_fallback(wrong_method)
         .layer(DefaultBodyLimit::max(max_body))
         .with_state(state)
+}
+
+/// `404 not_found` for a path no route takes; a session key or turn id with
+/// a `/` in it is the usual cause, so that is said.
+async fn no_route(uri: axum::http::Uri) -> ApiError {
+    let path = uri.path();
+    let nested = ["/v1/sessions/", "/v1/turns/"]
+        .iter()
+        .any(|p| path.strip_prefix(p).is_some_and(|rest| rest.contains('/')));
+    let message = match nested {
+        true => format!(
+            "no route {path}: a session key or turn id in a path must be percent-encoded \
+             (a `/` is %2F)"
+        ),
+        false => format!("no route {path} (see /openapi.json)"),
+    };
+    ApiError::new(StatusCode::NOT_FOUND, "not_found", message)
+}
+
+/// `405 method_not_allowed` in the errors' shape.
+async fn wrong_method(method: axum::http::Method, uri: axum::http::Uri) -> ApiError {
+    ApiError::new(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "method_not_allowed",
+        format!("{} does not take {method} (see /openapi.json)", uri.path()),
+    )
 }

@@ -939,7 +939,10 @@ async fn lifecycle_events_are_replayed_after_last_event_id() {
         .expect("the reset's data");
     let data: serde_json::Value = serde_json::from_str(data).expect("JSON");
     assert_eq!(data["reason"], "restarted", "{text}");
-    assert!(data["at"].as_str().is_some_and(|at| at.ends_with('Z')), "{text}");
+    assert!(
+        data["at"].as_str().is_some_and(|at| at.ends_with('Z')),
+        "{text}"
+    );
     assert!(
         reset < text.find("event: turn_started").expect("the replay"),
         "{text}"
@@ -1360,4 +1363,87 @@ async fn a_stuck_turn_is_recovered_by_retrying_its_attempt() {
         .json_value()
         .await;
     assert_eq!(never["recovered"], false, "{never}");
+}
+
+/// Every error says what to do next, in the catalogue's shape: a 401 says
+/// whether the token was missing or wrong and where the server keeps it, a
+/// 413 names the limit, an empty message is a 400, a wrong method a 405,
+/// and a key with a `/` left unencoded is told to percent-encode it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn errors_say_what_to_do() {
+    let s = server_with(
+        ServeConfig::new(TOKEN)
+            .with_token_file("/srv/warden/token")
+            .with_max_body_bytes(1024),
+    )
+    .await;
+    let error = |r: reqwest::Response| async move {
+        let status = r.status().as_u16();
+        let body = r.json_value().await;
+        let kind = body["error"]["type"].as_str().expect("a type").to_owned();
+        let message = body["error"]["message"]
+            .as_str()
+            .expect("a message")
+            .to_owned();
+        (status, kind, message)
+    };
+    let get = |path: &str| s.client.get(format!("{}{path}", s.base));
+    let (status, kind, message) = error(get("/v1/sessions").send().await.expect("get")).await;
+    assert_eq!((status, kind.as_str()), (401, "unauthorized"));
+    assert!(
+        message.contains("no token") && message.contains("/srv/warden/token"),
+        "{message}"
+    );
+    let wrong = get("/v1/sessions")
+        .bearer_auth("nope")
+        .send()
+        .await
+        .expect("get");
+    let (_, _, message) = error(wrong).await;
+    assert!(
+        message.contains("not this server's") && message.contains("/srv/warden/token"),
+        "{message}"
+    );
+    let info = get("/v1/server")
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .expect("get")
+        .json_value()
+        .await;
+    assert_eq!(info["token_file"], "/srv/warden/token", "{info}");
+
+    let big = format!(r#"{{"key": "a", "message": "{}"}}"#, "x".repeat(2048));
+    let (status, kind, message) = error(s.post(&big).send().await.expect("post")).await;
+    assert_eq!((status, kind.as_str()), (413, "too_large"));
+    assert!(message.contains("1024 bytes"), "{message}");
+    let (status, kind, message) = error(
+        s.post(r#"{"key": "a", "message": "  "}"#)
+            .send()
+            .await
+            .expect("post"),
+    )
+    .await;
+    assert_eq!(
+        (status, kind.as_str()),
+        (400, "invalid_request"),
+        "{message}"
+    );
+    let (status, kind, _) = error(
+        get("/v1/turns")
+            .bearer_auth(TOKEN)
+            .send()
+            .await
+            .expect("get"),
+    )
+    .await;
+    assert_eq!((status, kind.as_str()), (405, "method_not_allowed"));
+    let nested = get("/v1/sessions/team/a/turns")
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .expect("get");
+    let (status, kind, message) = error(nested).await;
+    assert_eq!((status, kind.as_str()), (404, "not_found"));
+    assert!(message.contains("percent-encoded"), "{message}");
 }

@@ -33,15 +33,18 @@ pub(crate) async fn authorize(
         .unwrap_or("");
     let ok: bool = given.as_bytes().ct_eq(state.config.token.as_bytes()).into();
     if ok && !state.config.token.is_empty() {
-        next.run(request).await
-    } else {
-        ApiError::new(
-            StatusCode::UNAUTHORIZED,
-            "unauthorized",
-            "a valid `Authorization: Bearer <token>` header is required",
-        )
-        .into_response()
+        return next.run(request).await;
     }
+    let whose = match &state.config.token_file {
+        Some(path) => format!("the server's token is in {} on its machine", path.display()),
+        None => "ask the server's operator for its token".to_owned(),
+    };
+    let message = if given.is_empty() {
+        format!("no token: send the header `Authorization: Bearer <token>` ({whose})")
+    } else {
+        format!("the token sent is not this server's ({whose})")
+    };
+    ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized", message).into_response()
 }
 
 /// The token of an `Authorization: Bearer <token>` value. The scheme is

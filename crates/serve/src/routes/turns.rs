@@ -91,7 +91,25 @@ pub(crate) async fn create_turn(
     headers: HeaderMap,
     body: Result<Json<NewTurn>, JsonRejection>,
 ) -> Result<Response, ApiError> {
-    let Json(new) = body?;
+    let Json(new) = body.map_err(|r| {
+        let limit = state.config.max_body_bytes;
+        let too_large = r.status() == StatusCode::PAYLOAD_TOO_LARGE;
+        let mut error = ApiError::from(r);
+        if too_large {
+            error.message = format!(
+                "the body is over this server's limit of {limit} bytes \
+                 (ServeConfig::max_body_bytes); send a shorter message"
+            );
+        }
+        error
+    })?;
+    if new.message.trim().is_empty() {
+        return Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_request",
+            "`message` is empty: a turn needs something to say",
+        ));
+    }
     let must_exist = state.config.workspaces_must_exist && state.config.placement.is_none();
     let target = Target::parse(&new, &state.supervisor, must_exist)?;
     let idempotency = idempotency_key(&headers)?;
