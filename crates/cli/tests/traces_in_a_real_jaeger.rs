@@ -744,3 +744,177 @@ async fn check_traces(jaeger: &Jaeger, service: &str) {
     }
     eprintln!("span names seen: {seen_names:?}");
 }
+
+/// A Jaeger of this test's own (from `WARDEN_JAEGER_BIN` with
+/// `WARDEN_JAEGER_CONFIG`), on `ports`: OTLP/gRPC, OTLP/HTTP, query HTTP,
+/// query gRPC.
+fn start_own_jaeger(ports: [u16; 4]) -> tokio::process::Child {
+    let bin = std::env::var("WARDEN_JAEGER_BIN").expect("WARDEN_JAEGER_BIN (set by .ci/jaeger)");
+    let config =
+        std::env::var("WARDEN_JAEGER_CONFIG").expect("WARDEN_JAEGER_CONFIG (set by .ci/jaeger)");
+    let mut cmd = tokio::process::Command::new(bin);
+    cmd.arg("--config")
+        .arg(format!("file:{config}"))
+        .env("JAEGER_OTLP_GRPC_PORT", ports[0].to_string())
+        .env("JAEGER_OTLP_HTTP_PORT", ports[1].to_string())
+        .env("JAEGER_QUERY_HTTP_PORT", ports[2].to_string())
+        .env("JAEGER_QUERY_GRPC_PORT", ports[3].to_string())
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true);
+    cmd.spawn().expect("jaeger starts")
+}
+
+/// Waits until the Jaeger at `query` answers its API.
+async fn jaeger_ready(query: &str) {
+    until(PATIENCE, &format!("Jaeger at {query} answers"), || async {
+        let r = reqwest::get(format!("{query}/api/services")).await.ok()?;
+        (r.status() == 200).then_some(())
+    })
+    .await;
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .expect("a free port")
+        .local_addr()
+        .expect("addr")
+        .port()
+}
+
+/// A process's resident set, in KiB.
+fn rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("status");
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmRSS")
+}
+
+/// Turns per session in each phase of the outage test (five sessions).
+const TURNS: usize = 150;
+
+/// `turns` turns on each of `keys`, `keys` at a time: each must end `done`.
+async fn many_turns(base: &str, token: &str, keys: &[String], turns: usize) {
+    let mut tasks = Vec::new();
+    for key in keys {
+        let (base, token, key) = (base.to_owned(), token.to_owned(), key.clone());
+        tasks.push(tokio::spawn(async move {
+            for n in 0..turns {
+                let (id, end, data) = turn(&base, &token, &key, &format!("{PROMPT} {n}")).await;
+                assert_eq!(end, "done", "turn {id} of {key}: {data}");
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.expect("turns");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_jaeger_killed_mid_run_loses_no_turn_and_gets_the_spans_once_back() {
+    if jaeger().is_none() {
+        return;
+    }
+    let ports = [free_port(), free_port(), free_port(), free_port()];
+    let own = Jaeger {
+        otlp: format!("http://127.0.0.1:{}", ports[0]),
+        query: format!("http://127.0.0.1:{}", ports[2]),
+    };
+    let mut collector = start_own_jaeger(ports);
+    jaeger_ready(&own.query).await;
+    let service = unique_service("jaeger-outage");
+    let mock = MockServer::start(MockConfig::default().with_frame_interval(Duration::ZERO))
+        .await
+        .expect("mock");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (mut server, base, token, log) =
+        serve(&dir.path().join("data"), &mock, &own, &service).await;
+    let pid = server.id().expect("pid");
+    let keys = |phase: &str| -> Vec<String> { (0..5).map(|i| format!("{phase}-{i}")).collect() };
+
+    // Before: spans reach Jaeger. The memory the same number of turns
+    // takes with Jaeger up is the yardstick for the outage's.
+    many_turns(&base, &token, &keys("warm"), 5).await;
+    let rss_start = rss_kib(pid);
+    many_turns(&base, &token, &keys("before"), TURNS).await;
+    let rss_before = rss_kib(pid);
+    until(PATIENCE, "the first turns' spans in Jaeger", || async {
+        let found = search(&own, &service, &[("warden.session.key", "before-3")]).await;
+        (!found.is_empty()).then_some(())
+    })
+    .await;
+
+    // Jaeger dies; turns go on.
+    collector.start_kill().expect("kill Jaeger");
+    let _ = tokio::time::timeout(PATIENCE, collector.wait())
+        .await
+        .expect("Jaeger reaped in time");
+    let down = Instant::now();
+    many_turns(&base, &token, &keys("down"), TURNS).await;
+    let down_for = down.elapsed();
+    let rss_down = rss_kib(pid);
+    let dropped = |log: &Logged| {
+        log.lock()
+            .iter()
+            .filter(|l| l.contains("spans are dropped"))
+            .count()
+    };
+    until(PATIENCE, "the export failure is reported", || async {
+        (dropped(&log) >= 1).then_some(())
+    })
+    .await;
+
+    // Jaeger is back on the same ports: new spans reach it.
+    let mut collector = start_own_jaeger(ports);
+    jaeger_ready(&own.query).await;
+    let mut n = 0;
+    until(
+        PATIENCE,
+        "spans of a turn after the restart in Jaeger",
+        || {
+            n += 1;
+            let key = format!("after-{n}");
+            let (base, token, own, service) = (&base, &token, &own, &service);
+            async move {
+                let (_, end, _) = turn(base, token, &key, "after").await;
+                assert_eq!(end, "done");
+                tokio::time::sleep(Duration::from_millis(300)).await;
+                let found = search(own, service, &[("warden.session.key", &key)]).await;
+                (!found.is_empty()).then_some(())
+            }
+        },
+    )
+    .await;
+    // Spans still queued when Jaeger returns are sent; the rest were
+    // dropped (a failed batch is not retried).
+    let mut kept = 0;
+    for key in keys("down") {
+        kept += spans_of(&search(&own, &service, &[("warden.session.key", &key)]).await).len();
+    }
+    let logged = log.lock().clone();
+    assert_eq!(
+        dropped(&log),
+        1,
+        "one report per outage, not per span: {logged:#?}"
+    );
+    assert!(
+        logged.iter().any(|l| l.contains("works again")),
+        "the recovery is reported: {logged:#?}"
+    );
+    let rss_after = rss_kib(pid);
+    let (up, down) = (rss_before - rss_start, rss_down.saturating_sub(rss_before));
+    eprintln!(
+        "warden serve RSS: {rss_start} KiB; +{up} KiB after {n} turns exported, +{down} KiB after {n} turns in {down_for:?} with Jaeger down ({kept} of their spans reached it once back); {rss_after} KiB at the end",
+        n = 5 * TURNS
+    );
+    assert!(
+        down < up + 16 * 1024,
+        "the exporter's queue is bounded: RSS +{down} KiB with Jaeger down, +{up} KiB with it up"
+    );
+    let _ = server.start_kill();
+    let _ = collector.start_kill();
+    mock.shutdown().await;
+}
