@@ -1,22 +1,30 @@
 """The client against a real `warden serve` on `warden mock`.
 
-Started by crates/cli/tests/python_client_against_serve.rs, which sets:
-WARDEN_URL (the server), WARDEN_FLAKY_URL (the same server through a relay
-that cuts the first event stream of a turn mid-reply), WARDEN_TOKEN and
-WARDEN_WORKSPACE (an existing directory). The mock's first request stalls
-mid-text (the server's watchdog, 1 s, kills it and the reply is
-continued); every later one is answered. Tests run in name order.
+Started by crates/cli/tests/client_packages_against_serve.rs (the package
+from this tree) and crates/cli/tests/clients_installed_as_their_readmes_say.rs
+(the package as its README installs it), which set: WARDEN_URL (the
+server), WARDEN_FLAKY_URL (the same server through a relay that cuts the
+first event stream of a turn mid-reply), WARDEN_TOKEN, WARDEN_WORKSPACE
+(an existing directory) and WARDEN_QUIET_MODEL (a model whose reply the mock
+holds 20 s quiet, pings only). The mock's first request stalls mid-text
+(the server's watchdog, 1 s, kills it and the reply is continued); every
+later one is answered. Tests run in name order.
 """
 
 import asyncio
 import os
+import socket
+import threading
 import time
 import unittest
+
+import httpx
 
 import warden_client
 from warden_client import (
     AsyncWarden,
     Conflict,
+    ConnectionLost,
     Continuing,
     Done,
     Error,
@@ -28,13 +36,18 @@ from warden_client import (
     Text,
     TurnFailed,
     Unauthorized,
+    Unavailable,
     Warden,
+    WardenError,
 )
 
 URL = os.environ["WARDEN_URL"]
 FLAKY_URL = os.environ["WARDEN_FLAKY_URL"]
 TOKEN = os.environ["WARDEN_TOKEN"]
 WORKSPACE = os.environ["WARDEN_WORKSPACE"]
+#: A model whose upstream holds the reply 20 s quiet (pings only): the
+#: server sends a keep-alive comment meanwhile.
+QUIET_MODEL = os.environ["WARDEN_QUIET_MODEL"]
 
 
 def reply(message: str) -> str:
@@ -54,7 +67,44 @@ def shown(events) -> str:
     return text
 
 
+def done_turn_id(w, key):
+    """The id of the newest turn of session ``key``."""
+    return w.turns(key)[0]["id"]
+
+
 class AgainstServe(unittest.TestCase):
+    def test_0_a_quiet_pause_of_twenty_seconds_is_waited_out_sync_and_async(self):
+        # The sync and the async client at once: one pause for both.
+        message = "think it over for a while"
+        outcome = {}
+
+        def follow_async():
+            async def go():
+                async with AsyncWarden(URL, TOKEN) as w:
+                    turn = await w.send(message, key="quiet-async", model=QUIET_MODEL)
+                    return await turn.result()
+
+            try:
+                outcome["async"] = asyncio.run(asyncio.wait_for(go(), timeout=90))
+            except BaseException as e:  # reported below, on the test's thread
+                outcome["async"] = e
+
+        thread = threading.Thread(target=follow_async)
+        thread.start()
+        began = time.monotonic()
+        with Warden(URL, TOKEN) as w:
+            events = list(w.send(message, key="quiet-sync", model=QUIET_MODEL))
+        took = time.monotonic() - began
+        thread.join(timeout=90)
+        self.assertFalse(thread.is_alive(), "the async client ended its turn in time")
+        self.assertGreater(took, 16, "the pause outlasted the server's 15 s keep-alive")
+        self.assertIsInstance(events[-1], Done, [e.type for e in events])
+        self.assertEqual(shown(events), reply(message))
+        self.assertEqual([e.id for e in events], list(range(1, len(events) + 1)))
+        done = outcome.get("async")
+        self.assertIsInstance(done, Done, repr(done))
+        self.assertEqual(done.text, reply(message))
+
     def test_1_a_stalled_reply_is_continued_and_shown_once(self):
         with Warden(URL, TOKEN) as w:
             turn = w.send("hello", key="stalled")
@@ -86,6 +136,15 @@ class AgainstServe(unittest.TestCase):
         self.assertIsInstance(done, Done)
         self.assertEqual(done.text, reply("typed"))
         self.assertGreaterEqual(done.attempts, 1)
+        if "at" in done.data:  # a server that stamps its events
+            self.assertIsNotNone(done.at, done.data["at"])
+            self.assertIsNotNone(done.at.tzinfo)
+        # Followed again from an event it saw: only the ones after it.
+        with Warden(URL, TOKEN) as w:
+            rest = list(w.turn(done_turn_id(w, "typed"), last_event_id=2))
+        self.assertEqual(rest[0].id, 3)
+        self.assertEqual(rest[-1].id, done.id)
+        self.assertIsInstance(rest[-1], Done)
 
     def test_4_a_cancelled_turn_ends_with_its_error(self):
         with Warden(URL, TOKEN) as w:
@@ -99,6 +158,8 @@ class AgainstServe(unittest.TestCase):
             with self.assertRaises(TurnFailed) as failed:
                 w.turn(second.id).result()
             self.assertEqual(failed.exception.code, "ECANCELLED")
+            self.assertEqual(failed.exception.data["exit"], 130)
+            self.assertIsInstance(failed.exception, WardenError)
             self.assertIsInstance(first.result(), Done)
 
     def test_5_sessions_list_get_reset(self):
@@ -112,6 +173,15 @@ class AgainstServe(unittest.TestCase):
                 w.reset("never-seen")
             with self.assertRaises(NotFound):
                 w.session("never-seen")
+            detailed = {s["key"]: s for s in w.sessions(detail=True)}
+            self.assertIn("status", detailed["listed"], detailed["listed"])
+            self.assertFalse(w.recover("listed", "retry"), "nothing was stuck")
+            with self.assertRaises(InvalidRequest):
+                w.recover("listed", "sideways")
+            server = w.server()
+            self.assertEqual(server["agent"], "anthropic")
+            self.assertIn("version", server)
+            self.assertIn("warden_turns_total", w.metrics())
 
     def test_6_errors_are_typed(self):
         with Warden(URL, "not-the-token") as w:
@@ -126,8 +196,62 @@ class AgainstServe(unittest.TestCase):
                 w.send("hi", key="typed", agent="claude-code")
             self.assertEqual(e.exception.type, "agent_mismatch")
             self.assertEqual(e.exception.body["agent"], "anthropic")
-            with self.assertRaises(ValueError):
+            with self.assertRaises(InvalidRequest):
                 w.send("hi")
+            # A key the server would refuse: refused here, nothing sent.
+            with self.assertRaises(InvalidRequest) as e:
+                w.send("hi", key="never-sent", idempotency_key="commande-n°1")
+            self.assertEqual(e.exception.type, "invalid_idempotency_key")
+            with self.assertRaises(NotFound):
+                w.session("never-sent")
+
+    def test_6a_a_server_that_cannot_be_reached_is_unavailable(self):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        # Nothing listens on `port` now: every connection is refused.
+        with Warden(f"http://127.0.0.1:{port}", TOKEN) as w:
+            with self.assertRaises(Unavailable) as e:
+                w.sessions()
+            self.assertIsInstance(e.exception.__cause__, httpx.ConnectError)
+            self.assertEqual((e.exception.status, e.exception.type), (0, "unreachable"))
+            with self.assertRaises(Unavailable) as e:
+                w.send("hi", key="nowhere")  # after its retries
+            self.assertIsInstance(e.exception.__cause__, httpx.ConnectError)
+
+        async def run():
+            async with AsyncWarden(f"http://127.0.0.1:{port}", TOKEN) as w:
+                await w.server()
+
+        with self.assertRaises(Unavailable) as e:
+            asyncio.run(asyncio.wait_for(run(), timeout=30))
+        self.assertIsInstance(e.exception.__cause__, httpx.ConnectError)
+
+    def test_6b_a_connection_cut_before_its_answer_is_lost(self):
+        # A server that takes the request and hangs up without answering.
+        listener = socket.socket()
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        port = listener.getsockname()[1]
+
+        def hang_up():
+            while True:
+                try:
+                    conn, _ = listener.accept()
+                except OSError:
+                    return
+                conn.recv(65536)
+                conn.close()
+
+        threading.Thread(target=hang_up, daemon=True).start()
+        try:
+            with Warden(f"http://127.0.0.1:{port}", TOKEN) as w:
+                with self.assertRaises(ConnectionLost) as e:
+                    w.server()
+                self.assertIsInstance(e.exception.__cause__, httpx.TransportError)
+                self.assertEqual(e.exception.status, 0)
+        finally:
+            listener.close()
 
     def test_7_lifecycle_events_replay_after_a_reset(self):
         with Warden(URL, TOKEN) as w:
@@ -159,6 +283,13 @@ class AgainstServe(unittest.TestCase):
                 self.assertIsInstance(await busy.result(), Done)
                 keys = [s["key"] for s in await w.sessions()]
                 self.assertIn("async", keys)
+                detailed = {s["key"]: s for s in await w.sessions(detail=True)}
+                self.assertIn("status", detailed["async"])
+                self.assertFalse(await w.recover("async", "fresh"))
+                self.assertEqual((await w.server())["agent"], "anthropic")
+                self.assertIn("warden_turns_total", await w.metrics())
+                rest = [e async for e in w.turn(turn.id, last_event_id=events[-2].id)]
+                self.assertEqual([e.id for e in rest], [events[-1].id])
 
         asyncio.run(asyncio.wait_for(run(), timeout=60))
 
@@ -188,16 +319,21 @@ class AgainstServe(unittest.TestCase):
 
         document = httpx.get(f"{URL}/openapi.json", timeout=10).json()
         schemas = document["components"]["schemas"]
-        contract = set(schemas["TurnEvent"]["enum"])
+        def enum(schema):
+            """The values of an enum schema, through a $ref."""
+            ref = schema.get("$ref")
+            return enum(schemas[ref.rsplit("/", 1)[-1]]) if ref else schema["enum"]
+
+        contract = set(enum(schemas["TurnEvent"]))
         typed = set(_events._TYPES)
         self.assertEqual(typed, contract, "a class per event type, no more")
         # The outcomes `turns()` reports, as the contract lists them.
-        outcomes = set(schemas["TurnSummary"]["properties"]["outcome"]["enum"])
+        outcomes = set(enum(schemas["TurnSummary"]["properties"]["outcome"]))
         self.assertEqual(outcomes, {"done", "error", "running", "pending", "moved"})
         # Every field `send` sends is one the contract takes.
-        from warden_client._client import _turn_body
+        from warden_client._common import turn_body
 
-        body = _turn_body("m", None, "k", "model", "agent")
+        body = turn_body("m", None, "k", "model", "agent")
         self.assertLessEqual(set(body), set(schemas["NewTurn"]["properties"]))
         params = document["paths"]["/v1/turns"]["post"]["parameters"]
         self.assertIn("Idempotency-Key", [p["name"] for p in params])
@@ -211,6 +347,8 @@ class AgainstServe(unittest.TestCase):
             "TurnFailed",
             "WardenError",
             "IdempotencyKeyReused",
+            "Unavailable",
+            "ConnectionLost",
         ):
             self.assertTrue(hasattr(warden_client, name), name)
 

@@ -9,7 +9,8 @@ over HTTP + SSE, from Python (sync and async).
             ...
 """
 
-from ._client import AsyncTurn, AsyncWarden, Turn, Warden
+from ._async import AsyncTurn, AsyncWarden
+from ._sync import Turn, Warden
 from ._errors import (
     Conflict,
     ConnectionLost,

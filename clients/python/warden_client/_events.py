@@ -1,9 +1,16 @@
-"""The events of a turn and of the lifecycle stream, typed."""
+"""The events of a turn and of the lifecycle stream, typed.
+
+Each keeps its whole ``data``: a field this client does not know (a newer
+server) is there too. ``at`` is when the server made the event.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any, Dict, Optional
+
+from ._sse import parse_at
 
 
 @dataclass(frozen=True)
@@ -15,6 +22,12 @@ class TurnEvent:
     id: int
     type: str
     data: Dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def at(self) -> Optional[datetime]:
+        """When the server made it (``data["at"]``, RFC 3339, aware);
+        ``None`` from a server older than that field."""
+        return parse_at(self.data.get("at"))
 
     @property
     def is_last(self) -> bool:
@@ -157,3 +170,8 @@ class LifecycleEvent:
     id: Optional[int]
     type: str
     data: Dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def at(self) -> Optional[datetime]:
+        """When the server made it (see :attr:`TurnEvent.at`)."""
+        return parse_at(self.data.get("at"))

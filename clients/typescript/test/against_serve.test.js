@@ -18,7 +18,7 @@ import {
   Warden,
 } from "../dist/index.js";
 
-const { WARDEN_URL, WARDEN_FLAKY_URL, WARDEN_TOKEN, WARDEN_WORKSPACE } = process.env;
+const { WARDEN_URL, WARDEN_FLAKY_URL, WARDEN_TOKEN, WARDEN_WORKSPACE, WARDEN_QUIET_MODEL } = process.env;
 
 const reply = (message) => `Hello from warden-mock. Your last message had ${message.length} characters.`;
 
@@ -40,6 +40,19 @@ async function collect(turn) {
 
 const ids = (events) => events.map((e) => e.id);
 const oneToN = (n) => Array.from({ length: n }, (_, i) => i + 1);
+
+test("a quiet pause of twenty seconds upstream is waited out", async () => {
+  // The upstream sends only pings for 20 s: the server's 15 s keep-alive
+  // comment reaches the client mid-turn.
+  const w = new Warden(WARDEN_URL, WARDEN_TOKEN);
+  const message = "think it over for a while";
+  const began = Date.now();
+  const events = await collect(await w.send(message, { key: "quiet", model: WARDEN_QUIET_MODEL }));
+  assert.ok(Date.now() - began > 16_000, "the pause outlasted the server's keep-alive");
+  assert.equal(events.at(-1).type, "done", JSON.stringify(events));
+  assert.equal(shown(events), reply(message));
+  assert.deepEqual(ids(events), oneToN(events.length));
+});
 
 test("a stalled reply is continued and shown once", async () => {
   const w = new Warden(WARDEN_URL, WARDEN_TOKEN);
