@@ -2,13 +2,38 @@
  * A client for `warden serve`: run turns on long-lived LLM agent sessions
  * over HTTP + SSE, from Node 20+ or a browser (fetch and a standard SSE
  * parser). A dropped connection is re-attached with `Last-Event-ID` on its
- * own — no event lost or repeated — and errors are typed from the API's
- * error body.
+ * own — no event lost or repeated — and every failure is a typed
+ * `WardenError`.
  */
 
-import { createParser, type EventSourceMessage } from "eventsource-parser";
-
 import type { components } from "./api.js";
+import {
+  Conflict,
+  ConnectionLost,
+  InvalidRequest,
+  TurnFailed,
+  Unavailable,
+  WardenError,
+  errorFrom,
+  gaveUp,
+  transportError,
+  type TurnErrorData,
+} from "./errors.js";
+import { messages, parseAt } from "./sse.js";
+
+export {
+  Conflict,
+  ConnectionLost,
+  IdempotencyKeyReused,
+  InvalidRequest,
+  NotFound,
+  TurnFailed,
+  Unauthorized,
+  Unavailable,
+  WardenError,
+  type TurnErrorData,
+} from "./errors.js";
+export { STREAM_IDLE_MS } from "./sse.js";
 
 /** The API's schemas, generated from `/openapi.json` (`clients/openapi.json`, `npm run gen`). */
 export type Schemas = components["schemas"];
@@ -16,20 +41,29 @@ export type Schemas = components["schemas"];
 /** The types of a turn's events (the SSE `event:`), as the API document lists them. */
 export type TurnEventType = Schemas["TurnEvent"];
 
-/** One event of a turn: its number (unique and increasing within the turn, from 1). */
-export type TurnEvent =
-  | { id: number; type: "queued"; data: { attempt: number; behind?: number } }
-  | { id: number; type: "started"; data: { attempt: number } }
-  | { id: number; type: "text" | "thinking"; data: { text: string } }
-  | { id: number; type: "tool"; data: { id: string; name?: string; state: "started" | "finished" } }
+/** Every event's data may say when the server made it (RFC 3339); a newer server may add other fields. */
+interface Stamped {
+  at?: string;
+}
+
+/**
+ * One event of a turn: its number (unique and increasing within the turn,
+ * from 1), its type, its data and `at`, when the server made it (`null`
+ * from a server older than that field).
+ */
+export type TurnEvent = { id: number; at: Date | null } & (
+  | { type: "queued"; data: Stamped & { attempt: number; behind?: number } }
+  | { type: "started"; data: Stamped & { attempt: number } }
+  | { type: "text" | "thinking"; data: Stamped & { text: string } }
+  | { type: "tool"; data: Stamped & { id: string; name?: string; state: "started" | "finished" } }
   | {
-      id: number;
       type: "retrying" | "continuing";
-      data: { failed_attempt: number; delay_ms: number; code: string; discard: boolean; node?: string };
+      data: Stamped & { failed_attempt: number; delay_ms: number; code: string; discard: boolean; node?: string };
     }
-  | { id: number; type: "restarting"; data: { cause: string; notice: string; discard: true } }
-  | { id: number; type: "done"; data: Done }
-  | { id: number; type: "error"; data: TurnErrorData };
+  | { type: "restarting"; data: Stamped & { cause: string; notice: string; discard: true } }
+  | { type: "done"; data: Done }
+  | { type: "error"; data: TurnErrorData }
+);
 
 // Every event type of the API document has its shape above (a type error
 // here names the one missing), and no shape names a type the API lacks.
@@ -39,7 +73,7 @@ const everyEventTyped: [Exclude<TurnEventType, TurnEvent["type"]>, Exclude<TurnE
 void everyEventTyped;
 
 /** The `done` event's data: the turn's answer. */
-export interface Done {
+export interface Done extends Stamped {
   turn: number;
   text: string;
   attempts: number;
@@ -48,134 +82,34 @@ export interface Done {
   output_tokens: number | null;
 }
 
-/** The `error` event's data. `exit`: 3 API, 4 timeout, 5 unavailable, 6 deferred (the message stays pending: do not send it again), 130 cancelled, 1 other. */
-export interface TurnErrorData {
-  code: string;
-  message: string;
-  exit: number;
-}
-
 /** One event of `GET /v1/events`; `reset` (no id) says events were missed or the server restarted. */
 export interface LifecycleEvent {
   id: number | null;
   type: string;
   data: Record<string, unknown>;
-}
-
-/** An error answer of the API: its status, `error.type`, message and the whole error object. */
-export class WardenError extends Error {
-  constructor(
-    readonly status: number,
-    readonly type: string,
-    message: string,
-    readonly body: Record<string, unknown> = {},
-    readonly retryAfter: number | null = null,
-  ) {
-    super(`${status} ${type}: ${message}`);
-    this.name = new.target.name;
-  }
-}
-/** 400, 413, 415, 422: the request is wrong. */
-export class InvalidRequest extends WardenError {}
-/**
- * 422 `idempotency_key_reused`: the `idempotencyKey` was first sent with
- * another message, model or agent (its turn is `body.id`); nothing was sent.
- * A key names one message: send a new message with a new key.
- */
-export class IdempotencyKeyReused extends InvalidRequest {}
-/** 401: no token or the wrong one. */
-export class Unauthorized extends WardenError {}
-/** 404: no such turn, session or route. */
-export class NotFound extends WardenError {}
-/** 409: `session_failed`, `agent_mismatch` (`body.agent`) or `turn_recovering` (retried by `send`). */
-export class Conflict extends WardenError {}
-/** 503: ask again after `retryAfter` seconds. */
-export class Unavailable extends WardenError {}
-/** The stream kept breaking; the turn may still run: follow it again by its id. */
-export class ConnectionLost extends WardenError {
-  constructor(message: string) {
-    super(0, "connection_lost", message);
-  }
-}
-/** A turn ended with an `error` event. */
-export class TurnFailed extends Error {
-  constructor(readonly data: TurnErrorData) {
-    super(`${data.code}: ${data.message}`);
-    this.name = "TurnFailed";
-  }
-  /** Whether the message stays pending and is answered later. */
-  get deferred(): boolean {
-    return this.data.exit === 6;
-  }
-}
-
-const BY_STATUS: Record<number, typeof WardenError> = {
-  400: InvalidRequest,
-  401: Unauthorized,
-  404: NotFound,
-  409: Conflict,
-  413: InvalidRequest,
-  415: InvalidRequest,
-  422: InvalidRequest,
-  503: Unavailable,
-};
-
-/** Error types with a class of their own (a subclass of their status's). */
-const BY_TYPE = new Map<string, typeof WardenError>([["idempotency_key_reused", IdempotencyKeyReused]]);
-
-async function errorFrom(response: Response): Promise<WardenError> {
-  const text = await response.text();
-  let error: Record<string, unknown> = {};
-  try {
-    const parsed = JSON.parse(text);
-    if (parsed && typeof parsed === "object" && parsed.error) error = parsed.error;
-  } catch {
-    // not JSON: the text is the message
-  }
-  const header = response.headers.get("retry-after");
-  const retryAfter = header !== null && !Number.isNaN(Number(header)) ? Number(header) : null;
-  const Kind = BY_TYPE.get(String(error.type)) ?? BY_STATUS[response.status] ?? WardenError;
-  return new Kind(
-    response.status,
-    String(error.type ?? "unknown"),
-    String(error.message ?? text.slice(0, 200)),
-    error,
-    retryAfter,
-  );
+  /** When the server made it; `null` from an older server. */
+  at: Date | null;
 }
 
 /** Consecutive failed re-attaches before a stream gives up. */
 export const MAX_REATTACHES = 10;
-/** A stream this long without a byte (the server sends a keep-alive every 15 s) is dead: re-attached. */
-export const STREAM_IDLE_MS = 45_000;
 
 const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms));
 const backoff = (failures: number) => Math.min(2000, 200 * 2 ** Math.max(0, failures - 1));
 
-/** The SSE messages of a response body, ending when it ends; a body silent for `STREAM_IDLE_MS` is cut. */
-async function* messages(response: Response): AsyncGenerator<EventSourceMessage> {
-  const queue: EventSourceMessage[] = [];
-  const parser = createParser({ onEvent: (m) => queue.push(m) });
-  const reader = response.body!.pipeThrough(new TextDecoderStream()).getReader();
+/** An event's data: a JSON object (a typed error when it is not JSON). */
+function eventData(raw: string, what: string): Record<string, unknown> {
+  let data: unknown;
   try {
-    while (true) {
-      let timer: ReturnType<typeof setTimeout> | undefined;
-      const idle = new Promise<never>((_, reject) => {
-        timer = setTimeout(() => reject(new Error("the stream went silent")), STREAM_IDLE_MS);
-      });
-      let chunk: ReadableStreamReadResult<string>;
-      try {
-        chunk = await Promise.race([reader.read(), idle]);
-      } finally {
-        clearTimeout(timer);
-      }
-      if (chunk.done) return;
-      parser.feed(chunk.value);
-      while (queue.length > 0) yield queue.shift()!;
-    }
-  } finally {
-    reader.cancel().catch(() => {});
+    data = JSON.parse(raw);
+  } catch (e) {
+    throw new WardenError(200, "invalid_event", `${what}: data that is not JSON: ${raw.slice(0, 200)}`, {}, null, {
+      cause: e,
+    });
   }
+  return data !== null && typeof data === "object" && !Array.isArray(data)
+    ? (data as Record<string, unknown>)
+    : { value: data };
 }
 
 /**
@@ -188,18 +122,37 @@ export type SendOptions = Omit<Schemas["NewTurn"], "message"> & {
    * Names this message so that sending it again returns its turn instead of
    * a second one (default: a new random UUID per `send` call, which the
    * call's own retries reuse). Keep it, and pass it again, to retry a send
-   * whose outcome you did not learn (your process died mid-call).
+   * whose outcome you did not learn (your process died mid-call). 1 to 255
+   * visible ASCII characters: another throws `InvalidRequest` before
+   * anything is sent.
    */
   idempotencyKey?: string;
 };
 
-/** Tries of one `send` (a dropped connection, or its message being re-delivered after a restart). */
+/** What `turn` takes: the session's `key` (informative) and `lastEventId`, to follow it from after that event. */
+export interface TurnOptions {
+  key?: string;
+  lastEventId?: number;
+}
+
+/** Tries of one `send` (a connection refused or dropped, or its message being re-delivered after a restart). */
 export const SEND_TRIES = 5;
+
+/** The `Idempotency-Key` header's value; `InvalidRequest` for one the server refuses. */
+function idempotencyKey(key: string | undefined): string {
+  if (key === undefined) return crypto.randomUUID();
+  if (typeof key !== "string" || key.length === 0 || key.length > 255 || !/^[!-~]+$/.test(key)) {
+    throw new InvalidRequest(
+      0,
+      "invalid_idempotency_key",
+      `an idempotency key is 1 to 255 visible ASCII characters (! to ~), not ${JSON.stringify(String(key)).slice(0, 80)}`,
+    );
+  }
+  return key;
+}
 
 /** A turn: `for await (const event of turn)`, re-attached by itself after a dropped connection. */
 export class Turn implements AsyncIterable<TurnEvent> {
-  /** The last event's id: where a re-attach goes on from. */
-  lastEventId = 0;
   /** How many times its stream broke and was re-attached. */
   reattached = 0;
 
@@ -207,10 +160,13 @@ export class Turn implements AsyncIterable<TurnEvent> {
     private readonly warden: Warden,
     readonly id: string,
     readonly key: string,
+    /** The last event's id: where the next (re-)attach goes on from. */
+    public lastEventId = 0,
   ) {}
 
   async *[Symbol.asyncIterator](): AsyncIterator<TurnEvent> {
     let failures = 0;
+    let lastError: unknown;
     const path = `/v1/turns/${encodeURIComponent(this.id)}/events`;
     while (true) {
       const headers: Record<string, string> = { accept: "text/event-stream" };
@@ -218,8 +174,8 @@ export class Turn implements AsyncIterable<TurnEvent> {
       let response: Response | undefined;
       try {
         response = await this.warden.fetch(path, { headers });
-      } catch {
-        response = undefined; // the connection failed: re-attach below
+      } catch (e) {
+        lastError = e; // the connection failed: re-attach below
       }
       if (response && response.status !== 200) {
         const error = await errorFrom(response);
@@ -231,24 +187,25 @@ export class Turn implements AsyncIterable<TurnEvent> {
         throw error;
       }
       if (response) {
+        lastError = undefined;
         try {
           for await (const m of messages(response)) {
             if (!m.id) continue;
-            const event = { id: Number(m.id), type: m.event, data: JSON.parse(m.data) } as TurnEvent;
+            const data = eventData(m.data, `a turn's ${m.event} event`);
+            const event = { id: Number(m.id), type: m.event, data, at: parseAt(data.at) } as unknown as TurnEvent;
             this.lastEventId = event.id;
             failures = 0;
             yield event;
             if (event.type === "done" || event.type === "error") return;
           }
-        } catch {
-          // the stream broke: re-attach below
+        } catch (e) {
+          if (e instanceof WardenError) throw e;
+          lastError = e; // the stream broke: re-attach below
         }
       }
       failures += 1;
       this.reattached += 1;
-      if (failures > MAX_REATTACHES) {
-        throw new ConnectionLost(`turn ${this.id}: the stream broke ${failures} times in a row`);
-      }
+      if (failures > MAX_REATTACHES) throw gaveUp(`turn ${this.id}`, failures, lastError);
       await sleep(backoff(failures));
     }
   }
@@ -269,6 +226,9 @@ export class Turn implements AsyncIterable<TurnEvent> {
   }
 }
 
+/** A session of `sessions({ detail: true })`: its summary and the fields of `session(key)`. */
+export type SessionDetail = Schemas["SessionSummary"] & Partial<Schemas["Session"]>;
+
 /** A client of one `warden serve` node. */
 export class Warden {
   private readonly base: string;
@@ -280,28 +240,51 @@ export class Warden {
     this.base = baseUrl.replace(/\/+$/, "");
   }
 
-  /** `fetch` with the token (for the turn streams). */
+  /** `fetch` with the token (for the turn streams); transport failures stay as fetch throws them. */
   fetch(path: string, init: RequestInit = {}): Promise<Response> {
     const headers = new Headers(init.headers);
     headers.set("authorization", `Bearer ${this.token}`);
     return fetch(`${this.base}${path}`, { ...init, headers });
   }
 
-  /** A JSON request; a typed error for an error answer. */
+  /** A request answered with success; a typed error for anything else. */
+  private async answer(method: string, path: string, body?: unknown, headers: Record<string, string> = {}): Promise<Response> {
+    const init: RequestInit = { method, headers: { ...headers } };
+    if (body !== undefined) {
+      init.body = JSON.stringify(body);
+      init.headers = { ...headers, "content-type": "application/json" };
+    }
+    let response: Response;
+    try {
+      response = await this.fetch(path, init);
+    } catch (e) {
+      throw transportError(e, `${method} ${path}`);
+    }
+    if (response.status >= 400) throw await errorFrom(response);
+    return response;
+  }
+
+  /** A JSON request; a typed error for an error answer or a failed connection. */
   async request<T = Record<string, any>>(
     method: string,
     path: string,
     body?: unknown,
     headers: Record<string, string> = {},
   ): Promise<T> {
-    const init: RequestInit = { method, headers: { ...headers } };
-    if (body !== undefined) {
-      init.body = JSON.stringify(body);
-      init.headers = { ...headers, "content-type": "application/json" };
+    const response = await this.answer(method, path, body, headers);
+    let text: string;
+    try {
+      text = await response.text();
+    } catch (e) {
+      throw transportError(e, `${method} ${path}`);
     }
-    const response = await this.fetch(path, init);
-    if (response.status >= 400) throw await errorFrom(response);
-    return (await response.json()) as T;
+    try {
+      return JSON.parse(text) as T;
+    } catch (e) {
+      throw new WardenError(response.status, "invalid_response", `not the JSON of warden serve: ${text.slice(0, 200)}`, {}, null, {
+        cause: e,
+      });
+    }
   }
 
   /**
@@ -310,35 +293,49 @@ export class Warden {
    * connection is retried without risk of a second turn.
    */
   async send(message: string, options: SendOptions): Promise<Turn> {
-    const { idempotencyKey, ...fields } = options;
+    const { idempotencyKey: key, ...fields } = options;
     if ((fields.workspace === undefined) === (fields.key === undefined)) {
-      throw new TypeError("give exactly one of workspace or key");
+      throw new InvalidRequest(0, "invalid_request", "give exactly one of workspace or key");
     }
     const body: Schemas["NewTurn"] = { message, ...fields };
-    const headers = { "idempotency-key": idempotencyKey ?? crypto.randomUUID() };
+    const headers = { "idempotency-key": idempotencyKey(key) };
     for (let tries = 1; ; tries += 1) {
       try {
         const created = await this.request<Schemas["TurnCreated"]>("POST", "/v1/turns", body, headers);
         return new Turn(this, created.id, created.key);
       } catch (e) {
-        // A connection that failed (fetch's TypeError), or the message
+        // A connection that failed or broke (status 0), or the message
         // accepted before a restart and being re-delivered: the same key
         // finds its turn. Anything else is the answer.
         const recovering = e instanceof Conflict && e.type === "turn_recovering";
-        if (tries >= SEND_TRIES || !(recovering || e instanceof TypeError)) throw e;
+        const transport = (e instanceof Unavailable || e instanceof ConnectionLost) && e.status === 0;
+        if (tries >= SEND_TRIES || !(recovering || transport)) throw e;
         await sleep(e instanceof WardenError && e.retryAfter !== null ? e.retryAfter * 1000 : backoff(tries));
       }
     }
   }
 
-  /** A turn sent earlier (by its id), to follow or cancel. */
-  turn(id: string, key = ""): Turn {
-    return new Turn(this, id, key);
+  /**
+   * A turn sent earlier (by its id), to follow or cancel; with
+   * `lastEventId`, following it yields only the events after that one. (A
+   * string second argument is the session's key, as before.)
+   */
+  turn(id: string, options: TurnOptions | string = {}): Turn {
+    const { key = "", lastEventId = 0 } = typeof options === "string" ? { key: options } : options;
+    return new Turn(this, id, key, lastEventId);
   }
 
-  /** The sessions running (on a cluster node: every session). */
-  async sessions(): Promise<Schemas["SessionSummary"][]> {
-    return (await this.request<Schemas["SessionList"]>("GET", "/v1/sessions")).sessions;
+  /**
+   * The sessions running (on a cluster node: every session), each `{key, …}`;
+   * with `{ detail: true }` every stored session, running or not, each with
+   * the fields of `session(key)`.
+   */
+  sessions(): Promise<Schemas["SessionSummary"][]>;
+  sessions(options: { detail: true }): Promise<SessionDetail[]>;
+  sessions(options?: { detail?: boolean }): Promise<Schemas["SessionSummary"][] | SessionDetail[]>;
+  async sessions(options: { detail?: boolean } = {}): Promise<Schemas["SessionSummary"][] | SessionDetail[]> {
+    const path = options.detail ? "/v1/sessions?detail=full" : "/v1/sessions";
+    return (await this.request<Schemas["SessionList"]>("GET", path)).sessions;
   }
 
   /** One session's record (and its running turn). */
@@ -356,29 +353,56 @@ export class Warden {
     await this.request<Schemas["SessionReset"]>("POST", `/v1/sessions/${encodeURIComponent(key)}/reset`);
   }
 
+  /**
+   * Unsticks the session's running turn: `"retry"` stops the attempt as
+   * failed so it is retried (conversation kept), `"fresh"` restarts the
+   * session without its stored conversation. Whether anything was stuck.
+   */
+  async recover(key: string, how: "retry" | "fresh"): Promise<boolean> {
+    const path = `/v1/sessions/${encodeURIComponent(key)}/recover?how=${encodeURIComponent(how)}`;
+    return (await this.request<Schemas["SessionRecovered"]>("POST", path)).recovered;
+  }
+
+  /** What the server says of itself (`GET /v1/server`): version, agent, stream timeout, cluster node… */
+  server(): Promise<Schemas["ServerInfo"]> {
+    return this.request<Schemas["ServerInfo"]>("GET", "/v1/server");
+  }
+
+  /** The server's Prometheus metrics, as text (`GET /metrics`). */
+  async metrics(): Promise<string> {
+    const response = await this.answer("GET", "/metrics");
+    try {
+      return await response.text();
+    } catch (e) {
+      throw transportError(e, "GET /metrics");
+    }
+  }
+
   /** Every session's lifecycle events, from now or after `lastEventId`; endless (break out of it), re-attached from the last event. */
   async *events(lastEventId?: number): AsyncGenerator<LifecycleEvent> {
     let last = lastEventId;
     let failures = 0;
+    let lastError: unknown;
     while (true) {
       const headers: Record<string, string> = { accept: "text/event-stream" };
       if (last !== undefined) headers["last-event-id"] = String(last);
       try {
         const response = await this.fetch("/v1/events", { headers });
         if (response.status !== 200) throw await errorFrom(response);
+        lastError = undefined;
         for await (const m of messages(response)) {
           const id = m.id ? Number(m.id) : null;
           if (id !== null) last = id;
           failures = 0;
-          yield { id, type: m.event ?? "message", data: JSON.parse(m.data || "{}") };
+          const data = eventData(m.data, `a ${m.event ?? "message"} event`);
+          yield { id, type: m.event ?? "message", data, at: parseAt(data.at) };
         }
       } catch (e) {
         if (e instanceof WardenError) throw e;
+        lastError = e;
       }
       failures += 1;
-      if (failures > MAX_REATTACHES) {
-        throw new ConnectionLost(`the lifecycle stream broke ${failures} times in a row`);
-      }
+      if (failures > MAX_REATTACHES) throw gaveUp("the lifecycle stream", failures, lastError);
       await sleep(backoff(failures));
     }
   }

@@ -1,22 +1,30 @@
 // The client against a real `warden serve` on `warden mock`, started by
-// crates/cli/tests/typescript_client_against_serve.rs, which sets
-// WARDEN_URL, WARDEN_FLAKY_URL (the same server through a relay that cuts
-// each turn's first event stream mid-reply), WARDEN_TOKEN and
-// WARDEN_WORKSPACE. The mock's first request stalls mid-text (the server's
-// watchdog, 1 s, kills it and the reply is continued). Tests run in order.
+// crates/cli/tests/client_packages_against_serve.rs (the package in this
+// tree) and crates/cli/tests/clients_installed_as_their_readmes_say.rs (the
+// package as its README installs it: `@warden/client` is then the
+// installed one), which set WARDEN_URL, WARDEN_FLAKY_URL (the same server
+// through a relay that cuts each turn's first event stream mid-reply),
+// WARDEN_TOKEN, WARDEN_WORKSPACE and WARDEN_QUIET_MODEL (a model whose
+// reply the mock holds 20 s quiet, pings only). The mock's first request
+// stalls mid-text (the server's watchdog, 1 s, kills it and the reply is
+// continued). Tests run in order.
 
 import assert from "node:assert/strict";
+import { createServer } from "node:net";
 import { test } from "node:test";
 
 import {
   Conflict,
+  ConnectionLost,
   IdempotencyKeyReused,
   InvalidRequest,
   NotFound,
   TurnFailed,
   Unauthorized,
+  Unavailable,
   Warden,
-} from "../dist/index.js";
+  WardenError,
+} from "@warden/client";
 
 const { WARDEN_URL, WARDEN_FLAKY_URL, WARDEN_TOKEN, WARDEN_WORKSPACE, WARDEN_QUIET_MODEL } = process.env;
 
@@ -85,7 +93,15 @@ test("a cancelled turn ends with its error", async () => {
   assert.equal(events.at(-1).type, "error");
   assert.equal(events.at(-1).data.code, "ECANCELLED");
   assert.equal(events.at(-1).data.exit, 130);
-  await assert.rejects(w.turn(second.id).result(), (e) => e instanceof TurnFailed && e.data.code === "ECANCELLED");
+  await assert.rejects(
+    w.turn(second.id).result(),
+    (e) =>
+      e instanceof TurnFailed &&
+      e instanceof WardenError &&
+      e.code === "ECANCELLED" &&
+      e.data.code === "ECANCELLED" &&
+      e.exit === 130,
+  );
   assert.equal((await first.result()).text, reply("first, long enough to be running ".repeat(4)));
 });
 
@@ -97,6 +113,24 @@ test("sessions: list, get, reset", async () => {
   await w.reset("listed");
   await assert.rejects(w.reset("never-seen"), NotFound);
   await assert.rejects(w.session("never-seen"), NotFound);
+  const detailed = (await w.sessions({ detail: true })).find((s) => s.key === "listed");
+  assert.ok(detailed && "status" in detailed, JSON.stringify(detailed));
+  assert.equal(await w.recover("listed", "retry"), false, "nothing was stuck");
+  await assert.rejects(w.recover("listed", "sideways"), InvalidRequest);
+  const server = await w.server();
+  assert.equal(server.agent, "anthropic");
+  assert.ok(server.version);
+  assert.match(await w.metrics(), /warden_turns_total/);
+});
+
+test("a turn followed from an event it saw yields only the ones after it", async () => {
+  const w = new Warden(WARDEN_URL, WARDEN_TOKEN);
+  const turn = await w.send("typed", { key: "typed" });
+  const events = await collect(turn);
+  const rest = await collect(w.turn(turn.id, { lastEventId: 2 }));
+  assert.deepEqual(ids(rest), ids(events).slice(2));
+  assert.equal(rest.at(-1).type, "done");
+  if (events.at(-1).data.at !== undefined) assert.ok(events.at(-1).at instanceof Date, "a server that stamps its events");
 });
 
 test("errors are typed", async () => {
@@ -107,7 +141,44 @@ test("errors are typed", async () => {
     w.send("hi", { key: "typed", agent: "claude-code" }),
     (e) => e instanceof Conflict && e.type === "agent_mismatch" && e.body.agent === "anthropic",
   );
-  await assert.rejects(w.send("hi", {}), TypeError);
+  await assert.rejects(w.send("hi", {}), (e) => e instanceof InvalidRequest && e.status === 0);
+  // A key the server would refuse: refused here, nothing sent.
+  for (const bad of ["", "commande-n°1", "two words", "x".repeat(256)]) {
+    await assert.rejects(
+      w.send("hi", { key: "never-sent", idempotencyKey: bad }),
+      (e) => e instanceof InvalidRequest && e.type === "invalid_idempotency_key",
+      JSON.stringify(bad),
+    );
+  }
+  await assert.rejects(w.session("never-sent"), NotFound);
+});
+
+/** A port nothing listens on. */
+async function closedPort() {
+  const server = createServer();
+  await new Promise((resolve) => server.listen(0, "127.0.0.1", resolve));
+  const { port } = server.address();
+  await new Promise((resolve) => server.close(resolve));
+  return port;
+}
+
+test("a server that cannot be reached is unavailable", async () => {
+  const w = new Warden(`http://127.0.0.1:${await closedPort()}`, WARDEN_TOKEN);
+  await assert.rejects(w.server(), (e) => e instanceof Unavailable && e.status === 0 && e.type === "unreachable" && e.cause !== undefined);
+  // After its retries.
+  await assert.rejects(w.send("hi", { key: "nowhere" }), (e) => e instanceof Unavailable && e.cause !== undefined);
+});
+
+test("a connection cut before its answer is lost", async () => {
+  // A server that takes the request and hangs up without answering.
+  const server = createServer((socket) => socket.once("data", () => socket.destroy()));
+  await new Promise((resolve) => server.listen(0, "127.0.0.1", resolve));
+  try {
+    const w = new Warden(`http://127.0.0.1:${server.address().port}`, WARDEN_TOKEN);
+    await assert.rejects(w.server(), (e) => e instanceof ConnectionLost && e.status === 0 && e.cause !== undefined);
+  } finally {
+    server.close();
+  }
 });
 
 test("lifecycle events replay after a reset", async () => {
