@@ -54,6 +54,9 @@
 //! 12. `console`: the web console with 1,000 sessions against 10 in a real
 //!     headless Chromium (issue #27; needs `chromium` and `chromedriver`);
 //!     see [`console`].
+//! 13. `jaeger`: CPU per turn and p50/p99 turn latency with every span
+//!     exported to a real Jaeger (`.ci/jaeger`'s, `WARDEN_JAEGER_OTLP`)
+//!     against no exporter (issue #43); see [`jaeger`].
 #![allow(unsafe_code)] // the counting global allocator below
 #![allow(missing_docs, unreachable_pub)]
 
@@ -61,6 +64,8 @@ mod backoff;
 mod cluster;
 mod console;
 mod continuation;
+mod events;
+mod jaeger;
 mod proxy;
 mod soak;
 
@@ -1027,6 +1032,14 @@ fn main() {
         telemetry_child(args.get(i + 2).cloned(), turns);
         return;
     }
+    if let Some(i) = args.iter().position(|a| a == "--jaeger-child") {
+        let turns = args
+            .get(i + 1)
+            .and_then(|t| t.parse().ok())
+            .unwrap_or(5_000);
+        jaeger::jaeger_child(turns, args.get(i + 2).cloned());
+        return;
+    }
     if let Some(i) = args.iter().position(|a| a == "--proxy-child") {
         proxy::proxy_child(args.get(i + 1).map_or("", String::as_str));
         return;
@@ -1087,6 +1100,9 @@ fn main() {
         if want("continuation") {
             continuation::bench_continuation(quick).await;
         }
+        if want("events") {
+            events::bench_events(quick);
+        }
         if want("soak") {
             soak::bench_soak(quick).await;
         }
@@ -1117,5 +1133,8 @@ fn main() {
     });
     if want("telemetry") {
         bench_telemetry(quick);
+    }
+    if want("jaeger") {
+        jaeger::bench_jaeger(quick);
     }
 }
