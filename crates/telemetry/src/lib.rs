@@ -313,6 +313,14 @@ where
 {
     tracing_opentelemetry::layer()
         .with_tracer(tracer)
+        // Not the emitting file, thread, target or busy/idle times: every
+        // transition is emitted from the same two files, and these cost
+        // time on each span and bytes in each export for nothing a user
+        // searches by.
+        .with_location(false)
+        .with_threads(false)
+        .with_target(false)
+        .with_tracked_inactivity(false)
         .with_filter(export_targets())
 }
 

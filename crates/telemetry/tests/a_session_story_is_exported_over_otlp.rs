@@ -175,6 +175,25 @@ fn spans_of_a_stall_a_retry_and_a_fresh_fallback_reach_the_collector() {
                 s.name
             );
         }
+        // Nothing a user searches by, and a cost on every span: the
+        // emitting file (always the same two), thread, target and busy/idle
+        // times are not exported.
+        for noise in [
+            "code.file.path",
+            "code.line.number",
+            "code.module.name",
+            "thread.id",
+            "thread.name",
+            "target",
+            "busy_ns",
+            "idle_ns",
+        ] {
+            assert!(
+                !s.attributes.contains_key(noise),
+                "{} carries {noise}",
+                s.name
+            );
+        }
     }
 
     // The stall: anchor → turn → two sibling attempts, the retry linked to
