@@ -38,6 +38,7 @@ TURN_STREAM = (
 
 LIFECYCLE_STREAM = (
     ": keep-alive\n\n"
+    "event: ping\ndata:\n\n"
     'id: 7\nevent: turn_started\ndata: {"key":"k","turn":1,"at":"2026-12-05T10:00:00.000Z"}\n\n'
     ": keep-alive\n\n"
     'id: 8\nevent: turn_finished\ndata: {"key":"k","turn":1}\n\n'
