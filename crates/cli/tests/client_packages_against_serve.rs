@@ -1,18 +1,24 @@
-//! The client packages (`clients/python`, `clients/typescript`) against a
-//! real `warden serve` process on the mock: each one's suite (a stalled
-//! reply, a dropped connection re-attached, cancel, sessions, typed errors,
-//! lifecycle replay; async for Python), then its README's example as
-//! written.
+//! The client packages (`clients/python`, `clients/typescript`) of this
+//! tree against a real `warden serve` process on the mock: each one's suite
+//! (a 20 s quiet pause upstream — the server's keep-alive comment reaches
+//! the client mid-turn —, a stalled reply, a dropped connection
+//! re-attached, a refused one, cancel, sessions, typed errors, lifecycle
+//! replay; sync and async for Python) and its tests against canned
+//! answers. The same suites run against the packages as their READMEs
+//! install them in `clients_installed_as_their_readmes_say.rs`, with the
+//! README examples.
 //!
 //! The dropped connection is real: the suites reach the server also
 //! through a TCP relay here that cuts each turn's first event stream in the
 //! middle of its reply.
 //!
 //! Needs a Python with the Python client's dependencies
-//! (`WARDEN_CLIENT_PYTHON`) and, for TypeScript, Node 20+ with
-//! `clients/typescript`'s `npm ci` done; `.ci/run` provides both (pinned).
-//! Without them a test says why and passes, unless `WARDEN_REQUIRE_PY_CLIENT=1`
-//! / `WARDEN_REQUIRE_TS_CLIENT=1` (CI) make it fail.
+//! (`WARDEN_CLIENT_PYTHON`; `.ci/run` pins httpx-sse 0.4.0, the version
+//! whose empty events crashed the client on a keep-alive) and, for
+//! TypeScript, Node 20+ with `clients/typescript`'s `npm ci` done; `.ci/run`
+//! provides both. Without them a test says why and passes, unless
+//! `WARDEN_REQUIRE_PY_CLIENT=1` / `WARDEN_REQUIRE_TS_CLIENT=1` (CI) make it
+//! fail.
 
 mod clients;
 mod common;
