@@ -5,8 +5,10 @@
 //! subscriber is set once per process), alternately with OTLP export to
 //! the Jaeger `.ci/jaeger` started (`WARDEN_JAEGER_OTLP`) and with no
 //! exporter: 50 sessions, each running its turns one after another (50
-//! turns in flight), every attempt answered with 20 text frames by an
-//! in-process source. Per run: the child's CPU time (user + system, every
+//! turns in flight), every attempt answered either with 20 text frames by
+//! an in-process source (the floor: a turn costs almost nothing else) or
+//! by the real Anthropic source over HTTP from warden's mock (a 300-word
+//! reply, one delta per word, parsed frame by frame as a real turn is). Per run: the child's CPU time (user + system, every
 //! thread: the exporter's runtime and batch thread included) per turn, and
 //! the 50th and 99th percentile of a turn's latency (send → finished).
 //! Without `WARDEN_JAEGER_OTLP` the section says it is skipped.
@@ -15,6 +17,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use warden_core::{EventSource, SessionKey, Supervisor, SupervisorConfig};
+
+/// A tenth of the HTTP turns' reply: 30 of these are 300 words, about 400
+/// tokens, one text delta per word (a typical answer's size).
+const REPLY_SENTENCE: &str =
+    "The watchdog killed the silent stream and the turn was retried in full. ";
 
 /// Sessions, each running its turns in sequence.
 const SESSIONS: usize = 50;
@@ -36,24 +43,58 @@ fn cpu_time() -> Duration {
     Duration::from_millis((ticks(11) + ticks(12)) * 10)
 }
 
+/// Where a turn's reply comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Source {
+    /// An in-process source: 20 text frames, no I/O (the floor).
+    Channel,
+    /// The real Anthropic source over HTTP against warden's mock (an SSE
+    /// reply parsed frame by frame, as a real turn is).
+    Http,
+}
+
 /// The workload: `turns` turns; the CPU time and every turn's latency.
-async fn workload(turns: usize) -> (Duration, Vec<Duration>) {
-    let (source, ctl) = warden_core::testing::ChannelSource::new();
-    let factory = move |_: &SessionKey| source.clone() as Arc<dyn EventSource>;
+async fn workload(turns: usize, from: Source) -> (Duration, Vec<Duration>) {
+    let mut driver = None;
+    let mut mock = None;
+    let source: Arc<dyn EventSource> = match from {
+        Source::Channel => {
+            let (source, ctl) = warden_core::testing::ChannelSource::new();
+            driver = Some(tokio::spawn(async move {
+                while let Some(a) = ctl.next_attempt().await {
+                    for _ in 0..20 {
+                        a.text("token ");
+                    }
+                    a.finish();
+                }
+            }));
+            source
+        }
+        Source::Http => {
+            let server = warden_mock::MockServer::start(
+                warden_mock::MockConfig::default()
+                    .with_frame_interval(Duration::ZERO)
+                    .with_reply(REPLY_SENTENCE.repeat(30)),
+            )
+            .await
+            .expect("mock");
+            let source = warden_llm::AnthropicSource::new(
+                warden_llm::AnthropicOptions::default()
+                    .with_base_url(server.base_url())
+                    .with_api_key("bench"),
+            )
+            .expect("source");
+            mock = Some(server);
+            Arc::new(source)
+        }
+    };
+    let factory = move |_: &SessionKey| source.clone();
     let sup = Supervisor::builder(Arc::new(factory))
         .config(SupervisorConfig::default())
         .store(Arc::new(warden_core::MemoryStore::new()))
         .start()
         .await
         .expect("supervisor");
-    let driver = tokio::spawn(async move {
-        while let Some(a) = ctl.next_attempt().await {
-            for _ in 0..20 {
-                a.text("token ");
-            }
-            a.finish();
-        }
-    });
     // One warm-up turn per session (spawns every session first).
     let warm: Vec<_> = (0..SESSIONS)
         .map(|s| {
@@ -90,13 +131,23 @@ async fn workload(turns: usize) -> (Duration, Vec<Duration>) {
     }
     let cpu = cpu_time().saturating_sub(cpu0);
     sup.shutdown().await;
-    driver.abort();
+    if let Some(d) = driver {
+        d.abort();
+    }
+    if let Some(m) = mock {
+        m.shutdown().await;
+    }
     (cpu, latencies)
 }
 
-/// `--jaeger-child TURNS [ENDPOINT]`: one run, printed as
+/// `--jaeger-child TURNS channel|http [ENDPOINT]`: one run, printed as
 /// `JAEGER_RUN <cpu µs per turn> <p50 µs> <p99 µs>`.
-pub fn jaeger_child(turns: usize, endpoint: Option<String>) {
+pub fn jaeger_child(turns: usize, from: &str, endpoint: Option<String>) {
+    let from = if from == "http" {
+        Source::Http
+    } else {
+        Source::Channel
+    };
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -109,7 +160,7 @@ pub fn jaeger_child(turns: usize, endpoint: Option<String>) {
         config = config.with_otlp_endpoint(e);
     }
     let guard = warden_telemetry::init(config).expect("telemetry");
-    let (cpu, mut latencies) = rt.block_on(workload(turns));
+    let (cpu, mut latencies) = rt.block_on(workload(turns, from));
     // The flush at exit is not a turn's cost; its time is not counted.
     drop(guard);
     latencies.sort();
@@ -126,10 +177,16 @@ pub fn jaeger_child(turns: usize, endpoint: Option<String>) {
 }
 
 /// One run in a child process: CPU µs per turn, p50 µs, p99 µs.
-fn run(turns: usize, endpoint: Option<&str>) -> Option<(f64, f64, f64)> {
+fn run(turns: usize, from: Source, endpoint: Option<&str>) -> Option<(f64, f64, f64)> {
     let exe = std::env::current_exe().ok()?;
     let mut cmd = std::process::Command::new(exe);
-    cmd.arg("--jaeger-child").arg(turns.to_string());
+    cmd.arg("--jaeger-child")
+        .arg(turns.to_string())
+        .arg(if from == Source::Http {
+            "http"
+        } else {
+            "channel"
+        });
     if let Some(e) = endpoint {
         cmd.arg(e);
     }
@@ -151,18 +208,30 @@ fn median(mut v: Vec<f64>) -> f64 {
 /// Section 13: export to Jaeger on vs off, alternating runs.
 pub fn bench_jaeger(quick: bool) {
     println!(
-        "\n## 13. Turns with every span exported to a real Jaeger vs no exporter (CPU per turn, turn latency; {SESSIONS} sessions, 20 frames per turn)"
+        "\n## 13. Turns with every span exported to a real Jaeger vs no exporter (CPU per turn, turn latency; {SESSIONS} sessions)"
     );
     let Ok(endpoint) = std::env::var("WARDEN_JAEGER_OTLP") else {
         println!("jaeger: skipped, source .ci/jaeger (sets WARDEN_JAEGER_OTLP)");
         return;
     };
-    let turns = if quick { 5_000 } else { 20_000 };
+    for from in [Source::Channel, Source::Http] {
+        compare(quick, from, &endpoint);
+    }
+}
+
+/// One table: `from`'s turns with export on vs off.
+fn compare(quick: bool, from: Source, endpoint: &str) {
+    let turns = match (from, quick) {
+        (Source::Channel, true) => 5_000,
+        (Source::Channel, false) => 20_000,
+        (Source::Http, true) => 1_000,
+        (Source::Http, false) => 4_000,
+    };
     let runs = if quick { 3 } else { 5 };
     let (mut off, mut on) = (Vec::new(), Vec::new());
     for _ in 0..runs {
-        off.extend(run(turns, None));
-        on.extend(run(turns, Some(&endpoint)));
+        off.extend(run(turns, from, None));
+        on.extend(run(turns, from, Some(endpoint)));
     }
     if off.is_empty() || on.is_empty() {
         println!("jaeger: a child run failed");
@@ -178,11 +247,15 @@ pub fn bench_jaeger(quick: bool) {
             col(v, |r| r.2) / 1000.0
         );
     };
-    println!("{turns} turns per run, median of {runs} runs each, alternating:");
+    let what = match from {
+        Source::Channel => "in-process source, 20 frames (the floor)",
+        Source::Http => "Anthropic source over HTTP against the mock, 300-word replies",
+    };
+    println!("\n{what}: {turns} turns per run, median of {runs} runs each, alternating:");
     println!("| export | CPU µs per turn | p50 turn ms | p99 turn ms |");
     println!("|---|---:|---:|---:|");
     row("off (no exporter, baseline)", &off);
-    row(&format!("on (OTLP/gRPC to Jaeger at {endpoint})"), &on);
+    row("on (OTLP/gRPC to Jaeger)", &on);
     println!(
         "ratio on/off: CPU per turn {:.3}x, p99 {:.3}x",
         col(&on, |r| r.0) / col(&off, |r| r.0),

@@ -1037,7 +1037,8 @@ fn main() {
             .get(i + 1)
             .and_then(|t| t.parse().ok())
             .unwrap_or(5_000);
-        jaeger::jaeger_child(turns, args.get(i + 2).cloned());
+        let from = args.get(i + 2).map_or("channel", String::as_str);
+        jaeger::jaeger_child(turns, from, args.get(i + 3).cloned());
         return;
     }
     if let Some(i) = args.iter().position(|a| a == "--proxy-child") {
