@@ -708,7 +708,15 @@ async fn check_traces(jaeger: &Jaeger, service: &str) {
 
     // kill -9 mid-turn, then a restart: the first incarnation's anchor
     // (exported before the kill) and the restart's.
-    let (traces, spans) = by_key("crash", &[names::SESSION_SPAWN, names::SESSION_RESUME]).await;
+    let (traces, spans) = by_key(
+        "crash",
+        &[
+            names::SESSION_SPAWN,
+            names::SESSION_RESUME,
+            names::SESSION_TURN,
+        ],
+    )
+    .await;
     let spawn = one(&spans, names::SESSION_SPAWN, "crash");
     let resume = one(&spans, names::SESSION_RESUME, "crash");
     assert_eq!(traces.len(), 2, "{:?}", names_of(&spans));
