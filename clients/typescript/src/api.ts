@@ -249,7 +249,8 @@ export interface paths {
             path?: never;
             cookie?: never;
         };
-        get?: never;
+        /** One turn as kept: its outcome, prompt (first 2 KB), model, times and trace id */
+        get: operations["getTurn"];
         put?: never;
         post?: never;
         /** Cancel a turn (queued or running) */
@@ -1192,6 +1193,49 @@ export interface components {
          * @enum {string}
          */
         ToolState: "started" | "finished";
+        /** @description `GET /v1/turns/{id}`: one turn, as kept. */
+        Turn: {
+            /**
+             * Format: uint64
+             * @description `done`: attempts used.
+             */
+            attempts?: number | null;
+            /** @description `error`: its code. */
+            code?: string | null;
+            /** @description When its last event was made (`done`, `error`). */
+            ended_at?: components["schemas"]["EventTime"] | null;
+            /**
+             * Format: int32
+             * @description `error`: its exit-code class.
+             */
+            exit?: number | null;
+            /** @description The turn's id. */
+            id: string;
+            /** @description Its session. */
+            key: string;
+            /** @description `error`: what happened. */
+            message?: string | null;
+            /**
+             * Format: uint64
+             * @description The id of the message it answers.
+             */
+            message_id: number;
+            /** @description The model it asked for, if it named one. */
+            model?: string | null;
+            /** @description How it stands. */
+            outcome: components["schemas"]["TurnOutcome"];
+            /** @description Its message's first 2,048 bytes. */
+            prompt?: string | null;
+            /** @description When it was accepted (its log opened). */
+            started_at?: components["schemas"]["EventTime"] | null;
+            /** @description `done`: the answer. */
+            text?: string | null;
+            /**
+             * @description The trace its spans are in (its session incarnation's), with
+             *     tracing on: `{jaeger_url}/trace/{trace_id}`.
+             */
+            trace_id?: string | null;
+        };
         /** @description The answer to `DELETE /v1/turns/{id}`. */
         TurnCancelled: {
             /** @description Whether it was still queued or running (false: it had ended). */
@@ -1307,10 +1351,21 @@ export interface components {
              * @description The id of the message it answers.
              */
             message_id: number;
+            /** @description The model it asked for, if it named one. */
+            model?: string | null;
             /** @description How it stands. */
             outcome: components["schemas"]["TurnOutcome"];
+            /** @description Its message's first 2,048 bytes. */
+            prompt?: string | null;
+            /** @description When it was accepted (its log opened). */
+            started_at?: components["schemas"]["EventTime"] | null;
             /** @description `done`: the answer. */
             text?: string | null;
+            /**
+             * @description The trace its spans are in (its session incarnation's), with
+             *     tracing on: `{jaeger_url}/trace/{trace_id}`.
+             */
+            trace_id?: string | null;
         };
         /** @description An event's fields with the time it was made: what `data:` carries. */
         WorkspaceNormalizedEvent: {
@@ -1888,6 +1943,55 @@ export interface operations {
                 };
             };
             /** @description `too_many_sessions`: the live-session bound is reached and every session is busy (`limit`, `Retry-After`). `unavailable`: the session's store failed (a full disk). `session_elsewhere` (cluster): another node runs the session and the request was already forwarded once, or its owner cannot be reached; `Retry-After`, `owner`, `advertise`. `database_unreachable` (cluster): this node cannot reach the cluster's database; ask another node or after `Retry-After` */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+        };
+    };
+    getTurn: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The turn */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Turn"];
+                };
+            };
+            /** @description `unauthorized`: no token, or a wrong one (the message says which and where the server's token file is) */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description `not_found`: unknown or expired turn */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description `unavailable`: the turn store failed. `node_unreachable`: the cluster node keeping the turn cannot be reached */
             503: {
                 headers: {
                     [name: string]: unknown;

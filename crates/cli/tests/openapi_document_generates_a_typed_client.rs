@@ -26,6 +26,7 @@ const PATIENCE: Duration = Duration::from_secs(60);
 const TYPED: &[(&str, &str)] = &[
     ("create_turn", "TurnCreated"),
     ("cancel_turn", "TurnCancelled"),
+    ("get_turn", "Turn"),
     ("list_sessions", "SessionList"),
     ("get_session", "Session"),
     ("reset_session", "SessionReset"),

@@ -34,7 +34,8 @@ mod turns;
 pub use conversations::{ConversationStore, Entry, Role, unknown_conversation};
 pub use turn_event::{EventTime, TurnEventData};
 pub use turns::{
-    StoredEvent, StoredTurn, TurnEventKind, TurnStore, TurnStoreError, UnknownEventKind,
+    PROMPT_HEAD_BYTES, StoredEvent, StoredTurn, TurnAsked, TurnEventKind, TurnStore,
+    TurnStoreError, UnknownEventKind,
 };
 
 /// The schema version this build writes and the newest it reads. 2 added

@@ -99,6 +99,13 @@ pub const MIGRATIONS: &[(i32, &str)] = &[
         6,
         "ALTER TABLE warden_turns ADD COLUMN request_fingerprint TEXT;",
     ),
+    (
+        // What a turn was asked (its prompt's head, model, when it was
+        // opened, its trace), for the people looking at it later. NULL
+        // (every turn stored before): unknown.
+        7,
+        "ALTER TABLE warden_turns ADD COLUMN asked JSONB;",
+    ),
 ];
 
 /// An arbitrary constant naming warden's migration lock.

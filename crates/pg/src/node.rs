@@ -300,8 +300,26 @@ impl NodeStore {
         message_id: u64,
         id: &str,
     ) -> Result<warden_core::store::StoredTurn, StoreError> {
+        let asked = warden_core::store::TurnAsked::default();
+        self.open_asked_turn(key, message_id, id, None, &asked)
+            .await
+    }
+
+    /// [`open_turn`](Self::open_turn), keeping the request's `fingerprint`
+    /// and what it `asked` (see [`PgStore::open_keyed_turn`]).
+    pub async fn open_asked_turn(
+        &self,
+        key: &SessionKey,
+        message_id: u64,
+        id: &str,
+        fingerprint: Option<&str>,
+        asked: &warden_core::store::TurnAsked,
+    ) -> Result<warden_core::store::StoredTurn, StoreError> {
         let lease = self.held_or_lost(key)?;
-        let opened = self.pg.open_turn(&lease, message_id, id).await;
+        let opened = self
+            .pg
+            .open_keyed_turn(&lease, message_id, id, fingerprint, asked)
+            .await;
         self.forget_if_lost(&lease, &opened);
         opened
     }

@@ -3,7 +3,7 @@
 //! and its siblings, under the node's leases.
 
 use futures_util::future::BoxFuture;
-use warden_core::store::{StoredEvent, StoredTurn, TurnStore, TurnStoreError};
+use warden_core::store::{StoredEvent, StoredTurn, TurnAsked, TurnStore, TurnStoreError};
 use warden_core::{SessionKey, StoreError};
 
 use crate::NodeStore;
@@ -40,20 +40,16 @@ impl TurnStore for NodeTurns {
         message_id: u64,
         id: &'a str,
         fingerprint: Option<&'a str>,
+        asked: &'a TurnAsked,
     ) -> BoxFuture<'a, Result<StoredTurn, TurnStoreError>> {
         Box::pin(async move {
-            // A keyed turn: opened with its fingerprint in one statement,
-            // under the lease the node holds. A lease it lost meanwhile
-            // goes to the node's own `open_turn`, which reports it lost as
-            // for every write.
-            if let (Some(fp), Some(lease)) = (fingerprint, self.node.lease_of(key)) {
-                let pg = self.node.pg();
-                match pg.open_keyed_turn(&lease, message_id, id, Some(fp)).await {
-                    Err(StoreError::LeaseLost { .. }) => {}
-                    opened => return opened.map_err(turn_error),
-                }
-            }
-            let turn = self.node.open_turn(key, message_id, id).await;
+            // Opened with its fingerprint and what it asked in one
+            // statement, under the lease the node holds (a lease it lost
+            // meanwhile is reported lost, as for every write).
+            let turn = self
+                .node
+                .open_asked_turn(key, message_id, id, fingerprint, asked)
+                .await;
             turn.map_err(turn_error)
         })
     }

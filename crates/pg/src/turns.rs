@@ -19,7 +19,7 @@
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use warden_core::store::{StoredEvent, StoredTurn};
+use warden_core::store::{StoredEvent, StoredTurn, TurnAsked};
 use warden_core::{SessionKey, StoreError};
 
 use crate::{Lease, PgStore, backend, from_db, secs, to_db};
@@ -56,30 +56,36 @@ impl PgStore {
         message_id: u64,
         id: &str,
     ) -> Result<StoredTurn, StoreError> {
-        self.open_keyed_turn(lease, message_id, id, None).await
+        let asked = TurnAsked::default();
+        self.open_keyed_turn(lease, message_id, id, None, &asked)
+            .await
     }
 
     /// [`open_turn`](Self::open_turn), keeping `fingerprint` (the
-    /// request's: [`StoredTurn::fingerprint`]) with a turn that has none
-    /// yet, in the same statement; a stored one is never replaced.
+    /// request's: [`StoredTurn::fingerprint`]) and `asked`
+    /// ([`StoredTurn::asked`]) with a turn that has none yet, in the same
+    /// statement; stored ones are never replaced.
     pub async fn open_keyed_turn(
         &self,
         lease: &Lease,
         message_id: u64,
         id: &str,
         fingerprint: Option<&str>,
+        asked: &TurnAsked,
     ) -> Result<StoredTurn, StoreError> {
+        let asked_json = (!asked.is_empty()).then(|| json!(asked));
         let client = self.client().await?;
         let row = client
             .query_opt(
                 &format!(
                     "WITH {FENCE} \
-                     INSERT INTO warden_turns (id, key, message_id, request_fingerprint) \
-                     SELECT $4, $1, $5, $6 WHERE EXISTS (SELECT 1 FROM fence) \
+                     INSERT INTO warden_turns (id, key, message_id, request_fingerprint, asked) \
+                     SELECT $4, $1, $5, $6, $7 WHERE EXISTS (SELECT 1 FROM fence) \
                      ON CONFLICT (key, message_id) DO UPDATE SET updated_at = now(), \
                        request_fingerprint = COALESCE(warden_turns.request_fingerprint, \
-                                                      EXCLUDED.request_fingerprint) \
-                     RETURNING id, ended, xmax = 0, request_fingerprint"
+                                                      EXCLUDED.request_fingerprint), \
+                       asked = COALESCE(warden_turns.asked, EXCLUDED.asked) \
+                     RETURNING id, ended, xmax = 0, request_fingerprint, asked"
                 ),
                 &[
                     &lease.key,
@@ -88,6 +94,7 @@ impl PgStore {
                     &id,
                     &to_db(message_id),
                     &fingerprint,
+                    &asked_json,
                 ],
             )
             .await
@@ -105,13 +112,16 @@ impl PgStore {
         // for the common case, a new turn.
         let inserted: bool = row.get(2);
         let fingerprint: Option<String> = row.get(3);
+        let asked = read_asked(row.get(4));
         let events = if inserted {
             Vec::new()
         } else {
             self.turn_events(&client, &id, 0).await?
         };
         let key = SessionKey::new(lease.key.clone());
-        Ok(StoredTurn::new(id, key, message_id, events, ended).with_fingerprint(fingerprint))
+        Ok(StoredTurn::new(id, key, message_id, events, ended)
+            .with_fingerprint(fingerprint)
+            .with_asked(asked))
     }
 
     /// Appends `events` to turn `id` of `lease`'s session, through the
@@ -182,7 +192,7 @@ impl PgStore {
         // `ended` first: if it is set, every event is already there.
         let Some(row) = client
             .query_opt(
-                "SELECT key, message_id, ended, request_fingerprint FROM warden_turns \
+                "SELECT key, message_id, ended, request_fingerprint, asked FROM warden_turns \
                  WHERE id = $1",
                 &[&id],
             )
@@ -195,7 +205,10 @@ impl PgStore {
         let key = SessionKey::new(row.get::<_, String>(0));
         let (message_id, ended) = (from_db(row.get(1)), row.get(2));
         let turn = StoredTurn::new(id, key, message_id, events, ended);
-        Ok(Some(turn.with_fingerprint(row.get(3))))
+        Ok(Some(
+            turn.with_fingerprint(row.get(3))
+                .with_asked(read_asked(row.get(4))),
+        ))
     }
 
     /// The newest `limit` turns of `key`, newest first, each with its last
@@ -208,7 +221,7 @@ impl PgStore {
         let client = self.client().await?;
         let rows = client
             .query(
-                "SELECT t.id, t.message_id, t.ended, e.seq, e.kind, e.data \
+                "SELECT t.id, t.message_id, t.ended, e.seq, e.kind, e.data, t.asked \
                  FROM warden_turns t \
                  LEFT JOIN LATERAL (SELECT seq, kind, data FROM warden_turn_events \
                    WHERE turn_id = t.id ORDER BY seq DESC LIMIT 1) e ON true \
@@ -231,13 +244,8 @@ impl PgStore {
                     }
                     None => Vec::new(),
                 };
-                Ok(StoredTurn::new(
-                    id,
-                    key.clone(),
-                    from_db(r.get(1)),
-                    last,
-                    r.get(2),
-                ))
+                let turn = StoredTurn::new(id, key.clone(), from_db(r.get(1)), last, r.get(2));
+                Ok(turn.with_asked(read_asked(r.get(6))))
             })
             .collect()
     }
@@ -289,4 +297,11 @@ impl PgStore {
             .map_err(backend)?;
         Ok(from_db(row.get(0)))
     }
+}
+
+/// A turn's `asked` column as stored: empty when NULL (stored before it was
+/// kept) or unreadable (a display field, not worth refusing the turn for).
+fn read_asked(v: Option<Value>) -> TurnAsked {
+    v.and_then(|v| serde_json::from_value(v).ok())
+        .unwrap_or_default()
 }

@@ -28,17 +28,31 @@ async fn a_keyed_turn_keeps_the_fingerprint_of_its_first_request_on_every_node()
     // Node A runs the session; its turn store opens a keyed turn.
     let a = NodeStore::new(pg.clone(), "node-a", ttl);
     a.claim(&key).await.expect("claim").expect("free");
+    let asked = warden_core::store::TurnAsked::new("what is in the box?")
+        .with_model(Some("m-1".into()))
+        .with_trace_id(Some("0af7651916cd43dd8448eb211c80319c".into()));
     let opened = a
         .turns()
-        .open(&key, 1, "turn_keyed", Some("fp-first"))
+        .open(&key, 1, "turn_keyed", Some("fp-first"), &asked)
         .await
         .expect("open");
     assert_eq!(opened.id, "turn_keyed");
+    assert_eq!(opened.asked, asked, "what it asked is kept with it");
+    let read = pg.read_turn("turn_keyed", 0).await.expect("read");
+    assert_eq!(read.expect("known").asked, asked);
+    let listed = pg.recent_turns(&key, 1).await.expect("recent");
+    assert_eq!(listed[0].asked, asked);
     assert_eq!(opened.fingerprint.as_deref(), Some("fp-first"));
     // A turn without a key: unknown.
     let plain = a
         .turns()
-        .open(&key, 2, "turn_plain", None)
+        .open(
+            &key,
+            2,
+            "turn_plain",
+            None,
+            &warden_core::store::TurnAsked::default(),
+        )
         .await
         .expect("open");
     assert_eq!(plain.fingerprint, None);
@@ -58,7 +72,13 @@ async fn a_keyed_turn_keeps_the_fingerprint_of_its_first_request_on_every_node()
     for given in [None, Some("fp-other")] {
         let again = b
             .turns()
-            .open(&key, 1, "turn_b", given)
+            .open(
+                &key,
+                1,
+                "turn_b",
+                given,
+                &warden_core::store::TurnAsked::default(),
+            )
             .await
             .expect("open");
         assert_eq!(again.id, "turn_keyed", "the re-delivered turn keeps its id");
@@ -72,7 +92,16 @@ async fn a_keyed_turn_keeps_the_fingerprint_of_its_first_request_on_every_node()
 
     // A, which no longer holds the lease, cannot open a keyed turn: the
     // session moved, and A forgets the lease (as for every write).
-    let lost = a.turns().open(&key, 3, "turn_late", Some("fp-late")).await;
+    let lost = a
+        .turns()
+        .open(
+            &key,
+            3,
+            "turn_late",
+            Some("fp-late"),
+            &warden_core::store::TurnAsked::default(),
+        )
+        .await;
     assert!(matches!(lost, Err(TurnStoreError::Moved(_))), "{lost:?}");
     assert!(a.lease_of(&key).is_none(), "A forgot the lease it lost");
     assert!(pg.read_turn("turn_late", 0).await.expect("read").is_none());
@@ -107,7 +136,13 @@ async fn a_turn_stored_without_a_fingerprint_reads_as_unknown() {
     assert_eq!(read.expect("known").fingerprint, None);
     let opened = node
         .turns()
-        .open(&key, 1, "turn_x", Some("fp"))
+        .open(
+            &key,
+            1,
+            "turn_x",
+            Some("fp"),
+            &warden_core::store::TurnAsked::default(),
+        )
         .await
         .expect("open");
     assert_eq!(opened.id, "turn_old");

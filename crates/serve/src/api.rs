@@ -243,6 +243,30 @@ pub struct TurnSummary {
     /// When its last event was made (`done`, `error`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ended_at: Option<EventTime>,
+    /// When it was accepted (its log opened).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started_at: Option<EventTime>,
+    /// Its message's first 2,048 bytes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prompt: Option<String>,
+    /// The model it asked for, if it named one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
+    /// The trace its spans are in (its session incarnation's), with
+    /// tracing on: `{jaeger_url}/trace/{trace_id}`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trace_id: Option<String>,
+}
+
+/// `GET /v1/turns/{id}`: one turn, as kept.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[non_exhaustive]
+pub struct Turn {
+    /// Its session.
+    pub key: String,
+    /// The turn.
+    #[serde(flatten)]
+    pub turn: TurnSummary,
 }
 
 /// `GET /v1/sessions/{key}/turns`.

@@ -49,7 +49,7 @@ use std::sync::Arc;
 use axum::extract::DefaultBodyLimit;
 use axum::http::StatusCode;
 use axum::middleware;
-use axum::routing::{delete, get, post};
+use axum::routing::{get, post};
 use axum::{Json, Router};
 use warden_core::Supervisor;
 
@@ -96,7 +96,10 @@ pub fn router(supervisor: Supervisor, config: ServeConfig) -> Router {
     let api = Router::new()
         .route("/v1/turns", post(turn_routes::create_turn))
         .route("/v1/turns/{id}/events", get(turn_routes::turn_events))
-        .route("/v1/turns/{id}", delete(turn_routes::cancel_turn))
+        .route(
+            "/v1/turns/{id}",
+            get(turn_routes::one_turn).delete(turn_routes::cancel_turn),
+        )
         .route("/v1/sessions", get(sessions::list_sessions))
         .route("/v1/sessions/{key}", get(sessions::one_session))
         .route("/v1/sessions/{key}/reset", post(sessions::reset_session))
@@ -119,8 +122,7 @@ pub fn router(supervisor: Supervisor, config: ServeConfig) -> Router {
         .route("/openapi.json", get(|| async { Json(openapi::document()) }))
         .route("/ui", get(console::index))
         .route("/ui/", get(console::index))
-        .route("/ui/console.js", get(console::script))
-        .route("/ui/console.css", get(console::style))
+        .route("/ui/{file}", get(console::file))
         .merge(api)
         .fallback(no_route)
         .method_not_allowed_fallback(wrong_method)

@@ -235,6 +235,11 @@ pub(crate) fn document() -> Value {
             &error,
             &[unauthorized, (404, "`not_found`: unknown or expired turn")],
         );
+    let one_turn = Op::new("getTurn", "One turn as kept: its outcome, prompt (first 2 KB), model, times and trace id")
+        .path_param("id", "")
+        .json(200, "The turn", schema::<api::Turn>(&mut g))
+        .errors(&error, &[unauthorized, (404, "`not_found`: unknown or expired turn"),
+            (503, "`unavailable`: the turn store failed. `node_unreachable`: the cluster node keeping the turn cannot be reached")]);
     let sessions = Op::new("listSessions", "Running sessions (on a cluster node: every session of the cluster)")
         .param("detail", "query", false, json!({"type": "string", "enum": ["full"]}),
             "`full`: every stored session (running or not), each with its record as getSession shows it")
@@ -374,7 +379,7 @@ pub(crate) fn document() -> Value {
         "paths": {
             "/v1/turns": {"post": create_turn.v},
             "/v1/turns/{id}/events": {"get": turn_events_op.v},
-            "/v1/turns/{id}": {"delete": cancel.v},
+            "/v1/turns/{id}": {"get": one_turn.v, "delete": cancel.v},
             "/v1/sessions": {"get": sessions.v},
             "/v1/sessions/{key}": {"get": session.v},
             "/v1/sessions/{key}/turns": {"get": session_turns.v},

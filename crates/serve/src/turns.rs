@@ -20,7 +20,8 @@ use warden_core::store::turn_event::{
     AttemptFailed, ContextFill, Delta, Done, Failed, Queued, Restarting, Started, Tool, ToolState,
 };
 use warden_core::store::{
-    StoredEvent as ServeEvent, StoredTurn, TurnEventData as Data, TurnStore, TurnStoreError,
+    StoredEvent as ServeEvent, StoredTurn, TurnAsked, TurnEventData as Data, TurnStore,
+    TurnStoreError,
 };
 use warden_core::{
     AgentEvent, ContinueFrom, RecoveredTurn, RetryPolicy, SessionKey, TurnCanceller, TurnError,
@@ -44,6 +45,8 @@ pub(crate) struct TurnLog {
     /// The fingerprint of the request that sent it (with an idempotency
     /// key: [`StoredTurn::fingerprint`]), if known.
     pub(crate) fingerprint: Option<String>,
+    /// What it was asked ([`StoredTurn::asked`]).
+    pub(crate) asked: TurnAsked,
     events: Mutex<Vec<ServeEvent>>,
     /// The number of events so far; `ended` once the last one is in (or
     /// the turn moved to another node: no more events here).
@@ -120,6 +123,7 @@ impl TurnLog {
     fn new(
         key: SessionKey,
         fingerprint: Option<String>,
+        asked: TurnAsked,
         canceller: TurnCanceller,
         events: Vec<ServeEvent>,
         slow_reader_grace: Duration,
@@ -128,6 +132,7 @@ impl TurnLog {
         Self {
             key,
             fingerprint,
+            asked,
             events: Mutex::new(events),
             changed,
             canceller,
@@ -356,11 +361,30 @@ impl Turns {
                 let last: Vec<ServeEvent> = log.lock().last().cloned().into_iter().collect();
                 let ended = log.changed.borrow().1;
                 StoredTurn::new(id.clone(), key.clone(), log.canceller.turn(), last, ended)
+                    .with_asked(log.asked.clone())
             })
             .collect();
         turns.sort_by_key(|t| std::cmp::Reverse(t.message_id));
         turns.truncate(limit);
         Ok(turns)
+    }
+
+    /// Turn `id` as kept here (its last event only), or from the store.
+    pub(crate) async fn one(&self, id: &str) -> Result<Option<StoredTurn>, TurnStoreError> {
+        if let Some(log) = self.get(id) {
+            let last: Vec<ServeEvent> = log.lock().last().cloned().into_iter().collect();
+            let ended = log.changed.borrow().1;
+            let turn = StoredTurn::new(id, log.key.clone(), log.canceller.turn(), last, ended);
+            return Ok(Some(turn.with_asked(log.asked.clone())));
+        }
+        let Some(store) = &self.store else {
+            return Ok(None);
+        };
+        let Some(mut turn) = store.read(id, 0).await? else {
+            return Ok(None);
+        };
+        turn.events.drain(..turn.events.len().saturating_sub(1));
+        Ok(Some(turn))
     }
 
     /// Registers `turn` of session `key` under `named` (the id its
@@ -375,9 +399,13 @@ impl Turns {
         turn: TurnHandle,
         keep: Duration,
         node: Option<&str>,
-        named: Option<Named>,
-        continue_from: Option<ContinueFrom>,
+        opening: Opening,
     ) -> String {
+        let Opening {
+            named,
+            continue_from,
+            asked,
+        } = opening;
         let (fresh, fingerprint) = match named {
             Some(Named { id, fingerprint }) => (id, fingerprint),
             None => (crate::ids::turn_id(node), None),
@@ -386,18 +414,24 @@ impl Turns {
         let stored = match &self.store {
             Some(store) => {
                 let fp = fingerprint.as_deref();
-                open(store.as_ref(), &key, message_id, &fresh, fp).await
+                open(store.as_ref(), &key, message_id, &fresh, fp, &asked).await
             }
             None => None,
         };
         // A stored turn's fingerprint is its first request's.
-        let (id, events, fingerprint) = match &stored {
-            Some(t) => (t.id.clone(), t.events.clone(), t.fingerprint.clone()),
-            None => (fresh, Vec::new(), fingerprint),
+        let (id, events, fingerprint, asked) = match &stored {
+            Some(t) => (
+                t.id.clone(),
+                t.events.clone(),
+                t.fingerprint.clone(),
+                t.asked.clone(),
+            ),
+            None => (fresh, Vec::new(), fingerprint, asked),
         };
         let log = Arc::new(TurnLog::new(
             key.clone(),
             fingerprint,
+            asked,
             turn.canceller(),
             events,
             self.slow_reader_grace,
@@ -521,8 +555,12 @@ impl Turns {
                         handle,
                         keep,
                         node.as_deref(),
-                        named,
-                        Some(continue_from),
+                        Opening {
+                            named,
+                            continue_from: Some(continue_from),
+                            // Its stored log keeps what the first request asked.
+                            asked: TurnAsked::default(),
+                        },
                     )
                     .await;
                 tracing::info!(session = %key, turn = %id, message = message_id, "relaying a re-delivered turn");
@@ -536,6 +574,16 @@ impl Turns {
 pub(crate) struct Named {
     pub(crate) id: String,
     pub(crate) fingerprint: Option<String>,
+}
+
+/// How a turn is opened ([`Turns::start`]): the id its idempotency key
+/// names, the port a recovered turn's earlier text is offered on, and what
+/// it was asked.
+#[derive(Default)]
+pub(crate) struct Opening {
+    pub(crate) named: Option<Named>,
+    pub(crate) continue_from: Option<ContinueFrom>,
+    pub(crate) asked: TurnAsked,
 }
 
 /// A request's hold on a turn id ([`Turns::claim`]), let go when dropped.
@@ -596,10 +644,11 @@ async fn open(
     message_id: u64,
     id: &str,
     fingerprint: Option<&str>,
+    asked: &TurnAsked,
 ) -> Option<StoredTurn> {
     let policy = store_retry();
     for attempt in 1..=policy.max_attempts {
-        match store.open(key, message_id, id, fingerprint).await {
+        match store.open(key, message_id, id, fingerprint, asked).await {
             Ok(t) => return Some(t),
             Err(TurnStoreError::Moved(why)) => {
                 tracing::warn!(session = %key, %why, "the session moved before its turn was stored");
@@ -826,6 +875,7 @@ mod tests {
             _: u64,
             _: &'a str,
             _: Option<&'a str>,
+            _: &'a TurnAsked,
         ) -> BoxFuture<'a, Result<StoredTurn, TurnStoreError>> {
             Box::pin(async { Err(TurnStoreError::Failed("down".into())) })
         }

@@ -330,6 +330,7 @@ impl TurnStore for MemTurns {
         message_id: u64,
         id: &'a str,
         fingerprint: Option<&'a str>,
+        _asked: &'a warden_core::store::TurnAsked,
     ) -> BoxFuture<'a, Result<StoredTurn, TurnStoreError>> {
         let id = self
             .by_message

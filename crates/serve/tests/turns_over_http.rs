@@ -1447,3 +1447,62 @@ async fn errors_say_what_to_do() {
     assert_eq!((status, kind.as_str()), (404, "not_found"));
     assert!(message.contains("percent-encoded"), "{message}");
 }
+
+/// A turn is one request away after it ran: `GET /v1/turns/{id}` and the
+/// session's turn list give its prompt's head, model, outcome and the
+/// server's times (`started_at` ≤ `ended_at`, each event's `at` between).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_turn_is_shown_with_its_prompt_model_and_times() {
+    let s = server().await;
+    let long = "ü".repeat(1500); // 3,000 bytes
+    let body = serde_json::json!({"key": "shown", "message": long, "model": "m-9"}).to_string();
+    let (id, _) = s.create(&body).await;
+    let attempt = within("the stream to open", s.ctl.next_attempt())
+        .await
+        .expect("opened");
+    attempt.text("Hi");
+    attempt.finish();
+    let events = read_events(s.events(&id).send().await.expect("get"), |_| false).await;
+    assert_eq!(events.last().map(|e| e.event.as_str()), Some("done"));
+    let get = |path: String| s.client.get(format!("{}{path}", s.base)).bearer_auth(TOKEN);
+    let turn = get(format!("/v1/turns/{id}")).send().await.expect("get");
+    assert_eq!(turn.status(), 200);
+    let turn = turn.json_value().await;
+    assert_eq!(
+        (turn["key"].as_str(), turn["outcome"].as_str()),
+        (Some("shown"), Some("done")),
+        "{turn}"
+    );
+    assert_eq!(turn["model"], "m-9", "{turn}");
+    let prompt = turn["prompt"].as_str().expect("the prompt's head");
+    assert_eq!(
+        (prompt.len(), prompt.chars().count()),
+        (2048, 1024),
+        "cut whole at 2 KB"
+    );
+    let time = |v: &Value| {
+        humantime::parse_rfc3339(v.as_str().unwrap_or_else(|| panic!("a time: {v}")))
+            .expect("RFC 3339")
+    };
+    let (started, ended) = (time(&turn["started_at"]), time(&turn["ended_at"]));
+    for e in &events {
+        let at = time(&e.data["at"]);
+        assert!(
+            started <= at && at <= ended,
+            "{e:?} between {started:?} and {ended:?}"
+        );
+    }
+    let list = get("/v1/sessions/shown/turns".into())
+        .send()
+        .await
+        .expect("get")
+        .json_value()
+        .await;
+    assert_eq!(list["turns"][0]["prompt"], turn["prompt"], "{list}");
+    assert_eq!(list["turns"][0]["started_at"], turn["started_at"], "{list}");
+    let unknown = get("/v1/turns/turn_unknown".into())
+        .send()
+        .await
+        .expect("get");
+    assert_eq!(unknown.status(), 404);
+}

@@ -40,7 +40,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use futures_util::future::BoxFuture;
 use serde_json::{Value, json};
 use warden_core::SessionKey;
-use warden_core::store::{StoredEvent, StoredTurn, TurnStore, TurnStoreError};
+use warden_core::store::{StoredEvent, StoredTurn, TurnAsked, TurnStore, TurnStoreError};
 
 use crate::wal::{self, Op, Wal};
 
@@ -156,6 +156,8 @@ struct Meta {
     updated_ms: u64,
     /// The fingerprint of the request that sent it, if known.
     fingerprint: Option<String>,
+    /// What it was asked (empty: unknown).
+    asked: TurnAsked,
 }
 
 impl Meta {
@@ -163,6 +165,9 @@ impl Meta {
         let mut v = json!({"key": self.key, "message_id": self.message_id, "ended": self.ended, "updated_ms": self.updated_ms});
         if let Some(f) = &self.fingerprint {
             v["fingerprint"] = json!(f);
+        }
+        if !self.asked.is_empty() {
+            v["asked"] = json!(self.asked);
         }
         v.to_string().into_bytes()
     }
@@ -189,6 +194,12 @@ impl Meta {
                 .get("fingerprint")
                 .and_then(Value::as_str)
                 .map(str::to_owned),
+            // Absent (written before it was kept): unknown. Unreadable: a
+            // display field only, not worth refusing the turn for.
+            asked: v
+                .get("asked")
+                .and_then(|a| serde_json::from_value(a.clone()).ok())
+                .unwrap_or_default(),
         })
     }
 }
@@ -325,6 +336,7 @@ impl TurnStore for SledTurns {
         message_id: u64,
         id: &'a str,
         fingerprint: Option<&'a str>,
+        asked: &'a TurnAsked,
     ) -> BoxFuture<'a, Result<StoredTurn, TurnStoreError>> {
         Box::pin(async move {
             let by_message = message_key(key, message_id);
@@ -339,11 +351,15 @@ impl TurnStore for SledTurns {
                 ended: false,
                 updated_ms: 0,
                 fingerprint: None,
+                asked: TurnAsked::default(),
             });
             meta.updated_ms = now_ms();
             // The first request's, never replaced (a re-delivery has none).
             if meta.fingerprint.is_none() {
                 meta.fingerprint = fingerprint.map(str::to_owned);
+            }
+            if meta.asked.is_empty() {
+                meta.asked = asked.clone();
             }
             self.commit(vec![
                 Op::Insert(by_message, id.as_bytes().to_vec()),
@@ -353,7 +369,8 @@ impl TurnStore for SledTurns {
             let events = self.events(&id, 0)?;
             Ok(
                 StoredTurn::new(id, key.clone(), message_id, events, meta.ended)
-                    .with_fingerprint(meta.fingerprint),
+                    .with_fingerprint(meta.fingerprint)
+                    .with_asked(meta.asked),
             )
         })
     }
@@ -423,13 +440,10 @@ impl TurnStore for SledTurns {
                     decode_batch(u64::from_be_bytes(first), &v, &mut last)?;
                     last.drain(..last.len().saturating_sub(1));
                 }
-                out.push(StoredTurn::new(
-                    id,
-                    key.clone(),
-                    message_id,
-                    last,
-                    meta.ended,
-                ));
+                out.push(
+                    StoredTurn::new(id, key.clone(), message_id, last, meta.ended)
+                        .with_asked(meta.asked),
+                );
             }
             Ok(out)
         })
@@ -453,7 +467,10 @@ impl TurnStore for SledTurns {
                 events,
                 meta.ended,
             );
-            Ok(Some(turn.with_fingerprint(meta.fingerprint)))
+            Ok(Some(
+                turn.with_fingerprint(meta.fingerprint)
+                    .with_asked(meta.asked),
+            ))
         })
     }
 }

@@ -30,7 +30,13 @@ async fn an_answered_turn_without_an_end_is_ended_at_the_next_open_and_a_pending
             .expect("save");
         let turns = store.turns().expect("turns");
         turns
-            .open(&key, answered, "turn_answered", None)
+            .open(
+                &key,
+                answered,
+                "turn_answered",
+                None,
+                &warden_core::store::TurnAsked::default(),
+            )
             .await
             .expect("open");
         turns
@@ -43,7 +49,13 @@ async fn an_answered_turn_without_an_end_is_ended_at_the_next_open_and_a_pending
             .await
             .expect("append");
         turns
-            .open(&key, waiting, "turn_waiting", None)
+            .open(
+                &key,
+                waiting,
+                "turn_waiting",
+                None,
+                &warden_core::store::TurnAsked::default(),
+            )
             .await
             .expect("open");
         // The session answers the first message; its turn's end never

@@ -10,11 +10,13 @@ use serde_json::json;
 use warden_core::SessionKey;
 use warden_core::store::TurnEventData;
 use warden_core::store::turn_event::Delta;
-use warden_core::store::{StoredEvent, TurnEventKind, TurnStore, TurnStoreError};
+use warden_core::store::{StoredEvent, TurnAsked, TurnEventKind, TurnStore, TurnStoreError};
 use warden_store::SledStore;
 
 fn text(id: u64, t: &str) -> StoredEvent {
+    // A fixed time: two events made alike compare equal.
     StoredEvent::new(id, TurnEventData::Text(Delta::new(t)))
+        .made_at(Some(warden_core::store::EventTime::from_unix_ms(id)))
 }
 
 #[tokio::test]
@@ -24,7 +26,12 @@ async fn a_turn_log_keeps_its_id_and_events_across_a_reopen() {
     {
         let store = SledStore::open(dir.path()).expect("open");
         let turns = store.turns().expect("turns");
-        let opened = turns.open(&key, 1, "turn_a", None).await.expect("open");
+        let asked = TurnAsked::new(&"é".repeat(2000)).with_model(Some("m1".into()));
+        let opened = turns
+            .open(&key, 1, "turn_a", None, &asked)
+            .await
+            .expect("open");
+        assert_eq!(opened.asked, asked);
         assert_eq!(opened.id, "turn_a");
         assert!(opened.events.is_empty() && !opened.ended);
         turns
@@ -32,11 +39,18 @@ async fn a_turn_log_keeps_its_id_and_events_across_a_reopen() {
             .await
             .expect("append");
         // The same message again (a re-delivery): the same turn.
-        let again = turns.open(&key, 1, "turn_b", None).await.expect("open");
+        let again = turns
+            .open(&key, 1, "turn_b", None, &TurnAsked::new("another"))
+            .await
+            .expect("open");
+        assert_eq!(again.asked, asked, "what the first request asked is kept");
         assert_eq!(again.id, "turn_a");
         assert_eq!(again.events.len(), 2);
         // Another message: another turn.
-        let other = turns.open(&key, 2, "turn_c", None).await.expect("open");
+        let other = turns
+            .open(&key, 2, "turn_c", None, &TurnAsked::default())
+            .await
+            .expect("open");
         assert_eq!(other.id, "turn_c");
     }
     // Closed and reopened, as after a restart.
@@ -44,6 +58,12 @@ async fn a_turn_log_keeps_its_id_and_events_across_a_reopen() {
     let turns = store.turns().expect("turns");
     let read = turns.read("turn_a", 1).await.expect("read").expect("known");
     assert_eq!(read.events, vec![text(2, "lo")]);
+    // The prompt's head is kept whole characters within 2,048 bytes, with
+    // the model and when the turn was opened, across the reopen.
+    let prompt = read.asked.prompt.as_deref().expect("the prompt's head");
+    assert_eq!((prompt.len(), prompt.chars().count()), (2048, 1024));
+    assert_eq!(read.asked.model.as_deref(), Some("m1"));
+    assert!(read.asked.opened_at.is_some());
     assert_eq!(
         (read.key.as_str(), read.message_id, read.ended),
         ("ws", 1, false)
@@ -86,19 +106,28 @@ async fn finished_logs_expire_and_unfinished_ones_stay() {
     let store = SledStore::open(dir.path()).expect("open");
     let turns = store.turns().expect("turns");
     let key = SessionKey::new("ws");
-    turns.open(&key, 1, "finished", None).await.expect("open");
+    turns
+        .open(&key, 1, "finished", None, &TurnAsked::default())
+        .await
+        .expect("open");
     turns
         .append(&key, "finished", &[text(1, "x")], true)
         .await
         .expect("append");
-    turns.open(&key, 2, "running", None).await.expect("open");
+    turns
+        .open(&key, 2, "running", None, &TurnAsked::default())
+        .await
+        .expect("open");
     tokio::time::sleep(Duration::from_millis(20)).await;
     assert_eq!(turns.expire(Duration::from_secs(60)).expect("expire"), 0);
     assert_eq!(turns.expire(Duration::from_millis(1)).expect("expire"), 1);
     assert_eq!(turns.read("finished", 0).await.expect("read"), None);
     assert!(turns.read("running", 0).await.expect("read").is_some());
     // The message's turn is gone with it: a re-delivery opens a new log.
-    let again = turns.open(&key, 1, "fresh", None).await.expect("open");
+    let again = turns
+        .open(&key, 1, "fresh", None, &TurnAsked::default())
+        .await
+        .expect("open");
     assert_eq!(again.id, "fresh");
     assert!(again.events.is_empty());
 }
@@ -135,7 +164,10 @@ async fn events_acknowledged_just_before_a_crash_are_there_after_it() {
         let store = SledStore::open(dir).expect("open");
         let turns = store.turns().expect("turns");
         let key = SessionKey::new("ws");
-        turns.open(&key, 1, "turn_a", None).await.expect("open");
+        turns
+            .open(&key, 1, "turn_a", None, &TurnAsked::default())
+            .await
+            .expect("open");
         for n in 1..=50 {
             turns
                 .append(&key, "turn_a", &[text(n, &format!("<{n}>"))], n == 50)
@@ -215,7 +247,9 @@ async fn a_log_written_one_event_per_key_reads_the_same() {
         .await
         .expect("read")
         .expect("known");
-    assert_eq!(read.events, vec![text(2, "<2>"), text(3, "<3>")]);
+    // Stored before events kept their time: read without one.
+    let untimed = |id, t| text(id, t).made_at(None);
+    assert_eq!(read.events, vec![untimed(2, "<2>"), untimed(3, "<3>")]);
     turns
         .append(&key, "turn_old", &[text(4, "<4>"), text(5, "<5>")], true)
         .await
@@ -270,7 +304,13 @@ async fn a_keyed_turn_keeps_the_fingerprint_of_its_first_request() {
         let store = SledStore::open(dir.path()).expect("open");
         let turns = store.turns().expect("turns");
         let opened = turns
-            .open(&key, 1, "turn_keyed", Some("fp-first"))
+            .open(
+                &key,
+                1,
+                "turn_keyed",
+                Some("fp-first"),
+                &TurnAsked::default(),
+            )
             .await
             .expect("open");
         assert_eq!(opened.fingerprint.as_deref(), Some("fp-first"));
@@ -278,7 +318,10 @@ async fn a_keyed_turn_keeps_the_fingerprint_of_its_first_request() {
             .append(&key, "turn_keyed", &[text(1, "x")], true)
             .await
             .expect("append");
-        let plain = turns.open(&key, 2, "turn_plain", None).await.expect("open");
+        let plain = turns
+            .open(&key, 2, "turn_plain", None, &TurnAsked::default())
+            .await
+            .expect("open");
         assert_eq!(plain.fingerprint, None);
     }
     let store = SledStore::open(dir.path()).expect("reopen");
@@ -291,7 +334,10 @@ async fn a_keyed_turn_keeps_the_fingerprint_of_its_first_request() {
     assert_eq!(read.fingerprint.as_deref(), Some("fp-first"));
     // Re-delivered (no fingerprint), then opened with another: the first.
     for given in [None, Some("fp-other")] {
-        let again = turns.open(&key, 1, "turn_x", given).await.expect("open");
+        let again = turns
+            .open(&key, 1, "turn_x", given, &TurnAsked::default())
+            .await
+            .expect("open");
         assert_eq!(again.id, "turn_keyed");
         assert_eq!(again.fingerprint.as_deref(), Some("fp-first"), "{given:?}");
     }

@@ -191,6 +191,68 @@ pub struct StoredTurn {
     /// turn sent without a key, re-delivered before its log was opened, or
     /// stored by a warden that did not keep it).
     pub fingerprint: Option<String>,
+    /// What it was asked and when (its prompt's head, model, when it was
+    /// opened, its trace): kept with the log when the node that opened it
+    /// said; empty for turns stored by a warden that did not keep it.
+    pub asked: TurnAsked,
+}
+
+/// The longest head of a turn's prompt kept with its log
+/// ([`TurnAsked::prompt`]), in bytes.
+pub const PROMPT_HEAD_BYTES: usize = 2048;
+
+/// What a turn was asked, kept with its log for the people looking at it
+/// later (the console, `GET /v1/sessions/{key}/turns`): the head of its
+/// prompt, its model, when it was opened and the trace it runs in.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, serde::Deserialize)]
+#[non_exhaustive]
+pub struct TurnAsked {
+    /// The message's first [`PROMPT_HEAD_BYTES`] bytes (cut at a
+    /// character boundary).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prompt: Option<String>,
+    /// The model the turn asked for, if it named one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
+    /// When its log was opened (the message accepted, or re-delivered).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub opened_at: Option<EventTime>,
+    /// The trace (its session incarnation's) the turn's spans are in.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trace_id: Option<String>,
+}
+
+impl TurnAsked {
+    /// A turn asked `message` (its head is kept), opened now.
+    pub fn new(message: &str) -> Self {
+        let mut end = message.len().min(PROMPT_HEAD_BYTES);
+        while !message.is_char_boundary(end) {
+            end -= 1;
+        }
+        Self {
+            prompt: Some(message[..end].to_owned()),
+            model: None,
+            opened_at: Some(EventTime::now()),
+            trace_id: None,
+        }
+    }
+
+    /// The same, asking for `model`.
+    pub fn with_model(mut self, model: Option<String>) -> Self {
+        self.model = model;
+        self
+    }
+
+    /// The same, in trace `trace_id`.
+    pub fn with_trace_id(mut self, trace_id: Option<String>) -> Self {
+        self.trace_id = trace_id;
+        self
+    }
+
+    /// Whether nothing is known.
+    pub fn is_empty(&self) -> bool {
+        *self == Self::default()
+    }
 }
 
 impl StoredTurn {
@@ -210,7 +272,14 @@ impl StoredTurn {
             events,
             ended,
             fingerprint: None,
+            asked: TurnAsked::default(),
         }
+    }
+
+    /// The same, with what it was asked ([`asked`](Self::asked)).
+    pub fn with_asked(mut self, asked: TurnAsked) -> Self {
+        self.asked = asked;
+        self
     }
 
     /// The same, with the fingerprint of the request that sent it
@@ -243,14 +312,16 @@ pub trait TurnStore: Send + Sync + 'static {
     /// Opens the log of the turn answering message `message_id` of `key`,
     /// under `id` if the message has none yet; the log as stored (its id
     /// and events: those of an earlier owner for a re-delivered message).
-    /// `fingerprint` (the request's, [`StoredTurn::fingerprint`]) is kept
-    /// with a log that has none yet; a stored one is never replaced.
+    /// `fingerprint` (the request's, [`StoredTurn::fingerprint`]) and
+    /// `asked` ([`StoredTurn::asked`]) are kept with a log that has none
+    /// yet; stored ones are never replaced.
     fn open<'a>(
         &'a self,
         key: &'a SessionKey,
         message_id: u64,
         id: &'a str,
         fingerprint: Option<&'a str>,
+        asked: &'a TurnAsked,
     ) -> BoxFuture<'a, Result<StoredTurn, TurnStoreError>>;
 
     /// Appends `events` to turn `id` of `key`; `ended` when its last event

@@ -324,8 +324,9 @@ pub(crate) async fn session_turns(
     Ok(Json(TurnList { key, turns }).into_response())
 }
 
-/// A kept turn as `GET /v1/sessions/{key}/turns` lists it.
-fn summarize(t: &StoredTurn) -> TurnSummary {
+/// A kept turn as `GET /v1/sessions/{key}/turns` lists it (`t.events`: its
+/// last one, or none yet).
+pub(crate) fn summarize(t: &StoredTurn) -> TurnSummary {
     let last = t.events.last();
     let outcome = match last.map(|e| &e.data) {
         Some(TurnEventData::Done(_)) => TurnOutcome::Done,
@@ -346,6 +347,10 @@ fn summarize(t: &StoredTurn) -> TurnSummary {
         message: None,
         exit: None,
         ended_at: None,
+        started_at: t.asked.opened_at,
+        prompt: t.asked.prompt.clone(),
+        model: t.asked.model.clone(),
+        trace_id: t.asked.trace_id.clone(),
     };
     match last {
         Some(

@@ -5,14 +5,15 @@ use axum::extract::rejection::JsonRejection;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, Method, StatusCode, header};
 use axum::response::{IntoResponse, Response};
+use warden_core::store::TurnAsked;
 use warden_core::{PendingMessage, SendOptions, SessionKey, Supervisor, TurnHandle};
 
-use crate::api::{NewTurn, TurnCancelled, TurnCreated};
+use crate::api::{NewTurn, Turn, TurnCancelled, TurnCreated};
 use crate::cluster::{Cluster, Placed};
 use crate::error::{ApiError, bad_session, gone, idempotency_key_reused};
 use crate::sse;
 use crate::state::AppState;
-use crate::turns::Named;
+use crate::turns::{Named, Opening};
 
 /// The session a new turn is for, parsed once from its body.
 enum Target {
@@ -197,7 +198,9 @@ pub(crate) async fn create_turn(
             e.requested = Some(asked.clone());
         }));
     }
+    let asked = TurnAsked::new(&new.message).with_model(new.model.clone());
     let handle = target.send(&state.supervisor, new.message, options).await?;
+    let asked = asked.with_trace_id(trace_of(&state, &key).await);
     let id = state
         .turns
         .start(
@@ -205,8 +208,11 @@ pub(crate) async fn create_turn(
             handle,
             state.config.keep_finished,
             cluster.node(),
-            named,
-            None,
+            Opening {
+                named,
+                continue_from: None,
+                asked,
+            },
         )
         .await;
     if wants_events(&headers) {
@@ -334,6 +340,14 @@ async fn accepted_not_relayed(
     }))
 }
 
+/// The trace of `key`'s running incarnation (its turns' spans are in it),
+/// with tracing on.
+pub(crate) async fn trace_of(state: &AppState, key: &SessionKey) -> Option<String> {
+    let handle = state.supervisor.running(key.clone()).await.ok()??;
+    let context = handle.anchor().span_context();
+    context.is_valid().then(|| context.trace_id().to_string())
+}
+
 fn wants_events(headers: &HeaderMap) -> bool {
     headers
         .get(header::ACCEPT)
@@ -370,6 +384,26 @@ pub(crate) async fn turn_events(
 /// The `Last-Event-ID` header's number (0 without one).
 fn last_event_id(headers: &HeaderMap) -> Result<u64, ApiError> {
     Ok(super::last_event_id(headers, "an event id of this turn")?.unwrap_or(0))
+}
+
+/// `GET /v1/turns/{id}`: the turn as kept — its outcome, prompt head,
+/// model, times and trace id.
+pub(crate) async fn one_turn(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    cluster: Cluster,
+) -> Result<Response, ApiError> {
+    match state.turns.one(&id).await {
+        Ok(Some(turn)) => {
+            let key = turn.key.as_str().to_owned();
+            let turn = super::sessions::summarize(&turn);
+            return Ok(Json(Turn { key, turn }).into_response());
+        }
+        Ok(None) => {}
+        Err(why) => return Err(ApiError::unavailable("unavailable", why.to_string())),
+    }
+    let path = format!("/v1/turns/{id}");
+    cluster.turn_elsewhere(&id, Method::GET, &path).await
 }
 
 /// `DELETE /v1/turns/{id}`.
