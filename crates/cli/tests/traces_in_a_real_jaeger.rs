@@ -592,6 +592,24 @@ async fn check_traces(jaeger: &Jaeger, service: &str) {
         "attempt 2 links to attempt 1: {:?}",
         second.follows
     );
+    // Durations are what they measure (Jaeger's are microseconds): the
+    // killed attempt lasted at least the watchdog's allowance, the turn
+    // from before it to after the retry's end.
+    let allowance: u64 = STREAM_TIMEOUT_MS.parse::<u64>().expect("ms") * 1000;
+    assert!(
+        first.duration >= allowance,
+        "the killed attempt lasted {} µs, under the {allowance} µs allowance",
+        first.duration
+    );
+    assert!(
+        turn.start <= first.start && turn.start + turn.duration >= second.start + second.duration,
+        "session.turn ({}+{}) spans its attempts ({}..{}+{})",
+        turn.start,
+        turn.duration,
+        first.start,
+        second.start,
+        second.duration
+    );
     let retry = one(&spans, names::STREAM_RETRY, "retried");
     assert!(retry.child_of(turn), "stream.retry under the turn");
     assert!(retry.refers_to(first), "stream.retry links to attempt 1");

@@ -112,6 +112,35 @@ impl TraceAnchor {
     }
 }
 
+/// A span that lasts as long as what it measures (a turn, an attempt, a
+/// wait): ends when this is dropped. The OpenTelemetry layer dates a span's
+/// end by its last exit, and these spans are entered once, when their
+/// start is logged; entering it once more as it is dropped dates its end
+/// to now, so Jaeger shows how long the turn or attempt really took.
+#[derive(Debug)]
+pub(crate) struct Lasting(tracing::Span);
+
+impl Lasting {
+    /// Measures until dropped with `span`.
+    pub(crate) fn new(span: tracing::Span) -> Self {
+        Self(span)
+    }
+}
+
+impl std::ops::Deref for Lasting {
+    type Target = tracing::Span;
+
+    fn deref(&self) -> &tracing::Span {
+        &self.0
+    }
+}
+
+impl Drop for Lasting {
+    fn drop(&mut self) {
+        drop(self.0.enter());
+    }
+}
+
 /// Links `span` to `to` when `to` is a real span.
 pub(crate) fn link(span: &tracing::Span, to: &SpanContext) {
     if to.is_valid() {

@@ -69,7 +69,7 @@ pub(super) async fn start_next_turn(
         admitting: None,
         permit: None,
         _deadline: deadline,
-        span,
+        span: spans::Lasting::new(span),
         attempt_span: None,
         last_attempt: None,
         stream: None,
@@ -120,7 +120,7 @@ pub(super) fn start_attempt(
     });
     turn.admitting = Some(Admitting {
         _task: AbortOnDropHandle::new(task),
-        span,
+        span: spans::Lasting::new(span),
         since: tokio::time::Instant::now(),
     });
     Ok(())
@@ -221,7 +221,7 @@ fn launch(
         }),
         span: attempt_span.clone(),
     })?;
-    turn.attempt_span = Some(attempt_span);
+    turn.attempt_span = Some(spans::Lasting::new(attempt_span));
     turn.send(TurnEvent::Started(attempt));
     turn.stream = Some(stream);
     Ok(())

@@ -37,7 +37,7 @@ pub(super) struct Admitting {
     /// Awaits the admission ticket; dropping it leaves the queue.
     pub(super) _task: AbortOnDropHandle<()>,
     /// `stream.queued`, open while it waits.
-    pub(super) span: tracing::Span,
+    pub(super) span: crate::spans::Lasting,
     /// Since when.
     pub(super) since: Instant,
 }
@@ -55,9 +55,9 @@ pub(super) struct Turn {
     /// The turn's wall-clock cap; dropping it disarms it.
     pub(super) _deadline: Option<Timer>,
     /// `session.turn`, open while the turn runs.
-    pub(super) span: tracing::Span,
+    pub(super) span: crate::spans::Lasting,
     /// `stream.attempt` of the running attempt.
-    pub(super) attempt_span: Option<tracing::Span>,
+    pub(super) attempt_span: Option<crate::spans::Lasting>,
     /// The span of the last failed attempt, linked from the next one.
     pub(super) last_attempt: Option<SpanContext>,
     /// The running attempt's stream.
