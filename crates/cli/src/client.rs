@@ -11,6 +11,7 @@ use futures_util::StreamExt as _;
 use serde_json::Value;
 use warden_core::store::TurnEventKind;
 use warden_llm::sse::{Parsed, SseParser};
+use warden_serve::api::{Session, SessionList};
 
 use crate::exit::{CliError, Exit};
 use crate::paths;
@@ -103,33 +104,47 @@ impl Client {
 
     /// Lists the node's sessions: a table, or a JSON array.
     pub(crate) async fn sessions(&self, json: bool) -> Result<Exit, CliError> {
-        let list = self.get(&["v1", "sessions"]).await?;
-        let mut sessions = Vec::new();
-        for s in list["sessions"].as_array().into_iter().flatten() {
-            if let Some(key) = s["key"].as_str() {
-                sessions.push(self.get(&["v1", "sessions", key]).await?);
-            }
+        let list: SessionList = self.typed(&["v1", "sessions"]).await?;
+        let mut sessions: Vec<Session> = Vec::new();
+        for s in &list.sessions {
+            sessions.push(self.typed(&["v1", "sessions", &s.key]).await?);
         }
         if json {
-            println!("{}", Value::Array(sessions));
+            let text =
+                serde_json::to_string(&sessions).map_err(|e| CliError::failure(e.to_string()))?;
+            println!("{text}");
             return Ok(Exit::Ok);
         }
         println!(
-            "{:<48} {:<8} {:>7} {:>5}",
+            "{:<48} {:<8} {:>7} {:>5}  TRACE",
             "SESSION", "STATUS", "PENDING", "CTX"
         );
         for s in &sessions {
+            let d = &s.detail;
+            let status = d.status.map_or("?", |st| st.as_str());
             println!(
-                "{:<48} {:<8} {:>7} {:>5}",
-                s["key"].as_str().unwrap_or("?"),
-                s["status"].as_str().unwrap_or("?"),
-                s["pending"].as_u64().unwrap_or(0),
-                s["context"]["percent"]
-                    .as_u64()
-                    .map_or("-".to_owned(), |p| format!("{p}%")),
+                "{:<48} {:<8} {:>7} {:>5}  {}",
+                s.key,
+                status,
+                d.pending.unwrap_or(0),
+                d.context
+                    .map_or("-".to_owned(), |c| format!("{}%", c.percent)),
+                // The running incarnation's trace: `{jaeger}/trace/{id}`.
+                d.trace_id.as_deref().unwrap_or("-"),
             );
         }
         Ok(Exit::Ok)
+    }
+
+    /// `GET` of `segments`, read as the contract's type `T`.
+    async fn typed<T: serde::de::DeserializeOwned>(
+        &self,
+        segments: &[&str],
+    ) -> Result<T, CliError> {
+        let value = self.get(segments).await?;
+        serde_json::from_value(value).map_err(|e| {
+            CliError::failure(format!("the node answered with an unexpected body: {e}"))
+        })
     }
 
     async fn get(&self, segments: &[&str]) -> Result<Value, CliError> {

@@ -429,6 +429,34 @@ async fn jaeger_shows_every_incarnation_attempt_link_and_tag_the_docs_promise() 
     requests_seen(&mock, 10).await;
     let live = console_trace_id(&base, &token, "crash").await;
     link_is_found(&jaeger, &live, "crash", names::SESSION_SPAWN).await;
+    // `warden sessions` names the same trace, and the turn carries it.
+    let listed = tokio::time::timeout(
+        PATIENCE,
+        command(&["sessions", "--server", &base])
+            .env("WARDEN_TOKEN", &token)
+            .output(),
+    )
+    .await
+    .expect("warden sessions in time")
+    .expect("runs");
+    let listed = String::from_utf8_lossy(&listed.stdout);
+    assert!(
+        listed
+            .lines()
+            .any(|l| l.starts_with("crash ") && l.ends_with(&live)),
+        "warden sessions shows crash's trace {live}:\n{listed}"
+    );
+    let shown: Value = reqwest::Client::new()
+        .get(format!("{base}/v1/turns/{crash}"))
+        .bearer_auth(&token)
+        .send()
+        .await
+        .expect("get the turn")
+        .text()
+        .await
+        .map(|t| serde_json::from_str(&t).expect("JSON"))
+        .expect("body");
+    assert_eq!(shown["trace_id"].as_str(), Some(live.as_str()), "{shown}");
     server.start_kill().expect("kill -9");
     let _ = tokio::time::timeout(PATIENCE, server.wait())
         .await

@@ -96,6 +96,19 @@ pub enum SessionState {
     Unknown,
 }
 
+impl SessionState {
+    /// Its wire name (`new`, `active`, …).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::New => "new",
+            Self::Active => "active",
+            Self::Idle => "idle",
+            Self::Failed => "failed",
+            Self::Unknown => "unknown",
+        }
+    }
+}
+
 /// What a running session's turn is doing.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[non_exhaustive]
