@@ -327,6 +327,19 @@ class AgainstServe(unittest.TestCase):
         contract = set(enum(schemas["TurnEvent"]))
         typed = set(_events._TYPES)
         self.assertEqual(typed, contract, "a class per event type, no more")
+        # Field by field: every field a class reads is one its event's
+        # schema (derived from the server's types) has.
+        derived = {"context_percent": "context"}
+        for name, cls in _events._TYPES.items():
+            ref = schemas["TurnEvents"]["properties"][name]["$ref"]
+            fields = set(schemas[ref.rsplit("/", 1)[-1]]["properties"])
+            self.assertIn("at", fields, name)
+            read = {
+                derived.get(attr, attr)
+                for attr, value in vars(cls).items()
+                if isinstance(value, property) and attr != "at"
+            }
+            self.assertLessEqual(read, fields, f"{name} reads fields its schema lacks")
         # The outcomes `turns()` reports, as the contract lists them.
         outcomes = set(enum(schemas["TurnSummary"]["properties"]["outcome"]))
         self.assertEqual(outcomes, {"done", "error", "running", "pending", "moved"})
