@@ -281,11 +281,14 @@ async fn the_console_signs_in_and_shows_a_turn_live_with_its_kill_continuation_a
     browser
         .text_until("#action-result", PATIENCE, |t| t.contains("cancelled"))
         .await;
+    // Cancelled, not failed.
     browser
-        .text_until("#phase", PATIENCE, |t| t == "error")
+        .text_until("#phase", PATIENCE, |t| t == "cancelled")
         .await;
     let timeline = browser
-        .text_until("#timeline", PATIENCE, |t| t.contains("ECANCELLED"))
+        .text_until("#timeline li[data-kind='cancelled']", PATIENCE, |t| {
+            t.contains("ECANCELLED")
+        })
         .await;
     assert!(timeline.contains("exit 130"), "{timeline}");
 

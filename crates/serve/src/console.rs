@@ -1,12 +1,14 @@
-//! The web console at `/ui`: one HTML page, its script and its style,
-//! embedded in the binary (no build step, no dependency, nothing loaded
-//! from elsewhere). The page asks for the token and keeps it in the tab's
-//! `sessionStorage`; its requests carry it like any client's. Every answer
+//! The web console at `/ui`: one HTML page, its script (a few ES modules,
+//! each its own file under `/ui/`) and its style, embedded in the binary
+//! (no build step, no dependency, nothing loaded from elsewhere). The page
+//! asks for the token and keeps it in the tab's `sessionStorage`; its
+//! requests carry it like any client's. Every answer
 //! here forbids other origins (`Content-Security-Policy`), framing and
 //! referrers, so nothing the page shows — prompts, replies, the token —
 //! is sent anywhere but this node.
 
-use axum::http::{HeaderValue, header};
+use axum::extract::Path;
+use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 
 /// What the console's page may load and connect to: this origin only; no
@@ -17,22 +19,39 @@ pub(crate) const CONTENT_SECURITY_POLICY: &str = "default-src 'none'; script-src
      form-action 'self'; frame-ancestors 'none'";
 
 const INDEX: &str = include_str!("console/index.html");
-const SCRIPT: &str = include_str!("console/console.js");
-const STYLE: &str = include_str!("console/console.css");
+
+/// The files under `/ui/`: the page's modules (`console.js` imports the
+/// others) and its style sheet.
+const FILES: &[(&str, &str, &str)] = &[
+    ("console.js", JS, include_str!("console/console.js")),
+    ("state.js", JS, include_str!("console/state.js")),
+    ("api.js", JS, include_str!("console/api.js")),
+    ("text.js", JS, include_str!("console/text.js")),
+    ("sessions.js", JS, include_str!("console/sessions.js")),
+    ("turn.js", JS, include_str!("console/turn.js")),
+    ("timeline.js", JS, include_str!("console/timeline.js")),
+    ("cluster.js", JS, include_str!("console/cluster.js")),
+    ("console.css", CSS, include_str!("console/console.css")),
+];
+
+const JS: &str = "text/javascript; charset=utf-8";
+const CSS: &str = "text/css; charset=utf-8";
 
 /// `GET /ui`: the page.
 pub(crate) async fn index() -> Response {
     asset("text/html; charset=utf-8", INDEX)
 }
 
-/// `GET /ui/console.js`.
-pub(crate) async fn script() -> Response {
-    asset("text/javascript; charset=utf-8", SCRIPT)
-}
-
-/// `GET /ui/console.css`.
-pub(crate) async fn style() -> Response {
-    asset("text/css; charset=utf-8", STYLE)
+/// `GET /ui/{file}`: one of the page's [`FILES`]; any other name is a 404.
+pub(crate) async fn file(Path(name): Path<String>) -> Response {
+    match FILES.iter().find(|(n, _, _)| *n == name) {
+        Some((_, content_type, body)) => asset(content_type, body),
+        None => {
+            let mut response = asset("text/plain; charset=utf-8", "no such file of the console\n");
+            *response.status_mut() = StatusCode::NOT_FOUND;
+            response
+        }
+    }
 }
 
 fn asset(content_type: &'static str, body: &'static str) -> Response {
