@@ -70,7 +70,9 @@ function close(attempt, active, end, how) {
  * attempt's bar.
  */
 export function story(records, now) {
-  const sorted = records.slice().sort((a, b) => a.at - b.at);
+  // In time order; a kill before the failure it caused in the same ms.
+  const first = (r) => (r.kind === "stream_timed_out" ? 0 : 1);
+  const sorted = records.slice().sort((a, b) => a.at - b.at || first(a) - first(b));
   const items = [];
   const attempts = [];
   const item = (kind, at, detail, css) => items.push({ kind, at, detail: detail || "", css: css || "" });
@@ -78,7 +80,10 @@ export function story(records, now) {
   let active = 0; // the current attempt's last activity
   let continued = false;
   let thinking = false;
-  const killed = new Map(); // attempt -> the watchdog's kill {at, silent}
+  // The watchdog's kills the lifecycle stream told (attempt -> time): known
+  // before the attempt's failure is read, in whichever order they came.
+  const killed = new Map();
+  for (const r of sorted) if (r.kind === "stream_timed_out") killed.set(r.data.attempt, { at: r.at });
   for (const r of sorted) {
     const d = r.data;
     switch (r.kind) {
@@ -108,7 +113,6 @@ export function story(records, now) {
         item(`tool ${d.state}`, r.at, d.name || d.id);
         break;
       case "stream_timed_out":
-        killed.set(d.attempt, { at: r.at, silent: d.silent_ms });
         item("killed", r.at, `the watchdog stopped attempt ${d.attempt}: silent ${seconds(d.silent_ms || 0)}`, "kill");
         break;
       case "retrying":
