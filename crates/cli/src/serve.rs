@@ -22,8 +22,8 @@ use crate::sources::check_url;
 Serves the workspace sessions over HTTP: POST /v1/turns {\"workspace\": DIR | \"key\": NAME,
 \"message\": TEXT} runs a turn (202 with its id, or its events as SSE with Accept:
 text/event-stream); GET /v1/turns/ID/events re-attaches (Last-Event-ID honoured); DELETE
-/v1/turns/ID cancels; GET /v1/sessions, /healthz, /readyz. Every route but /healthz needs
-Authorization: Bearer TOKEN, the token in --token-file (created 0600 with a random token on
+/v1/turns/ID cancels; GET /v1/sessions, /healthz, /readyz. Every route but the probes
+(/healthz, /readyz) and --public-metrics' /metrics needs Authorization: Bearer TOKEN, the token in --token-file (created 0600 with a random token on
 first start). The first line on stdout says where it listens. SIGTERM or Ctrl-C: stop
 accepting, let running turns finish for --grace seconds, then stop them; their messages stay
 pending and the next start re-sends them. See docs/serve.md.
@@ -69,6 +69,10 @@ pub(crate) struct ServeArgs {
     /// (/ui) links each session's turns to their trace there.
     #[arg(long, value_name = "URL", value_parser = jaeger_url)]
     jaeger_url: Option<String>,
+    /// Serve GET /metrics without the token (for a scraper that cannot
+    /// send one); /healthz and /readyz never need it.
+    #[arg(long, env = "WARDEN_PUBLIC_METRICS")]
+    public_metrics: bool,
     /// Keep the sessions in PostgreSQL, shared with the other nodes of a
     /// cluster (`postgres://USER@HOST:PORT/DB`; the schema is created or
     /// migrated on start). Default: sled in the data directory, this
@@ -287,6 +291,7 @@ pub(crate) async fn run(args: ServeArgs) -> Result<Exit, CliError> {
         // Claude Code runs in its workspace: one that does not exist is
         // refused at the door.
         .with_workspaces_must_exist(matches!(args.agent, Agent::ClaudeCode));
+    serve_config = serve_config.with_public_metrics(args.public_metrics);
     if let Some(url) = &args.jaeger_url {
         serve_config = serve_config.with_jaeger_url(url);
     }

@@ -13,8 +13,13 @@ pub const DEFAULT_MAX_BODY_BYTES: usize = 10 * 1024 * 1024;
 #[derive(Clone)]
 #[non_exhaustive]
 pub struct ServeConfig {
-    /// The bearer token every route but `/healthz` requires.
+    /// The bearer token every route requires but the probes (`/healthz`,
+    /// `/readyz`), the document, the console's files and, when
+    /// [`public_metrics`](Self::public_metrics), `/metrics`.
     pub token: String,
+    /// Whether `GET /metrics` answers without the token (for a scraper
+    /// that cannot send one). Default `false`.
+    pub public_metrics: bool,
     /// How long a finished turn's events stay available for re-attach.
     /// Default 10 min.
     pub keep_finished: Duration,
@@ -63,6 +68,7 @@ impl std::fmt::Debug for ServeConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ServeConfig")
             .field("token", &"<redacted>")
+            .field("public_metrics", &self.public_metrics)
             .field("keep_finished", &self.keep_finished)
             .field("max_body_bytes", &self.max_body_bytes)
             .field("slow_client_grace", &self.slow_client_grace)
@@ -81,6 +87,7 @@ impl ServeConfig {
     pub fn new(token: impl Into<String>) -> Self {
         Self {
             token: token.into(),
+            public_metrics: false,
             keep_finished: Duration::from_secs(600),
             max_body_bytes: DEFAULT_MAX_BODY_BYTES,
             slow_client_grace: Duration::from_secs(30),
@@ -97,6 +104,12 @@ impl ServeConfig {
     /// Sets [`jaeger_url`](Self::jaeger_url) (a trailing `/` is dropped).
     pub fn with_jaeger_url(mut self, url: impl Into<String>) -> Self {
         self.jaeger_url = Some(url.into().trim_end_matches('/').to_owned());
+        self
+    }
+
+    /// Sets [`public_metrics`](Self::public_metrics).
+    pub fn with_public_metrics(mut self, public: bool) -> Self {
+        self.public_metrics = public;
         self
     }
 

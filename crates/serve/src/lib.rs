@@ -15,8 +15,8 @@
 //! | `GET /v1/events` | lifecycle events of every session, as SSE, from now on |
 //! | `GET /healthz` | `ok` (no token needed) |
 //! | `GET /openapi.json` | this API as an OpenAPI 3.1 document (no token needed) |
-//! | `GET /readyz` | `ok` while the supervisor runs, else 503 |
-//! | `GET /metrics` | Prometheus text: sessions by state, admission queue, kills, retries, continuations, fallbacks, turns by outcome, turn durations |
+//! | `GET /readyz` | `ok` while the supervisor runs (and a cluster node reaches its database), else 503 (no token needed) |
+//! | `GET /metrics` | Prometheus text: sessions by state, admission queue, kills, retries, continuations, fallbacks, turns by outcome, turn durations (no token needed with [`ServeConfig::public_metrics`]) |
 //!
 //! Every event of a turn has an SSE `id:` unique and increasing within the
 //! turn (from 1), an `event:` type and JSON `data:`; text arrives as `text`
@@ -24,7 +24,8 @@
 //! `message`, and the `exit` class the CLI uses). A turn's events are kept
 //! until [`ServeConfig::keep_finished`] after it ends.
 //!
-//! Every route but `/healthz` needs `Authorization: Bearer <token>`
+//! Every route but the probes (`/healthz`, `/readyz`), `/openapi.json`,
+//! the console's files and public metrics needs `Authorization: Bearer <token>`
 //! (compared in constant time). Bad requests get a typed JSON error,
 //! `{"error": {"type", "message"}}`, with a 4xx status; bodies over
 //! [`ServeConfig::max_body_bytes`] get 413.
@@ -110,19 +111,28 @@ pub fn router(supervisor: Supervisor, config: ServeConfig) -> Router {
         )
         .route("/v1/server", get(ops::server_info))
         .route("/v1/cluster", get(ops::cluster_view))
-        .route("/v1/events", get(ops::lifecycle_events))
-        .route("/readyz", get(ops::ready))
-        .route("/metrics", get(ops::render_metrics))
-        .route_layer(middleware::from_fn_with_state(
-            state.clone(),
-            ops::authorize,
-        ));
+        .route("/v1/events", get(ops::lifecycle_events));
+    // Probes reveal nothing but up or not; many load balancers cannot
+    // send a header. Metrics are public only when the operator says so.
+    let mut public = Router::new().route("/readyz", get(ops::ready));
+    let api = match state.config.public_metrics {
+        true => {
+            public = public.route("/metrics", get(ops::render_metrics));
+            api
+        }
+        false => api.route("/metrics", get(ops::render_metrics)),
+    };
+    let api = api.route_layer(middleware::from_fn_with_state(
+        state.clone(),
+        ops::authorize,
+    ));
     Router::new()
         .route("/healthz", get(|| async { "ok" }))
         .route("/openapi.json", get(|| async { Json(openapi::document()) }))
         .route("/ui", get(console::index))
         .route("/ui/", get(console::index))
         .route("/ui/{file}", get(console::file))
+        .merge(public)
         .merge(api)
         .fallback(no_route)
         .method_not_allowed_fallback(wrong_method)

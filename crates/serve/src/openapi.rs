@@ -308,23 +308,24 @@ pub(crate) fn document() -> Value {
             "Replay the events after this id (the last 1,024 are kept); older, or from an earlier run: a `reset` event first")
         .sse(200, "Lifecycle events", "LifecycleEvents")
         .errors(&error, &[(400, "`invalid_request`: a Last-Event-ID that is not a number"), unauthorized]);
-    let metrics = Op::new("metrics", "Prometheus text")
-        .text(200, "Prometheus text exposition")
-        .errors(&error, &[unauthorized]);
+    let metrics = Op::new(
+        "metrics",
+        "Prometheus text (no token needed when the server runs with `--public-metrics`)",
+    )
+    .text(200, "Prometheus text exposition")
+    .errors(&error, &[unauthorized]);
     let ready = Op::new(
         "ready",
-        "Ready while the supervisor runs and, on a cluster node, the cluster's database answers",
+        "Ready while the supervisor runs and, on a cluster node, the cluster's database answers (no token: it says up or not, nothing more)",
     )
+    .public()
     .text(200, "`ok`")
     .errors(
         &error,
-        &[
-            unauthorized,
-            (
-                503,
-                "`not_ready` (the supervisor stopped) or `database_unreachable` (cluster)",
-            ),
-        ],
+        &[(
+            503,
+            "`not_ready` (the supervisor stopped) or `database_unreachable` (cluster); `Retry-After`",
+        )],
     );
     let console = Op::new(
         "console",

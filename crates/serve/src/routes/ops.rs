@@ -81,18 +81,25 @@ pub(crate) async fn render_metrics(State(state): State<AppState>, cluster: Clust
         .into_response()
 }
 
-/// `GET /readyz`: `ok` while the supervisor runs and, on a cluster node,
-/// the placement can reach the cluster's database; else `503` saying which.
+/// `GET /readyz` (no token): `ok` while the supervisor runs and, on a
+/// cluster node, the placement can reach the cluster's database; else
+/// `503` saying which — its type only: the reason (a host name, a pool's
+/// text) is not for unauthenticated callers, and is in the node's log.
 pub(crate) async fn ready(State(state): State<AppState>, cluster: Cluster) -> Response {
     if let Err(e) = state.supervisor.sessions().await {
-        return ApiError::unavailable("not_ready", e.to_string()).into_response();
+        tracing::debug!(error = %e, "not ready: the supervisor stopped");
+        return ApiError::unavailable("not_ready", "the supervisor is not running").into_response();
     }
     if let Some(placement) = cluster.placement()
         && let Err(why) = placement.ready().await
     {
-        return ApiError::unavailable("database_unreachable", why)
-            .retry_after(1)
-            .into_response();
+        tracing::debug!(error = %why, "not ready: the cluster's database cannot be reached");
+        return ApiError::unavailable(
+            "database_unreachable",
+            "this node cannot reach the cluster's database",
+        )
+        .retry_after(1)
+        .into_response();
     }
     "ok".into_response()
 }
