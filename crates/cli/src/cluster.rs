@@ -1,9 +1,11 @@
 //! `warden serve --store postgres://…` (a node of a cluster) and `warden
 //! cluster status`.
 
+use std::fmt::Write as _;
+
 use tokio_util::task::AbortOnDropHandle;
-use warden_pg::PgStore;
 use warden_pg::cluster::Node;
+use warden_pg::{NodeState, PgStore};
 
 use crate::exit::{CliError, Exit};
 
@@ -73,9 +75,11 @@ pub(crate) struct ClusterArgs {
 
 #[derive(Debug, clap::Subcommand)]
 enum ClusterCommand {
-    /// The nodes (alive or dead, heartbeat age, sessions held) and every
-    /// session's lease. A node that stopped beating for an hour is removed
-    /// by the live nodes; `forget` removes a dead one now.
+    /// The nodes (alive, dead or left; heartbeat age, lease TTL, sessions
+    /// held) and every session's lease. A node is dead once its last
+    /// heartbeat is older than its own lease TTL, and left once it stopped
+    /// cleanly (SIGTERM). A node silent for an hour is removed by the live
+    /// nodes; `forget` removes the dead and the left now.
     Status {
         /// The cluster's database. Default WARDEN_STORE.
         #[arg(long, env = "WARDEN_STORE", value_name = "URL")]
@@ -83,23 +87,33 @@ enum ClusterCommand {
         /// One JSON object instead of tables.
         #[arg(long)]
         json: bool,
-        /// A node is dead when its last heartbeat is older than this (nodes
-        /// beat at a third of their lease TTL; keep it above the TTL).
-        #[arg(long, value_name = "SECONDS", default_value = "30", value_parser = crate::units::seconds)]
-        dead_after: std::time::Duration,
+        /// Call a node dead when its last heartbeat is older than this,
+        /// instead of its own lease TTL.
+        #[arg(long, value_name = "SECONDS", value_parser = crate::units::seconds)]
+        dead_after: Option<std::time::Duration>,
     },
-    /// Removes a dead node from the membership now. Its sessions are
-    /// unaffected: their leases expire and live nodes take them over. A
-    /// node that still beats is refused (it would register again).
+    /// Removes nodes from the membership now: the one named, and with
+    /// --dead every dead one, with --left every one that left (both in one
+    /// command). Their sessions are unaffected: their leases expire (or
+    /// were given back) and live nodes take them over. A node that still
+    /// beats is refused (it would register again).
     Forget {
-        /// The node's id.
-        node: String,
+        /// The node's id (or none, with --dead or --left).
+        #[arg(required_unless_present_any = ["dead", "left"])]
+        node: Option<String>,
+        /// Every dead node (silent for longer than its lease TTL).
+        #[arg(long)]
+        dead: bool,
+        /// Every node that left (stopped cleanly).
+        #[arg(long)]
+        left: bool,
         /// The cluster's database. Default WARDEN_STORE.
         #[arg(long, env = "WARDEN_STORE", value_name = "URL")]
         store: String,
-        /// How long it must have been silent.
-        #[arg(long, value_name = "SECONDS", default_value = "30", value_parser = crate::units::seconds)]
-        dead_after: std::time::Duration,
+        /// Call the named node dead when silent for longer than this,
+        /// instead of its own lease TTL.
+        #[arg(long, value_name = "SECONDS", value_parser = crate::units::seconds)]
+        dead_after: Option<std::time::Duration>,
     },
 }
 
@@ -113,33 +127,20 @@ pub(crate) async fn run(args: ClusterArgs) -> Result<Exit, CliError> {
         } => (store, json, dead_after),
         ClusterCommand::Forget {
             node,
+            dead,
+            left,
             store,
             dead_after,
-        } => {
-            let pg = connect(&store).await?;
-            let forgotten = pg
-                .forget_node(&node, dead_after)
-                .await
-                .map_err(|e| CliError::failure(e.to_string()))?;
-            if !forgotten {
-                let nodes = pg
-                    .nodes()
-                    .await
-                    .map_err(|e| CliError::failure(e.to_string()))?;
-                return Err(match nodes.iter().find(|n| n.node_id == node) {
-                    Some(n) => CliError::failure(format!(
-                        "node {node} beat {:.1}s ago: it is alive (stop it first, or wait {:.0}s)",
-                        n.heartbeat_age_secs,
-                        dead_after.as_secs_f64()
-                    )),
-                    None => CliError::failure(format!("no node {node} in the cluster")),
-                });
-            }
-            println!("forgot node {node}");
-            return Ok(Exit::Ok);
-        }
+        } => return forget(&store, node, dead, left, dead_after).await,
     };
-    let alive = |age: f64| age <= dead_after.as_secs_f64();
+    // The database's verdict (each node's own TTL), unless the operator
+    // set --dead-after.
+    let state = |n: &warden_pg::NodeInfo| match (n.state, dead_after) {
+        (NodeState::Left, _) => NodeState::Left,
+        (_, Some(after)) if n.heartbeat_age_secs > after.as_secs_f64() => NodeState::Dead,
+        (_, Some(_)) => NodeState::Alive,
+        (s, None) => s,
+    };
     let pg = connect(&store).await?;
     let failed = |e: warden_core::StoreError| CliError::failure(e.to_string());
     let nodes = pg.nodes().await.map_err(failed)?;
@@ -148,7 +149,9 @@ pub(crate) async fn run(args: ClusterArgs) -> Result<Exit, CliError> {
         let value = serde_json::json!({
             "nodes": nodes.iter().map(|n| serde_json::json!({
                 "node_id": n.node_id,
-                "alive": alive(n.heartbeat_age_secs),
+                "alive": state(n) == NodeState::Alive,
+                "state": state(n).as_str(),
+                "lease_ttl_secs": n.ttl.map(|t| t.as_secs_f64()),
                 "advertise": n.advertise,
                 "heartbeat_age_secs": n.heartbeat_age_secs,
                 "sessions": n.sessions,
@@ -160,26 +163,25 @@ pub(crate) async fn run(args: ClusterArgs) -> Result<Exit, CliError> {
                 "lease_remaining_secs": l.remaining_secs,
             })).collect::<Vec<_>>(),
         });
-        println!("{value}");
-        return Ok(Exit::Ok);
+        return emit(&format!("{value}\n"));
     }
-    println!(
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
         "{:<24} {:<6} {:<28} {:>10} {:>8}",
         "NODE", "STATE", "ADVERTISE", "HEARTBEAT", "SESSIONS"
     );
     for n in &nodes {
-        let state = if alive(n.heartbeat_age_secs) {
-            "alive"
-        } else {
-            "dead"
-        };
-        println!(
+        let state = state(n).as_str();
+        let _ = writeln!(
+            out,
             "{:<24} {:<6} {:<28} {:>9.1}s {:>8}",
             n.node_id, state, n.advertise, n.heartbeat_age_secs, n.sessions
         );
     }
-    println!();
-    println!(
+    out.push('\n');
+    let _ = writeln!(
+        out,
         "{:<32} {:<24} {:>6} {:>12}",
         "SESSION", "OWNER", "EPOCH", "LEASE LEFT"
     );
@@ -189,7 +191,8 @@ pub(crate) async fn run(args: ClusterArgs) -> Result<Exit, CliError> {
             Some(_) => "expired".to_owned(),
             None => "-".to_owned(),
         };
-        println!(
+        let _ = writeln!(
+            out,
             "{:<32} {:<24} {:>6} {:>12}",
             key,
             l.owner.as_deref().unwrap_or("-"),
@@ -197,5 +200,56 @@ pub(crate) async fn run(args: ClusterArgs) -> Result<Exit, CliError> {
             left
         );
     }
-    Ok(Exit::Ok)
+    emit(&out)
+}
+
+/// Writes `text` to stdout. A reader that went away (`warden cluster
+/// status | head`) is not an error: the command ends quietly, as `ls |
+/// head` does.
+fn emit(text: &str) -> Result<Exit, CliError> {
+    use std::io::Write as _;
+    let mut stdout = std::io::stdout().lock();
+    match stdout
+        .write_all(text.as_bytes())
+        .and_then(|()| stdout.flush())
+    {
+        Ok(()) => Ok(Exit::Ok),
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(Exit::Ok),
+        Err(e) => Err(CliError::failure(format!("cannot write to stdout: {e}"))),
+    }
+}
+
+/// `warden cluster forget [NODE] [--dead] [--left]`.
+async fn forget(
+    store: &str,
+    node: Option<String>,
+    dead: bool,
+    left: bool,
+    dead_after: Option<std::time::Duration>,
+) -> Result<Exit, CliError> {
+    let pg = connect(store).await?;
+    let failed = |e: warden_core::StoreError| CliError::failure(e.to_string());
+    if dead || left {
+        for gone in pg.forget_nodes(dead, left).await.map_err(failed)? {
+            println!("forgot node {gone}");
+        }
+    }
+    let Some(node) = node else {
+        return Ok(Exit::Ok);
+    };
+    if pg.forget_node(&node, dead_after).await.map_err(failed)? {
+        println!("forgot node {node}");
+        return Ok(Exit::Ok);
+    }
+    let nodes = pg.nodes().await.map_err(failed)?;
+    Err(match nodes.iter().find(|n| n.node_id == node) {
+        Some(n) => CliError::failure(format!(
+            "node {node} beat {:.1}s ago: it is alive (stop it first, or wait {:.1}s)",
+            n.heartbeat_age_secs,
+            dead_after.or(n.ttl).map_or(30.0, |d| d.as_secs_f64())
+        )),
+        // Named and also forgotten by --dead/--left just now: done.
+        None if dead || left => return Ok(Exit::Ok),
+        None => CliError::failure(format!("no node {node} in the cluster")),
+    })
 }

@@ -307,7 +307,7 @@ impl Node {
         let store = &self.store;
         store
             .pg()
-            .register_node(store.node(), &self.advertise)
+            .register_node_with_ttl(store.node(), &self.advertise, store.ttl())
             .await?;
         let ttl = store.ttl();
         let mut tasks = vec![store.spawn_renewer()];
@@ -447,13 +447,18 @@ impl Node {
     /// every lease this node holds, so the other nodes take its sessions
     /// (their messages pending in the database) now rather than when the
     /// leases run out. Stop the supervisor first, so nothing runs here
-    /// without a lease.
+    /// without a lease. The node is then `left` in the membership
+    /// ([`NodeState::Left`](crate::NodeState)), not alive until it is
+    /// dead.
     pub async fn leave(mut self) {
         self.tasks.clear();
         for lease in self.store.held() {
             if let Err(e) = self.store.release(&SessionKey::new(&lease.key)).await {
                 tracing::warn!(event = "cluster.release_failed", session.key = %lease.key, error = %e, "cannot release a lease on leaving; it expires on its own");
             }
+        }
+        if let Err(e) = self.store.pg().mark_node_left(self.store.node()).await {
+            tracing::warn!(event = "cluster.leave_unrecorded", error = %e, "cannot record that this node left; it shows as dead once silent for its lease TTL");
         }
     }
 }

@@ -85,7 +85,7 @@ pub use conversations::PgConversations;
 pub use group::{GroupStats, TurnBatch};
 pub use lease::{Lease, LeaseInfo, Orphans, TAKEOVER_GRACE};
 pub use migrate::MIGRATIONS;
-pub use node::{NodeInfo, NodeStore, RETAKE_COOLDOWN, TakeOver};
+pub use node::{DEAD_AFTER_UNKNOWN_TTL, NodeInfo, NodeState, NodeStore, RETAKE_COOLDOWN, TakeOver};
 pub use node_turns::NodeTurns;
 pub use stranded::TURN_END_LOST;
 

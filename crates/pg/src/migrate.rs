@@ -106,6 +106,17 @@ pub const MIGRATIONS: &[(i32, &str)] = &[
         7,
         "ALTER TABLE warden_turns ADD COLUMN asked JSONB;",
     ),
+    (
+        // Each node's lease TTL, stored with its heartbeat, so a node is
+        // dead once its heartbeat is a TTL old (not after a fixed 30 s,
+        // long after its sessions were taken over), and when it left
+        // cleanly (a drain): `left`, not `alive` then `dead`. NULL (a node
+        // of an older version): TTL unknown, not left.
+        8,
+        "ALTER TABLE warden_nodes
+         ADD COLUMN lease_ttl_ms BIGINT,
+         ADD COLUMN left_at      TIMESTAMPTZ;",
+    ),
 ];
 
 /// An arbitrary constant naming warden's migration lock.

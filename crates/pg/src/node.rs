@@ -17,7 +17,7 @@ mod members;
 mod renew;
 mod takeover;
 
-pub use members::NodeInfo;
+pub use members::{DEAD_AFTER_UNKNOWN_TTL, NodeInfo, NodeState};
 pub use takeover::TakeOver;
 
 /// How long after giving a session's lease up a node does not take it
