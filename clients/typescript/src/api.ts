@@ -28,7 +28,7 @@ export interface paths {
             path?: never;
             cookie?: never;
         };
-        /** Prometheus text */
+        /** Prometheus text (no token needed when the server runs with `--public-metrics`) */
         get: operations["metrics"];
         put?: never;
         post?: never;
@@ -62,7 +62,7 @@ export interface paths {
             path?: never;
             cookie?: never;
         };
-        /** Ready while the supervisor runs and, on a cluster node, the cluster's database answers */
+        /** Ready while the supervisor runs and, on a cluster node, the cluster's database answers (no token: it says up or not, nothing more) */
         get: operations["ready"];
         put?: never;
         post?: never;
@@ -282,6 +282,18 @@ export type webhooks = Record<string, never>;
 export interface components {
     schemas: {
         /** @description An event's fields with the time it was made: what `data:` carries. */
+        AgentSessionIdEvent: {
+            /**
+             * @description When the server made it. Absent only on events stored by a warden
+             *     older than this field.
+             */
+            at?: components["schemas"]["EventTime"] | null;
+            /** @description The conversation id. */
+            conversation: string;
+            /** @description The session. */
+            key: string;
+        };
+        /** @description An event's fields with the time it was made: what `data:` carries. */
         AttemptAdmittedEvent: {
             /**
              * @description When the server made it. Absent only on events stored by a warden
@@ -434,8 +446,26 @@ export interface components {
              */
             takeovers: number;
         };
+        /** @description How full the context window is. */
+        ContextFill: {
+            /**
+             * Format: uint64
+             * @description `tokens` in percent of `window`, rounded (over 100 past the window).
+             */
+            percent: number;
+            /**
+             * Format: uint64
+             * @description Tokens in context.
+             */
+            tokens: number;
+            /**
+             * Format: uint64
+             * @description The window.
+             */
+            window: number;
+        };
         /** @description An event's fields with the time it was made: what `data:` carries. */
-        ContextEvent: {
+        ContextUsageEvent: {
             /**
              * @description When the server made it. Absent only on events stored by a warden
              *     older than this field.
@@ -453,24 +483,6 @@ export interface components {
              * @description The agent's own estimate, when the self-report track is on.
              */
             self_reported: number | null;
-            /**
-             * Format: uint64
-             * @description Tokens in context.
-             */
-            tokens: number;
-            /**
-             * Format: uint64
-             * @description The window.
-             */
-            window: number;
-        };
-        /** @description How full the context window is. */
-        ContextFill: {
-            /**
-             * Format: uint64
-             * @description `tokens` in percent of `window`, rounded (over 100 past the window).
-             */
-            percent: number;
             /**
              * Format: uint64
              * @description Tokens in context.
@@ -515,18 +527,6 @@ export interface components {
             turn: number;
             /** @description The turn's id on a `warden serve` server, once it knows it. */
             turn_id?: string | null;
-        };
-        /** @description An event's fields with the time it was made: what `data:` carries. */
-        ConversationEvent: {
-            /**
-             * @description When the server made it. Absent only on events stored by a warden
-             *     older than this field.
-             */
-            at?: components["schemas"]["EventTime"] | null;
-            /** @description The conversation id. */
-            conversation: string;
-            /** @description The session. */
-            key: string;
         };
         /** @description An event's fields with the time it was made: what `data:` carries. */
         DeltaEvent: {
@@ -666,28 +666,28 @@ export interface components {
          * @description The SSE `event:` of a lifecycle event
          * @enum {string}
          */
-        LifecycleEvent: "session_spawned" | "session_stopped" | "session_restarted" | "session_given_up" | "conversation" | "resume_failed" | "fresh_fallback" | "session_failed" | "session_reaped" | "context" | "workspace_normalized" | "store_failed" | "turn_started" | "attempt_queued" | "attempt_admitted" | "attempt_started" | "stream_timed_out" | "retry_scheduled" | "continue_scheduled" | "turn_finished" | "reset" | "lagged";
+        LifecycleEvent: "session_spawned" | "session_stopped" | "session_restarted" | "supervisor_escalated" | "agent_session_id" | "resume_failed" | "fresh_fallback" | "session_failed" | "session_reaped" | "context_usage" | "workspace_normalized" | "store_failed" | "turn_started" | "attempt_queued" | "attempt_admitted" | "attempt_started" | "stream_timed_out" | "retry_scheduled" | "continue_scheduled" | "turn_finished" | "reset" | "lagged";
         /** @description The `data:` of each lifecycle event on `/v1/events`, by its `event:` name. The events of a turn also carry `turn_id` (the turn's id on this server) once it is known, and every event `at`. */
         LifecycleEvents: {
+            agent_session_id?: components["schemas"]["AgentSessionIdEvent"];
             attempt_admitted?: components["schemas"]["AttemptAdmittedEvent"];
             attempt_queued?: components["schemas"]["AttemptQueuedEvent"];
             attempt_started?: components["schemas"]["AttemptStartedEvent"];
-            context?: components["schemas"]["ContextEvent"];
+            context_usage?: components["schemas"]["ContextUsageEvent"];
             continue_scheduled?: components["schemas"]["ContinueScheduledEvent"];
-            conversation?: components["schemas"]["ConversationEvent"];
             fresh_fallback?: components["schemas"]["FreshFallbackEvent"];
             lagged?: components["schemas"]["LaggedEvent"];
             reset?: components["schemas"]["LifecycleResetEvent"];
             resume_failed?: components["schemas"]["ResumeFailedEvent"];
             retry_scheduled?: components["schemas"]["RetryScheduledEvent"];
             session_failed?: components["schemas"]["SessionFailedEvent"];
-            session_given_up?: components["schemas"]["SessionGivenUpEvent"];
             session_reaped?: components["schemas"]["SessionReapedEvent"];
             session_restarted?: components["schemas"]["SessionRestartedEvent"];
             session_spawned?: components["schemas"]["SessionSpawnedEvent"];
             session_stopped?: components["schemas"]["SessionStoppedEvent"];
             store_failed?: components["schemas"]["StoreFailedEvent"];
             stream_timed_out?: components["schemas"]["StreamTimedOutEvent"];
+            supervisor_escalated?: components["schemas"]["SupervisorEscalatedEvent"];
             turn_finished?: components["schemas"]["TurnFinishedEvent"];
             turn_started?: components["schemas"]["TurnStartedEvent"];
             workspace_normalized?: components["schemas"]["WorkspaceNormalizedEvent"];
@@ -927,18 +927,6 @@ export interface components {
             /** @description Why. */
             reason: string;
         };
-        /** @description An event's fields with the time it was made: what `data:` carries. */
-        SessionGivenUpEvent: {
-            /**
-             * @description When the server made it. Absent only on events stored by a warden
-             *     older than this field.
-             */
-            at?: components["schemas"]["EventTime"] | null;
-            /** @description The original failure. */
-            cause: string;
-            /** @description The session. */
-            key: string;
-        };
         /** @description `GET /v1/sessions`. */
         SessionList: {
             /** @description The sessions, by key. */
@@ -1173,6 +1161,18 @@ export interface components {
             turn: number;
             /** @description The turn's id on a `warden serve` server, once it knows it. */
             turn_id?: string | null;
+        };
+        /** @description An event's fields with the time it was made: what `data:` carries. */
+        SupervisorEscalatedEvent: {
+            /**
+             * @description When the server made it. Absent only on events stored by a warden
+             *     older than this field.
+             */
+            at?: components["schemas"]["EventTime"] | null;
+            /** @description The original failure. */
+            cause: string;
+            /** @description The session. */
+            key: string;
         };
         /** @description An event's fields with the time it was made: what `data:` carries. */
         ToolEvent: {
@@ -1475,16 +1475,7 @@ export interface operations {
                     "text/plain": string;
                 };
             };
-            /** @description `unauthorized`: no token, or a wrong one (the message says which and where the server's token file is) */
-            401: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["Error"];
-                };
-            };
-            /** @description `not_ready` (the supervisor stopped) or `database_unreachable` (cluster) */
+            /** @description `not_ready` (the supervisor stopped) or `database_unreachable` (cluster); `Retry-After` */
             503: {
                 headers: {
                     [name: string]: unknown;

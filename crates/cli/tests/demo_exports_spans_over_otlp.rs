@@ -23,18 +23,27 @@ async fn the_demo_story_reaches_the_collector() {
         .exported_spans(100_000, Duration::from_secs(2))
         .await;
     let named = |name: &str| spans.iter().filter(|s| s.name == name).count();
-    assert_eq!(named("watchdog.kill"), 1, "the stall's kill");
+    assert_eq!(named("watchdog_killed"), 1, "the stall's kill");
+    let fresh = spans
+        .iter()
+        .filter(|s| {
+            s.name == "session_spawned"
+                && s.attributes
+                    .get("warden.incarnation")
+                    .is_some_and(|v| format!("{v:?}").contains("fresh_fallback"))
+        })
+        .count();
+    assert_eq!(fresh, 2, "the two resume failures");
+    assert!(named("session_reaped") >= 1);
+    assert!(named("retry_scheduled") >= 1, "the 429");
     assert_eq!(
-        named("session.fresh_fallback"),
-        2,
-        "the two resume failures"
+        named("continue_scheduled"),
+        1,
+        "the stalled reply, continued"
     );
-    assert!(named("session.reap") >= 1);
-    assert!(named("stream.retry") >= 1, "the 429");
-    assert_eq!(named("stream.continue"), 1, "the stalled reply, continued");
     let kill = spans
         .iter()
-        .find(|s| s.name == "watchdog.kill")
+        .find(|s| s.name == "watchdog_killed")
         .expect("kill span");
     let key = format!(
         "{:?}",

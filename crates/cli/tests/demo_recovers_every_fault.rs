@@ -101,7 +101,7 @@ async fn demo_quick_shows_each_fault_and_its_recovery() {
     // The context indicator climbs turn by turn.
     let ctx: Vec<u64> = events
         .iter()
-        .filter(|e| e["workspace"] == "api-server" && e["event"] == "context")
+        .filter(|e| e["workspace"] == "api-server" && e["event"] == "context_usage")
         .map(|e| e["percent"].as_u64().expect("percent"))
         .collect();
     assert_eq!(ctx.len(), 3);

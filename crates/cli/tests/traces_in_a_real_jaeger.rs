@@ -19,7 +19,13 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use serde_json::{Value, json};
-use warden_core::spans::names;
+use warden_core::names;
+
+/// The anchors of the three incarnations: `session_spawned` and its
+/// `warden.incarnation`.
+const SPAWN: &str = "session_spawned@spawn";
+const RESUME: &str = "session_spawned@resume";
+const FRESH: &str = "session_spawned@fresh_fallback";
 use warden_mock::{MockConfig, MockServer, Scenario};
 
 /// The bound of every wait for warden or Jaeger.
@@ -148,6 +154,19 @@ impl Span {
     fn str_tag(&self, key: &str) -> &str {
         self.tag(key).and_then(Value::as_str).unwrap_or("")
     }
+    /// Its name, and for an incarnation's anchor its `warden.incarnation`
+    /// after an `@` (`session_spawned@resume`).
+    fn label(&self) -> String {
+        match self.str_tag("warden.incarnation") {
+            "" => self.name.clone(),
+            incarnation => format!("{}@{incarnation}", self.name),
+        }
+    }
+    /// Whether it is what `label` names: its name, or its name and
+    /// incarnation.
+    fn is(&self, label: &str) -> bool {
+        self.name == label || self.label() == label
+    }
     fn is_error(&self) -> bool {
         self.tag("error") == Some(&json!(true))
     }
@@ -218,7 +237,7 @@ fn spans_of(traces: &[Value]) -> Vec<Span> {
 
 /// The one span named `name` among `spans` (fails if not exactly one).
 fn one<'a>(spans: &'a [Span], name: &str, of: &str) -> &'a Span {
-    let found: Vec<&Span> = spans.iter().filter(|s| s.name == name).collect();
+    let found: Vec<&Span> = spans.iter().filter(|s| s.is(name)).collect();
     assert_eq!(
         found.len(),
         1,
@@ -229,8 +248,8 @@ fn one<'a>(spans: &'a [Span], name: &str, of: &str) -> &'a Span {
     found[0]
 }
 
-fn names_of(spans: &[Span]) -> Vec<&str> {
-    spans.iter().map(|s| s.name.as_str()).collect()
+fn names_of(spans: &[Span]) -> Vec<String> {
+    spans.iter().map(Span::label).collect()
 }
 
 /// `warden serve` exporting to `jaeger` as `service`.
@@ -351,7 +370,7 @@ async fn link_is_found(jaeger: &Jaeger, trace_id: &str, key: &str, span: &str) -
         || async {
             let t = trace(jaeger, trace_id).await?;
             let spans = spans_of(&[t]);
-            let ok = spans.iter().any(|s| s.name == span)
+            let ok = spans.iter().any(|s| s.is(span))
                 && spans.iter().all(|s| s.str_tag("warden.session.key") == key);
             ok.then_some(spans)
         },
@@ -398,7 +417,7 @@ async fn jaeger_shows_every_incarnation_attempt_link_and_tag_the_docs_promise() 
     // The console's link for a finished turn: Jaeger returns that trace,
     // with the turn in it.
     let finished = console_trace_id(&base, &token, "normal").await;
-    link_is_found(&jaeger, &finished, "normal", names::SESSION_TURN).await;
+    link_is_found(&jaeger, &finished, "normal", names::TURN_STARTED).await;
 
     let (_, end, data_) = turn(&base, &token, "retried", &message(2)).await;
     assert_eq!(end, "done", "{data_}");
@@ -428,7 +447,7 @@ async fn jaeger_shows_every_incarnation_attempt_link_and_tag_the_docs_promise() 
     let crash = console::post_turn(&base, &token, "crash", &message(7)).await;
     requests_seen(&mock, 10).await;
     let live = console_trace_id(&base, &token, "crash").await;
-    link_is_found(&jaeger, &live, "crash", names::SESSION_SPAWN).await;
+    link_is_found(&jaeger, &live, "crash", SPAWN).await;
     // `warden sessions` names the same trace, and the turn carries it.
     let listed = tokio::time::timeout(
         PATIENCE,
@@ -491,10 +510,9 @@ async fn check_traces(jaeger: &Jaeger, service: &str) {
                 || async {
                     let traces = search(jaeger, &service, &[("warden.session.key", key)]).await;
                     let spans = spans_of(&traces);
-                    let names = names_of(&spans);
                     expect
                         .iter()
-                        .all(|n| names.contains(n))
+                        .all(|n| spans.iter().any(|s| s.is(n)))
                         .then_some((traces, spans))
                 },
             )
@@ -506,11 +524,7 @@ async fn check_traces(jaeger: &Jaeger, service: &str) {
     // A normal reply: one trace, spawn → turn → attempt.
     let (traces, spans) = by_key(
         "normal",
-        &[
-            names::SESSION_SPAWN,
-            names::SESSION_TURN,
-            names::STREAM_ATTEMPT,
-        ],
+        &[SPAWN, names::TURN_STARTED, names::ATTEMPT_STARTED],
     )
     .await;
     assert_eq!(
@@ -519,9 +533,9 @@ async fn check_traces(jaeger: &Jaeger, service: &str) {
         "one incarnation, one trace: {:?}",
         names_of(&spans)
     );
-    let spawn = one(&spans, names::SESSION_SPAWN, "normal");
-    let turn = one(&spans, names::SESSION_TURN, "normal");
-    let attempt = one(&spans, names::STREAM_ATTEMPT, "normal");
+    let spawn = one(&spans, SPAWN, "normal");
+    let turn = one(&spans, names::TURN_STARTED, "normal");
+    let attempt = one(&spans, names::ATTEMPT_STARTED, "normal");
     assert!(spawn.parent.is_none(), "the anchor is the trace's root");
     assert!(turn.child_of(spawn) && attempt.child_of(turn), "{spans:#?}");
     assert_eq!(
@@ -541,7 +555,7 @@ async fn check_traces(jaeger: &Jaeger, service: &str) {
     ] {
         assert!(
             turn.tag(tag).is_some(),
-            "session.turn has {tag}: {:?}",
+            "turn_started has {tag}: {:?}",
             turn.tags
         );
     }
@@ -587,16 +601,16 @@ async fn check_traces(jaeger: &Jaeger, service: &str) {
     let (_, spans) = by_key(
         "retried",
         &[
-            names::WATCHDOG_KILL,
-            names::STREAM_TIMEOUT,
-            names::STREAM_RETRY,
+            names::WATCHDOG_KILLED,
+            names::STREAM_TIMED_OUT,
+            names::RETRY_SCHEDULED,
         ],
     )
     .await;
-    let turn = one(&spans, names::SESSION_TURN, "retried");
+    let turn = one(&spans, names::TURN_STARTED, "retried");
     let attempts: Vec<&Span> = spans
         .iter()
-        .filter(|s| s.name == names::STREAM_ATTEMPT)
+        .filter(|s| s.is(names::ATTEMPT_STARTED))
         .collect();
     assert_eq!(attempts.len(), 2, "{:?}", names_of(&spans));
     let (first, second) = if attempts[0].start <= attempts[1].start {
@@ -631,27 +645,27 @@ async fn check_traces(jaeger: &Jaeger, service: &str) {
     );
     assert!(
         turn.start <= first.start && turn.start + turn.duration >= second.start + second.duration,
-        "session.turn ({}+{}) spans its attempts ({}..{}+{})",
+        "turn_started ({}+{}) spans its attempts ({}..{}+{})",
         turn.start,
         turn.duration,
         first.start,
         second.start,
         second.duration
     );
-    let retry = one(&spans, names::STREAM_RETRY, "retried");
-    assert!(retry.child_of(turn), "stream.retry under the turn");
-    assert!(retry.refers_to(first), "stream.retry links to attempt 1");
-    let kill = one(&spans, names::WATCHDOG_KILL, "retried");
-    let timeout = one(&spans, names::STREAM_TIMEOUT, "retried");
+    let retry = one(&spans, names::RETRY_SCHEDULED, "retried");
+    assert!(retry.child_of(turn), "retry_scheduled under the turn");
+    assert!(retry.refers_to(first), "retry_scheduled links to attempt 1");
+    let kill = one(&spans, names::WATCHDOG_KILLED, "retried");
+    let timeout = one(&spans, names::STREAM_TIMED_OUT, "retried");
     assert!(kill.is_error() && kill.str_tag("error.type") == "ESTREAM_TIMEOUT");
     assert!(timeout.is_error() && timeout.str_tag("error.type") == "ESTREAM_TIMEOUT");
     assert!(
         kill.child_of(first),
-        "watchdog.kill under the killed attempt"
+        "watchdog_killed under the killed attempt"
     );
     assert!(
         timeout.child_of(first),
-        "stream.timeout under the killed attempt"
+        "stream_timed_out under the killed attempt"
     );
     // Search by error.type finds the kill and the attempt it ended.
     let found = spans_of(&search(jaeger, service, &[("error.type", "ESTREAM_TIMEOUT")]).await);
@@ -677,39 +691,35 @@ async fn check_traces(jaeger: &Jaeger, service: &str) {
     seen_names.extend(spans.iter().map(|s| s.name.clone()));
 
     // A stall continued mid-text.
-    let (_, spans) = by_key("continued", &[names::WATCHDOG_KILL, names::STREAM_CONTINUE]).await;
-    let cont = one(&spans, names::STREAM_CONTINUE, "continued");
-    let turn = one(&spans, names::SESSION_TURN, "continued");
+    let (_, spans) = by_key(
+        "continued",
+        &[names::WATCHDOG_KILLED, names::CONTINUE_SCHEDULED],
+    )
+    .await;
+    let cont = one(&spans, names::CONTINUE_SCHEDULED, "continued");
+    let turn = one(&spans, names::TURN_STARTED, "continued");
     let killed = spans
         .iter()
-        .find(|s| s.name == names::STREAM_ATTEMPT && s.is_error())
+        .find(|s| s.is(names::ATTEMPT_STARTED) && s.is_error())
         .expect("the killed attempt");
     assert!(
         cont.child_of(turn) && cont.refers_to(killed),
-        "stream.continue linked to the killed attempt"
+        "continue_scheduled linked to the killed attempt"
     );
     seen_names.extend(spans.iter().map(|s| s.name.clone()));
 
     // A resume failure: two incarnations, two traces; the fresh one links
     // back to the first.
-    let (traces, spans) = by_key(
-        "resumed",
-        &[
-            names::SESSION_SPAWN,
-            names::SESSION_RESUME_FAILED,
-            names::SESSION_FRESH_FALLBACK,
-        ],
-    )
-    .await;
+    let (traces, spans) = by_key("resumed", &[SPAWN, names::RESUME_FAILED, FRESH]).await;
     assert_eq!(
         traces.len(),
         2,
         "one trace per incarnation: {:?}",
         names_of(&spans)
     );
-    let spawn = one(&spans, names::SESSION_SPAWN, "resumed");
-    let fresh = one(&spans, names::SESSION_FRESH_FALLBACK, "resumed");
-    let failed = one(&spans, names::SESSION_RESUME_FAILED, "resumed");
+    let spawn = one(&spans, SPAWN, "resumed");
+    let fresh = one(&spans, FRESH, "resumed");
+    let failed = one(&spans, names::RESUME_FAILED, "resumed");
     assert!(
         fresh.parent.is_none() && fresh.trace != spawn.trace,
         "a new trace"
@@ -743,9 +753,9 @@ async fn check_traces(jaeger: &Jaeger, service: &str) {
     seen_names.extend(spans.iter().map(|s| s.name.clone()));
 
     // A cancel.
-    let (_, spans) = by_key("cancelled", &[names::STREAM_CANCEL]).await;
-    let turn = one(&spans, names::SESSION_TURN, "cancelled");
-    let cancel = one(&spans, names::STREAM_CANCEL, "cancelled");
+    let (_, spans) = by_key("cancelled", &[names::TURN_CANCELLED]).await;
+    let turn = one(&spans, names::TURN_STARTED, "cancelled");
+    let cancel = one(&spans, names::TURN_CANCELLED, "cancelled");
     eprintln!(
         "cancel: parent {:?}, turn {} anchor {:?}",
         cancel.parent, turn.id, turn.parent
@@ -754,27 +764,16 @@ async fn check_traces(jaeger: &Jaeger, service: &str) {
 
     // kill -9 mid-turn, then a restart: the first incarnation's anchor
     // (exported before the kill) and the restart's.
-    let (traces, spans) = by_key(
-        "crash",
-        &[
-            names::SESSION_SPAWN,
-            names::SESSION_RESUME,
-            names::SESSION_TURN,
-        ],
-    )
-    .await;
-    let spawn = one(&spans, names::SESSION_SPAWN, "crash");
-    let resume = one(&spans, names::SESSION_RESUME, "crash");
+    let (traces, spans) = by_key("crash", &[SPAWN, RESUME, names::TURN_STARTED]).await;
+    let spawn = one(&spans, SPAWN, "crash");
+    let resume = one(&spans, RESUME, "crash");
     assert_eq!(traces.len(), 2, "{:?}", names_of(&spans));
     assert!(resume.parent.is_none());
     eprintln!(
         "crash: the restart's anchor references the killed incarnation: {}",
         resume.refers_to(spawn)
     );
-    let turns: Vec<&Span> = spans
-        .iter()
-        .filter(|s| s.name == names::SESSION_TURN)
-        .collect();
+    let turns: Vec<&Span> = spans.iter().filter(|s| s.is(names::TURN_STARTED)).collect();
     assert!(
         turns
             .iter()
@@ -797,6 +796,16 @@ async fn check_traces(jaeger: &Jaeger, service: &str) {
         }
     }
     eprintln!("span names seen: {seen_names:?}");
+    // Every span Jaeger has is a transition, under its one name.
+    for name in &seen_names {
+        let t = names::transition(name)
+            .unwrap_or_else(|| panic!("span {name} is not in warden_core::names::TRANSITIONS"));
+        assert_ne!(
+            t.traced,
+            names::Traced::Event,
+            "{name} is listed as no span"
+        );
+    }
 }
 
 /// A Jaeger of this test's own (from `WARDEN_JAEGER_BIN` with

@@ -89,6 +89,7 @@ pub mod continuation;
 mod error;
 mod event;
 pub mod lifecycle;
+pub mod names;
 mod notify;
 pub mod policy;
 mod session;

@@ -1,21 +1,22 @@
-//! Span names and the trace shape.
+//! The trace shape. (Span names: [`crate::names`], one per transition.)
 //!
 //! A session can live for hours, and a span is exported only when it ends,
 //! so no span covers a session's life. Instead:
 //!
 //! - each **incarnation** of a session (first spawn, resume after a reap or
 //!   an orchestrator restart, a supervisor restart, a fresh fallback) opens
-//!   and immediately closes a short **anchor** span (`session.spawn`,
-//!   `session.resume` or `session.fresh_fallback`), linked to the previous
-//!   incarnation's anchor;
+//!   and immediately closes a short **anchor** span, `session_spawned`, whose
+//!   `warden.incarnation` says which (`spawn`, `resume`, `fresh_fallback`),
+//!   linked to the previous incarnation's anchor;
 //! - every transition of the incarnation is a span whose parent is that
-//!   anchor: `session.turn` (open while the turn runs), under it one
-//!   `stream.attempt` per attempt (a retry is a sibling *linked* to the
-//!   failed attempt), before it a `stream.queued` when the attempt waited
-//!   for admission, `stream.timeout`, `watchdog.kill`, `stream.retry`,
-//!   `stream.cancel`; `session.reap`, `session.resume_failed`,
-//!   `supervisor.restart`, `supervisor.escalate` hang off the anchor too;
-//! - `workspace.normalize` is a root span.
+//!   anchor: `turn_started` (open while the turn runs), under it one
+//!   `attempt_started` per attempt (a retry is a sibling *linked* to the
+//!   failed attempt), before it an `attempt_queued` when the attempt waited
+//!   for admission, `stream_timed_out`, `watchdog_killed`,
+//!   `retry_scheduled`, `continue_scheduled`, `turn_cancelled`;
+//!   `session_reaped`, `resume_failed`, `session_restarted`,
+//!   `supervisor_escalated` hang off the anchor too;
+//! - `workspace_normalized` is a root span.
 //!
 //! Every span carries `warden.session.key` and, once known,
 //! `gen_ai.conversation.id`, so a Jaeger tag search finds every incarnation
@@ -26,66 +27,6 @@
 
 use opentelemetry::trace::{SpanContext, TraceContextExt as _};
 use tracing_opentelemetry::OpenTelemetrySpanExt as _;
-
-/// Span names, as exported, and the `event` names of the log events of
-/// transitions that are not spans. Every transition records its span and
-/// its log event under the same name.
-pub mod names {
-    /// Anchor of a new session's first incarnation.
-    pub const SESSION_SPAWN: &str = "session.spawn";
-    /// Anchor of an incarnation resuming a stored conversation.
-    pub const SESSION_RESUME: &str = "session.resume";
-    /// A stored conversation could not be resumed.
-    pub const SESSION_RESUME_FAILED: &str = "session.resume_failed";
-    /// Anchor of the fresh incarnation after a resume failure.
-    pub const SESSION_FRESH_FALLBACK: &str = "session.fresh_fallback";
-    /// An idle session was stopped.
-    pub const SESSION_REAP: &str = "session.reap";
-    /// One turn (user message → answer).
-    pub const SESSION_TURN: &str = "session.turn";
-    /// One attempt of a turn (one stream).
-    pub const STREAM_ATTEMPT: &str = "stream.attempt";
-    /// An attempt waiting for admission (open while it waits; its
-    /// `warden.wait_ms` is set when it is admitted).
-    pub const STREAM_QUEUED: &str = "stream.queued";
-    /// Log event: a queued attempt was admitted.
-    pub const STREAM_ADMITTED: &str = "stream.admitted";
-    /// An attempt ended by the watchdog.
-    pub const STREAM_TIMEOUT: &str = "stream.timeout";
-    /// A failed attempt is retried.
-    pub const STREAM_RETRY: &str = "stream.retry";
-    /// The user cancelled the turn.
-    pub const STREAM_CANCEL: &str = "stream.cancel";
-    /// A reply broken mid-text is continued (not replayed).
-    pub const STREAM_CONTINUE: &str = "stream.continue";
-    /// A turn ran past its wall-clock cap and was stopped.
-    pub const SESSION_TURN_DEADLINE: &str = "session.turn_deadline";
-    /// A turn's reply passed its size cap and was stopped.
-    pub const SESSION_REPLY_TOO_LARGE: &str = "session.reply_too_large";
-    /// The watchdog killed a silent stream.
-    pub const WATCHDOG_KILL: &str = "watchdog.kill";
-    /// The supervisor restarted a session.
-    pub const SUPERVISOR_RESTART: &str = "supervisor.restart";
-    /// The supervisor gave up on a session.
-    pub const SUPERVISOR_ESCALATE: &str = "supervisor.escalate";
-    /// A workspace path was normalized.
-    pub const WORKSPACE_NORMALIZE: &str = "workspace.normalize";
-    /// Log event: the agent's session id was stored.
-    pub const SESSION_AGENT_ID: &str = "session.agent_id";
-    /// Log event: context usage at the end of a turn.
-    pub const CONTEXT_USAGE: &str = "context_usage";
-    /// Log event: a turn ended (recorded onto its `session.turn` span).
-    pub const SESSION_TURN_FINISHED: &str = "session.turn_finished";
-    /// Log event: a session actor stopped.
-    pub const SESSION_STOPPED: &str = "session.stopped";
-    /// Log event: the supervisor restarted a session fresh with its
-    /// unanswered messages.
-    pub const SUPERVISOR_FRESH_START: &str = "supervisor.fresh_start";
-    /// Log event: a session failed for good.
-    pub const SESSION_FAILED: &str = "session.failed";
-    /// Log event: a session's record could not be read or written.
-    pub const STORE_FAILED: &str = "store.failed";
-}
 
 /// The trace context of one session incarnation's anchor span: the parent
 /// of its transition spans and the link target of the next incarnation.

@@ -50,7 +50,7 @@ pub fn normalize_workspace(path: impl AsRef<Path>) -> io::Result<PathBuf> {
     }
     if normalized.as_os_str() != path.as_os_str() {
         tracing::debug!(
-            event = "workspace.normalize",
+            event = crate::names::WORKSPACE_NORMALIZED,
             original = %path.display(),
             normalized = %normalized.display(),
             "workspace path normalized"

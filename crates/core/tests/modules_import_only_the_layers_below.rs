@@ -1,5 +1,5 @@
 //! The core's modules form layers with no circle between them: errors,
-//! events and the source port at the bottom; the watchdog, the stream
+//! events, the transitions' names and the source port at the bottom; the watchdog, the stream
 //! task, policies and the stores above them; transitions, then sessions,
 //! then the supervisor on top. Only the session actor's own files
 //! (`session/`) may need each other. Read from the sources, so a new
@@ -12,11 +12,12 @@ use std::path::{Path, PathBuf};
 const LEAVES: &[(&str, &[&str])] = &[
     ("error", &[]),
     ("event", &[]),
+    ("names", &[]),
     ("context", &[]),
     ("spans", &[]),
-    ("workspace", &[]),
+    ("workspace", &["names"]),
     ("source", &["error", "event"]),
-    ("lifecycle", &["error", "source", "store"]),
+    ("lifecycle", &["error", "names", "source", "store"]),
 ];
 
 fn files(dir: &Path, out: &mut Vec<PathBuf>) {

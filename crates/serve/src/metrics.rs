@@ -14,11 +14,17 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 use warden_core::cluster::ClusterStats;
-use warden_core::{LifecycleEvent, Supervisor};
+use warden_core::{LifecycleEvent, Supervisor, names};
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct Outcome {
     outcome: &'static str,
+}
+
+/// A transition's one name (`warden_core::names`).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct Named {
+    transition: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -69,10 +75,7 @@ pub(crate) struct Metrics {
     sessions: Family<State, Gauge>,
     admission_queued: Gauge,
     admission_running: Gauge,
-    kills: Counter,
-    retries: Counter,
-    continuations: Counter,
-    fallbacks: Counter,
+    transitions: Family<Named, Counter>,
     turns: Family<Outcome, Counter>,
     turn_seconds: Histogram,
     started: Mutex<HashMap<(String, u64), Instant>>,
@@ -87,10 +90,7 @@ impl Metrics {
             sessions: Family::default(),
             admission_queued: Gauge::default(),
             admission_running: Gauge::default(),
-            kills: Counter::default(),
-            retries: Counter::default(),
-            continuations: Counter::default(),
-            fallbacks: Counter::default(),
+            transitions: Family::default(),
             turns: Family::default(),
             // 0.1 s .. ~27 min.
             turn_seconds: Histogram::new(exponential_buckets(0.1, 2.0, 15)),
@@ -109,25 +109,15 @@ impl Metrics {
             "Streams admitted and running",
             m.admission_running.clone(),
         );
+        // Every published transition from the first scrape, at 0, so a
+        // rate() over one that never happened yet is 0, not absent.
+        for t in names::TRANSITIONS.iter().filter(|t| t.published) {
+            let _ = m.transitions.get_or_create(&Named { transition: t.name });
+        }
         registry.register(
-            "stream_kills",
-            "Streams the watchdog killed for silence",
-            m.kills.clone(),
-        );
-        registry.register(
-            "retries",
-            "Attempts restarted from scratch",
-            m.retries.clone(),
-        );
-        registry.register(
-            "continuations",
-            "Broken replies continued instead of replayed",
-            m.continuations.clone(),
-        );
-        registry.register(
-            "fresh_fallbacks",
-            "Sessions restarted fresh after a resume failure",
-            m.fallbacks.clone(),
+            "transitions",
+            "Lifecycle transitions of sessions, by their one name (stream_timed_out, retry_scheduled, continue_scheduled, fresh_fallback, ...)",
+            m.transitions.clone(),
         );
         registry.register("turns", "Turns finished, by outcome", m.turns.clone());
         registry.register(
@@ -204,20 +194,13 @@ impl Metrics {
 
     /// Counts `event`.
     pub(crate) fn observe(&self, event: &LifecycleEvent) {
+        self.transitions
+            .get_or_create(&Named {
+                transition: event.name(),
+            })
+            .inc();
         let mut started = self.started.lock();
         match event {
-            LifecycleEvent::StreamTimedOut { .. } => {
-                self.kills.inc();
-            }
-            LifecycleEvent::RetryScheduled { .. } => {
-                self.retries.inc();
-            }
-            LifecycleEvent::ContinueScheduled { .. } => {
-                self.continuations.inc();
-            }
-            LifecycleEvent::FreshFallback { .. } => {
-                self.fallbacks.inc();
-            }
             LifecycleEvent::TurnStarted { key, turn } => {
                 started.insert((key.as_str().to_owned(), *turn), Instant::now());
             }

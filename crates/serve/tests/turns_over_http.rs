@@ -546,7 +546,10 @@ async fn metrics_count_turns_and_show_sessions_in_the_prometheus_format() {
         text.contains("warden_turn_duration_seconds_count 1"),
         "{text}"
     );
-    assert!(text.contains("warden_stream_kills_total 0"), "{text}");
+    assert!(
+        text.contains(r#"warden_transitions_total{transition="stream_timed_out"} 0"#),
+        "{text}"
+    );
     assert!(text.ends_with("# EOF\n"), "{text}");
     let unauthorized = s
         .client
@@ -1505,4 +1508,120 @@ async fn a_turn_is_shown_with_its_prompt_model_and_times() {
         .await
         .expect("get");
     assert_eq!(unknown.status(), 404);
+}
+
+/// One name per transition at every edge of the server: each event of
+/// `/v1/events` is named as core names it, the API document lists exactly
+/// core's published transitions, and `/metrics` counts each under the same
+/// name (every one from the first scrape, each event seen counted).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_edge_names_a_transition_as_core_does() {
+    use std::collections::BTreeSet;
+    use warden_core::names::TRANSITIONS;
+    let published: BTreeSet<&str> = TRANSITIONS
+        .iter()
+        .filter(|t| t.published)
+        .map(|t| t.name)
+        .collect();
+
+    // The document: its lifecycle event names are core's, plus the two the
+    // stream itself sends.
+    let doc = served_document().await;
+    let mut documented: BTreeSet<String> =
+        doc["components"]["schemas"]["LifecycleEvents"]["properties"]
+            .as_object()
+            .expect("LifecycleEvents")
+            .keys()
+            .cloned()
+            .collect();
+    assert!(documented.remove("reset") && documented.remove("lagged"));
+    let core: BTreeSet<String> = published.iter().map(|n| (*n).to_owned()).collect();
+    assert_eq!(documented, core, "the document's lifecycle events");
+
+    // A turn whose attempt is recovered and retried, watched on /v1/events.
+    let s = server().await;
+    let lifecycle = s
+        .client
+        .get(format!("{}/v1/events", s.base))
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .expect("get events");
+    let (_, _) = s.create(r#"{"key": "named", "message": "hi"}"#).await;
+    let first = within("the stream to open", s.ctl.next_attempt())
+        .await
+        .expect("opened");
+    first.text("half");
+    let recovered = s
+        .client
+        .post(format!("{}/v1/sessions/named/recover?how=retry", s.base))
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .expect("post")
+        .json_value()
+        .await;
+    assert_eq!(recovered["recovered"], true, "{recovered}");
+    let second = within("a second attempt", s.ctl.next_attempt())
+        .await
+        .expect("retried");
+    second.text("whole");
+    second.finish();
+    let seen = read_events(lifecycle, |e| e.iter().any(|e| e.event == "turn_finished")).await;
+    let names: BTreeSet<&str> = seen.iter().map(|e| e.event.as_str()).collect();
+    for name in &names {
+        assert!(
+            published.contains(name),
+            "/v1/events sent {name}, not core's"
+        );
+    }
+    for needed in ["turn_started", "attempt_started", "turn_finished"] {
+        assert!(names.contains(needed), "{needed} in {names:?}");
+    }
+    assert!(
+        names.contains("retry_scheduled") || names.contains("continue_scheduled"),
+        "{names:?}"
+    );
+
+    // /metrics: one series per published transition, under its name; each
+    // event seen above counted (the bus feeds both; wait for the last).
+    let mut text = String::new();
+    for _ in 0..50 {
+        text = s
+            .client
+            .get(format!("{}/metrics", s.base))
+            .bearer_auth(TOKEN)
+            .send()
+            .await
+            .expect("get")
+            .text()
+            .await
+            .expect("body");
+        if text.contains(r#"warden_transitions_total{transition="turn_finished"} 1"#) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let mut labelled = BTreeSet::new();
+    for line in text
+        .lines()
+        .filter(|l| l.starts_with("warden_transitions_total{"))
+    {
+        let (label, count) = line
+            .strip_prefix(r#"warden_transitions_total{transition=""#)
+            .and_then(|r| r.split_once(r#""} "#))
+            .unwrap_or_else(|| panic!("{line}"));
+        let count: u64 = count.parse().unwrap_or_else(|_| panic!("{line}"));
+        if names.contains(label) {
+            assert!(count >= 1, "{label} was seen but counted {count}");
+        }
+        labelled.insert(label.to_owned());
+    }
+    assert_eq!(labelled, core, "the metric's labels:\n{text}");
+}
+
+/// The served API document.
+async fn served_document() -> Value {
+    let s = server().await;
+    s.get_json("/openapi.json").await
 }

@@ -110,6 +110,22 @@ fn one<'a>(spans: &'a [ExportedSpan], name: &str, key: &str) -> &'a ExportedSpan
     v[0]
 }
 
+/// The one `session_spawned` anchor of `key` whose `warden.incarnation` is
+/// `incarnation`.
+fn anchor_of<'a>(spans: &'a [ExportedSpan], incarnation: &str, key: &str) -> &'a ExportedSpan {
+    let v: Vec<_> = by_name(spans, "session_spawned", key)
+        .into_iter()
+        .filter(|s| attr(s, "warden.incarnation").as_deref() == Some(incarnation))
+        .collect();
+    assert_eq!(
+        v.len(),
+        1,
+        "expected one {incarnation} anchor for {key}, got {}",
+        v.len()
+    );
+    v[0]
+}
+
 #[test]
 fn spans_of_a_stall_a_retry_and_a_fresh_fallback_reach_the_collector() {
     let collector_rt = tokio::runtime::Builder::new_multi_thread()
@@ -146,15 +162,13 @@ fn spans_of_a_stall_a_retry_and_a_fresh_fallback_reach_the_collector() {
         m
     });
     for expected in [
-        "session.spawn",
-        "session.resume",
-        "session.resume_failed",
-        "session.fresh_fallback",
-        "session.turn",
-        "stream.attempt",
-        "stream.timeout",
-        "watchdog.kill",
-        "stream.retry",
+        "session_spawned",
+        "resume_failed",
+        "turn_started",
+        "attempt_started",
+        "stream_timed_out",
+        "watchdog_killed",
+        "retry_scheduled",
     ] {
         assert!(
             names.contains_key(expected),
@@ -168,7 +182,7 @@ fn spans_of_a_stall_a_retry_and_a_fresh_fallback_reach_the_collector() {
         "foreign spans exported"
     );
     for s in &spans {
-        if s.name != "workspace.normalize" {
+        if s.name != "workspace_normalized" {
             assert!(
                 s.attributes.contains_key("warden.session.key"),
                 "{} lacks the key",
@@ -198,11 +212,11 @@ fn spans_of_a_stall_a_retry_and_a_fresh_fallback_reach_the_collector() {
 
     // The stall: anchor → turn → two sibling attempts, the retry linked to
     // the killed one; timeout and kill under the killed attempt.
-    let anchor = one(&spans, "session.spawn", "stall-ws");
-    let turn = one(&spans, "session.turn", "stall-ws");
+    let anchor = anchor_of(&spans, "spawn", "stall-ws");
+    let turn = one(&spans, "turn_started", "stall-ws");
     assert_eq!(turn.parent_span_id, anchor.span_id);
     assert_eq!(turn.trace_id, anchor.trace_id);
-    let mut attempts = by_name(&spans, "stream.attempt", "stall-ws");
+    let mut attempts = by_name(&spans, "attempt_started", "stall-ws");
     attempts.sort_by_key(|s| attr(s, "warden.attempt"));
     assert_eq!(attempts.len(), 2);
     for a in &attempts {
@@ -223,7 +237,7 @@ fn spans_of_a_stall_a_retry_and_a_fresh_fallback_reach_the_collector() {
         retried.links.iter().any(|l| l.span_id == killed.span_id),
         "the retry must link to the killed attempt"
     );
-    let timeout = one(&spans, "stream.timeout", "stall-ws");
+    let timeout = one(&spans, "stream_timed_out", "stall-ws");
     assert_eq!(timeout.parent_span_id, killed.span_id);
     assert_eq!(
         attr(timeout, "error.type").as_deref(),
@@ -235,30 +249,30 @@ fn spans_of_a_stall_a_retry_and_a_fresh_fallback_reach_the_collector() {
             .as_ref()
             .is_some_and(|s| s.code.contains("ERROR"))
     );
-    let kill = one(&spans, "watchdog.kill", "stall-ws");
+    let kill = one(&spans, "watchdog_killed", "stall-ws");
     assert_eq!(kill.parent_span_id, killed.span_id);
     assert_eq!(attr(kill, "error.type").as_deref(), Some("ESTREAM_TIMEOUT"));
-    let retry = one(&spans, "stream.retry", "stall-ws");
+    let retry = one(&spans, "retry_scheduled", "stall-ws");
     assert_eq!(retry.parent_span_id, turn.span_id);
 
     // The resume failure: the failed incarnation and the fresh one, linked.
-    let resume = one(&spans, "session.resume", "resume-ws");
+    let resume = anchor_of(&spans, "resume", "resume-ws");
     assert_eq!(
         attr(resume, "gen_ai.conversation.id").as_deref(),
         Some("old-id")
     );
-    let failed = one(&spans, "session.resume_failed", "resume-ws");
+    let failed = one(&spans, "resume_failed", "resume-ws");
     assert_eq!(failed.parent_span_id, resume.span_id);
     assert_eq!(
         attr(failed, "error.type").as_deref(),
         Some("EUNKNOWN_SESSION")
     );
-    let fresh = one(&spans, "session.fresh_fallback", "resume-ws");
+    let fresh = anchor_of(&spans, "fresh_fallback", "resume-ws");
     assert!(
         fresh.links.iter().any(|l| l.span_id == resume.span_id),
         "fresh incarnation links to the failed one"
     );
-    let fresh_turns: Vec<_> = by_name(&spans, "session.turn", "resume-ws")
+    let fresh_turns: Vec<_> = by_name(&spans, "turn_started", "resume-ws")
         .into_iter()
         .filter(|t| t.parent_span_id == fresh.span_id)
         .collect();

@@ -76,7 +76,7 @@ fn warden_spans_are_exported_from_a_users_own_subscriber() {
 
     let spans = collector_rt.block_on(collector.exported_spans(3, Duration::from_secs(10)));
     let names: Vec<&str> = spans.iter().map(|s| s.name.as_str()).collect();
-    for expected in ["session.spawn", "session.turn", "stream.attempt"] {
+    for expected in ["session_spawned", "turn_started", "attempt_started"] {
         assert!(
             names.contains(&expected),
             "no {expected} exported: {names:?}"
@@ -88,7 +88,7 @@ fn warden_spans_are_exported_from_a_users_own_subscriber() {
     );
     let seen = seen.lock().expect("not poisoned");
     assert!(seen.iter().any(|n| n == "my.own.span"), "{seen:?}");
-    assert!(seen.iter().any(|n| n == "session.turn"), "{seen:?}");
+    assert!(seen.iter().any(|n| n == "turn_started"), "{seen:?}");
 }
 
 #[test]

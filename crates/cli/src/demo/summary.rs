@@ -6,7 +6,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use warden_core::SessionRecord;
+use warden_core::{SessionRecord, names};
 
 use super::view::{Transition, View};
 use super::{Plan, REPLY, Timings, TurnOutcome};
@@ -91,7 +91,7 @@ impl Report<'_> {
         let mut checks = Vec::new();
 
         // The stall, and the reply continued.
-        let kills: Vec<&Transition> = self.events("api-server", "stream_timed_out").collect();
+        let kills: Vec<&Transition> = self.events("api-server", names::STREAM_TIMED_OUT).collect();
         let kept = self
             .events("api-server", "continue_scheduled")
             .next()
@@ -137,7 +137,7 @@ impl Report<'_> {
         });
 
         // The thinking pause.
-        let thinking_kills = self.events("docs-site", "stream_timed_out").count();
+        let thinking_kills = self.events("docs-site", names::STREAM_TIMED_OUT).count();
         let pings = self.pings.get("docs-site").copied().unwrap_or(0);
         let thought = self
             .turns("docs-site")
@@ -197,8 +197,8 @@ impl Report<'_> {
             ("legacy-app", "unknown_session"),
             ("monorepo", "prompt_too_long"),
         ] {
-            let failed = self.events(workspace, "resume_failed").next();
-            let fresh = self.events(workspace, "fresh_fallback").next();
+            let failed = self.events(workspace, names::RESUME_FAILED).next();
+            let fresh = self.events(workspace, names::FRESH_FALLBACK).next();
             let told = self.events(workspace, "user_notified").count();
             let (ok, detail, metrics) = match (failed, fresh, self.first_finish(workspace)) {
                 (Some(f), Some(fresh), Some(done)) => {
@@ -230,7 +230,7 @@ impl Report<'_> {
         }
 
         // The idle reap and the resume.
-        let reaped = self.events("mobile-app", "session_reaped").next();
+        let reaped = self.events("mobile-app", names::SESSION_REAPED).next();
         let second_sent = self.turns("mobile-app").get(1).map(|o| o.sent_at);
         let ctx = self.ctx("mobile-app");
         let record = self.records.get("mobile-app");
@@ -252,7 +252,10 @@ impl Report<'_> {
             name: "mobile-app",
             ok: ok
                 && self.all_answered("mobile-app")
-                && self.events("mobile-app", "resume_failed").next().is_none(),
+                && self
+                    .events("mobile-app", names::RESUME_FAILED)
+                    .next()
+                    .is_none(),
             detail,
             metrics: json!({ "ctx": ctx, "conversation": conversation }),
         });

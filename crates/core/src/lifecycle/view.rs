@@ -3,35 +3,37 @@
 //! `--json`).
 
 use super::LifecycleEvent;
+use crate::names;
 use crate::source::SessionKey;
 
 impl LifecycleEvent {
-    /// The event's name on the wire, in snake case: the SSE event type of
-    /// `warden serve`'s `GET /v1/events` and the `event` of the demo's
-    /// `--json` lines. Stable: a client may match on it.
+    /// The event's name on the wire: its transition's one name (see
+    /// [`crate::names`]), the snake case of its variant. The SSE event type
+    /// of `warden serve`'s `GET /v1/events`, the `event` of the demo's
+    /// `--json` lines, its span's name. Stable: a client may match on it.
     pub fn name(&self) -> &'static str {
         use LifecycleEvent as L;
         match self {
-            L::SessionSpawned { .. } => "session_spawned",
-            L::SessionStopped { .. } => "session_stopped",
-            L::SessionRestarted { .. } => "session_restarted",
-            L::SupervisorEscalated { .. } => "session_given_up",
-            L::AgentSessionId { .. } => "conversation",
-            L::ResumeFailed { .. } => "resume_failed",
-            L::FreshFallback { .. } => "fresh_fallback",
-            L::SessionFailed { .. } => "session_failed",
-            L::SessionReaped { .. } => "session_reaped",
-            L::ContextUsage { .. } => "context",
-            L::WorkspaceNormalized { .. } => "workspace_normalized",
-            L::StoreFailed { .. } => "store_failed",
-            L::TurnStarted { .. } => "turn_started",
-            L::AttemptQueued { .. } => "attempt_queued",
-            L::AttemptAdmitted { .. } => "attempt_admitted",
-            L::AttemptStarted { .. } => "attempt_started",
-            L::StreamTimedOut { .. } => "stream_timed_out",
-            L::RetryScheduled { .. } => "retry_scheduled",
-            L::ContinueScheduled { .. } => "continue_scheduled",
-            L::TurnFinished { .. } => "turn_finished",
+            L::SessionSpawned { .. } => names::SESSION_SPAWNED,
+            L::SessionStopped { .. } => names::SESSION_STOPPED,
+            L::SessionRestarted { .. } => names::SESSION_RESTARTED,
+            L::SupervisorEscalated { .. } => names::SUPERVISOR_ESCALATED,
+            L::AgentSessionId { .. } => names::AGENT_SESSION_ID,
+            L::ResumeFailed { .. } => names::RESUME_FAILED,
+            L::FreshFallback { .. } => names::FRESH_FALLBACK,
+            L::SessionFailed { .. } => names::SESSION_FAILED,
+            L::SessionReaped { .. } => names::SESSION_REAPED,
+            L::ContextUsage { .. } => names::CONTEXT_USAGE,
+            L::WorkspaceNormalized { .. } => names::WORKSPACE_NORMALIZED,
+            L::StoreFailed { .. } => names::STORE_FAILED,
+            L::TurnStarted { .. } => names::TURN_STARTED,
+            L::AttemptQueued { .. } => names::ATTEMPT_QUEUED,
+            L::AttemptAdmitted { .. } => names::ATTEMPT_ADMITTED,
+            L::AttemptStarted { .. } => names::ATTEMPT_STARTED,
+            L::StreamTimedOut { .. } => names::STREAM_TIMED_OUT,
+            L::RetryScheduled { .. } => names::RETRY_SCHEDULED,
+            L::ContinueScheduled { .. } => names::CONTINUE_SCHEDULED,
+            L::TurnFinished { .. } => names::TURN_FINISHED,
         }
     }
 
@@ -230,7 +232,7 @@ mod tests {
         let finished = find("turn_finished");
         assert!(finished["code"].is_null(), "{finished}");
         assert_eq!(finished["attempts"], 2);
-        assert_eq!(find("context")["percent"], 50);
+        assert_eq!(find("context_usage")["percent"], 50);
         assert_eq!(find("workspace_normalized")["normalized"], "/a");
     }
 }

@@ -11,6 +11,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use super::LifecycleEvent;
+use crate::names;
 use crate::store::turn_event::Timed;
 
 /// Declares the wire struct of each event, with `key` first.
@@ -47,14 +48,15 @@ events! {
         /// The failure that caused it.
         cause: String,
     }
-    /// `session_given_up`: restart intensity exceeded; the supervisor gave
-    /// the session up.
-    SessionGivenUp {
+    /// `supervisor_escalated`: restart intensity exceeded; the supervisor
+    /// gave the session up.
+    SupervisorEscalated {
         /// The original failure.
         cause: String,
     }
-    /// `conversation`: the agent announced (or changed) its conversation id.
-    Conversation {
+    /// `agent_session_id`: the agent announced (or changed) its
+    /// conversation id.
+    AgentSessionId {
         /// The conversation id.
         conversation: String,
     }
@@ -85,8 +87,8 @@ events! {
         /// Its context size then.
         context_tokens: Option<u64>,
     }
-    /// `context`: how full its context window is.
-    Context {
+    /// `context_usage`: how full its context window is.
+    ContextUsage {
         /// Tokens in context.
         tokens: u64,
         /// The window.
@@ -255,13 +257,13 @@ pub enum LifecycleData {
     SessionSpawned(SessionSpawned),
     SessionStopped(SessionStopped),
     SessionRestarted(SessionRestarted),
-    SessionGivenUp(SessionGivenUp),
-    Conversation(Conversation),
+    SupervisorEscalated(SupervisorEscalated),
+    AgentSessionId(AgentSessionId),
     ResumeFailed(ResumeFailed),
     FreshFallback(FreshFallback),
     SessionFailed(SessionFailed),
     SessionReaped(SessionReaped),
-    Context(Context),
+    ContextUsage(ContextUsage),
     WorkspaceNormalized(WorkspaceNormalized),
     StoreFailed(StoreFailed),
     TurnStarted(TurnStarted),
@@ -281,31 +283,31 @@ impl LifecycleData {
         generator: &mut schemars::SchemaGenerator,
     ) -> Vec<(&'static str, schemars::Schema)> {
         macro_rules! each {
-            ($($name:literal => $ty:ty),* $(,)?) => {
+            ($($name:expr => $ty:ty),* $(,)?) => {
                 vec![$(($name, generator.subschema_for::<Timed<$ty>>())),*]
             };
         }
         each! {
-            "session_spawned" => SessionSpawned,
-            "session_stopped" => SessionStopped,
-            "session_restarted" => SessionRestarted,
-            "session_given_up" => SessionGivenUp,
-            "conversation" => Conversation,
-            "resume_failed" => ResumeFailed,
-            "fresh_fallback" => FreshFallback,
-            "session_failed" => SessionFailed,
-            "session_reaped" => SessionReaped,
-            "context" => Context,
-            "workspace_normalized" => WorkspaceNormalized,
-            "store_failed" => StoreFailed,
-            "turn_started" => TurnStarted,
-            "attempt_queued" => AttemptQueued,
-            "attempt_admitted" => AttemptAdmitted,
-            "attempt_started" => AttemptStarted,
-            "stream_timed_out" => StreamTimedOut,
-            "retry_scheduled" => RetryScheduled,
-            "continue_scheduled" => ContinueScheduled,
-            "turn_finished" => TurnFinished,
+            names::SESSION_SPAWNED => SessionSpawned,
+            names::SESSION_STOPPED => SessionStopped,
+            names::SESSION_RESTARTED => SessionRestarted,
+            names::SUPERVISOR_ESCALATED => SupervisorEscalated,
+            names::AGENT_SESSION_ID => AgentSessionId,
+            names::RESUME_FAILED => ResumeFailed,
+            names::FRESH_FALLBACK => FreshFallback,
+            names::SESSION_FAILED => SessionFailed,
+            names::SESSION_REAPED => SessionReaped,
+            names::CONTEXT_USAGE => ContextUsage,
+            names::WORKSPACE_NORMALIZED => WorkspaceNormalized,
+            names::STORE_FAILED => StoreFailed,
+            names::TURN_STARTED => TurnStarted,
+            names::ATTEMPT_QUEUED => AttemptQueued,
+            names::ATTEMPT_ADMITTED => AttemptAdmitted,
+            names::ATTEMPT_STARTED => AttemptStarted,
+            names::STREAM_TIMED_OUT => StreamTimedOut,
+            names::RETRY_SCHEDULED => RetryScheduled,
+            names::CONTINUE_SCHEDULED => ContinueScheduled,
+            names::TURN_FINISHED => TurnFinished,
         }
     }
 
@@ -372,11 +374,11 @@ impl LifecycleEvent {
                 restarts_in_window: *restarts_in_window,
                 cause: cause.clone(),
             }),
-            L::SupervisorEscalated { cause, .. } => W::SessionGivenUp(SessionGivenUp {
+            L::SupervisorEscalated { cause, .. } => W::SupervisorEscalated(SupervisorEscalated {
                 key,
                 cause: cause.clone(),
             }),
-            L::AgentSessionId { session_id, .. } => W::Conversation(Conversation {
+            L::AgentSessionId { session_id, .. } => W::AgentSessionId(AgentSessionId {
                 key,
                 conversation: session_id.clone(),
             }),
@@ -415,7 +417,7 @@ impl LifecycleEvent {
                 percent,
                 self_reported,
                 ..
-            } => W::Context(Context {
+            } => W::ContextUsage(ContextUsage {
                 key,
                 tokens: *tokens,
                 window: *window,

@@ -36,7 +36,7 @@ pub(super) struct Queued {
 pub(super) struct Admitting {
     /// Awaits the admission ticket; dropping it leaves the queue.
     pub(super) _task: AbortOnDropHandle<()>,
-    /// `stream.queued`, open while it waits.
+    /// `attempt_queued`, open while it waits.
     pub(super) span: crate::spans::Lasting,
     /// Since when.
     pub(super) since: Instant,
@@ -54,9 +54,9 @@ pub(super) struct Turn {
     pub(super) permit: Option<AdmissionPermit>,
     /// The turn's wall-clock cap; dropping it disarms it.
     pub(super) _deadline: Option<Timer>,
-    /// `session.turn`, open while the turn runs.
+    /// `turn_started`, open while the turn runs.
     pub(super) span: crate::spans::Lasting,
-    /// `stream.attempt` of the running attempt.
+    /// `attempt_started` of the running attempt.
     pub(super) attempt_span: Option<crate::spans::Lasting>,
     /// The span of the last failed attempt, linked from the next one.
     pub(super) last_attempt: Option<SpanContext>,

@@ -176,7 +176,7 @@ pub struct StreamArgs {
     pub options: StreamOptions,
     /// Where reports go.
     pub sink: ReportSink,
-    /// The attempt's span (`stream.attempt`); `watchdog.kill` is its child.
+    /// The attempt's span (`attempt_started`); `watchdog_killed` is its child.
     /// `tracing::Span::none()` when not traced.
     pub span: tracing::Span,
 }

@@ -3,9 +3,8 @@
 //!
 //! Recording a transition emits, together and from the same values:
 //!
-//! - its **span** (name from [`Transition::name`], one of
-//!   [`crate::spans::names`]), parented per the trace shape in
-//!   [`crate::spans`];
+//! - its **span** (named [`Transition::name`], its one name from
+//!   [`crate::names`]), parented per the trace shape in [`crate::spans`];
 //! - its **log event**, inside that span, with `event = <name>`;
 //! - its [`LifecycleEvent`] on the [`EventBus`], when it has one.
 //!
@@ -24,12 +23,13 @@ use crate::continuation::StreamPhase;
 use crate::error::{ResumeCause, StreamError};
 use crate::event::Usage;
 use crate::lifecycle::EventBus;
+use crate::names;
 use crate::source::AttemptId;
 use crate::source::{Diagnostics, SessionKey};
-use crate::spans::{TraceAnchor, names};
+use crate::spans::TraceAnchor;
 use crate::store::StoreError;
 
-/// Which incarnation of a session starts (its anchor span's name).
+/// Which incarnation of a session starts (its anchor's `warden.incarnation`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Incarnation {
     /// A session with no stored conversation.
@@ -38,6 +38,17 @@ pub(crate) enum Incarnation {
     Resume,
     /// A fresh start after a resume failure.
     FreshFallback,
+}
+
+impl Incarnation {
+    /// The `warden.incarnation` attribute of its `session_spawned` span.
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            Self::Spawn => "spawn",
+            Self::Resume => "resume",
+            Self::FreshFallback => "fresh_fallback",
+        }
+    }
 }
 
 /// Something that happened to a session; see the module docs.
@@ -84,7 +95,7 @@ pub(crate) enum Transition<'a> {
         /// The admission pool it waits in.
         pool: &'a str,
     },
-    /// A queued attempt was admitted; recorded onto its `stream.queued`
+    /// A queued attempt was admitted; recorded onto its `attempt_queued`
     /// span.
     AttemptAdmitted {
         /// The attempt.
@@ -269,37 +280,34 @@ pub(crate) struct At<'a> {
 }
 
 impl Transition<'_> {
-    /// The span name (and the log event's `event` field).
+    /// Its one name (see [`crate::names`]): the span's name, the log
+    /// event's `event` field, and the lifecycle event's name.
     pub(crate) fn name(&self) -> &'static str {
         match self {
-            Self::Incarnated { incarnation, .. } => match incarnation {
-                Incarnation::Spawn => names::SESSION_SPAWN,
-                Incarnation::Resume => names::SESSION_RESUME,
-                Incarnation::FreshFallback => names::SESSION_FRESH_FALLBACK,
-            },
-            Self::TurnStarted { .. } => names::SESSION_TURN,
-            Self::AttemptStarted { .. } => names::STREAM_ATTEMPT,
-            Self::AttemptQueued { .. } => names::STREAM_QUEUED,
-            Self::AttemptAdmitted { .. } => names::STREAM_ADMITTED,
-            Self::WatchdogKill { .. } => names::WATCHDOG_KILL,
-            Self::StreamTimedOut { .. } => names::STREAM_TIMEOUT,
-            Self::RetryScheduled { .. } => names::STREAM_RETRY,
-            Self::ContinueScheduled { .. } => names::STREAM_CONTINUE,
-            Self::TurnCancelled { .. } => names::STREAM_CANCEL,
-            Self::TurnDeadline { .. } => names::SESSION_TURN_DEADLINE,
-            Self::TurnTooLarge { .. } => names::SESSION_REPLY_TOO_LARGE,
-            Self::AgentSessionId { .. } => names::SESSION_AGENT_ID,
+            Self::Incarnated { .. } => names::SESSION_SPAWNED,
+            Self::TurnStarted { .. } => names::TURN_STARTED,
+            Self::AttemptStarted { .. } => names::ATTEMPT_STARTED,
+            Self::AttemptQueued { .. } => names::ATTEMPT_QUEUED,
+            Self::AttemptAdmitted { .. } => names::ATTEMPT_ADMITTED,
+            Self::WatchdogKill { .. } => names::WATCHDOG_KILLED,
+            Self::StreamTimedOut { .. } => names::STREAM_TIMED_OUT,
+            Self::RetryScheduled { .. } => names::RETRY_SCHEDULED,
+            Self::ContinueScheduled { .. } => names::CONTINUE_SCHEDULED,
+            Self::TurnCancelled { .. } => names::TURN_CANCELLED,
+            Self::TurnDeadline { .. } => names::TURN_DEADLINE_EXCEEDED,
+            Self::TurnTooLarge { .. } => names::REPLY_TOO_LARGE,
+            Self::AgentSessionId { .. } => names::AGENT_SESSION_ID,
             Self::ContextUsage(_) => names::CONTEXT_USAGE,
-            Self::TurnFinished { .. } => names::SESSION_TURN_FINISHED,
-            Self::Reaped { .. } => names::SESSION_REAP,
+            Self::TurnFinished { .. } => names::TURN_FINISHED,
+            Self::Reaped { .. } => names::SESSION_REAPED,
             Self::SessionStopped { .. } => names::SESSION_STOPPED,
-            Self::Restarted { .. } => names::SUPERVISOR_RESTART,
-            Self::GivenUp { .. } => names::SUPERVISOR_ESCALATE,
-            Self::ResumeFailed { .. } => names::SESSION_RESUME_FAILED,
-            Self::FreshFallback { .. } => names::SUPERVISOR_FRESH_START,
+            Self::Restarted { .. } => names::SESSION_RESTARTED,
+            Self::GivenUp { .. } => names::SUPERVISOR_ESCALATED,
+            Self::ResumeFailed { .. } => names::RESUME_FAILED,
+            Self::FreshFallback { .. } => names::FRESH_FALLBACK,
             Self::SessionFailed { .. } => names::SESSION_FAILED,
             Self::StoreFailed { .. } => names::STORE_FAILED,
-            Self::WorkspaceNormalized { .. } => names::WORKSPACE_NORMALIZE,
+            Self::WorkspaceNormalized { .. } => names::WORKSPACE_NORMALIZED,
         }
     }
 

@@ -4,9 +4,10 @@
 
 use tracing::field::Empty;
 
-use crate::spans::{self, names};
+use crate::names;
+use crate::spans;
 
-use super::{At, Incarnation, Transition, millis};
+use super::{At, Transition, millis};
 
 impl Transition<'_> {
     /// The transition's span, not yet parented.
@@ -19,23 +20,14 @@ impl Transition<'_> {
                 restart_count,
                 ..
             } => {
-                // Span names are static metadata: one call site per name.
-                macro_rules! anchor {
-                    ($name:expr) => {
-                        tracing::info_span!(
-                            $name,
-                            warden.session.key = key,
-                            gen_ai.conversation.id = Empty,
-                            warden.workspace = Empty,
-                            warden.restart_count = restart_count,
-                        )
-                    };
-                }
-                let span = match incarnation {
-                    Incarnation::Spawn => anchor!(names::SESSION_SPAWN),
-                    Incarnation::Resume => anchor!(names::SESSION_RESUME),
-                    Incarnation::FreshFallback => anchor!(names::SESSION_FRESH_FALLBACK),
-                };
+                let span = tracing::info_span!(
+                    names::SESSION_SPAWNED,
+                    warden.session.key = key,
+                    warden.incarnation = incarnation.as_str(),
+                    gen_ai.conversation.id = Empty,
+                    warden.workspace = Empty,
+                    warden.restart_count = restart_count,
+                );
                 if let Some(c) = at.conversation {
                     span.record("gen_ai.conversation.id", c);
                 }
@@ -57,7 +49,7 @@ impl Transition<'_> {
             // field recorded twice is two attributes of one key, and
             // Jaeger's search matches only the first).
             Self::TurnStarted { turn, provider } => tracing::info_span!(
-                names::SESSION_TURN,
+                names::TURN_STARTED,
                 warden.session.key = key,
                 gen_ai.conversation.id = Empty,
                 gen_ai.operation.name = "chat",
@@ -77,7 +69,7 @@ impl Transition<'_> {
                 retries,
             } => {
                 let span = tracing::info_span!(
-                    names::STREAM_ATTEMPT,
+                    names::ATTEMPT_STARTED,
                     warden.session.key = key,
                     gen_ai.conversation.id = conv,
                     gen_ai.provider.name = provider,
@@ -93,7 +85,7 @@ impl Transition<'_> {
                 span
             }
             Self::AttemptQueued { attempt, pool } => tracing::info_span!(
-                names::STREAM_QUEUED,
+                names::ATTEMPT_QUEUED,
                 warden.session.key = key,
                 gen_ai.conversation.id = conv,
                 warden.turn = attempt.turn,
@@ -106,7 +98,7 @@ impl Transition<'_> {
                 silent_for,
                 timeout,
             } => tracing::warn_span!(
-                names::WATCHDOG_KILL,
+                names::WATCHDOG_KILLED,
                 warden.session.key = key,
                 gen_ai.conversation.id = conv,
                 warden.watch_id = watch_id,
@@ -121,7 +113,7 @@ impl Transition<'_> {
                 silent_for,
                 timeout,
             } => tracing::info_span!(
-                names::STREAM_TIMEOUT,
+                names::STREAM_TIMED_OUT,
                 warden.session.key = key,
                 gen_ai.conversation.id = conv,
                 warden.attempt = attempt.attempt,
@@ -138,7 +130,7 @@ impl Transition<'_> {
                 retries,
             } => {
                 let span = tracing::info_span!(
-                    names::STREAM_RETRY,
+                    names::RETRY_SCHEDULED,
                     warden.session.key = key,
                     gen_ai.conversation.id = conv,
                     warden.attempt = failed.attempt + 1,
@@ -158,7 +150,7 @@ impl Transition<'_> {
                 retries,
             } => {
                 let span = tracing::info_span!(
-                    names::STREAM_CONTINUE,
+                    names::CONTINUE_SCHEDULED,
                     warden.session.key = key,
                     gen_ai.conversation.id = conv,
                     warden.attempt = failed.attempt + 1,
@@ -172,13 +164,13 @@ impl Transition<'_> {
                 span
             }
             Self::TurnCancelled { turn } => tracing::info_span!(
-                names::STREAM_CANCEL,
+                names::TURN_CANCELLED,
                 warden.session.key = key,
                 gen_ai.conversation.id = conv,
                 warden.turn = turn,
             ),
             Self::TurnDeadline { turn, after } => tracing::warn_span!(
-                names::SESSION_TURN_DEADLINE,
+                names::TURN_DEADLINE_EXCEEDED,
                 warden.session.key = key,
                 gen_ai.conversation.id = conv,
                 warden.turn = turn,
@@ -187,7 +179,7 @@ impl Transition<'_> {
                 otel.status_code = "ERROR",
             ),
             Self::TurnTooLarge { turn, limit } => tracing::warn_span!(
-                names::SESSION_REPLY_TOO_LARGE,
+                names::REPLY_TOO_LARGE,
                 warden.session.key = key,
                 gen_ai.conversation.id = conv,
                 warden.turn = turn,
@@ -200,7 +192,7 @@ impl Transition<'_> {
                 context_tokens,
                 ..
             } => tracing::info_span!(
-                names::SESSION_REAP,
+                names::SESSION_REAPED,
                 warden.session.key = key,
                 gen_ai.conversation.id = conv,
                 warden.idle_ms = millis(idle_for),
@@ -209,13 +201,13 @@ impl Transition<'_> {
             Self::Restarted {
                 restarts_in_window, ..
             } => tracing::warn_span!(
-                names::SUPERVISOR_RESTART,
+                names::SESSION_RESTARTED,
                 warden.session.key = key,
                 warden.restarts_in_window = restarts_in_window,
                 error.r#type = "ESESSION_FAILED",
             ),
             Self::GivenUp { .. } => tracing::error_span!(
-                names::SUPERVISOR_ESCALATE,
+                names::SUPERVISOR_ESCALATED,
                 warden.session.key = key,
                 error.r#type = "EESCALATED",
                 otel.status_code = "ERROR",
@@ -227,7 +219,7 @@ impl Transition<'_> {
                 workspace,
                 diagnostics,
             } => tracing::error_span!(
-                names::SESSION_RESUME_FAILED,
+                names::RESUME_FAILED,
                 warden.session.key = key,
                 gen_ai.conversation.id = failed_id,
                 warden.cause = cause.as_str(),
@@ -242,7 +234,7 @@ impl Transition<'_> {
                 original,
                 normalized,
             } => tracing::debug_span!(
-                names::WORKSPACE_NORMALIZE,
+                names::WORKSPACE_NORMALIZED,
                 warden.session.key = key,
                 warden.workspace.original = original.to_string_lossy().as_ref(),
                 warden.workspace = normalized.to_string_lossy().as_ref(),
@@ -259,8 +251,8 @@ impl Transition<'_> {
     }
 
     /// Records what a transition without its own span adds to its parent:
-    /// a finished turn's outcome onto `session.turn`, an admission's wait
-    /// onto `stream.queued`.
+    /// a finished turn's outcome onto `turn_started`, an admission's wait
+    /// onto `attempt_queued`.
     pub(super) fn finish_onto(&self, turn_span: &tracing::Span, conversation: Option<&str>) {
         if let Self::AttemptAdmitted { waited, .. } = *self {
             turn_span.record("warden.wait_ms", millis(waited));

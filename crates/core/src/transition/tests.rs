@@ -11,6 +11,7 @@ use tracing::{Event, Id, Subscriber};
 use tracing_subscriber::layer::{Context, Layer, SubscriberExt as _};
 
 use super::*;
+use crate::LifecycleEvent;
 
 /// What one recording emitted.
 #[derive(Debug, Default)]
@@ -120,6 +121,7 @@ fn all<'a>(
         },
         Transition::TurnCancelled { turn: 1 },
         Transition::TurnDeadline { turn: 1, after: d },
+        Transition::TurnTooLarge { turn: 1, limit: 10 },
         Transition::AgentSessionId {
             session_id: "s",
             previous: None,
@@ -167,8 +169,22 @@ fn all<'a>(
     v
 }
 
+/// `SupervisorEscalated { .. }` → `supervisor_escalated`.
+fn snake_case_of_variant(event: &LifecycleEvent) -> String {
+    let debug = format!("{event:?}");
+    let variant: String = debug.chars().take_while(|c| c.is_alphanumeric()).collect();
+    let mut out = String::new();
+    for c in variant.chars() {
+        if c.is_uppercase() && !out.is_empty() {
+            out.push('_');
+        }
+        out.push(c.to_ascii_lowercase());
+    }
+    out
+}
+
 #[test]
-fn every_transition_emits_its_span_log_and_lifecycle_event_under_one_name() {
+fn every_transition_emits_its_span_log_and_lifecycle_event_under_its_one_name() {
     let attempt = AttemptId {
         turn: 1,
         attempt: 1,
@@ -185,26 +201,11 @@ fn every_transition_emits_its_span_log_and_lifecycle_event_under_one_name() {
     let key = SessionKey::new("ws");
     let bus = EventBus::new(64);
     let turn_span = tracing::Span::none();
-    let mut names = std::collections::HashSet::new();
+    let mut seen_names = std::collections::HashSet::new();
     for t in all(attempt, &error, &store_error, &diagnostics, &anchor) {
         let name = t.name();
-        let spans_expected = !matches!(
-            t,
-            Transition::AgentSessionId { .. }
-                | Transition::AttemptAdmitted { .. }
-                | Transition::ContextUsage(_)
-                | Transition::TurnFinished { .. }
-                | Transition::SessionStopped { .. }
-                | Transition::FreshFallback { .. }
-                | Transition::SessionFailed { .. }
-                | Transition::StoreFailed { .. }
-        );
-        let published_expected = !matches!(
-            t,
-            Transition::WatchdogKill { .. }
-                | Transition::TurnCancelled { .. }
-                | Transition::TurnDeadline { .. }
-        );
+        let listed = names::transition(name)
+            .unwrap_or_else(|| panic!("{name} is not in names::TRANSITIONS"));
         let seen = Arc::new(Mutex::new(Seen::default()));
         let subscriber = tracing_subscriber::registry().with(Capture(seen.clone()));
         let mut rx = bus.subscribe();
@@ -217,18 +218,33 @@ fn every_transition_emits_its_span_log_and_lifecycle_event_under_one_name() {
             });
         });
         let seen = seen.lock();
-        if spans_expected {
-            assert_eq!(seen.spans, [name], "span of {name}");
-        } else {
-            assert!(seen.spans.is_empty(), "{name} is not a span: {seen:?}");
+        match listed.traced {
+            names::Traced::Span | names::Traced::Lasting => {
+                assert_eq!(seen.spans, [name], "span of {name}")
+            }
+            _ => assert!(seen.spans.is_empty(), "{name} is not a span: {seen:?}"),
         }
         assert_eq!(seen.events, [name], "log event of {name}");
-        assert_eq!(rx.try_recv().is_ok(), published_expected, "bus for {name}");
+        match rx.try_recv() {
+            Ok(event) => {
+                assert!(listed.published, "{name} is listed as not published");
+                assert_eq!(event.name(), name, "the lifecycle event of {name}");
+                assert_eq!(snake_case_of_variant(&event), name, "{event:?}");
+            }
+            Err(_) => assert!(!listed.published, "{name} was not published"),
+        }
         assert!(rx.try_recv().is_err(), "{name} published once");
-        // Names are unique, and come from `spans::names`.
-        assert!(names.insert(name), "{name} used twice");
+        seen_names.insert(name);
     }
-    assert_eq!(names.len(), 25);
+    let unrecorded: Vec<_> = names::TRANSITIONS
+        .iter()
+        .filter(|t| !seen_names.contains(t.name))
+        .map(|t| t.name)
+        .collect();
+    assert!(
+        unrecorded.is_empty(),
+        "listed, never recorded: {unrecorded:?}"
+    );
 }
 
 /// Captures the level of every log event.

@@ -262,7 +262,7 @@ function onLifecycle(e) {
     const patch = { key };
     if (e.event === "turn_started") Object.assign(patch, { running: true, turn: { id: e.data.turn, turn_id: e.data.turn_id }, last_active_ms: when });
     else if (e.event === "turn_finished") Object.assign(patch, { turn: null, last_active_ms: when });
-    else if (e.event === "context") patch.context = { percent: e.data.percent, tokens: e.data.tokens, window: e.data.window };
+    else if (e.event === "context_usage") patch.context = { percent: e.data.percent, tokens: e.data.tokens, window: e.data.window };
     else if (e.event === "session_failed") patch.status = "failed";
     else if (e.event === "session_stopped") patch.running = false;
     else if (e.event === "session_spawned") patch.running = true;

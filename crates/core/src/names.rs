@@ -1,0 +1,154 @@
+//! One name per transition, the one list every edge takes it from.
+//!
+//! Each thing that happens to a session has exactly one name, written in
+//! `snake_case` as a fact (`stream_timed_out`). The same string is:
+//!
+//! - its **span**'s name in a trace, or, for a transition recorded onto
+//!   another span, the `event` field of its log event (every transition also
+//!   logs an event with `event = <name>` inside its span);
+//! - [`LifecycleEvent::name`](crate::LifecycleEvent::name), so the `event:`
+//!   of `warden serve`'s `GET /v1/events` and of a `--json` line of the demo,
+//!   and the key of its schema in the API document;
+//! - the `transition` label of `warden_transitions_total` on `/metrics`;
+//! - its row in the table of `docs/runtime-semantics.md` ("Transitions").
+//!
+//! A name is the snake case of its [`LifecycleEvent`](crate::LifecycleEvent)
+//! variant where it has one. Tests check each of those views against
+//! [`TRANSITIONS`], the docs table included.
+
+/// How a transition shows in a trace.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Traced {
+    /// A span of its own that ends at once: a point in time, with its
+    /// fields as attributes.
+    Span,
+    /// A span of its own that stays open while what it began lasts (a turn,
+    /// an attempt, a wait for admission).
+    Lasting,
+    /// A log event recorded onto an open span (no span of its own).
+    Event,
+}
+
+impl Traced {
+    /// The word the docs table uses: `span`, `lasting span` or `event`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Span => "span",
+            Self::Lasting => "lasting span",
+            Self::Event => "event",
+        }
+    }
+}
+
+/// One transition: its name and where it shows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Transition {
+    /// The name, as every edge writes it.
+    pub name: &'static str,
+    /// How it shows in a trace.
+    pub traced: Traced,
+    /// Whether it is a [`LifecycleEvent`](crate::LifecycleEvent): on the
+    /// bus, on `GET /v1/events`, and counted by `warden_transitions_total`.
+    pub published: bool,
+    /// What happened, in a sentence.
+    pub meaning: &'static str,
+}
+
+/// Declares each name's constant and the list.
+macro_rules! transitions {
+    ($( #[doc = $doc:literal] $konst:ident = $name:literal, $traced:ident, $published:literal; )*) => {
+        $(
+            #[doc = $doc]
+            pub const $konst: &str = $name;
+        )*
+        /// Every transition, in the order of a session's life.
+        pub const TRANSITIONS: &[Transition] = &[$(Transition {
+            name: $konst,
+            traced: Traced::$traced,
+            published: $published,
+            meaning: $doc,
+        }),*];
+    };
+}
+
+transitions! {
+    /// A session incarnation started: a first spawn, a resume of its stored conversation, or a fresh start after a resume failure (`warden.incarnation`); the anchor its other spans hang from.
+    SESSION_SPAWNED = "session_spawned", Span, true;
+    /// A workspace path was normalized to another spelling (a root span).
+    WORKSPACE_NORMALIZED = "workspace_normalized", Span, true;
+    /// The agent announced (or changed) its conversation id; stored durably.
+    AGENT_SESSION_ID = "agent_session_id", Event, true;
+    /// A turn began; its span lasts until the turn ends.
+    TURN_STARTED = "turn_started", Lasting, true;
+    /// An attempt waits for admission (a concurrency limit or a shared backoff); its span lasts until it is admitted.
+    ATTEMPT_QUEUED = "attempt_queued", Lasting, true;
+    /// A queued attempt was admitted, after waiting `warden.wait_ms`.
+    ATTEMPT_ADMITTED = "attempt_admitted", Event, true;
+    /// An attempt's stream started; its span lasts until the stream ends.
+    ATTEMPT_STARTED = "attempt_started", Lasting, true;
+    /// The watchdog killed a silent stream (the stream's own view).
+    WATCHDOG_KILLED = "watchdog_killed", Span, false;
+    /// The session learned its attempt was killed for silence.
+    STREAM_TIMED_OUT = "stream_timed_out", Span, true;
+    /// A failed attempt will be retried from scratch, after a backoff.
+    RETRY_SCHEDULED = "retry_scheduled", Span, true;
+    /// A reply broken mid-text will be continued, not replayed.
+    CONTINUE_SCHEDULED = "continue_scheduled", Span, true;
+    /// The user cancelled the turn.
+    TURN_CANCELLED = "turn_cancelled", Span, false;
+    /// The turn ran past its wall-clock cap and was stopped.
+    TURN_DEADLINE_EXCEEDED = "turn_deadline_exceeded", Span, false;
+    /// The turn's reply passed its size cap and was stopped.
+    REPLY_TOO_LARGE = "reply_too_large", Span, false;
+    /// Context in use at the end of a turn.
+    CONTEXT_USAGE = "context_usage", Event, true;
+    /// A turn ended, answered or not (recorded onto its turn's span).
+    TURN_FINISHED = "turn_finished", Event, true;
+    /// A stored conversation could not be resumed.
+    RESUME_FAILED = "resume_failed", Span, true;
+    /// The session restarted without its conversation, its unanswered messages re-delivered and the user told.
+    FRESH_FALLBACK = "fresh_fallback", Event, true;
+    /// The supervisor restarted a crashed session.
+    SESSION_RESTARTED = "session_restarted", Span, true;
+    /// The supervisor gave a session up: restart intensity exceeded.
+    SUPERVISOR_ESCALATED = "supervisor_escalated", Span, true;
+    /// A session failed for good.
+    SESSION_FAILED = "session_failed", Event, true;
+    /// A session's record could not be read or written.
+    STORE_FAILED = "store_failed", Event, true;
+    /// An idle session was stopped (its record kept).
+    SESSION_REAPED = "session_reaped", Span, true;
+    /// A session actor stopped, with its reason.
+    SESSION_STOPPED = "session_stopped", Event, true;
+}
+
+/// The transition named `name`, if there is one.
+pub fn transition(name: &str) -> Option<&'static Transition> {
+    TRANSITIONS.iter().find(|t| t.name == name)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_unique_snake_case_facts() {
+        let mut seen = std::collections::HashSet::new();
+        for t in TRANSITIONS {
+            assert!(seen.insert(t.name), "{} twice", t.name);
+            assert!(
+                t.name.bytes().all(|b| b.is_ascii_lowercase() || b == b'_'),
+                "{} is not snake case",
+                t.name
+            );
+            assert!(!t.meaning.trim().is_empty(), "{} has no meaning", t.name);
+        }
+        assert_eq!(
+            transition("stream_timed_out").map(|t| t.name),
+            Some(STREAM_TIMED_OUT)
+        );
+        assert_eq!(transition("stream.timeout"), None);
+    }
+}
