@@ -73,7 +73,12 @@ async fn turn_events(base: &str, token: &str, id: &str) -> Vec<(String, Value)> 
 
 /// An event's `at`, in Unix milliseconds.
 fn at_ms(data: &Value) -> f64 {
-    let at = data["at"].as_str().expect("every event carries `at`");
+    time_ms(&data["at"])
+}
+
+/// A time the server wrote (RFC 3339), in Unix milliseconds.
+fn time_ms(at: &Value) -> f64 {
+    let at = at.as_str().unwrap_or_else(|| panic!("a time, not {at}"));
     let t = humantime::parse_rfc3339(at).expect("RFC 3339");
     t.duration_since(std::time::UNIX_EPOCH)
         .expect("after 1970")
@@ -326,7 +331,19 @@ async fn a_reopened_turn_shows_its_real_times_and_draws_the_watchdogs_kill() {
     let meta = browser
         .text_until("#turn-meta", PATIENCE, |t| t.contains(model))
         .await;
-    let took = at_ms(&events.last().expect("done").1) - first_started;
+    // The turn's own start and end (it opens before its first attempt
+    // starts), as the server reports them.
+    let turn = reqwest::Client::new()
+        .get(format!("{base}/v1/turns/{first}"))
+        .bearer_auth(&token)
+        .send()
+        .await
+        .expect("the turn")
+        .bytes()
+        .await
+        .expect("its body");
+    let turn: Value = serde_json::from_slice(&turn).expect("JSON");
+    let took = time_ms(&turn["ended_at"]) - time_ms(&turn["started_at"]);
     assert!(meta.contains("started "), "{meta}");
     assert!(
         meta.contains(&format!("took {:.1} s", took / 1000.0))
