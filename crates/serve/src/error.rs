@@ -161,6 +161,26 @@ pub(crate) fn elsewhere(key: &SessionKey, e: Elsewhere) -> ApiError {
     })
 }
 
+/// How long a client waits before it asks again in an outage (the nodes
+/// retry the database every 100 ms; a second is a fair pace).
+const OUTAGE_RETRY_SECS: u64 = 1;
+
+/// `503 store_unreachable` with `Retry-After`: a cluster node cannot reach
+/// its database. The pool's text (host names, driver messages) is not for
+/// clients: it goes to the node's log at debug level (the outage itself is
+/// logged once by the node), `what` says what could not be done.
+pub(crate) fn store_unreachable(what: &str, why: &dyn std::fmt::Display) -> ApiError {
+    tracing::debug!(error = %why, "{what}: the cluster's database cannot be reached");
+    ApiError::unavailable(
+        "store_unreachable",
+        format!(
+            "{what}: this node cannot reach the cluster's database; ask again after Retry-After \
+             (or another node)"
+        ),
+    )
+    .retry_after(OUTAGE_RETRY_SECS)
+}
+
 /// A session error as the client's error: a path that cannot be a
 /// workspace, a session given up, the store failing.
 pub(crate) fn bad_session(e: SupervisorError) -> ApiError {

@@ -16,7 +16,7 @@ use crate::api::{
     SessionReset, SessionSummary, TurnList, TurnOutcome, TurnSummary,
 };
 use crate::cluster::Cluster;
-use crate::error::{ApiError, bad_session};
+use crate::error::{ApiError, bad_session, store_unreachable};
 use crate::state::AppState;
 use crate::views;
 
@@ -51,14 +51,20 @@ pub(crate) async fn list_sessions(
             ));
         }
     };
-    let unavailable =
-        |e: &dyn std::fmt::Display| ApiError::unavailable("unavailable", e.to_string());
+    // On a cluster node the store is the cluster's database: its failure
+    // is an outage (typed, without the pool's text); on one node, a store
+    // that fails (a full disk) says why.
+    let on_cluster = cluster.placement().is_some();
+    let unavailable = |e: &dyn std::fmt::Display| match on_cluster {
+        true => store_unreachable("cannot list the sessions", e),
+        false => ApiError::unavailable("unavailable", e.to_string()),
+    };
     // Where each session runs, on a cluster node.
     let mut places: Option<Vec<(String, SessionPlacement)>> = None;
     if let Some(placement) = cluster.placement()
         && let Some(all) = placement.sessions().await
     {
-        let all = all.map_err(|e| ApiError::unavailable("unavailable", e))?;
+        let all = all.map_err(|e| unavailable(&e))?;
         let me = placement.node();
         places = Some(
             all.into_iter()
@@ -319,7 +325,8 @@ pub(crate) async fn session_turns(
         .turns
         .recent(&SessionKey::new(&key), RECENT_TURNS)
         .await
-        .map_err(|e| ApiError::unavailable("unavailable", e.to_string()).retry_after(1))?;
+        // Only a cluster node's turn store can fail.
+        .map_err(|e| store_unreachable("cannot read the session's turns", &e))?;
     let turns = turns.iter().map(summarize).collect();
     Ok(Json(TurnList { key, turns }).into_response())
 }

@@ -10,7 +10,7 @@ use warden_core::{PendingMessage, SendOptions, SessionKey, Supervisor, TurnHandl
 
 use crate::api::{NewTurn, Turn, TurnCancelled, TurnCreated};
 use crate::cluster::{Cluster, Placed};
-use crate::error::{ApiError, bad_session, gone, idempotency_key_reused};
+use crate::error::{ApiError, bad_session, gone, idempotency_key_reused, store_unreachable};
 use crate::sse;
 use crate::state::AppState;
 use crate::turns::{Named, Opening};
@@ -284,7 +284,7 @@ async fn replay(
         let stored = store
             .read(id, 0)
             .await
-            .map_err(|e| ApiError::unavailable("unavailable", e.to_string()).retry_after(1))?;
+            .map_err(|e| store_unreachable("cannot read the turn this key named", &e))?;
         if let Some(turn) = &stored
             && another(turn.fingerprint.as_deref())
         {
@@ -375,7 +375,7 @@ pub(crate) async fn turn_events(
         (Err(e), Some(store)) => match store.read(&id, after).await {
             Ok(Some(turn)) => Ok(sse::stored(store.clone(), turn, after).into_response()),
             Ok(None) => Err(e),
-            Err(why) => Err(ApiError::unavailable("unavailable", why.to_string())),
+            Err(why) => Err(store_unreachable("cannot read the turn", &why)),
         },
         (Err(e), None) => Err(e),
     }
@@ -400,7 +400,7 @@ pub(crate) async fn one_turn(
             return Ok(Json(Turn { key, turn }).into_response());
         }
         Ok(None) => {}
-        Err(why) => return Err(ApiError::unavailable("unavailable", why.to_string())),
+        Err(why) => return Err(store_unreachable("cannot read the turn", &why)),
     }
     let path = format!("/v1/turns/{id}");
     cluster.turn_elsewhere(&id, Method::GET, &path).await
