@@ -1,3 +1,5 @@
+import type { components } from "./api.js";
+
 /**
  * Typed errors: one class per kind of failure, all `WardenError`.
  *
@@ -8,14 +10,8 @@
  * turn that ended with an `error` event is `TurnFailed`.
  */
 
-/** The `error` event's data. `exit`: 3 API, 4 timeout, 5 unavailable, 6 deferred (the message stays pending: do not send it again), 130 cancelled, 1 other. */
-export interface TurnErrorData {
-  code: string;
-  message: string;
-  exit: number;
-  /** When the server made the event (RFC 3339); absent from an older server. */
-  at?: string;
-}
+/** The `error` event's data, as the API document types it. `exit`: 3 API, 4 timeout, 5 unavailable, 6 deferred (the message stays pending: do not send it again), 130 cancelled, 1 other; `at`: when the server made it (RFC 3339), absent from an older server. */
+export type TurnErrorData = components["schemas"]["FailedEvent"];
 
 /**
  * Any failure of the client: its HTTP status (0 when the server gave no

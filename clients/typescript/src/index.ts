@@ -41,55 +41,34 @@ export type Schemas = components["schemas"];
 /** The types of a turn's events (the SSE `event:`), as the API document lists them. */
 export type TurnEventType = Schemas["TurnEvent"];
 
-/** Every event's data may say when the server made it (RFC 3339); a newer server may add other fields. */
-interface Stamped {
-  at?: string;
-}
+/** A turn event's `data`, as the API document types it (`TurnEvents`): its fields and `at` (RFC 3339, absent from an older server). */
+export type TurnEventData<K extends TurnEventType> = NonNullable<Schemas["TurnEvents"][K]>;
 
 /**
  * One event of a turn: its number (unique and increasing within the turn,
  * from 1), its type, its data and `at`, when the server made it (`null`
- * from a server older than that field).
+ * from a server older than that field). Each type's data is the document's
+ * schema for it, so a field the server adds or renames is a type error here.
  */
-export type TurnEvent = { id: number; at: Date | null } & (
-  | { type: "queued"; data: Stamped & { attempt: number; behind?: number } }
-  | { type: "started"; data: Stamped & { attempt: number } }
-  | { type: "text" | "thinking"; data: Stamped & { text: string } }
-  | { type: "tool"; data: Stamped & { id: string; name?: string; state: "started" | "finished" } }
-  | {
-      type: "retrying" | "continuing";
-      data: Stamped & { failed_attempt: number; delay_ms: number; code: string; discard: boolean; node?: string };
-    }
-  | { type: "restarting"; data: Stamped & { cause: string; notice: string; discard: true } }
-  | { type: "done"; data: Done }
-  | { type: "error"; data: TurnErrorData }
-);
-
-// Every event type of the API document has its shape above (a type error
-// here names the one missing), and no shape names a type the API lacks.
-const everyEventTyped: [Exclude<TurnEventType, TurnEvent["type"]>, Exclude<TurnEvent["type"], TurnEventType>] extends [never, never]
-  ? true
-  : never = true;
-void everyEventTyped;
+export type TurnEvent = { id: number; at: Date | null } & {
+  [K in TurnEventType]: { type: K; data: TurnEventData<K> };
+}[TurnEventType];
 
 /** The `done` event's data: the turn's answer. */
-export interface Done extends Stamped {
-  turn: number;
-  text: string;
-  attempts: number;
-  continuations: number;
-  context: { tokens: number; window: number; percent: number } | null;
-  output_tokens: number | null;
-}
+export type Done = TurnEventData<"done">;
+
+/** The types of `GET /v1/events`' events: every published transition under its one name, and `reset`, `lagged`. */
+export type LifecycleEventType = Schemas["LifecycleEvent"];
+
+/** A lifecycle event's `data`, as the API document types it (`LifecycleEvents`). */
+export type LifecycleEventData<K extends LifecycleEventType> = NonNullable<Schemas["LifecycleEvents"][K]>;
 
 /** One event of `GET /v1/events`; `reset` (no id) says events were missed or the server restarted. */
-export interface LifecycleEvent {
+export type LifecycleEvent = {
   id: number | null;
-  type: string;
-  data: Record<string, unknown>;
   /** When the server made it; `null` from an older server. */
   at: Date | null;
-}
+} & { [K in LifecycleEventType]: { type: K; data: LifecycleEventData<K> } }[LifecycleEventType];
 
 /** Consecutive failed re-attaches before a stream gives up. */
 export const MAX_REATTACHES = 10;
@@ -395,7 +374,7 @@ export class Warden {
           if (id !== null) last = id;
           failures = 0;
           const data = eventData(m.data, `a ${m.event ?? "message"} event`);
-          yield { id, type: m.event ?? "message", data, at: parseAt(data.at) };
+          yield { id, type: m.event ?? "message", data, at: parseAt(data.at) } as unknown as LifecycleEvent;
         }
       } catch (e) {
         if (e instanceof WardenError) throw e;
