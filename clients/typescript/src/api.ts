@@ -1662,7 +1662,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description `unavailable`: the store or the cluster's database failed */
+            /** @description `unavailable`: the store failed (a full disk). `store_unreachable` (cluster): this node cannot reach the cluster's database; `Retry-After` */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -1834,7 +1834,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description `unavailable`: the turn store failed */
+            /** @description `store_unreachable` (cluster): this node cannot reach the cluster's database; `Retry-After` */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -1982,7 +1982,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description `unavailable`: the turn store failed. `node_unreachable`: the cluster node keeping the turn cannot be reached */
+            /** @description `store_unreachable` (cluster): this node cannot reach the cluster's database; `Retry-After`. `node_unreachable`: the cluster node keeping the turn cannot be reached */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -2083,7 +2083,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description `node_unreachable`: the cluster node keeping the turn cannot be reached */
+            /** @description `node_unreachable`: the cluster node keeping the turn cannot be reached. `store_unreachable` (cluster): this node cannot reach the cluster's database to read the turn; `Retry-After` */
             503: {
                 headers: {
                     [name: string]: unknown;
