@@ -327,7 +327,7 @@ export interface components {
              *     older than this field.
              */
             at?: components["schemas"]["EventTime"] | null;
-            /** @description Why it failed (an error code: `ETIMEDOUT`, `ENODE_LOST`, …). */
+            /** @description Why it failed (an error code: `ESTREAM_TIMEOUT`, `ENODE_LOST`, …). */
             code: string;
             /**
              * Format: uint64
@@ -620,7 +620,7 @@ export interface components {
              *     older than this field.
              */
             at?: components["schemas"]["EventTime"] | null;
-            /** @description The error code (`ETIMEDOUT`, `ECANCELED`, `ESESSION_STOPPED`, …). */
+            /** @description The error code (`ESTREAM_TIMEOUT`, `ECANCELLED`, `ESESSION_STOPPED`, …). */
             code: string;
             /**
              * Format: int32

@@ -164,7 +164,7 @@ pub struct AttemptFailed {
     pub failed_attempt: u64,
     /// The pause before the next attempt, in milliseconds.
     pub delay_ms: u64,
-    /// Why it failed (an error code: `ETIMEDOUT`, `ENODE_LOST`, …).
+    /// Why it failed (an error code: `ESTREAM_TIMEOUT`, `ENODE_LOST`, …).
     pub code: String,
     /// Whether the text shown since the last `started` is to be dropped.
     pub discard: bool,
@@ -220,7 +220,7 @@ pub struct Done {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[non_exhaustive]
 pub struct Failed {
-    /// The error code (`ETIMEDOUT`, `ECANCELED`, `ESESSION_STOPPED`, …).
+    /// The error code (`ESTREAM_TIMEOUT`, `ECANCELLED`, `ESESSION_STOPPED`, …).
     pub code: String,
     /// What happened, for a human.
     pub message: String,
@@ -488,11 +488,11 @@ mod tests {
     #[test]
     fn an_event_goes_out_with_its_time_and_reads_back_the_same() {
         let at = EventTime::from_unix_ms(1_796_496_168_123);
-        let event = TurnEventData::Retrying(AttemptFailed::new(2, 1500, "ETIMEDOUT", true));
+        let event = TurnEventData::Retrying(AttemptFailed::new(2, 1500, "ESTREAM_TIMEOUT", true));
         let wire: Value = serde_json::from_str(&event.to_wire(Some(at))).expect("JSON");
         assert_eq!(
             wire,
-            json!({"failed_attempt": 2, "delay_ms": 1500, "code": "ETIMEDOUT", "discard": true,
+            json!({"failed_attempt": 2, "delay_ms": 1500, "code": "ESTREAM_TIMEOUT", "discard": true,
                    "at": "2026-12-05T18:42:48.123Z"})
         );
         let back = TurnEventData::from_value(TurnEventKind::Retrying, wire).expect("reads");
@@ -521,12 +521,12 @@ mod tests {
             TurnEventData::Thinking(Delta::new("b")),
             TurnEventData::Tool(Tool::new("t", Some("Read".into()), ToolState::Started)),
             TurnEventData::Retrying(AttemptFailed::new(1, 0, "ENODE_LOST", true).on_node("n")),
-            TurnEventData::Continuing(AttemptFailed::new(1, 10, "ETIMEDOUT", false)),
+            TurnEventData::Continuing(AttemptFailed::new(1, 10, "ESTREAM_TIMEOUT", false)),
             TurnEventData::Restarting(Restarting::new("context_overflow")),
             TurnEventData::Done(
                 Done::new(3, "hi", 2, 1).with_usage(Some(ContextFill::new(5, 10, 50)), Some(7)),
             ),
-            TurnEventData::Error(Failed::new("ECANCELED", "cancelled", 130)),
+            TurnEventData::Error(Failed::new("ECANCELLED", "cancelled", 130)),
         ];
         let kinds: Vec<_> = samples.iter().map(TurnEventData::kind).collect();
         assert_eq!(kinds, TurnEventKind::ALL);
