@@ -12,11 +12,11 @@ pub(crate) struct ConnectionArgs {
     /// A request head must arrive whole within this (and a kept-alive
     /// connection must start its next request within it), else the
     /// connection is closed: seconds, or a duration with a unit.
-    #[arg(long, value_name = "SECONDS", default_value = "30", value_parser = crate::units::seconds)]
+    #[arg(long, env = "WARDEN_HEADER_TIMEOUT", value_name = "SECONDS", default_value = "30", value_parser = crate::units::seconds)]
     pub(crate) header_timeout: Duration,
     /// Connections open at once; past it a new connection is answered
     /// `503` with `Retry-After: 1` and closed. Mind `ulimit -n`.
-    #[arg(long, value_name = "N", default_value_t = DEFAULT_MAX_CONNECTIONS,
+    #[arg(long, env = "WARDEN_MAX_CONNECTIONS", value_name = "N", default_value_t = DEFAULT_MAX_CONNECTIONS,
           value_parser = clap::value_parser!(u32).range(1..))]
     pub(crate) max_connections: u32,
 }

@@ -33,41 +33,46 @@ Examples:
   warden serve --listen 127.0.0.1:0 --agent anthropic --base-url http://127.0.0.1:8080")]
 pub(crate) struct ServeArgs {
     /// Address to listen on (`127.0.0.1:0` picks a free port).
-    #[arg(long, default_value = "127.0.0.1:8700", value_name = "ADDR")]
+    #[arg(
+        long,
+        env = "WARDEN_LISTEN",
+        default_value = "127.0.0.1:8700",
+        value_name = "ADDR"
+    )]
     listen: SocketAddr,
     /// Allow listening on an address other than loopback.
-    #[arg(long)]
+    #[arg(long, env = "WARDEN_ALLOW_REMOTE")]
     allow_remote: bool,
-    /// Where sessions, transcripts and the token are kept. Default
-    /// WARDEN_DATA_DIR, else the user's data directory.
-    #[arg(long, value_name = "DIR")]
+    /// Where sessions, transcripts and the token are kept. Default: the
+    /// user's data directory.
+    #[arg(long, env = "WARDEN_DATA_DIR", value_name = "DIR")]
     data_dir: Option<PathBuf>,
     /// The bearer token's file. Default DATA_DIR/token (created if missing).
-    #[arg(long, value_name = "FILE")]
+    #[arg(long, env = "WARDEN_TOKEN_FILE", value_name = "FILE")]
     token_file: Option<PathBuf>,
     /// The agent of the sessions.
-    #[arg(long, value_enum, default_value_t = Agent::Anthropic)]
+    #[arg(long, env = "WARDEN_AGENT", value_enum, default_value_t = Agent::Anthropic)]
     agent: Agent,
     /// The API's base URL (for claude-code: its ANTHROPIC_BASE_URL).
-    #[arg(long, value_name = "URL")]
+    #[arg(long, env = "WARDEN_BASE_URL", value_name = "URL")]
     base_url: Option<String>,
     /// The model.
-    #[arg(long)]
+    #[arg(long, env = "WARDEN_MODEL")]
     model: Option<String>,
-    /// The Claude Code binary. Default WARDEN_CLAUDE_BIN, else `claude` on PATH.
-    #[arg(long, value_name = "PATH")]
+    /// The Claude Code binary. Default: `claude` on PATH.
+    #[arg(long, env = "WARDEN_CLAUDE_BIN", value_name = "PATH")]
     claude_bin: Option<PathBuf>,
     /// How long running turns may take to finish after SIGTERM: seconds,
     /// or a duration with a unit (30s, 2m).
-    #[arg(long, default_value = "10", value_name = "SECONDS", value_parser = crate::units::seconds)]
+    #[arg(long, env = "WARDEN_GRACE", default_value = "10", value_name = "SECONDS", value_parser = crate::units::seconds)]
     grace: Duration,
     /// How long a finished turn's events stay available for re-attach:
     /// seconds, or a duration with a unit.
-    #[arg(long, default_value = "600", value_name = "SECONDS", value_parser = crate::units::seconds)]
+    #[arg(long, env = "WARDEN_KEEP_EVENTS", default_value = "600", value_name = "SECONDS", value_parser = crate::units::seconds)]
     keep_events: Duration,
     /// A Jaeger UI's base URL (e.g. http://localhost:16686): the console
     /// (/ui) links each session's turns to their trace there.
-    #[arg(long, value_name = "URL", value_parser = jaeger_url)]
+    #[arg(long, env = "WARDEN_JAEGER_URL", value_name = "URL", value_parser = jaeger_url)]
     jaeger_url: Option<String>,
     /// Serve GET /metrics without the token (for a scraper that cannot
     /// send one); /healthz and /readyz never need it.
@@ -80,34 +85,34 @@ pub(crate) struct ServeArgs {
     #[arg(long, env = "WARDEN_STORE", value_name = "URL")]
     store: Option<String>,
     /// This node's id in the cluster. Default: host name and process id.
-    #[arg(long, value_name = "NAME", requires = "store")]
+    #[arg(long, env = "WARDEN_NODE_ID", value_name = "NAME", requires = "store")]
     node_id: Option<String>,
     /// Where the other nodes and clients reach this one. Default: the
     /// listen address.
-    #[arg(long, value_name = "URL", requires = "store")]
+    #[arg(long, env = "WARDEN_ADVERTISE", value_name = "URL", requires = "store")]
     advertise: Option<String>,
     /// How long a session's lease lasts without renewal (renewed at a
     /// third of it): how long a dead node's sessions wait for a takeover.
     /// Seconds, or a duration with a unit; at least 0.3 s.
-    #[arg(long, value_name = "SECONDS", requires = "store", default_value = "10", value_parser = crate::units::seconds)]
+    #[arg(long, env = "WARDEN_LEASE_TTL", value_name = "SECONDS", requires = "store", default_value = "10", value_parser = crate::units::seconds)]
     lease_ttl: Duration,
     /// Live sessions at most: past it a new session stops the least
     /// recently used idle one (its record kept; it resumes when asked for),
     /// and when every one is busy the request gets `503
     /// too_many_sessions` with Retry-After.
-    #[arg(long, value_name = "N", default_value_t = 4096,
+    #[arg(long, env = "WARDEN_MAX_SESSIONS", value_name = "N", default_value_t = 4096,
           value_parser = clap::value_parser!(u32).range(1..))]
     max_sessions: u32,
     /// How long a session may stay idle before it is stopped (its record
     /// kept; the next message resumes it): seconds, or a duration with a
     /// unit; 0 never.
-    #[arg(long, value_name = "SECONDS", default_value = "15m", value_parser = crate::units::seconds)]
+    #[arg(long, env = "WARDEN_IDLE_TIMEOUT", value_name = "SECONDS", default_value = "15m", value_parser = crate::units::seconds)]
     idle_timeout: Duration,
     /// Size cap of one turn's reply (text, thinking and tool input, every
     /// attempt counted), in bytes: past it the turn is stopped and ends
     /// with `EREPLY_TOO_LARGE`. The largest real replies are well under
     /// 1 MiB.
-    #[arg(long, value_name = "BYTES", default_value_t = DEFAULT_MAX_REPLY_BYTES,
+    #[arg(long, env = "WARDEN_MAX_REPLY_BYTES", value_name = "BYTES", default_value_t = DEFAULT_MAX_REPLY_BYTES,
           value_parser = clap::value_parser!(u64).range(1..))]
     max_reply_bytes: u64,
     #[command(flatten)]
