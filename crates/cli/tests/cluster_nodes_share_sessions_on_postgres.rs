@@ -711,13 +711,14 @@ async fn a_node_stopped_gracefully_mid_turn_hands_the_turn_to_another_node_to_fi
     assert!(status.success(), "{status:?}");
 
     // B takes it over at once (released, not expired) and continues it;
-    // the client re-attaches there and keeps what it has.
+    // the client re-attaches there and keeps what it has. The marker says
+    // why: a drain (A handed it over), not a lost node.
     let last = seen.last().expect("seen").id;
     let rest = reattach(&b, &id, last).await;
     assert_eq!(rest[0].id, last + 1, "{rest:?}");
     assert_eq!(
         (rest[0].kind.as_str(), &rest[0].data["code"]),
-        ("continuing", &serde_json::json!("ENODE_LOST")),
+        ("continuing", &serde_json::json!("ENODE_DRAINED")),
         "{rest:?}"
     );
     let done = rest.last().expect("events");

@@ -62,6 +62,45 @@ pub trait Placement: Send + Sync + 'static {
         let _ = limit;
         Box::pin(async { None })
     }
+
+    /// Why session `key` came to this node, asked when the node
+    /// re-delivers one of its turns: the code the turn's `continuing` or
+    /// `retrying` marker carries ([`Arrival::code`]). Default `None`: not
+    /// known (the marker says [`Arrival::NodeLost`]'s code).
+    fn arrival<'a>(&'a self, key: &'a SessionKey) -> BoxFuture<'a, Option<Arrival>> {
+        let _ = key;
+        Box::pin(async { None })
+    }
+}
+
+/// Why a session came to the node that re-delivers its turn: one cause,
+/// one code, so a client (and an operator reading its events) knows what
+/// interrupted the reply.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Arrival {
+    /// Its node died, or was cut off alone: its lease ran out while the
+    /// others could reach the database. `ENODE_LOST`.
+    NodeLost,
+    /// Its node stopped cleanly (SIGTERM, a drain) and gave the lease
+    /// back. `ENODE_DRAINED`.
+    Handover,
+    /// The cluster's database could not be reached: its node gave the
+    /// lease up rather than risk two owners, and the session was taken
+    /// when the database answered again. `ESTORE_UNREACHABLE`.
+    StoreUnreachable,
+}
+
+impl Arrival {
+    /// The error code of a re-delivered turn's marker: `ENODE_LOST`,
+    /// `ENODE_DRAINED` or `ESTORE_UNREACHABLE`.
+    pub fn code(self) -> &'static str {
+        match self {
+            Self::NodeLost => "ENODE_LOST",
+            Self::Handover => "ENODE_DRAINED",
+            Self::StoreUnreachable => "ESTORE_UNREACHABLE",
+        }
+    }
 }
 
 /// A session that changed nodes: taken over after its node's lease ran

@@ -184,11 +184,29 @@ struct Counters {
     leases_lost: AtomicU64,
     takeovers: AtomicU64,
     database_errors: AtomicU64,
+    /// This node's latest database outage, as its heartbeats saw it.
+    outage: parking_lot::Mutex<Outage>,
+}
+
+/// When the heartbeats began to fail, and when they worked again.
+#[derive(Debug, Default, Clone, Copy)]
+struct Outage {
+    since: Option<tokio::time::Instant>,
+    ended: Option<tokio::time::Instant>,
 }
 
 impl Counters {
     fn add(counter: &AtomicU64, n: u64) {
         counter.fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// Whether this node cannot reach the database now, or could not
+    /// within `window`: a session it takes over now was given up by its
+    /// owner for the same outage, most likely (the takeover scan may run
+    /// before the next heartbeat notices the database is back).
+    fn outage_within(&self, window: Duration) -> bool {
+        let outage = *self.outage.lock();
+        outage.since.is_some() || outage.ended.is_some_and(|t| t.elapsed() <= window)
     }
 }
 
@@ -323,6 +341,10 @@ impl Node {
                 match (beat.pg().heartbeat(beat.node()).await, failing_since) {
                     (Ok(_), Some(since)) => {
                         failing_since = None;
+                        *counters.outage.lock() = Outage {
+                            since: None,
+                            ended: Some(tokio::time::Instant::now()),
+                        };
                         report(
                             &events,
                             NodeEvent::DatabaseBack {
@@ -335,6 +357,7 @@ impl Node {
                     (Err(e), None) => {
                         Counters::add(&counters.database_errors, 1);
                         failing_since = Some(tokio::time::Instant::now());
+                        counters.outage.lock().since = failing_since;
                         report(
                             &events,
                             NodeEvent::HeartbeatFailed {

@@ -378,6 +378,33 @@ impl PgStore {
             .collect())
     }
 
+    /// How `node` came to hold `key` under its current epoch, if that take
+    /// moved it from another node: the move's kind (`failover` or
+    /// `handover`) and whether the node it came from has beaten since
+    /// (it lived: it lost the database, or was cut off, rather than died —
+    /// a heartbeat merely younger than a TTL is not enough: a node killed
+    /// just after a beat still has one when its sessions are taken). `None`: not `node`'s, or its last take was not a
+    /// move (the same node took it again).
+    pub async fn arrival_of(
+        &self,
+        key: &SessionKey,
+        node: &str,
+    ) -> Result<Option<(String, bool)>, StoreError> {
+        let client = self.client().await?;
+        let row = client
+            .query_opt(
+                "SELECT s.moved_kind, COALESCE((SELECT n.left_at IS NULL AND \
+                   n.heartbeat_at > s.moved_at \
+                   FROM warden_nodes n WHERE n.node_id = s.moved_from), false) \
+                 FROM warden_sessions s WHERE s.key = $1 AND s.owner = $2 \
+                   AND s.moved_kind IS NOT NULL AND s.moved_epoch = s.epoch",
+                &[&key.as_str(), &node],
+            )
+            .await
+            .map_err(backend)?;
+        Ok(row.map(|r| (r.get(0), r.get(1))))
+    }
+
     /// [`orphans`](Self::orphans), each with the workspace directory its
     /// record names (if any), how soon the next lease of a session with
     /// waiting messages held by a node other than `node` can be taken, and

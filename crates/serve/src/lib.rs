@@ -83,7 +83,7 @@ pub fn router(supervisor: Supervisor, config: ServeConfig) -> Router {
             .as_ref()
             .and_then(|p| p.node())
             .map(str::to_owned);
-        turns.adopt(rx, config.keep_finished, node);
+        turns.adopt(rx, config.keep_finished, node, config.placement.clone());
     }
     let history = history::History::record(&supervisor, Arc::clone(&turns));
     let state = AppState {

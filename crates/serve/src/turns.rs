@@ -16,6 +16,7 @@ use parking_lot::Mutex;
 
 use futures_util::FutureExt as _;
 use tokio::sync::watch;
+use warden_core::cluster::{Arrival, Placement};
 use warden_core::store::turn_event::{
     AttemptFailed, ContextFill, Delta, Done, Failed, Queued, Restarting, Started, Tool, ToolState,
 };
@@ -405,6 +406,7 @@ impl Turns {
             named,
             continue_from,
             asked,
+            arrival,
         } = opening;
         let (fresh, fingerprint) = match named {
             Some(Named { id, fingerprint }) => (id, fingerprint),
@@ -465,7 +467,9 @@ impl Turns {
                 }
                 _ => false,
             };
-            let failed = |discard| AttemptFailed::new(attempt, 0, "ENODE_LOST", discard);
+            // One code per cause: a node lost, a drain, a database outage.
+            let code = arrival.unwrap_or(Arrival::NodeLost).code();
+            let failed = |discard| AttemptFailed::new(attempt, 0, code, discard);
             let failed = match continued {
                 // The session numbers the continuation on from the broken
                 // attempt itself.
@@ -529,6 +533,7 @@ impl Turns {
         mut rx: tokio::sync::mpsc::UnboundedReceiver<RecoveredTurn>,
         keep: Duration,
         node: Option<String>,
+        placement: Option<Arc<dyn Placement>>,
     ) {
         let turns = Arc::clone(self);
         tokio::spawn(async move {
@@ -549,6 +554,12 @@ impl Turns {
                     id: crate::ids::idempotent_turn_id(&key, k),
                     fingerprint: None,
                 });
+                // Why the session came here, for the marker of a turn an
+                // earlier node began.
+                let arrival = match &placement {
+                    Some(p) => p.arrival(&key).await,
+                    None => None,
+                };
                 let id = turns
                     .start(
                         key.clone(),
@@ -560,6 +571,7 @@ impl Turns {
                             continue_from: Some(continue_from),
                             // Its stored log keeps what the first request asked.
                             asked: TurnAsked::default(),
+                            arrival,
                         },
                     )
                     .await;
@@ -584,6 +596,10 @@ pub(crate) struct Opening {
     pub(crate) named: Option<Named>,
     pub(crate) continue_from: Option<ContinueFrom>,
     pub(crate) asked: TurnAsked,
+    /// For a re-delivered turn: why its session came to this node (the
+    /// code of its `continuing` or `retrying` marker); `None`: unknown,
+    /// `ENODE_LOST`.
+    pub(crate) arrival: Option<Arrival>,
 }
 
 /// A request's hold on a turn id ([`Turns::claim`]), let go when dropped.

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use futures_util::future::BoxFuture;
 use warden_core::cluster::{
-    ClusterStats, Elsewhere, NodeStats, Placement, SessionMove, SessionPlace,
+    Arrival, ClusterStats, Elsewhere, NodeStats, Placement, SessionMove, SessionPlace,
 };
 use warden_core::{SessionKey, StoreError};
 
@@ -118,6 +118,31 @@ impl Placement for LeasePlacement {
                     .collect();
             }
             Some(stats)
+        })
+    }
+
+    fn arrival<'a>(&'a self, key: &'a SessionKey) -> BoxFuture<'a, Option<Arrival>> {
+        Box::pin(async move {
+            let moved = self
+                .node
+                .pg()
+                .arrival_of(key, self.node.node())
+                .await
+                .ok()?;
+            // A few TTLs: the outage's takeovers come within a scan or two
+            // of the database's return.
+            let outage = self.counters.outage_within(self.node.ttl() * 3);
+            Some(match moved {
+                Some((kind, _)) if kind == "handover" => Arrival::Handover,
+                // Its node lived on (it beats within its TTL), or this
+                // node itself could not reach the database just now: the
+                // lease was given up for the database, not for a death.
+                Some((_, lived)) if lived || outage => Arrival::StoreUnreachable,
+                Some(_) => Arrival::NodeLost,
+                // Taken back by the node that had it, after an outage.
+                None if outage => Arrival::StoreUnreachable,
+                None => return None,
+            })
         })
     }
 

@@ -212,6 +212,7 @@ pub(crate) async fn create_turn(
                 named,
                 continue_from: None,
                 asked,
+                arrival: None,
             },
         )
         .await;
