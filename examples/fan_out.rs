@@ -15,6 +15,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use warden_core::lifecycle::Received;
 use warden_core::{
     Admission, AdmissionConfig, EventSource, LifecycleEvent, RetryPolicy, SessionConfig,
     SessionKey, SessionSpec, Supervisor, SupervisorConfig, WatchdogConfig, specs,
@@ -60,9 +61,19 @@ async fn main() -> anyhow::Result<()> {
         .start()
         .await?;
 
-    let mut events = supervisor.subscribe();
-    tokio::spawn(async move {
-        while let Ok(event) = events.recv().await {
+    // Ends on its own after the shutdown's last event; a gap (a watcher
+    // more than 1,024 events behind) is an item, not the end.
+    let mut events = supervisor.events();
+    let watcher = tokio::spawn(async move {
+        while let Some(received) = events.recv().await {
+            let event = match received {
+                Received::Event(event) => event,
+                Received::Lagged(missed) => {
+                    println!("(missed {missed} events)");
+                    continue;
+                }
+                _ => continue,
+            };
             match event {
                 LifecycleEvent::AttemptQueued { key, .. } => println!("{key}: waits for a slot"),
                 LifecycleEvent::StreamTimedOut { key, .. } => println!("{key}: stalled, killed"),
@@ -108,6 +119,7 @@ async fn main() -> anyhow::Result<()> {
     println!("planner: {reply}");
 
     supervisor.shutdown().await;
+    watcher.await?;
     mock.shutdown().await;
     Ok(())
 }

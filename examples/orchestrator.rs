@@ -17,6 +17,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use warden_core::lifecycle::Received;
 use warden_core::{
     Durability, EventSource, LifecycleEvent, Notice, SessionKey, SessionRecord, SessionStore,
     Supervisor, SupervisorConfig, WatchdogConfig,
@@ -67,9 +68,19 @@ async fn main() -> anyhow::Result<()> {
         .await?;
 
     // Watch what happens.
-    let mut events = supervisor.subscribe();
-    tokio::spawn(async move {
-        while let Ok(event) = events.recv().await {
+    // Ends on its own after the shutdown's last event; a gap (a watcher
+    // more than 1,024 events behind) is an item, not the end.
+    let mut events = supervisor.events();
+    let watcher = tokio::spawn(async move {
+        while let Some(received) = events.recv().await {
+            let event = match received {
+                Received::Event(event) => event,
+                Received::Lagged(missed) => {
+                    println!("(missed {missed} events)");
+                    continue;
+                }
+                _ => continue,
+            };
             match event {
                 LifecycleEvent::StreamTimedOut {
                     key, silent_for, ..
@@ -100,6 +111,7 @@ async fn main() -> anyhow::Result<()> {
         println!("{key}: answered in {} attempt(s): {text}", summary.attempts);
     }
     supervisor.shutdown().await;
+    watcher.await?;
     mock.shutdown().await;
     for record in store.list().await?.into_iter().flatten() {
         println!(

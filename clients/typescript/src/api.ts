@@ -321,6 +321,32 @@ export interface components {
             waited_ms: number;
         };
         /** @description An event's fields with the time it was made: what `data:` carries. */
+        AttemptEndedEvent: {
+            /**
+             * @description When the server made it. Absent only on events stored by a warden
+             *     older than this field.
+             */
+            at?: components["schemas"]["EventTime"] | null;
+            /**
+             * Format: uint32
+             * @description The attempt.
+             */
+            attempt: number;
+            /** @description The error's code when it failed. */
+            code: string | null;
+            /** @description The session. */
+            key: string;
+            /** @description How it ended. */
+            outcome: components["schemas"]["AttemptOutcome"];
+            /**
+             * Format: uint64
+             * @description The turn.
+             */
+            turn: number;
+            /** @description The turn's id on a `warden serve` server, once it knows it. */
+            turn_id?: string | null;
+        };
+        /** @description An event's fields with the time it was made: what `data:` carries. */
         AttemptFailedEvent: {
             /**
              * @description When the server made it. Absent only on events stored by a warden
@@ -344,6 +370,11 @@ export interface components {
             /** @description `ENODE_LOST`: the cluster node that ran it. */
             node?: string | null;
         };
+        /**
+         * @description How an attempt's stream ended. `completed`: The stream ended with the reply. `failed`: The stream failed (killed by the watchdog, cut, an API error, …). `cancelled`: Warden stopped it: a cancel, a recover, the turn's deadline or size cap, or the session stopping.
+         * @enum {string}
+         */
+        AttemptOutcome: "completed" | "failed" | "cancelled";
         /** @description An event's fields with the time it was made: what `data:` carries. */
         AttemptQueuedEvent: {
             /**
@@ -666,11 +697,12 @@ export interface components {
          * @description The SSE `event:` of a lifecycle event
          * @enum {string}
          */
-        LifecycleEvent: "session_spawned" | "session_stopped" | "session_restarted" | "supervisor_escalated" | "agent_session_id" | "resume_failed" | "fresh_fallback" | "session_failed" | "session_reaped" | "context_usage" | "workspace_normalized" | "store_failed" | "turn_started" | "attempt_queued" | "attempt_admitted" | "attempt_started" | "stream_timed_out" | "retry_scheduled" | "continue_scheduled" | "turn_finished" | "reset" | "lagged";
+        LifecycleEvent: "session_spawned" | "session_stopped" | "session_restarted" | "supervisor_escalated" | "agent_session_id" | "resume_failed" | "fresh_fallback" | "session_failed" | "session_reaped" | "context_usage" | "workspace_normalized" | "store_failed" | "turn_started" | "attempt_queued" | "attempt_admitted" | "attempt_started" | "stream_timed_out" | "retry_scheduled" | "continue_scheduled" | "attempt_ended" | "turn_finished" | "reset" | "lagged";
         /** @description The `data:` of each lifecycle event on `/v1/events`, by its `event:` name. The events of a turn also carry `turn_id` (the turn's id on this server) once it is known, and every event `at`. */
         LifecycleEvents: {
             agent_session_id?: components["schemas"]["AgentSessionIdEvent"];
             attempt_admitted?: components["schemas"]["AttemptAdmittedEvent"];
+            attempt_ended?: components["schemas"]["AttemptEndedEvent"];
             attempt_queued?: components["schemas"]["AttemptQueuedEvent"];
             attempt_started?: components["schemas"]["AttemptStartedEvent"];
             context_usage?: components["schemas"]["ContextUsageEvent"];

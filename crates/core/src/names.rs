@@ -92,6 +92,8 @@ transitions! {
     WATCHDOG_KILLED = "watchdog_killed", Span, false;
     /// The session learned its attempt was killed for silence.
     STREAM_TIMED_OUT = "stream_timed_out", Span, true;
+    /// An attempt's stream ended: completed, failed (with its code) or cancelled (by a cancel, a recover, the turn's caps or the session stopping); one per `attempt_started`.
+    ATTEMPT_ENDED = "attempt_ended", Event, true;
     /// A failed attempt will be retried from scratch, after a backoff.
     RETRY_SCHEDULED = "retry_scheduled", Span, true;
     /// A reply broken mid-text will be continued, not replayed.

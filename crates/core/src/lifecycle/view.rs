@@ -33,6 +33,7 @@ impl LifecycleEvent {
             L::StreamTimedOut { .. } => names::STREAM_TIMED_OUT,
             L::RetryScheduled { .. } => names::RETRY_SCHEDULED,
             L::ContinueScheduled { .. } => names::CONTINUE_SCHEDULED,
+            L::AttemptEnded { .. } => names::ATTEMPT_ENDED,
             L::TurnFinished { .. } => names::TURN_FINISHED,
         }
     }
@@ -62,6 +63,7 @@ impl LifecycleEvent {
             | L::StreamTimedOut { key, .. }
             | L::RetryScheduled { key, .. }
             | L::ContinueScheduled { key, .. }
+            | L::AttemptEnded { key, .. }
             | L::TurnFinished { key, .. } => Some(key),
         }
     }
@@ -182,6 +184,12 @@ mod tests {
                 delay: d,
                 error_code: "ESTREAM_TIMEOUT",
                 kept_bytes: 12,
+            },
+            L::AttemptEnded {
+                key: key(),
+                attempt,
+                outcome: super::super::AttemptOutcome::Failed,
+                error_code: Some("ESTREAM_TIMEOUT"),
             },
             L::TurnFinished {
                 key: key(),

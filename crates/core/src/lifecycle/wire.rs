@@ -10,7 +10,7 @@ use std::time::Duration;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use super::LifecycleEvent;
+use super::{AttemptOutcome, LifecycleEvent};
 use crate::names;
 use crate::store::turn_event::Timed;
 
@@ -189,6 +189,21 @@ events! {
         /// Bytes of reply kept.
         kept_bytes: u64,
     }
+    /// `attempt_ended`: an attempt's stream ended (one per
+    /// `attempt_started`).
+    AttemptEnded {
+        /// The turn's id on a `warden serve` server, once it knows it.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        turn_id: Option<String>,
+        /// The turn.
+        turn: u64,
+        /// The attempt.
+        attempt: u32,
+        /// How it ended.
+        outcome: AttemptOutcome,
+        /// The error's code when it failed.
+        code: Option<String>,
+    }
     /// `turn_finished`: a turn ended (`code` set when it failed).
     TurnFinished {
         /// The turn's id on a `warden serve` server, once it knows it.
@@ -273,6 +288,7 @@ pub enum LifecycleData {
     StreamTimedOut(StreamTimedOut),
     RetryScheduled(RetryScheduled),
     ContinueScheduled(ContinueScheduled),
+    AttemptEnded(AttemptEnded),
     TurnFinished(TurnFinished),
 }
 
@@ -307,6 +323,7 @@ impl LifecycleData {
             names::STREAM_TIMED_OUT => StreamTimedOut,
             names::RETRY_SCHEDULED => RetryScheduled,
             names::CONTINUE_SCHEDULED => ContinueScheduled,
+            names::ATTEMPT_ENDED => AttemptEnded,
             names::TURN_FINISHED => TurnFinished,
         }
     }
@@ -321,6 +338,7 @@ impl LifecycleData {
             Self::StreamTimedOut(e) => &mut e.turn_id,
             Self::RetryScheduled(e) => &mut e.turn_id,
             Self::ContinueScheduled(e) => &mut e.turn_id,
+            Self::AttemptEnded(e) => &mut e.turn_id,
             Self::TurnFinished(e) => &mut e.turn_id,
             _ => return,
         };
@@ -337,6 +355,7 @@ impl LifecycleData {
             Self::StreamTimedOut(e) => Some(e.turn),
             Self::RetryScheduled(e) => Some(e.turn),
             Self::ContinueScheduled(e) => Some(e.turn),
+            Self::AttemptEnded(e) => Some(e.turn),
             Self::TurnFinished(e) => Some(e.turn),
             _ => None,
         }
@@ -503,6 +522,19 @@ impl LifecycleEvent {
                 delay_ms: ms(delay),
                 code: (*error_code).to_owned(),
                 kept_bytes: *kept_bytes as u64,
+            }),
+            L::AttemptEnded {
+                attempt,
+                outcome,
+                error_code,
+                ..
+            } => W::AttemptEnded(AttemptEnded {
+                key,
+                turn_id: None,
+                turn: attempt.turn,
+                attempt: attempt.attempt,
+                outcome: *outcome,
+                code: error_code.map(str::to_owned),
             }),
             L::TurnFinished {
                 turn,

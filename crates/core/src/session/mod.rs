@@ -25,6 +25,7 @@
 //! | `escalation.rs` | the contract with the supervisor (escalations, stop reasons) | — |
 
 mod actor;
+mod attempt;
 mod end;
 mod escalation;
 mod handle;

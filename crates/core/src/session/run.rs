@@ -11,6 +11,7 @@ use crate::admission::AdmissionPermit;
 use crate::context;
 use crate::error::{StreamError, TurnError};
 use crate::event::AgentEvent;
+use crate::lifecycle::AttemptOutcome;
 use crate::source::{AttemptId, TurnRequest};
 use crate::spans;
 use crate::store::Durability;
@@ -18,6 +19,7 @@ use crate::stream::{Credit, StreamArgs, StreamOutcome, StreamTask};
 use crate::transition::{At, Parent, Transition};
 
 use super::actor::{arm_idle, touch};
+use super::attempt::RunningAttempt;
 use super::handle::{SessionMsg, TurnEvent};
 use super::state::{Admitting, SessionState, Turn};
 use super::turn::{Rules, TurnMachine};
@@ -221,7 +223,12 @@ fn launch(
         }),
         span: attempt_span.clone(),
     })?;
-    turn.attempt_span = Some(spans::Lasting::new(attempt_span));
+    turn.attempt_span = Some(RunningAttempt::new(
+        attempt_span,
+        attempt,
+        state.args.key.clone(),
+        state.args.bus.clone(),
+    ));
     turn.send(TurnEvent::Started(attempt));
     turn.stream = Some(stream);
     Ok(())
@@ -324,11 +331,17 @@ pub(super) async fn on_ended(
         args.admission
             .hold(&args.pool, wait.min(args.config.retry.max_retry_after));
     }
-    if let Some(span) = turn.attempt_span.take() {
-        match &outcome {
-            StreamOutcome::Failed(e) => spans::fail(&span, e.code()),
-            StreamOutcome::Cancelled => spans::fail(&span, TurnError::Cancelled.code()),
-            StreamOutcome::Completed => {}
+    if let Some(running) = turn.attempt_span.take() {
+        let span = running.span();
+        let (ended, code) = match &outcome {
+            StreamOutcome::Failed(e) => (AttemptOutcome::Failed, Some(e.code())),
+            StreamOutcome::Cancelled => {
+                (AttemptOutcome::Cancelled, Some(TurnError::Cancelled.code()))
+            }
+            StreamOutcome::Completed => (AttemptOutcome::Completed, None),
+        };
+        if let Some(code) = code {
+            spans::fail(span, code);
         }
         if let StreamOutcome::Failed(StreamError::InactivityTimeout {
             silent_for,
@@ -344,11 +357,12 @@ pub(super) async fn on_ended(
             .record(At {
                 key: &args.key,
                 conversation: record.agent_session_id.as_deref(),
-                parent: Parent::Span(&span),
+                parent: Parent::Span(span),
                 bus: Some(&args.bus),
             });
         }
-        turn.last_attempt = Some(spans::context_of(&span));
+        turn.last_attempt = Some(spans::context_of(span));
+        running.end(ended, code);
     }
     let rules = Rules {
         retry: &args.config.retry,

@@ -57,7 +57,7 @@ pub(super) struct Turn {
     /// `turn_started`, open while the turn runs.
     pub(super) span: crate::spans::Lasting,
     /// `attempt_started` of the running attempt.
-    pub(super) attempt_span: Option<crate::spans::Lasting>,
+    pub(super) attempt_span: Option<super::attempt::RunningAttempt>,
     /// The span of the last failed attempt, linked from the next one.
     pub(super) last_attempt: Option<SpanContext>,
     /// The running attempt's stream.

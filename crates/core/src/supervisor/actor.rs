@@ -56,6 +56,8 @@ pub(crate) struct SupervisorArgs {
     pub(crate) store: Arc<dyn SessionStore>,
     pub(crate) notifier: Arc<dyn Notifier>,
     pub(crate) bus: EventBus,
+    /// Whether to close `bus` once shut down (it is the supervisor's own).
+    pub(crate) close_bus: bool,
     pub(crate) admission: Admission,
     pub(crate) recovered: Option<tokio::sync::mpsc::UnboundedSender<crate::RecoveredTurn>>,
     pub(crate) watchdog_tx: tokio::sync::oneshot::Sender<WatchdogHandle>,
@@ -68,12 +70,18 @@ pub(crate) struct SupervisorState {
     pub(super) store: Arc<dyn SessionStore>,
     pub(super) notifier: Arc<dyn Notifier>,
     pub(super) bus: EventBus,
+    pub(super) close_bus: bool,
     pub(super) watchdog: WatchdogHandle,
     pub(super) admission: Admission,
     /// Where sessions hand their recovered turns, if anyone asked.
     pub(super) recovered: Option<tokio::sync::mpsc::UnboundedSender<crate::RecoveredTurn>>,
     pub(super) sessions: HashMap<SessionKey, SessionHandle>,
     pub(super) by_id: HashMap<ActorId, SessionKey>,
+    /// Sessions let go of (replaced, evicted, failed) that have not
+    /// exited yet: their exit publishes `SessionStopped`, nothing else.
+    /// Why each was let go of: its `SessionStopped` reason should the
+    /// shutdown come before its exit.
+    pub(super) stopping: HashMap<ActorId, (SessionKey, SessionHandle, StopReason)>,
     pub(super) trackers: HashMap<SessionKey, RestartTracker>,
     /// Each session's restart kind and intensity (its spec's, else the
     /// supervisor's), as of its last spawn.
@@ -187,9 +195,12 @@ impl SupervisorState {
         self.sessions.insert(key.clone(), handle.clone());
     }
 
-    pub(super) fn forget(&mut self, key: &SessionKey) {
+    /// Lets go of `key`'s running session, which stops for `why`.
+    pub(super) fn forget(&mut self, key: &SessionKey, why: StopReason) {
         if let Some(h) = self.sessions.remove(key) {
-            self.by_id.remove(&h.actor().get_id());
+            let id = h.actor().get_id();
+            self.by_id.remove(&id);
+            self.stopping.insert(id, (key.clone(), h, why));
         }
         self.last_used.remove(key);
     }
@@ -219,7 +230,7 @@ impl SupervisorState {
             if handle.stop_if_idle().await {
                 // Stopping now (its record kept, status idle); it is not
                 // counted from here on.
-                self.forget(&old);
+                self.forget(&old, StopReason::Reaped);
                 return Ok(());
             }
         }
@@ -238,7 +249,16 @@ impl SupervisorState {
         cause: String,
     ) -> Result<(), ActorProcessingErr> {
         let Some(key) = self.by_id.remove(&id) else {
-            return Ok(()); // already handled (escalated) or a stale actor
+            // Let go of before it exited (replaced, evicted, failed): it
+            // stopped, and that is all.
+            if let Some((key, ..)) = self.stopping.remove(&id) {
+                Transition::SessionStopped {
+                    reason: &cause,
+                    abnormal,
+                }
+                .record(self.at(&key, Parent::Root));
+            }
+            return Ok(());
         };
         let mut anchor = TraceAnchor::default();
         if self
@@ -340,11 +360,13 @@ impl Actor for WorkspaceSupervisor {
             store: args.store,
             notifier: args.notifier,
             bus: args.bus,
+            close_bus: args.close_bus,
             watchdog,
             admission: args.admission,
             recovered: args.recovered,
             sessions: HashMap::new(),
             by_id: HashMap::new(),
+            stopping: HashMap::new(),
             trackers: HashMap::new(),
             policies: HashMap::new(),
             given_up: HashMap::new(),
@@ -478,20 +500,38 @@ impl Actor for WorkspaceSupervisor {
                 Some(state.config.shutdown.watchdog),
             )
             .await;
+        if state.close_bus {
+            state.bus.close();
+        }
         Ok(())
     }
 }
 
-/// Stops every session and waits for each (its stream released first).
+/// Stops every session still here (running, or let go of but not yet
+/// exited) and waits for each (its stream released first); each publishes
+/// its `SessionStopped`, its exit never reaching the supervisor now.
 async fn stop_sessions(myself: &ActorRef<SupervisorMsg>, state: &mut SupervisorState) {
-    let sessions: Vec<_> = state.sessions.drain().map(|(_, h)| h).collect();
-    for h in &sessions {
+    state.by_id.clear();
+    let mut sessions: Vec<(SessionKey, SessionHandle, StopReason)> = state
+        .sessions
+        .drain()
+        .map(|(key, h)| (key, h, StopReason::Shutdown))
+        .collect();
+    sessions.extend(state.stopping.drain().map(|(_, held)| held));
+    for (_, h, _) in &sessions {
         h.actor().unlink(myself.get_cell());
     }
     let wait = state.config.shutdown.session;
-    let stops = sessions.iter().map(|h| {
+    let stops = sessions.iter().map(|(_, h, _)| {
         h.actor()
             .stop_and_wait(Some(StopReason::Shutdown.as_str().into()), Some(wait))
     });
     futures_util::future::join_all(stops).await;
+    for (key, _, why) in &sessions {
+        Transition::SessionStopped {
+            reason: why.as_str(),
+            abnormal: false,
+        }
+        .record(state.at(key, Parent::Root));
+    }
 }

@@ -6,7 +6,7 @@ use ractor::ActorRef;
 
 use crate::error::TurnError;
 use crate::notify::Notice;
-use crate::session::{Handoff, ResumeFailure, SessionActor, StartMode, TurnEvent};
+use crate::session::{Handoff, ResumeFailure, SessionActor, StartMode, StopReason, TurnEvent};
 use crate::source::SessionKey;
 use crate::store::{Durability, RecordStatus};
 use crate::transition::{Parent, Transition};
@@ -43,7 +43,7 @@ impl SupervisorState {
             }
             .record(self.at(&key, Parent::Anchor(&anchor))),
         );
-        self.forget(&key);
+        self.forget(&key, StopReason::Escalated);
         record.clear_agent_session_id();
         record.restart_count = record.restart_count.saturating_add(1);
         record.status = RecordStatus::Active;
@@ -95,7 +95,7 @@ impl SupervisorState {
     /// The session failed for good: mark its record failed (flushed), tell
     /// the user, refuse the key until reset.
     pub(super) async fn mark_failed(&mut self, key: SessionKey, reason: String) {
-        self.forget(&key);
+        self.forget(&key, StopReason::Escalated);
         self.persist_failed(&key, &reason).await;
         Transition::SessionFailed { reason: &reason }.record(self.at(&key, Parent::Root));
         self.notifier.notify(

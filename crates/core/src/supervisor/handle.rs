@@ -33,6 +33,8 @@ pub struct SupervisorBuilder {
     store: Arc<dyn SessionStore>,
     notifier: Arc<dyn Notifier>,
     bus: EventBus,
+    /// Whether the bus is the supervisor's own (closed at its shutdown).
+    own_bus: bool,
     admission: Admission,
     recovered: Option<tokio::sync::mpsc::UnboundedSender<crate::RecoveredTurn>>,
 }
@@ -79,9 +81,12 @@ impl SupervisorBuilder {
         self
     }
 
-    /// Publishes lifecycle events on `bus` (default: a new bus).
+    /// Publishes lifecycle events on `bus` (default: a new bus, closed when
+    /// the supervisor has shut down). A bus given here may be shared, so it
+    /// stays open: [`EventBus::close`] it when you are done.
     pub fn bus(mut self, bus: EventBus) -> Self {
         self.bus = bus;
+        self.own_bus = false;
         self
     }
 
@@ -95,6 +100,7 @@ impl SupervisorBuilder {
             store: self.store.clone(),
             notifier: self.notifier,
             bus: self.bus.clone(),
+            close_bus: self.own_bus,
             admission: self.admission.clone(),
             recovered: self.recovered,
             watchdog_tx: tx,
@@ -148,6 +154,7 @@ impl Supervisor {
             store: Arc::new(MemoryStore::new()),
             notifier: Arc::new(LogNotifier),
             bus: EventBus::default(),
+            own_bus: true,
             admission: Admission::default(),
             recovered: None,
         }
@@ -417,9 +424,21 @@ impl Supervisor {
         call(&self.actor, "supervisor", |r| SupervisorMsg::Reset(key, r)).await?
     }
 
-    /// Lifecycle events from now on.
+    /// Lifecycle events from now on, as a `broadcast` receiver: it ends
+    /// (`RecvError::Closed`) after the last event of
+    /// [`shutdown`](Self::shutdown), and reports a gap as
+    /// `RecvError::Lagged`. [`events`](Self::events) gives both as items.
     pub fn subscribe(&self) -> broadcast::Receiver<LifecycleEvent> {
         self.bus.subscribe()
+    }
+
+    /// Lifecycle events from now on: `while let Some(r) =
+    /// events.recv().await` sees each event, each gap
+    /// ([`Received::Lagged`](crate::lifecycle::Received::Lagged)), and ends
+    /// after the last event of [`shutdown`](Self::shutdown) (every running
+    /// session's `SessionStopped`).
+    pub fn events(&self) -> crate::lifecycle::Subscription {
+        self.bus.events()
     }
 
     /// The admission its sessions' streams go through (for its
@@ -441,7 +460,9 @@ impl Supervisor {
 
     /// Stops the tree in order: sessions (each stopping its streams first),
     /// then the watchdog, then the supervisor. Running turns end with
-    /// `SessionStopped`; their messages stay pending in the store.
+    /// `SessionStopped`; their messages stay pending in the store. Each
+    /// session stopped publishes `SessionStopped` (reason `shutdown`), then
+    /// the supervisor's own bus closes, ending its subscribers.
     pub async fn shutdown(&self) {
         let _ = self
             .actor

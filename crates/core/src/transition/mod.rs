@@ -22,7 +22,7 @@ use crate::context::ContextReport;
 use crate::continuation::StreamPhase;
 use crate::error::{ResumeCause, StreamError};
 use crate::event::Usage;
-use crate::lifecycle::EventBus;
+use crate::lifecycle::{AttemptOutcome, EventBus};
 use crate::names;
 use crate::source::AttemptId;
 use crate::source::{Diagnostics, SessionKey};
@@ -122,6 +122,15 @@ pub(crate) enum Transition<'a> {
         silent_for: Duration,
         /// The allowance.
         timeout: Duration,
+    },
+    /// An attempt's stream ended; recorded onto its `attempt_started` span.
+    AttemptEnded {
+        /// The attempt.
+        attempt: AttemptId,
+        /// How.
+        outcome: AttemptOutcome,
+        /// The failure's code, when it failed.
+        error_code: Option<&'static str>,
     },
     /// A failed attempt will be retried from scratch.
     RetryScheduled {
@@ -291,6 +300,7 @@ impl Transition<'_> {
             Self::AttemptAdmitted { .. } => names::ATTEMPT_ADMITTED,
             Self::WatchdogKill { .. } => names::WATCHDOG_KILLED,
             Self::StreamTimedOut { .. } => names::STREAM_TIMED_OUT,
+            Self::AttemptEnded { .. } => names::ATTEMPT_ENDED,
             Self::RetryScheduled { .. } => names::RETRY_SCHEDULED,
             Self::ContinueScheduled { .. } => names::CONTINUE_SCHEDULED,
             Self::TurnCancelled { .. } => names::TURN_CANCELLED,

@@ -63,6 +63,15 @@ impl Transition<'_> {
                 error.r#type = "ESTREAM_TIMEOUT", silent_ms = millis(silent_for),
                 "Connection lost during streaming"
             ),
+            Self::AttemptEnded {
+                attempt,
+                outcome,
+                error_code,
+            } => tracing::debug!(
+                event, session.key = %key, turn = attempt.turn, attempt = attempt.attempt,
+                outcome = outcome.as_str(), error.r#type = error_code,
+                "stream attempt ended"
+            ),
             Self::RetryScheduled {
                 failed,
                 delay,
@@ -215,6 +224,16 @@ impl Transition<'_> {
                 key,
                 attempt,
                 silent_for,
+            },
+            Self::AttemptEnded {
+                attempt,
+                outcome,
+                error_code,
+            } => LifecycleEvent::AttemptEnded {
+                key,
+                attempt,
+                outcome,
+                error_code,
             },
             Self::RetryScheduled {
                 failed,

@@ -241,6 +241,7 @@ impl Transition<'_> {
             ),
             Self::AgentSessionId { .. }
             | Self::AttemptAdmitted { .. }
+            | Self::AttemptEnded { .. }
             | Self::ContextUsage(_)
             | Self::TurnFinished { .. }
             | Self::SessionStopped { .. }

@@ -106,6 +106,11 @@ fn all<'a>(
             silent_for: d,
             timeout: d,
         },
+        Transition::AttemptEnded {
+            attempt,
+            outcome: AttemptOutcome::Failed,
+            error_code: Some("ESTREAM_TIMEOUT"),
+        },
         Transition::RetryScheduled {
             failed: attempt,
             delay: d,
