@@ -108,7 +108,8 @@ mod workspace;
 pub use context::ContextConfig;
 pub use session::{
     ContinueFrom, RecoveredTurn, Recovery, SendOptions, SessionConfig, SessionHandle,
-    SessionStatus, SubmitError, TurnCanceller, TurnEvent, TurnHandle, TurnSummary,
+    SessionStatus, SubmitError, TextEdit, TurnCanceller, TurnEvent, TurnHandle, TurnSummary,
+    TurnText,
 };
 pub use stream::StreamOptions;
 pub use supervisor::{

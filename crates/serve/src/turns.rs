@@ -800,6 +800,7 @@ fn describe(event: TurnEvent) -> Option<Data> {
                 discard,
             )
         };
+    let discard = event.discards_shown_text();
     Some(match event {
         TurnEvent::Waiting { behind } => Data::Queued(Queued::new(1, Some(behind as u64))),
         TurnEvent::Queued(a) => Data::Queued(Queued::new(u64::from(a.attempt), None)),
@@ -816,12 +817,12 @@ fn describe(event: TurnEvent) -> Option<Data> {
             failed: f,
             delay,
             error,
-        } => Data::Retrying(failed(f, delay, &error, true)),
+        } => Data::Retrying(failed(f, delay, &error, discard)),
         TurnEvent::Continuing {
             failed: f,
             delay,
             error,
-        } => Data::Continuing(failed(f, delay, &error, false)),
+        } => Data::Continuing(failed(f, delay, &error, discard)),
         TurnEvent::Restarting { cause } => Data::Restarting(Restarting::new(cause.as_str())),
         TurnEvent::Finished(Ok(summary)) => Data::Done(done(&summary)),
         TurnEvent::Finished(Err(error)) => Data::Error(failure(&error)),

@@ -274,24 +274,32 @@ impl TurnHandle {
         self.canceller.clone()
     }
 
-    /// The next progress event; `None` after `Finished`.
+    /// The next progress event; `None` after `Finished`. (`TurnHandle`
+    /// is also a [`Stream`](futures_util::Stream) of them.)
     pub async fn recv(&mut self) -> Option<TurnEvent> {
+        std::future::poll_fn(|cx| self.poll_event(cx)).await
+    }
+
+    /// Polls for the next event: see [`recv`](Self::recv).
+    pub(super) fn poll_event(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<TurnEvent>> {
         if self.done {
-            return None;
+            return std::task::Poll::Ready(None);
         }
         // Taking the event out returns its credit: the stream reads on.
-        let ev = self
-            .rx
-            .recv()
-            .await
-            .map(|(ev, _credit)| ev)
-            .unwrap_or(TurnEvent::Finished(Err(TurnError::SessionStopped {
+        let ev = match self.rx.poll_recv(cx) {
+            std::task::Poll::Pending => return std::task::Poll::Pending,
+            std::task::Poll::Ready(Some((ev, _credit))) => ev,
+            std::task::Poll::Ready(None) => TurnEvent::Finished(Err(TurnError::SessionStopped {
                 reason: "session ended without answering (crashed)".into(),
-            })));
+            })),
+        };
         if matches!(ev, TurnEvent::Finished(_)) {
             self.done = true;
         }
-        Some(ev)
+        std::task::Poll::Ready(Some(ev))
     }
 
     /// Waits for the end; returns the text to relay to a human

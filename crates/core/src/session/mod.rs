@@ -32,6 +32,7 @@ mod handle;
 mod run;
 mod state;
 mod turn;
+mod view;
 
 use std::time::Duration;
 
@@ -46,6 +47,7 @@ pub use handle::{
     TurnCanceller, TurnEvent, TurnHandle, TurnSummary,
 };
 pub(crate) use turn::StartMode;
+pub use view::{TextEdit, TurnText};
 
 /// Configuration of a session.
 #[derive(Debug, Clone, PartialEq)]
