@@ -176,7 +176,9 @@ async fn run(cli: Cli) -> Result<Exit, CliError> {
     let mut telemetry = TelemetryConfig::from_env();
     if std::env::var_os("RUST_LOG").is_none() {
         telemetry = match cli.command {
-            Command::Serve(_) => telemetry.with_console_filter("warn"),
+            // The connection pool warns of every failed connection in a
+            // database outage; the node says it once itself.
+            Command::Serve(_) => telemetry.with_console_filter("warn,deadpool=error"),
             _ => telemetry.with_console(false),
         };
     }

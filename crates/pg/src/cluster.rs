@@ -94,6 +94,16 @@ pub enum NodeEvent {
         /// The epoch this node had.
         epoch: u64,
     },
+    /// This node gave a session's lease up because it could not renew it
+    /// in time (the database cannot be reached: an outage, or this node cut
+    /// off or paused); its copy here was stopped, its messages left pending for
+    /// whichever node reaches the database first. Nothing moved yet.
+    SessionFenced {
+        /// The session.
+        key: SessionKey,
+        /// The epoch given up.
+        epoch: u64,
+    },
     /// This node took over a session whose node died, and re-sends its
     /// pending messages.
     TookOver {
@@ -150,6 +160,10 @@ impl std::fmt::Display for NodeEvent {
             Self::SessionMoved { key, epoch } => write!(
                 f,
                 "session {key} moved to another node (lease epoch {epoch} lost); stopped here"
+            ),
+            Self::SessionFenced { key, epoch } => write!(
+                f,
+                "session {key} stopped here: its lease (epoch {epoch}) could not be renewed in time (the database unreachable, or this node paused); the node that takes it next re-delivers its turns"
             ),
             Self::TookOver { key, epoch } => write!(
                 f,
@@ -219,6 +233,10 @@ fn report(events: &broadcast::Sender<NodeEvent>, event: NodeEvent) {
         NodeEvent::SessionMoved { key, epoch } => {
             tracing::warn!(event = "cluster.session_moved", session.key = %key, epoch, "{event}");
         }
+        // Expected in an outage: `pg.leases_fenced` says it once per pass.
+        NodeEvent::SessionFenced { key, epoch } => {
+            tracing::debug!(event = "cluster.session_fenced", session.key = %key, epoch, "{event}");
+        }
         NodeEvent::TookOver { key, epoch } => {
             tracing::info!(event = "cluster.took_over", session.key = %key, epoch, "{event}");
         }
@@ -228,7 +246,11 @@ fn report(events: &broadcast::Sender<NodeEvent>, event: NodeEvent) {
         NodeEvent::Released { key, .. } => {
             tracing::warn!(event = "cluster.released", session.key = %key, "{event}");
         }
-        NodeEvent::HeartbeatFailed { .. } | NodeEvent::ExpireFailed { .. } => {
+        // The one warning of an outage (its end is the one `info`).
+        NodeEvent::HeartbeatFailed { .. } => {
+            tracing::warn!(event = "cluster.database_unreachable", "{event}");
+        }
+        NodeEvent::ExpireFailed { .. } => {
             tracing::warn!(event = "cluster.background_failed", "{event}");
         }
         NodeEvent::DatabaseBack { down_for } => {
@@ -393,6 +415,11 @@ impl Node {
                 };
                 if let Err(e) = expired {
                     Counters::add(&counters.database_errors, 1);
+                    if counters.outage_within(Duration::ZERO) {
+                        // Part of the outage the heartbeat already reported.
+                        tracing::debug!(event = "cluster.background_failed", error = %e, "cannot expire old turn logs during the outage");
+                        continue;
+                    }
                     report(
                         &events,
                         NodeEvent::ExpireFailed {
@@ -406,25 +433,28 @@ impl Node {
         // A lease lost (a renewal or a write refused): stop the copy here
         // now, before it answers anyone again.
         let mut lost = store.lost();
-        let (sup, events, counters) = (
+        let (sup, events, counters, fences) = (
             supervisor.clone(),
             self.events.clone(),
             self.counters.clone(),
+            store.clone(),
         );
         tasks.push(AbortOnDropHandle::new(tokio::spawn(async move {
             loop {
                 match lost.recv().await {
                     Ok(lease) => {
-                        Counters::add(&counters.leases_lost, 1);
                         let key = SessionKey::new(&lease.key);
                         let _ = sup.evict(key.clone()).await;
-                        report(
-                            &events,
-                            NodeEvent::SessionMoved {
-                                key,
-                                epoch: lease.epoch,
-                            },
-                        );
+                        let epoch = lease.epoch;
+                        // Given up here for an outage is not "moved".
+                        let event = match fences.was_fenced(&lease) {
+                            true => NodeEvent::SessionFenced { key, epoch },
+                            false => {
+                                Counters::add(&counters.leases_lost, 1);
+                                NodeEvent::SessionMoved { key, epoch }
+                            }
+                        };
+                        report(&events, event);
                     }
                     Err(broadcast::error::RecvError::Lagged(_)) => {}
                     Err(broadcast::error::RecvError::Closed) => return,

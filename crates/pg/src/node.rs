@@ -69,6 +69,11 @@ pub struct NodeStore {
     /// key per session that left this node.
     given_up: Arc<Mutex<HashMap<String, tokio::time::Instant>>>,
     lost: broadcast::Sender<Lease>,
+    /// Leases [`fence_expired`](Self::fence_expired) gave up and reported
+    /// on `lost`, until [`Node`](crate::cluster::Node) asks
+    /// ([`was_fenced`](Self::was_fenced)): given up here for an outage, not
+    /// taken by another node.
+    fenced: Arc<Mutex<std::collections::HashSet<(String, u64)>>>,
     /// Its turns' event batches, committed together (or, switched off,
     /// each in its own transaction).
     group: crate::group::GroupCommit,
@@ -100,6 +105,7 @@ impl NodeStore {
             prefetched: Arc::default(),
             given_up: Arc::default(),
             lost,
+            fenced: Arc::default(),
         }
     }
 
@@ -277,6 +283,13 @@ impl NodeStore {
             );
             let _ = self.lost.send(l);
         }
+    }
+
+    /// Whether `lease`, reported on [`lost`](Self::lost), was given up by
+    /// this node's fence (it could not renew it in time) rather than taken
+    /// by another node; asked once per lease.
+    pub(crate) fn was_fenced(&self, lease: &Lease) -> bool {
+        self.fenced.lock().remove(&(lease.key.clone(), lease.epoch))
     }
 
     /// Whether this node still holds `lease` (same session, same epoch).

@@ -667,11 +667,12 @@ async fn open(
         match store.open(key, message_id, id, fingerprint, asked).await {
             Ok(t) => return Some(t),
             Err(TurnStoreError::Moved(why)) => {
-                tracing::warn!(session = %key, %why, "the session moved before its turn was stored");
+                tracing::info!(session = %key, %why, "this node no longer holds the session's lease: its turn is not stored here");
                 return None;
             }
             Err(why) => {
-                tracing::warn!(session = %key, %why, "cannot store the turn; retrying");
+                // An outage: the node's heartbeat warns of it once.
+                tracing::debug!(session = %key, %why, "cannot store the turn; retrying");
                 if attempt < policy.max_attempts {
                     let delay = policy.jittered_delay(attempt, &mut rand::rng());
                     tokio::time::sleep(delay).await;
@@ -769,16 +770,21 @@ async fn store_batch(
         match store.append(key, id, batch, last).await {
             Ok(()) => return true,
             Err(TurnStoreError::Moved(why)) => {
-                tracing::info!(session = %key, turn = id, %why, "the turn moved to another node");
+                // Taken by another node, or given up here in an outage:
+                // either way it stops here, and is not "moved" until a node
+                // takes it.
+                tracing::info!(session = %key, turn = id, %why, "this node no longer holds the session's lease: the turn stops here and is re-delivered by the session's next node");
                 return false;
             }
             Err(why) if attempt < policy.max_attempts => {
-                tracing::warn!(session = %key, turn = id, %why, "cannot store the turn's events; retrying");
+                // An outage: the node's heartbeat warns of it once.
+                tracing::debug!(session = %key, turn = id, %why, "cannot store the turn's events; retrying");
                 let delay = policy.jittered_delay(attempt, &mut rand::rng());
                 tokio::time::sleep(delay).await;
             }
             Err(why) => {
-                tracing::error!(
+                // A long outage: expected, and the turn is re-delivered.
+                tracing::warn!(
                     session = %key, turn = id, %why, attempts = attempt,
                     "cannot store the turn's events; giving up: its stream ends here and the node that runs the session next re-delivers it"
                 );

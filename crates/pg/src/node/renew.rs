@@ -44,14 +44,24 @@ impl NodeStore {
         for lease in due {
             if let Some(l) = self.remove(&lease) {
                 fenced += 1;
-                tracing::warn!(
+                tracing::debug!(
                     event = "pg.lease_fenced",
                     session = %l.key,
                     epoch = l.epoch,
                     "cannot renew a session's lease in time; stopping it here before another node may take it"
                 );
+                self.fenced.lock().insert((l.key.clone(), l.epoch));
                 let _ = self.lost.send(l);
             }
+        }
+        // Expected in an outage (the node cannot tell it from a partition):
+        // said once per pass, not per session, and not as an error.
+        if fenced > 0 {
+            tracing::info!(
+                event = "pg.leases_fenced",
+                sessions = fenced,
+                "cannot reach the database to renew leases in time: gave {fenced} up and stopped their sessions here; their turns are re-delivered once the database answers"
+            );
         }
         fenced
     }
@@ -130,7 +140,8 @@ impl NodeStore {
                 match (store.renew_all().await, failing_since) {
                     (Ok(_), Some(since)) => {
                         failing_since = None;
-                        tracing::info!(
+                        // The node's heartbeat says the outage ended.
+                        tracing::debug!(
                             event = "pg.renew_recovered",
                             down_ms =
                                 u64::try_from(since.elapsed().as_millis()).unwrap_or(u64::MAX),
@@ -140,7 +151,8 @@ impl NodeStore {
                     (Ok(_), None) => {}
                     (Err(e), None) => {
                         failing_since = Some(tokio::time::Instant::now());
-                        tracing::warn!(event = "pg.renew_failed", error = %e, "cannot renew leases; retrying every third of the TTL");
+                        // The node's heartbeat warns of the outage once.
+                        tracing::info!(event = "pg.renew_failed", error = %e, "cannot renew leases; retrying every 100 ms");
                     }
                     (Err(e), Some(_)) => {
                         tracing::debug!(event = "pg.renew_failed", error = %e, "still cannot renew leases");
