@@ -18,6 +18,37 @@
 use std::io;
 use std::path::{Component, Path, PathBuf};
 
+use crate::source::SessionKey;
+
+impl SessionKey {
+    /// The key of the workspace at `path`, as a supervisor keys it
+    /// ([`Supervisor::key_for`](crate::Supervisor::key_for)), without one:
+    /// for a `specs` factory or a record seeded before the supervisor
+    /// starts. The path is [normalized](normalize_workspace); the key is
+    /// its text when it is UTF-8 (every such key is unchanged), else
+    /// `path-bytes:` and its bytes with each byte that is not UTF-8, and
+    /// `%`, written `%XX` — distinct for distinct paths, where a lossy
+    /// conversion gave two such directories one key (and one transcript).
+    pub fn for_workspace(path: impl AsRef<Path>) -> io::Result<SessionKey> {
+        Ok(Self::of_normalized(&normalize_workspace(path)?))
+    }
+
+    /// The key of an already normalized workspace path.
+    pub(crate) fn of_normalized(path: &Path) -> SessionKey {
+        if let Some(text) = path.to_str() {
+            return SessionKey::new(text);
+        }
+        let mut key = String::from("path-bytes:");
+        for chunk in path.as_os_str().as_encoded_bytes().utf8_chunks() {
+            key.push_str(&chunk.valid().replace('%', "%25"));
+            for byte in chunk.invalid() {
+                key.push_str(&format!("%{byte:02X}"));
+            }
+        }
+        SessionKey::new(key)
+    }
+}
+
 /// The longest workspace path accepted, in bytes (Linux's `PATH_MAX`).
 pub(crate) const MAX_WORKSPACE_PATH: usize = 4096;
 
@@ -104,6 +135,41 @@ fn resolve_existing_prefix(cleaned: &Path) -> PathBuf {
 
 #[cfg(test)]
 mod tests {
+    #[cfg(unix)]
+    #[test]
+    fn workspace_keys_are_distinct_for_distinct_paths_and_unchanged_for_utf8() {
+        use std::ffi::OsStr;
+        use std::os::unix::ffi::OsStrExt as _;
+
+        use crate::source::SessionKey;
+
+        let dir = std::env::temp_dir().join(format!("warden-keys-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let dir = std::fs::canonicalize(&dir).expect("canonical");
+        let utf8 = dir.join("café 100%");
+        assert_eq!(
+            SessionKey::for_workspace(&utf8).expect("key").as_str(),
+            utf8.to_str().expect("UTF-8"),
+            "a UTF-8 path is its own key"
+        );
+        let mut keys = std::collections::HashSet::new();
+        for name in [&b"\xff"[..], b"\xfe", b"%FF", b"\xff%"] {
+            let path = dir.join(OsStr::from_bytes(name));
+            let key = SessionKey::for_workspace(&path).expect("key");
+            assert!(keys.insert(key.clone()), "{key} twice");
+        }
+        let lossy: std::collections::HashSet<_> = [&b"\xff"[..], b"\xfe"]
+            .iter()
+            .map(|n| {
+                dir.join(OsStr::from_bytes(n))
+                    .to_string_lossy()
+                    .into_owned()
+            })
+            .collect();
+        assert_eq!(lossy.len(), 1, "the lossy keys it replaces collided");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
     use super::*;
 
     #[test]

@@ -15,7 +15,7 @@ const LEAVES: &[(&str, &[&str])] = &[
     ("names", &[]),
     ("context", &[]),
     ("spans", &[]),
-    ("workspace", &["names"]),
+    ("workspace", &["names", "source"]),
     ("source", &["error", "event"]),
     ("lifecycle", &["error", "names", "source", "store"]),
 ];

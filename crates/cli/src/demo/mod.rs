@@ -470,7 +470,9 @@ async fn prepare_workspace(
         .map_err(|e| CliError::failure(format!("cannot create {}: {e}", dir.display())))?;
     let path = warden_core::normalize_workspace(dir)
         .map_err(|e| CliError::failure(format!("workspace {}: {e}", dir.display())))?;
-    let key = SessionKey::new(path.to_string_lossy());
+    // The key the supervisor will give it, before it runs.
+    let key = SessionKey::for_workspace(&path)
+        .map_err(|e| CliError::failure(format!("workspace {}: {e}", dir.display())))?;
     // A previous run's conversations of this workspace are the demo's own.
     if let Ok(Some(old)) = store.load(&key).await {
         for id in old.agent_session_id.iter().chain(&old.past_session_ids) {

@@ -1,5 +1,6 @@
-//! The supervisor actor: the session map, restarts and give-ups, and the
-//! shutdown order. Resume failures are in [`super::fallback`].
+//! The supervisor actor: the session map, spawning, and the shutdown order.
+//! A session's exit (restart or give up, its `SessionStopped`) is in
+//! [`super::exit`], resume failures in [`super::fallback`].
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -13,16 +14,17 @@ use tokio::time::Instant;
 use crate::admission::Admission;
 use crate::lifecycle::EventBus;
 use crate::notify::Notifier;
-use crate::policy::{Restart, RestartDecision, RestartIntensity, RestartTracker};
+use crate::policy::{Restart, RestartIntensity, RestartTracker};
 use crate::session::{
     Escalation, SessionActor, SessionArgs, SessionHandle, StartError, StartMode, StopReason,
 };
-use crate::source::{SessionKey, SourceFactory};
+use crate::source::{SessionKey, SessionSpec, SourceFactory};
 use crate::spans::TraceAnchor;
 use crate::store::{Durability, RecordStatus, SessionRecord, SessionStore, StoreError};
 use crate::transition::{At, Parent, Transition};
 use crate::watchdog::{WatchdogActor, WatchdogHandle};
 
+use super::exit::stop_sessions;
 use super::{SupervisorConfig, SupervisorError};
 
 /// Message of the supervisor actor; use [`Supervisor`](super::Supervisor).
@@ -31,6 +33,7 @@ pub(crate) enum SupervisorMsg {
     Session(
         SessionKey,
         Option<PathBuf>,
+        Option<SessionSpec>,
         RpcReplyPort<Result<SessionHandle, SupervisorError>>,
     ),
     List(RpcReplyPort<Vec<SessionKey>>),
@@ -86,6 +89,9 @@ pub(crate) struct SupervisorState {
     /// Each session's restart kind and intensity (its spec's, else the
     /// supervisor's), as of its last spawn.
     pub(super) policies: HashMap<SessionKey, (Restart, RestartIntensity)>,
+    /// Specs given with a send ([`Supervisor::send_with_spec`](super::Supervisor::send_with_spec)):
+    /// used instead of the factory's for every later incarnation.
+    pub(super) specs: HashMap<SessionKey, SessionSpec>,
     /// Sessions given up, with the cause, until [`Supervisor::reset`](super::Supervisor::reset).
     pub(super) given_up: HashMap<SessionKey, String>,
     /// When each live session was last asked for: the least recently used
@@ -113,7 +119,10 @@ impl SupervisorState {
         previous: Option<TraceAnchor>,
     ) -> SessionArgs {
         let me = myself.clone();
-        let spec = self.factory.spec_for(&key);
+        let spec = match self.specs.get(&key) {
+            Some(spec) => spec.clone(),
+            None => self.factory.spec_for(&key),
+        };
         self.policies.insert(
             key.clone(),
             (
@@ -155,7 +164,7 @@ impl SupervisorState {
     }
 
     /// Loads (or creates) the record and spawns the session.
-    async fn spawn_session(
+    pub(super) async fn spawn_session(
         &mut self,
         myself: &ActorRef<SupervisorMsg>,
         key: SessionKey,
@@ -239,106 +248,6 @@ impl SupervisorState {
             limit,
         })
     }
-
-    /// A session exited; restart or give up per policy.
-    async fn on_exit(
-        &mut self,
-        myself: &ActorRef<SupervisorMsg>,
-        id: ActorId,
-        abnormal: bool,
-        cause: String,
-    ) -> Result<(), ActorProcessingErr> {
-        let Some(key) = self.by_id.remove(&id) else {
-            // Let go of before it exited (replaced, evicted, failed): it
-            // stopped, and that is all.
-            if let Some((key, ..)) = self.stopping.remove(&id) {
-                Transition::SessionStopped {
-                    reason: &cause,
-                    abnormal,
-                }
-                .record(self.at(&key, Parent::Root));
-            }
-            return Ok(());
-        };
-        let mut anchor = TraceAnchor::default();
-        if self
-            .sessions
-            .get(&key)
-            .is_some_and(|h| h.actor().get_id() == id)
-            && let Some(h) = self.sessions.remove(&key)
-        {
-            anchor = h.anchor().clone();
-        }
-        Transition::SessionStopped {
-            reason: &cause,
-            abnormal,
-        }
-        .record(self.at(&key, Parent::Root));
-        let deliberate = StopReason::parse(&cause).is_some_and(StopReason::is_deliberate);
-        // A newer incarnation already serves the key: nothing to restart.
-        let replaced = self.sessions.contains_key(&key);
-        let (restart, intensity) = self
-            .policies
-            .get(&key)
-            .copied()
-            .unwrap_or((self.config.restart, self.config.intensity));
-        if deliberate || replaced || !restart.should_restart(abnormal) {
-            return Ok(());
-        }
-        let decision = self
-            .trackers
-            .entry(key.clone())
-            .or_default()
-            .on_failure(intensity, Instant::now());
-        match decision {
-            RestartDecision::Restart(n) => {
-                drop(
-                    Transition::Restarted {
-                        restarts_in_window: n,
-                        cause: &cause,
-                    }
-                    .record(self.at(&key, Parent::Anchor(&anchor))),
-                );
-                if let Err(e) = self
-                    .spawn_session(myself, key.clone(), None, Some(anchor.clone()))
-                    .await
-                {
-                    self.give_up(key, format!("{cause}; restart failed: {e}"), &anchor)
-                        .await;
-                }
-            }
-            RestartDecision::Escalate => self.give_up(key, cause, &anchor).await,
-        }
-        Ok(())
-    }
-
-    /// Restart intensity exceeded: stop restarting `key` and mark its record
-    /// failed (flushed), so an orchestrator restart does not bring it back
-    /// until [`Supervisor::reset`](super::Supervisor::reset).
-    async fn give_up(&mut self, key: SessionKey, cause: String, anchor: &TraceAnchor) {
-        self.persist_failed(&key, &cause).await;
-        drop(Transition::GivenUp { cause: &cause }.record(self.at(&key, Parent::Anchor(anchor))));
-        self.given_up.insert(key, cause);
-    }
-
-    /// Marks `key`'s record `Failed { reason }`, flushed. The session is not
-    /// running: the supervisor is its record's only writer now.
-    pub(super) async fn persist_failed(&self, key: &SessionKey, reason: &str) {
-        match self.store.load(key).await {
-            Ok(Some(mut record)) => {
-                record.status = RecordStatus::Failed {
-                    reason: reason.to_owned(),
-                };
-                if let Err(e) = self.store.save(&record, Durability::Flushed).await {
-                    self.store_failed(key, &e);
-                }
-            }
-            Ok(None) => {}
-            Err(e) => {
-                self.store_failed(key, &e);
-            }
-        }
-    }
 }
 
 impl Actor for WorkspaceSupervisor {
@@ -369,6 +278,7 @@ impl Actor for WorkspaceSupervisor {
             stopping: HashMap::new(),
             trackers: HashMap::new(),
             policies: HashMap::new(),
+            specs: HashMap::new(),
             given_up: HashMap::new(),
             last_used: HashMap::new(),
         })
@@ -381,7 +291,10 @@ impl Actor for WorkspaceSupervisor {
         state: &mut Self::State,
     ) -> Result<(), ActorProcessingErr> {
         match msg {
-            SupervisorMsg::Session(key, workspace, reply) => {
+            SupervisorMsg::Session(key, workspace, spec, reply) => {
+                if let Some(spec) = spec {
+                    state.specs.insert(key.clone(), spec);
+                }
                 let result = if let Some(cause) = state.given_up.get(&key) {
                     Err(SupervisorError::SessionFailed {
                         key,
@@ -504,34 +417,5 @@ impl Actor for WorkspaceSupervisor {
             state.bus.close();
         }
         Ok(())
-    }
-}
-
-/// Stops every session still here (running, or let go of but not yet
-/// exited) and waits for each (its stream released first); each publishes
-/// its `SessionStopped`, its exit never reaching the supervisor now.
-async fn stop_sessions(myself: &ActorRef<SupervisorMsg>, state: &mut SupervisorState) {
-    state.by_id.clear();
-    let mut sessions: Vec<(SessionKey, SessionHandle, StopReason)> = state
-        .sessions
-        .drain()
-        .map(|(key, h)| (key, h, StopReason::Shutdown))
-        .collect();
-    sessions.extend(state.stopping.drain().map(|(_, held)| held));
-    for (_, h, _) in &sessions {
-        h.actor().unlink(myself.get_cell());
-    }
-    let wait = state.config.shutdown.session;
-    let stops = sessions.iter().map(|(_, h, _)| {
-        h.actor()
-            .stop_and_wait(Some(StopReason::Shutdown.as_str().into()), Some(wait))
-    });
-    futures_util::future::join_all(stops).await;
-    for (key, _, why) in &sessions {
-        Transition::SessionStopped {
-            reason: why.as_str(),
-            abnormal: false,
-        }
-        .record(state.at(key, Parent::Root));
     }
 }

@@ -1,7 +1,7 @@
 //! The [`Supervisor`] handle and its builder.
 
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -15,12 +15,10 @@ use crate::error::ActorError;
 use crate::lifecycle::{EventBus, LifecycleEvent};
 use crate::notify::{LogNotifier, Notifier};
 use crate::session::{Recovery, SessionHandle, SessionStatus, StopReason, SubmitError, TurnHandle};
-use crate::source::{SessionKey, SourceFactory};
+use crate::source::{SessionKey, SessionSpec, SourceFactory};
 use crate::store::{MemoryStore, SessionRecord, SessionStore, StoreError};
-use crate::transition::{At, Parent, Transition};
 use crate::util::call;
 use crate::watchdog::WatchdogHandle;
-use crate::workspace::normalize_workspace;
 
 use super::actor::{self, SupervisorMsg};
 use super::{SupervisorConfig, SupervisorError};
@@ -132,9 +130,9 @@ pub struct Supervisor {
     actor: ActorRef<SupervisorMsg>,
     watchdog: WatchdogHandle,
     admission: Admission,
-    bus: EventBus,
+    pub(super) bus: EventBus,
     store: Arc<dyn SessionStore>,
-    bindings: Arc<RwLock<HashMap<String, PathBuf>>>,
+    pub(super) bindings: Arc<RwLock<HashMap<String, PathBuf>>>,
     shutdown: Duration,
 }
 
@@ -174,38 +172,19 @@ impl Supervisor {
         &self,
         key: impl Into<SessionKey>,
     ) -> Result<SessionHandle, SupervisorError> {
-        self.session_inner(key.into(), None).await
+        self.session_inner(key.into(), None, None).await
     }
 
-    async fn session_inner(
+    pub(super) async fn session_inner(
         &self,
         key: SessionKey,
         workspace: Option<PathBuf>,
+        spec: Option<SessionSpec>,
     ) -> Result<SessionHandle, SupervisorError> {
         call(&self.actor, "supervisor", |r| {
-            SupervisorMsg::Session(key, workspace, r)
+            SupervisorMsg::Session(key, workspace, spec, r)
         })
         .await?
-    }
-
-    /// The key the workspace at `path` maps to: the path normalized
-    /// (absolute, symlinks and `.`/`..` resolved, no trailing separator),
-    /// as every workspace entry point computes it. Two spellings of one
-    /// directory give one key.
-    pub fn key_for(&self, path: impl AsRef<Path>) -> Result<SessionKey, SupervisorError> {
-        let path = self.normalize(path.as_ref())?;
-        Ok(SessionKey::new(path.to_string_lossy()))
-    }
-
-    /// The session of workspace `path` (normalized; its key is the
-    /// normalized path).
-    pub async fn workspace(
-        &self,
-        path: impl AsRef<Path>,
-    ) -> Result<SessionHandle, SupervisorError> {
-        let path = self.normalize(path.as_ref())?;
-        let key = SessionKey::new(path.to_string_lossy());
-        self.session_inner(key, Some(path)).await
     }
 
     /// Sends `message` to the session for `key` (spawning it if needed).
@@ -226,37 +205,35 @@ impl Supervisor {
         options: SendOptions,
     ) -> Result<TurnHandle, SupervisorError> {
         let key = key.into();
-        self.send_inner(key, None, message.into(), options).await
-    }
-
-    /// Sends `message` to the session of workspace `path` (normalized).
-    pub async fn send_to_workspace(
-        &self,
-        path: impl AsRef<Path>,
-        message: impl Into<String>,
-    ) -> Result<TurnHandle, SupervisorError> {
-        self.send_to_workspace_with(path, message, SendOptions::default())
+        self.send_inner(key, None, None, message.into(), options)
             .await
     }
 
-    /// [`send_to_workspace`](Self::send_to_workspace) with per-turn
-    /// [`SendOptions`].
-    pub async fn send_to_workspace_with(
+    /// [`send_with`](Self::send_with) to a session made from `spec`
+    /// instead of the factory's: the role is picked per call (a planner, a
+    /// worker), not by matching key strings in a `specs` factory. The spec
+    /// is kept for the key from now on: every later incarnation of the
+    /// session (a restart after a crash, a resume after a reap, a fresh
+    /// fallback) is made from it, and a later send may give another, for
+    /// the next incarnation. A session already running keeps its source
+    /// and settings until then. Kept in memory: after the orchestrator
+    /// restarts, the first send gives it again (or the factory's is used).
+    pub async fn send_with_spec(
         &self,
-        path: impl AsRef<Path>,
+        key: impl Into<SessionKey>,
+        spec: SessionSpec,
         message: impl Into<String>,
         options: SendOptions,
     ) -> Result<TurnHandle, SupervisorError> {
-        let path = self.normalize(path.as_ref())?;
-        let key = SessionKey::new(path.to_string_lossy());
-        self.send_inner(key, Some(path), message.into(), options)
+        self.send_inner(key.into(), None, Some(spec), message.into(), options)
             .await
     }
 
-    async fn send_inner(
+    pub(super) async fn send_inner(
         &self,
         key: SessionKey,
         workspace: Option<PathBuf>,
+        spec: Option<SessionSpec>,
         message: String,
         options: SendOptions,
     ) -> Result<TurnHandle, SupervisorError> {
@@ -264,7 +241,9 @@ impl Supervisor {
         // after a resume failure): look it up again once.
         let mut last = None;
         for _ in 0..3 {
-            let session = self.session_inner(key.clone(), workspace.clone()).await?;
+            let session = self
+                .session_inner(key.clone(), workspace.clone(), spec.clone())
+                .await?;
             match session.submit_with(message.clone(), options.clone()).await {
                 Ok(t) => return Ok(t),
                 Err(SubmitError::Actor(e)) => {
@@ -277,62 +256,6 @@ impl Supervisor {
         Err(SupervisorError::Actor(
             last.unwrap_or(ActorError::NotRunning { what: "session" }),
         ))
-    }
-
-    /// Binds a name (a chat channel, a user) to a workspace; the path is
-    /// normalized here, once.
-    pub fn bind(
-        &self,
-        name: impl Into<String>,
-        path: impl AsRef<Path>,
-    ) -> Result<PathBuf, SupervisorError> {
-        let path = self.normalize(path.as_ref())?;
-        // A panic while holding the lock cannot leave the map half-written
-        // (one insert or one get): the data is sound, use it.
-        self.bindings.write().insert(name.into(), path.clone());
-        Ok(path)
-    }
-
-    /// The workspace bound to `name`.
-    pub fn bound(&self, name: &str) -> Option<PathBuf> {
-        self.bindings.read().get(name).cloned()
-    }
-
-    /// Sends `message` to the workspace bound to `name`.
-    pub async fn send_bound(
-        &self,
-        name: &str,
-        message: impl Into<String>,
-    ) -> Result<TurnHandle, SupervisorError> {
-        let path = self
-            .bound(name)
-            .ok_or_else(|| SupervisorError::Unbound(name.to_owned()))?;
-        let key = SessionKey::new(path.to_string_lossy());
-        self.send_inner(key, Some(path), message.into(), SendOptions::default())
-            .await
-    }
-
-    fn normalize(&self, path: &Path) -> Result<PathBuf, SupervisorError> {
-        let normalized = normalize_workspace(path).map_err(|e| SupervisorError::Workspace {
-            path: path.to_path_buf(),
-            message: e.to_string(),
-        })?;
-        if normalized.as_os_str() != path.as_os_str() {
-            let key = SessionKey::new(normalized.to_string_lossy());
-            drop(
-                Transition::WorkspaceNormalized {
-                    original: path,
-                    normalized: &normalized,
-                }
-                .record(At {
-                    key: &key,
-                    conversation: None,
-                    parent: Parent::Root,
-                    bus: Some(&self.bus),
-                }),
-            );
-        }
-        Ok(normalized)
     }
 
     /// Keys of the running sessions.

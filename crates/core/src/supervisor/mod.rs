@@ -37,8 +37,10 @@
 //! | `fallback.rs` | resume failure → fresh start, and the failed mark | — |
 
 mod actor;
+mod exit;
 mod fallback;
 mod handle;
+mod workspace;
 
 use std::path::PathBuf;
 use std::time::Duration;
