@@ -74,11 +74,19 @@
 //! (the event bus), [`adapter`] (wrapping a stream as a source),
 //! [`store`] (the ports a store implements: sessions, turn logs,
 //! conversations), [`cluster`] (placement), [`config`], [`context`],
-//! [`continuation`], [`spans`], and the in-process test source
-//! ([`testing`]). The actors' state, their messages and the contract
-//! between a session and its supervisor are private. Feature `testing`
-//! adds hooks for tests outside this crate (`SessionHandle::fail`,
-//! `testing::spawn_session`).
+//! [`continuation`] and [`spans`]. The actors' state, their messages and
+//! the contract between a session and its supervisor are private.
+//!
+//! # Features
+//!
+//! - `testing`, for your tests (enable it under `[dev-dependencies]`, never
+//!   for a build you ship): `testing::ChannelSource`, an in-process source
+//!   a test drives frame by frame, and `testing::spawn_session`, a session
+//!   without a supervisor. The example above uses it.
+//!
+//! Fault injection needs no feature: [`SessionHandle::fail`] crashes a
+//! session as a failure would, so a restart policy can be seen to act (in
+//! a chaos test or a staging run) on a normal build.
 
 pub mod adapter;
 pub mod admission;
@@ -98,6 +106,7 @@ pub mod spans;
 pub mod store;
 pub mod stream;
 mod supervisor;
+#[cfg(feature = "testing")]
 pub mod testing;
 mod transition;
 mod util;

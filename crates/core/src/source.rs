@@ -8,7 +8,7 @@
 //! client's stream without implementing the trait, see
 //! [`source_fn`](crate::source_fn); to change how a source opens while
 //! keeping the rest, [`WrappedSource`](crate::adapter::WrappedSource). Real sources (Anthropic/OpenAI SSE over HTTP, the
-//! Claude Code CLI) live in `warden-llm`; [`crate::testing::ChannelSource`]
+//! Claude Code CLI) live in `warden-llm`; `testing::ChannelSource` (feature `testing`)
 //! is an in-process source for tests.
 
 use std::path::PathBuf;

@@ -394,7 +394,6 @@ pub(crate) enum SessionMsg {
     /// whether it stops.
     StopIfIdle(RpcReplyPort<bool>),
     Status(RpcReplyPort<SessionStatus>),
-    #[cfg_attr(not(feature = "testing"), allow(dead_code))]
     Fail(String),
 }
 
@@ -462,9 +461,13 @@ impl SessionHandle {
             .map_err(|_| ActorError::NotRunning { what: "session" })
     }
 
-    /// Fails the session as a crash would, so its supervisor applies the
-    /// restart policy. A test hook (feature `testing`).
-    #[cfg(feature = "testing")]
+    /// Fault injection: fails the session as a crash would (its running
+    /// turn and queued messages stay pending, as after a real crash), so
+    /// its supervisor applies its [`Restart`](crate::Restart) policy and
+    /// [`RestartIntensity`](crate::RestartIntensity): a way to see them act
+    /// in a chaos test or a staging run. Supported on every build (no
+    /// feature); `reason` is the crash's cause in `SessionRestarted` and the
+    /// logs.
     pub fn fail(&self, reason: impl Into<String>) {
         let _ = self.actor.cast(SessionMsg::Fail(reason.into()));
     }
