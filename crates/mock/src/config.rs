@@ -51,6 +51,15 @@ pub struct MockConfig {
     /// entry. Default empty (every such request plays
     /// [`default_scenario`](Self::default_scenario)).
     pub sequence: Vec<Scenario>,
+    /// Scripts per session, as [`sequence`](Self::sequence) is for all:
+    /// the requests of session `KEY` — those under a `/session/KEY/` path
+    /// prefix (give each session its own base URL,
+    /// `{base_url}/session/KEY`) — play `scripts[KEY]` in order, then its
+    /// last entry. So one worker's first attempt stalls, whichever request
+    /// comes first. A `/session/` request with no script here, or a
+    /// request that selects a scenario itself (header, model, `/scenario/`
+    /// prefix), plays as if it had no `/session/` prefix. Default empty.
+    pub scripts: std::collections::HashMap<String, Vec<Scenario>>,
     /// Pause between two consecutive frames of a stream. Default 10 ms
     /// ([`DEFAULT_FRAME_INTERVAL`]); zero sends frames back to back.
     pub frame_interval: Duration,
@@ -89,6 +98,7 @@ impl Default for MockConfig {
             port: None,
             default_scenario: Scenario::Normal,
             sequence: Vec::new(),
+            scripts: std::collections::HashMap::new(),
             frame_interval: DEFAULT_FRAME_INTERVAL,
             thinking_pause: DEFAULT_THINKING_PAUSE,
             ping_interval: DEFAULT_PING_INTERVAL,
@@ -124,6 +134,18 @@ impl MockConfig {
     /// for "the first attempt stalls, every retry succeeds".
     pub fn with_sequence(mut self, sequence: impl IntoIterator<Item = Scenario>) -> Self {
         self.sequence = sequence.into_iter().collect();
+        self
+    }
+
+    /// Sets session `key`'s script ([`scripts`](Self::scripts)), e.g.
+    /// `("worker-1", [Stall, Normal])`: that worker's first attempt stalls.
+    pub fn with_script(
+        mut self,
+        key: impl Into<String>,
+        script: impl IntoIterator<Item = Scenario>,
+    ) -> Self {
+        self.scripts
+            .insert(key.into(), script.into_iter().collect());
         self
     }
 

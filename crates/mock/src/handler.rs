@@ -13,8 +13,9 @@ use crate::body::{MockBody, Tracker};
 use crate::continuation::Continue;
 use crate::journal::{Endpoint, Journal, Outcome, RequestId, Selection};
 use crate::reply::{self, Reply};
+use crate::route::{Route, model_scenario, route};
 use crate::script::{self, Extras};
-use crate::{MockConfig, ParseScenarioError, Scenario, anthropic, openai, responses};
+use crate::{MockConfig, Scenario, anthropic, openai, responses};
 
 /// Header that selects a scenario for one request.
 pub(crate) const SCENARIO_HEADER: &str = "x-mock-scenario";
@@ -44,53 +45,6 @@ enum Api {
     OpenAi,
     /// The OpenAI Responses API (OpenAI's error shape).
     Responses,
-}
-
-/// Splits an optional `/scenario/NAME` prefix off `path` and names the
-/// endpoint of the rest.
-fn route(path: &str) -> (Option<Result<Scenario, ParseScenarioError>>, Endpoint) {
-    let (chosen, rest) = match path.strip_prefix("/scenario/") {
-        Some(r) => {
-            let (name, rest) = r.split_once('/').unwrap_or((r, ""));
-            (Some(name.parse()), format!("/{rest}"))
-        }
-        None => (None, path.to_owned()),
-    };
-    let rest = rest.trim_end_matches('/');
-    let endpoint = if rest.ends_with("/v1/messages/count_tokens") {
-        Endpoint::AnthropicCountTokens
-    } else if rest.ends_with("/v1/messages") {
-        Endpoint::AnthropicMessages
-    } else if rest.ends_with("/chat/completions") {
-        Endpoint::OpenAiChatCompletions
-    } else if rest.ends_with("/v1/responses") {
-        Endpoint::OpenAiResponses
-    } else if rest
-        .rsplit_once("/v1/responses/")
-        .is_some_and(|(_, id)| !id.is_empty() && !id.contains('/'))
-    {
-        Endpoint::OpenAiResponse
-    } else if rest.ends_with("/v1/models") || rest == "/models" {
-        Endpoint::Models
-    } else if rest.is_empty() {
-        Endpoint::Root
-    } else {
-        Endpoint::Unknown
-    };
-    (chosen, endpoint)
-}
-
-/// The scenario named by a model: `mock-NAME`, or `…:NAME` after the last
-/// colon. Other models select nothing.
-fn model_scenario(model: &str) -> Option<Scenario> {
-    if let Some(name) = model.strip_prefix("mock-")
-        && let Ok(s) = name.parse()
-    {
-        return Some(s);
-    }
-    model
-        .rsplit_once(':')
-        .and_then(|(_, name)| name.parse().ok())
 }
 
 /// Builds one response and records its status.
@@ -202,7 +156,11 @@ pub(crate) async fn handle(
     let journal = &*ctx.journal;
     let method = req.method().clone();
     let path = req.uri().path().to_owned();
-    let (path_choice, endpoint) = route(&path);
+    let Route {
+        session,
+        chosen: path_choice,
+        endpoint,
+    } = route(&path);
     let id = journal.begin(method.as_str(), &path, req.uri().query(), endpoint);
     let mut tracker = Tracker::new(ctx.journal.clone(), id);
     let answer = Answer {
@@ -318,6 +276,14 @@ pub(crate) async fn handle(
         None => match (model.as_deref().and_then(model_scenario), path_choice) {
             (Some(s), _) => (s, Selection::Model),
             (None, Some(Ok(s))) => (s, Selection::Path),
+            _ if let Some((key, script)) = session
+                .as_ref()
+                .and_then(|k| ctx.config.scripts.get_key_value(k))
+                .filter(|(_, script)| !script.is_empty()) =>
+            {
+                let slot = journal.next_scripted_for(key).min(script.len() - 1);
+                (script[slot], Selection::Session(slot))
+            }
             _ if !ctx.config.sequence.is_empty() => {
                 let seq = &ctx.config.sequence;
                 let slot = journal.next_scripted().min(seq.len() - 1);
@@ -645,48 +611,4 @@ fn models_json() -> Value {
         "first_id": first,
         "last_id": last
     })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn routes_ignore_prefixes_and_queries_are_not_in_the_path() {
-        assert_eq!(route("/v1/messages").1, Endpoint::AnthropicMessages);
-        assert_eq!(route("/proxy/v1/messages").1, Endpoint::AnthropicMessages);
-        assert_eq!(
-            route("/v1/messages/count_tokens").1,
-            Endpoint::AnthropicCountTokens
-        );
-        assert_eq!(
-            route("/v1/chat/completions").1,
-            Endpoint::OpenAiChatCompletions
-        );
-        assert_eq!(
-            route("/chat/completions").1,
-            Endpoint::OpenAiChatCompletions
-        );
-        assert_eq!(route("/v1/models").1, Endpoint::Models);
-        assert_eq!(route("/").1, Endpoint::Root);
-        assert_eq!(route("/v1/other").1, Endpoint::Unknown);
-        let (chosen, endpoint) = route("/scenario/stall/v1/messages");
-        assert_eq!(chosen, Some(Ok(Scenario::Stall)));
-        assert_eq!(endpoint, Endpoint::AnthropicMessages);
-        assert!(matches!(
-            route("/scenario/nope/v1/messages").0,
-            Some(Err(_))
-        ));
-    }
-
-    #[test]
-    fn models_name_scenarios_by_prefix_or_colon_suffix() {
-        assert_eq!(model_scenario("mock-stall"), Some(Scenario::Stall));
-        assert_eq!(
-            model_scenario("claude-x:abrupt-close"),
-            Some(Scenario::AbruptClose)
-        );
-        assert_eq!(model_scenario("mock-unknown"), None);
-        assert_eq!(model_scenario("claude-sonnet-4-5"), None);
-    }
 }

@@ -73,6 +73,9 @@ pub enum Selection {
     Path,
     /// Entry `n` (0-based) of the configured sequence.
     Sequence(usize),
+    /// Entry `n` (0-based) of the script of the request's session (its
+    /// `/session/KEY/` path prefix).
+    Session(usize),
     /// The configured default scenario.
     Default,
 }
@@ -217,6 +220,8 @@ pub(crate) struct Journal {
 struct State {
     next_id: RequestId,
     scripted: usize,
+    /// The next slot of each session's script.
+    scripted_by_session: std::collections::HashMap<String, usize>,
     records: Vec<RequestRecord>,
     events: Vec<ServerEvent>,
 }
@@ -291,6 +296,15 @@ impl Journal {
     }
 
     /// Takes the next slot of the sequence script (0-based).
+    /// The next slot of session `key`'s script (0, 1, …).
+    pub(crate) fn next_scripted_for(&self, key: &str) -> usize {
+        let mut st = self.lock();
+        let n = st.scripted_by_session.entry(key.to_owned()).or_default();
+        let slot = *n;
+        *n += 1;
+        slot
+    }
+
     pub(crate) fn next_scripted(&self) -> usize {
         let mut st = self.lock();
         let n = st.scripted;

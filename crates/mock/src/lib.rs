@@ -85,9 +85,15 @@
 //!    `:NAME` (e.g. `claude-sonnet-4-5:abrupt-close`);
 //! 3. a path prefix `/scenario/NAME/…`, e.g. the base URL
 //!    [`MockServer::scenario_base_url`] (an unknown name is a 404);
-//! 4. the script [`MockConfig::sequence`]: the n-th request that reaches
+//! 4. the script of its session, [`MockConfig::scripts`]: a request under
+//!    a `/session/KEY/…` path prefix (a session given the base URL
+//!    `{base_url}/session/KEY`) plays the next entry of `KEY`'s script, the
+//!    last one past its end — so one worker's first attempt stalls,
+//!    whichever request comes first (it may come before the `/scenario/`
+//!    prefix: `/session/KEY/scenario/NAME/…`);
+//! 5. the script [`MockConfig::sequence`]: the n-th request that reaches
 //!    this step plays entry n, requests past the end play the last entry;
-//! 5. [`MockConfig::default_scenario`] ([`Scenario::Normal`] by default).
+//! 6. [`MockConfig::default_scenario`] ([`Scenario::Normal`] by default).
 //!
 //! [`Scenario::all`] lists every scenario with a one-line description.
 //!
@@ -140,6 +146,7 @@ mod journal;
 mod openai;
 mod reply;
 mod responses;
+mod route;
 mod scenario;
 mod script;
 mod server;

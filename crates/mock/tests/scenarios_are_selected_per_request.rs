@@ -185,3 +185,56 @@ async fn scenario_base_url_selects_by_path() -> TestResult {
     server.shutdown().await;
     Ok(())
 }
+
+/// Each session plays its own script, whichever request comes first:
+/// worker-1's first request is rate-limited (the scripted fault), the
+/// planner's requests and worker-2's are not, and the global sequence is
+/// not used up by them.
+#[tokio::test]
+async fn each_session_plays_its_own_script() -> TestResult {
+    let server = MockServer::start(
+        MockConfig::default()
+            .with_sequence([Scenario::ServerError, Scenario::Normal])
+            .with_script("worker-1", [Scenario::RateLimited, Scenario::Normal])
+            .with_script("planner", [Scenario::Normal]),
+    )
+    .await?;
+    let session = |key: &str| format!("/session/{key}/v1/messages");
+    assert_eq!(
+        status_of(&server, &session("planner"), "claude-x", None).await,
+        200
+    );
+    assert_eq!(
+        status_of(&server, &session("worker-1"), "claude-x", None).await,
+        429
+    );
+    assert_eq!(
+        status_of(&server, &session("planner"), "claude-x", None).await,
+        200
+    );
+    assert_eq!(
+        status_of(&server, &session("worker-1"), "claude-x", None).await,
+        200
+    );
+    assert_eq!(
+        status_of(&server, &session("worker-1"), "claude-x", None).await,
+        200
+    );
+    // A session without a script plays the global sequence, from its start.
+    assert_eq!(
+        status_of(&server, &session("worker-2"), "claude-x", None).await,
+        500
+    );
+    assert_eq!(
+        played(&server),
+        [
+            (Some(Scenario::Normal), Some(Selection::Session(0))),
+            (Some(Scenario::RateLimited), Some(Selection::Session(0))),
+            (Some(Scenario::Normal), Some(Selection::Session(0))),
+            (Some(Scenario::Normal), Some(Selection::Session(1))),
+            (Some(Scenario::Normal), Some(Selection::Session(1))),
+            (Some(Scenario::ServerError), Some(Selection::Sequence(0))),
+        ]
+    );
+    Ok(())
+}
