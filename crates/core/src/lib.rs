@@ -4,7 +4,7 @@
 //! on [`ractor`] and tokio.
 //!
 //! ```text
-//! WorkspaceSupervisor            one per orchestrator; SessionKey -> SessionActor
+//! Supervisor                     one per orchestrator; SessionKey -> SessionActor
 //!  ├─ WatchdogActor              liveness of every running stream
 //!  └─ SessionActor (per key)     one agent conversation
 //!      └─ StreamTask (per turn attempt) reads one streaming response
@@ -137,7 +137,7 @@ pub use source::{
 pub use error::{ActorError, ConfigError, ResumeCause, StreamError, TurnError, retryable_status};
 // The reusable parts: watchdog, policies, shared backoff.
 pub use admission::{Admission, AdmissionConfig};
-pub use policy::{Restart, RestartIntensity, RetryPolicy};
+pub use policy::{Restart, RestartIntensity, RetryPolicy, RetryVerdict};
 pub use watchdog::{WatchdogActor, WatchdogConfig};
 // State and what users hear.
 pub use lifecycle::LifecycleEvent;

@@ -136,7 +136,12 @@ pub struct SessionRecord {
     pub usage: Option<StoredUsage>,
     /// Status.
     pub status: RecordStatus,
-    /// Restarts by the supervisor over the session's life.
+    /// New incarnations the supervisor started over the session's life:
+    /// each restart after a crash **and** each fresh start after a resume
+    /// failure (not a resume after a reap or an orchestrator restart,
+    /// which continue the same conversation). Restarts inside the current
+    /// intensity window are in `SessionRestarted::restarts_in_window`; each
+    /// fresh start is also a `FreshFallback` lifecycle event.
     pub restart_count: u32,
     /// Creation time, Unix milliseconds.
     pub created_at_ms: u64,
