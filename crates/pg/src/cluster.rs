@@ -288,7 +288,8 @@ impl std::fmt::Debug for Node {
 impl Node {
     /// The node over `store`, reached by the other nodes (which forward
     /// requests for its sessions) at `advertise` (`http://host:port`). It
-    /// does nothing until it [joins](Self::join).
+    /// does nothing until it [joins](Self::join). A node with no HTTP
+    /// front end is [`headless`](Self::headless).
     pub fn new(store: NodeStore, advertise: impl Into<String>) -> Self {
         let (events, _) = broadcast::channel(256);
         Self {
@@ -299,6 +300,15 @@ impl Node {
             counters: Arc::default(),
             tasks: Vec::new(),
         }
+    }
+
+    /// A node with no HTTP front end (a library user's own process that
+    /// runs its sessions in-process): nothing can be forwarded to it, so
+    /// its [`Elsewhere`](warden_core::cluster::Elsewhere) answers name its
+    /// id with no address, and `warden cluster status` shows none. It takes
+    /// part in placement, failover and takeover as any node does.
+    pub fn headless(store: NodeStore) -> Self {
+        Self::new(store, String::new())
     }
 
     /// How long a finished turn's event log is kept in the database before

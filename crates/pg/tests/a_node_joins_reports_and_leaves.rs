@@ -327,3 +327,43 @@ async fn a_dead_nodes_session_is_taken_as_soon_as_its_lease_can_be() {
     attempt.text("yes");
     attempt.finish();
 }
+
+/// A node with no HTTP front end joins and runs its sessions; another
+/// node is told who runs them but given no address to forward to (not an
+/// empty one).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_headless_node_runs_sessions_and_is_reached_by_no_address() {
+    let Some(config) = fresh_db().await else {
+        return;
+    };
+    let pg = store(&config).await;
+    let ttl = Duration::from_secs(5);
+    let store_a = NodeStore::new(pg.clone(), "node-a", ttl);
+    let (supervisor, control) = supervisor_on(&store_a).await;
+    let mut node = Node::headless(store_a.clone());
+    within("join", node.join(&supervisor))
+        .await
+        .expect("a headless node joins");
+
+    let s1 = SessionKey::new("s1");
+    assert!(within("place", node.placement().place(&s1)).await.is_ok());
+    let turn = within("send", supervisor.send(s1.clone(), "hello"))
+        .await
+        .expect("accepted");
+    let attempt = within("the stream opens", control.next_attempt())
+        .await
+        .expect("an attempt");
+    attempt.finish();
+    within("the turn ends", turn.finish())
+        .await
+        .expect("answered");
+
+    let other = Node::new(NodeStore::new(pg.clone(), "node-b", ttl), "http://b:1");
+    let elsewhere = within("place on b", other.placement().place(&s1))
+        .await
+        .expect_err("s1 runs on node-a");
+    assert_eq!(elsewhere.owner.as_deref(), Some("node-a"));
+    assert_eq!(elsewhere.advertise, None, "no address to forward to");
+    within("leave", node.leave()).await;
+    supervisor.shutdown().await;
+}

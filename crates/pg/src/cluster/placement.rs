@@ -86,6 +86,8 @@ impl Placement for LeasePlacement {
                 .into_iter()
                 .find(|n| n.node_id == node)
                 .map(|n| n.advertise)
+                // A headless node (no HTTP front end) is reached by no one.
+                .filter(|a| !a.is_empty())
         })
     }
 
@@ -164,6 +166,7 @@ impl Placement for LeasePlacement {
                                 .iter()
                                 .find(|n| n.node_id == *o)
                                 .map(|n| n.advertise.clone())
+                                .filter(|a| !a.is_empty())
                         });
                         SessionPlace::new(
                             key,
