@@ -958,7 +958,8 @@ async fn a_claude_code_session_fails_over_through_a_fresh_start_where_its_worksp
     assert_eq!(first_on_b, Some(on_a + 1), "{rest:?}");
     assert!(done.data["attempts"].as_u64() > Some(on_a), "{done:?}");
     let record = pg.load(&key).await.expect("load").expect("record");
-    assert_eq!(record.restart_count, 1, "one fresh start");
+    assert_eq!(record.restart_count, 0, "a fresh start is not a restart");
+    assert_eq!(record.past_session_ids.len(), 1, "one fresh start");
     assert!(
         record
             .agent_session_id

@@ -136,12 +136,12 @@ pub struct SessionRecord {
     pub usage: Option<StoredUsage>,
     /// Status.
     pub status: RecordStatus,
-    /// New incarnations the supervisor started over the session's life:
-    /// each restart after a crash **and** each fresh start after a resume
-    /// failure (not a resume after a reap or an orchestrator restart,
-    /// which continue the same conversation). Restarts inside the current
-    /// intensity window are in `SessionRestarted::restarts_in_window`; each
-    /// fresh start is also a `FreshFallback` lifecycle event.
+    /// Restarts by the supervisor after a crash, over the session's life.
+    /// Not counted: a fresh start after a resume failure (each one moves
+    /// the failed conversation id to
+    /// [`past_session_ids`](Self::past_session_ids) and is a `FreshFallback`
+    /// lifecycle event), and a resume after a reap or an orchestrator
+    /// restart (the same conversation goes on).
     pub restart_count: u32,
     /// Creation time, Unix milliseconds.
     pub created_at_ms: u64,

@@ -44,8 +44,9 @@ impl SupervisorState {
             .record(self.at(&key, Parent::Anchor(&anchor))),
         );
         self.forget(&key, StopReason::Escalated);
+        // A fresh start is not a restart: `restart_count` counts crashes
+        // restarted; the failed id moves to `past_session_ids`.
         record.clear_agent_session_id();
-        record.restart_count = record.restart_count.saturating_add(1);
         record.status = RecordStatus::Active;
         if let Err(e) = self.store.save(&record, Durability::Flushed).await {
             let err = self.store_failed(&key, &e);
