@@ -464,7 +464,9 @@ async fn an_owner_paused_past_its_lease_is_fenced_out_when_it_wakes() {
         .await
         .expect("stderr")
         .expect("task");
-    assert!(said.contains("moved to another node"), "{said}");
+    // A says it stopped the session because it lost the lease; it cannot
+    // tell a pause from an outage, so it does not claim the session moved.
+    assert!(said.contains("k1 stopped here"), "{said}");
     drop(b);
 }
 
@@ -733,6 +735,23 @@ async fn a_node_stopped_gracefully_mid_turn_hands_the_turn_to_another_node_to_fi
     let pg = warden_pg::PgStore::connect(&url).await.expect("pg");
     let info = pg.lease_info(&SessionKey::new("k1")).await.expect("info");
     assert_eq!((info.owner.as_deref(), info.epoch), (Some("node-b"), 2));
+    // B's metrics say A left (a drain), so an alert on dead members stays
+    // quiet.
+    let metrics = reqwest::Client::new()
+        .get(format!("{}/metrics", b.base))
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .expect("get")
+        .text()
+        .await
+        .expect("text");
+    assert!(
+        metrics
+            .contains("warden_cluster_node_heartbeat_age_seconds{node=\"node-a\",state=\"left\"}"),
+        "{metrics}"
+    );
+    assert!(!metrics.contains("state=\"dead\""), "{metrics}");
     drop(b);
 }
 
@@ -1101,7 +1120,7 @@ async fn any_node_takes_a_turn_and_forwards_it_to_the_sessions_owner() {
         "{metrics}"
     );
     assert!(
-        sample("warden_cluster_node_heartbeat_age_seconds{node=\"node-b\"}")
+        sample("warden_cluster_node_heartbeat_age_seconds{node=\"node-b\",state=\"alive\"}")
             .is_some_and(|age| age < 10.0),
         "{metrics}"
     );

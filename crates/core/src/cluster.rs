@@ -176,6 +176,9 @@ pub struct NodeStats {
     pub heartbeat_age_secs: f64,
     /// Sessions whose lease it holds now.
     pub sessions: u64,
+    /// What it is now, as the placement sees it (`alive`, `dead`, `left`);
+    /// `None` when the placement does not say.
+    pub state: Option<&'static str>,
 }
 
 impl NodeStats {
@@ -185,7 +188,14 @@ impl NodeStats {
             node: node.into(),
             heartbeat_age_secs,
             sessions,
+            state: None,
         }
+    }
+
+    /// Says what it is now ([`state`](Self::state)).
+    pub fn with_state(mut self, state: &'static str) -> Self {
+        self.state = Some(state);
+        self
     }
 }
 

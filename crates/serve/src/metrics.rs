@@ -37,6 +37,14 @@ struct Member {
     node: String,
 }
 
+/// A member and what it is now (`alive`, `dead`, `left`; `unknown` when
+/// the placement does not say).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct MemberState {
+    node: String,
+    state: &'static str,
+}
+
 /// A cluster node's metrics (`warden_cluster_*`).
 struct Cluster {
     leases_held: Gauge,
@@ -46,7 +54,7 @@ struct Cluster {
     database_up: Gauge,
     database_round_trip: Gauge<f64, std::sync::atomic::AtomicU64>,
     forwarded: Family<Outcome, Counter>,
-    heartbeat_age: Family<Member, Gauge<f64, std::sync::atomic::AtomicU64>>,
+    heartbeat_age: Family<MemberState, Gauge<f64, std::sync::atomic::AtomicU64>>,
     node_sessions: Family<Member, Gauge>,
 }
 
@@ -175,7 +183,7 @@ impl Metrics {
             );
             r.register(
                 "node_heartbeat_age_seconds",
-                "Seconds since each member's last heartbeat",
+                "Seconds since each member's last heartbeat, with its state (alive, dead, left)",
                 c.heartbeat_age.clone(),
             );
             r.register(
@@ -281,10 +289,13 @@ impl Metrics {
                 c.heartbeat_age.clear();
                 c.node_sessions.clear();
                 for n in stats.nodes {
-                    let member = Member { node: n.node };
                     c.heartbeat_age
-                        .get_or_create(&member)
+                        .get_or_create(&MemberState {
+                            node: n.node.clone(),
+                            state: n.state.unwrap_or("unknown"),
+                        })
                         .set(n.heartbeat_age_secs);
+                    let member = Member { node: n.node };
                     c.node_sessions
                         .get_or_create(&member)
                         .set(i64::try_from(n.sessions).unwrap_or(i64::MAX));

@@ -297,7 +297,7 @@ pub enum TurnStoreError {
     /// The session is no longer this node's (its lease moved on): stop
     /// relaying the turn here; its new owner re-delivers it. Fatal for this
     /// node's copy of the turn.
-    #[error("the session moved to another node: {0}")]
+    #[error("this node no longer holds the session's lease: {0}")]
     Moved(String),
     /// The store failed (unreachable, …). Retryable.
     #[error("the turn store failed: {0}")]

@@ -172,12 +172,14 @@ impl Transition<'_> {
                 tracing::error!(event, session.key = %key, reason, "session failed")
             }
             // A lease lost is a cluster doing its job (another node took
-            // the session over): expected, not an error of this record.
+            // the session over, or this node gave it up in a database
+            // outage, which its node warns of once): expected, not an error
+            // of this record, and not said to have moved when it may not.
             Self::StoreFailed {
                 error: error @ StoreError::LeaseLost { .. },
-            } => tracing::warn!(
+            } => tracing::info!(
                 event, session.key = %key, error = %error,
-                "session moved to another node; stopped here"
+                "this node no longer holds the session's lease; stopped here"
             ),
             Self::StoreFailed { error } => tracing::error!(
                 event, session.key = %key, error = %error,

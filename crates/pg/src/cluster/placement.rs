@@ -116,7 +116,10 @@ impl Placement for LeasePlacement {
             if let Ok(nodes) = self.node.pg().nodes().await {
                 stats.nodes = nodes
                     .into_iter()
-                    .map(|n| NodeStats::new(n.node_id, n.heartbeat_age_secs, n.sessions))
+                    .map(|n| {
+                        NodeStats::new(n.node_id, n.heartbeat_age_secs, n.sessions)
+                            .with_state(n.state.as_str())
+                    })
                     .collect();
             }
             Some(stats)
