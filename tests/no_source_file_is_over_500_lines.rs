@@ -17,7 +17,6 @@ const LIMIT: usize = 500;
 /// added.
 const STILL_OVER: &[(&str, usize)] = &[
     ("crates/proxy/src/run.rs", 1002),
-    ("crates/serve/src/turns.rs", 877),
     ("crates/claude/src/source.rs", 628),
     ("crates/mock/src/handler.rs", 614),
     ("crates/llm/src/transcript.rs", 605),

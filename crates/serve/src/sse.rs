@@ -19,7 +19,7 @@ const STORE_POLL: Duration = Duration::from_millis(100);
 /// Where a turn's events come from.
 pub(crate) enum Feed {
     /// A turn this node keeps: woken as events arrive; the turn waits for
-    /// this client when it lags (see [`crate::turns::READER_WINDOW`]).
+    /// this client when it lags (see [`crate::turns::log::READER_WINDOW`]).
     Local(Reader),
     /// A turn in the cluster's store, as whichever node runs it writes it:
     /// polled.
