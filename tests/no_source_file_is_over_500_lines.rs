@@ -1,6 +1,6 @@
 //! No crate source file is over 500 lines: a file that grows past that is
-//! split by job (style.md). What counts is a file's code before its first
-//! top-level `#[cfg(test)]` (inline unit tests do not count); test files
+//! split by job (style.md). What counts is a file's code before its test
+//! module (a top-level `#[cfg(test)] mod`: inline unit tests do not count); test files
 //! (`tests.rs`, `*_tests.rs`) and the benchmarks (`crates/bench`) are left
 //! out. The files still over are listed with their current length, and the
 //! list may only shrink: a listed file that grows fails, and so does one
@@ -23,9 +23,7 @@ const STILL_OVER: &[(&str, usize)] = &[
     ("crates/claude/src/parse.rs", 597),
     ("crates/pg/src/cluster.rs", 565),
     ("crates/core/src/lifecycle/wire.rs", 553),
-    ("crates/store/src/lib.rs", 549),
     ("crates/cli/src/demo/mod.rs", 548),
-    ("crates/store/src/wal.rs", 503),
 ];
 
 fn root() -> &'static Path {
@@ -54,11 +52,21 @@ fn is_test_file(path: &Path) -> bool {
     name == "tests.rs" || name.ends_with("_tests.rs")
 }
 
-/// The lines of `text` before its first top-level `#[cfg(test)]`.
+/// The lines of `text` before its test module: the first top-level
+/// `#[cfg(test)]` that is followed (after any other attributes) by a `mod`.
+/// A test-only item elsewhere (a `#[cfg(test)] use`) does not end the code.
 fn code_lines(text: &str) -> usize {
-    text.lines()
-        .take_while(|line| line.trim_end() != "#[cfg(test)]")
-        .count()
+    let lines: Vec<&str> = text.lines().collect();
+    let is_test_module = |at: usize| {
+        lines[at].trim_end() == "#[cfg(test)]"
+            && lines[at + 1..]
+                .iter()
+                .find(|line| !line.starts_with("#["))
+                .is_some_and(|line| line.trim_start_matches("pub(crate) ").starts_with("mod "))
+    };
+    (0..lines.len())
+        .find(|&at| is_test_module(at))
+        .unwrap_or(lines.len())
 }
 
 /// Each crate source file (relative to the workspace, `/`-separated) → its
@@ -130,8 +138,9 @@ fn no_source_file_is_over_500_lines_unless_listed_and_none_listed_grows() {
 }
 
 #[test]
-fn code_before_the_first_top_level_test_module_is_what_counts() {
-    let text = "a\n    #[cfg(test)]\nb\n#[cfg(test)]\nmod tests {}\n";
-    assert_eq!(code_lines(text), 3);
+fn code_before_the_top_level_test_module_is_what_counts() {
+    let text = "a\n    #[cfg(test)]\nb\n#[cfg(test)]\nuse c;\n#[cfg(test)]\n#[path = \"t.rs\"]\nmod tests;\n";
+    assert_eq!(code_lines(text), 5);
+    assert_eq!(code_lines("a\n#[cfg(test)]\nmod tests {}\n"), 1);
     assert_eq!(code_lines("a\nb\n"), 2);
 }
