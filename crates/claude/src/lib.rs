@@ -1,8 +1,16 @@
-//! # warden-claude
+//! # warden-claude: the agent-CLI crate
 //!
-//! The Claude Code CLI agent backend for warden: [`ClaudeSource`], an
-//! [`EventSource`](warden_core::EventSource) that runs the real `claude`
-//! binary as a child process and turns its stream-json output into
+//! Coding-agent CLIs as warden [`EventSource`](warden_core::EventSource)s.
+//! [`AgentCli`] says how one CLI is started and how its stdout reads;
+//! [`CliSource`] runs any of them as a child process group with the same
+//! guarantees (watchdog-fed frames, resume by the agent's own id, typed
+//! resume failures, cancel that ends the group, garbage-line limits). The
+//! adapters here: Claude Code ([`ClaudeOptions`], [`ClaudeSource`]). Adding
+//! a CLI is one file: see [`cli`] and `examples/third_agent.rs`, and
+//! `docs/agents.md` for what each agent's tests show.
+//!
+//! The rest of this page is Claude Code's adapter: [`ClaudeSource`] runs
+//! the real `claude` binary and turns its stream-json output into
 //! [`Frame`](warden_core::Frame)s.
 //!
 //! ```no_run
@@ -164,11 +172,22 @@
 //! crate's own tests) replays scripted stream-json lines in place of the
 //! real CLI; see its source, `src/bin/fake-claude.rs`.
 
+mod claude_code;
+pub mod cli;
+mod lines;
 mod options;
-mod parse;
 mod process;
 mod source;
 pub mod transcript;
+mod turn;
 
+pub use claude_code::{
+    ClaudeParser, ClaudeSource, ClaudeSourceFactory, FRESH_START_NOTE, window_for_model,
+};
+pub use cli::{
+    AgentCli, CliCommand, ExitInfo, ProcessLifetime, ProcessSettings, SpawnRequest, Step,
+    TranscriptInfo, TurnParser,
+};
+pub use lines::{clip, stderr_summary};
 pub use options::{ClaudeOptions, PermissionMode};
-pub use source::{ClaudeSource, ClaudeSourceFactory, FRESH_START_NOTE, window_for_model};
+pub use source::{CliSource, CliSourceFactory};

@@ -48,7 +48,7 @@ use nix::unistd::Pid;
 use tokio::io::{AsyncBufRead, AsyncBufReadExt};
 use tokio::sync::watch;
 
-use crate::parse::ExitInfo;
+use crate::cli::ExitInfo;
 
 /// A child process leading its own process group.
 #[derive(Debug)]

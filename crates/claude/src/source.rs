@@ -1,106 +1,88 @@
-//! [`ClaudeSource`]: the [`EventSource`] that runs `claude`.
+//! [`CliSource`]: the [`EventSource`] that runs any [`AgentCli`].
 
-use std::collections::{HashMap, VecDeque};
-use std::path::{Path, PathBuf};
-use std::sync::{Arc, Weak};
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::Arc;
 use std::time::Duration;
 
 use parking_lot::Mutex;
 
 use futures_util::future::BoxFuture;
-use tokio::io::{AsyncWriteExt, BufReader};
-use tokio::task::JoinHandle;
+use tokio::io::BufReader;
 use warden_core::{
-    Diagnostics, EventSource, EventStream, Frame, SessionKey, SourceFactory, StreamError,
-    TurnRequest,
+    Diagnostics, EventSource, EventStream, SessionKey, SourceFactory, StreamError, TurnRequest,
 };
 
-use crate::options::ClaudeOptions;
-use crate::parse::{LineParser, Step, early_exit_error};
-use crate::process::{LineRead, ProcessGroup, StderrTail, read_line_limited};
-use crate::transcript;
-
-/// How long to wait for stderr's end after an early exit (the process may
-/// have left a child holding it).
-const STDERR_DRAIN: Duration = Duration::from_millis(500);
+use crate::cli::{AgentCli, ProcessLifetime, ProcessSettings, SpawnRequest};
+use crate::lines::LineParser;
+use crate::process::{ProcessGroup, StderrTail};
+use crate::turn::{AgentProcess, turn_stream};
 
 /// Extra time over the grace period to wait for an old process group to be
 /// gone before starting its successor.
 const GONE_MARGIN: Duration = Duration::from_secs(1);
 
-/// An [`EventSource`] that runs the Claude Code CLI.
+/// An [`EventSource`] that runs the agent CLI `A` as child processes, one
+/// process group per session key at a time.
 ///
-/// One long-lived `claude` process per session key serves consecutive
-/// turns over stdin; see the [crate docs](crate) for when a process is
-/// reused, restarted with `--resume`, or killed. Dropping the source
-/// terminates its idle processes (SIGTERM, grace period, SIGKILL).
+/// See the [crate docs](crate) for process ownership and termination, and
+/// [`AgentCli`] for what the adapter decides.
 #[derive(Debug)]
-pub struct ClaudeSource {
-    shared: Arc<Shared>,
+pub struct CliSource<A: AgentCli> {
+    shared: Arc<Shared<A>>,
 }
 
 #[derive(Debug)]
-struct Shared {
-    options: ClaudeOptions,
-    sessions: Mutex<HashMap<SessionKey, Slot>>,
+pub(crate) struct Shared<A: AgentCli> {
+    pub(crate) cli: A,
+    pub(crate) settings: ProcessSettings,
+    sessions: Mutex<HashMap<SessionKey, Slot<A>>>,
     last_stderr: Mutex<Option<Arc<StderrTail>>>,
 }
 
 /// What the source keeps per session key.
-#[derive(Debug, Default)]
-struct Slot {
-    /// The process waiting for the next turn (after a complete turn).
-    idle: Option<AgentProcess>,
+#[derive(Debug)]
+struct Slot<A: AgentCli> {
+    /// The process of the last complete turn (waiting for the next turn,
+    /// or exiting after it).
+    idle: Option<AgentProcess<A>>,
     /// The newest process started for the key, idle, busy or going down.
     last_group: Option<Arc<ProcessGroup>>,
     /// The newest session id announced, and the turn it was seen in.
     newest: Option<(String, u64)>,
 }
 
-/// A running `claude` and the state that outlives one turn.
-#[derive(Debug)]
-struct AgentProcess {
-    group: Arc<ProcessGroup>,
-    stdin: tokio::process::ChildStdin,
-    stdout: BufReader<tokio::process::ChildStdout>,
-    stderr: Arc<StderrTail>,
-    stderr_task: JoinHandle<()>,
-    parser: LineParser,
-    workspace: Option<PathBuf>,
-    system_prompt: Option<String>,
-    /// The model it was started with (`--model`), if one was given.
-    model: Option<String>,
-    line: Vec<u8>,
-    /// Whether a turn completed on this process.
-    served: bool,
-}
-
-impl Drop for AgentProcess {
-    fn drop(&mut self) {
-        self.group.terminate();
-        self.stderr_task.abort();
+impl<A: AgentCli> Default for Slot<A> {
+    fn default() -> Self {
+        Self {
+            idle: None,
+            last_group: None,
+            newest: None,
+        }
     }
 }
 
-impl ClaudeSource {
-    /// A source running `claude` as `options` say.
-    pub fn new(options: ClaudeOptions) -> Self {
+impl<A: AgentCli> CliSource<A> {
+    /// A source running the CLI as `cli` says.
+    pub fn new(cli: A) -> Self {
+        let settings = cli.settings();
         Self {
             shared: Arc::new(Shared {
-                options,
+                cli,
+                settings,
                 sessions: Mutex::new(HashMap::new()),
                 last_stderr: Mutex::new(None),
             }),
         }
     }
 
-    /// The options.
-    pub fn options(&self) -> &ClaudeOptions {
-        &self.shared.options
+    /// The adapter (for Claude Code, its options).
+    pub fn options(&self) -> &A {
+        &self.shared.cli
     }
 
     /// The newest agent session id a process of `key` announced (a resume
-    /// forks the id: this is the one to resume next), if any.
+    /// may fork the id: this is the one to resume next), if any.
     pub fn newest_session_id(&self, key: &SessionKey) -> Option<String> {
         self.shared
             .sessions
@@ -134,7 +116,7 @@ impl ClaudeSource {
     /// until their process groups are gone: at most about the grace period.
     /// A busy turn's stream then fails (`Truncated` or `Connection`).
     pub async fn shutdown(&self) {
-        let slots: Vec<Slot> = self
+        let slots: Vec<Slot<A>> = self
             .shared
             .sessions
             .lock()
@@ -145,7 +127,7 @@ impl ClaudeSource {
     }
 }
 
-async fn shut(slots: Vec<Slot>) {
+async fn shut<A: AgentCli>(slots: Vec<Slot<A>>) {
     let mut groups = Vec::new();
     for mut slot in slots {
         drop(slot.idle.take());
@@ -159,29 +141,17 @@ async fn shut(slots: Vec<Slot>) {
     }
 }
 
-/// What survives a fresh start of a Claude Code session: the project's
-/// memory file, read again by the new conversation.
-pub const FRESH_START_NOTE: &str = "Project context is preserved in CLAUDE.md.";
-
-/// The context window Claude Code gives `model`: 1,000,000 tokens for the
-/// `[1m]` variants (`sonnet[1m]`, `claude-sonnet-4-5[1m]`, any case);
-/// `None` (warden's 200,000 default) otherwise. A window Claude Code
-/// reports with a turn (`modelUsage.*.contextWindow`) wins over this.
-pub fn window_for_model(model: &str) -> Option<u64> {
-    model
-        .to_ascii_lowercase()
-        .contains("[1m]")
-        .then_some(1_000_000)
-}
-
-impl EventSource for ClaudeSource {
+impl<A: AgentCli> EventSource for CliSource<A> {
     fn open(&self, request: TurnRequest) -> BoxFuture<'static, Result<EventStream, StreamError>> {
         let shared = self.shared.clone();
         Box::pin(async move { shared.open(request).await })
     }
 
     fn provider(&self) -> &str {
-        "claude-code"
+        match self.shared.cli.name() {
+            "claude" => "claude-code",
+            name => name,
+        }
     }
 
     /// The CLI runs tools itself and a retry resumes its session, whose
@@ -192,11 +162,11 @@ impl EventSource for ClaudeSource {
     }
 
     fn context_window(&self, model: Option<&str>) -> Option<u64> {
-        model.and_then(window_for_model)
+        self.shared.cli.context_window(model)
     }
 
     fn fresh_start_note(&self) -> Option<String> {
-        Some(FRESH_START_NOTE.to_owned())
+        self.shared.cli.fresh_start_note()
     }
 
     fn diagnostics(&self, session_id: &str, workspace: Option<&Path>) -> Diagnostics {
@@ -208,45 +178,22 @@ impl EventSource for ClaudeSource {
                 d.stderr_tail = Some(lines.join("\n"));
             }
         }
-        let (path, bytes) = self.shared.transcript(session_id, workspace);
-        d.transcript_path = path;
-        d.transcript_bytes = bytes;
+        let transcript = self.shared.cli.transcript(session_id, workspace);
+        d.transcript_path = transcript.path;
+        d.transcript_bytes = transcript.bytes;
         d
     }
 }
 
-impl Shared {
-    /// The transcript of `session_id` for `workspace`: where it should be
-    /// (or was found) and its size when it exists.
-    fn transcript(
-        &self,
-        session_id: &str,
-        workspace: Option<&Path>,
-    ) -> (Option<PathBuf>, Option<u64>) {
-        let Some(config) = transcript::config_dir(&self.options.child_env()) else {
-            return (None, None);
-        };
-        let cwd = match workspace {
-            Some(w) => w.to_path_buf(),
-            None => match std::env::current_dir() {
-                Ok(d) => d,
-                Err(_) => return (None, None),
-            },
-        };
-        let cwd = transcript::real_path(&cwd);
-        match transcript::find_transcript(&config, &cwd, session_id) {
-            Some((path, bytes)) => (Some(path), Some(bytes)),
-            None => (
-                Some(transcript::transcript_path(&config, &cwd, session_id)),
-                None,
-            ),
-        }
-    }
-
+impl<A: AgentCli> Shared<A> {
     async fn open(self: Arc<Self>, request: TurnRequest) -> Result<EventStream, StreamError> {
         let prompt = self
-            .options
-            .system_prompt_for(request.append_system_prompt.as_deref());
+            .cli
+            .system_prompt(request.append_system_prompt.as_deref());
+        let model = request
+            .model
+            .clone()
+            .or_else(|| self.cli.default_model().map(str::to_owned));
         let (idle, previous, newest) = {
             let mut sessions = self.sessions.lock();
             let slot = sessions.entry(request.session_key.clone()).or_default();
@@ -263,21 +210,31 @@ impl Shared {
             _ => None,
         };
         let resume_id = request.resume_id.clone().or(retried_id);
+        let one_per_turn = self.cli.lifetime() == ProcessLifetime::Turn;
         let mut process = match idle {
             Some(p)
-                if p.reusable(
-                    resume_id.as_deref(),
-                    request.workspace.as_deref(),
-                    prompt.as_deref(),
-                    request.model.as_deref().or(self.options.model.as_deref()),
-                ) =>
+                if !one_per_turn
+                    && p.reusable(
+                        resume_id.as_deref(),
+                        request.workspace.as_deref(),
+                        prompt.as_deref(),
+                        model.as_deref(),
+                    ) =>
             {
                 tracing::debug!(
+                    agent = self.cli.name(),
                     pid = p.group.pid(),
                     turn = request.turn_id,
-                    "reusing claude process"
+                    "reusing agent process"
                 );
                 Some(p)
+            }
+            Some(p) if one_per_turn => {
+                // The last turn's process finishes on its own (it may still
+                // be writing its session file): give it the grace period.
+                p.group.wait_exit(self.settings.grace_period).await;
+                drop(p);
+                None
             }
             other => {
                 drop(other);
@@ -285,49 +242,38 @@ impl Shared {
             }
         };
         if process.is_none() {
-            wait_gone(previous.as_ref(), self.options.grace_period).await;
+            wait_gone(previous.as_ref(), self.settings.grace_period).await;
         }
         let mut attempts_left = 2;
         loop {
             attempts_left -= 1;
             let mut p = match process.take() {
                 Some(p) => p,
-                None => self.spawn(&request, resume_id.as_deref(), prompt.clone())?,
+                None => self.spawn(
+                    &request,
+                    resume_id.as_deref(),
+                    prompt.clone(),
+                    model.clone(),
+                )?,
             };
             p.parser.begin_turn();
-            match p.send_user(&request.message).await {
-                Ok(()) => return Ok(self.turn_stream(p, &request)),
+            match p.send_user(&self.cli, &request.message, one_per_turn).await {
+                Ok(()) => return Ok(turn_stream(&self, p, &request)),
                 Err(e) if attempts_left > 0 && p.reused() => {
                     // The idle process died since its last turn: start anew.
-                    tracing::debug!(pid = p.group.pid(), error = %e, "idle claude process is gone; starting a new one");
+                    tracing::debug!(pid = p.group.pid(), error = %e, "idle agent process is gone; starting a new one");
                     let group = p.group.clone();
                     drop(p);
-                    wait_gone(Some(&group), self.options.grace_period).await;
+                    wait_gone(Some(&group), self.settings.grace_period).await;
                 }
                 Err(e) => {
                     // A fresh process that does not take input has exited or
                     // is exiting: its stdout and stderr say why.
                     tracing::debug!(pid = p.group.pid(), error = %e, "could not write the user message");
-                    return Ok(self.turn_stream(p, &request));
+                    return Ok(turn_stream(&self, p, &request));
                 }
             }
         }
-    }
-
-    fn turn_stream(self: &Arc<Self>, process: AgentProcess, request: &TurnRequest) -> EventStream {
-        let turn = Turn {
-            process: Some(process),
-            home: Arc::downgrade(self),
-            key: request.session_key.clone(),
-            turn_id: request.turn_id,
-            pending: VecDeque::new(),
-            finished: false,
-            max_line: self.options.max_line_bytes,
-            grace: self.options.grace_period,
-        };
-        Box::pin(futures_util::stream::unfold(turn, |mut turn| async move {
-            turn.next().await.map(|item| (item, turn))
-        }))
     }
 
     fn spawn(
@@ -335,29 +281,28 @@ impl Shared {
         request: &TurnRequest,
         resume_id: Option<&str>,
         system_prompt: Option<String>,
-    ) -> Result<AgentProcess, StreamError> {
-        let options = &self.options;
+        model: Option<String>,
+    ) -> Result<AgentProcess<A>, StreamError> {
+        let spawn = SpawnRequest {
+            resume_id,
+            model: model.as_deref(),
+            system_prompt: system_prompt.as_deref(),
+            workspace: request.workspace.as_deref(),
+        };
         if let Some(id) = resume_id {
-            self.log_transcript(id, request.workspace.as_deref());
+            self.cli.before_resume(id, request.workspace.as_deref());
         }
-        let mut cmd = std::process::Command::new(&options.binary);
-        // A turn that asks for a model gets a process started with it (the
-        // conversation resumed as usual).
-        let model = request.model.clone().or_else(|| options.model.clone());
-        cmd.args(options.args_for_model(resume_id, system_prompt.as_deref(), model.as_deref()));
-        cmd.envs(options.child_env());
-        if let Some(dir) = &options.scratch_dir
-            && let Err(e) = std::fs::create_dir_all(dir)
-        {
-            tracing::warn!(dir = %dir.display(), error = %e, "could not create the scratch directory");
-        }
+        let command = self.cli.command(&spawn)?;
+        let mut cmd = std::process::Command::new(&command.program);
+        cmd.args(&command.args).envs(command.env.iter().cloned());
         if let Some(dir) = &request.workspace {
             cmd.current_dir(dir);
         }
         let failed = |e: std::io::Error| StreamError::Connection {
-            message: format!("could not start {}: {e}", options.binary.display()),
+            message: format!("could not start {}: {e}", command.program.display()),
         };
-        let (group, pipes) = ProcessGroup::spawn(cmd, options.grace_period).map_err(failed)?;
+        let grace = self.settings.grace_period;
+        let (group, pipes) = ProcessGroup::spawn(cmd, grace).map_err(failed)?;
         let converted = (|| {
             Ok::<_, std::io::Error>((
                 tokio::process::ChildStdin::from_std(pipes.stdin)?,
@@ -372,14 +317,15 @@ impl Shared {
                 return Err(failed(e));
             }
         };
-        let tail = StderrTail::new(options.stderr_tail_lines);
+        let tail = StderrTail::new(self.settings.stderr_tail_lines);
         let stderr_task = tokio::spawn(tail.clone().read_from(BufReader::new(stderr)));
         tracing::info!(
+            agent = self.cli.name(),
             pid = group.pid(),
             resume = resume_id.is_some(),
             gen_ai.conversation.id = resume_id.unwrap_or_default(),
             cwd = ?request.workspace,
-            "claude process started"
+            "agent process started"
         );
         {
             let mut sessions = self.sessions.lock();
@@ -387,13 +333,18 @@ impl Shared {
             slot.last_group = Some(group.clone());
         }
         *self.last_stderr.lock() = Some(tail.clone());
+        let parser = LineParser::new(
+            self.cli.parser(&spawn),
+            self.cli.name(),
+            self.settings.max_garbage_lines,
+        );
         Ok(AgentProcess {
             group,
-            stdin,
+            stdin: Some(stdin),
             stdout: BufReader::new(stdout),
             stderr: tail,
             stderr_task,
-            parser: LineParser::new(resume_id.map(str::to_owned), options.max_garbage_lines),
+            parser,
             workspace: request.workspace.clone(),
             system_prompt,
             model,
@@ -402,25 +353,8 @@ impl Shared {
         })
     }
 
-    /// The transcript check before a resume (a debug event).
-    fn log_transcript(&self, session_id: &str, workspace: Option<&Path>) {
-        let (path, bytes) = self.transcript(session_id, workspace);
-        let elsewhere = match (&bytes, transcript::config_dir(&self.options.child_env())) {
-            (None, Some(config)) => transcript::find_transcript_anywhere(&config, session_id),
-            _ => None,
-        };
-        tracing::debug!(
-            gen_ai.conversation.id = session_id,
-            transcript = ?path,
-            exists = bytes.is_some(),
-            transcript_bytes = ?bytes,
-            found_elsewhere = ?elsewhere,
-            "resuming claude session"
-        );
-    }
-
     /// Puts a process whose turn completed back for the next turn.
-    fn give_back(&self, key: &SessionKey, turn_id: u64, mut process: AgentProcess) {
+    pub(crate) fn give_back(&self, key: &SessionKey, turn_id: u64, mut process: AgentProcess<A>) {
         process.served = true;
         let mut sessions = self.sessions.lock();
         let slot = sessions.entry(key.clone()).or_default();
@@ -439,7 +373,7 @@ impl Shared {
     }
 
     /// Records the id of a process whose turn failed or was dropped.
-    fn note_failed(&self, key: &SessionKey, turn_id: u64, process: &AgentProcess) {
+    pub(crate) fn note_failed(&self, key: &SessionKey, turn_id: u64, process: &AgentProcess<A>) {
         let mut sessions = self.sessions.lock();
         if let Some(slot) = sessions.get_mut(key) {
             note_id(slot, process, turn_id);
@@ -447,7 +381,7 @@ impl Shared {
     }
 }
 
-fn note_id(slot: &mut Slot, process: &AgentProcess, turn_id: u64) {
+fn note_id<A: AgentCli>(slot: &mut Slot<A>, process: &AgentProcess<A>, turn_id: u64) {
     if let Some(id) = process.parser.session_id() {
         slot.newest = Some((id.to_owned(), turn_id));
     }
@@ -466,175 +400,27 @@ async fn wait_gone(group: Option<&Arc<ProcessGroup>>, grace: Duration) {
     {
         tracing::warn!(
             pid = group.pid(),
-            "previous claude process still running; starting a new one anyway"
+            "previous agent process still running; starting a new one anyway"
         );
     }
 }
 
-impl AgentProcess {
-    fn reusable(
-        &self,
-        resume_id: Option<&str>,
-        workspace: Option<&Path>,
-        prompt: Option<&str>,
-        model: Option<&str>,
-    ) -> bool {
-        !self.group.has_exited()
-            && self.workspace.as_deref() == workspace
-            && self.system_prompt.as_deref() == prompt
-            && self.parser.session_id() == resume_id
-            && self.model.as_deref() == model
-    }
-
-    /// Whether this process has served a turn before.
-    fn reused(&self) -> bool {
-        self.served
-    }
-
-    /// Writes one user turn to stdin.
-    async fn send_user(&mut self, message: &str) -> std::io::Result<()> {
-        let line = serde_json::json!({
-            "type": "user",
-            "message": {"role": "user", "content": message},
-        });
-        let mut bytes = serde_json::to_vec(&line).map_err(std::io::Error::other)?;
-        bytes.push(b'\n');
-        self.stdin.write_all(&bytes).await?;
-        self.stdin.flush().await
-    }
-}
-
-/// One turn's stream: owns the process until the turn completes.
-struct Turn {
-    process: Option<AgentProcess>,
-    home: Weak<Shared>,
-    key: SessionKey,
-    turn_id: u64,
-    pending: VecDeque<Result<Frame, StreamError>>,
-    finished: bool,
-    max_line: usize,
-    grace: Duration,
-}
-
-impl Drop for Turn {
-    fn drop(&mut self) {
-        // Dropped before the turn completed (the watchdog's kill, a cancel,
-        // a failure): the process goes down with the stream.
-        if let Some(process) = self.process.take() {
-            if let Some(home) = self.home.upgrade() {
-                home.note_failed(&self.key, self.turn_id, &process);
-            }
-            drop(process);
-        }
-    }
-}
-
-impl Turn {
-    async fn next(&mut self) -> Option<Result<Frame, StreamError>> {
-        loop {
-            if let Some(item) = self.pending.pop_front() {
-                return Some(item);
-            }
-            if self.finished {
-                return None;
-            }
-            let process = self.process.as_mut()?;
-            let read =
-                read_line_limited(&mut process.stdout, &mut process.line, self.max_line, true)
-                    .await;
-            match read {
-                Ok(LineRead::Line(size)) if size > self.max_line => {
-                    self.fail(StreamError::FrameTooLarge {
-                        size,
-                        limit: self.max_line,
-                    });
-                }
-                Ok(LineRead::Line(_)) => match process.parser.line(&process.line) {
-                    Step::Frames(frames) => self.pending.extend(frames.into_iter().map(Ok)),
-                    Step::Complete(frames) => {
-                        self.pending.extend(frames.into_iter().map(Ok));
-                        self.complete();
-                    }
-                    Step::Fail(error) => self.fail(error),
-                },
-                Ok(LineRead::Eof) => {
-                    let exit = process.group.wait_exit(self.grace).await;
-                    process.stderr.wait_done(STDERR_DRAIN).await;
-                    let stderr = process.stderr.lines();
-                    let error = early_exit_error(
-                        exit,
-                        &stderr,
-                        process.parser.resume_id(),
-                        process.parser.saw_json(),
-                    );
-                    tracing::warn!(
-                        pid = process.group.pid(),
-                        %exit,
-                        error.r#type = error.code(),
-                        stderr_lines = stderr.len(),
-                        "claude ended before the turn's result line"
-                    );
-                    self.fail(error);
-                }
-                Err(e) => self.fail(StreamError::Connection {
-                    message: format!("reading claude's stdout failed: {e}"),
-                }),
-            }
-        }
-    }
-
-    fn complete(&mut self) {
-        self.finished = true;
-        if let Some(process) = self.process.take() {
-            match self.home.upgrade() {
-                Some(home) => home.give_back(&self.key, self.turn_id, process),
-                None => drop(process),
-            }
-        }
-    }
-
-    fn fail(&mut self, error: StreamError) {
-        self.pending.push_back(Err(error));
-        self.finished = true;
-        if let Some(process) = self.process.take() {
-            if let Some(home) = self.home.upgrade() {
-                home.note_failed(&self.key, self.turn_id, &process);
-            }
-            drop(process);
-        }
-    }
-}
-
-/// A [`SourceFactory`] giving each session its own [`ClaudeSource`], so
-/// that a session's shutdown (which drops its source) terminates its
-/// process.
+/// A [`SourceFactory`] giving each session its own [`CliSource`], so that
+/// a session's shutdown (which drops its source) terminates its process.
 #[derive(Debug, Clone, Default)]
-pub struct ClaudeSourceFactory {
-    options: ClaudeOptions,
+pub struct CliSourceFactory<A> {
+    cli: A,
 }
 
-impl ClaudeSourceFactory {
-    /// A factory whose sources use `options`.
-    pub fn new(options: ClaudeOptions) -> Self {
-        Self { options }
+impl<A: AgentCli + Clone> CliSourceFactory<A> {
+    /// A factory whose sources run `cli`.
+    pub fn new(cli: A) -> Self {
+        Self { cli }
     }
 }
 
-impl SourceFactory for ClaudeSourceFactory {
+impl<A: AgentCli + Clone> SourceFactory for CliSourceFactory<A> {
     fn source_for(&self, _key: &SessionKey) -> Arc<dyn EventSource> {
-        Arc::new(ClaudeSource::new(self.options.clone()))
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn one_million_windows_come_from_the_1m_model_names() {
-        assert_eq!(window_for_model("claude-sonnet-4-5"), None);
-        assert_eq!(window_for_model("claude-sonnet-4-5[1m]"), Some(1_000_000));
-        assert_eq!(window_for_model("Claude-Opus[1M]"), Some(1_000_000));
-        assert_eq!(window_for_model("sonnet[1m]"), Some(1_000_000));
+        Arc::new(CliSource::new(self.cli.clone()))
     }
 }

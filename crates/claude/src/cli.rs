@@ -1,0 +1,276 @@
+//! [`AgentCli`]: what warden needs to know about a coding-agent CLI to run
+//! it as an [`EventSource`](warden_core::EventSource).
+//!
+//! An adapter says how one process is started ([`AgentCli::command`]), how
+//! a user turn reaches it ([`AgentCli::turn_input`] and
+//! [`AgentCli::lifetime`]), and how its stdout lines read
+//! ([`AgentCli::parser`], a [`TurnParser`] per process). Everything else is
+//! shared by every CLI and lives in [`CliSource`](crate::CliSource): the
+//! process group (no shell; `SIGTERM`, grace, `SIGKILL` to the group on
+//! cancel or drop), the stderr tail, line limits and garbage lines, the
+//! resume id of a retried turn, and which process serves which turn.
+//!
+//! How the guarantees map onto an adapter:
+//!
+//! | guarantee | what the adapter does |
+//! | --- | --- |
+//! | resume by the agent's own id | [`SpawnRequest::resume_id`] into the command; [`TurnParser::session_id`] (and a `SessionStarted` frame) for the id to resume next |
+//! | resume failure → fresh start with notice | return [`StreamError::UnknownSession`] (an id the CLI does not know, also a *silent* one: the CLI announcing another id) or [`StreamError::ContextOverflow`] from [`TurnParser::line`] or [`TurnParser::ended_early`]; warden's session starts a fresh conversation, re-delivers the message and tells the user |
+//! | context indicator | the last `Usage` frame of a turn is the context in use (input + cache counts of the last request, not a turn's sum); the window is `TurnComplete::context_window`, else [`AgentCli::context_window`] |
+//! | watchdog | every line yields at least one frame; nothing to do |
+//! | cancel ends the process group | nothing to do |
+//!
+//! `examples/third_agent.rs` adds a CLI in one file.
+
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde_json::Value;
+use warden_core::{Frame, StreamError};
+
+/// How long a process serves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ProcessLifetime {
+    /// One process serves consecutive turns: each turn's input is written
+    /// to its stdin, which stays open (Claude Code's stream-json input).
+    /// After a complete turn the process waits for the next one and is
+    /// reused when the next turn resumes the id it announced, in the same
+    /// workspace, with the same model and system prompt.
+    Session,
+    /// One process per turn: the turn's input is written to stdin, which is
+    /// then closed, and the process exits after the turn (Codex's `exec`).
+    /// The next turn starts a new process resuming the announced id, once
+    /// the previous one has exited (bounded by the grace period).
+    Turn,
+}
+
+/// What one process is started for.
+#[derive(Debug, Clone, Copy)]
+#[non_exhaustive]
+pub struct SpawnRequest<'a> {
+    /// The agent conversation to resume, if any.
+    pub resume_id: Option<&'a str>,
+    /// The model: the turn's, else the adapter's default.
+    pub model: Option<&'a str>,
+    /// Extra system prompt text (see [`AgentCli::system_prompt`]).
+    pub system_prompt: Option<&'a str>,
+    /// The working directory (already normalized by warden), if any.
+    pub workspace: Option<&'a Path>,
+}
+
+/// A process to start: run directly, never through a shell, in the turn's
+/// workspace.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct CliCommand {
+    /// The program (a path, or a name looked up on `PATH`).
+    pub program: PathBuf,
+    /// Its arguments.
+    pub args: Vec<OsString>,
+    /// Variables added to this process's environment.
+    pub env: Vec<(OsString, OsString)>,
+}
+
+impl CliCommand {
+    /// `program` with no arguments and no extra environment.
+    pub fn new(program: impl Into<PathBuf>) -> Self {
+        Self {
+            program: program.into(),
+            args: Vec::new(),
+            env: Vec::new(),
+        }
+    }
+
+    /// Appends arguments.
+    pub fn args<I, S>(mut self, args: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<OsString>,
+    {
+        self.args.extend(args.into_iter().map(Into::into));
+        self
+    }
+
+    /// Adds one environment variable.
+    pub fn env(mut self, key: impl Into<OsString>, value: impl Into<OsString>) -> Self {
+        self.env.push((key.into(), value.into()));
+        self
+    }
+}
+
+/// Limits shared by every CLI's process.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ProcessSettings {
+    /// How long a process group has after `SIGTERM` before `SIGKILL`.
+    /// Default 2 s.
+    pub grace_period: Duration,
+    /// Longest stdout line accepted; a longer one fails the turn with
+    /// `FrameTooLarge`. Default 16 MiB.
+    pub max_line_bytes: usize,
+    /// How many stdout lines in a row may fail to parse as a JSON object
+    /// before the turn fails with `Malformed`; each counts as liveness.
+    /// Default 20.
+    pub max_garbage_lines: u32,
+    /// How many stderr lines are kept for diagnostics and errors.
+    /// Default 50.
+    pub stderr_tail_lines: usize,
+}
+
+impl Default for ProcessSettings {
+    fn default() -> Self {
+        Self {
+            grace_period: Duration::from_secs(2),
+            max_line_bytes: 16 * 1024 * 1024,
+            max_garbage_lines: 20,
+            stderr_tail_lines: 50,
+        }
+    }
+}
+
+/// What one stdout line means for the turn.
+#[derive(Debug, PartialEq)]
+#[non_exhaustive]
+pub enum Step {
+    /// Frames to yield; the turn goes on. An empty list yields one
+    /// `KeepAlive` (every line is liveness).
+    Frames(Vec<Frame>),
+    /// The turn is complete: yield these frames (end with `TurnComplete`)
+    /// and end the stream.
+    Complete(Vec<Frame>),
+    /// The turn failed.
+    Fail(StreamError),
+}
+
+/// How a process that ended before the turn's end exited.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ExitInfo {
+    /// Exited with this code.
+    Code(i32),
+    /// Killed by this signal.
+    Signal(i32),
+    /// Closed stdout but did not exit within the grace period.
+    StillRunning,
+    /// Unknown (the wait failed).
+    Unknown,
+}
+
+impl std::fmt::Display for ExitInfo {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Code(c) => write!(f, "exit status {c}"),
+            Self::Signal(s) => write!(f, "signal {s}"),
+            Self::StillRunning => f.write_str("stdout closed, process still running"),
+            Self::Unknown => f.write_str("unknown exit status"),
+        }
+    }
+}
+
+/// Reads one process's stdout, one JSON object per line. Lives as long as
+/// the process.
+pub trait TurnParser: std::fmt::Debug + Send + 'static {
+    /// Resets per-turn state before a user turn is sent.
+    fn begin_turn(&mut self) {}
+
+    /// Maps one stdout line that parsed as a JSON object. Blank lines and
+    /// lines that are not JSON objects never reach it (they are liveness,
+    /// up to [`ProcessSettings::max_garbage_lines`] in a row).
+    fn line(&mut self, line: &Value) -> Step;
+
+    /// The newest agent conversation id this process announced: the one
+    /// the next turn resumes.
+    fn session_id(&self) -> Option<&str>;
+
+    /// The error of a process whose stdout ended before the turn did, from
+    /// how it exited and its last stderr lines. `saw_json`: whether a JSON
+    /// line was read in this turn. A resume failure here is
+    /// [`StreamError::UnknownSession`]; an unexplained exit is usually
+    /// `Connection` (nothing read) or `Truncated` (retryable).
+    fn ended_early(&mut self, exit: ExitInfo, stderr: &[String], saw_json: bool) -> StreamError;
+}
+
+/// A coding-agent CLI that warden runs as a child process.
+///
+/// Implement it in one file and wrap it in a
+/// [`CliSource`](crate::CliSource); see the [module docs](self) for what
+/// each part gives.
+pub trait AgentCli: std::fmt::Debug + Send + Sync + 'static {
+    /// The parser of one process's stdout.
+    type Parser: TurnParser;
+
+    /// A short name for logs and [`EventSource::provider`](warden_core::EventSource::provider).
+    fn name(&self) -> &str;
+
+    /// How long a process serves. Default [`ProcessLifetime::Session`].
+    fn lifetime(&self) -> ProcessLifetime {
+        ProcessLifetime::Session
+    }
+
+    /// The command of one process. An error here (say, a resume id the CLI
+    /// would silently not resume) fails the turn before anything starts.
+    fn command(&self, spawn: &SpawnRequest<'_>) -> Result<CliCommand, StreamError>;
+
+    /// The bytes written to stdin for one user turn.
+    fn turn_input(&self, message: &str) -> std::io::Result<Vec<u8>>;
+
+    /// A parser for a process started for `spawn`.
+    fn parser(&self, spawn: &SpawnRequest<'_>) -> Self::Parser;
+
+    /// Process limits. Default [`ProcessSettings::default`].
+    fn settings(&self) -> ProcessSettings {
+        ProcessSettings::default()
+    }
+
+    /// The system prompt text of a turn from the request's (the adapter
+    /// may add its own). Default: the request's.
+    fn system_prompt(&self, request: Option<&str>) -> Option<String> {
+        request.map(str::to_owned)
+    }
+
+    /// The adapter's default model. Default `None`.
+    fn default_model(&self) -> Option<&str> {
+        None
+    }
+
+    /// The context window of `model` when the CLI does not report one.
+    /// Default `None` (warden's default window).
+    fn context_window(&self, _model: Option<&str>) -> Option<u64> {
+        None
+    }
+
+    /// What survives a fresh start, told to the user with the notice.
+    /// Default `None`.
+    fn fresh_start_note(&self) -> Option<String> {
+        None
+    }
+
+    /// Where the CLI keeps `session_id`'s conversation for `workspace`, and
+    /// its size when it exists, for diagnostics. Default unknown.
+    fn transcript(&self, _session_id: &str, _workspace: Option<&Path>) -> TranscriptInfo {
+        TranscriptInfo::default()
+    }
+
+    /// Called before a process resumes `session_id` (say, to log whether
+    /// its transcript exists). Default: nothing.
+    fn before_resume(&self, _session_id: &str, _workspace: Option<&Path>) {}
+}
+
+/// Where a conversation is kept, for diagnostics.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct TranscriptInfo {
+    /// Where it is or should be.
+    pub path: Option<PathBuf>,
+    /// Its size when it exists.
+    pub bytes: Option<u64>,
+}
+
+impl TranscriptInfo {
+    /// `path` and its size, when known.
+    pub fn new(path: Option<PathBuf>, bytes: Option<u64>) -> Self {
+        Self { path, bytes }
+    }
+}
