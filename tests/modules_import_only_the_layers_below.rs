@@ -21,6 +21,7 @@ const LLM: Table = &[
     ("wire/responses", &["provider", "sse", "json", "classify"]),
     ("decode", &["provider", "sse", "wire"]),
     ("transcript", &["json"]),
+    ("transcript/conversation", &[]),
     ("options", &["provider", "transcript"]),
     (
         "transport",

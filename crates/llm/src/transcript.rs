@@ -8,7 +8,7 @@
 //!
 //! - a turn without a `resume_id` starts a new conversation with a fresh id
 //!   (`conv_` + 32 hex digits) and an empty transcript;
-//! - every stream starts with [`AgentEvent::SessionStarted`] carrying that
+//! - every stream starts with [`AgentEvent::SessionStarted`](warden_core::AgentEvent::SessionStarted) carrying that
 //!   id, so the session stores it and resumes it next time (after an idle
 //!   reap or a restart of the process);
 //! - a turn with a `resume_id` sends the stored history before the new
@@ -23,7 +23,7 @@
 //!   transcript as it was and the retry sends the same history.
 //!
 //! Files: `DIR/<id>.jsonl`, one `{"role", "content", "turn"}` object per
-//! line (`turn` is the [`TurnRequest::turn_id`], the pending message's id;
+//! line (`turn` is the [`TurnRequest::turn_id`](warden_core::TurnRequest::turn_id), the pending message's id;
 //! transcripts written before it existed have none and still load); the
 //! directory is created `0700` and files `0600` (they hold prompt text).
 //! Only text is kept: tool calls and thinking are not replayed (a turn
@@ -59,12 +59,15 @@ use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use futures_util::StreamExt;
 use futures_util::future::BoxFuture;
+use warden_core::StreamError;
 use warden_core::store::{ConversationStore, Entry, Role, unknown_conversation};
-use warden_core::{AgentEvent, EventStream, Frame, StreamError, TurnRequest};
 
 use crate::json::json_error_message;
+
+mod conversation;
+
+pub(crate) use conversation::{Conversation, begin, replay_stream};
 
 /// Stored as the reply of a turn that produced no text (tool calls only):
 /// the APIs refuse an empty assistant message.
@@ -402,46 +405,6 @@ impl Transcripts {
     }
 }
 
-/// Loads the conversation `request` resumes, or starts a new one (the
-/// stored conversation exists from the start, as its id is announced at
-/// once: a retry of a failed first turn resumes it).
-pub(crate) async fn begin(
-    store: Arc<dyn ConversationStore>,
-    request: &TurnRequest,
-) -> Result<Conversation, StreamError> {
-    let turn = request.turn_id;
-    match &request.resume_id {
-        Some(id) => {
-            let entries = store.load(id).await?;
-            let transcript = Transcript {
-                entries,
-                torn_tail: None,
-            };
-            let replay = transcript
-                .answer_to(turn, &request.message)
-                .map(str::to_owned);
-            Ok(Conversation {
-                store,
-                id: id.clone(),
-                turn,
-                history: transcript.entries,
-                replay,
-            })
-        }
-        None => {
-            let id = Transcripts::new_id();
-            store.create(&id).await?;
-            Ok(Conversation {
-                store,
-                id,
-                turn,
-                history: Vec::new(),
-                replay: None,
-            })
-        }
-    }
-}
-
 /// Parses a transcript. `Err((line number, message))` for an unreadable
 /// line that is not the torn end (the message never quotes the line).
 fn parse(bytes: &[u8]) -> Result<Transcript, (usize, String)> {
@@ -495,112 +458,6 @@ fn parse(bytes: &[u8]) -> Result<Transcript, (usize, String)> {
         entries: entries.into_iter().map(|(e, _)| e).collect(),
         torn_tail,
     })
-}
-
-/// The conversation one attempt continues.
-pub(crate) struct Conversation {
-    store: Arc<dyn ConversationStore>,
-    id: String,
-    /// The turn this attempt runs.
-    turn: u64,
-    history: Vec<Entry>,
-    /// The stored reply when this turn is already answered.
-    replay: Option<String>,
-}
-
-impl Conversation {
-    /// The messages before this turn.
-    pub(crate) fn history(&self) -> &[Entry] {
-        &self.history
-    }
-
-    /// The stored reply, when this turn (its id and message) is already
-    /// answered in the transcript: a re-delivered message.
-    pub(crate) fn replay(&self) -> Option<&str> {
-        self.replay.as_deref()
-    }
-
-    /// Wraps an attempt's stream: announces the conversation id first and
-    /// appends the turn to the transcript when the stream completes, before
-    /// `TurnComplete` is passed on (so an acknowledged turn is on disk). A
-    /// turn already answered is not appended again.
-    /// Records the reply `inner` streams (after `partial`, the text a
-    /// continuation continues) as the answer to `user`, saved at the turn's
-    /// end.
-    pub(crate) fn record(
-        self,
-        inner: EventStream,
-        user: String,
-        model: String,
-        partial: String,
-    ) -> EventStream {
-        let started = Frame::Event(AgentEvent::SessionStarted {
-            session_id: self.id.clone(),
-            model: Some(model),
-        });
-        let state = Recording {
-            inner,
-            user,
-            reply: partial,
-            conversation: self,
-        };
-        let rest = futures_util::stream::unfold(Some(state), |state| async move {
-            let mut state = state?;
-            let item = state.inner.next().await?;
-            match &item {
-                Ok(Frame::Event(AgentEvent::TextDelta(text))) => state.reply.push_str(text),
-                Ok(Frame::Event(AgentEvent::TurnComplete { .. })) => {
-                    if let Err(error) = state.save().await {
-                        return Some((Err(error), None));
-                    }
-                }
-                _ => {}
-            }
-            Some((item, Some(state)))
-        });
-        Box::pin(futures_util::stream::once(async { Ok(started) }).chain(rest))
-    }
-}
-
-/// The stream of a turn answered before: its stored reply, without calling
-/// the API.
-pub(crate) fn replay_stream(reply: String) -> EventStream {
-    let frames = [
-        AgentEvent::TextDelta(reply),
-        AgentEvent::Stop {
-            reason: REPLAYED_STOP_REASON.to_owned(),
-        },
-        AgentEvent::TurnComplete {
-            context_window: None,
-            duration: None,
-        },
-    ];
-    Box::pin(futures_util::stream::iter(
-        frames.into_iter().map(|e| Ok(Frame::Event(e))),
-    ))
-}
-
-struct Recording {
-    inner: EventStream,
-    user: String,
-    reply: String,
-    conversation: Conversation,
-}
-
-impl Recording {
-    async fn save(&mut self) -> Result<(), StreamError> {
-        let user = std::mem::take(&mut self.user);
-        let mut reply = std::mem::take(&mut self.reply);
-        if reply.is_empty() {
-            // The APIs refuse an empty assistant message in the history.
-            reply.push_str(NO_TEXT);
-        }
-        let c = &self.conversation;
-        c.store
-            .append_turn_once(&c.id, c.turn, &user, &reply)
-            .await
-            .map(drop)
-    }
 }
 
 #[cfg(test)]

@@ -5,17 +5,19 @@ use std::sync::Arc;
 
 use http_body_util::{BodyExt, Limited};
 use hyper::body::{Bytes, Incoming};
-use hyper::header::{self, HeaderName, HeaderValue};
-use hyper::{Method, Request, Response, StatusCode};
+use hyper::{Method, Request, Response};
 use serde_json::{Value, json};
+
+mod answer;
 
 use crate::body::{MockBody, Tracker};
 use crate::continuation::Continue;
-use crate::journal::{Endpoint, Journal, Outcome, RequestId, Selection};
+use crate::journal::{Endpoint, Journal, Outcome, Selection};
 use crate::reply::{self, Reply};
 use crate::route::{Route, model_scenario, route};
 use crate::script::{self, Extras};
 use crate::{MockConfig, Scenario, anthropic, openai, responses};
+use answer::{Answer, Api, bad_request, method_not_allowed, request_id};
 
 /// Header that selects a scenario for one request.
 pub(crate) const SCENARIO_HEADER: &str = "x-mock-scenario";
@@ -37,116 +39,6 @@ pub(crate) struct Ctx {
 #[derive(Debug, thiserror::Error)]
 #[error("warden-mock: abrupt-close scenario")]
 pub(crate) struct AbruptClose;
-
-/// Which wire format to speak.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Api {
-    Anthropic,
-    OpenAi,
-    /// The OpenAI Responses API (OpenAI's error shape).
-    Responses,
-}
-
-/// Builds one response and records its status.
-struct Answer<'a> {
-    journal: &'a Journal,
-    id: RequestId,
-    /// A `HEAD` request: hyper sends the headers only.
-    head: bool,
-}
-
-impl Answer<'_> {
-    fn response(
-        &self,
-        status: u16,
-        body: MockBody,
-        headers: &[(&str, String)],
-    ) -> Response<MockBody> {
-        self.journal.status(self.id, status);
-        let mut resp = Response::new(body);
-        *resp.status_mut() =
-            StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-        let map = resp.headers_mut();
-        for (name, value) in headers {
-            if let (Ok(name), Ok(value)) = (
-                HeaderName::from_bytes(name.as_bytes()),
-                HeaderValue::from_str(value),
-            ) {
-                map.insert(name, value);
-            }
-        }
-        resp
-    }
-
-    /// A complete (non-streamed) body; the request is completed.
-    fn full(
-        &self,
-        tracker: &mut Tracker,
-        status: u16,
-        content_type: &str,
-        body: Bytes,
-        extra: &[(&str, String)],
-    ) -> Response<MockBody> {
-        if !body.is_empty() && !self.head {
-            tracker.frame();
-        }
-        tracker.finish(Outcome::Completed);
-        let mut headers = vec![(header::CONTENT_TYPE.as_str(), content_type.to_owned())];
-        headers.extend(extra.iter().cloned());
-        self.response(status, MockBody::full(body), &headers)
-    }
-
-    fn json(
-        &self,
-        tracker: &mut Tracker,
-        status: u16,
-        value: &Value,
-        extra: &[(&str, String)],
-    ) -> Response<MockBody> {
-        let body = Bytes::from(value.to_string());
-        self.full(tracker, status, "application/json", body, extra)
-    }
-
-    /// An error body in the shape of `api`.
-    /// HTTP 529 `overloaded_error`: the `overloaded` scenario, and
-    /// `midstream-error` on a request that did not ask for a stream.
-    fn overloaded(&self, tracker: &mut Tracker, api: Api) -> Response<MockBody> {
-        self.error(tracker, api, 529, "overloaded_error", "Overloaded", &[])
-    }
-
-    fn error(
-        &self,
-        tracker: &mut Tracker,
-        api: Api,
-        status: u16,
-        kind: &str,
-        message: &str,
-        extra: &[(&str, String)],
-    ) -> Response<MockBody> {
-        let (value, id_header) = match api {
-            Api::Anthropic => (anthropic::error_body(kind, message), "request-id"),
-            Api::OpenAi | Api::Responses => {
-                let (kind, code) = match kind {
-                    "api_error" => ("server_error", None),
-                    "overloaded_error" => ("overloaded_error", Some("overloaded")),
-                    "rate_limit_error" => ("rate_limit_error", Some("rate_limit_exceeded")),
-                    "invalid_request_error" if status == 400 && message.contains("too long") => {
-                        ("invalid_request_error", Some("context_length_exceeded"))
-                    }
-                    other => (other, None),
-                };
-                (openai::error_body(kind, message, code), "x-request-id")
-            }
-        };
-        let mut headers = vec![(id_header, request_id(self.id))];
-        headers.extend(extra.iter().cloned());
-        self.json(tracker, status, &value, &headers)
-    }
-}
-
-fn request_id(id: RequestId) -> String {
-    format!("req_mock{id:014}")
-}
 
 /// Serves one request.
 pub(crate) async fn handle(
@@ -558,31 +450,6 @@ async fn read_json(req: Request<Incoming>) -> Result<(Value, usize), String> {
         return Err("warden-mock: the request body must be a JSON object".to_owned());
     }
     Ok((value, bytes.len()))
-}
-
-fn bad_request(
-    answer: &Answer<'_>,
-    tracker: &mut Tracker,
-    api: Api,
-    message: &str,
-) -> Response<MockBody> {
-    answer.error(tracker, api, 400, "invalid_request_error", message, &[])
-}
-
-fn method_not_allowed(
-    answer: &Answer<'_>,
-    tracker: &mut Tracker,
-    method: &Method,
-    path: &str,
-) -> Response<MockBody> {
-    answer.error(
-        tracker,
-        Api::Anthropic,
-        405,
-        "invalid_request_error",
-        &format!("warden-mock: method {method} not allowed on {path}"),
-        &[],
-    )
 }
 
 /// A model list readable by both Anthropic and OpenAI clients: one
