@@ -130,6 +130,32 @@ impl Default for ProcessSettings {
     }
 }
 
+impl ProcessSettings {
+    /// Sets [`grace_period`](Self::grace_period).
+    pub fn with_grace_period(mut self, grace: Duration) -> Self {
+        self.grace_period = grace;
+        self
+    }
+
+    /// Sets [`max_line_bytes`](Self::max_line_bytes).
+    pub fn with_max_line_bytes(mut self, limit: usize) -> Self {
+        self.max_line_bytes = limit;
+        self
+    }
+
+    /// Sets [`max_garbage_lines`](Self::max_garbage_lines).
+    pub fn with_max_garbage_lines(mut self, lines: u32) -> Self {
+        self.max_garbage_lines = lines;
+        self
+    }
+
+    /// Sets [`stderr_tail_lines`](Self::stderr_tail_lines).
+    pub fn with_stderr_tail_lines(mut self, lines: usize) -> Self {
+        self.stderr_tail_lines = lines;
+        self
+    }
+}
+
 /// What one stdout line means for the turn.
 #[derive(Debug, PartialEq)]
 #[non_exhaustive]

@@ -174,6 +174,7 @@
 
 mod claude_code;
 pub mod cli;
+mod codex;
 mod lines;
 mod options;
 mod process;
@@ -187,6 +188,10 @@ pub use claude_code::{
 pub use cli::{
     AgentCli, CliCommand, ExitInfo, ProcessLifetime, ProcessSettings, SpawnRequest, Step,
     TranscriptInfo, TurnParser,
+};
+pub use codex::{
+    CODEX_FRESH_START_NOTE, CodexOptions, CodexParser, CodexSandbox, CodexSource,
+    CodexSourceFactory,
 };
 pub use lines::{clip, stderr_summary};
 pub use options::{ClaudeOptions, PermissionMode};
