@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use warden_claude::{ClaudeOptions, ClaudeSource};
+use warden_claude::{ClaudeOptions, ClaudeSource, CodexOptions, CodexSource};
 use warden_core::{
     EventSource, Notice, Notifier, SessionKey, Supervisor, SupervisorConfig, context,
 };
@@ -13,7 +13,9 @@ use crate::exit::{CliError, Exit};
 use crate::input::{MAX_INPUT_BYTES, read_bounded};
 use crate::paths;
 use crate::relay::relay;
-use crate::sources::{HttpSettings, HttpSource, Provider, check_url, claude_binary};
+use crate::sources::{
+    HttpSettings, HttpSource, Provider, check_url, claude_binary, codex_base_url, codex_binary,
+};
 
 /// The agent behind a workspace's session.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -21,6 +23,11 @@ pub(crate) enum Agent {
     /// The Claude Code CLI (`claude`), one child process per session; it
     /// keeps its own transcripts.
     ClaudeCode,
+    /// The Codex CLI (`codex exec`, `WARDEN_CODEX_BIN` else `codex` on
+    /// PATH), one child process per turn, read-only sandbox; it keeps its
+    /// own threads. --base-url is its Responses endpoint (`/v1` added),
+    /// the key from OPENAI_API_KEY.
+    Codex,
     /// The Anthropic Messages API; warden keeps the transcript.
     Anthropic,
     /// An OpenAI-compatible chat completions API; warden keeps the transcript.
@@ -121,9 +128,27 @@ fn claude_options(
     options
 }
 
-/// A session source, and the Claude Code source again when it is one (to
+/// An agent CLI source kept to shut its children down at the end.
+pub(crate) enum CliChildren {
+    /// Claude Code's.
+    Claude(Arc<ClaudeSource>),
+    /// Codex's.
+    Codex(Arc<CodexSource>),
+}
+
+impl CliChildren {
+    /// Terminates the CLI's processes and waits until they are gone.
+    pub(crate) async fn shutdown(&self) {
+        match self {
+            Self::Claude(source) => source.shutdown().await,
+            Self::Codex(source) => source.shutdown().await,
+        }
+    }
+}
+
+/// A session source, and the agent CLI source again when it is one (to
 /// shut its children down at the end).
-pub(crate) type AgentSource = (Arc<dyn EventSource>, Option<Arc<ClaudeSource>>);
+pub(crate) type AgentSource = (Arc<dyn EventSource>, Option<CliChildren>);
 
 /// The source of `agent` (and, for Claude Code, the source again, to shut
 /// its children down at the end): the HTTP APIs keep their conversations
@@ -141,7 +166,18 @@ pub(crate) fn agent_source(
         Agent::ClaudeCode => {
             let options = claude_options(claude_binary(claude_bin)?, model, base_url);
             let source = Arc::new(ClaudeSource::new(options));
-            (source.clone(), Some(source))
+            (source.clone(), Some(CliChildren::Claude(source)))
+        }
+        Agent::Codex => {
+            let mut options = CodexOptions::default().with_binary(codex_binary()?);
+            if let Some(model) = model {
+                options = options.with_model(model);
+            }
+            if let Some(url) = base_url {
+                options = options.with_base_url(codex_base_url(&url));
+            }
+            let source = Arc::new(CodexSource::new(options));
+            (source.clone(), Some(CliChildren::Codex(source)))
         }
         Agent::Anthropic | Agent::Openai => {
             let provider = if agent == Agent::Anthropic {

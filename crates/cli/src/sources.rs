@@ -221,9 +221,40 @@ pub(crate) fn claude_binary(flag: Option<PathBuf>) -> Result<PathBuf, CliError> 
     })
 }
 
+/// The `codex` binary: `WARDEN_CODEX_BIN`, else `codex` on `PATH`.
+pub(crate) fn codex_binary() -> Result<PathBuf, CliError> {
+    let wanted = std::env::var_os("WARDEN_CODEX_BIN")
+        .filter(|v| !v.is_empty())
+        .map_or_else(|| PathBuf::from("codex"), PathBuf::from);
+    which::which(&wanted).map_err(|_| {
+        CliError::usage(format!(
+            "the Codex CLI ({}) was not found; install it (npm install -g @openai/codex) or set WARDEN_CODEX_BIN",
+            wanted.display()
+        ))
+    })
+}
+
+/// Codex's provider base URL for `url`: Codex posts to `{base}/responses`,
+/// so `/v1` is added unless the URL already ends with it.
+pub(crate) fn codex_base_url(url: &str) -> String {
+    let url = url.trim_end_matches('/');
+    if url.ends_with("/v1") {
+        url.to_owned()
+    } else {
+        format!("{url}/v1")
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn codex_base_urls_end_in_v1_once() {
+        assert_eq!(codex_base_url("http://h:1"), "http://h:1/v1");
+        assert_eq!(codex_base_url("http://h:1/v1/"), "http://h:1/v1");
+        assert_eq!(codex_base_url("http://h:1/p"), "http://h:1/p/v1");
+    }
 
     #[test]
     fn endpoint_urls_name_their_provider_and_base() {

@@ -243,3 +243,74 @@ async fn claude_code_chats_resume_the_same_conversation() {
     );
     server.shutdown().await;
 }
+
+/// The real Codex CLI (`WARDEN_CODEX_BIN`, installed by `.ci/run`) with
+/// `--agent codex` against the mock's Responses endpoint: two invocations,
+/// one thread, the context indicator. Skipped with a printed reason when
+/// the binary is not there, unless `WARDEN_REQUIRE_CODEX=1`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn codex_chats_resume_the_same_thread() {
+    let Some(bin) = std::env::var_os("WARDEN_CODEX_BIN") else {
+        assert_ne!(
+            std::env::var("WARDEN_REQUIRE_CODEX").as_deref(),
+            Ok("1"),
+            "WARDEN_REQUIRE_CODEX=1 but WARDEN_CODEX_BIN is unset"
+        );
+        eprintln!("skipped: set WARDEN_CODEX_BIN to the codex binary to run this test");
+        return;
+    };
+    let server = MockServer::start(MockConfig::default())
+        .await
+        .expect("mock");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (data, workspace, home) = (
+        dir.path().join("data"),
+        dir.path().join("repo"),
+        dir.path().join("home"),
+    );
+    for d in [&workspace, &home] {
+        std::fs::create_dir_all(d).expect("mkdir");
+    }
+    let base_url = server.base_url();
+    let chat = |message: &str| {
+        let mut cmd = command(&[
+            "chat",
+            "--workspace",
+            arg(&workspace),
+            "--data-dir",
+            arg(&data),
+            "--agent",
+            "codex",
+            "--base-url",
+            &base_url,
+            message,
+        ]);
+        cmd.env("WARDEN_CODEX_BIN", &bin)
+            .env("OPENAI_API_KEY", "dummy")
+            .env("HOME", &home);
+        cmd
+    };
+    let first = output(chat("Say hello."), Duration::from_secs(120)).await;
+    assert_eq!(code(&first), 0, "{}", stderr(&first));
+    assert!(
+        stdout(&first).contains("Hello from warden-mock."),
+        "{}",
+        stdout(&first)
+    );
+    assert!(stdout(&first).contains("[ctx: "), "{}", stdout(&first));
+    let id = sessions(&data).await[0]["agent_session_id"]
+        .as_str()
+        .expect("Codex's thread id")
+        .to_owned();
+
+    let second = output(chat("Again."), Duration::from_secs(120)).await;
+    assert_eq!(code(&second), 0, "{}", stderr(&second));
+    assert_eq!(sessions(&data).await[0]["agent_session_id"], id.as_str());
+    assert!(
+        !stderr(&second).contains("starting fresh"),
+        "{}",
+        stderr(&second)
+    );
+    assert_eq!(server.requests_to("/v1/responses"), 2);
+    server.shutdown().await;
+}
