@@ -5,7 +5,8 @@
 //! [`CliSource`] runs any of them as a child process group with the same
 //! guarantees (watchdog-fed frames, resume by the agent's own id, typed
 //! resume failures, cancel that ends the group, garbage-line limits). The
-//! adapters here: Claude Code ([`ClaudeOptions`], [`ClaudeSource`]). Adding
+//! adapters here: Claude Code ([`ClaudeOptions`], [`ClaudeSource`]) and
+//! the Codex CLI ([`CodexOptions`], [`CodexSource`]). Adding
 //! a CLI is one file: see [`cli`] and `examples/third_agent.rs`, and
 //! `docs/agents.md` for what each agent's tests show.
 //!
