@@ -137,7 +137,7 @@ pub use source::{
 pub use error::{ActorError, ConfigError, ResumeCause, StreamError, TurnError, retryable_status};
 // The reusable parts: watchdog, policies, shared backoff.
 pub use admission::{Admission, AdmissionConfig};
-pub use policy::{Restart, RestartIntensity, RetryPolicy, RetryVerdict};
+pub use policy::{Restart, RestartIntensity, RetryPolicy, RetryVerdict, Retryable};
 pub use watchdog::{WatchdogActor, WatchdogConfig};
 // State and what users hear.
 pub use lifecycle::LifecycleEvent;

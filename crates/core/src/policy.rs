@@ -8,4 +8,4 @@ mod retry;
 
 pub use restart::{Restart, RestartIntensity};
 pub(crate) use restart::{RestartDecision, RestartTracker};
-pub use retry::{RetryHook, RetryPolicy, RetryVerdict};
+pub use retry::{RetryHook, RetryPolicy, RetryVerdict, Retryable};

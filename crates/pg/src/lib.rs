@@ -79,7 +79,7 @@ use std::time::Duration;
 use futures_util::future::BoxFuture;
 use serde_json::Value;
 use warden_core::store::SCHEMA_VERSION;
-use warden_core::{Durability, SessionKey, SessionRecord, SessionStore, StoreError};
+use warden_core::{Durability, RetryPolicy, SessionKey, SessionRecord, SessionStore, StoreError};
 
 pub use conversations::PgConversations;
 pub use group::{GroupStats, TurnBatch};
@@ -169,30 +169,36 @@ fn error_chain(e: &dyn std::error::Error) -> String {
 pub(crate) const WRITE_PATIENCE: Duration = Duration::from_secs(30);
 
 /// Runs `op` until it succeeds, fails in a way `waits_out` says waiting
-/// cannot mend, or [`WRITE_PATIENCE`] has passed, with backoff (50 ms
-/// doubling to 2 s): for writes that may be sent again, while the database
-/// does not answer.
-pub(crate) async fn patiently<T, E, F, Fut>(
-    waits_out: impl Fn(&E) -> bool,
-    mut op: F,
-) -> Result<T, E>
+/// cannot mend, or [`WRITE_PATIENCE`] has passed ([`write_retry`]'s
+/// backoff, no wait begun that could end past it): for writes that may be
+/// sent again, while the database does not answer.
+pub(crate) async fn patiently<T, E, F, Fut>(waits_out: impl Fn(&E) -> bool, op: F) -> Result<T, E>
 where
     E: std::fmt::Display,
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Result<T, E>>,
 {
+    let policy = write_retry();
     let deadline = tokio::time::Instant::now() + WRITE_PATIENCE;
-    let mut wait = Duration::from_millis(50);
-    loop {
-        match op().await {
-            Err(e) if waits_out(&e) && tokio::time::Instant::now() + wait < deadline => {
-                tracing::debug!(error = %e, "the database does not answer; retrying");
-                tokio::time::sleep(wait).await;
-                wait = (wait * 2).min(Duration::from_secs(2));
-            }
-            done => return done,
+    let retryable = |e: &E| {
+        // No wait is begun that could end past the deadline (a wait is at
+        // most the backoff's cap).
+        let retry = waits_out(e) && tokio::time::Instant::now() + policy.max_backoff < deadline;
+        if retry {
+            tracing::debug!(error = %e, "the database does not answer; retrying");
         }
-    }
+        retry
+    };
+    policy.retry_if(retryable, op).await
+}
+
+/// How [`patiently`] waits between attempts: 50 ms doubling to 2 s,
+/// jittered (the nodes of a cluster do not retry in step); its budget is
+/// [`WRITE_PATIENCE`], not a number of attempts.
+fn write_retry() -> RetryPolicy {
+    RetryPolicy::default()
+        .with_backoff(Duration::from_millis(50), Duration::from_secs(2))
+        .with_max_attempts(u32::MAX)
 }
 
 /// A count or an epoch as PostgreSQL's BIGINT (saturating).
@@ -375,5 +381,50 @@ impl SessionStore for PgStore {
                 })
                 .collect())
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::cell::Cell;
+
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn a_write_is_retried_for_its_patience_then_its_error_returned() {
+        let calls = Cell::new(0u32);
+        let t0 = tokio::time::Instant::now();
+        let got: Result<(), &str> = patiently(
+            |_| true,
+            || {
+                calls.set(calls.get() + 1);
+                std::future::ready(Err("down"))
+            },
+        )
+        .await;
+        assert_eq!(got, Err("down"));
+        let waited = t0.elapsed();
+        // 50 ms doubling to 2 s (jittered down by up to a quarter), never
+        // past the patience.
+        assert!(waited < WRITE_PATIENCE, "{waited:?}");
+        assert!(
+            waited >= WRITE_PATIENCE - Duration::from_secs(3),
+            "{waited:?}"
+        );
+        assert!((16..=30).contains(&calls.get()), "{} calls", calls.get());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_error_waiting_cannot_mend_is_returned_at_once() {
+        let calls = Cell::new(0u32);
+        let got: Result<(), &str> = patiently(
+            |e| *e == "down",
+            || {
+                calls.set(calls.get() + 1);
+                std::future::ready(Err("fenced"))
+            },
+        )
+        .await;
+        assert_eq!((got, calls.get()), (Err("fenced"), 1));
     }
 }

@@ -5,13 +5,16 @@
 //! follows the official Anthropic SDK rule: `min(initial * 2^n, max)` minus
 //! up to 25 %, and a server's `retry-after` wins when present.
 
+use std::any::Any;
 use std::fmt;
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
 use rand::Rng;
 
 use crate::error::StreamError;
+use crate::store::TurnStoreError;
 
 /// How a turn whose attempt failed with a retryable error is retried.
 ///
@@ -229,6 +232,147 @@ impl RetryPolicy {
     }
 }
 
+/// An error [`RetryPolicy::retry`] can judge: whether another attempt may
+/// succeed, and how long the other side asked to wait first.
+pub trait Retryable {
+    /// Whether another attempt may succeed (`false`: the error is final).
+    fn is_retryable(&self) -> bool;
+
+    /// The wait the other side asked for before another attempt (an HTTP
+    /// `retry-after`), capped at the policy's
+    /// [`max_retry_after`](RetryPolicy::max_retry_after); `None` (the
+    /// default): the policy's jittered backoff.
+    fn retry_after(&self) -> Option<Duration> {
+        None
+    }
+}
+
+/// A stream's error, judged as a turn's attempts are
+/// ([`StreamError::is_retryable`], [`StreamError::retry_after`]); with
+/// [`RetryPolicy::retry`] the policy's hook is asked first, as for a turn.
+impl Retryable for StreamError {
+    fn is_retryable(&self) -> bool {
+        StreamError::is_retryable(self)
+    }
+
+    fn retry_after(&self) -> Option<Duration> {
+        StreamError::retry_after(self)
+    }
+}
+
+/// A turn store's error: a failure is retried, a session that moved is not
+/// (its new owner carries on).
+impl Retryable for TurnStoreError {
+    fn is_retryable(&self) -> bool {
+        matches!(self, TurnStoreError::Failed(_))
+    }
+}
+
+impl RetryPolicy {
+    /// Runs `op` until it succeeds, fails with an error that is not
+    /// [retryable](Retryable::is_retryable), or has been tried
+    /// [`max_attempts`](Self::max_attempts) times; returns its last result.
+    /// Between attempts it waits the error's
+    /// [`retry_after`](Retryable::retry_after) (capped at
+    /// [`max_retry_after`](Self::max_retry_after)), else the jittered
+    /// backoff ([`jittered_delay`](Self::jittered_delay)). A
+    /// [`StreamError`] is judged exactly as a turn's failed attempt is
+    /// ([`next_delay`](Self::next_delay): the [hook](Self::with_hook)
+    /// first). Waits use tokio's clock, so a test with a paused clock runs
+    /// them at once.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+    /// # async fn main() {
+    /// use std::time::Duration;
+    /// use warden_core::{RetryPolicy, StreamError};
+    ///
+    /// let policy = RetryPolicy::default().with_backoff(Duration::from_millis(50), Duration::from_secs(2));
+    /// let mut calls = 0;
+    /// let answer: Result<&str, StreamError> = policy
+    ///     .retry(|| {
+    ///         calls += 1;
+    ///         let n = calls;
+    ///         async move {
+    ///             if n < 3 {
+    ///                 Err(StreamError::Connection { message: "refused".into() })
+    ///             } else {
+    ///                 Ok("answer")
+    ///             }
+    ///         }
+    ///     })
+    ///     .await;
+    /// assert_eq!(answer.ok(), Some("answer"));
+    /// # }
+    /// ```
+    pub async fn retry<T, E, F, Fut>(&self, op: F) -> Result<T, E>
+    where
+        E: Retryable + 'static,
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<T, E>>,
+    {
+        let decide = |error: &E, attempts: u32| {
+            if let Some(stream) = (error as &dyn Any).downcast_ref::<StreamError>() {
+                return self.delay_after(attempts, stream);
+            }
+            if attempts >= self.max_attempts || !error.is_retryable() {
+                return None;
+            }
+            Some(match error.retry_after() {
+                Some(wait) => wait.min(self.max_retry_after),
+                None => self.jittered_delay(attempts, &mut rand::rng()),
+            })
+        };
+        self.run(decide, op).await
+    }
+
+    /// [`retry`](Self::retry) for any error, `retryable` saying which are
+    /// worth another attempt (asked after each failure but the last, with
+    /// the error; it may log the retry). The policy's jittered backoff
+    /// separates attempts; the hook and `retry-after` are not consulted.
+    pub async fn retry_if<T, E, F, Fut>(
+        &self,
+        mut retryable: impl FnMut(&E) -> bool,
+        op: F,
+    ) -> Result<T, E>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<T, E>>,
+    {
+        let decide = |error: &E, attempts: u32| {
+            (attempts < self.max_attempts && retryable(error))
+                .then(|| self.jittered_delay(attempts, &mut rand::rng()))
+        };
+        self.run(decide, op).await
+    }
+
+    /// Runs `op`, asking `decide` after each failure (with the attempts
+    /// made so far) for the wait before the next attempt, or `None` to
+    /// return the error.
+    async fn run<T, E, F, Fut>(
+        &self,
+        mut decide: impl FnMut(&E, u32) -> Option<Duration>,
+        mut op: F,
+    ) -> Result<T, E>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<T, E>>,
+    {
+        let mut attempts = 0;
+        loop {
+            attempts += 1;
+            let error = match op().await {
+                Ok(value) => return Ok(value),
+                Err(error) => error,
+            };
+            match decide(&error, attempts) {
+                Some(wait) => tokio::time::sleep(wait).await,
+                None => return Err(error),
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -328,5 +472,153 @@ mod tests {
             p.next_delay(1, &api(3600), &mut rng),
             Some(Duration::from_secs(60))
         );
+    }
+    /// An operation that fails with `errors` in turn, then answers, and
+    /// counts its calls.
+    fn failing<'a, E: Clone + 'a>(
+        errors: Vec<E>,
+        calls: &'a std::cell::Cell<u32>,
+    ) -> impl FnMut() -> std::future::Ready<Result<u32, E>> + 'a {
+        move || {
+            let n = calls.get();
+            calls.set(n + 1);
+            std::future::ready(match errors.get(n as usize) {
+                Some(e) => Err(e.clone()),
+                None => Ok(n + 1),
+            })
+        }
+    }
+
+    fn store_down() -> TurnStoreError {
+        TurnStoreError::Failed("down".into())
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn retry_waits_the_backoff_between_attempts_and_returns_the_first_success() {
+        let p = RetryPolicy::default()
+            .with_backoff(Duration::from_millis(100), Duration::from_secs(1))
+            .with_jitter(0.0);
+        let calls = std::cell::Cell::new(0);
+        let t0 = tokio::time::Instant::now();
+        let got = p
+            .retry(failing(vec![store_down(), store_down()], &calls))
+            .await;
+        assert_eq!(got.ok(), Some(3));
+        assert_eq!(calls.get(), 3);
+        assert_eq!(t0.elapsed(), Duration::from_millis(300));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn retry_gives_up_after_max_attempts_with_the_last_error_and_no_wait_after_it() {
+        let p = RetryPolicy::default()
+            .with_backoff(Duration::from_millis(100), Duration::from_millis(100))
+            .with_jitter(0.0)
+            .with_max_attempts(3);
+        let errors: Vec<_> = (1..=5)
+            .map(|n| TurnStoreError::Failed(n.to_string()))
+            .collect();
+        let calls = std::cell::Cell::new(0);
+        let t0 = tokio::time::Instant::now();
+        let got = p.retry(failing(errors, &calls)).await;
+        assert!(
+            matches!(got, Err(TurnStoreError::Failed(ref n)) if n == "3"),
+            "{got:?}"
+        );
+        assert_eq!(calls.get(), 3);
+        assert_eq!(t0.elapsed(), Duration::from_millis(200));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_final_error_is_returned_at_once() {
+        let calls = std::cell::Cell::new(0);
+        let t0 = tokio::time::Instant::now();
+        let moved = TurnStoreError::Moved("lease lost".into());
+        let got = RetryPolicy::default()
+            .retry(failing(vec![moved], &calls))
+            .await;
+        assert!(matches!(got, Err(TurnStoreError::Moved(_))));
+        assert_eq!(calls.get(), 1);
+        assert_eq!(t0.elapsed(), Duration::ZERO);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_backoff_is_jittered_downwards_only() {
+        let p = RetryPolicy::default().with_backoff(Duration::from_secs(1), Duration::from_secs(1));
+        let mut seen_below = false;
+        for _ in 0..50 {
+            let calls = std::cell::Cell::new(0);
+            let t0 = tokio::time::Instant::now();
+            let got = p.retry(failing(vec![store_down()], &calls)).await;
+            assert!(got.is_ok());
+            let waited = t0.elapsed();
+            assert!(waited <= Duration::from_secs(1), "{waited:?}");
+            assert!(waited >= Duration::from_millis(750), "{waited:?}");
+            seen_below |= waited < Duration::from_secs(1);
+        }
+        assert!(seen_below, "jitter never applied");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_retry_after_is_waited_and_capped() {
+        let api = |secs| StreamError::Api {
+            status: Some(429),
+            kind: "rate_limit_error".into(),
+            message: "slow down".into(),
+            retryable: true,
+            retry_after: Some(Duration::from_secs(secs)),
+        };
+        for (asked, waited) in [(3, 3), (3600, 60)] {
+            let calls = std::cell::Cell::new(0);
+            let t0 = tokio::time::Instant::now();
+            let got = RetryPolicy::default()
+                .retry(failing(vec![api(asked)], &calls))
+                .await;
+            assert!(got.is_ok());
+            assert_eq!(t0.elapsed(), Duration::from_secs(waited));
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_hook_judges_a_stream_error_first() {
+        let fatal = RetryPolicy::default().with_hook(|_, _| RetryVerdict::Fatal);
+        let calls = std::cell::Cell::new(0);
+        let got = fatal.retry(failing(vec![timeout()], &calls)).await;
+        assert!(got.is_err());
+        assert_eq!(calls.get(), 1);
+        let malformed = StreamError::Malformed {
+            message: "x".into(),
+        };
+        let retry = RetryPolicy::default()
+            .with_hook(|_, _| RetryVerdict::RetryAfter(Duration::from_secs(5)));
+        let calls = std::cell::Cell::new(0);
+        let t0 = tokio::time::Instant::now();
+        let got = retry.retry(failing(vec![malformed], &calls)).await;
+        assert_eq!(got.ok(), Some(2));
+        assert_eq!(t0.elapsed(), Duration::from_secs(5));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn retry_if_asks_its_closure_after_each_failure_but_the_last() {
+        let p = RetryPolicy::default()
+            .with_backoff(Duration::from_millis(10), Duration::from_millis(10))
+            .with_max_attempts(4);
+        let asked = std::cell::Cell::new(0);
+        let calls = std::cell::Cell::new(0);
+        let got = p
+            .retry_if(
+                |e: &&str| {
+                    asked.set(asked.get() + 1);
+                    *e == "busy"
+                },
+                failing(vec!["busy"; 10], &calls),
+            )
+            .await;
+        assert_eq!(got, Err("busy"));
+        assert_eq!((calls.get(), asked.get()), (4, 3));
+        let calls = std::cell::Cell::new(0);
+        let got = p
+            .retry_if(|e: &&str| *e == "busy", failing(vec!["gone"], &calls))
+            .await;
+        assert_eq!((got, calls.get()), (Err("gone"), 1));
     }
 }

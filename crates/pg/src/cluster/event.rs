@@ -46,7 +46,7 @@ pub enum NodeEvent {
     },
     /// A session with waiting messages whose lease this node held while
     /// nothing ran it here was started (its messages are sent again); see
-    /// [`TakeOver::resumed`].
+    /// [`TakeOver::resumed`](crate::TakeOver::resumed).
     Resumed {
         /// The session.
         key: SessionKey,
@@ -127,33 +127,34 @@ impl std::fmt::Display for NodeEvent {
 pub(super) fn report(events: &broadcast::Sender<NodeEvent>, event: NodeEvent) {
     match &event {
         NodeEvent::Joined { node, ttl } => {
-            tracing::info!(event = "cluster.joined", node = %node, ttl_ms = ttl.as_millis() as u64, "{event}");
+            tracing::info!(target: "warden_pg::cluster", event = "cluster.joined", node = %node, ttl_ms = ttl.as_millis() as u64, "{event}");
         }
         NodeEvent::SessionMoved { key, epoch } => {
-            tracing::warn!(event = "cluster.session_moved", session.key = %key, epoch, "{event}");
+            tracing::warn!(target: "warden_pg::cluster", event = "cluster.session_moved", session.key = %key, epoch, "{event}");
         }
         // Expected in an outage: `pg.leases_fenced` says it once per pass.
         NodeEvent::SessionFenced { key, epoch } => {
-            tracing::debug!(event = "cluster.session_fenced", session.key = %key, epoch, "{event}");
+            tracing::debug!(target: "warden_pg::cluster", event = "cluster.session_fenced", session.key = %key, epoch, "{event}");
         }
         NodeEvent::TookOver { key, epoch } => {
-            tracing::info!(event = "cluster.took_over", session.key = %key, epoch, "{event}");
+            tracing::info!(target: "warden_pg::cluster", event = "cluster.took_over", session.key = %key, epoch, "{event}");
         }
         NodeEvent::Resumed { key, epoch } => {
-            tracing::warn!(event = "cluster.resumed", session.key = %key, epoch, "{event}");
+            tracing::warn!(target: "warden_pg::cluster", event = "cluster.resumed", session.key = %key, epoch, "{event}");
         }
         NodeEvent::Released { key, .. } => {
-            tracing::warn!(event = "cluster.released", session.key = %key, "{event}");
+            tracing::warn!(target: "warden_pg::cluster", event = "cluster.released", session.key = %key, "{event}");
         }
         // The one warning of an outage (its end is the one `info`).
         NodeEvent::HeartbeatFailed { .. } => {
-            tracing::warn!(event = "cluster.database_unreachable", "{event}");
+            tracing::warn!(target: "warden_pg::cluster", event = "cluster.database_unreachable", "{event}");
         }
         NodeEvent::ExpireFailed { .. } => {
-            tracing::warn!(event = "cluster.background_failed", "{event}");
+            tracing::warn!(target: "warden_pg::cluster", event = "cluster.background_failed", "{event}");
         }
         NodeEvent::DatabaseBack { down_for } => {
             tracing::info!(
+                target: "warden_pg::cluster",
                 event = "cluster.database_back",
                 down_ms = down_for.as_millis() as u64,
                 "{event}"

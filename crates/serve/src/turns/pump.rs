@@ -9,7 +9,7 @@ use futures_util::FutureExt as _;
 use warden_core::store::{
     StoredEvent as ServeEvent, StoredTurn, TurnAsked, TurnStore, TurnStoreError,
 };
-use warden_core::{RetryPolicy, SessionKey, TurnError, TurnEvent, TurnHandle};
+use warden_core::{RetryPolicy, Retryable as _, SessionKey, TurnError, TurnEvent, TurnHandle};
 
 use super::encode::describe;
 use super::log::TurnLog;
@@ -45,26 +45,30 @@ pub(super) async fn open(
     fingerprint: Option<&str>,
     asked: &TurnAsked,
 ) -> Option<StoredTurn> {
-    let policy = store_retry();
-    for attempt in 1..=policy.max_attempts {
-        match store.open(key, message_id, id, fingerprint, asked).await {
-            Ok(t) => return Some(t),
-            Err(TurnStoreError::Moved(why)) => {
-                tracing::info!(session = %key, %why, "this node no longer holds the session's lease: its turn is not stored here");
-                return None;
-            }
-            Err(why) => {
-                // An outage: the node's heartbeat warns of it once.
-                tracing::debug!(session = %key, %why, "cannot store the turn; retrying");
-                if attempt < policy.max_attempts {
-                    let delay = policy.jittered_delay(attempt, &mut rand::rng());
-                    tokio::time::sleep(delay).await;
+    let opened = store_retry()
+        .retry_if(
+            |why: &TurnStoreError| {
+                let retry = why.is_retryable();
+                if retry {
+                    // An outage: the node's heartbeat warns of it once.
+                    tracing::debug!(session = %key, %why, "cannot store the turn; retrying");
                 }
-            }
+                retry
+            },
+            || store.open(key, message_id, id, fingerprint, asked),
+        )
+        .await;
+    match opened {
+        Ok(t) => Some(t),
+        Err(TurnStoreError::Moved(why)) => {
+            tracing::info!(session = %key, %why, "this node no longer holds the session's lease: its turn is not stored here");
+            None
+        }
+        Err(_) => {
+            tracing::warn!(session = %key, turn = id, "the turn is kept in this node's memory only");
+            None
         }
     }
-    tracing::warn!(session = %key, turn = id, "the turn is kept in this node's memory only");
-    None
 }
 
 /// Copies the turn's events into its log until it finishes: with a store,
@@ -149,32 +153,37 @@ async fn store_batch(
     last: bool,
 ) -> bool {
     let policy = append_retry();
-    for attempt in 1..=policy.max_attempts {
-        match store.append(key, id, batch, last).await {
-            Ok(()) => return true,
-            Err(TurnStoreError::Moved(why)) => {
-                // Taken by another node, or given up here in an outage:
-                // either way it stops here, and is not "moved" until a node
-                // takes it.
-                tracing::info!(session = %key, turn = id, %why, "this node no longer holds the session's lease: the turn stops here and is re-delivered by the session's next node");
-                return false;
-            }
-            Err(why) if attempt < policy.max_attempts => {
-                // An outage: the node's heartbeat warns of it once.
-                tracing::debug!(session = %key, turn = id, %why, "cannot store the turn's events; retrying");
-                let delay = policy.jittered_delay(attempt, &mut rand::rng());
-                tokio::time::sleep(delay).await;
-            }
-            Err(why) => {
-                // A long outage: expected, and the turn is re-delivered.
-                tracing::warn!(
-                    session = %key, turn = id, %why, attempts = attempt,
-                    "cannot store the turn's events; giving up: its stream ends here and the node that runs the session next re-delivers it"
-                );
-            }
+    let appended = policy
+        .retry_if(
+            |why: &TurnStoreError| {
+                let retry = why.is_retryable();
+                if retry {
+                    // An outage: the node's heartbeat warns of it once.
+                    tracing::debug!(session = %key, turn = id, %why, "cannot store the turn's events; retrying");
+                }
+                retry
+            },
+            || store.append(key, id, batch, last),
+        )
+        .await;
+    match appended {
+        Ok(()) => true,
+        Err(TurnStoreError::Moved(why)) => {
+            // Taken by another node, or given up here in an outage:
+            // either way it stops here, and is not "moved" until a node
+            // takes it.
+            tracing::info!(session = %key, turn = id, %why, "this node no longer holds the session's lease: the turn stops here and is re-delivered by the session's next node");
+            false
+        }
+        Err(why) => {
+            // A long outage: expected, and the turn is re-delivered.
+            tracing::warn!(
+                session = %key, turn = id, %why, attempts = policy.max_attempts,
+                "cannot store the turn's events; giving up: its stream ends here and the node that runs the session next re-delivers it"
+            );
+            false
         }
     }
-    false
 }
 
 #[cfg(test)]
