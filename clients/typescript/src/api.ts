@@ -444,6 +444,8 @@ export interface components {
              * @description Sessions whose lease it holds.
              */
             sessions: number;
+            /** @description What it is now (`null` from a placement that does not say). */
+            state: components["schemas"]["MemberState"] | null;
         };
         /** @description `GET /v1/cluster`. */
         ClusterView: {
@@ -734,6 +736,11 @@ export interface components {
             /** @description Why (`expired`, `restarted`, …). */
             reason: string;
         };
+        /**
+         * @description What a cluster member is now. `alive`: It beat within its lease TTL. `dead`: Its last heartbeat is older than its lease TTL (killed, crashed, cut off): its sessions are, or are about to be, taken over. `left`: It left cleanly (a drain, SIGTERM) and gave its leases back.
+         * @enum {string}
+         */
+        MemberState: "alive" | "dead" | "left";
         /**
          * @description Whether a session changed nodes because its owner's lease expired or was given back. `failover`: The old lease had expired. `handover`: It was given back (a graceful stop, an idle release).
          * @enum {string}

@@ -364,6 +364,33 @@ pub struct ClusterNode {
     pub sessions: u64,
     /// Whether it is the node answering.
     pub here: bool,
+    /// What it is now (`null` from a placement that does not say).
+    pub state: Option<MemberState>,
+}
+
+/// What a cluster member is now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum MemberState {
+    /// It beat within its lease TTL.
+    Alive,
+    /// Its last heartbeat is older than its lease TTL (killed, crashed, cut
+    /// off): its sessions are, or are about to be, taken over.
+    Dead,
+    /// It left cleanly (a drain, SIGTERM) and gave its leases back.
+    Left,
+}
+
+impl MemberState {
+    /// The state a placement names (`alive`, `dead`, `left`).
+    pub fn parse(name: &str) -> Option<Self> {
+        match name {
+            "alive" => Some(Self::Alive),
+            "dead" => Some(Self::Dead),
+            "left" => Some(Self::Left),
+            _ => None,
+        }
+    }
 }
 
 /// Whether a session changed nodes because its owner's lease expired or

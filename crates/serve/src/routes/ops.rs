@@ -212,6 +212,7 @@ pub(crate) async fn cluster_view(cluster: Cluster) -> Result<Response, ApiError>
             heartbeat_age_secs: n.heartbeat_age_secs,
             sessions: n.sessions,
             here: placement.node() == Some(n.node.as_str()),
+            state: n.state.and_then(api::MemberState::parse),
         });
     }
     let moves = match placement.moves(RECENT_MOVES).await {
