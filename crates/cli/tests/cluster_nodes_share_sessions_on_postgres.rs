@@ -752,6 +752,30 @@ async fn a_node_stopped_gracefully_mid_turn_hands_the_turn_to_another_node_to_fi
         "{metrics}"
     );
     assert!(!metrics.contains("state=\"dead\""), "{metrics}");
+    let cluster = reqwest::Client::new()
+        .get(format!("{}/v1/cluster", b.base))
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .expect("get")
+        .json_value()
+        .await;
+    let state_of = |id: &str| {
+        cluster["nodes"]
+            .as_array()
+            .and_then(|n| n.iter().find(|n| n["node"] == id))
+            .map(|n| n["state"].clone())
+    };
+    assert_eq!(
+        state_of("node-a"),
+        Some(serde_json::json!("left")),
+        "{cluster}"
+    );
+    assert_eq!(
+        state_of("node-b"),
+        Some(serde_json::json!("alive")),
+        "{cluster}"
+    );
     drop(b);
 }
 
