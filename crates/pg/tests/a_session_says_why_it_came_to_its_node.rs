@@ -15,7 +15,7 @@ use warden_pg::cluster::Node;
 
 mod common;
 
-use common::{admin_url, fresh_db, store, within};
+use common::{Outage, admin_url, fresh_db, store, within};
 
 /// Expires `key`'s lease by the database's clock (its node stopped
 /// renewing it), as if its TTL had run out.
@@ -123,20 +123,7 @@ async fn a_session_taken_right_after_this_nodes_outage_says_the_store_was_unreac
 
     // The database goes away (new connections refused, open ones cut) for
     // a few of B's heartbeats, then comes back.
-    let (client, conn) = admin
-        .parse::<tokio_postgres::Config>()
-        .expect("admin URL")
-        .connect(NoTls)
-        .await
-        .expect("admin");
-    tokio::spawn(conn);
-    client
-        .batch_execute(&format!(
-            "ALTER DATABASE {db} ALLOW_CONNECTIONS false; \
-             SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = '{db}'"
-        ))
-        .await
-        .expect("outage");
+    let outage = Outage::begin(&admin, &db).await;
     within("B's heartbeat to fail", async {
         loop {
             if let Ok(warden_pg::cluster::NodeEvent::HeartbeatFailed { .. }) = events.recv().await {
@@ -146,10 +133,7 @@ async fn a_session_taken_right_after_this_nodes_outage_says_the_store_was_unreac
     })
     .await;
     tokio::time::sleep(ttl * 2).await;
-    client
-        .batch_execute(&format!("ALTER DATABASE {db} ALLOW_CONNECTIONS true"))
-        .await
-        .expect("back");
+    outage.end().await;
 
     // A's lease ran out meanwhile (A is silent, as if dead); B takes the
     // session as the database answers: the outage, not a death, moved it.

@@ -8,14 +8,13 @@ use std::io::Write;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tokio_postgres::NoTls;
 use warden_core::SessionKey;
 use warden_pg::NodeStore;
 use warden_pg::cluster::{Node, NodeEvent};
 
 mod common;
 
-use common::{admin_url, fresh_db, store, within};
+use common::{Outage, admin_url, fresh_db, store, within};
 
 /// Every line logged, kept for the test.
 #[derive(Clone, Default)]
@@ -86,20 +85,7 @@ async fn an_outage_is_one_warning_and_one_info_and_nothing_moved() {
 
     // The database goes away for more than a TTL: the node gives its three
     // leases up, then the database comes back.
-    let (client, conn) = admin
-        .parse::<tokio_postgres::Config>()
-        .expect("admin URL")
-        .connect(NoTls)
-        .await
-        .expect("admin");
-    tokio::spawn(conn);
-    client
-        .batch_execute(&format!(
-            "ALTER DATABASE {db} ALLOW_CONNECTIONS false; \
-             SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = '{db}'"
-        ))
-        .await
-        .expect("outage");
+    let outage = Outage::begin(&admin, &db).await;
     within("the leases given up", async {
         while !b.held().is_empty() {
             tokio::time::sleep(Duration::from_millis(50)).await;
@@ -107,10 +93,7 @@ async fn an_outage_is_one_warning_and_one_info_and_nothing_moved() {
     })
     .await;
     tokio::time::sleep(ttl).await;
-    client
-        .batch_execute(&format!("ALTER DATABASE {db} ALLOW_CONNECTIONS true"))
-        .await
-        .expect("back");
+    outage.end().await;
 
     let mut seen = Vec::new();
     within("the node to say the database is back", async {

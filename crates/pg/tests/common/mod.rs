@@ -72,3 +72,45 @@ pub async fn store(config: &tokio_postgres::Config) -> PgStore {
         .await
         .expect("PgStore connects and migrates")
 }
+
+/// A database outage as in a restart: database `db` refuses new
+/// connections and its open ones are cut, until [`end`](Self::end).
+pub struct Outage {
+    client: tokio_postgres::Client,
+    db: String,
+}
+
+impl Outage {
+    /// Starts it, through the admin URL `admin`.
+    pub async fn begin(admin: &str, db: &str) -> Self {
+        let (client, conn) = admin
+            .parse::<tokio_postgres::Config>()
+            .expect("admin URL")
+            .connect(NoTls)
+            .await
+            .expect("admin");
+        tokio::spawn(conn);
+        client
+            .batch_execute(&format!(
+                "ALTER DATABASE {db} ALLOW_CONNECTIONS false; \
+                 SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = '{db}'"
+            ))
+            .await
+            .expect("outage");
+        Self {
+            client,
+            db: db.to_owned(),
+        }
+    }
+
+    /// The database takes connections again.
+    pub async fn end(self) {
+        self.client
+            .batch_execute(&format!(
+                "ALTER DATABASE {} ALLOW_CONNECTIONS true",
+                self.db
+            ))
+            .await
+            .expect("back");
+    }
+}
