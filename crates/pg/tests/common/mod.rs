@@ -90,13 +90,33 @@ impl Outage {
             .await
             .expect("admin");
         tokio::spawn(conn);
+        // Two statements, the refusal committed first: in one batch they
+        // share a transaction, and a pool reconnecting between the
+        // terminate and the commit would keep its connection through the
+        // whole outage. Then cut until nothing of `db` is left (a backend
+        // past its login check when the refusal committed still counts).
         client
-            .batch_execute(&format!(
-                "ALTER DATABASE {db} ALLOW_CONNECTIONS false; \
-                 SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = '{db}'"
-            ))
+            .batch_execute(&format!("ALTER DATABASE {db} ALLOW_CONNECTIONS false"))
             .await
             .expect("outage");
+        within("the database's connections to be cut", async {
+            loop {
+                let left: i64 = client
+                    .query_one(
+                        "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity \
+                         WHERE datname = $1",
+                        &[&db],
+                    )
+                    .await
+                    .expect("terminate")
+                    .get(0);
+                if left == 0 {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
+        .await;
         Self {
             client,
             db: db.to_owned(),
