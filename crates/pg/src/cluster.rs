@@ -272,8 +272,14 @@ impl Node {
                 };
                 if let Err(e) = expired {
                     Counters::add(&counters.database_errors, 1);
-                    if counters.outage_within(Duration::ZERO) {
-                        // Part of the outage the heartbeat already reported.
+                    // A pass cut as an outage begins fails before the
+                    // heartbeat says so: give the heartbeats a TTL (three
+                    // beats) to judge before warning on its own.
+                    if !counters.outage_within(Duration::ZERO) {
+                        tokio::time::sleep(ttl).await;
+                    }
+                    if counters.outage_within(ttl * 2) {
+                        // Part of the outage the heartbeat reported.
                         tracing::debug!(event = "cluster.background_failed", error = %e, "cannot expire old turn logs during the outage");
                         continue;
                     }
