@@ -3,7 +3,6 @@
 use std::convert::Infallible;
 use std::sync::Arc;
 
-use http_body_util::{BodyExt, Limited};
 use hyper::body::{Bytes, Incoming};
 use hyper::{Method, Request, Response};
 use serde_json::{Value, json};
@@ -16,14 +15,11 @@ use crate::journal::{Endpoint, Journal, Outcome, Selection};
 use crate::reply::{self, Reply};
 use crate::route::{Route, model_scenario, route};
 use crate::script::{self, Extras};
-use crate::{MockConfig, Scenario, anthropic, openai, responses};
-use answer::{Answer, Api, bad_request, method_not_allowed, request_id};
+use crate::{MockConfig, Scenario, anthropic, gemini, openai, responses};
+use answer::{Answer, Api, bad_request, method_not_allowed, models_json, read_json, request_id};
 
 /// Header that selects a scenario for one request.
 pub(crate) const SCENARIO_HEADER: &str = "x-mock-scenario";
-
-/// Largest request body accepted: 64 MiB.
-const MAX_REQUEST_BYTES: usize = 64 * 1024 * 1024;
 
 /// What every connection task shares.
 pub(crate) struct Ctx {
@@ -76,7 +72,8 @@ pub(crate) async fn handle(
     match endpoint {
         Endpoint::AnthropicMessages
         | Endpoint::OpenAiChatCompletions
-        | Endpoint::OpenAiResponses => {}
+        | Endpoint::OpenAiResponses
+        | Endpoint::GeminiGenerateContent => {}
         Endpoint::OpenAiResponse if get_like => {
             journal.started(id, None, false, None);
             return Ok(reattach(&ctx, &answer, tracker, &path, req.uri().query()));
@@ -128,10 +125,11 @@ pub(crate) async fn handle(
         }
     }
 
-    // The two streaming APIs.
+    // The streaming APIs.
     let api = match endpoint {
         Endpoint::AnthropicMessages => Api::Anthropic,
         Endpoint::OpenAiResponses => Api::Responses,
+        Endpoint::GeminiGenerateContent => Api::Gemini,
         _ => Api::OpenAi,
     };
     if method != Method::POST {
@@ -149,14 +147,19 @@ pub(crate) async fn handle(
             return Ok(bad_request(&answer, &mut tracker, api, &message));
         }
     };
+    // Gemini names the model and streaming in the path.
+    let gemini_path = gemini::model_and_stream(&path).filter(|_| api == Api::Gemini);
+    let (request, stream) = match &gemini_path {
+        Some((model, stream)) => (gemini::normalized(&request, model), *stream),
+        None => {
+            let stream = request.get("stream").and_then(Value::as_bool);
+            (request, stream.unwrap_or(false))
+        }
+    };
     let model = request
         .get("model")
         .and_then(Value::as_str)
         .map(str::to_owned);
-    let stream = request
-        .get("stream")
-        .and_then(Value::as_bool)
-        .unwrap_or(false);
 
     let chosen = match header_choice {
         Some(Ok(s)) => (s, Selection::Header),
@@ -201,7 +204,7 @@ pub(crate) async fn handle(
     let cont = match api {
         Api::Anthropic => Continue::of(&request),
         Api::OpenAi => Ok(Continue::turn_of(&request)),
-        Api::Responses => Ok(None),
+        Api::Responses | Api::Gemini => Ok(None),
     };
     let cont = match cont {
         Ok(c) => c,
@@ -263,6 +266,7 @@ pub(crate) async fn handle(
         Api::Anthropic => reply::anthropic_message_id(id),
         Api::OpenAi => reply::openai_completion_id(id),
         Api::Responses => responses::response_id(id),
+        Api::Gemini => format!("gemini-mock{id:014}"),
     };
     let mut reply = Reply::new(
         config,
@@ -312,6 +316,16 @@ pub(crate) async fn handle(
                     error: responses::midstream_error(),
                     malformed: responses::malformed(),
                     oversized: oversized(&|| responses::oversized(config.oversized_bytes)),
+                },
+                "x-request-id",
+            ),
+            Api::Gemini => (
+                gemini::frames(&reply),
+                Extras {
+                    ping: openai::ping(),
+                    error: gemini::midstream_error(),
+                    malformed: gemini::malformed(),
+                    oversized: oversized(&|| gemini::oversized(&reply, config.oversized_bytes)),
                 },
                 "x-request-id",
             ),
@@ -387,10 +401,11 @@ pub(crate) async fn handle(
         Api::Anthropic => anthropic::message_json(&reply),
         Api::OpenAi => openai::completion_json(&reply),
         Api::Responses => responses::response_json(&reply),
+        Api::Gemini => gemini::response_json(&reply),
     };
     let id_header = match api {
         Api::Anthropic => "request-id",
-        Api::OpenAi | Api::Responses => "x-request-id",
+        Api::OpenAi | Api::Responses | Api::Gemini => "x-request-id",
     };
     Ok(answer.json(&mut tracker, 200, &value, &[(id_header, request_id(id))]))
 }
@@ -435,47 +450,4 @@ fn reattach(
         ("cache-control", "no-cache".to_owned()),
     ];
     answer.response(200, MockBody::stream(steps, tracker), &headers)
-}
-
-/// Reads the whole request body as a JSON object; returns it and its size.
-async fn read_json(req: Request<Incoming>) -> Result<(Value, usize), String> {
-    let bytes = Limited::new(req.into_body(), MAX_REQUEST_BYTES)
-        .collect()
-        .await
-        .map_err(|e| format!("warden-mock: could not read the request body: {e}"))?
-        .to_bytes();
-    let value: Value = serde_json::from_slice(&bytes)
-        .map_err(|e| format!("warden-mock: the request body is not JSON: {e}"))?;
-    if !value.is_object() {
-        return Err("warden-mock: the request body must be a JSON object".to_owned());
-    }
-    Ok((value, bytes.len()))
-}
-
-/// A model list readable by both Anthropic and OpenAI clients: one
-/// `mock-NAME` model per scenario.
-fn models_json() -> Value {
-    let data: Vec<Value> = Scenario::all()
-        .iter()
-        .map(|s| {
-            json!({
-                "id": format!("mock-{s}"),
-                "type": "model",
-                "object": "model",
-                "display_name": format!("warden-mock: {}", s.description()),
-                "created_at": "2025-01-01T00:00:00Z",
-                "created": 1_735_689_600u64,
-                "owned_by": "warden-mock"
-            })
-        })
-        .collect();
-    let first = data.first().and_then(|m| m.get("id")).cloned();
-    let last = data.last().and_then(|m| m.get("id")).cloned();
-    json!({
-        "object": "list",
-        "data": data,
-        "has_more": false,
-        "first_id": first,
-        "last_id": last
-    })
 }

@@ -41,6 +41,9 @@ pub enum Endpoint {
     /// `GET …/v1/responses/{id}` (`?stream=true&starting_after=N`
     /// re-attaches to a background response).
     OpenAiResponse,
+    /// `POST …/v1beta/models/<model>:streamGenerateContent` (or
+    /// `:generateContent`): Google's Gemini API.
+    GeminiGenerateContent,
     /// `GET …/v1/models`.
     Models,
     /// `GET /` or `HEAD /`.
@@ -50,13 +53,14 @@ pub enum Endpoint {
 }
 
 impl Endpoint {
-    /// Whether scenarios apply to this endpoint (the two streaming APIs).
+    /// Whether scenarios apply to this endpoint (the streaming APIs).
     pub fn is_api(self) -> bool {
         matches!(
             self,
             Endpoint::AnthropicMessages
                 | Endpoint::OpenAiChatCompletions
                 | Endpoint::OpenAiResponses
+                | Endpoint::GeminiGenerateContent
         )
     }
 }

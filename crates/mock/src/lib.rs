@@ -1,8 +1,8 @@
 //! # warden-mock
 //!
 //! A fault-injecting mock LLM streaming server: it speaks the Anthropic
-//! Messages API, the OpenAI-compatible chat completions API and OpenAI's
-//! Responses API on
+//! Messages API, the OpenAI-compatible chat completions API, OpenAI's
+//! Responses API and Google's Gemini API (`streamGenerateContent`) on
 //! `127.0.0.1`, faithfully enough for the official SDKs and the Claude Code
 //! CLI, and plays a chosen [`Scenario`] on each request: a normal reply, a
 //! long thinking pause kept alive by pings, a stall that holds the socket
@@ -65,12 +65,13 @@
 //! | `POST /v1/chat/completions` | OpenAI chunks, usage chunk with `stream_options.include_usage`, `data: [DONE]`; JSON when not streaming |
 //! | `POST /v1/responses` | OpenAI Responses API: typed events numbered by `sequence_number`, ending `response.completed`; JSON when not streaming. With `"background": true` the response is kept |
 //! | `GET /v1/responses/{id}?stream=true&starting_after=N` | a kept response's events after `N` again (re-attach; nothing generated twice); without `stream`, its JSON; unknown or not kept: 404 |
+//! | `POST /v1beta/models/<model>:streamGenerateContent?alt=sse` | Google's Gemini API: `data:` chunks, the last with `finishReason: "STOP"` and `usageMetadata`; `:generateContent` gives one JSON response. The model (and a `mock-NAME` scenario) comes from the path |
 //! | `POST /v1/messages/count_tokens` | `{"input_tokens": N}` |
 //! | `GET /v1/models` | one `mock-NAME` model per scenario (readable by both SDKs) |
 //! | `GET /`, `HEAD /` | 200 |
 //! | anything else | 404 with an Anthropic-shaped JSON error |
 //!
-//! Any path prefix before `/v1/…` is accepted, so a base URL such as
+//! Any path prefix before `/v1/…` (or `/v1beta/…`) is accepted, so a base URL such as
 //! `http://127.0.0.1:PORT/proxy` works. Unknown request fields (tools,
 //! system, metadata, thinking…) are ignored; the model is echoed. Streams
 //! are `content-type: text/event-stream` with `cache-control: no-cache`,
@@ -78,7 +79,7 @@
 //!
 //! # Choosing a scenario
 //!
-//! Each request to one of the two streaming APIs picks its scenario, in
+//! Each request to one of the streaming APIs picks its scenario, in
 //! this order:
 //! 1. the header `x-mock-scenario: NAME` (an unknown name is a 400);
 //! 2. the model: `mock-NAME` (e.g. `mock-stall`) or a name ending in
@@ -141,6 +142,7 @@ mod body;
 mod config;
 mod continuation;
 mod error;
+mod gemini;
 mod handler;
 mod journal;
 mod openai;

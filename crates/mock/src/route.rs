@@ -46,6 +46,8 @@ pub(crate) fn route(path: &str) -> Route {
         .is_some_and(|(_, id)| !id.is_empty() && !id.contains('/'))
     {
         Endpoint::OpenAiResponse
+    } else if crate::gemini::model_and_stream(rest).is_some() {
+        Endpoint::GeminiGenerateContent
     } else if rest.ends_with("/v1/models") || rest == "/models" {
         Endpoint::Models
     } else if rest.is_empty() {
@@ -97,6 +99,10 @@ mod tests {
             Endpoint::OpenAiChatCompletions
         );
         assert_eq!(route("/v1/models").endpoint, Endpoint::Models);
+        assert_eq!(
+            route("/v1beta/models/gemini-2.5-pro:streamGenerateContent").endpoint,
+            Endpoint::GeminiGenerateContent
+        );
         assert_eq!(route("/").endpoint, Endpoint::Root);
         assert_eq!(route("/v1/other").endpoint, Endpoint::Unknown);
         let r = route("/scenario/stall/v1/messages");

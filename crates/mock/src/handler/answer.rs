@@ -1,14 +1,16 @@
 //! The response of one request: its status recorded in the journal, its
-//! headers, and an error body in the shape of the API asked.
+//! headers, and an error body in the shape of the API asked; reading a
+//! request body, and the model list.
 
-use hyper::body::Bytes;
+use http_body_util::{BodyExt, Limited};
+use hyper::body::{Bytes, Incoming};
 use hyper::header::{self, HeaderName, HeaderValue};
-use hyper::{Method, Response, StatusCode};
-use serde_json::Value;
+use hyper::{Method, Request, Response, StatusCode};
+use serde_json::{Value, json};
 
 use crate::body::{MockBody, Tracker};
 use crate::journal::{Journal, Outcome, RequestId};
-use crate::{anthropic, openai};
+use crate::{Scenario, anthropic, gemini, openai};
 
 /// Which wire format to speak.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -17,6 +19,8 @@ pub(super) enum Api {
     OpenAi,
     /// The OpenAI Responses API (OpenAI's error shape).
     Responses,
+    /// Google's Gemini API (`streamGenerateContent`).
+    Gemini,
 }
 
 /// Builds one response and records its status.
@@ -97,6 +101,7 @@ impl Answer<'_> {
     ) -> Response<MockBody> {
         let (value, id_header) = match api {
             Api::Anthropic => (anthropic::error_body(kind, message), "request-id"),
+            Api::Gemini => (gemini::error_body(status, kind, message), "x-request-id"),
             Api::OpenAi | Api::Responses => {
                 let (kind, code) = match kind {
                     "api_error" => ("server_error", None),
@@ -143,4 +148,50 @@ pub(super) fn method_not_allowed(
         &format!("warden-mock: method {method} not allowed on {path}"),
         &[],
     )
+}
+
+/// Largest request body accepted: 64 MiB.
+const MAX_REQUEST_BYTES: usize = 64 * 1024 * 1024;
+
+/// Reads the whole request body as a JSON object; returns it and its size.
+pub(super) async fn read_json(req: Request<Incoming>) -> Result<(Value, usize), String> {
+    let bytes = Limited::new(req.into_body(), MAX_REQUEST_BYTES)
+        .collect()
+        .await
+        .map_err(|e| format!("warden-mock: could not read the request body: {e}"))?
+        .to_bytes();
+    let value: Value = serde_json::from_slice(&bytes)
+        .map_err(|e| format!("warden-mock: the request body is not JSON: {e}"))?;
+    if !value.is_object() {
+        return Err("warden-mock: the request body must be a JSON object".to_owned());
+    }
+    Ok((value, bytes.len()))
+}
+
+/// A model list readable by both Anthropic and OpenAI clients: one
+/// `mock-NAME` model per scenario.
+pub(super) fn models_json() -> Value {
+    let data: Vec<Value> = Scenario::all()
+        .iter()
+        .map(|s| {
+            json!({
+                "id": format!("mock-{s}"),
+                "type": "model",
+                "object": "model",
+                "display_name": format!("warden-mock: {}", s.description()),
+                "created_at": "2025-01-01T00:00:00Z",
+                "created": 1_735_689_600u64,
+                "owned_by": "warden-mock"
+            })
+        })
+        .collect();
+    let first = data.first().and_then(|m| m.get("id")).cloned();
+    let last = data.last().and_then(|m| m.get("id")).cloned();
+    json!({
+        "object": "list",
+        "data": data,
+        "has_more": false,
+        "first_id": first,
+        "last_id": last
+    })
 }
