@@ -22,6 +22,7 @@
 //!   registration, so time-to-first-byte is covered.
 
 mod table;
+mod watched;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -36,6 +37,7 @@ use crate::error::{ActorError, ConfigError};
 use crate::util::call;
 use table::{Cell, WatchTable};
 use tokio_util::task::AbortOnDropHandle;
+pub use watched::{Stopped, Stopper, Until, Watch, WatchError, WatchOptions, Watched};
 
 /// Identifies one watched stream.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]

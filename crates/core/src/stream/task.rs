@@ -1,17 +1,11 @@
 //! The task that reads one attempt: [`StreamTask`] and its
 //! [`StreamHandle`] (see the [module](super) docs).
 
-use std::future::Future;
 use std::panic::AssertUnwindSafe;
-use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
-use parking_lot::Mutex;
-
-use futures_util::task::AtomicWaker;
 use futures_util::{FutureExt, StreamExt};
 use tokio::sync::{Notify, Semaphore, TryAcquireError};
 
@@ -22,53 +16,23 @@ use crate::error::{ActorError, StreamError};
 use crate::event::{AgentEvent, Frame};
 use crate::source::{EventSource, TurnRequest};
 use crate::transition::{At, Parent, Transition};
-use crate::watchdog::{Expiry, Heartbeat, WatchGuard, WatchId};
+use crate::watchdog::{Heartbeat, Stopped, Stopper, Watch, WatchError, WatchId, WatchOptions};
 
-/// Why a stream is asked to stop; the first request wins.
-#[derive(Debug, Clone, Copy)]
-enum Stop {
-    Expired(Expiry),
-    NoProgress(Expiry),
-    Cancel,
-    Interrupt,
-}
-
-/// What the stream's owner and the watchdog share with the stream's task.
-#[derive(Debug)]
-struct Control {
-    /// The first stop request; later ones are ignored.
-    stop: Mutex<Option<Stop>>,
-    /// Whether `stop` is set: one load per poll on the hot path.
-    stopping: AtomicBool,
-    /// The task's waker, woken when `stop` is set.
-    wake: AtomicWaker,
+/// What the stream's task shares with its handles once it has ended.
+#[derive(Debug, Default)]
+struct Done {
     /// Set once the task has released everything and reported `Ended`.
     done: AtomicBool,
     /// Wakes [`StreamHandle::finished`] waiters when `done` is set.
     finished: Notify,
 }
 
-impl Control {
-    fn request(&self, stop: Stop) {
-        let mut slot = self.stop.lock();
-        if slot.is_none() {
-            *slot = Some(stop);
-            drop(slot);
-            self.stopping.store(true, Ordering::Release);
-            self.wake.wake();
-        }
-    }
-
-    fn requested(&self) -> Option<Stop> {
-        *self.stop.lock()
-    }
-}
-
 /// A handle to a running [`StreamTask`]. Cloning refers to the same
 /// stream; dropping the handles does not stop it.
 #[derive(Debug, Clone)]
 pub struct StreamHandle {
-    control: Arc<Control>,
+    stopper: Stopper,
+    done: Arc<Done>,
     attempt: AttemptId,
     watch_id: WatchId,
 }
@@ -77,7 +41,7 @@ impl StreamHandle {
     /// Asks the stream to stop as cancelled. If the reader or the watchdog
     /// ended it first, this does nothing.
     pub fn cancel(&self) {
-        self.control.request(Stop::Cancel);
+        self.stopper.cancel();
     }
 
     /// Asks the stream to stop as failed with
@@ -85,7 +49,7 @@ impl StreamHandle {
     /// turn again. If the reader, the watchdog or a cancel ended it first,
     /// this does nothing.
     pub fn interrupt(&self) {
-        self.control.request(Stop::Interrupt);
+        self.stopper.interrupt();
     }
 
     /// The attempt.
@@ -100,13 +64,13 @@ impl StreamHandle {
 
     /// Whether the stream has ended (everything released, `Ended` sent).
     pub fn is_finished(&self) -> bool {
-        self.control.done.load(Ordering::Acquire)
+        self.done.done.load(Ordering::Acquire)
     }
 
     /// Waits until the stream has ended: its source dropped (socket closed,
     /// child signalled), its watch entry removed and `Ended` reported.
     pub async fn finished(&self) {
-        let notified = self.control.finished.notified();
+        let notified = self.done.finished.notified();
         tokio::pin!(notified);
         // Registered before the check, so a wake between the two is kept.
         notified.as_mut().enable();
@@ -118,7 +82,7 @@ impl StreamHandle {
 
 /// Reads one attempt's stream; see the module docs.
 ///
-/// One tokio task, not an actor: its only input is the shared stop slot
+/// One tokio task, not an actor: its only input is its [`Watch`]'s stop slot
 /// (cancel from the owner, expiry from the watchdog). An actor per attempt
 /// with ractor's mailboxes cost 7.9 KB and a second task; this costs a few
 /// hundred bytes (see `docs/performance.md`).
@@ -136,51 +100,31 @@ impl StreamTask {
     /// Registers the stream with the watchdog and starts it on the current
     /// tokio runtime. Fails only if the watchdog is not running.
     pub fn spawn(args: StreamArgs) -> Result<StreamHandle, ActorError> {
-        let control = Arc::new(Control {
-            stop: Mutex::new(None),
-            stopping: AtomicBool::new(false),
-            wake: AtomicWaker::new(),
-            done: AtomicBool::new(false),
-            finished: Notify::new(),
-        });
         // Armed before the request is sent: connecting and the first byte
-        // are covered by the allowance.
-        let on_expire = Arc::downgrade(&control);
-        let guard = args.watchdog.watch(args.options.timeout, move |expiry| {
-            if let Some(control) = on_expire.upgrade() {
-                control.request(Stop::Expired(expiry));
-            }
-        })?;
-        // The progress allowance is a second entry of the same watchdog,
-        // beaten only by content.
-        let progress = match args.options.progress_timeout {
-            Some(allowance) => {
-                let on_expire = Arc::downgrade(&control);
-                Some(args.watchdog.watch(Some(allowance), move |expiry| {
-                    if let Some(control) = on_expire.upgrade() {
-                        control.request(Stop::NoProgress(expiry));
-                    }
-                })?)
-            }
-            None => None,
-        };
+        // are covered by the allowance. The progress allowance is a second
+        // entry of the same watchdog, beaten only by content.
+        let watch = Watch::arm(
+            &args.watchdog,
+            WatchOptions {
+                timeout: args.options.timeout,
+                progress: args.options.progress_timeout,
+                ..WatchOptions::default()
+            },
+        )?;
+        let done = Arc::new(Done::default());
         let handle = StreamHandle {
-            control: control.clone(),
+            stopper: watch.stopper(),
+            done: done.clone(),
             attempt: args.attempt,
-            watch_id: guard.id(),
+            watch_id: watch.id(),
         };
-        tokio::spawn(run(args, guard, progress, control));
+        tokio::spawn(run(args, watch, done));
         Ok(handle)
     }
 }
 
-/// The stream's task: the reader raced against the stop slot.
-async fn run(
-    args: StreamArgs,
-    guard: WatchGuard,
-    progress: Option<WatchGuard>,
-    control: Arc<Control>,
-) {
+/// The stream's task: the reader, which stops at the watch's first stop.
+async fn run(args: StreamArgs, watch: Watch, done: Arc<Done>) {
     let StreamArgs {
         attempt,
         source,
@@ -190,122 +134,67 @@ async fn run(
         span,
         ..
     } = args;
-    let watch_id = guard.id();
+    let watch_id = watch.id();
     let key = request.session_key.clone();
     let conversation = request.resume_id.clone();
     let reader = AssertUnwindSafe(read(
         source,
         request,
-        guard.heartbeat(),
-        progress.as_ref().map(WatchGuard::heartbeat),
+        watch,
         &options,
         attempt,
         sink.clone(),
     ))
     .catch_unwind();
-    let outcome = {
-        let ended = Race {
-            reader,
-            control: &control,
-            registered: None,
-        };
-        match ended.await {
-            Err(Stop::Expired(expiry)) => {
-                drop(
-                    Transition::WatchdogKill {
-                        watch_id: expiry.id.get(),
-                        silent_for: expiry.silent_for,
-                        timeout: expiry.timeout,
-                    }
-                    .record(At {
-                        key: &key,
-                        conversation: conversation.as_deref(),
-                        parent: Parent::Span(&span),
-                        bus: None,
-                    }),
-                );
-                StreamOutcome::Failed(expiry.into())
-            }
-            Err(Stop::NoProgress(expiry)) => StreamOutcome::Failed(StreamError::NoProgress {
-                idle_for: expiry.silent_for,
-                allowance: expiry.timeout,
-            }),
-            Err(Stop::Cancel) => StreamOutcome::Cancelled,
-            Err(Stop::Interrupt) => StreamOutcome::Failed(StreamError::Interrupted {
-                reason: "interrupted to run the turn again".into(),
-            }),
-            Ok(Ok(Ok(()))) => StreamOutcome::Completed,
-            Ok(Ok(Err(error))) => StreamOutcome::Failed(error),
-            Ok(Err(panic)) => {
-                // A source's panic message may quote the stream (prompt or
-                // completion text): only a debug log, which is opt-in,
-                // carries it; the error says what happened.
-                tracing::debug!(
-                    event = "stream.reader_panicked",
-                    session.key = key.as_str(),
-                    payload = %panic_message(&*panic),
-                    "the stream reader panicked"
-                );
-                StreamOutcome::Failed(StreamError::Internal {
-                    message: "the stream reader panicked (a bug in the event source; \
-                              RUST_LOG=warden_core=debug shows its message)"
-                        .to_owned(),
-                })
-            }
+    let outcome = match reader.await {
+        Ok(Err(WatchError::Stopped(Stopped::Expired(expiry)))) => {
+            drop(
+                Transition::WatchdogKill {
+                    watch_id: expiry.id.get(),
+                    silent_for: expiry.silent_for,
+                    timeout: expiry.timeout,
+                }
+                .record(At {
+                    key: &key,
+                    conversation: conversation.as_deref(),
+                    parent: Parent::Span(&span),
+                    bus: None,
+                }),
+            );
+            StreamOutcome::Failed(expiry.into())
         }
-        // Leaving this block drops the reader: the stream and its
-        // connection (or child pipe) are gone before anything is reported.
+        Ok(Err(WatchError::Stopped(stop))) => match stop.error() {
+            Some(error) => StreamOutcome::Failed(error),
+            None => StreamOutcome::Cancelled,
+        },
+        Ok(Ok(())) => StreamOutcome::Completed,
+        Ok(Err(WatchError::Source(error))) => StreamOutcome::Failed(error),
+        Err(panic) => {
+            // A source's panic message may quote the stream (prompt or
+            // completion text): only a debug log, which is opt-in,
+            // carries it; the error says what happened.
+            tracing::debug!(
+                event = "stream.reader_panicked",
+                session.key = key.as_str(),
+                payload = %panic_message(&*panic),
+                "the stream reader panicked"
+            );
+            StreamOutcome::Failed(StreamError::Internal {
+                message: "the stream reader panicked (a bug in the event source; \
+                          RUST_LOG=warden_core=debug shows its message)"
+                    .to_owned(),
+            })
+        } // The reader is gone here, and the watch with it: the stream and
+          // its connection (or child pipe) are closed and the watch entries
+          // removed before anything is reported.
     };
-    drop(progress);
-    drop(guard); // unwatch
     sink(StreamReport::Ended {
         attempt,
         outcome,
         watch_id,
     });
-    control.done.store(true, Ordering::Release);
-    control.finished.notify_waiters();
-}
-
-pin_project_lite::pin_project! {
-    /// The reader raced against the stop slot. Per poll it costs one atomic
-    /// load (and registers the task's waker only when it changes), where a
-    /// `select!` on a `Notify` would lock a mutex on every frame.
-    struct Race<'a, R> {
-        #[pin]
-        reader: R,
-        control: &'a Control,
-        registered: Option<Waker>,
-    }
-}
-
-impl<R: Future> Future for Race<'_, R> {
-    type Output = Result<R::Output, Stop>;
-
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let this = self.project();
-        // A stop already requested wins over a reader that is ready now.
-        if this.control.stopping.load(Ordering::Acquire) {
-            if let Some(stop) = this.control.requested() {
-                return Poll::Ready(Err(stop));
-            }
-        }
-        if !this
-            .registered
-            .as_ref()
-            .is_some_and(|w| w.will_wake(cx.waker()))
-        {
-            this.control.wake.register(cx.waker());
-            *this.registered = Some(cx.waker().clone());
-            // A stop requested before the registration would be missed.
-            if this.control.stopping.load(Ordering::Acquire) {
-                if let Some(stop) = this.control.requested() {
-                    return Poll::Ready(Err(stop));
-                }
-            }
-        }
-        this.reader.poll(cx).map(Ok)
-    }
+    done.done.store(true, Ordering::Release);
+    done.finished.notify_waiters();
 }
 
 fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
@@ -320,12 +209,11 @@ fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
 async fn read(
     source: Arc<dyn EventSource>,
     request: TurnRequest,
-    heartbeat: Heartbeat,
-    progress: Option<Heartbeat>,
+    mut watch: Watch,
     options: &StreamOptions,
     attempt: AttemptId,
     sink: ReportSink,
-) -> Result<(), StreamError> {
+) -> Result<(), WatchError> {
     {
         // The tool allowance is for tools that run inside the stream (an
         // agent CLI); an API's tool_use block is the model still writing.
@@ -338,12 +226,18 @@ async fn read(
         let window = Arc::new(Semaphore::new(
             options.max_in_flight.clamp(1, Semaphore::MAX_PERMITS),
         ));
-        let mut stream = source.open(request).await?;
+        let stream = watch
+            .until(source.open(request))
+            .await
+            .map_err(WatchError::Stopped)??;
+        let heartbeat = watch.heartbeat().clone();
+        let progress = watch.progress().cloned();
         heartbeat.beat(); // response headers: the connection is alive
         let stream_timeout = heartbeat.timeout();
         let mut tools_running = 0usize;
+        // Every frame beats the watch; content beats its progress entry.
+        let mut stream = watch.stream(stream, Some(is_content_frame));
         while let Some(frame) = stream.next().await {
-            heartbeat.beat();
             match frame? {
                 Frame::KeepAlive => {}
                 Frame::Event(event) => {
@@ -373,18 +267,15 @@ async fn read(
                         }
                         _ => {}
                     }
-                    if let Some(p) = &progress
-                        && is_content(&event)
-                    {
-                        p.beat();
-                    }
                     let credit = match Arc::clone(&window).try_acquire_owned() {
                         Ok(permit) => Credit(Some(permit)),
                         // Held back by the consumer: not the source's silence,
                         // nor its lack of progress.
-                        Err(TryAcquireError::NoPermits) => {
-                            wait_for_credit(&window, &heartbeat, progress.as_ref()).await
-                        }
+                        Err(TryAcquireError::NoPermits) => stream
+                            .watch_mut()
+                            .until(wait_for_credit(&window, &heartbeat, progress.as_ref()))
+                            .await
+                            .map_err(WatchError::Stopped)?,
                         Err(TryAcquireError::Closed) => Credit::none(), // never closed
                     };
                     sink(StreamReport::Event {
@@ -397,6 +288,11 @@ async fn read(
         }
         Ok(())
     }
+}
+
+/// Whether `frame` is progress: an event [`is_content`].
+fn is_content_frame(frame: &Frame) -> bool {
+    matches!(frame, Frame::Event(event) if is_content(event))
 }
 
 /// Whether `event` is progress: content the model produced.
