@@ -324,12 +324,11 @@ pub(super) async fn on_ended(
     turn.stream = None;
     turn.permit = None;
     if let StreamOutcome::Failed(e) = &outcome
-        && let Some(wait) = e.retry_after()
+        && let Some(wait) = crate::policy::hold(&args.config.retry, e)
     {
         // The server asked the whole source to wait: hold every session's
         // new attempts on it (shared backoff), not only this one's.
-        args.admission
-            .hold(&args.pool, wait.min(args.config.retry.max_retry_after));
+        args.admission.hold(&args.pool, wait);
     }
     if let Some(running) = turn.attempt_span.take() {
         let span = running.span();

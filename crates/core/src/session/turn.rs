@@ -15,7 +15,7 @@ use rand::Rng;
 use crate::continuation::StreamPhase;
 use crate::error::{ResumeCause, StreamError, TurnError};
 use crate::event::AgentEvent;
-use crate::policy::RetryPolicy;
+use crate::policy::{Broken, GiveUp, Next, RetryPolicy, Shown, decide};
 use crate::source::AttemptId;
 use crate::stream::StreamOutcome;
 
@@ -291,65 +291,69 @@ impl TurnMachine {
             StreamOutcome::Cancelled => return Some(Decision::Finish(Err(TurnError::Cancelled))),
             StreamOutcome::Failed(error) => error,
         };
-        // A resumed conversation that cannot be resumed is never retried.
-        if let (Some(cause), Some(failed_id), true) = (
-            error.resume_failure_cause(),
-            self.resume_id.as_ref(),
-            rules.can_escalate,
-        ) {
-            return Some(Decision::Escalate {
-                cause,
-                failed_id: failed_id.clone(),
-                error,
-            });
+        // What the consumer has: text it can keep if the attempt broke in
+        // text (or a continuation broke before adding to it); thinking or
+        // a tool call cannot be continued.
+        let shown = match self.stream_phase {
+            StreamPhase::Text | StreamPhase::BeforeContent if self.kept_text => Shown::Text,
+            StreamPhase::BeforeContent => Shown::Nothing,
+            _ => Shown::Other,
+        };
+        // A continuation that failed to stitch is not tried again.
+        if matches!(error, StreamError::ContinuationFailed { .. }) {
+            self.continuation_refused = true;
         }
-        Some(match rules.retry.next_delay(self.attempt, &error, rng) {
-            Some(delay) => {
-                let next = AttemptId {
-                    turn: self.turn,
-                    attempt: self.attempt + 1,
-                };
-                if matches!(error, StreamError::ContinuationFailed { .. }) {
-                    self.continuation_refused = true;
-                }
-                // Continue what the consumer has: text broke mid-way, or a
-                // continuation broke before adding to it. Thinking, a tool
-                // call or nothing shown: restart from scratch.
-                let continues = rules.continues
-                    && !self.continuation_refused
-                    && self.kept_text
-                    && matches!(
-                        self.stream_phase,
-                        StreamPhase::Text | StreamPhase::BeforeContent
-                    );
-                if !continues
-                    && self.completed_tools > 0
-                    && rules.restarts_repeat_tools
-                    && !rules.retry.repeat_tool_calls
-                {
-                    // Never silently re-issue a tool call that may have run.
-                    return Some(Decision::Finish(Err(TurnError::ToolCallsWouldRepeat {
-                        completed: self.completed_tools,
-                        last: error,
-                    })));
-                }
-                self.phase = Phase::BackingOff;
-                self.continuing = continues;
-                if continues {
-                    self.continuations += 1;
-                    Decision::Continue { next, delay, error }
-                } else {
-                    self.kept_text = false;
-                    Decision::Retry { next, delay, error }
-                }
-            }
-            None if rules.retry.is_retryable(self.attempt, &error) => {
-                Decision::Finish(Err(TurnError::RetriesExhausted {
-                    attempts: self.attempt,
+        let verdict = decide(
+            rules.retry,
+            &Broken {
+                error: &error,
+                attempts: self.attempt,
+                shown,
+                can_continue: rules.continues && !self.continuation_refused,
+                // The caller is told to drop what it was shown.
+                can_restart_shown: true,
+                completed_tools: self.completed_tools,
+                restarts_repeat_tools: rules.restarts_repeat_tools,
+                resumed_and_escalates: self.resume_id.is_some() && rules.can_escalate,
+            },
+            rng,
+        );
+        let next = AttemptId {
+            turn: self.turn,
+            attempt: self.attempt + 1,
+        };
+        Some(match verdict.next {
+            Next::Escalate(cause) => Decision::Escalate {
+                cause,
+                failed_id: self.resume_id.clone().unwrap_or_default(),
+                error,
+            },
+            Next::GiveUp(GiveUp::Exhausted) => Decision::Finish(Err(TurnError::RetriesExhausted {
+                attempts: self.attempt,
+                last: error,
+            })),
+            Next::GiveUp(GiveUp::ToolCallsWouldRepeat { completed }) => {
+                Decision::Finish(Err(TurnError::ToolCallsWouldRepeat {
+                    completed,
                     last: error,
                 }))
             }
-            None => Decision::Finish(Err(TurnError::Fatal(error))),
+            // A session can always restart: `CannotRestart` is the proxy's.
+            Next::GiveUp(GiveUp::Fatal | GiveUp::CannotRestart) => {
+                Decision::Finish(Err(TurnError::Fatal(error)))
+            }
+            Next::Continue { delay } => {
+                self.phase = Phase::BackingOff;
+                self.continuing = true;
+                self.continuations += 1;
+                Decision::Continue { next, delay, error }
+            }
+            Next::Retry { delay } => {
+                self.phase = Phase::BackingOff;
+                self.continuing = false;
+                self.kept_text = false;
+                Decision::Retry { next, delay, error }
+            }
         })
     }
 }
