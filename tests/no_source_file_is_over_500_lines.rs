@@ -15,7 +15,7 @@ const LIMIT: usize = 500;
 /// Files still over [`LIMIT`], with their length when listed: each may
 /// shrink (lower its figure when you can), none may grow, and none may be
 /// added.
-const STILL_OVER: &[(&str, usize)] = &[("crates/proxy/src/run.rs", 1002)];
+const STILL_OVER: &[(&str, usize)] = &[];
 
 fn root() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))

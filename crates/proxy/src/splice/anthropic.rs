@@ -129,6 +129,8 @@ pub(crate) struct Anthropic {
     /// joins it instead of becoming a second text block (of which Claude
     /// Code would keep only the last).
     held_stop: Option<(u64, String)>,
+    /// The last event was content (see [`Splice::was_content`]).
+    content: bool,
     done: bool,
 }
 
@@ -265,6 +267,7 @@ impl Anthropic {
 
 impl Splice for Anthropic {
     fn event(&mut self, event: &SseEvent, out: &mut String) -> Result<(), StreamError> {
+        self.content = false;
         if let Some((index, raw)) = self.held_stop.take() {
             if self.open.as_ref().is_some_and(|o| o.index == index) {
                 self.close_open();
@@ -276,6 +279,14 @@ impl Splice for Anthropic {
                 "an event whose data is not a typed JSON object ({e})"
             ))
         })?;
+        self.content = matches!(
+            &*typed.kind,
+            "content_block_start"
+                | "content_block_delta"
+                | "content_block_stop"
+                | "message_delta"
+                | "message_stop"
+        );
         if typed.kind == "content_block_delta" {
             return self.on_delta(&event.data, out);
         }
@@ -378,6 +389,10 @@ impl Splice for Anthropic {
             _ => frame(out, &event.event, &event.data),
         }
         Ok(())
+    }
+
+    fn was_content(&self) -> bool {
+        self.content
     }
 
     fn done(&self) -> bool {

@@ -30,6 +30,13 @@ pub(crate) trait Splice: Send + 'static {
     /// error breaks the attempt (a retryable error event, a frame that is
     /// not the protocol's JSON, a continuation that does not fit).
     fn event(&mut self, event: &SseEvent, out: &mut String) -> Result<(), StreamError>;
+    /// Whether the last event given to [`event`](Self::event) was content
+    /// the model produced (text, thinking, a tool call or its input, or
+    /// the reply's end): the progress rule of every watched stream
+    /// (`docs/runtime-semantics.md`, "Progress"), as warden_core's
+    /// sessions judge their events. Pings, a message's start and errors
+    /// are not.
+    fn was_content(&self) -> bool;
     /// The terminal event has been forwarded: the response is complete.
     fn done(&self) -> bool;
     /// After a broken attempt whose stream the client has part of.

@@ -13,11 +13,14 @@ use super::{Resume, Splice};
 #[derive(Debug, Default)]
 pub(crate) struct Responses {
     last_sequence: Option<u64>,
+    /// The last event was content (see [`Splice::was_content`]).
+    content: bool,
     done: bool,
 }
 
 impl Splice for Responses {
     fn event(&mut self, event: &SseEvent, out: &mut String) -> Result<(), StreamError> {
+        self.content = false;
         let data: Value =
             serde_json::from_str(&event.data).map_err(|e| StreamError::Malformed {
                 message: format!("an event whose data is not JSON ({e})"),
@@ -29,6 +32,13 @@ impl Splice for Responses {
             .get("type")
             .and_then(Value::as_str)
             .unwrap_or(&event.event);
+        // The reply's start and its failures are not content; its output
+        // items, deltas and its end are.
+        self.content = kind.starts_with("response.")
+            && !matches!(
+                kind,
+                "response.created" | "response.in_progress" | "response.queued" | "response.failed"
+            );
         if matches!(
             kind,
             "response.completed" | "response.failed" | "response.incomplete" | "error"
@@ -41,6 +51,10 @@ impl Splice for Responses {
         out.push_str(&event.data);
         out.push_str("\n\n");
         Ok(())
+    }
+
+    fn was_content(&self) -> bool {
+        self.content
     }
 
     fn done(&self) -> bool {

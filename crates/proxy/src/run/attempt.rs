@@ -1,0 +1,309 @@
+//! One attempt of a watched request: admitted, sent and read on
+//! warden_core's watched stream ([`Watch`], [`Watched`]), as a session's
+//! attempt is. The watch is armed before the request leaves (connecting
+//! and the first byte are covered); every SSE frame beats it; the splice
+//! says which events are content, which is progress; the proxy's shutdown
+//! token and the request's deadline stop it in the same typed way.
+
+use std::collections::VecDeque;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::Response;
+use bytes::Bytes;
+use futures_util::{Stream, StreamExt as _};
+use tracing::Instrument as _;
+use warden_core::StreamError;
+use warden_core::watchdog::{Stopped, Watch, WatchError, WatchOptions, Watched};
+use warden_llm::sse::{Parsed, SseParser};
+
+use super::recover::answer;
+use super::{Pump, Step, past_deadline, reason, shutting_down};
+use crate::access::Outcome;
+use crate::headers;
+use crate::spans::PROXY_ATTEMPT;
+use crate::upstream;
+
+/// Why an attempt broke.
+pub(super) struct Failure {
+    pub(super) error: StreamError,
+    /// The watchdog killed it (silence or no progress).
+    pub(super) killed: bool,
+    /// The upstream's own error answer, if it gave one.
+    pub(super) answer: Option<Box<(StatusCode, HeaderMap, Bytes)>>,
+}
+
+impl Failure {
+    pub(super) fn of(error: StreamError) -> Self {
+        Self {
+            error,
+            killed: false,
+            answer: None,
+        }
+    }
+
+    /// The watch stopped the attempt.
+    fn stopped(stop: Stopped) -> Self {
+        match stop {
+            Stopped::Expired(_) | Stopped::NoProgress(_) => Self {
+                error: stop.error().unwrap_or_else(shutting_down),
+                killed: true,
+                answer: None,
+            },
+            Stopped::Deadline => Self::of(past_deadline()),
+            // The proxy's token: it is shutting down.
+            Stopped::Cancelled => Self::of(shutting_down()),
+            other => Self::of(other.error().unwrap_or_else(shutting_down)),
+        }
+    }
+
+    fn watch(error: WatchError) -> Self {
+        match error {
+            WatchError::Source(e) => Self::of(e),
+            WatchError::Stopped(stop) => Self::stopped(stop),
+        }
+    }
+}
+
+/// An upstream body as SSE frames: the parser fed chunk by chunk, frames
+/// completed before a break still given, then the break.
+pub(super) struct Frames {
+    body: futures_util::stream::BoxStream<'static, reqwest::Result<Bytes>>,
+    parser: SseParser,
+    parsed: VecDeque<Parsed>,
+    error: Option<StreamError>,
+}
+
+impl Frames {
+    /// Frames already parsed and not yet given.
+    fn buffered(&self) -> usize {
+        self.parsed.len()
+    }
+}
+
+impl Stream for Frames {
+    type Item = Result<Parsed, StreamError>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let this = &mut *self;
+        loop {
+            if let Some(frame) = this.parsed.pop_front() {
+                return Poll::Ready(Some(Ok(frame)));
+            }
+            if let Some(error) = this.error.take() {
+                return Poll::Ready(Some(Err(error)));
+            }
+            match std::task::ready!(this.body.poll_next_unpin(cx)) {
+                Some(Ok(bytes)) => {
+                    if let Err(e) = this.parser.feed(&bytes, &mut this.parsed) {
+                        this.error = Some(e);
+                    }
+                }
+                Some(Err(e)) => {
+                    this.error = Some(StreamError::Connection {
+                        message: reason(&e),
+                    });
+                }
+                None => {
+                    this.error = Some(StreamError::Truncated {
+                        message: "the upstream closed the stream before its last event".to_owned(),
+                    });
+                }
+            }
+        }
+    }
+}
+
+/// The attempt being read.
+pub(super) struct Current {
+    pub(super) frames: Watched<Frames, Parsed>,
+    pub(super) headers: HeaderMap,
+    pub(super) span: tracing::Span,
+}
+
+impl Pump {
+    /// Starts an attempt: `Ok(Some)` streaming, `Ok(None)` broke (already
+    /// handled: go on), `Err` with a whole answer for the client.
+    pub(super) async fn open(&mut self) -> Result<Option<Current>, Step> {
+        self.attempts += 1;
+        let span = tracing::info_span!(
+            PROXY_ATTEMPT,
+            otel.name = PROXY_ATTEMPT,
+            warden.attempt = self.attempts,
+            warden.outcome = tracing::field::Empty,
+        );
+        let pool = self.upstream.name();
+        let admitted = tokio::select! {
+            permit = self.inner.admission.admit(pool) => Some(permit),
+            () = self.inner.stopping.cancelled() => None,
+        };
+        let Some(permit) = admitted else {
+            return Err(self.give_up(&shutting_down(), None));
+        };
+        drop(permit);
+        let opened = self.send().instrument(span.clone()).await;
+        match opened {
+            Ok(Ok(mut current)) => {
+                current.span = span;
+                Ok(Some(current))
+            }
+            Ok(Err(answer)) => {
+                span.record("warden.outcome", "answered");
+                self.record().status = answer.status().as_u16();
+                self.end(Outcome::UpstreamError);
+                Err(Step::Answer(answer))
+            }
+            Err(failure) => {
+                span.record("warden.outcome", failure.error.code());
+                match self.failed(failure).await {
+                    Some(step) => Err(step),
+                    None => Ok(None),
+                }
+            }
+        }
+    }
+
+    /// Sends the attempt's request: the stream, a whole answer to pass on
+    /// (`Ok(Err)`), or why it failed.
+    async fn send(&mut self) -> Result<Result<Current, Response>, Failure> {
+        let mut watch = Watch::arm(
+            &self.inner.watchdog,
+            WatchOptions::default()
+                .progress(self.inner.config.progress_timeout)
+                .deadline(self.deadline)
+                .cancel_on(self.inner.stopping.clone()),
+        )
+        .map_err(|e| {
+            Failure::of(StreamError::Internal {
+                message: e.to_string(),
+            })
+        })?;
+        // The access log counts what the upstream was sent.
+        let continuing = std::mem::take(&mut self.continuing);
+        let record = self.record();
+        record.attempts += 1;
+        if continuing {
+            record.continuations += 1;
+        }
+        let send = self
+            .inner
+            .http
+            .post(&self.url)
+            .headers(self.headers.clone())
+            .body(self.body.clone())
+            .send();
+        let response = watch
+            .until(send)
+            .await
+            .map_err(Failure::stopped)?
+            .map_err(|e| {
+                Failure::of(StreamError::Connection {
+                    message: reason(&e),
+                })
+            })?;
+        let status = response.status();
+        let response_headers = response.headers().clone();
+        let is_stream = response_headers
+            .get(axum::http::header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.starts_with("text/event-stream"));
+        if !status.is_success() || !is_stream {
+            let limit = self.inner.config.max_reply_bytes;
+            let bytes = watch
+                .until(upstream::read_capped(response, limit, self.upstream))
+                .await
+                .map_err(Failure::stopped)?;
+            let bytes = match bytes {
+                Ok(b) => b,
+                Err(too_large) if !self.sent => return Ok(Err(too_large)),
+                // Judged by its status alone: the client has a stream.
+                Err(_) => Bytes::new(),
+            };
+            let error = if status.is_success() {
+                StreamError::Malformed {
+                    message: "the upstream answered a stream request without an event stream"
+                        .to_owned(),
+                }
+            } else {
+                warden_llm::classify_response(
+                    status,
+                    &response_headers,
+                    &bytes,
+                    self.inner.config.retry.max_retry_after,
+                )
+            };
+            if !error.is_retryable() && !self.sent {
+                return Ok(Err(answer(status, &response_headers, bytes)));
+            }
+            return Err(Failure {
+                error,
+                killed: false,
+                answer: Some(Box::new((status, response_headers, bytes))),
+            });
+        }
+        // The response's head: the connection is alive, and the progress
+        // allowance counts from here.
+        watch.heartbeat().beat();
+        if let Some(progress) = watch.progress() {
+            progress.beat();
+        }
+        let frames = Frames {
+            body: Box::pin(response.bytes_stream()),
+            parser: SseParser::new(self.inner.config.max_frame_bytes),
+            parsed: VecDeque::new(),
+            error: None,
+        };
+        Ok(Ok(Current {
+            // Progress is judged per event by the splice, which decodes it.
+            frames: watch.stream(frames, None),
+            headers: headers::watched_response(&response_headers),
+            span: tracing::Span::none(),
+        }))
+    }
+
+    /// Reads the current attempt until it has output for the client, ends
+    /// complete, or breaks: the output, and the break if any.
+    pub(super) async fn read(&mut self) -> (String, Option<Failure>) {
+        let mut out = std::mem::take(&mut self.out);
+        let Some(current) = self.current.as_mut() else {
+            return (out, None);
+        };
+        loop {
+            let frame = match current.frames.next().await {
+                Some(Ok(frame)) => frame,
+                Some(Err(e)) => return (out, Some(Failure::watch(e))),
+                // After a stop (given first) or the frames' own end (a
+                // break, given first): not reached, but never a hang.
+                None => {
+                    let failure = Failure::of(StreamError::Truncated {
+                        message: "the upstream closed the stream before its last event".to_owned(),
+                    });
+                    return (out, Some(failure));
+                }
+            };
+            match frame {
+                Parsed::Event(event) => {
+                    if let Err(e) = self.splice.event(&event, &mut out) {
+                        return (out, Some(Failure::of(e)));
+                    }
+                    if self.splice.was_content() {
+                        current.frames.progressed();
+                    }
+                }
+                Parsed::KeepAlive => {
+                    if self.sent {
+                        out.push_str(":\n\n");
+                    }
+                }
+            }
+            if self.splice.done() {
+                return (out, None);
+            }
+            // What one chunk of the upstream carried goes out together.
+            if !out.is_empty() && current.frames.get_ref().buffered() == 0 {
+                return (out, None);
+            }
+        }
+    }
+}

@@ -1,0 +1,193 @@
+//! What follows a broken attempt of a watched request: warden_core's one
+//! decision ([`decide`]), given what the client has of the stream, carried
+//! out here (the backoff, the continuation request, the shared hold, the
+//! recovery log) — the same rules a session's turn follows.
+
+use axum::body::Body;
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::Response;
+use bytes::Bytes;
+use tokio::time::Instant;
+use warden_core::StreamError;
+use warden_core::policy::{Broken, Next, Shown, decide};
+
+use super::attempt::Failure;
+use super::{Pump, Step, past_deadline, report, shutting_down, until};
+use crate::access::{Outcome, Recovery};
+use crate::headers;
+use crate::spans::{PROXY_CONTINUE, PROXY_KILL};
+use crate::splice::Resume;
+use crate::upstream::{Upstream, error_response};
+
+impl Pump {
+    /// After a broken attempt: `None` to try again (after the backoff),
+    /// or the step that ends the request.
+    pub(super) async fn failed(&mut self, failure: Failure) -> Option<Step> {
+        let Failure {
+            error,
+            killed,
+            answer,
+        } = failure;
+        let pool = self.upstream.name();
+        if killed {
+            self.record().kills += 1;
+            tracing::info!(
+                event = PROXY_KILL,
+                attempt = self.attempts,
+                "upstream stream went silent; killed"
+            );
+            let killed = Recovery::Killed {
+                upstream: pool,
+                path: self.record().path.clone(),
+                attempt: self.attempts,
+            };
+            report(&self.inner, killed);
+        }
+        // What the client has: nothing (the same request again), text to
+        // continue, or what can be neither continued nor taken back.
+        let resume = if self.sent {
+            self.splice.resume(&self.original)
+        } else {
+            Resume::Again
+        };
+        let shown = match &resume {
+            Resume::Again => Shown::Nothing,
+            Resume::Continue(_) => Shown::Text,
+            Resume::GiveUp => Shown::Other,
+        };
+        let verdict = decide(
+            &self.inner.config.retry,
+            &Broken {
+                error: &error,
+                attempts: self.attempts,
+                shown,
+                can_continue: true,
+                // A client's stream cannot take back what it was sent.
+                can_restart_shown: false,
+                completed_tools: 0,
+                restarts_repeat_tools: false,
+                resumed_and_escalates: false,
+            },
+            &mut self.rng,
+        );
+        if let Some(wait) = verdict.hold {
+            // The server asked the whole upstream to wait: every request's
+            // next attempt waits too, as every session's does.
+            self.inner.admission.hold(pool, wait);
+        }
+        if self.inner.stopping.is_cancelled() {
+            return Some(self.give_up(&shutting_down(), None));
+        }
+        if self.deadline.is_some_and(|d| Instant::now() >= d) {
+            return Some(self.give_up(&past_deadline(), answer));
+        }
+        let path = self.record().path.clone();
+        let delay = match (verdict.next, resume) {
+            (Next::Continue { delay }, Resume::Continue(request)) => {
+                report(
+                    &self.inner,
+                    Recovery::Continuing {
+                        upstream: pool,
+                        path,
+                        attempt: self.attempts,
+                        code: error.code(),
+                        delay,
+                    },
+                );
+                self.continuing = true;
+                tracing::info!(
+                    event = PROXY_CONTINUE,
+                    attempt = self.attempts,
+                    "continuing the broken reply"
+                );
+                match serde_json::to_vec(&request) {
+                    Ok(body) => self.body = Bytes::from(body),
+                    Err(e) => {
+                        // Never an empty or partial body upstream: the
+                        // stream ends here, with the provider's error.
+                        tracing::error!(error = %e, "cannot encode the continuation request");
+                        let error = StreamError::Internal {
+                            message: format!("cannot encode the continuation request: {e}"),
+                        };
+                        return Some(self.give_up(&error, None));
+                    }
+                }
+                delay
+            }
+            (Next::Retry { delay } | Next::Continue { delay }, _) => {
+                // Nothing reached the client but the message's start: the
+                // same request again.
+                self.body = self.original_bytes.clone();
+                report(
+                    &self.inner,
+                    Recovery::Retrying {
+                        upstream: pool,
+                        path,
+                        attempt: self.attempts,
+                        code: error.code(),
+                        delay,
+                    },
+                );
+                delay
+            }
+            (Next::GiveUp(_) | Next::Escalate(_), _) => {
+                return Some(self.give_up(&error, answer));
+            }
+        };
+        tokio::select! {
+            () = tokio::time::sleep(delay) => None,
+            () = self.inner.stopping.cancelled() => Some(self.give_up(&shutting_down(), None)),
+            () = until(self.deadline) => Some(self.give_up(&past_deadline(), None)),
+        }
+    }
+
+    /// Ends the request after `error`: the upstream's own error answer or
+    /// the proxy's while the client has nothing yet, else the provider's
+    /// error event on the open stream.
+    pub(super) fn give_up(
+        &mut self,
+        error: &StreamError,
+        upstream_answer: Option<Box<(StatusCode, HeaderMap, Bytes)>>,
+    ) -> Step {
+        let message = format!("warden proxy: the upstream stream failed: {}", error.code());
+        let gave_up = Recovery::GaveUp {
+            upstream: self.upstream.name(),
+            path: self.record().path.clone(),
+            attempts: self.attempts,
+            code: error.code(),
+            reason: error.to_string(),
+        };
+        report(&self.inner, gave_up);
+        if self.sent {
+            self.end(Outcome::ErrorEvent);
+            return Step::Chunk(Bytes::from(self.splice.error_event(&message)));
+        }
+        let response = match upstream_answer {
+            Some(a) => {
+                let (status, headers, bytes) = *a;
+                answer(status, &headers, bytes)
+            }
+            None => error_response(
+                self.upstream,
+                match self.upstream {
+                    Upstream::Anthropic => {
+                        StatusCode::from_u16(529).unwrap_or(StatusCode::SERVICE_UNAVAILABLE)
+                    }
+                    Upstream::OpenAi => StatusCode::SERVICE_UNAVAILABLE,
+                },
+                &message,
+            ),
+        };
+        self.record().status = response.status().as_u16();
+        self.end(Outcome::UpstreamError);
+        Step::Answer(response)
+    }
+}
+
+/// An upstream answer passed on whole.
+pub(super) fn answer(status: StatusCode, headers: &HeaderMap, bytes: Bytes) -> Response {
+    let mut r = Response::new(Body::from(bytes));
+    *r.status_mut() = status;
+    *r.headers_mut() = headers::end_to_end(headers);
+    r
+}

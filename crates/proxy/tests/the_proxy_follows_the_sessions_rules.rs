@@ -1,0 +1,235 @@
+//! The proxy and the sessions judge streams by the same rules
+//! (`docs/runtime-semantics.md`, "Progress" and "What follows a broken
+//! attempt"), against a hand-written upstream over real loopback HTTP:
+//! progress is content, not any event; any `retry-after` holds the whole
+//! upstream, not only a 429's.
+
+mod common;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::body::Body;
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::Response;
+use axum::routing::post;
+use common::*;
+use futures_util::StreamExt as _;
+use warden_proxy::{Proxy, ProxyConfig, Recovery};
+
+/// Serves `app` on a free loopback port: its base URL.
+async fn upstream(app: Router) -> String {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let base = format!("http://{}", listener.local_addr().expect("addr"));
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    base
+}
+
+fn sse(body: Body) -> Response {
+    let mut r = Response::new(body);
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/event-stream"),
+    );
+    r
+}
+
+/// A proxy in front of `base`, its recovery log kept.
+async fn proxy(
+    base: &str,
+    tune: impl FnOnce(ProxyConfig) -> ProxyConfig,
+) -> (String, Arc<std::sync::Mutex<Vec<Recovery>>>, Proxy) {
+    let heard = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let log = heard.clone();
+    let config = ProxyConfig::default()
+        .with_anthropic_upstream(base)
+        .with_openai_upstream(base)
+        .with_timeout(TIMEOUT)
+        .with_retry(
+            warden_core::RetryPolicy::default()
+                .with_jitter(0.0)
+                .with_max_attempts(2)
+                .with_backoff(Duration::from_millis(10), Duration::from_millis(10)),
+        )
+        .with_recovery_log(move |r: &Recovery| {
+            log.lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push(r.clone());
+        });
+    let proxy = Proxy::start(tune(config)).await.expect("proxy");
+    (serve(&proxy).await, heard, proxy)
+}
+
+/// Chat chunks that carry nothing (an empty `delta`), every 50 ms, after
+/// the role: what some OpenAI-compatible servers send while they think.
+/// They are frames (the stream is alive) but not content (no progress):
+/// the progress allowance ends the stream, as it ends a session's.
+#[tokio::test]
+async fn empty_chat_chunks_keep_a_stream_alive_but_are_not_progress() {
+    let app = Router::new().route(
+        "/v1/chat/completions",
+        post(|| async {
+            let chunk = |delta: &str| {
+                format!(
+                    "data: {{\"id\":\"c1\",\"object\":\"chat.completion.chunk\",\"choices\":[{{\"index\":0,\"delta\":{delta},\"finish_reason\":null}}]}}\n\n"
+                )
+            };
+            let first = futures_util::stream::once(std::future::ready(chunk(
+                "{\"role\":\"assistant\"}",
+            )));
+            let empty = futures_util::stream::unfold((), move |()| async move {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                Some((chunk("{}"), ()))
+            });
+            sse(Body::from_stream(
+                first
+                    .chain(empty)
+                    .map(Ok::<_, std::convert::Infallible>),
+            ))
+        }),
+    );
+    let base = upstream(app).await;
+    let (proxy_base, heard, _proxy) = proxy(&base, |c| {
+        c.with_progress_timeout(Duration::from_millis(600))
+    })
+    .await;
+    let t0 = Instant::now();
+    let response = within(
+        "the answer",
+        reqwest::Client::new()
+            .post(format!("{proxy_base}/v1/chat/completions"))
+            .header("authorization", "Bearer sk-test")
+            .header("content-type", "application/json")
+            .body(
+                r#"{"model":"gpt-test","stream":true,"messages":[{"role":"user","content":"hi"}]}"#,
+            )
+            .send(),
+    )
+    .await
+    .expect("answer");
+    // The empty chunks went out as they came; the stream ends with the
+    // API's error chunk.
+    assert_eq!(response.status(), StatusCode::OK);
+    let body = within("the body", response.bytes()).await.expect("body");
+    let body = String::from_utf8_lossy(&body);
+    assert!(t0.elapsed() < Duration::from_secs(10), "{:?}", t0.elapsed());
+    let last = body
+        .split("\n\n")
+        .filter(|e| !e.trim().is_empty())
+        .last()
+        .unwrap_or_default();
+    assert!(last.contains("\"error\""), "{body}");
+    let heard = heard.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    assert!(
+        heard.iter().any(|r| matches!(
+            r,
+            Recovery::GaveUp {
+                code: "ESTREAM_NO_PROGRESS",
+                ..
+            }
+        )),
+        "{heard:?}"
+    );
+}
+
+/// The Anthropic stream of a short reply.
+fn reply() -> String {
+    [
+        ("message_start", r#"{"type":"message_start","message":{"id":"msg_1","type":"message","role":"assistant","model":"claude-test","content":[],"stop_reason":null,"usage":{"input_tokens":3,"output_tokens":1}}}"#),
+        ("content_block_start", r#"{"type":"content_block_start","index":0,"content_block":{"type":"text","text":""}}"#),
+        ("content_block_delta", r#"{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"hello"}}"#),
+        ("content_block_stop", r#"{"type":"content_block_stop","index":0}"#),
+        ("message_delta", r#"{"type":"message_delta","delta":{"stop_reason":"end_turn"},"usage":{"output_tokens":2}}"#),
+        ("message_stop", r#"{"type":"message_stop"}"#),
+    ]
+    .iter()
+    .map(|(e, d)| format!("event: {e}\ndata: {d}\n\n"))
+    .collect()
+}
+
+/// A 529 that asks to wait (`retry-after-ms`) holds every request to that
+/// upstream, not only the one it answered, as a session's does: a second
+/// request sent meanwhile reaches the upstream only once the wait is over.
+#[tokio::test]
+async fn an_overloaded_answers_retry_after_holds_every_request() {
+    const WAIT: Duration = Duration::from_millis(800);
+    let calls = Arc::new(AtomicUsize::new(0));
+    let arrivals = Arc::new(std::sync::Mutex::new(Vec::<Instant>::new()));
+    let (c, a) = (calls.clone(), arrivals.clone());
+    let app = Router::new().route(
+        "/v1/messages",
+        post(move || {
+            let (calls, arrivals) = (c.clone(), a.clone());
+            async move {
+                arrivals
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .push(Instant::now());
+                if calls.fetch_add(1, Ordering::SeqCst) == 0 {
+                    let mut r = Response::new(Body::from(
+                        r#"{"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}}"#,
+                    ));
+                    *r.status_mut() = StatusCode::from_u16(529).expect("529");
+                    r.headers_mut().insert(
+                        "retry-after-ms",
+                        HeaderValue::from_str(&WAIT.as_millis().to_string()).expect("header"),
+                    );
+                    r.headers_mut().insert(
+                        header::CONTENT_TYPE,
+                        HeaderValue::from_static("application/json"),
+                    );
+                    return r;
+                }
+                sse(Body::from(reply()))
+            }
+        }),
+    );
+    let base = upstream(app).await;
+    let (proxy_base, _heard, _proxy) = proxy(&base, |c| c).await;
+    let client = reqwest::Client::new();
+    let send = |client: reqwest::Client| {
+        let url = format!("{proxy_base}/v1/messages");
+        async move {
+            client
+                .post(url)
+                .header("x-api-key", KEY)
+                .header("anthropic-version", "2023-06-01")
+                .header("content-type", "application/json")
+                .body(messages_body("claude-test", "hi"))
+                .send()
+                .await
+                .expect("answer")
+        }
+    };
+    let t0 = Instant::now();
+    let first = tokio::spawn(send(client.clone()));
+    // The second request leaves once the first has its 529.
+    within("the 529", async {
+        while calls.load(Ordering::SeqCst) == 0 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let second = within("the second answer", send(client.clone())).await;
+    let first = within("the first answer", first)
+        .await
+        .expect("first request");
+    assert_eq!(first.status(), 200);
+    assert_eq!(second.status(), 200);
+    let arrivals = arrivals.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    assert_eq!(arrivals.len(), 3, "a 529, then one attempt each");
+    // Neither later request reached the upstream before the wait was over.
+    for at in &arrivals[1..] {
+        assert!(
+            at.duration_since(arrivals[0]) >= WAIT - Duration::from_millis(50),
+            "a request reached the upstream {:?} after the 529 that asked for {WAIT:?}",
+            at.duration_since(arrivals[0])
+        );
+    }
+    assert!(t0.elapsed() < Duration::from_secs(10));
+}
