@@ -7,7 +7,7 @@ mod common;
 use std::time::Duration;
 
 use common::*;
-use warden_core::{AgentEvent, Frame, LifecycleEvent, Recovery, ResumeCause};
+use warden_core::{AgentEvent, Frame, LifecycleEvent, Unstick, ResumeCause};
 
 /// Keeps `attempt` alive with a ping every 10 s for `total`.
 async fn ping_for(attempt: &warden_core::testing::AttemptControl, total: Duration) {
@@ -61,7 +61,7 @@ async fn a_turn_alive_but_never_finishing_is_listed_and_retried() {
     );
 
     assert!(
-        sup.recover("stuck", Recovery::Retry)
+        sup.recover("stuck", Unstick::Retry)
             .await
             .expect("recover")
     );
@@ -101,13 +101,13 @@ async fn a_turn_alive_but_never_finishing_is_listed_and_retried() {
             .is_empty()
     );
     assert!(
-        !sup.recover("stuck", Recovery::Retry)
+        !sup.recover("stuck", Unstick::Retry)
             .await
             .expect("recover"),
         "nothing runs: nothing to recover"
     );
     assert!(
-        !sup.recover("nobody", Recovery::Retry)
+        !sup.recover("nobody", Unstick::Retry)
             .await
             .expect("recover"),
         "no such session"
@@ -131,7 +131,7 @@ async fn a_fresh_recovery_drops_the_conversation_and_keeps_the_message() {
     }));
     ping_for(&first, Duration::from_secs(60)).await;
 
-    assert!(sup.recover("ws", Recovery::Fresh).await.expect("recover"));
+    assert!(sup.recover("ws", Unstick::Fresh).await.expect("recover"));
     let failed = wait_for(&mut events, |e| {
         matches!(e, LifecycleEvent::ResumeFailed { .. })
     })

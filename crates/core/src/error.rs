@@ -123,7 +123,7 @@ pub enum StreamError {
     },
     /// The attempt was stopped on purpose to run the turn again
     /// ([`Supervisor::recover`](crate::Supervisor::recover) with
-    /// [`Recovery::Retry`](crate::Recovery)): a stream that stays alive but
+    /// [`Unstick::Retry`](crate::Unstick)): a stream that stays alive but
     /// never finishes. Retryable.
     #[error("stream interrupted: {reason}")]
     Interrupted {
@@ -216,7 +216,7 @@ pub enum ResumeCause {
     /// found with session ID").
     UnknownSession,
     /// An operator (or your code) dropped the conversation to unstick the
-    /// session ([`Recovery::Fresh`](crate::Recovery)).
+    /// session ([`Unstick::Fresh`](crate::Unstick)).
     OperatorReset,
 }
 

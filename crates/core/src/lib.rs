@@ -115,10 +115,11 @@ mod workspace;
 
 // The supervisor and what configures it.
 pub use context::ContextConfig;
+#[allow(deprecated)]
+pub use session::Recovery;
 pub use session::{
-    ContinueFrom, RecoveredTurn, Recovery, SendOptions, SessionConfig, SessionHandle,
-    SessionStatus, SubmitError, TextEdit, TurnCanceller, TurnEvent, TurnHandle, TurnSummary,
-    TurnText,
+    ContinueFrom, RecoveredTurn, SendOptions, SessionConfig, SessionHandle, SessionStatus,
+    SubmitError, TextEdit, TurnCanceller, TurnEvent, TurnHandle, TurnSummary, TurnText, Unstick,
 };
 pub use stream::StreamOptions;
 pub use supervisor::{

@@ -80,7 +80,7 @@ impl std::fmt::Display for Outcome {
 /// body.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
-pub enum Recovery {
+pub enum RecoveryEvent {
     /// An attempt went silent past the timeout and was killed.
     Killed {
         /// `anthropic` or `openai`.
@@ -143,7 +143,14 @@ pub enum Recovery {
     },
 }
 
-impl std::fmt::Display for Recovery {
+/// The former name of [`RecoveryEvent`].
+#[deprecated(
+    since = "0.1.0",
+    note = "renamed `RecoveryEvent`: `Recovery` named three different things across warden's crates (this one is what the proxy did about a broken stream)"
+)]
+pub type Recovery = RecoveryEvent;
+
+impl std::fmt::Display for RecoveryEvent {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let secs = |d: &std::time::Duration| d.as_secs_f64();
         match self {
@@ -199,5 +206,5 @@ impl std::fmt::Display for Recovery {
     }
 }
 
-/// Called once per [`Recovery`].
-pub type RecoveryLog = Arc<dyn Fn(&Recovery) + Send + Sync>;
+/// Called once per [`RecoveryEvent`].
+pub type RecoveryLog = Arc<dyn Fn(&RecoveryEvent) + Send + Sync>;

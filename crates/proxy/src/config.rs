@@ -6,7 +6,7 @@ use std::time::Duration;
 use warden_core::{ConfigError, RetryPolicy, WatchdogConfig};
 use warden_http::Limits;
 
-use crate::access::{AccessLog, AccessRecord, Recovery, RecoveryLog};
+use crate::access::{AccessLog, AccessRecord, RecoveryEvent, RecoveryLog};
 
 /// Where the proxy sends Anthropic requests by default.
 pub const ANTHROPIC_API: &str = "https://api.anthropic.com";
@@ -76,7 +76,7 @@ pub struct ProxyConfig {
     /// Called once per request with its [`AccessRecord`]. Default none.
     pub access_log: Option<AccessLog>,
     /// Called once per kill, retry, continuation, give-up and unreachable
-    /// upstream ([`Recovery`]). Default none.
+    /// upstream ([`RecoveryEvent`]). Default none.
     pub recovery_log: Option<RecoveryLog>,
 }
 
@@ -211,7 +211,10 @@ impl ProxyConfig {
     }
 
     /// Sets [`recovery_log`](Self::recovery_log).
-    pub fn with_recovery_log(mut self, log: impl Fn(&Recovery) + Send + Sync + 'static) -> Self {
+    pub fn with_recovery_log(
+        mut self,
+        log: impl Fn(&RecoveryEvent) + Send + Sync + 'static,
+    ) -> Self {
         self.recovery_log = Some(Arc::new(log));
         self
     }

@@ -103,7 +103,9 @@ use axum::routing::post;
 use tokio::time::Instant;
 use warden_core::{Admission, AdmissionConfig, WatchdogActor, WatchdogConfig};
 
-pub use access::{AccessLog, AccessRecord, Outcome, Recovery, RecoveryLog};
+#[allow(deprecated)]
+pub use access::Recovery;
+pub use access::{AccessLog, AccessRecord, Outcome, RecoveryEvent, RecoveryLog};
 pub use config::{
     ANTHROPIC_API, DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_FRAME_BYTES, DEFAULT_MAX_REPLY_BYTES,
     OPENAI_API, ProxyConfig,

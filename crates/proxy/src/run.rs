@@ -15,7 +15,7 @@ use axum::extract::Request;
 use tokio::time::Instant;
 use warden_core::StreamError;
 
-use crate::access::{AccessRecord, Outcome, Recovery};
+use crate::access::{AccessRecord, Outcome, RecoveryEvent};
 use crate::config::ProxyConfig;
 use crate::spans::PROXY_REQUEST;
 use crate::upstream::Upstream;
@@ -57,7 +57,7 @@ fn shutting_down() -> StreamError {
 }
 
 /// Hands `recovery` to the configured recovery log, if any.
-fn report(inner: &Inner, recovery: Recovery) {
+fn report(inner: &Inner, recovery: RecoveryEvent) {
     if let Some(log) = &inner.config.recovery_log {
         log(&recovery);
     }

@@ -16,7 +16,7 @@ use bytes::Bytes;
 use common::*;
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
-use warden_proxy::{AccessRecord, Outcome, Proxy, ProxyConfig, Recovery};
+use warden_proxy::{AccessRecord, Outcome, Proxy, ProxyConfig, RecoveryEvent};
 
 /// What a raw upstream answers one request with: the status line and
 /// headers (`connection: close` is added; the body ends with the
@@ -151,12 +151,12 @@ fn tool_call(fragments: &[&str]) -> Vec<Bytes> {
 /// What a proxy's logs got.
 #[derive(Clone, Default)]
 struct Logs {
-    recoveries: Arc<Mutex<Vec<Recovery>>>,
+    recoveries: Arc<Mutex<Vec<RecoveryEvent>>>,
     access: Arc<Mutex<Vec<AccessRecord>>>,
 }
 
 impl Logs {
-    fn recoveries(&self) -> Vec<Recovery> {
+    fn recoveries(&self) -> Vec<RecoveryEvent> {
         self.recoveries.lock().expect("lock").clone()
     }
 
@@ -288,7 +288,7 @@ async fn tool_input_that_is_not_json_is_an_error_never_an_empty_input() {
     assert!(
         matches!(
             heard.as_slice(),
-            [Recovery::GaveUp {
+            [RecoveryEvent::GaveUp {
                 code: "EMALFORMED",
                 ..
             }]
@@ -455,7 +455,7 @@ async fn an_assembled_reply_past_the_cap_is_a_typed_error_and_the_rest_is_not_re
     assert!(
         matches!(
             heard.as_slice(),
-            [Recovery::GaveUp {
+            [RecoveryEvent::GaveUp {
                 code: "EREPLY_TOO_LARGE",
                 ..
             }]

@@ -11,15 +11,15 @@ use std::time::{Duration, Instant};
 use common::*;
 use serde_json::Value;
 use warden_mock::{MockConfig, Outcome, Scenario};
-use warden_proxy::Recovery;
+use warden_proxy::RecoveryEvent;
 
 /// What a proxy's recovery log reported, in order.
 #[derive(Clone, Default)]
-struct Heard(Arc<Mutex<Vec<Recovery>>>);
+struct Heard(Arc<Mutex<Vec<RecoveryEvent>>>);
 
 impl Heard {
     /// A recovery log that records here.
-    fn log(&self) -> impl Fn(&Recovery) + Send + Sync + 'static {
+    fn log(&self) -> impl Fn(&RecoveryEvent) + Send + Sync + 'static {
         let all = self.0.clone();
         move |r| {
             all.lock()
@@ -29,7 +29,7 @@ impl Heard {
     }
 
     /// Everything recorded so far.
-    fn all(&self) -> Vec<Recovery> {
+    fn all(&self) -> Vec<RecoveryEvent> {
         self.0.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 }
@@ -164,8 +164,8 @@ async fn a_stall_mid_text_is_continued_and_spliced_into_one_well_formed_stream()
         matches!(
             heard.as_slice(),
             [
-                Recovery::Killed { attempt: 1, .. },
-                Recovery::Continuing {
+                RecoveryEvent::Killed { attempt: 1, .. },
+                RecoveryEvent::Continuing {
                     attempt: 1,
                     code: "ESTREAM_TIMEOUT",
                     ..
@@ -548,11 +548,11 @@ async fn an_unreachable_upstream_is_reported_with_its_reason() {
         matches!(
             heard.as_slice(),
             [
-                Recovery::Retrying {
+                RecoveryEvent::Retrying {
                     code: "ECONNECTION",
                     ..
                 },
-                Recovery::GaveUp {
+                RecoveryEvent::GaveUp {
                     attempts: 2,
                     code: "ECONNECTION",
                     ..
@@ -703,7 +703,7 @@ async fn a_stream_that_only_pings_is_ended_by_the_progress_allowance() {
     assert!(
         heard.iter().any(|r| matches!(
             r,
-            Recovery::GaveUp {
+            RecoveryEvent::GaveUp {
                 code: "ESTREAM_NO_PROGRESS",
                 ..
             }
@@ -781,7 +781,7 @@ async fn the_access_log_counts_the_requests_the_upstream_saw() {
             if heard
                 .all()
                 .iter()
-                .any(|r| matches!(r, Recovery::Continuing { .. }))
+                .any(|r| matches!(r, RecoveryEvent::Continuing { .. }))
             {
                 return;
             }

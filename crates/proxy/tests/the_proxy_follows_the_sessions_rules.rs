@@ -17,7 +17,7 @@ use axum::response::Response;
 use axum::routing::post;
 use common::*;
 use futures_util::StreamExt as _;
-use warden_proxy::{Proxy, ProxyConfig, Recovery};
+use warden_proxy::{Proxy, ProxyConfig, RecoveryEvent};
 
 /// Serves `app` on a free loopback port: its base URL.
 async fn upstream(app: Router) -> String {
@@ -42,7 +42,7 @@ fn sse(body: Body) -> Response {
 async fn proxy(
     base: &str,
     tune: impl FnOnce(ProxyConfig) -> ProxyConfig,
-) -> (String, Arc<std::sync::Mutex<Vec<Recovery>>>, Proxy) {
+) -> (String, Arc<std::sync::Mutex<Vec<RecoveryEvent>>>, Proxy) {
     let heard = Arc::new(std::sync::Mutex::new(Vec::new()));
     let log = heard.clone();
     let config = ProxyConfig::default()
@@ -55,7 +55,7 @@ async fn proxy(
                 .with_max_attempts(2)
                 .with_backoff(Duration::from_millis(10), Duration::from_millis(10)),
         )
-        .with_recovery_log(move |r: &Recovery| {
+        .with_recovery_log(move |r: &RecoveryEvent| {
             log.lock()
                 .unwrap_or_else(|p| p.into_inner())
                 .push(r.clone());
@@ -127,7 +127,7 @@ async fn empty_chat_chunks_keep_a_stream_alive_but_are_not_progress() {
     assert!(
         heard.iter().any(|r| matches!(
             r,
-            Recovery::GaveUp {
+            RecoveryEvent::GaveUp {
                 code: "ESTREAM_NO_PROGRESS",
                 ..
             }

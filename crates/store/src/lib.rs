@@ -31,7 +31,7 @@
 //!   makes every later open fail as "corrupted". [`SledStore::open`]
 //!   removes such files (sled regenerates them from its log), logs a
 //!   warning and lists what it did in [`SledStore::recoveries`]; see
-//!   [`Recovery`].
+//!   [`OpenRepair`].
 //! - **Repair**: [`SledStore::salvage`] copies every readable record of a
 //!   damaged database into a new one and reports the rest
 //!   ([`SalvageReport`]); `warden sessions --repair` is built on it.
@@ -79,6 +79,8 @@ mod turns;
 mod wal;
 
 pub use codec::{MAX_RECORD_BYTES, decode, encode};
+pub use recovery::OpenRepair;
+#[allow(deprecated)]
 pub use recovery::Recovery;
 pub use salvage::{SalvageError, SalvageReport, Unreadable};
 pub use turns::{SledTurns, TURN_LOG_DAMAGED, TurnLogDamage};
@@ -93,7 +95,7 @@ pub struct SledStore {
     tree: sled::Tree,
     path: PathBuf,
     commit: Arc<GroupCommit>,
-    recoveries: Arc<[Recovery]>,
+    recoveries: Arc<[OpenRepair]>,
     /// The turn logs, once [`turns`](Self::turns) opened them (one writer
     /// per database).
     turns: Arc<parking_lot::Mutex<Option<SledTurns>>>,
@@ -146,7 +148,7 @@ impl SledStore {
 
     /// What [`open`](Self::open) had to repair before the database would
     /// open; empty almost always.
-    pub fn recoveries(&self) -> &[Recovery] {
+    pub fn recoveries(&self) -> &[OpenRepair] {
         &self.recoveries
     }
 
@@ -232,7 +234,7 @@ pub const LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 fn open_waiting_for_the_lock(
     path: &Path,
     wait: std::time::Duration,
-) -> Result<(sled::Db, Vec<Recovery>), StoreError> {
+) -> Result<(sled::Db, Vec<OpenRepair>), StoreError> {
     let until = std::time::Instant::now() + wait;
     loop {
         let error = match open_recovering(path) {
@@ -255,7 +257,7 @@ enum OpenFailure {
 
 /// Opens the sled database at `path`; if sled reports corruption and an
 /// unfinished snapshot is found, removes it and tries once more.
-fn open_recovering(path: &Path) -> Result<(sled::Db, Vec<Recovery>), OpenFailure> {
+fn open_recovering(path: &Path) -> Result<(sled::Db, Vec<OpenRepair>), OpenFailure> {
     match open_sled(path) {
         Ok(db) => Ok((db, Vec::new())),
         Err(e @ sled::Error::Corruption { .. }) => {

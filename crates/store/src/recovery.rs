@@ -27,7 +27,7 @@ use crate::backend;
 /// Something [`SledStore::open`](crate::SledStore::open) repaired.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
-pub enum Recovery {
+pub enum OpenRepair {
     /// An unfinished sled snapshot (`snap.*.generating`) was removed; sled
     /// rebuilt it from its log. No record is lost by this.
     RemovedUnfinishedSnapshot {
@@ -39,10 +39,17 @@ pub enum Recovery {
     },
 }
 
-impl std::fmt::Display for Recovery {
+/// The former name of [`OpenRepair`].
+#[deprecated(
+    since = "0.1.0",
+    note = "renamed `OpenRepair`: `Recovery` named three different things across warden's crates (this one is what opening the store repaired)"
+)]
+pub type Recovery = OpenRepair;
+
+impl std::fmt::Display for OpenRepair {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            Recovery::RemovedUnfinishedSnapshot { path, len } => write!(
+            OpenRepair::RemovedUnfinishedSnapshot { path, len } => write!(
                 f,
                 "removed the unfinished sled snapshot {} ({len} bytes, left by a full disk or a crash); sled rebuilt it from its log",
                 path.display()
@@ -62,7 +69,7 @@ fn is_unfinished_snapshot(name: &str) -> bool {
 /// Removes the unfinished snapshots in the database directory `dir`, holding
 /// sled's own lock on the data file meanwhile so that no other process is
 /// opening the database (and writing a snapshot) at the same time.
-pub(crate) fn remove_unfinished_snapshots(dir: &Path) -> Result<Vec<Recovery>, StoreError> {
+pub(crate) fn remove_unfinished_snapshots(dir: &Path) -> Result<Vec<OpenRepair>, StoreError> {
     let leftovers = unfinished_snapshots(dir)?;
     if leftovers.is_empty() {
         return Ok(Vec::new());
@@ -73,7 +80,7 @@ pub(crate) fn remove_unfinished_snapshots(dir: &Path) -> Result<Vec<Recovery>, S
         let len = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
         std::fs::remove_file(&path)
             .map_err(|e| backend(format!("removing {}: {e}", path.display())))?;
-        let recovery = Recovery::RemovedUnfinishedSnapshot { path, len };
+        let recovery = OpenRepair::RemovedUnfinishedSnapshot { path, len };
         tracing::warn!(database = %dir.display(), "{recovery}");
         done.push(recovery);
     }

@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 
 use warden_core::StoreError;
 
-use crate::{OpenFailure, Recovery, SledStore, TREE, decode, describe, open_recovering};
+use crate::{OpenFailure, OpenRepair, SledStore, TREE, decode, describe, open_recovering};
 
 /// A record [`SledStore::salvage`] could not copy. It stays in the source
 /// database, which salvage never changes.
@@ -31,8 +31,8 @@ pub struct SalvageReport {
     pub kept_newer: Vec<String>,
     /// What could not be read.
     pub unreadable: Vec<Unreadable>,
-    /// What opening (a copy of) the source needed; see [`Recovery`].
-    pub recoveries: Vec<Recovery>,
+    /// What opening (a copy of) the source needed; see [`OpenRepair`].
+    pub recoveries: Vec<OpenRepair>,
 }
 
 impl SalvageReport {
@@ -148,8 +148,8 @@ fn salvage_via(from: &Path, scratch: &Path, to: &Path) -> Result<SalvageReport, 
     report.recoveries = recoveries
         .into_iter()
         .map(|r| match r {
-            Recovery::RemovedUnfinishedSnapshot { path, len } => {
-                Recovery::RemovedUnfinishedSnapshot {
+            OpenRepair::RemovedUnfinishedSnapshot { path, len } => {
+                OpenRepair::RemovedUnfinishedSnapshot {
                     path: from.join(path.file_name().unwrap_or_default()),
                     len,
                 }

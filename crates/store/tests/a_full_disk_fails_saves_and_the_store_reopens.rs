@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use warden_core::{Durability, SessionKey, SessionRecord, SessionStore};
-use warden_store::{Recovery, SledStore};
+use warden_store::{OpenRepair, SledStore};
 
 const TEST: &str = "a_durable_save_on_a_full_disk_is_an_error_and_acknowledged_records_survive";
 
@@ -162,7 +162,7 @@ async fn a_durable_save_on_a_full_disk_is_an_error_and_acknowledged_records_surv
     assert!(
         matches!(
             store.recoveries(),
-            [Recovery::RemovedUnfinishedSnapshot { len: 0, .. }]
+            [OpenRepair::RemovedUnfinishedSnapshot { len: 0, .. }]
         ),
         "{:?}",
         store.recoveries()

@@ -6,7 +6,7 @@
 use std::path::{Path, PathBuf};
 
 use warden_core::{Durability, SessionKey, SessionRecord, SessionStore};
-use warden_store::{Recovery, SledStore};
+use warden_store::{OpenRepair, SledStore};
 
 /// The snapshot files (`snap.<16 hex digits>`) in a database directory.
 fn snapshots(db: &Path) -> Vec<String> {
@@ -70,7 +70,7 @@ async fn an_empty_unfinished_snapshot_is_removed_on_open_and_every_record_surviv
     let store = SledStore::open(&db).expect("open after the disk filled up");
     assert_eq!(
         store.recoveries(),
-        [Recovery::RemovedUnfinishedSnapshot {
+        [OpenRepair::RemovedUnfinishedSnapshot {
             path: leftover.clone(),
             len: 0
         }]

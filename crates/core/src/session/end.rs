@@ -15,7 +15,7 @@ use crate::store::{Durability, SessionRecord, StoredUsage};
 use crate::transition::{At, Parent, Transition};
 
 use super::escalation::{Escalation, Handoff, ResumeFailure, StopReason};
-use super::handle::{Recovery, SessionMsg, TurnEvent, TurnSummary};
+use super::handle::{SessionMsg, TurnEvent, TurnSummary, Unstick};
 use super::run::{start_attempt, start_next_turn};
 use super::state::{SessionState, Turn};
 use super::turn::{Decision, FreshVerdict, OnCancel, Phase, StartMode};
@@ -202,18 +202,18 @@ async fn stop_turn(
     }
 }
 
-/// Unsticks the running turn (see [`Recovery`]); whether anything was done.
+/// Unsticks the running turn (see [`Unstick`]); whether anything was done.
 pub(super) fn recover(
     myself: &ActorRef<SessionMsg>,
     state: &mut SessionState,
-    how: Recovery,
+    how: Unstick,
 ) -> Result<bool, ActorProcessingErr> {
     let Some(turn) = state.turn.as_ref() else {
         return Ok(false);
     };
     let phase = turn.machine.phase();
     let fresh = match (how, state.record.agent_session_id.clone()) {
-        (Recovery::Fresh, Some(id)) if state.args.escalate.is_some() => Some(id),
+        (Unstick::Fresh, Some(id)) if state.args.escalate.is_some() => Some(id),
         _ => None,
     };
     match (phase, fresh) {

@@ -335,7 +335,7 @@ pub enum SubmitError {
 /// the watchdog).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
-pub enum Recovery {
+pub enum Unstick {
     /// Stop the running attempt as failed
     /// ([`StreamError::Interrupted`], retryable) so the turn is retried per
     /// its policy; a turn in backoff starts its next attempt now. The
@@ -348,6 +348,13 @@ pub enum Recovery {
     /// this is then [`Retry`](Self::Retry).
     Fresh,
 }
+
+/// The former name of [`Unstick`].
+#[deprecated(
+    since = "0.1.0",
+    note = "renamed `Unstick`: `Recovery` named three different things across warden's crates (this one is how `recover` unsticks a session)"
+)]
+pub type Recovery = Unstick;
 
 /// A snapshot of a session.
 #[derive(Debug, Clone, PartialEq)]
@@ -387,7 +394,7 @@ pub(crate) enum SessionMsg {
     Report(StreamReport),
     Retry(AttemptId),
     Admitted(AttemptId, crate::admission::AdmissionPermit),
-    Recover(Recovery, RpcReplyPort<bool>),
+    Recover(Unstick, RpcReplyPort<bool>),
     Deadline(u64),
     IdleCheck(u64),
     /// Stop now if idle (no turn, nothing queued), as an idle reap does:
@@ -409,7 +416,7 @@ impl SessionHandle {
     /// Unsticks the running turn as `how` says; `false` when no turn runs,
     /// or the one running waits for admission or has no stream yet (there
     /// is nothing stuck to stop).
-    pub async fn recover(&self, how: Recovery) -> Result<bool, ActorError> {
+    pub async fn recover(&self, how: Unstick) -> Result<bool, ActorError> {
         call(&self.actor, "session", |r| SessionMsg::Recover(how, r)).await
     }
 

@@ -42,9 +42,11 @@ use crate::stream::StreamOptions;
 
 pub(crate) use actor::{SessionActor, SessionArgs, StartError};
 pub(crate) use escalation::{Escalation, Handoff, ResumeFailure, StopReason};
+#[allow(deprecated)]
+pub use handle::Recovery;
 pub use handle::{
-    ContinueFrom, RecoveredTurn, Recovery, SessionHandle, SessionStatus, SubmitError,
-    TurnCanceller, TurnEvent, TurnHandle, TurnSummary,
+    ContinueFrom, RecoveredTurn, SessionHandle, SessionStatus, SubmitError, TurnCanceller,
+    TurnEvent, TurnHandle, TurnSummary, Unstick,
 };
 pub(crate) use turn::StartMode;
 pub use view::{TextEdit, TurnText};

@@ -14,7 +14,7 @@ use crate::admission::Admission;
 use crate::error::ActorError;
 use crate::lifecycle::{EventBus, LifecycleEvent};
 use crate::notify::{LogNotifier, Notifier};
-use crate::session::{Recovery, SessionHandle, SessionStatus, StopReason, SubmitError, TurnHandle};
+use crate::session::{SessionHandle, SessionStatus, StopReason, SubmitError, TurnHandle, Unstick};
 use crate::source::{SessionKey, SessionSpec, SourceFactory};
 use crate::store::{MemoryStore, SessionRecord, SessionStore, StoreError};
 use crate::util::call;
@@ -288,12 +288,12 @@ impl Supervisor {
     }
 
     /// Unsticks session `key`'s running turn as `how` says (see
-    /// [`Recovery`]); `false` when the session is not running or has
+    /// [`Unstick`]); `false` when the session is not running or has
     /// nothing stuck to stop. Never starts a session.
     pub async fn recover(
         &self,
         key: impl Into<SessionKey>,
-        how: Recovery,
+        how: Unstick,
     ) -> Result<bool, SupervisorError> {
         match self.running(key).await? {
             Some(h) => Ok(h.recover(how).await.unwrap_or(false)),

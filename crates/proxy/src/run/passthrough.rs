@@ -13,7 +13,7 @@ use tokio::time::Instant;
 use tracing::Instrument as _;
 
 use super::{Inner, finish, reason, report, request_span, upstream_url};
-use crate::access::{AccessRecord, Outcome, Recovery};
+use crate::access::{AccessRecord, Outcome, RecoveryEvent};
 use crate::headers;
 use crate::upstream::{Upstream, error_response};
 
@@ -90,7 +90,7 @@ pub(super) async fn send_through(
         Err(e) => {
             report(
                 &inner,
-                Recovery::Unreachable {
+                RecoveryEvent::Unreachable {
                     upstream: upstream.name(),
                     path: record.path.clone(),
                     reason: reason(&e),

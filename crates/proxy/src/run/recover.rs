@@ -13,7 +13,7 @@ use warden_core::policy::{Broken, Next, Shown, decide};
 
 use super::attempt::Failure;
 use super::{Pump, Step, past_deadline, report, shutting_down, until};
-use crate::access::{Outcome, Recovery};
+use crate::access::{Outcome, RecoveryEvent};
 use crate::headers;
 use crate::spans::{PROXY_CONTINUE, PROXY_KILL};
 use crate::splice::Resume;
@@ -36,7 +36,7 @@ impl Pump {
                 attempt = self.attempts,
                 "upstream stream went silent; killed"
             );
-            let killed = Recovery::Killed {
+            let killed = RecoveryEvent::Killed {
                 upstream: pool,
                 path: self.record().path.clone(),
                 attempt: self.attempts,
@@ -86,7 +86,7 @@ impl Pump {
             (Next::Continue { delay }, Resume::Continue(request)) => {
                 report(
                     &self.inner,
-                    Recovery::Continuing {
+                    RecoveryEvent::Continuing {
                         upstream: pool,
                         path,
                         attempt: self.attempts,
@@ -120,7 +120,7 @@ impl Pump {
                 self.body = self.original_bytes.clone();
                 report(
                     &self.inner,
-                    Recovery::Retrying {
+                    RecoveryEvent::Retrying {
                         upstream: pool,
                         path,
                         attempt: self.attempts,
@@ -150,7 +150,7 @@ impl Pump {
         upstream_answer: Option<Box<(StatusCode, HeaderMap, Bytes)>>,
     ) -> Step {
         let message = format!("warden proxy: the upstream stream failed: {}", error.code());
-        let gave_up = Recovery::GaveUp {
+        let gave_up = RecoveryEvent::GaveUp {
             upstream: self.upstream.name(),
             path: self.record().path.clone(),
             attempts: self.attempts,

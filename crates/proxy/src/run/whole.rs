@@ -13,7 +13,7 @@ use serde_json::json;
 use warden_llm::sse::{Parsed, SseParser};
 
 use super::{Pump, Step, report};
-use crate::access::{Outcome, Recovery};
+use crate::access::{Outcome, RecoveryEvent};
 use crate::assemble::{Assembled, AssemblyError, Budget, ChatCompletions, Messages, Whole};
 use crate::upstream::{Protocol, Upstream, error_response, error_response_coded};
 
@@ -125,7 +125,7 @@ pub(crate) async fn answer(mut pump: Pump, protocol: Protocol) -> Response {
 /// in the provider's shape; the attempt is dropped (nothing more is read).
 fn gave_up(mut pump: Pump, error: &AssemblyError) -> Response {
     let path = pump.record().path.clone();
-    let gave_up = Recovery::GaveUp {
+    let gave_up = RecoveryEvent::GaveUp {
         upstream: pump.upstream.name(),
         path,
         attempts: pump.attempts,

@@ -9,7 +9,7 @@ use axum::http::{Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 use warden_core::store::{StoredEvent, StoredTurn, TurnEventData};
-use warden_core::{Recovery, SessionKey, SessionRecord, SessionStatus};
+use warden_core::{SessionKey, SessionRecord, SessionStatus, Unstick};
 
 use crate::api::{
     RecoverHow, Session, SessionDetail, SessionList, SessionPlacement, SessionRecovered,
@@ -241,8 +241,8 @@ pub(crate) async fn recover_session(
     };
     let Query(query) = query.map_err(|e| bad(e.body_text()))?;
     let (how, said) = match query.how.as_str() {
-        "retry" => (Recovery::Retry, RecoverHow::Retry),
-        "fresh" => (Recovery::Fresh, RecoverHow::Fresh),
+        "retry" => (Unstick::Retry, RecoverHow::Retry),
+        "fresh" => (Unstick::Fresh, RecoverHow::Fresh),
         other => return Err(bad(format!("how={other:?}"))),
     };
     let session = SessionKey::new(&key);
