@@ -379,7 +379,7 @@ pub(crate) async fn handle(
             let never: Infallible = std::future::pending().await;
             match never {}
         }
-        Scenario::AbruptClose => {
+        Scenario::AbruptClose | Scenario::EarlyEnd => {
             tracker.finish(Outcome::ServerClosed);
             return Err(AbruptClose);
         }

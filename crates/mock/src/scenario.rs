@@ -10,6 +10,7 @@
 //! | `thinking-pings` | 200 | `message_start`, then only pings for [`thinking_pause`], then the reply |
 //! | `stall` | 200 | [`fault_after_frames`] frames, then silence with the socket held open |
 //! | `abrupt-close` | 200 | [`fault_after_frames`] frames, then the TCP connection is closed |
+//! | `early-end` | 200 | [`fault_after_frames`] frames, then the body ends cleanly, without the terminal frame |
 //! | `server-error` | 500 | `api_error` JSON body |
 //! | `overloaded` | 529 | `overloaded_error` JSON body |
 //! | `rate-limited` | 429 | `rate_limit_error` plus `retry-after` and `retry-after-ms` |
@@ -45,6 +46,11 @@ pub enum Scenario {
     /// A few frames, then the server closes the TCP connection without the
     /// terminal frame (nor the final chunk of the chunked body).
     AbruptClose,
+    /// A few frames, then the body ends cleanly (the final chunk of the
+    /// chunked body is sent) without the stream's terminal frame: a proxy
+    /// or load balancer that ends a stream early. The Gemini CLI retries
+    /// this by itself (see `docs/agents.md`).
+    EarlyEnd,
     /// HTTP 500 with an `api_error` body.
     ServerError,
     /// HTTP 529 with an `overloaded_error` body.
@@ -80,6 +86,7 @@ impl Scenario {
             Scenario::ThinkingPings,
             Scenario::Stall,
             Scenario::AbruptClose,
+            Scenario::EarlyEnd,
             Scenario::ServerError,
             Scenario::Overloaded,
             Scenario::RateLimited,
@@ -99,6 +106,7 @@ impl Scenario {
             Scenario::ThinkingPings => "thinking-pings",
             Scenario::Stall => "stall",
             Scenario::AbruptClose => "abrupt-close",
+            Scenario::EarlyEnd => "early-end",
             Scenario::ServerError => "server-error",
             Scenario::Overloaded => "overloaded",
             Scenario::RateLimited => "rate-limited",
@@ -118,6 +126,9 @@ impl Scenario {
             Scenario::ThinkingPings => "a long pause filled with pings, then the reply",
             Scenario::Stall => "a few frames, then silence with the socket held open (no FIN)",
             Scenario::AbruptClose => "a few frames, then the TCP connection is closed mid-stream",
+            Scenario::EarlyEnd => {
+                "a few frames, then the body ends cleanly without its terminal frame"
+            }
             Scenario::ServerError => "HTTP 500 api_error",
             Scenario::Overloaded => "HTTP 529 overloaded_error",
             Scenario::RateLimited => "HTTP 429 rate_limit_error with retry-after headers",

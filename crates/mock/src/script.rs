@@ -77,6 +77,7 @@ pub(crate) fn stream_steps(
             steps.extend([Step::Sleep(interval), Step::Flush, Step::Abort]);
             steps
         }
+        Scenario::EarlyEnd => paced(frames.into_iter().take(cut), interval),
         Scenario::MidstreamError => {
             let mut sent: Vec<Bytes> = frames.into_iter().take(cut).collect();
             sent.push(extras.error);

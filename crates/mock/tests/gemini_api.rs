@@ -109,6 +109,15 @@ async fn an_abrupt_close_leaves_partial_text_without_a_finish_reason() -> TestRe
             .iter()
             .all(|c| c["candidates"][0].get("finishReason").is_none())
     );
+    // `early-end`: the same partial text, but the body ends cleanly.
+    let resp = post(&server, "mock-early-end", "streamGenerateContent").await;
+    let chunks = chunks_of(resp).await?;
+    assert_eq!(text_of(&chunks), partial);
+    assert!(
+        chunks
+            .iter()
+            .all(|c| c["candidates"][0].get("finishReason").is_none())
+    );
     // The retry plays the next scenario: the whole reply.
     let resp = post(&server, "gemini-2.5-pro", "streamGenerateContent").await;
     assert_eq!(text_of(&chunks_of(resp).await?), REPLY);
