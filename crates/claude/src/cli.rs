@@ -58,6 +58,11 @@ pub struct SpawnRequest<'a> {
     pub system_prompt: Option<&'a str>,
     /// The working directory (already normalized by warden), if any.
     pub workspace: Option<&'a Path>,
+    /// The user message of the turn this process is started for. A
+    /// [`ProcessLifetime::Turn`] CLI that takes its prompt as an argument
+    /// (Gemini's `--prompt`) reads it here; others get it on stdin
+    /// ([`AgentCli::turn_input`]).
+    pub message: Option<&'a str>,
 }
 
 /// A process to start: run directly, never through a shell, in the turn's

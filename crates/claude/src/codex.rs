@@ -385,6 +385,7 @@ mod tests {
             model: None,
             system_prompt: None,
             workspace: None,
+            message: None,
         };
         let e = CodexOptions::default().command(&spawn).err();
         assert!(

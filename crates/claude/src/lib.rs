@@ -5,8 +5,9 @@
 //! [`CliSource`] runs any of them as a child process group with the same
 //! guarantees (watchdog-fed frames, resume by the agent's own id, typed
 //! resume failures, cancel that ends the group, garbage-line limits). The
-//! adapters here: Claude Code ([`ClaudeOptions`], [`ClaudeSource`]) and
-//! the Codex CLI ([`CodexOptions`], [`CodexSource`]). Adding
+//! adapters here: Claude Code ([`ClaudeOptions`], [`ClaudeSource`]), the
+//! Codex CLI ([`CodexOptions`], [`CodexSource`]) and the Gemini CLI
+//! ([`GeminiOptions`], [`GeminiSource`]). Adding
 //! a CLI is one file: see [`cli`] and `examples/third_agent.rs`, and
 //! `docs/agents.md` for what each agent's tests show.
 //!
@@ -176,6 +177,7 @@
 mod claude_code;
 pub mod cli;
 mod codex;
+mod gemini;
 mod lines;
 mod options;
 mod process;
@@ -193,6 +195,10 @@ pub use cli::{
 pub use codex::{
     CODEX_FRESH_START_NOTE, CodexOptions, CodexParser, CodexSandbox, CodexSource,
     CodexSourceFactory,
+};
+pub use gemini::{
+    GEMINI_CONTEXT_WINDOW, GEMINI_DEFAULT_MODEL, GEMINI_FRESH_START_NOTE, GEMINI_MAX_PROMPT_BYTES,
+    GeminiApproval, GeminiOptions, GeminiParser, GeminiSource, GeminiSourceFactory,
 };
 pub use lines::{clip, stderr_summary};
 pub use options::{ClaudeOptions, PermissionMode};

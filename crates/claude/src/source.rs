@@ -288,6 +288,7 @@ impl<A: AgentCli> Shared<A> {
             model: model.as_deref(),
             system_prompt: system_prompt.as_deref(),
             workspace: request.workspace.as_deref(),
+            message: Some(&request.message),
         };
         if let Some(id) = resume_id {
             self.cli.before_resume(id, request.workspace.as_deref());
