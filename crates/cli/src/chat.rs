@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use warden_claude::{ClaudeOptions, ClaudeSource, CodexOptions, CodexSource};
+use warden_claude::{ClaudeOptions, ClaudeSource, CodexOptions, CodexSource, GeminiSource};
 use warden_core::{
     EventSource, Notice, Notifier, SessionKey, Supervisor, SupervisorConfig, context,
 };
@@ -15,6 +15,7 @@ use crate::paths;
 use crate::relay::relay;
 use crate::sources::{
     HttpSettings, HttpSource, Provider, check_url, claude_binary, codex_base_url, codex_binary,
+    gemini_options,
 };
 
 /// The agent behind a workspace's session.
@@ -28,6 +29,12 @@ pub(crate) enum Agent {
     /// own threads. --base-url is its Responses endpoint (`/v1` added),
     /// the key from OPENAI_API_KEY.
     Codex,
+    /// The Gemini CLI (`gemini`, `WARDEN_GEMINI_BIN` else `gemini` on
+    /// PATH), one child process per turn; it keeps its own sessions, with
+    /// settings of warden's in DATA_DIR/gemini (its GEMINI_CLI_HOME; your
+    /// ~/.gemini is not used). --base-url is its GOOGLE_GEMINI_BASE_URL,
+    /// the key from GEMINI_API_KEY, the model default gemini-2.5-pro.
+    Gemini,
     /// The Anthropic Messages API; warden keeps the transcript.
     Anthropic,
     /// An OpenAI-compatible chat completions API; warden keeps the transcript.
@@ -134,6 +141,8 @@ pub(crate) enum CliChildren {
     Claude(Arc<ClaudeSource>),
     /// Codex's.
     Codex(Arc<CodexSource>),
+    /// Gemini's.
+    Gemini(Arc<GeminiSource>),
 }
 
 impl CliChildren {
@@ -142,6 +151,7 @@ impl CliChildren {
         match self {
             Self::Claude(source) => source.shutdown().await,
             Self::Codex(source) => source.shutdown().await,
+            Self::Gemini(source) => source.shutdown().await,
         }
     }
 }
@@ -178,6 +188,12 @@ pub(crate) fn agent_source(
             }
             let source = Arc::new(CodexSource::new(options));
             (source.clone(), Some(CliChildren::Codex(source)))
+        }
+        Agent::Gemini => {
+            let source = Arc::new(GeminiSource::new(gemini_options(
+                data_dir, model, base_url,
+            )?));
+            (source.clone(), Some(CliChildren::Gemini(source)))
         }
         Agent::Anthropic | Agent::Openai => {
             let provider = if agent == Agent::Anthropic {

@@ -295,7 +295,10 @@ pub(crate) async fn run(args: ServeArgs) -> Result<Exit, CliError> {
         .with_keep_finished(args.keep_events)
         // Claude Code runs in its workspace: one that does not exist is
         // refused at the door.
-        .with_workspaces_must_exist(matches!(args.agent, Agent::ClaudeCode | Agent::Codex));
+        .with_workspaces_must_exist(matches!(
+            args.agent,
+            Agent::ClaudeCode | Agent::Codex | Agent::Gemini
+        ));
     serve_config = serve_config.with_public_metrics(args.public_metrics);
     if let Some(url) = &args.jaeger_url {
         serve_config = serve_config.with_jaeger_url(url);

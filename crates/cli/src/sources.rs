@@ -234,6 +234,52 @@ pub(crate) fn codex_binary() -> Result<PathBuf, CliError> {
     })
 }
 
+/// The `gemini` binary: `WARDEN_GEMINI_BIN`, else `gemini` on `PATH`.
+pub(crate) fn gemini_binary() -> Result<PathBuf, CliError> {
+    let wanted = std::env::var_os("WARDEN_GEMINI_BIN")
+        .filter(|v| !v.is_empty())
+        .map_or_else(|| PathBuf::from("gemini"), PathBuf::from);
+    which::which(&wanted).map_err(|_| {
+        CliError::usage(format!(
+            "the Gemini CLI ({}) was not found; install it (npm install -g @google/gemini-cli) or set WARDEN_GEMINI_BIN",
+            wanted.display()
+        ))
+    })
+}
+
+/// The directory under the data directory that is the Gemini CLI's
+/// `GEMINI_CLI_HOME`: its `.gemini/settings.json` (written by warden) and
+/// its sessions; the user's own `~/.gemini` is never used.
+pub(crate) const GEMINI_HOME: &str = "gemini";
+
+/// How `--agent gemini` runs the CLI: its binary, its own home under
+/// `data_dir` ([`GEMINI_HOME`]), `--base-url` as `GOOGLE_GEMINI_BASE_URL`
+/// and the model (default `gemini-2.5-pro`).
+pub(crate) fn gemini_options(
+    data_dir: &std::path::Path,
+    model: Option<String>,
+    base_url: Option<String>,
+) -> Result<warden_claude::GeminiOptions, CliError> {
+    let mut options = warden_claude::GeminiOptions::default()
+        .with_binary(gemini_binary()?)
+        .with_gemini_home(data_dir.join(GEMINI_HOME));
+    if let Some(model) = model {
+        options = options.with_model(model);
+    }
+    if let Some(url) = base_url {
+        options = options.with_base_url(url.trim_end_matches('/'));
+    }
+    // Written now, so that a broken data directory is an error here, not
+    // at the first turn.
+    options.write_settings().map_err(|e| {
+        CliError::failure(format!(
+            "cannot write the Gemini CLI settings under {}: {e}",
+            data_dir.join(GEMINI_HOME).display()
+        ))
+    })?;
+    Ok(options)
+}
+
 /// Codex's provider base URL for `url`: Codex posts to `{base}/responses`,
 /// so `/v1` is added unless the URL already ends with it.
 pub(crate) fn codex_base_url(url: &str) -> String {
