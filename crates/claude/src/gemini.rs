@@ -145,7 +145,11 @@ impl GeminiApproval {
     }
 }
 
-/// How [`GeminiSource`] runs `gemini`.
+/// How [`GeminiSource`] runs `gemini`: `gemini --output-format
+/// stream-json --skip-trust -m <model> [--approval-mode …] [--resume
+/// <uuid>] --prompt=<message>` with `GEMINI_CLI_NO_RELAUNCH=true`, one
+/// process per turn, never through a shell. `docs/agents.md` has how
+/// Gemini takes each fault.
 #[derive(Debug, Clone, PartialEq)]
 #[non_exhaustive]
 pub struct GeminiOptions {
@@ -156,13 +160,15 @@ pub struct GeminiOptions {
     /// `GOOGLE_GEMINI_BASE_URL` (e.g. `warden mock`'s URL). Default `None`.
     pub base_url: Option<String>,
     /// `GEMINI_CLI_HOME` for the child, where warden writes the settings
-    /// file (see the [module docs](self)). Default `None`: the child's own
-    /// `~/.gemini`, untouched.
+    /// file ([`write_settings`](Self::write_settings)) and Gemini keeps its
+    /// sessions. Default `None`: the child's own `~/.gemini`, untouched
+    /// (it must then select API-key auth itself).
     pub gemini_home: Option<PathBuf>,
     /// `--approval-mode`. Default [`GeminiApproval::Default`].
     pub approval: GeminiApproval,
-    /// `general.maxAttempts` in the settings file. Default 1 (warden
-    /// retries; see *Retries* in the module docs).
+    /// `general.maxAttempts` in the settings file. Default 1: Gemini's own
+    /// retries re-send partial text with no marker on stdout, so warden
+    /// retries instead and discards the text shown (`docs/agents.md`).
     pub max_attempts: u32,
     /// More arguments, before the prompt. Default empty.
     pub extra_args: Vec<OsString>,
