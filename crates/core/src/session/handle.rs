@@ -349,13 +349,6 @@ pub enum Unstick {
     Fresh,
 }
 
-/// The former name of [`Unstick`].
-#[deprecated(
-    since = "0.1.0",
-    note = "renamed `Unstick`: `Recovery` named three different things across warden's crates (this one is how `recover` unsticks a session)"
-)]
-pub type Recovery = Unstick;
-
 /// A snapshot of a session.
 #[derive(Debug, Clone, PartialEq)]
 #[non_exhaustive]

@@ -42,13 +42,18 @@ use crate::stream::StreamOptions;
 
 pub(crate) use actor::{SessionActor, SessionArgs, StartError};
 pub(crate) use escalation::{Escalation, Handoff, ResumeFailure, StopReason};
-#[allow(deprecated)]
-pub use handle::Recovery;
 pub use handle::{
     ContinueFrom, RecoveredTurn, SessionHandle, SessionStatus, SubmitError, TurnCanceller,
     TurnEvent, TurnHandle, TurnSummary, Unstick,
 };
 pub(crate) use turn::StartMode;
+/// The former name of [`Unstick`].
+#[deprecated(
+    since = "0.1.0",
+    note = "renamed `Unstick`: `Recovery` named three different things across warden's crates (this one is how `recover` unsticks a session)"
+)]
+pub type Recovery = handle::Unstick;
+
 pub use view::{TextEdit, TurnText};
 
 /// Configuration of a session.
