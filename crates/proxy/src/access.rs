@@ -27,6 +27,10 @@ pub struct AccessRecord {
     pub continuations: u32,
     /// How the response ended.
     pub outcome: Outcome,
+    /// The error code the response ended with (`ECONNECTION`,
+    /// `ESTREAM_TIMEOUT`, `EUPSTREAM_UNREACHABLE`, …), when it ended with
+    /// an error of the proxy's; `null` otherwise.
+    pub code: Option<&'static str>,
 }
 
 /// Called once per request when its response has ended.
@@ -132,6 +136,22 @@ pub enum RecoveryEvent {
         /// The last error, in words (no URL, no header, no body).
         reason: String,
     },
+    /// Consecutive attempts could not reach the upstream: new requests to
+    /// it are answered at once with `cause` until a probe gets an answer
+    /// ([`CircuitConfig`](crate::CircuitConfig)).
+    CircuitOpened {
+        /// `anthropic` or `openai`.
+        upstream: &'static str,
+        /// The last attempt's reason.
+        cause: String,
+        /// How often a probe goes.
+        probe_every: std::time::Duration,
+    },
+    /// A probe got an answer: requests to the upstream go again.
+    CircuitClosed {
+        /// `anthropic` or `openai`.
+        upstream: &'static str,
+    },
     /// The upstream of a request passed through could not be reached.
     Unreachable {
         /// `anthropic` or `openai`.
@@ -194,6 +214,21 @@ impl std::fmt::Display for RecoveryEvent {
                 f,
                 "{upstream} {path}: gave up after {attempts} attempt(s) ({code}: {reason})"
             ),
+            Self::CircuitOpened {
+                upstream,
+                cause,
+                probe_every,
+            } => write!(
+                f,
+                "{upstream}: the upstream cannot be reached ({cause}); new requests are answered at once until a probe (every {:.0}s) gets an answer",
+                secs(probe_every)
+            ),
+            Self::CircuitClosed { upstream } => {
+                write!(
+                    f,
+                    "{upstream}: the upstream answers again; requests go through"
+                )
+            }
             Self::Unreachable {
                 upstream,
                 path,

@@ -7,6 +7,7 @@ use warden_core::{ConfigError, RetryPolicy, WatchdogConfig};
 use warden_http::Limits;
 
 use crate::access::{AccessLog, AccessRecord, RecoveryEvent, RecoveryLog};
+use crate::circuit::CircuitConfig;
 
 /// Where the proxy sends Anthropic requests by default.
 pub const ANTHROPIC_API: &str = "https://api.anthropic.com";
@@ -43,8 +44,9 @@ pub struct ProxyConfig {
     pub timeout: Duration,
     /// Content allowance: an attempt on which no content arrives for this
     /// long — only pings or comments — is killed (`ESTREAM_NO_PROGRESS`)
-    /// and retried or continued like a silent one. Default `None`: pings
-    /// keep a stream alive for as long as the upstream sends them.
+    /// and retried or continued like a silent one. Default
+    /// [`DEFAULT_PROGRESS_TIMEOUT`] (180 s); `None` lets pings keep a
+    /// stream alive for as long as the upstream sends them.
     pub progress_timeout: Option<Duration>,
     /// Wall-clock cap of one request, attempts and backoff included; past
     /// it the response ends with the provider's error (`ESTREAM_INTERRUPTED`).
@@ -78,7 +80,19 @@ pub struct ProxyConfig {
     /// Called once per kill, retry, continuation, give-up and unreachable
     /// upstream ([`RecoveryEvent`]). Default none.
     pub recovery_log: Option<RecoveryLog>,
+    /// When an unreachable upstream's requests are answered at once
+    /// ([`CircuitConfig`]); `None` never. Default: after 2 consecutive
+    /// unreachable attempts, a probe every 5 s.
+    pub circuit: Option<CircuitConfig>,
 }
+
+/// The default progress allowance: 180 s without content. Claude Code
+/// (2.1.197) re-sends a turn non-streaming after 300 s without content,
+/// pings or not; the SDKs wait forever. Killing at 180 s leaves the retry
+/// two minutes to produce content before the client gives up on its own,
+/// and no answer a real model streams goes three minutes without a token
+/// of text, thinking or tool input (`docs/proxy.md`).
+pub const DEFAULT_PROGRESS_TIMEOUT: Duration = Duration::from_secs(180);
 
 impl std::fmt::Debug for ProxyConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -96,6 +110,7 @@ impl std::fmt::Debug for ProxyConfig {
             .field("connections", &self.connections)
             .field("access_log", &self.access_log.is_some())
             .field("recovery_log", &self.recovery_log.is_some())
+            .field("circuit", &self.circuit)
             .finish()
     }
 }
@@ -109,7 +124,7 @@ impl Default for ProxyConfig {
             openai_upstream: OPENAI_API.to_owned(),
             other_upstream: None,
             timeout: WatchdogConfig::default().default_timeout,
-            progress_timeout: None,
+            progress_timeout: Some(DEFAULT_PROGRESS_TIMEOUT),
             deadline: None,
             retry: RetryPolicy::default(),
             max_body_bytes: DEFAULT_MAX_BODY_BYTES,
@@ -118,6 +133,7 @@ impl Default for ProxyConfig {
             connections: Limits::default().with_busy_body(BUSY_BODY),
             access_log: None,
             recovery_log: None,
+            circuit: Some(CircuitConfig::default()),
         }
     }
 }
@@ -161,6 +177,19 @@ impl ProxyConfig {
     /// Sets [`progress_timeout`](Self::progress_timeout).
     pub fn with_progress_timeout(mut self, allowance: Duration) -> Self {
         self.progress_timeout = Some(allowance);
+        self
+    }
+
+    /// Turns the progress allowance off: pings alone keep a stream alive.
+    pub fn without_progress_timeout(mut self) -> Self {
+        self.progress_timeout = None;
+        self
+    }
+
+    /// Sets [`circuit`](Self::circuit) (`None`: requests always go to the
+    /// upstream, reachable or not).
+    pub fn with_circuit(mut self, circuit: Option<CircuitConfig>) -> Self {
+        self.circuit = circuit;
         self
     }
 

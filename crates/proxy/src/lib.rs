@@ -87,6 +87,7 @@
 
 mod access;
 mod assemble;
+mod circuit;
 mod config;
 mod headers;
 mod run;
@@ -106,9 +107,10 @@ use warden_core::{Admission, AdmissionConfig, WatchdogActor, WatchdogConfig};
 #[allow(deprecated)]
 pub use access::Recovery;
 pub use access::{AccessLog, AccessRecord, Outcome, RecoveryEvent, RecoveryLog};
+pub use circuit::CircuitConfig;
 pub use config::{
     ANTHROPIC_API, DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_FRAME_BYTES, DEFAULT_MAX_REPLY_BYTES,
-    OPENAI_API, ProxyConfig,
+    DEFAULT_PROGRESS_TIMEOUT, OPENAI_API, ProxyConfig,
 };
 use run::Inner;
 use upstream::{Protocol, Upstream};
@@ -183,6 +185,10 @@ impl Proxy {
             .redirect(reqwest::redirect::Policy::none())
             .build()
             .map_err(|e| ProxyError::Start(e.to_string()))?;
+        let circuits = [
+            circuit::Circuit::new(config.circuit),
+            circuit::Circuit::new(config.circuit),
+        ];
         Ok(Self {
             inner: Arc::new(Inner {
                 config,
@@ -190,6 +196,7 @@ impl Proxy {
                 watchdog,
                 admission: Admission::new(AdmissionConfig::default()),
                 stopping: tokio_util::sync::CancellationToken::new(),
+                circuits,
             }),
         })
     }

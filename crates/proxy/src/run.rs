@@ -32,7 +32,79 @@ pub(crate) struct Inner {
     pub(crate) admission: warden_core::Admission,
     /// Cancelled when the proxy ends its open responses (shutdown).
     pub(crate) stopping: tokio_util::sync::CancellationToken,
+    /// Each upstream's circuit: Anthropic's, then OpenAI's.
+    pub(crate) circuits: [crate::circuit::Circuit; 2],
 }
+
+impl Inner {
+    /// `upstream`'s circuit.
+    pub(crate) fn circuit(&self, upstream: Upstream) -> &crate::circuit::Circuit {
+        match upstream {
+            Upstream::Anthropic => &self.circuits[0],
+            Upstream::OpenAi => &self.circuits[1],
+        }
+    }
+
+    /// The upstream answered: its circuit closes (said once when it was
+    /// open).
+    pub(crate) fn reached(&self, upstream: Upstream) {
+        let circuit = self.circuit(upstream);
+        if circuit.is_open() {
+            circuit.reached();
+            report(
+                self,
+                RecoveryEvent::CircuitClosed {
+                    upstream: upstream.name(),
+                },
+            );
+        }
+    }
+
+    /// An attempt could not reach `upstream` (`cause`): whether its circuit
+    /// is open now (said once when it opens).
+    pub(crate) fn unreachable(&self, upstream: Upstream, cause: &str) -> bool {
+        let circuit = self.circuit(upstream);
+        let was_open = circuit.is_open();
+        let open = circuit.unreachable(cause);
+        if open
+            && !was_open
+            && let Some(config) = self.config.circuit
+        {
+            report(
+                self,
+                RecoveryEvent::CircuitOpened {
+                    upstream: upstream.name(),
+                    cause: cause.to_owned(),
+                    probe_every: config.probe_every,
+                },
+            );
+        }
+        open
+    }
+
+    /// The answer to a request refused by `upstream`'s open circuit.
+    pub(crate) fn refused(
+        &self,
+        upstream: Upstream,
+        cause: &str,
+        next_probe_in: std::time::Duration,
+    ) -> axum::response::Response {
+        crate::upstream::error_response_coded(
+            upstream,
+            axum::http::StatusCode::BAD_GATEWAY,
+            &format!(
+                "warden proxy: the {} upstream cannot be reached ({cause}); not asked again \
+                 until a probe in {:.0}s gets an answer",
+                upstream.name(),
+                next_probe_in.as_secs_f64().ceil()
+            ),
+            Some(UNREACHABLE),
+        )
+    }
+}
+
+/// The error code of a request the proxy could not get to its upstream.
+pub(crate) const UNREACHABLE: &str = "EUPSTREAM_UNREACHABLE";
 
 /// Why a request ends when its deadline passes.
 fn past_deadline() -> StreamError {
@@ -75,6 +147,7 @@ pub(crate) fn new_record(upstream: Upstream, request: &Request) -> AccessRecord 
         kills: 0,
         continuations: 0,
         outcome: Outcome::Passthrough,
+        code: None,
     }
 }
 

@@ -542,7 +542,14 @@ async fn an_unreachable_upstream_is_reported_with_its_reason() {
     )
     .await
     .expect("answer");
-    assert_eq!(response.status(), 529);
+    // Unreachable is not an overload: a 502 naming the cause.
+    assert_eq!(response.status(), 502);
+    let error: Value = response.json_value().await;
+    let message = error["error"]["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("cannot be reached") && message.contains("refused"),
+        "{error}"
+    );
     let heard = heard.all();
     assert!(
         matches!(
@@ -552,6 +559,7 @@ async fn an_unreachable_upstream_is_reported_with_its_reason() {
                     code: "ECONNECTION",
                     ..
                 },
+                RecoveryEvent::CircuitOpened { .. },
                 RecoveryEvent::GaveUp {
                     attempts: 2,
                     code: "ECONNECTION",
@@ -561,10 +569,15 @@ async fn an_unreachable_upstream_is_reported_with_its_reason() {
         ),
         "{heard:?}"
     );
-    let line = heard[1].to_string();
+    let line = heard[2].to_string();
     assert!(
         line.contains("gave up after 2 attempt(s)") && line.contains("refused"),
         "{line}"
+    );
+    assert!(
+        heard[1].to_string().contains("answered at once"),
+        "{}",
+        heard[1]
     );
 }
 

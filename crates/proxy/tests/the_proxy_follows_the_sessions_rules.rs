@@ -233,3 +233,120 @@ async fn an_overloaded_answers_retry_after_holds_every_request() {
     }
     assert!(t0.elapsed() < Duration::from_secs(10));
 }
+
+/// An upstream that accepts connections and drops them at once (an
+/// unreachable API behind a load balancer): the circuit opens after two
+/// such attempts, new requests are answered at once naming the cause, the
+/// upstream is asked at most once per probe interval, and the first probe
+/// that gets an answer closes it.
+#[tokio::test]
+async fn an_unreachable_upstream_is_asked_once_per_probe_and_answers_close_the_circuit() {
+    const PROBE: Duration = Duration::from_millis(500);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let base = format!("http://{addr}");
+    let accepted = Arc::new(AtomicUsize::new(0));
+    let healthy = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (count, up) = (accepted.clone(), healthy.clone());
+    // Drops every connection until `healthy`, then hands it to a real
+    // upstream that answers like the API.
+    let real =
+        upstream(Router::new().route("/v1/messages", post(|| async { sse(Body::from(reply())) })))
+            .await;
+    let real = real.trim_start_matches("http://").to_owned();
+    tokio::spawn(async move {
+        loop {
+            let Ok((mut socket, _)) = listener.accept().await else {
+                return;
+            };
+            count.fetch_add(1, Ordering::SeqCst);
+            if up.load(Ordering::SeqCst) {
+                let real = real.clone();
+                tokio::spawn(async move {
+                    if let Ok(mut to) = tokio::net::TcpStream::connect(real).await {
+                        let _ = tokio::io::copy_bidirectional(&mut socket, &mut to).await;
+                    }
+                });
+            } else {
+                drop(socket);
+            }
+        }
+    });
+    let (proxy_base, heard, _proxy) = proxy(&base, |c| {
+        c.with_circuit(Some(
+            warden_proxy::CircuitConfig::default()
+                .after(2)
+                .probe_every(PROBE),
+        ))
+    })
+    .await;
+    let client = reqwest::Client::new();
+    let ask = || {
+        client
+            .post(format!("{proxy_base}/v1/messages"))
+            .header("x-api-key", KEY)
+            .header("anthropic-version", "2023-06-01")
+            .header("content-type", "application/json")
+            .body(messages_body("claude-test", "hi"))
+            .send()
+    };
+    // The first request spends two attempts finding out.
+    let first = within("the first answer", ask()).await.expect("answer");
+    assert_eq!(first.status(), StatusCode::BAD_GATEWAY);
+    assert_eq!(accepted.load(Ordering::SeqCst), 2);
+    // For 2.2 s, a request every 50 ms: each answered at once.
+    let t0 = Instant::now();
+    let mut asked = 0;
+    while t0.elapsed() < Duration::from_millis(2200) {
+        let started = Instant::now();
+        let answer = within("an answer", ask()).await.expect("answer");
+        assert_eq!(answer.status(), StatusCode::BAD_GATEWAY);
+        let body = within("a body", answer.text()).await.expect("body");
+        assert!(body.contains("cannot be reached"), "{body}");
+        assert!(
+            started.elapsed() < Duration::from_millis(400),
+            "{:?}",
+            started.elapsed()
+        );
+        asked += 1;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(asked > 20, "{asked}");
+    // At most one probe per interval reached the upstream (4 in 2.2 s,
+    // plus the first request's two attempts).
+    let reached = accepted.load(Ordering::SeqCst);
+    assert!(
+        (3..=2 + 5).contains(&reached),
+        "the upstream was asked {reached} times for {asked} requests"
+    );
+    // The upstream answers again: the next probe closes the circuit.
+    healthy.store(true, Ordering::SeqCst);
+    let ok = within("the circuit to close", async {
+        loop {
+            let answer = ask().await.expect("answer");
+            if answer.status() == StatusCode::OK {
+                return answer;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await;
+    assert!(
+        within("the reply", ok.text())
+            .await
+            .expect("body")
+            .contains("hello")
+    );
+    let heard = heard.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    let opened = heard
+        .iter()
+        .filter(|r| matches!(r, RecoveryEvent::CircuitOpened { .. }))
+        .count();
+    let closed = heard
+        .iter()
+        .filter(|r| matches!(r, RecoveryEvent::CircuitClosed { .. }))
+        .count();
+    assert_eq!((opened, closed), (1, 1), "{heard:?}");
+}

@@ -21,6 +21,7 @@ use warden_llm::sse::{Parsed, SseParser};
 use super::recover::answer;
 use super::{Pump, Step, past_deadline, reason, shutting_down};
 use crate::access::Outcome;
+use crate::circuit::Pass;
 use crate::headers;
 use crate::spans::PROXY_ATTEMPT;
 use crate::upstream;
@@ -32,6 +33,9 @@ pub(super) struct Failure {
     pub(super) killed: bool,
     /// The upstream's own error answer, if it gave one.
     pub(super) answer: Option<Box<(StatusCode, HeaderMap, Bytes)>>,
+    /// The upstream could not be reached and its circuit is open: the
+    /// request ends now, naming the cause.
+    pub(super) circuit_open: bool,
 }
 
 impl Failure {
@@ -40,6 +44,7 @@ impl Failure {
             error,
             killed: false,
             answer: None,
+            circuit_open: false,
         }
     }
 
@@ -50,6 +55,7 @@ impl Failure {
                 error: stop.error().unwrap_or_else(shutting_down),
                 killed: true,
                 answer: None,
+                circuit_open: false,
             },
             Stopped::Deadline => Self::of(past_deadline()),
             // The proxy's token: it is shutting down.
@@ -142,6 +148,15 @@ impl Pump {
             return Err(self.give_up(&shutting_down(), None));
         };
         drop(permit);
+        // An attempt after a backoff asks the circuit like a new request
+        // (the first was asked at the door): once it is open, nothing goes
+        // upstream but its probe.
+        if self.attempts > 1
+            && let Pass::Refuse { cause, .. } = self.inner.circuit(self.upstream).pass()
+        {
+            span.record("warden.outcome", super::UNREACHABLE);
+            return Err(self.give_up(&StreamError::Connection { message: cause }, None));
+        }
         let opened = self.send().instrument(span.clone()).await;
         match opened {
             Ok(Ok(mut current)) => {
@@ -198,10 +213,14 @@ impl Pump {
             .await
             .map_err(Failure::stopped)?
             .map_err(|e| {
-                Failure::of(StreamError::Connection {
-                    message: reason(&e),
-                })
+                let why = reason(&e);
+                let circuit_open = self.inner.unreachable(self.upstream, &why);
+                Failure {
+                    circuit_open,
+                    ..Failure::of(StreamError::Connection { message: why })
+                }
             })?;
+        self.inner.reached(self.upstream);
         let status = response.status();
         let response_headers = response.headers().clone();
         let is_stream = response_headers
@@ -237,9 +256,8 @@ impl Pump {
                 return Ok(Err(answer(status, &response_headers, bytes)));
             }
             return Err(Failure {
-                error,
-                killed: false,
                 answer: Some(Box::new((status, response_headers, bytes))),
+                ..Failure::of(error)
             });
         }
         // The response's head: the connection is alive, and the progress

@@ -12,7 +12,8 @@ use futures_util::StreamExt as _;
 use tokio::time::Instant;
 use tracing::Instrument as _;
 
-use super::{Inner, finish, reason, report, request_span, upstream_url};
+use super::pump::refuse;
+use super::{Inner, UNREACHABLE, base_of, finish, reason, report, request_span, upstream_url};
 use crate::access::{AccessRecord, Outcome, RecoveryEvent};
 use crate::headers;
 use crate::upstream::{Upstream, error_response};
@@ -29,6 +30,11 @@ pub(crate) async fn passthrough(
     started: Instant,
 ) -> Response {
     let span = request_span(&record);
+    if base == base_of(&inner, upstream)
+        && let Some(refused) = refuse(&inner, upstream, record.clone(), started)
+    {
+        return refused;
+    }
     let (parts, body) = request.into_parts();
     let body = reqwest::Body::wrap_stream(body.into_data_stream());
     send_through(inner, upstream, &base, parts, body, record, started)
@@ -78,6 +84,8 @@ pub(super) async fn send_through(
     started: Instant,
 ) -> Response {
     let url = upstream_url(base, &parts.uri);
+    // The circuit is the API upstream's, not that of `--other-upstream`.
+    let api = base == base_of(&inner, upstream);
     let sent = inner
         .http
         .request(parts.method, url)
@@ -96,8 +104,12 @@ pub(super) async fn send_through(
                     reason: reason(&e),
                 },
             );
+            if api {
+                inner.unreachable(upstream, &reason(&e));
+            }
             record.status = 502;
             record.outcome = Outcome::UpstreamError;
+            record.code = Some(UNREACHABLE);
             finish(&inner, record, started);
             return error_response(
                 upstream,
@@ -109,6 +121,9 @@ pub(super) async fn send_through(
             );
         }
     };
+    if api {
+        inner.reached(upstream);
+    }
     record.status = response.status().as_u16();
     let mut out = Response::builder().status(response.status());
     if let Some(h) = out.headers_mut() {

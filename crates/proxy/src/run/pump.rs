@@ -17,8 +17,9 @@ use tracing::Instrument as _;
 
 use super::attempt::{Current, Failure};
 use super::passthrough::{Logged, send_through};
-use super::{Inner, base_of, request_span, upstream_url, whole};
+use super::{Inner, UNREACHABLE, base_of, finish, request_span, upstream_url, whole};
 use crate::access::{AccessRecord, Outcome};
+use crate::circuit::Pass;
 use crate::headers;
 use crate::splice::{self, Splice};
 use crate::upstream::{Protocol, Upstream, error_response};
@@ -34,6 +35,9 @@ pub(crate) async fn watched(
 ) -> Response {
     let upstream = protocol.upstream();
     let span = request_span(&record);
+    if let Some(refused) = refuse(&inner, upstream, record.clone(), started) {
+        return refused;
+    }
     let (parts, body) = request.into_parts();
     let bytes = match axum::body::to_bytes(body, inner.config.max_body_bytes).await {
         Ok(b) => b,
@@ -162,6 +166,29 @@ pub(crate) async fn watched(
     }
 }
 
+/// The answer to a request while `upstream`'s circuit is open (its access
+/// record written), or `None` when it may go (a probe included).
+pub(super) fn refuse(
+    inner: &Inner,
+    upstream: Upstream,
+    mut record: AccessRecord,
+    started: Instant,
+) -> Option<Response> {
+    let Pass::Refuse {
+        cause,
+        next_probe_in,
+    } = inner.circuit(upstream).pass()
+    else {
+        return None;
+    };
+    let response = inner.refused(upstream, &cause, next_probe_in);
+    record.status = response.status().as_u16();
+    record.outcome = Outcome::UpstreamError;
+    record.code = Some(UNREACHABLE);
+    finish(inner, record, started);
+    Some(response)
+}
+
 /// What the next pull of a watched request gives.
 pub(super) enum Step {
     /// The first bytes of the stream, and the response's headers.
@@ -220,6 +247,7 @@ impl Pump {
             kills: 0,
             continuations: 0,
             outcome: Outcome::ClientGone,
+            code: None,
         })
     }
 

@@ -12,7 +12,7 @@ use warden_core::StreamError;
 use warden_core::policy::{Broken, Next, Shown, decide};
 
 use super::attempt::Failure;
-use super::{Pump, Step, past_deadline, report, shutting_down, until};
+use super::{Pump, Step, UNREACHABLE, past_deadline, report, shutting_down, until};
 use crate::access::{Outcome, RecoveryEvent};
 use crate::headers;
 use crate::spans::{PROXY_CONTINUE, PROXY_KILL};
@@ -27,6 +27,7 @@ impl Pump {
             error,
             killed,
             answer,
+            circuit_open,
         } = failure;
         let pool = self.upstream.name();
         if killed {
@@ -42,6 +43,11 @@ impl Pump {
                 attempt: self.attempts,
             };
             report(&self.inner, killed);
+        }
+        if circuit_open {
+            // The upstream cannot be reached: its circuit is open, and
+            // this request ends now with the cause, as the next ones will.
+            return Some(self.give_up(&error, None));
         }
         // What the client has: nothing (the same request again), text to
         // continue, or what can be neither continued nor taken back.
@@ -149,7 +155,20 @@ impl Pump {
         error: &StreamError,
         upstream_answer: Option<Box<(StatusCode, HeaderMap, Bytes)>>,
     ) -> Step {
-        let message = format!("warden proxy: the upstream stream failed: {}", error.code());
+        let message = match error {
+            // Name the cause: "cannot be reached: connection failed: …
+            // Connection refused", not an overload.
+            StreamError::Connection { message } if !self.sent => {
+                format!("warden proxy: the upstream cannot be reached: {message}")
+            }
+            _ => format!("warden proxy: the upstream stream failed: {}", error.code()),
+        };
+        self.record().code = Some(match error {
+            StreamError::Connection { .. } if self.inner.circuit(self.upstream).is_open() => {
+                UNREACHABLE
+            }
+            _ => error.code(),
+        });
         let gave_up = RecoveryEvent::GaveUp {
             upstream: self.upstream.name(),
             path: self.record().path.clone(),
@@ -169,11 +188,15 @@ impl Pump {
             }
             None => error_response(
                 self.upstream,
-                match self.upstream {
-                    Upstream::Anthropic => {
+                match (self.upstream, error) {
+                    // Unreachable is not an overload: a 502 (`api_error`),
+                    // as a pass-through request gets, which every client
+                    // retries as it would a 529.
+                    (_, StreamError::Connection { .. }) => StatusCode::BAD_GATEWAY,
+                    (Upstream::OpenAi, _) => StatusCode::SERVICE_UNAVAILABLE,
+                    (Upstream::Anthropic, _) => {
                         StatusCode::from_u16(529).unwrap_or(StatusCode::SERVICE_UNAVAILABLE)
                     }
-                    Upstream::OpenAi => StatusCode::SERVICE_UNAVAILABLE,
                 },
                 &message,
             ),
