@@ -38,25 +38,46 @@ pub(crate) struct ProxyArgs {
     /// Allow listening on an address other than loopback.
     #[arg(long)]
     allow_remote: bool,
-    /// Where Anthropic requests go (those with an `anthropic-version` header).
-    #[arg(long, default_value = warden_proxy::ANTHROPIC_API, value_name = "URL")]
-    anthropic_upstream: String,
+    /// Where Anthropic requests go (those with an `anthropic-version`
+    /// header). Default https://api.anthropic.com. An upstream named here
+    /// is checked for reachability at start; the defaults are not (an
+    /// upstream nobody uses is never probed).
+    #[arg(long, value_name = "URL")]
+    anthropic_upstream: Option<String>,
     /// Where OpenAI requests go (API requests without `anthropic-version`).
-    #[arg(long, default_value = warden_proxy::OPENAI_API, value_name = "URL")]
-    openai_upstream: String,
+    /// Default https://api.openai.com.
+    #[arg(long, value_name = "URL")]
+    openai_upstream: Option<String>,
     /// Where requests for other paths (not `/v1/…`) go, unwatched. Without
     /// it the proxy answers them itself (200 for `HEAD /`, else 404).
     #[arg(long, value_name = "URL")]
     other_upstream: Option<String>,
-    /// Silence allowed on an upstream stream, in milliseconds. Default
-    /// WARDEN_STREAM_TIMEOUT (also milliseconds), else 45000.
+    /// Silence allowed on an upstream stream: milliseconds (a bare
+    /// number), or a duration with a unit (45s, 2m). Default
+    /// WARDEN_STREAM_TIMEOUT (also milliseconds), else 45s. A value under
+    /// one second is warned about at start (`--timeout 45` is 45 ms).
     #[arg(long, value_name = "MS", value_parser = crate::units::millis)]
     timeout: Option<Duration>,
-    /// Content allowance: an upstream attempt that sends only pings or
-    /// comments for this long is killed and retried or continued like a
-    /// silent one (milliseconds, or a duration with a unit). Default: off.
-    #[arg(long, value_name = "MS", value_parser = crate::units::millis)]
+    /// Content allowance: an upstream attempt that sends no content (only
+    /// pings, comments or empty chunks) for this long is killed and
+    /// retried or continued like a silent one: milliseconds, or a duration
+    /// with a unit. Default 180s (Claude Code gives up on its own after
+    /// 300s without content).
+    #[arg(long, value_name = "MS", value_parser = crate::units::millis,
+          conflicts_with = "no_progress_timeout")]
     progress_timeout: Option<Duration>,
+    /// Turns the content allowance off: pings alone keep a stream alive.
+    #[arg(long)]
+    no_progress_timeout: bool,
+    /// Consecutive attempts that could not reach an upstream (refused,
+    /// reset, DNS, TLS) before new requests to it are answered at once,
+    /// naming the cause, until a probe gets an answer. 0 turns it off.
+    #[arg(long, value_name = "N", default_value_t = 2)]
+    circuit_after: u32,
+    /// While an upstream's circuit is open, how often one request goes
+    /// through as a probe: seconds, or a duration with a unit.
+    #[arg(long, value_name = "SECONDS", default_value = "5", value_parser = crate::units::seconds)]
+    probe_every: Duration,
     /// Wall-clock cap of one request, attempts and backoff included (a
     /// duration, e.g. 10m). Default: none.
     #[arg(long, value_name = "DURATION", value_parser = crate::units::seconds)]
@@ -77,7 +98,8 @@ pub(crate) struct ProxyArgs {
     #[command(flatten)]
     connections: crate::connections::ConnectionArgs,
     /// One JSON access-log line per request on stdout (status, duration,
-    /// attempts, kills, continuations; never headers or bodies).
+    /// attempts, kills, continuations, the error code; never headers or
+    /// bodies). The `warden proxy:` lines on stderr stay.
     #[arg(long)]
     json: bool,
 }
@@ -94,8 +116,16 @@ pub(crate) async fn run(args: ProxyArgs) -> Result<Exit, CliError> {
             args.listen
         )));
     }
-    check_url(&args.anthropic_upstream)?;
-    check_url(&args.openai_upstream)?;
+    let anthropic = args
+        .anthropic_upstream
+        .clone()
+        .unwrap_or_else(|| warden_proxy::ANTHROPIC_API.to_owned());
+    let openai = args
+        .openai_upstream
+        .clone()
+        .unwrap_or_else(|| warden_proxy::OPENAI_API.to_owned());
+    check_url(&anthropic)?;
+    check_url(&openai)?;
     if let Some(url) = &args.other_upstream {
         check_url(url)?;
     }
@@ -106,14 +136,35 @@ pub(crate) async fn run(args: ProxyArgs) -> Result<Exit, CliError> {
         None => ProxyConfig::from_env().map_err(|e| CliError::usage(e.to_string()))?,
     };
     let mut config = base
-        .with_anthropic_upstream(&args.anthropic_upstream)
-        .with_openai_upstream(&args.openai_upstream)
+        .with_anthropic_upstream(&anthropic)
+        .with_openai_upstream(&openai)
         .with_max_reply_bytes(usize::try_from(args.max_reply_bytes).unwrap_or(usize::MAX));
     if let Some(url) = &args.other_upstream {
         config = config.with_other_upstream(url);
     }
     if let Some(p) = args.progress_timeout {
         config = config.with_progress_timeout(p);
+    }
+    if args.no_progress_timeout {
+        config = config.without_progress_timeout();
+    }
+    config = config.with_circuit((args.circuit_after > 0).then(|| {
+        warden_proxy::CircuitConfig::default()
+            .after(args.circuit_after)
+            .probe_every(args.probe_every)
+    }));
+    // A bare number is milliseconds: `--timeout 45` is 45 ms, which kills
+    // every real stream. Said once, at start.
+    for (flag, value) in [
+        ("--timeout", Some(config.timeout)),
+        ("--progress-timeout", args.progress_timeout),
+    ] {
+        if let Some(d) = value.filter(|d| *d < Duration::from_secs(1)) {
+            eprintln!(
+                "warden proxy: warning: {flag} is {} ms (a bare number is milliseconds; write e.g. 45s for seconds)",
+                d.as_millis()
+            );
+        }
     }
     config = config.with_connection_limits(
         args.connections.header_timeout,
@@ -122,13 +173,12 @@ pub(crate) async fn run(args: ProxyArgs) -> Result<Exit, CliError> {
     if let Some(d) = args.deadline {
         config = config.with_deadline(d);
     }
-    if !args.json {
-        // One line per kill, retry, continuation, give-up or unreachable
-        // upstream: what the proxy did is visible without the access log.
-        config = config.with_recovery_log(|recovery| {
-            eprintln!("warden proxy: {recovery}");
-        });
-    }
+    // One line per kill, retry, continuation, give-up, unreachable
+    // upstream and circuit change: what the proxy did is visible with or
+    // without the access log.
+    config = config.with_recovery_log(|recovery| {
+        eprintln!("warden proxy: {recovery}");
+    });
     if args.json {
         config = config.with_access_log(|record| {
             if let Ok(line) = serde_json::to_string(record) {
@@ -138,6 +188,10 @@ pub(crate) async fn run(args: ProxyArgs) -> Result<Exit, CliError> {
             }
         });
     }
+    let config_summary = Summary {
+        timeout: config.timeout,
+        progress: config.progress_timeout,
+    };
     let proxy = Proxy::start(config)
         .await
         .map_err(|e| CliError::usage(e.to_string()))?;
@@ -149,12 +203,38 @@ pub(crate) async fn run(args: ProxyArgs) -> Result<Exit, CliError> {
         .map_err(|e| CliError::failure(e.to_string()))?;
     println!("listening on http://{addr}");
     let _ = std::io::stdout().flush();
-    // An upstream that cannot be reached now is named at once, not at the
-    // first request (which would only get a 529 saying ECONNECTION).
-    let mut upstreams = vec![
-        ("Anthropic", args.anthropic_upstream.clone()),
-        ("OpenAI", args.openai_upstream.clone()),
-    ];
+    // Where it listens and how it judges streams, in one line.
+    let secs = |d: Duration| format!("{}s", d.as_secs_f64());
+    eprintln!(
+        "warden proxy: listening on http://{addr}; anthropic -> {anthropic}, openai -> {openai}{}; timeout {}, progress allowance {}, circuit {}",
+        args.other_upstream
+            .as_deref()
+            .map(|u| format!(", other paths -> {u}"))
+            .unwrap_or_default(),
+        secs(config_summary.timeout),
+        config_summary
+            .progress
+            .map_or_else(|| "off".to_owned(), secs),
+        if args.circuit_after > 0 {
+            format!(
+                "after {} unreachable attempt(s), probe every {}",
+                args.circuit_after,
+                secs(args.probe_every)
+            )
+        } else {
+            "off".to_owned()
+        },
+    );
+    // An upstream the user named that cannot be reached now is said at
+    // once, not at the first request. The defaults are not probed: an
+    // upstream nobody uses is nobody's concern.
+    let mut upstreams = Vec::new();
+    if let Some(url) = &args.anthropic_upstream {
+        upstreams.push(("Anthropic", url.clone()));
+    }
+    if let Some(url) = &args.openai_upstream {
+        upstreams.push(("OpenAI", url.clone()));
+    }
     if let Some(url) = &args.other_upstream {
         upstreams.push(("other", url.clone()));
     }
@@ -216,6 +296,12 @@ pub(crate) async fn run(args: ProxyArgs) -> Result<Exit, CliError> {
     }
     proxy.stop();
     Ok(Exit::Ok)
+}
+
+/// What the start line says of the configuration.
+struct Summary {
+    timeout: Duration,
+    progress: Option<Duration>,
 }
 
 /// Whether a TCP connection to `url`'s host and port opens within 3 s.

@@ -93,6 +93,16 @@ async fn claude_run(
     base: &str,
     dir: &Path,
 ) -> (std::process::ExitStatus, Value, Duration) {
+    claude_run_with(bin, base, dir, &[]).await
+}
+
+/// [`claude_run`] with more environment variables.
+async fn claude_run_with(
+    bin: &Path,
+    base: &str,
+    dir: &Path,
+    env: &[(&str, &str)],
+) -> (std::process::ExitStatus, Value, Duration) {
     let home = dir.join("home");
     let scratch = dir.join("scratch");
     let work = dir.join("work");
@@ -112,6 +122,7 @@ async fn claude_run(
         .env("CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "1")
         .env("CLAUDE_CODE_TMPDIR", &scratch)
         .env("XDG_RUNTIME_DIR", &scratch)
+        .envs(env.iter().copied())
         .stdin(Stdio::null())
         .kill_on_drop(true);
     let t0 = Instant::now();
@@ -282,6 +293,86 @@ async fn claude_code_through_an_always_stalling_upstream_ends_its_turn_with_an_e
     assert_eq!(result["is_error"], true, "{result}");
     let message = result["result"].as_str().unwrap_or_default();
     assert!(message.contains("API Error"), "a visible error: {result}");
+}
+
+/// An upstream that fails every request (it accepts connections and drops
+/// them): Claude Code through the proxy ends no later than it does alone
+/// against a refused port — its own retries, each answered at once by the
+/// proxy's open circuit — with the cause in its message, and the upstream
+/// is asked at most once per probe interval once the circuit is open.
+/// `CLAUDE_CODE_MAX_RETRIES=3` keeps it short (the default 10 takes
+/// minutes either way: docs/proxy.md).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claude_code_through_an_unreachable_upstream_ends_no_later_than_alone() {
+    use std::sync::Arc;
+    let Some(bin) = client("WARDEN_CLAUDE_BIN", "WARDEN_REQUIRE_CLAUDE") else {
+        return;
+    };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let env = [("CLAUDE_CODE_MAX_RETRIES", "3")];
+    let refused = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        format!("http://{}", l.local_addr().expect("addr"))
+    };
+    let (status, alone, alone_took) =
+        claude_run_with(&bin, &refused, &dir.path().join("alone"), &env).await;
+    assert!(!status.success(), "{alone}");
+
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let failing = format!("http://{}", listener.local_addr().expect("addr"));
+    let accepted = Arc::new(std::sync::Mutex::new(Vec::<Instant>::new()));
+    let at = accepted.clone();
+    let _upstream = tokio_util::task::AbortOnDropHandle::new(tokio::spawn(async move {
+        while let Ok((socket, _)) = listener.accept().await {
+            at.lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push(Instant::now());
+            drop(socket);
+        }
+    }));
+    let proxy = proxy_binary(&failing).await;
+    let (status, proxied, took) =
+        claude_run_with(&bin, &proxy.base, &dir.path().join("proxied"), &env).await;
+    let asked = accepted.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    eprintln!(
+        "an unreachable upstream: alone {alone_took:?} ({}), through the proxy {took:?} ({}); upstream asked {} times",
+        alone["result"],
+        proxied["result"],
+        asked.len()
+    );
+    assert!(!status.success(), "{proxied}");
+    assert_eq!(proxied["is_error"], true, "{proxied}");
+    let message = proxied["result"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("cannot be reached"),
+        "the cause in its message: {proxied}"
+    );
+    // No later than alone: the proxy adds its one backoff (0.5 s) before
+    // its circuit opens; Claude Code's own backoff jitters by up to 25 %.
+    let bound = alone_took + Duration::from_millis(500) + alone_took / 4;
+    assert!(
+        took <= bound,
+        "through the proxy {took:?}, alone {alone_took:?}"
+    );
+    // Claude Code's first requests (it sends more than one at start) find
+    // the upstream unreachable within a second; after that, at most one
+    // probe per 5 s reaches it.
+    let first = *asked.first().expect("the upstream was asked at least once");
+    let later = asked
+        .iter()
+        .filter(|t| t.duration_since(first) > Duration::from_secs(1))
+        .count();
+    let most = 1 + usize::try_from(took.as_secs() / 5).unwrap_or(usize::MAX);
+    assert!(
+        later <= most,
+        "the upstream was asked {later} times after the first second of {took:?}: {:?}",
+        asked
+            .iter()
+            .map(|t| t.duration_since(first))
+            .collect::<Vec<_>>()
+    );
 }
 
 const SDK_SCRIPT: &str = r#"
