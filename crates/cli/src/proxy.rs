@@ -69,6 +69,13 @@ pub(crate) struct ProxyArgs {
     /// Turns the content allowance off: pings alone keep a stream alive.
     #[arg(long)]
     no_progress_timeout: bool,
+    /// Holds an Anthropic thinking block back until it is whole, so a
+    /// stream that breaks inside it is retried from scratch unseen instead
+    /// of ending with an error event (which a streaming SDK raises). The
+    /// client gets the thinking at once when it ends; the text after it is
+    /// not delayed.
+    #[arg(long)]
+    hold_thinking: bool,
     /// Consecutive attempts that could not reach an upstream (refused,
     /// reset, DNS, TLS) before new requests to it are answered at once,
     /// naming the cause, until a probe gets an answer. 0 turns it off.
@@ -148,6 +155,7 @@ pub(crate) async fn run(args: ProxyArgs) -> Result<Exit, CliError> {
     if args.no_progress_timeout {
         config = config.without_progress_timeout();
     }
+    config = config.with_hold_thinking(args.hold_thinking);
     config = config.with_circuit((args.circuit_after > 0).then(|| {
         warden_proxy::CircuitConfig::default()
             .after(args.circuit_after)

@@ -84,6 +84,13 @@ pub struct ProxyConfig {
     /// ([`CircuitConfig`]); `None` never. Default: after 2 consecutive
     /// unreachable attempts, a probe every 5 s.
     pub circuit: Option<CircuitConfig>,
+    /// Hold an Anthropic thinking block back from the client until it is
+    /// whole (its signature and stop arrived), so a stream that breaks
+    /// inside it is retried from scratch unseen instead of ending with an
+    /// error event. Costs the client the thinking's streaming (it gets the
+    /// block at once when it ends); the text after it is not delayed.
+    /// Default off.
+    pub hold_thinking: bool,
 }
 
 /// The default progress allowance: 180 s without content. Claude Code
@@ -111,6 +118,7 @@ impl std::fmt::Debug for ProxyConfig {
             .field("access_log", &self.access_log.is_some())
             .field("recovery_log", &self.recovery_log.is_some())
             .field("circuit", &self.circuit)
+            .field("hold_thinking", &self.hold_thinking)
             .finish()
     }
 }
@@ -134,6 +142,7 @@ impl Default for ProxyConfig {
             access_log: None,
             recovery_log: None,
             circuit: Some(CircuitConfig::default()),
+            hold_thinking: false,
         }
     }
 }
@@ -190,6 +199,12 @@ impl ProxyConfig {
     /// upstream, reachable or not).
     pub fn with_circuit(mut self, circuit: Option<CircuitConfig>) -> Self {
         self.circuit = circuit;
+        self
+    }
+
+    /// Sets [`hold_thinking`](Self::hold_thinking).
+    pub fn with_hold_thinking(mut self, hold: bool) -> Self {
+        self.hold_thinking = hold;
         self
     }
 

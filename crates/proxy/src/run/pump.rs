@@ -83,7 +83,8 @@ pub(crate) async fn watched(
             }
         }
     }
-    let splice = (whole || streamed == Some(Some(true))).then(|| splice::for_protocol(protocol));
+    let splice = (whole || streamed == Some(Some(true)))
+        .then(|| splice::for_protocol(protocol, inner.config.hold_thinking));
     let (Some(splice), Some(json)) = (splice, json) else {
         // Not JSON (the upstream says what is wrong), or a Responses
         // request that is not a stream.

@@ -11,7 +11,9 @@
 //! cannot follow text inside one block); every other block gets the next
 //! downstream index.
 
-use std::borrow::Cow;
+mod block;
+mod hold;
+
 use std::collections::HashMap;
 
 use serde_json::{Value, json};
@@ -21,92 +23,8 @@ use warden_llm::CONTINUE_ASK;
 use warden_llm::sse::SseEvent;
 
 use super::{Resume, Splice};
-
-/// The downstream block being streamed.
-#[derive(Debug)]
-struct Open {
-    index: u64,
-    /// The block's `content_block_start` form.
-    block: Value,
-    /// Its text, thinking, or tool input JSON so far (by its type).
-    text: String,
-    /// A thinking block's signature, once sent.
-    signature: Option<Value>,
-}
-
-impl Open {
-    fn new(index: u64, block: Value) -> Self {
-        Self {
-            index,
-            block,
-            text: String::new(),
-            signature: None,
-        }
-    }
-
-    fn kind(&self) -> &str {
-        self.block.get("type").and_then(Value::as_str).unwrap_or("")
-    }
-
-    /// The block whole, as a later request carries it.
-    fn whole(mut self) -> Value {
-        match self.kind() {
-            "text" => self.block["text"] = json!(self.text),
-            "thinking" => {
-                self.block["thinking"] = json!(self.text);
-                if let Some(sig) = self.signature {
-                    self.block["signature"] = sig;
-                }
-            }
-            "tool_use" | "server_tool_use" if !self.text.is_empty() => {
-                if let Ok(input) = serde_json::from_str::<Value>(&self.text) {
-                    self.block["input"] = input;
-                }
-            }
-            _ => {}
-        }
-        self.block
-    }
-}
-
-/// The fields of a `content_block_delta` the proxy reads, borrowed from
-/// the event's data (no allocation for text without escapes).
-#[derive(serde::Deserialize)]
-struct DeltaEvent<'a> {
-    index: u64,
-    #[serde(borrow)]
-    delta: Delta<'a>,
-}
-
-#[derive(serde::Deserialize)]
-struct Delta<'a> {
-    #[serde(rename = "type", borrow)]
-    kind: Cow<'a, str>,
-    #[serde(borrow, default)]
-    text: Option<Cow<'a, str>>,
-    #[serde(borrow, default)]
-    thinking: Option<Cow<'a, str>>,
-    #[serde(borrow, default)]
-    partial_json: Option<Cow<'a, str>>,
-    #[serde(default)]
-    signature: Option<Value>,
-}
-
-/// Just the event's type.
-#[derive(serde::Deserialize)]
-struct Typed<'a> {
-    #[serde(rename = "type", borrow)]
-    kind: Cow<'a, str>,
-}
-
-/// A continuation's text joining the open downstream text block.
-#[derive(Debug)]
-struct Join {
-    index: u64,
-    stitcher: Stitcher,
-    /// The continuation's text block mapped onto it already.
-    mapped: bool,
-}
+use block::{DeltaEvent, Join, Open, Typed, frame, malformed};
+use hold::Hold;
 
 #[derive(Debug, Default)]
 pub(crate) struct Anthropic {
@@ -129,23 +47,11 @@ pub(crate) struct Anthropic {
     /// joins it instead of becoming a second text block (of which Claude
     /// Code would keep only the last).
     held_stop: Option<(u64, String)>,
+    /// Thinking held until its block is whole (`--hold-thinking`).
+    hold: Hold,
     /// The last event was content (see [`Splice::was_content`]).
     content: bool,
     done: bool,
-}
-
-fn frame(out: &mut String, event: &str, data: &str) {
-    out.push_str("event: ");
-    out.push_str(event);
-    out.push_str("\ndata: ");
-    out.push_str(data);
-    out.push_str("\n\n");
-}
-
-fn malformed(message: impl Into<String>) -> StreamError {
-    StreamError::Malformed {
-        message: message.into(),
-    }
 }
 
 impl Anthropic {
@@ -265,8 +171,33 @@ impl Anthropic {
     }
 }
 
-impl Splice for Anthropic {
-    fn event(&mut self, event: &SseEvent, out: &mut String) -> Result<(), StreamError> {
+impl Anthropic {
+    /// A splice that holds thinking blocks back until whole when `hold`.
+    pub(crate) fn new(hold: bool) -> Self {
+        let mut splice = Self::default();
+        splice.hold.on = hold;
+        splice
+    }
+
+    /// One upstream event's output, held or not (see [`hold`]).
+    fn apply(&mut self, event: &SseEvent, out: &mut String) -> Result<(), StreamError> {
+        let mark = out.len();
+        let result = self.splice_event(event, out);
+        if let Some(index) = self.hold.block() {
+            if self.done {
+                // The stream ended inside the block (an error event): what
+                // was held never goes out.
+                self.hold.drop_held();
+            } else if self.open.as_ref().is_some_and(|o| o.index == index) {
+                self.hold.divert(out, mark);
+            } else {
+                self.hold.release(out, mark);
+            }
+        }
+        result
+    }
+
+    fn splice_event(&mut self, event: &SseEvent, out: &mut String) -> Result<(), StreamError> {
         self.content = false;
         if let Some((index, raw)) = self.held_stop.take() {
             if self.open.as_ref().is_some_and(|o| o.index == index) {
@@ -321,6 +252,9 @@ impl Splice for Anthropic {
                 let index = self.next_index;
                 self.next_index += 1;
                 self.map.insert(upstream, Some(index));
+                if block_type == "thinking" || block_type == "redacted_thinking" {
+                    self.hold.begin(index, out.len());
+                }
                 self.open = Some(Open::new(index, block));
                 Self::emit_with_index(out, "content_block_start", data, index, &event.data);
             }
@@ -390,6 +324,12 @@ impl Splice for Anthropic {
         }
         Ok(())
     }
+}
+
+impl Splice for Anthropic {
+    fn event(&mut self, event: &SseEvent, out: &mut String) -> Result<(), StreamError> {
+        self.apply(event, out)
+    }
 
     fn was_content(&self) -> bool {
         self.content
@@ -407,6 +347,13 @@ impl Splice for Anthropic {
             .unwrap_or(self.attempt_text_bytes.div_ceil(4) as u64);
         self.attempt_text_bytes = 0;
         self.map.clear();
+        // A held block never reached the client: as if it never began.
+        if let Some(index) = self.hold.drop_held() {
+            if self.open.as_ref().is_some_and(|o| o.index == index) {
+                self.open = None;
+            }
+            self.next_index = index;
+        }
         // A held stop was never sent: its block is still open downstream.
         self.held_stop = None;
         if let Some(join) = &self.join {

@@ -45,10 +45,11 @@ pub(crate) trait Splice: Send + 'static {
     fn error_event(&self, message: &str) -> String;
 }
 
-/// A fresh splice for a stream of `protocol`.
-pub(crate) fn for_protocol(protocol: Protocol) -> Box<dyn Splice> {
+/// A fresh splice for a stream of `protocol`; `hold_thinking` holds an
+/// Anthropic thinking block back until it is whole (`--hold-thinking`).
+pub(crate) fn for_protocol(protocol: Protocol, hold_thinking: bool) -> Box<dyn Splice> {
     match protocol {
-        Protocol::Messages => Box::new(anthropic::Anthropic::default()),
+        Protocol::Messages => Box::new(anthropic::Anthropic::new(hold_thinking)),
         Protocol::ChatCompletions => Box::new(chat::Chat::default()),
         Protocol::Responses => Box::new(responses::Responses::default()),
     }

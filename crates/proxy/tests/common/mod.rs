@@ -131,6 +131,11 @@ pub async fn read_sse(response: reqwest::Response) -> Vec<Sse> {
         "the stream ends with a torn event: {:?}",
         &text[text.len().saturating_sub(200)..]
     );
+    parse_sse(&text)
+}
+
+/// The SSE events of a whole body.
+pub fn parse_sse(text: &str) -> Vec<Sse> {
     text.split("\n\n")
         .filter(|b| !b.trim().is_empty())
         .filter(|b| !b.lines().all(|l| l.starts_with(':')))
