@@ -433,6 +433,30 @@ impl WatchdogHandle {
     /// `stream` under this watchdog: killed after `allowance` of silence
     /// (ending with [`Stopped::Expired`]). The shortest way in for a
     /// library user; [`Watch::arm`] with [`WatchOptions`] sets the rest.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+    /// # async fn main() {
+    /// use std::time::Duration;
+    ///
+    /// use futures_util::StreamExt as _;
+    /// use warden_core::StreamError;
+    /// use warden_core::watchdog::{Stopped, WatchError, WatchdogActor, WatchdogConfig};
+    ///
+    /// let (watchdog, _) = WatchdogActor::spawn(WatchdogConfig::default()).await.unwrap();
+    /// // One frame, then silence with the connection open (a NAT mapping
+    /// // dropped during a long pause: no FIN, no RST).
+    /// let stream = futures_util::stream::iter([Ok::<_, StreamError>("hello")])
+    ///     .chain(futures_util::stream::pending());
+    /// let mut watched = watchdog.watch_stream(stream, Duration::from_secs(45)).unwrap();
+    /// assert_eq!(watched.next().await, Some(Ok("hello")));
+    /// // 45 s later (on tokio's paused clock, at once) it ends, typed.
+    /// assert!(matches!(
+    ///     watched.next().await,
+    ///     Some(Err(WatchError::Stopped(Stopped::Expired(_))))
+    /// ));
+    /// # }
+    /// ```
     pub fn watch_stream<S, T>(
         &self,
         stream: S,
