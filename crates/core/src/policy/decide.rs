@@ -103,8 +103,12 @@ pub struct Verdict {
     pub next: Next,
 }
 
-/// Decides what follows `broken` under `policy` (see the [module](self)
-/// docs). `rng` jitters the backoff.
+/// Decides what follows `broken` under `policy`: the hold first (any
+/// `retry-after`), then escalation of a resume failure, giving up when the
+/// attempts are spent or the error is final, a continuation of text shown,
+/// giving up on what cannot be taken back or on tool calls a restart would
+/// repeat, else a retry (`docs/runtime-semantics.md`, "What follows a
+/// broken attempt"). `rng` jitters the backoff.
 pub fn decide(policy: &RetryPolicy, broken: &Broken<'_>, rng: &mut impl Rng) -> Verdict {
     let error = broken.error;
     let hold = hold(policy, error);

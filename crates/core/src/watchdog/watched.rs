@@ -194,8 +194,10 @@ impl ArcWake for OnCancel {
     }
 }
 
-/// A stream's watch, armed before its request is sent (see the
-/// [module](self) docs). Dropping it unwatches.
+/// A stream's watch, armed before its request is sent: a silence entry, a
+/// progress entry if an allowance is set, a deadline and a token, any of
+/// which stops the stream in one typed way ([`Stopped`]). Dropping it
+/// unwatches.
 pub struct Watch {
     control: Arc<Control>,
     guard: WatchGuard,
@@ -358,7 +360,9 @@ impl<F: Future> Future for Until<'_, F> {
 }
 
 pin_project_lite::pin_project! {
-    /// A stream under a [`Watch`] (see the [module](self) docs). It ends
+    /// A stream under a [`Watch`]: every item beats its silence entry,
+    /// progress beats its progress entry, and a stop wins over a ready
+    /// item. It ends
     /// after yielding a [`WatchError::Stopped`], or when the stream ends.
     pub struct Watched<S, T> {
         watch: Watch,
