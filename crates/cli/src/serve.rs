@@ -101,6 +101,13 @@ pub(crate) struct ServeArgs {
     /// and when every one is busy the request gets `503
     /// too_many_sessions` with Retry-After.
     #[arg(long, env = "WARDEN_MAX_SESSIONS", value_name = "N", default_value_t = 4096,
+    /// After a database outage, how long the other nodes leave a session
+    /// to the node that gave it up (it takes its sessions back first, once
+    /// it can reach the database and 3 s after it gave them up): seconds,
+    /// or a duration with a unit. Shorter than about 3.5 s, sessions may
+    /// all go to the first node back.
+    #[arg(long, env = "WARDEN_RETURN_GRACE", value_name = "SECONDS", requires = "store", default_value = "5", value_parser = crate::units::seconds)]
+    return_grace: Duration,
           value_parser = clap::value_parser!(u32).range(1..))]
     max_sessions: u32,
     /// How long a session may stay idle before it is stopped (its record
@@ -247,7 +254,8 @@ pub(crate) async fn run(args: ServeArgs) -> Result<Exit, CliError> {
         Some(url) => {
             let pg = crate::cluster::connect(url).await?;
             let id = crate::cluster::node_id(args.node_id.clone());
-            let store = warden_pg::NodeStore::new(pg, id, lease_ttl);
+            let store =
+                warden_pg::NodeStore::new(pg, id, lease_ttl).with_return_grace(args.return_grace);
             let advertise = args
                 .advertise
                 .clone()

@@ -34,6 +34,31 @@ fn fed() -> (
     )
 }
 
+/// Feeds `item` every `period` until the stream is dropped.
+fn feed_every(feed: Feed, period: Duration, item: Item) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(period).await;
+            if feed.send(Ok(item)).is_err() {
+                return;
+            }
+        }
+    })
+}
+
+/// The first item that is not `skip` (or the end).
+async fn past<S>(s: &mut S, skip: Item) -> Option<S::Item>
+where
+    S: Stream<Item = Result<Item, WatchError>> + Unpin,
+{
+    loop {
+        match next(s).await {
+            Some(Ok(item)) if item == skip => {}
+            other => return other,
+        }
+    }
+}
+
 async fn watchdog() -> WatchdogHandle {
     WatchdogActor::spawn(WatchdogConfig::default())
         .await
@@ -87,21 +112,9 @@ async fn frames_keep_it_alive_but_only_content_is_progress() {
     feed.send(Ok(Item::Content)).expect("feed");
     assert_eq!(next(&mut watched).await, Some(Ok(Item::Content)));
     // A ping every 2 s: never silent, never progress.
-    let pinger = tokio::spawn(async move {
-        loop {
-            tokio::time::sleep(Duration::from_secs(2)).await;
-            if feed.send(Ok(Item::Ping)).is_err() {
-                return;
-            }
-        }
-    });
+    let pinger = feed_every(feed, Duration::from_secs(2), Item::Ping);
     let started = Instant::now();
-    let ended = loop {
-        match next(&mut watched).await {
-            Some(Ok(Item::Ping)) => {}
-            other => break other,
-        }
-    };
+    let ended = past(&mut watched, Item::Ping).await;
     pinger.abort();
     match ended {
         Some(Err(WatchError::Stopped(Stopped::NoProgress(e)))) => {
@@ -139,20 +152,8 @@ async fn progress_said_by_the_reader_counts() {
     tokio::time::sleep(Duration::from_secs(3)).await;
     feed.send(Ok(Item::Ping)).expect("feed");
     assert_eq!(next(&mut watched).await, Some(Ok(Item::Ping)));
-    let pinger = tokio::spawn(async move {
-        loop {
-            tokio::time::sleep(Duration::from_secs(2)).await;
-            if feed.send(Ok(Item::Ping)).is_err() {
-                return;
-            }
-        }
-    });
-    let ended = loop {
-        match next(&mut watched).await {
-            Some(Ok(Item::Ping)) => {}
-            other => break other,
-        }
-    };
+    let pinger = feed_every(feed, Duration::from_secs(2), Item::Ping);
+    let ended = past(&mut watched, Item::Ping).await;
     pinger.abort();
     assert!(
         matches!(
@@ -176,20 +177,8 @@ async fn a_deadline_ends_a_stream_that_is_alive() {
     )
     .expect("watch");
     let mut watched = watch.stream(stream, Some(is_content));
-    let pinger = tokio::spawn(async move {
-        loop {
-            tokio::time::sleep(Duration::from_secs(1)).await;
-            if feed.send(Ok(Item::Content)).is_err() {
-                return;
-            }
-        }
-    });
-    let ended = loop {
-        match next(&mut watched).await {
-            Some(Ok(_)) => {}
-            other => break other,
-        }
-    };
+    let pinger = feed_every(feed, Duration::from_secs(1), Item::Content);
+    let ended = past(&mut watched, Item::Content).await;
     pinger.abort();
     assert_eq!(ended, Some(Err(WatchError::Stopped(Stopped::Deadline))));
     assert!(Instant::now() >= at);
