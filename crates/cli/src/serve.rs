@@ -96,11 +96,6 @@ pub(crate) struct ServeArgs {
     /// Seconds, or a duration with a unit; at least 0.3 s.
     #[arg(long, env = "WARDEN_LEASE_TTL", value_name = "SECONDS", requires = "store", default_value = "10", value_parser = crate::units::seconds)]
     lease_ttl: Duration,
-    /// Live sessions at most: past it a new session stops the least
-    /// recently used idle one (its record kept; it resumes when asked for),
-    /// and when every one is busy the request gets `503
-    /// too_many_sessions` with Retry-After.
-    #[arg(long, env = "WARDEN_MAX_SESSIONS", value_name = "N", default_value_t = 4096,
     /// After a database outage, how long the other nodes leave a session
     /// to the node that gave it up (it takes its sessions back first, once
     /// it can reach the database and 3 s after it gave them up): seconds,
@@ -108,6 +103,11 @@ pub(crate) struct ServeArgs {
     /// all go to the first node back.
     #[arg(long, env = "WARDEN_RETURN_GRACE", value_name = "SECONDS", requires = "store", default_value = "5", value_parser = crate::units::seconds)]
     return_grace: Duration,
+    /// Live sessions at most: past it a new session stops the least
+    /// recently used idle one (its record kept; it resumes when asked for),
+    /// and when every one is busy the request gets `503
+    /// too_many_sessions` with Retry-After.
+    #[arg(long, env = "WARDEN_MAX_SESSIONS", value_name = "N", default_value_t = 4096,
           value_parser = clap::value_parser!(u32).range(1..))]
     max_sessions: u32,
     /// How long a session may stay idle before it is stopped (its record

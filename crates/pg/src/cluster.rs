@@ -217,7 +217,9 @@ impl Node {
             let mut failing_since: Option<tokio::time::Instant> = None;
             loop {
                 tick.tick().await;
-                match (beat.pg().heartbeat(beat.node()).await, failing_since) {
+                let beaten = beat.pg().heartbeat(beat.node()).await;
+                beat.reached(&beaten);
+                match (beaten, failing_since) {
                     (Ok(_), Some(since)) => {
                         failing_since = None;
                         *counters.outage.lock() = Outage {

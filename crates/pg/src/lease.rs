@@ -31,28 +31,55 @@ pub struct Lease {
     pub epoch: u64,
 }
 
-/// A row of `warden_sessions` that is an orphan: messages waiting for an
-/// answer and no lease, or one expired for longer than the takeover grace
-/// (`$1`, in seconds).
-const ORPHAN: &str =
-    "waiting AND (lease_until IS NULL OR lease_until < now() - make_interval(secs => $1))";
-
-/// What [`PgStore::orphans_with_workspaces`] found.
-#[derive(Debug, Clone, Default, PartialEq)]
+/// How long a take leaves a session to a last owner that may be coming
+/// back (it gave the lease up in a database outage): the return grace
+/// (see [`NodeStore::with_return_grace`](crate::NodeStore::with_return_grace)).
+/// A node never waits for itself.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
-pub struct Orphans {
-    /// The orphans, each with the workspace directory its record names.
-    pub sessions: Vec<(SessionKey, Option<std::path::PathBuf>)>,
-    /// How long until the next lease of a session with waiting messages,
-    /// held by another node, can be taken (its expiry plus
-    /// [`TAKEOVER_GRACE`]), if such a lease is held. A live owner renews it
-    /// before then; a dead one's sessions are orphans from then on.
-    pub next_in: Option<Duration>,
-    /// Sessions with waiting messages whose lease the asking node holds
-    /// (live, or expired within the grace, when only it may renew it):
-    /// each must run on that node; one that does not is started there
-    /// ([`NodeStore::take_over`](crate::NodeStore::take_over)).
-    pub held_waiting: Vec<SessionKey>,
+pub struct Patience {
+    /// A lease whose owner has beaten since it expired (alive again, and
+    /// not left) is taken by another node only once it has been expired
+    /// this long.
+    pub grace: Duration,
+    /// A lease of another live member that expired less than this long ago
+    /// is not taken at all: the taking node has just lived through a
+    /// database outage itself (this long ago it began, plus a TTL), and
+    /// the owners of the leases that outage expired may not have beaten
+    /// yet. Zero outside such an outage and its return grace.
+    pub outage: Duration,
+}
+
+impl Patience {
+    /// The patience of a take by a node that lived through no outage
+    /// lately, with return grace `grace`.
+    pub fn new(grace: Duration) -> Self {
+        Self {
+            grace,
+            outage: Duration::ZERO,
+        }
+    }
+
+    /// And, as the node has just lived through an outage, leaves the
+    /// leases of other live members that expired within `outage` alone.
+    pub fn with_outage(mut self, outage: Duration) -> Self {
+        self.outage = outage;
+        self
+    }
+}
+
+/// SQL: whether another node than its owner may take session row `s`'s
+/// lease now — expired past the takeover grace (`{grace}`, seconds), and
+/// not left to an owner coming back ([`Patience`]: `{ret}` and `{outage}`,
+/// seconds).
+fn free_for_others(grace: &str, ret: &str, outage: &str) -> String {
+    format!(
+        "(s.lease_until < now() - make_interval(secs => {grace}) AND NOT EXISTS ( \
+           SELECT 1 FROM warden_nodes n WHERE n.node_id = s.owner AND n.left_at IS NULL AND ( \
+             (n.heartbeat_at > s.lease_until \
+               AND s.lease_until > now() - make_interval(secs => {ret})) \
+             OR s.lease_until > now() - make_interval(secs => {outage}))))"
+    )
 }
 
 /// Who holds a session, as the database says now.
@@ -87,12 +114,27 @@ fn record_move(new_owner: &str) -> String {
 impl PgStore {
     /// Takes the lease of `key` for `node` for `ttl` when it is free,
     /// expired or already `node`'s: `Some` with the new epoch (one more
-    /// than any before), `None` while another node holds it.
+    /// than any before), `None` while another node holds it. An owner
+    /// alive again keeps it for [`DEFAULT_RETURN_GRACE`](crate::DEFAULT_RETURN_GRACE)
+    /// (see [`acquire_patiently`](Self::acquire_patiently)).
     pub async fn acquire(
         &self,
         key: &SessionKey,
         node: &str,
         ttl: Duration,
+    ) -> Result<Option<Lease>, StoreError> {
+        let patience = Patience::new(crate::DEFAULT_RETURN_GRACE);
+        self.acquire_patiently(key, node, ttl, patience).await
+    }
+
+    /// [`acquire`](Self::acquire), leaving an expired lease to an owner
+    /// that may be coming back as `patience` says.
+    pub async fn acquire_patiently(
+        &self,
+        key: &SessionKey,
+        node: &str,
+        ttl: Duration,
+        patience: Patience,
     ) -> Result<Option<Lease>, StoreError> {
         let client = self.client().await?;
         let row = client
@@ -102,12 +144,19 @@ impl PgStore {
                      VALUES ($1, $2, 1, now() + make_interval(secs => $3)) \
                      ON CONFLICT (key) DO UPDATE SET owner = EXCLUDED.owner, epoch = s.epoch + 1, \
                      lease_until = EXCLUDED.lease_until, {} \
-                     WHERE s.lease_until IS NULL OR s.owner = EXCLUDED.owner \
-                        OR s.lease_until < now() - make_interval(secs => $4) \
+                     WHERE s.lease_until IS NULL OR s.owner = EXCLUDED.owner OR {} \
                      RETURNING epoch",
-                    record_move("EXCLUDED.owner")
+                    record_move("EXCLUDED.owner"),
+                    free_for_others("$4", "$5", "$6"),
                 ),
-                &[&key.as_str(), &node, &secs(ttl), &secs(TAKEOVER_GRACE)],
+                &[
+                    &key.as_str(),
+                    &node,
+                    &secs(ttl),
+                    &secs(TAKEOVER_GRACE),
+                    &secs(patience.grace),
+                    &secs(patience.outage),
+                ],
             )
             .await
             .map_err(backend)?;
@@ -126,12 +175,28 @@ impl PgStore {
     /// node's own start of the session must not bump the epoch under it. A row another node is taking
     /// at the same moment is skipped, not waited for (`SKIP LOCKED`), so
     /// survivors taking a dead node's sessions split them instead of
-    /// queueing behind each other, and never deadlock.
+    /// queueing behind each other, and never deadlock. An expired lease of
+    /// `node`'s own is taken back at once; one of an owner alive again is
+    /// left to it for [`DEFAULT_RETURN_GRACE`](crate::DEFAULT_RETURN_GRACE)
+    /// (see [`acquire_many_patiently`](Self::acquire_many_patiently)).
     pub async fn acquire_many(
         &self,
         keys: &[SessionKey],
         node: &str,
         ttl: Duration,
+    ) -> Result<Vec<(Lease, Result<Option<SessionRecord>, StoreError>)>, StoreError> {
+        let patience = Patience::new(crate::DEFAULT_RETURN_GRACE);
+        self.acquire_many_patiently(keys, node, ttl, patience).await
+    }
+
+    /// [`acquire_many`](Self::acquire_many), leaving expired leases to
+    /// owners that may be coming back as `patience` says.
+    pub async fn acquire_many_patiently(
+        &self,
+        keys: &[SessionKey],
+        node: &str,
+        ttl: Duration,
+        patience: Patience,
     ) -> Result<Vec<(Lease, Result<Option<SessionRecord>, StoreError>)>, StoreError> {
         if keys.is_empty() {
             return Ok(Vec::new());
@@ -141,14 +206,15 @@ impl PgStore {
         let statement = client
             .prepare_cached(&format!(
                 "WITH free AS ( \
-                   SELECT key FROM warden_sessions \
-                   WHERE key = ANY($1) AND (lease_until IS NULL \
-                     OR lease_until < now() - make_interval(secs => $4)) \
-                   ORDER BY key FOR UPDATE SKIP LOCKED) \
+                   SELECT s.key FROM warden_sessions s \
+                   WHERE s.key = ANY($1) AND (s.lease_until IS NULL \
+                     OR (s.owner = $2 AND s.lease_until < now()) OR {}) \
+                   ORDER BY s.key FOR UPDATE OF s SKIP LOCKED) \
                  UPDATE warden_sessions s SET owner = $2, epoch = s.epoch + 1, \
                    lease_until = now() + make_interval(secs => $3), {} \
                  FROM free WHERE s.key = free.key \
                  RETURNING s.key, s.epoch, s.schema_version, s.record",
+                free_for_others("$4", "$5", "$6"),
                 record_move("$2")
             ))
             .await
@@ -156,7 +222,14 @@ impl PgStore {
         let rows = client
             .query(
                 &statement,
-                &[&keys, &node, &secs(ttl), &secs(TAKEOVER_GRACE)],
+                &[
+                    &keys,
+                    &node,
+                    &secs(ttl),
+                    &secs(TAKEOVER_GRACE),
+                    &secs(patience.grace),
+                    &secs(patience.outage),
+                ],
             )
             .await
             .map_err(backend)?;
@@ -403,72 +476,5 @@ impl PgStore {
             .await
             .map_err(backend)?;
         Ok(row.map(|r| (r.get(0), r.get(1))))
-    }
-
-    /// [`orphans`](Self::orphans), each with the workspace directory its
-    /// record names (if any), how soon the next lease of a session with
-    /// waiting messages held by a node other than `node` can be taken, and
-    /// the waiting sessions `node` holds itself, in one query: what a node
-    /// needs to choose the orphans it can run, to check that it runs what
-    /// it holds, and to know when to look again.
-    pub async fn orphans_with_workspaces(&self, node: &str) -> Result<Orphans, StoreError> {
-        let client = self.client().await?;
-        let rows = client
-            .query(
-                &format!(
-                    "SELECT 'orphan', key, record ->> 'workspace', NULL::float8 \
-                 FROM warden_sessions WHERE {ORPHAN} \
-                 UNION ALL \
-                 SELECT 'held', key, NULL, NULL FROM warden_sessions \
-                 WHERE waiting AND owner = $2 \
-                   AND lease_until >= now() - make_interval(secs => $1) \
-                 UNION ALL \
-                 SELECT 'next', NULL, NULL, \
-                   (EXTRACT(EPOCH FROM min(lease_until) - now()) + $1)::float8 \
-                 FROM warden_sessions \
-                 WHERE waiting AND lease_until >= now() - make_interval(secs => $1) \
-                   AND owner IS DISTINCT FROM $2"
-                ),
-                &[&secs(TAKEOVER_GRACE), &node],
-            )
-            .await
-            .map_err(backend)?;
-        let mut found = Orphans::default();
-        for r in rows {
-            let key: Option<String> = r.get(1);
-            match (r.get::<_, &str>(0), key) {
-                ("orphan", Some(key)) => {
-                    let workspace: Option<String> = r.get(2);
-                    found.sessions.push((
-                        SessionKey::new(key),
-                        workspace.map(std::path::PathBuf::from),
-                    ));
-                }
-                ("held", Some(key)) => found.held_waiting.push(SessionKey::new(key)),
-                _ => {
-                    found.next_in = r
-                        .get::<_, Option<f64>>(3)
-                        .map(|s| Duration::from_secs_f64(s.max(0.0)));
-                }
-            }
-        }
-        Ok(found)
-    }
-
-    /// Sessions with messages waiting for an answer whose lease is free or
-    /// expired: what a node takes over when their owner has died.
-    pub async fn orphans(&self) -> Result<Vec<SessionKey>, StoreError> {
-        let client = self.client().await?;
-        let rows = client
-            .query(
-                &format!("SELECT key FROM warden_sessions WHERE {ORPHAN} ORDER BY key"),
-                &[&secs(TAKEOVER_GRACE)],
-            )
-            .await
-            .map_err(backend)?;
-        Ok(rows
-            .into_iter()
-            .map(|r| SessionKey::new(r.get::<_, String>(0)))
-            .collect())
     }
 }

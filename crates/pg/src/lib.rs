@@ -70,6 +70,7 @@ mod lease;
 mod migrate;
 mod node;
 mod node_turns;
+mod orphans;
 mod stranded;
 mod tls;
 mod turns;
@@ -83,10 +84,14 @@ use warden_core::{Durability, RetryPolicy, SessionKey, SessionRecord, SessionSto
 
 pub use conversations::PgConversations;
 pub use group::{GroupStats, TurnBatch};
-pub use lease::{Lease, LeaseInfo, Orphans, TAKEOVER_GRACE};
+pub use lease::{Lease, LeaseInfo, Patience, TAKEOVER_GRACE};
 pub use migrate::MIGRATIONS;
-pub use node::{DEAD_AFTER_UNKNOWN_TTL, NodeInfo, NodeState, NodeStore, RETAKE_COOLDOWN, TakeOver};
+pub use node::{
+    DEAD_AFTER_UNKNOWN_TTL, DEFAULT_RETURN_GRACE, NodeInfo, NodeState, NodeStore, RETAKE_COOLDOWN,
+    TakeOver,
+};
 pub use node_turns::NodeTurns;
+pub use orphans::Orphans;
 pub use stranded::TURN_END_LOST;
 
 /// Why the store could not be opened.

@@ -13,10 +13,12 @@ use warden_core::{Durability, SessionKey, SessionRecord, SessionStore, StoreErro
 
 use crate::{Lease, PgStore};
 
+mod home;
 mod members;
 mod renew;
 mod takeover;
 
+pub use home::DEFAULT_RETURN_GRACE;
 pub use members::{DEAD_AFTER_UNKNOWN_TTL, NodeInfo, NodeState};
 pub use takeover::TakeOver;
 
@@ -78,6 +80,15 @@ pub struct NodeStore {
     /// each in its own transaction).
     group: crate::group::GroupCommit,
     grouped: bool,
+    /// See [`with_return_grace`](Self::with_return_grace).
+    return_grace: Duration,
+    /// This node's latest database outage, as its round trips saw it.
+    reach: Arc<Mutex<home::Reach>>,
+    /// Sessions given up here because the database could not be reached,
+    /// to take back first (see [`take_over`](Self::take_over)).
+    homes: Arc<Mutex<std::collections::HashSet<String>>>,
+    /// Sessions taken back after an outage, with the epoch taken.
+    came_home: Arc<Mutex<HashMap<String, u64>>>,
 }
 
 impl std::fmt::Debug for NodeStore {
@@ -106,6 +117,10 @@ impl NodeStore {
             given_up: Arc::default(),
             lost,
             fenced: Arc::default(),
+            return_grace: DEFAULT_RETURN_GRACE,
+            reach: Arc::default(),
+            homes: Arc::default(),
+            came_home: Arc::default(),
         }
     }
 
@@ -159,7 +174,13 @@ impl NodeStore {
             return Ok(None);
         }
         let sent = tokio::time::Instant::now();
-        let lease = self.pg.acquire(key, &self.node, self.ttl).await?;
+        let patience = self.patience();
+        let lease = self
+            .pg
+            .acquire_patiently(key, &self.node, self.ttl, patience)
+            .await;
+        self.reached(&lease);
+        let lease = lease?;
         if let Some(l) = &lease {
             self.hold(l, sent);
         }
@@ -197,7 +218,13 @@ impl NodeStore {
             .cloned()
             .collect();
         let sent = tokio::time::Instant::now();
-        let taken = self.pg.acquire_many(&keys, &self.node, self.ttl).await?;
+        let patience = self.patience();
+        let taken = self
+            .pg
+            .acquire_many_patiently(&keys, &self.node, self.ttl, patience)
+            .await;
+        self.reached(&taken);
+        let taken = taken?;
         let mut leases = Vec::with_capacity(taken.len());
         for (lease, record) in taken {
             self.hold(&lease, sent);
@@ -261,6 +288,7 @@ impl NodeStore {
         drop(leases);
         if removed.is_some() {
             self.give_up(&lease.key);
+            self.came_home.lock().remove(&lease.key);
             self.prefetched.lock().remove(&lease.key);
             let mut renewed = self.renewed.lock();
             if renewed

@@ -145,7 +145,7 @@ impl Placement for LeasePlacement {
                 Some((_, lived)) if lived || outage => Arrival::StoreUnreachable,
                 Some(_) => Arrival::NodeLost,
                 // Taken back by the node that had it, after an outage.
-                None if outage => Arrival::StoreUnreachable,
+                None if outage || self.node.came_home(key) => Arrival::StoreUnreachable,
                 None => return None,
             })
         })

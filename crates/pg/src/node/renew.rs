@@ -51,6 +51,7 @@ impl NodeStore {
                     "cannot renew a session's lease in time; stopping it here before another node may take it"
                 );
                 self.fenced.lock().insert((l.key.clone(), l.epoch));
+                self.remember_home(&l.key);
                 let _ = self.lost.send(l);
             }
         }
@@ -83,7 +84,12 @@ impl NodeStore {
                         held.len(),
                         self.ttl.as_secs_f64()
                     ),
-                })??;
+                })
+                .and_then(|r| r);
+        if !held.is_empty() {
+            self.reached(&renewed);
+        }
+        let renewed = renewed?;
         let mut lost = 0;
         for lease in held {
             if !renewed.contains(&lease.key) {

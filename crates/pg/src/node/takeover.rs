@@ -39,7 +39,7 @@ pub struct TakeOver {
 }
 
 /// One orphan's outcome: taken (under that epoch), or released (why).
-type Taken = Result<(SessionKey, u64), (SessionKey, String)>;
+pub(super) type Taken = Result<(SessionKey, u64), (SessionKey, String)>;
 
 /// Orphans' sessions a node starts at once (each a round trip or two: its
 /// record's first write).
@@ -97,7 +97,9 @@ impl NodeStore {
                 .await
                 .unwrap_or_default();
         }
-        let Ok(found) = self.pg.orphans_with_workspaces(&self.node).await else {
+        let found = self.pg.orphans_with_workspaces(&self.node).await;
+        self.reached(&found);
+        let Ok(found) = found else {
             return done;
         };
         if let Some(next) = found.next_in {
@@ -107,7 +109,10 @@ impl NodeStore {
                 .max(Duration::from_millis(10))
                 .min(done.next_scan);
         }
-        if found.sessions.is_empty() && found.held_waiting.is_empty() {
+        if found.sessions.is_empty()
+            && found.held_waiting.is_empty()
+            && self.homes.lock().is_empty()
+        {
             return done;
         }
         // What runs here now, copies still stopping included. A supervisor
@@ -129,9 +134,15 @@ impl NodeStore {
                 done.resumed.push(resumed);
             }
         }
+        // First the sessions this node gave up in an outage: home.
+        let (mut outcomes, later) = self
+            .take_home(supervisor, found.own, &running, &mut done)
+            .await;
         let mut orphans: Vec<SessionKey> = found
             .sessions
             .into_iter()
+            // Not before this node's own sessions are back.
+            .filter(|_| !later)
             // Ours, expired while the database was away: the renewer
             // renews it at its epoch; taking it would only bump the epoch
             // under the running session.
@@ -148,7 +159,6 @@ impl NodeStore {
         // survivors split them rather than race for each; each batch's
         // sessions are started several at a time.
         orphans.shuffle(&mut rand::rng());
-        let mut outcomes = Vec::with_capacity(orphans.len());
         let mut starting = futures_util::stream::FuturesUnordered::new();
         for batch in orphans.chunks(TAKEOVER_BATCH) {
             // The sessions already taken go on starting meanwhile.
@@ -183,7 +193,7 @@ impl NodeStore {
 
     /// Starts the session of an orphan whose lease this node just took; one
     /// that cannot run here is released for another node.
-    async fn start_taken(&self, supervisor: &Supervisor, lease: Lease) -> Taken {
+    pub(super) async fn start_taken(&self, supervisor: &Supervisor, lease: Lease) -> Taken {
         let key = SessionKey::new(&lease.key);
         match supervisor.session(key.clone()).await {
             Ok(_) => Ok((key, lease.epoch)),
