@@ -281,6 +281,11 @@ export interface paths {
 export type webhooks = Record<string, never>;
 export interface components {
     schemas: {
+        /**
+         * @description The agent a session runs: an agent CLI warden drives in the session's workspace, or an HTTP API whose transcript warden keeps. `claude-code`: The Claude Code CLI (`claude`), one child process per session; it keeps its own transcripts. `codex`: The Codex CLI (`codex exec`), one child process per turn, read-only sandbox; it keeps its own threads. `gemini`: The Gemini CLI (`gemini`), one child process per turn; it keeps its own sessions. `anthropic`: The Anthropic Messages API; warden keeps the transcript. `openai`: An OpenAI-compatible chat completions API; warden keeps the transcript.
+         * @enum {string}
+         */
+        Agent: "claude-code" | "codex" | "gemini" | "anthropic" | "openai";
         /** @description An event's fields with the time it was made: what `data:` carries. */
         AgentSessionIdEvent: {
             /**
@@ -618,8 +623,8 @@ export interface components {
         ErrorBody: {
             /** @description `session_elsewhere`: where that node is reached. */
             advertise?: string | null;
-            /** @description `agent_mismatch`: the agent kind this server's sessions run. */
-            agent?: string | null;
+            /** @description `agent_mismatch`: the agent the session runs. */
+            agent?: components["schemas"]["Agent"] | null;
             /** @description `turn_recovering`, `idempotency_key_reused`: the turn named. */
             id?: string | null;
             /**
@@ -634,8 +639,8 @@ export interface components {
              *     session.
              */
             owner?: string | null;
-            /** @description `agent_mismatch`: the kind the request asked for. */
-            requested?: string | null;
+            /** @description `agent_mismatch`: the agent the request asked for. */
+            requested?: components["schemas"]["Agent"] | null;
             /** @description The error's type (`invalid_request`, `session_elsewhere`, …). */
             type: string;
             /** @description `workspace_unavailable`: the directory missing on this node. */
@@ -752,10 +757,11 @@ export interface components {
          */
         NewTurn: {
             /**
-             * @description The agent kind the client expects (`anthropic`, `openai`,
-             *     `claude-code`); another than the session's is a 409.
+             * @description The agent the session runs: a new session is started with it (one
+             *     of the server's; default: the server's first); another than an
+             *     existing session's is a 409.
              */
-            agent?: string | null;
+            agent?: components["schemas"]["Agent"] | null;
             /** @description The session's name (instead of a workspace). */
             key?: string | null;
             /** @description The user's message (not empty). */
@@ -878,8 +884,10 @@ export interface components {
         };
         /** @description `GET /v1/server`: what a client needs to know of this server. */
         ServerInfo: {
-            /** @description The agent kind its sessions run. */
-            agent: string | null;
+            /** @description The agent a new session runs unless its first turn names another. */
+            agent: components["schemas"]["Agent"] | null;
+            /** @description Every agent its sessions may run, the default first. */
+            agents: components["schemas"]["Agent"][];
             /** @description Whether it is a cluster node. */
             cluster: boolean;
             /**
@@ -905,6 +913,8 @@ export interface components {
         };
         /** @description `GET /v1/sessions/{key}`: one session. */
         Session: {
+            /** @description The agent it runs (kept from its first turn). */
+            agent?: components["schemas"]["Agent"] | null;
             /** @description How full its context window is, once any usage is known. */
             context?: components["schemas"]["ContextFill"] | null;
             /** @description The agent's conversation id it resumes. */
@@ -1084,6 +1094,8 @@ export interface components {
         SessionSummary: {
             /** @description Where that node is reached, when known. */
             advertise?: string | null;
+            /** @description The agent it runs (kept from its first turn). */
+            agent?: components["schemas"]["Agent"] | null;
             /** @description How full its context window is, once any usage is known. */
             context?: components["schemas"]["ContextFill"] | null;
             /** @description The agent's conversation id it resumes. */
@@ -1936,7 +1948,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description `session_failed`: the session was given up (reset it). `agent_mismatch`: `agent` names another kind than the session's (`agent`: the server's, `requested`); nothing was sent. `turn_recovering`: the Idempotency-Key's message was accepted before a restart and is being re-delivered as turn `id`; ask again after `Retry-After` */
+            /** @description `session_failed`: the session was given up (reset it). `agent_mismatch`: `agent` names another agent than the session's (it keeps the one it was started with), or one this server does not run (`agent`: the session's, `requested`: the one asked for); nothing was sent. `turn_recovering`: the Idempotency-Key's message was accepted before a restart and is being re-delivered as turn `id`; ask again after `Retry-After` */
             409: {
                 headers: {
                     [name: string]: unknown;

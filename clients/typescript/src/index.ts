@@ -38,6 +38,9 @@ export { STREAM_IDLE_MS } from "./sse.js";
 /** The API's schemas, generated from `/openapi.json` (`clients/openapi.json`, `npm run gen`). */
 export type Schemas = components["schemas"];
 
+/** The agent a session runs (`claude-code`, `codex`, …): the OpenAPI document's enum. */
+export type Agent = Schemas["Agent"];
+
 /** The types of a turn's events (the SSE `event:`), as the API document lists them. */
 export type TurnEventType = Schemas["TurnEvent"];
 

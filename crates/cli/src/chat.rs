@@ -18,28 +18,9 @@ use crate::sources::{
     gemini_options,
 };
 
-/// The agent behind a workspace's session.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub(crate) enum Agent {
-    /// The Claude Code CLI (`claude`), one child process per session; it
-    /// keeps its own transcripts.
-    ClaudeCode,
-    /// The Codex CLI (`codex exec`, `WARDEN_CODEX_BIN` else `codex` on
-    /// PATH), one child process per turn, read-only sandbox; it keeps its
-    /// own threads. --base-url is its Responses endpoint (`/v1` added),
-    /// the key from OPENAI_API_KEY.
-    Codex,
-    /// The Gemini CLI (`gemini`, `WARDEN_GEMINI_BIN` else `gemini` on
-    /// PATH), one child process per turn; it keeps its own sessions, with
-    /// settings of warden's in DATA_DIR/gemini (its GEMINI_CLI_HOME; your
-    /// ~/.gemini is not used). --base-url is its GOOGLE_GEMINI_BASE_URL,
-    /// the key from GEMINI_API_KEY, the model default gemini-2.5-pro.
-    Gemini,
-    /// The Anthropic Messages API; warden keeps the transcript.
-    Anthropic,
-    /// An OpenAI-compatible chat completions API; warden keeps the transcript.
-    Openai,
-}
+/// The agent behind a workspace's session: the API's one list of agent
+/// kinds (`warden_serve::Agent`), whose names are the `--agent` values.
+pub(crate) use warden_serve::Agent;
 
 /// Arguments of `warden chat`.
 #[derive(Debug, clap::Args)]
@@ -60,7 +41,12 @@ pub(crate) struct ChatArgs {
     /// The workspace directory; its normalized path names the session.
     #[arg(long, value_name = "DIR")]
     workspace: PathBuf,
-    /// The agent.
+    /// The agent. codex: `WARDEN_CODEX_BIN` else `codex` on PATH, read-only
+    /// sandbox; --base-url is its Responses endpoint (`/v1` added), the key
+    /// from OPENAI_API_KEY. gemini: `WARDEN_GEMINI_BIN` else `gemini` on
+    /// PATH, its settings in DATA_DIR/gemini (its GEMINI_CLI_HOME; your
+    /// ~/.gemini is not used); --base-url is its GOOGLE_GEMINI_BASE_URL,
+    /// the key from GEMINI_API_KEY, the model default gemini-2.5-pro.
     #[arg(long, value_enum, default_value_t = Agent::ClaudeCode)]
     agent: Agent,
     /// The API's base URL, e.g. a `warden mock` server; for claude-code it

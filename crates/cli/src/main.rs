@@ -23,6 +23,7 @@ mod paths;
 mod proxy;
 mod relay;
 mod serve;
+mod serve_agents;
 mod sessions;
 mod signal;
 mod sources;

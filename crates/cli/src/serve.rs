@@ -11,9 +11,10 @@ use warden_core::{Supervisor, SupervisorConfig};
 use warden_pg::cluster::Node;
 use warden_serve::ServeConfig;
 
-use crate::chat::{Agent, agent_source};
+use crate::chat::Agent;
 use crate::exit::{CliError, Exit};
 use crate::paths;
+use crate::serve_agents::{AgentSettings, Agents};
 use crate::sources::check_url;
 
 /// Arguments of `warden serve`.
@@ -30,7 +31,8 @@ pending and the next start re-sends them. See docs/serve.md.
 
 Examples:
   warden serve
-  warden serve --listen 127.0.0.1:0 --agent anthropic --base-url http://127.0.0.1:8080")]
+  warden serve --listen 127.0.0.1:0 --agent anthropic --base-url http://127.0.0.1:8080
+  warden serve --agent claude-code --agent codex")]
 pub(crate) struct ServeArgs {
     /// Address to listen on (`127.0.0.1:0` picks a free port).
     #[arg(
@@ -50,9 +52,12 @@ pub(crate) struct ServeArgs {
     /// The bearer token's file. Default DATA_DIR/token (created if missing).
     #[arg(long, env = "WARDEN_TOKEN_FILE", value_name = "FILE")]
     token_file: Option<PathBuf>,
-    /// The agent of the sessions.
-    #[arg(long, env = "WARDEN_AGENT", value_enum, default_value_t = Agent::Anthropic)]
-    agent: Agent,
+    /// The agent of the sessions. Repeat it (or give a comma list:
+    /// WARDEN_AGENT=claude-code,codex) to run several: a session runs the
+    /// one its first turn names, else the first, and keeps it (a turn
+    /// asking another is 409 agent_mismatch). Several need the local store.
+    #[arg(long, env = "WARDEN_AGENT", value_enum, value_delimiter = ',', default_values_t = [Agent::Anthropic])]
+    agent: Vec<Agent>,
     /// The API's base URL (for claude-code: its ANTHROPIC_BASE_URL).
     #[arg(long, env = "WARDEN_BASE_URL", value_name = "URL")]
     base_url: Option<String>,
@@ -271,16 +276,9 @@ pub(crate) async fn run(args: ServeArgs) -> Result<Exit, CliError> {
         Arc::new(node.store().pg().conversations())
             as Arc<dyn warden_core::store::ConversationStore>
     });
-    let (source, claude) = agent_source(
-        args.agent,
-        args.base_url.clone(),
-        args.model.clone(),
-        args.claude_bin.clone(),
-        &data_dir,
-        conversations,
-    )?;
     // One machine: the sessions and the turns' event logs in sled.
     let mut local_turns = None;
+    let mut local_store = None;
     let store: Arc<dyn warden_core::SessionStore> = match &cluster {
         Some(node) => Arc::new(node.store().clone()),
         None => {
@@ -291,29 +289,29 @@ pub(crate) async fn run(args: ServeArgs) -> Result<Exit, CliError> {
                     data_dir.display()
                 ))
             })?);
+            local_store = Some(sled.clone());
             Arc::new(sled)
         }
     };
-    let factory = move |_: &warden_core::SessionKey| source.clone();
+    let settings = AgentSettings {
+        base_url: args.base_url.clone(),
+        model: args.model.clone(),
+        claude_bin: args.claude_bin.clone(),
+        data_dir: &data_dir,
+        conversations,
+    };
+    let agents = Agents::new(&args.agent, settings, local_store.as_ref())?;
+    let factory = agents.factory();
     let mut builder = Supervisor::builder(Arc::new(factory))
         .config(config)
         .store(store);
     let mut serve_config = ServeConfig::new(token)
         .with_token_file(std::path::absolute(&token_file).unwrap_or(token_file))
-        .with_keep_finished(args.keep_events)
-        // Claude Code runs in its workspace: one that does not exist is
-        // refused at the door.
-        .with_workspaces_must_exist(matches!(
-            args.agent,
-            Agent::ClaudeCode | Agent::Codex | Agent::Gemini
-        ));
+        .with_keep_finished(args.keep_events);
+    serve_config = agents.configure(serve_config);
     serve_config = serve_config.with_public_metrics(args.public_metrics);
     if let Some(url) = &args.jaeger_url {
         serve_config = serve_config.with_jaeger_url(url);
-    }
-    if let Some(name) = clap::ValueEnum::to_possible_value(&args.agent) {
-        // A turn asking for another agent kind is refused (409).
-        serve_config = serve_config.with_agent(name.get_name());
     }
     if let Some(node) = &cluster {
         // A node stores its turns' events in the database before sending
@@ -397,9 +395,7 @@ pub(crate) async fn run(args: ServeArgs) -> Result<Exit, CliError> {
         eprintln!("warden: stopping the turns still running; their messages stay pending");
     }
     supervisor.shutdown().await;
-    if let Some(claude) = claude {
-        claude.shutdown().await;
-    }
+    agents.shutdown().await;
     if let Some(node) = cluster {
         // The sessions stopped here (their messages pending in the
         // database) go to the other nodes now, not when the leases expire.

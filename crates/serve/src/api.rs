@@ -9,6 +9,7 @@
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+pub use crate::agent::Agent;
 pub use warden_core::lifecycle::wire::{Lagged, LifecycleData, LifecycleReset};
 pub use warden_core::store::turn_event::{
     AttemptFailed, ContextFill, Delta, Done, EventTime, Failed, Queued, Restarting, Started, Timed,
@@ -33,10 +34,11 @@ pub struct NewTurn {
     /// server's.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub model: Option<String>,
-    /// The agent kind the client expects (`anthropic`, `openai`,
-    /// `claude-code`); another than the session's is a 409.
+    /// The agent the session runs: a new session is started with it (one
+    /// of the server's; default: the server's first); another than an
+    /// existing session's is a 409.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub agent: Option<String>,
+    pub agent: Option<Agent>,
 }
 
 /// `202` to `POST /v1/turns`: the message is stored; follow the turn by its
@@ -138,6 +140,9 @@ pub struct SessionDetail {
     /// Its workspace directory, for a workspace session.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub workspace: Option<String>,
+    /// The agent it runs (kept from its first turn).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent: Option<Agent>,
     /// The agent's conversation id it resumes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub conversation: Option<String>,
@@ -333,8 +338,10 @@ pub struct SessionReset {
 pub struct ServerInfo {
     /// warden's version.
     pub version: String,
-    /// The agent kind its sessions run.
-    pub agent: Option<String>,
+    /// The agent a new session runs unless its first turn names another.
+    pub agent: Option<Agent>,
+    /// Every agent its sessions may run, the default first.
+    pub agents: Vec<Agent>,
     /// The watchdog's default silence allowance per stream, in
     /// milliseconds.
     pub stream_timeout_ms: u64,
@@ -474,12 +481,12 @@ pub struct ErrorBody {
     /// `session_elsewhere`: where that node is reached.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub advertise: Option<String>,
-    /// `agent_mismatch`: the agent kind this server's sessions run.
+    /// `agent_mismatch`: the agent the session runs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub agent: Option<String>,
-    /// `agent_mismatch`: the kind the request asked for.
+    pub agent: Option<Agent>,
+    /// `agent_mismatch`: the agent the request asked for.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub requested: Option<String>,
+    pub requested: Option<Agent>,
     /// `workspace_unavailable`: the directory missing on this node.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub workspace: Option<String>,

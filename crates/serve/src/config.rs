@@ -6,6 +6,8 @@ use std::time::Duration;
 use warden_core::cluster::Placement;
 use warden_core::store::TurnStore;
 
+use crate::agent::{Agent, SessionAgents};
+
 /// Request bodies larger than this get 413: 10 MiB.
 pub const DEFAULT_MAX_BODY_BYTES: usize = 10 * 1024 * 1024;
 
@@ -25,10 +27,15 @@ pub struct ServeConfig {
     pub keep_finished: Duration,
     /// Largest request body accepted. Default [`DEFAULT_MAX_BODY_BYTES`].
     pub max_body_bytes: usize,
-    /// The agent kind every session of this server runs (`anthropic`,
-    /// `openai`, `claude-code`, …): a turn asking for another `agent` is
-    /// refused with `409 agent_mismatch`. Default `None`: not checked.
-    pub agent: Option<String>,
+    /// The agent kinds this server's sessions run, the default first: a
+    /// session keeps the one its first turn asked for (else the default),
+    /// and a turn asking for another `agent` is refused with `409
+    /// agent_mismatch`. Default empty: not checked.
+    pub agents: Vec<Agent>,
+    /// Which agent each session runs, kept durably; needed with more than
+    /// one of [`agents`](Self::agents) (without it every session runs the
+    /// first). Default `None`.
+    pub session_agents: Option<Arc<dyn SessionAgents>>,
     /// Whether a session's workspace must be an existing directory when a
     /// turn names it: set it for agents that run in their workspace
     /// (Claude Code), for which a path that does not exist yet would be
@@ -73,7 +80,8 @@ impl std::fmt::Debug for ServeConfig {
             .field("max_body_bytes", &self.max_body_bytes)
             .field("slow_client_grace", &self.slow_client_grace)
             .field("workspaces_must_exist", &self.workspaces_must_exist)
-            .field("agent", &self.agent)
+            .field("agents", &self.agents)
+            .field("session_agents", &self.session_agents.is_some())
             .field("placement", &self.placement.is_some())
             .field("turn_store", &self.turn_store.is_some())
             .field("jaeger_url", &self.jaeger_url)
@@ -92,7 +100,8 @@ impl ServeConfig {
             max_body_bytes: DEFAULT_MAX_BODY_BYTES,
             slow_client_grace: Duration::from_secs(30),
             workspaces_must_exist: false,
-            agent: None,
+            agents: Vec::new(),
+            session_agents: None,
             placement: None,
             turn_store: None,
             jaeger_url: None,
@@ -147,9 +156,18 @@ impl ServeConfig {
         self
     }
 
-    /// Sets [`agent`](Self::agent).
-    pub fn with_agent(mut self, agent: impl Into<String>) -> Self {
-        self.agent = Some(agent.into());
+    /// Every session runs `agent` ([`agents`](Self::agents) is it alone).
+    pub fn with_agent(mut self, agent: Agent) -> Self {
+        self.agents = vec![agent];
+        self
+    }
+
+    /// Sets [`agents`](Self::agents) (the default first) and
+    /// [`session_agents`](Self::session_agents), where each session's is
+    /// kept.
+    pub fn with_agents(mut self, agents: Vec<Agent>, sessions: Arc<dyn SessionAgents>) -> Self {
+        self.agents = agents;
+        self.session_agents = Some(sessions);
         self
     }
 

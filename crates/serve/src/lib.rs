@@ -30,6 +30,7 @@
 //! `{"error": {"type", "message"}}`, with a 4xx status; bodies over
 //! [`ServeConfig::max_body_bytes`] get 413.
 
+mod agent;
 pub mod api;
 mod cluster;
 mod config;
@@ -54,6 +55,7 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use warden_core::Supervisor;
 
+pub use agent::{Agent, SessionAgents};
 pub use config::{DEFAULT_MAX_BODY_BYTES, RecoveredRx, ServeConfig};
 use error::ApiError;
 use routes::{ops, sessions, turns as turn_routes};

@@ -193,7 +193,7 @@ pub(crate) fn document() -> Value {
         .errors(&error, &[
             (400, "`invalid_request`: bad JSON, neither or both of workspace/key, an empty message. `invalid_idempotency_key`: empty, over 255 characters, not visible ASCII, or the header sent more than once. `invalid_workspace`: not absolute, a NUL byte, over 4,096 bytes, not a directory (or, for an agent that runs in its workspace, not an existing one)"),
             unauthorized,
-            (409, "`session_failed`: the session was given up (reset it). `agent_mismatch`: `agent` names another kind than the session's (`agent`: the server's, `requested`); nothing was sent. `turn_recovering`: the Idempotency-Key's message was accepted before a restart and is being re-delivered as turn `id`; ask again after `Retry-After`"),
+            (409, "`session_failed`: the session was given up (reset it). `agent_mismatch`: `agent` names another agent than the session's (it keeps the one it was started with), or one this server does not run (`agent`: the session's, `requested`: the one asked for); nothing was sent. `turn_recovering`: the Idempotency-Key's message was accepted before a restart and is being re-delivered as turn `id`; ask again after `Retry-After`"),
             (413, "`body_too_large`: the body is over the limit (the message names it)"),
             (415, "`unsupported_media_type`: not application/json"),
             (422, "`invalid_fields`: a field missing, unknown or of the wrong type (the message names the fields a turn takes). `idempotency_key_reused`: the Idempotency-Key named turn `id` of this session, sent with another `message`, `model` or `agent`; nothing was sent (use a new key for a new message)"),

@@ -256,7 +256,7 @@ async fn another_model_or_agent_is_another_body() {
 
     // A server that checks the agent: a reused key is reported as such,
     // before the agent is (nothing would be sent either way).
-    let s = server(ServeConfig::new(TOKEN).with_agent("anthropic")).await;
+    let s = server(ServeConfig::new(TOKEN).with_agent(warden_serve::Agent::Anthropic)).await;
     let first = r#"{"key": "a", "message": "hi"}"#;
     let created = s.post("k-agent", first).await;
     assert_eq!(created.status, 202, "{}", created.body);

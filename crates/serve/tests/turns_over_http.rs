@@ -1221,7 +1221,7 @@ async fn lifecycle_events_and_the_session_name_the_turn_by_its_id() {
 async fn the_server_says_what_a_console_needs_and_a_single_node_has_no_cluster() {
     let s = server_with(
         ServeConfig::new(TOKEN)
-            .with_agent("anthropic")
+            .with_agent(warden_serve::Agent::Anthropic)
             .with_jaeger_url("http://jaeger.example:16686/"),
     )
     .await;

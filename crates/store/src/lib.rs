@@ -73,12 +73,14 @@ use futures_util::future::BoxFuture;
 use warden_core::{Durability, SessionKey, SessionRecord, SessionStore, StoreError};
 
 mod codec;
+mod labels;
 mod recovery;
 mod salvage;
 mod turns;
 mod wal;
 
 pub use codec::{MAX_RECORD_BYTES, decode, encode};
+pub use labels::SledLabels;
 pub use recovery::OpenRepair;
 #[allow(deprecated)]
 pub use recovery::Recovery;

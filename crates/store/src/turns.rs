@@ -50,7 +50,7 @@ use crate::{SledStore, describe};
 pub use lost::{TURN_LOG_DAMAGED, TurnLogDamage};
 
 /// The sled tree holding the turn logs.
-const TREE: &str = "turns";
+pub(crate) const TREE: &str = "turns";
 
 /// How often a turn still streaming has its entry's time refreshed.
 const TOUCH_EVERY: Duration = Duration::from_secs(60);

@@ -168,7 +168,8 @@ pub(crate) async fn server_info(State(state): State<AppState>, cluster: Cluster)
     let timeout = state.supervisor.watchdog().default_timeout();
     axum::Json(api::ServerInfo {
         version: env!("CARGO_PKG_VERSION").to_owned(),
-        agent: state.config.agent.clone(),
+        agent: state.config.agents.first().copied(),
+        agents: state.config.agents.clone(),
         stream_timeout_ms: u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX),
         cluster: cluster.placement().is_some(),
         node: cluster.node().map(str::to_owned),

@@ -164,7 +164,28 @@ fn full_view(
     status: Option<&SessionStatus>,
 ) -> SessionDetail {
     let turn_id = status.and_then(|s| s.turn.and_then(|n| state.turns.id_of(&s.key, n)));
-    views::session(record, status, turn_id.as_deref())
+    let mut view = views::session(record, status, turn_id.as_deref());
+    view.agent = session_agent(
+        state,
+        record
+            .map(|r| r.key.as_str())
+            .or(status.map(|s| s.key.as_str())),
+    );
+    view
+}
+
+/// The agent session `key` runs: its binding on a server of several
+/// agents, else the server's one (`None`: not said, or not readable).
+fn session_agent(state: &AppState, key: Option<&str>) -> Option<crate::api::Agent> {
+    let default = state.config.agents.first().copied();
+    match (&state.config.session_agents, key) {
+        (Some(book), Some(key)) if state.config.agents.len() > 1 => book
+            .get(&warden_core::SessionKey::new(key))
+            .ok()
+            .flatten()
+            .or(default),
+        _ => default,
+    }
 }
 
 /// `GET /v1/sessions/{key}`: its record, and while it runs its turn.
@@ -204,6 +225,7 @@ pub(crate) async fn one_session(
         .and_then(|s| s.turn)
         .and_then(|n| state.turns.id_of(&key, n));
     let mut detail = views::session(record.as_ref(), running.as_ref(), turn_id.as_deref());
+    detail.agent = session_agent(&state, Some(key.as_str()));
     detail.trace_id = trace_id;
     let key = key.as_str().to_owned();
     Ok(Json(Session { key, detail }).into_response())

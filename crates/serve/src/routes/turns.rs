@@ -118,7 +118,8 @@ pub(crate) async fn create_turn(
     // agent (a retry); another body is refused, never answered with the
     // first one's turn.
     let fingerprint = idempotency.as_ref().map(|_| {
-        crate::ids::request_fingerprint(&new.message, new.model.as_deref(), new.agent.as_deref())
+        let agent = new.agent.map(crate::api::Agent::as_str);
+        crate::ids::request_fingerprint(&new.message, new.model.as_deref(), agent)
     });
     // On a cluster node, a retry of a turn the cluster's store knows is
     // answered here, even while the session's owner cannot be reached. (A
@@ -180,24 +181,10 @@ pub(crate) async fn create_turn(
         }
         _ => None,
     };
-    if let (Some(asked), Some(runs)) = (&new.agent, &state.config.agent)
-        && asked != runs
-    {
-        return Err(ApiError::new(
-            StatusCode::CONFLICT,
-            "agent_mismatch",
-            format!(
-                "session {} runs the {runs} agent (every session of this server does); a turn \
-                 cannot switch it to {asked}, and nothing was sent. Send it to a server running \
-                 {asked}, or drop `agent` to use {runs}",
-                key.as_str()
-            ),
-        )
-        .with(|e| {
-            e.agent = Some(runs.clone());
-            e.requested = Some(asked.clone());
-        }));
-    }
+    // The session keeps the agent it was started with (bound now, on its
+    // first turn, before its message is accepted).
+    let existing = async { !matches!(state.supervisor.stored(&key).await, Ok(None)) };
+    crate::agent::agent_for_turn(&state.config, &key, new.agent, existing).await?;
     let asked = TurnAsked::new(&new.message).with_model(new.model.clone());
     let handle = target.send(&state.supervisor, new.message, options).await?;
     let asked = asked.with_trace_id(trace_of(&state, &key).await);
