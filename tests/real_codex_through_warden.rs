@@ -5,225 +5,17 @@
 //! upstream (warden's watchdog against Codex's own idle timeout), and a
 //! cancel.
 //!
-//! The binary comes from `WARDEN_CODEX_BIN` (CI installs the pinned
-//! package with npm, see `.ci/run`). Without it every test prints why it is
-//! skipped and passes, unless `WARDEN_REQUIRE_CODEX=1` makes a missing
-//! binary a failure. The CLI runs offline: `HOME` is a per-test directory
-//! and its model provider is the mock (`-c model_providers.warden=…`).
+//! The fixture (binary, mock, `HOME`, helpers) is `common/codex.rs`.
 
-use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, Weak};
+#[path = "common/codex.rs"]
+mod codex;
+
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tokio::sync::mpsc::UnboundedReceiver;
-use warden_claude::{CodexOptions, CodexSource, ProcessSettings};
-use warden_core::{
-    Durability, EventSource, LifecycleEvent, MemoryStore, Notice, ResumeCause, RetryPolicy,
-    SessionConfig, SessionKey, SessionRecord, SessionStore, Supervisor, SupervisorConfig,
-    WatchdogConfig, normalize_workspace,
-};
-use warden_mock::{MockConfig, MockServer, Scenario};
-
-const REPLY: &str = "warden-e2e: the mock answered.";
-/// The allowance of a turn that should just work (a real turn takes ~0.5 s).
-const TURN: Duration = Duration::from_secs(30);
-const RELAXED: Duration = Duration::from_secs(20);
-
-fn codex_bin(test: &str) -> Option<PathBuf> {
-    match std::env::var_os("WARDEN_CODEX_BIN").filter(|v| !v.is_empty()) {
-        Some(bin) => {
-            let bin = PathBuf::from(bin);
-            assert!(
-                bin.is_file(),
-                "WARDEN_CODEX_BIN={} is not a file",
-                bin.display()
-            );
-            Some(bin)
-        }
-        None if std::env::var("WARDEN_REQUIRE_CODEX").as_deref() == Ok("1") => {
-            panic!("WARDEN_REQUIRE_CODEX=1 but WARDEN_CODEX_BIN is unset")
-        }
-        None => {
-            eprintln!(
-                "SKIPPED {test}: WARDEN_CODEX_BIN is unset (point it at the `codex` binary of \
-                 @openai/codex; WARDEN_REQUIRE_CODEX=1 makes a missing binary a failure)"
-            );
-            None
-        }
-    }
-}
-
-struct Fixture {
-    _dir: tempfile::TempDir,
-    workspace: PathBuf,
-    home: PathBuf,
-    bin: PathBuf,
-    mock: MockServer,
-    sources: Arc<Mutex<Vec<Weak<CodexSource>>>>,
-}
-
-impl Fixture {
-    async fn new(bin: PathBuf, mock: MockConfig) -> Self {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let workspace = dir.path().join("project");
-        let home = dir.path().join("home");
-        for d in [&workspace, &home] {
-            std::fs::create_dir_all(d).expect("mkdir");
-        }
-        let mock = MockServer::start(mock.with_reply(REPLY))
-            .await
-            .expect("mock starts");
-        Self {
-            _dir: dir,
-            workspace,
-            home,
-            bin,
-            mock,
-            sources: Arc::default(),
-        }
-    }
-
-    fn options(&self) -> CodexOptions {
-        let settings = ProcessSettings::default().with_grace_period(Duration::from_secs(2));
-        CodexOptions::default()
-            .with_binary(&self.bin)
-            .with_base_url(self.mock.url("/v1"))
-            .with_api_key_env("WARDEN_E2E_KEY")
-            .with_env("WARDEN_E2E_KEY", "dummy")
-            .with_env("HOME", &self.home)
-            .with_settings(settings)
-    }
-
-    fn key(&self) -> SessionKey {
-        let ws = normalize_workspace(&self.workspace).expect("normalize");
-        SessionKey::new(ws.to_string_lossy())
-    }
-
-    async fn supervisor(
-        &self,
-        config: SupervisorConfig,
-        store: Arc<MemoryStore>,
-        options: CodexOptions,
-    ) -> (Supervisor, UnboundedReceiver<(SessionKey, Notice)>) {
-        let sources = self.sources.clone();
-        let factory = move |_: &SessionKey| {
-            let source = Arc::new(CodexSource::new(options.clone()));
-            sources.lock().expect("lock").push(Arc::downgrade(&source));
-            source as Arc<dyn EventSource>
-        };
-        let (ntx, nrx) = tokio::sync::mpsc::unbounded_channel();
-        let sup = Supervisor::builder(Arc::new(factory))
-            .config(config)
-            .store(store)
-            .notifier(Arc::new(ntx))
-            .start()
-            .await
-            .expect("supervisor starts");
-        (sup, nrx)
-    }
-
-    fn pid(&self) -> Option<u32> {
-        let source = self.sources.lock().expect("lock").last()?.upgrade()?;
-        source.pid(&self.key())
-    }
-
-    /// The thread ids Codex wrote session files for.
-    fn threads(&self) -> Vec<String> {
-        let mut ids = Vec::new();
-        let mut dirs = vec![self.home.join(".codex/sessions")];
-        while let Some(dir) = dirs.pop() {
-            for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
-                let path = e.path();
-                let name = e.file_name().to_string_lossy().into_owned();
-                if path.is_dir() {
-                    dirs.push(path);
-                } else if let Some(rest) = name.strip_suffix(".jsonl") {
-                    ids.push(rest[rest.len().saturating_sub(36)..].to_owned());
-                }
-            }
-        }
-        ids
-    }
-}
-
-fn config(allowance: Duration) -> SupervisorConfig {
-    SupervisorConfig::default()
-        .with_watchdog(
-            WatchdogConfig::default()
-                .with_default_timeout(allowance)
-                .expect("valid"),
-        )
-        .with_session(
-            SessionConfig::default().with_retry(
-                RetryPolicy::default()
-                    .with_jitter(0.0)
-                    .with_backoff(Duration::from_millis(100), Duration::from_millis(200)),
-            ),
-        )
-}
-
-async fn stored(store: &MemoryStore, key: &SessionKey) -> SessionRecord {
-    store.load(key).await.expect("load").expect("a record")
-}
-
-/// Whether `pid` and every process of its group are gone.
-fn group_gone(pid: u32) -> bool {
-    if Path::new(&format!("/proc/{pid}")).exists() {
-        return false;
-    }
-    !std::fs::read_dir("/proc")
-        .into_iter()
-        .flatten()
-        .flatten()
-        .any(|p| {
-            std::fs::read_to_string(p.path().join("stat"))
-                .ok()
-                .and_then(|stat| {
-                    let rest = &stat[stat.rfind(')')? + 1..];
-                    rest.split_whitespace().nth(2)?.parse::<u32>().ok()
-                })
-                == Some(pid)
-        })
-}
-
-async fn eventually(limit: Duration, mut check: impl FnMut() -> bool) -> bool {
-    let until = Instant::now() + limit;
-    while !check() {
-        if Instant::now() >= until {
-            return false;
-        }
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
-    true
-}
-
-async fn ask(
-    sup: &Supervisor,
-    workspace: &Path,
-    message: &str,
-) -> (String, warden_core::TurnSummary) {
-    let turn = sup
-        .send_to_workspace(workspace, message)
-        .await
-        .expect("send");
-    tokio::time::timeout(TURN, turn.finish())
-        .await
-        .expect("the turn ends in time")
-        .expect("the turn succeeds")
-}
-
-/// A stored record whose agent conversation is `id`.
-async fn store_with(fx: &Fixture, id: &str) -> Arc<MemoryStore> {
-    let store = Arc::new(MemoryStore::new());
-    let ws = normalize_workspace(&fx.workspace).expect("normalize");
-    let mut record = SessionRecord::new(&fx.key(), Some(ws));
-    record.set_agent_session_id(id);
-    store
-        .save(&record, Durability::Flushed)
-        .await
-        .expect("save");
-    store
-}
+use codex::*;
+use warden_core::{LifecycleEvent, MemoryStore, Notice, ResumeCause};
+use warden_mock::{MockConfig, Scenario};
 
 /// A turn, then a second one in a new `codex exec resume <thread>` process:
 /// the same thread, the context indicator from the last request (not the
@@ -306,7 +98,7 @@ async fn unresumable_threads_fall_back_to_a_fresh_one_with_a_notice() {
             other => panic!("expected FreshStart, got {other:?}"),
         }
         assert_eq!(
-            fx.mock.requests_to("/v1/responses"),
+            fx.mock.requests_to(RESPONSES),
             1,
             "{gone}: only the fresh run asked"
         );
@@ -319,26 +111,6 @@ async fn unresumable_threads_fall_back_to_a_fresh_one_with_a_notice() {
         sup.shutdown().await;
         fx.mock.shutdown().await;
     }
-}
-
-/// Sends a turn whose first request stalls and returns its handle, the
-/// stalled process's pid and when the turn was sent.
-async fn stalled_turn(fx: &Fixture, sup: &Supervisor) -> (warden_core::TurnHandle, u32, Instant) {
-    let t0 = Instant::now();
-    let turn = sup
-        .send_to_workspace(&fx.workspace, "hello")
-        .await
-        .expect("send");
-    let mut pid = None;
-    assert!(
-        eventually(TURN, || {
-            pid = fx.pid();
-            pid.is_some() && fx.mock.requests_to("/v1/responses") == 1
-        })
-        .await,
-        "codex started and reached the mock"
-    );
-    (turn, pid.expect("a pid"), t0)
 }
 
 /// Codex killed (SIGKILL) mid-turn: the attempt fails, the retry resumes
@@ -437,7 +209,7 @@ async fn a_stall_is_ended_by_the_watchdog_or_by_codexs_own_shorter_idle_timeout(
             );
             assert_eq!(summary.attempts, 1);
             assert_eq!(
-                fx.mock.requests_to("/v1/responses"),
+                fx.mock.requests_to(RESPONSES),
                 2,
                 "one codex run, two requests"
             );
@@ -470,7 +242,7 @@ async fn a_cancel_ends_the_process_group_and_nothing_is_retried() {
         "codex's group is gone"
     );
     tokio::time::sleep(Duration::from_millis(500)).await;
-    assert_eq!(fx.mock.requests_to("/v1/responses"), 1, "nothing retried");
+    assert_eq!(fx.mock.requests_to(RESPONSES), 1, "nothing retried");
     sup.shutdown().await;
     fx.mock.shutdown().await;
 }
