@@ -50,7 +50,13 @@ async fn the_console_signs_in_and_shows_a_turn_live_with_its_kill_continuation_a
     let (mut server, base, token) = serve_on(
         &dir.path().join("data"),
         &mock.base_url(),
-        &["--jaeger-url", "http://jaeger.example:16686"],
+        // Two agents: each session's row shows its own.
+        &[
+            "--jaeger-url",
+            "http://jaeger.example:16686",
+            "--agent",
+            "anthropic,openai",
+        ],
         &[("WARDEN_STREAM_TIMEOUT", &timeout_ms)],
     )
     .await;
@@ -221,19 +227,33 @@ async fn the_console_signs_in_and_shows_a_turn_live_with_its_kill_continuation_a
         .await
         .expect("sessions");
     browser.wait_visible("#sessions").await;
-    for key in ["billing-bot", "docs-agent"] {
-        post_turn(&base, &token, key, "hello").await;
+    for (key, agent) in [("billing-bot", "anthropic"), ("docs-agent", "openai")] {
+        post_turn_as(&base, &token, key, "hello", agent).await;
         browser
             .text_until(
                 &format!("#sessions-table tr[data-key='{key}']"),
                 PATIENCE,
                 |t| {
-                    // Answered: live, nothing running or waiting.
-                    t.contains(key) && t.contains("active") && t.ends_with(" 0")
+                    // Answered by its agent: live, nothing running or
+                    // waiting.
+                    t.contains(key)
+                        && t.contains(agent)
+                        && t.contains("active")
+                        && t.ends_with(" 0")
                 },
             )
             .await;
     }
+    let agents = browser
+        .eval("return [...document.querySelectorAll('#sessions-table tbody tr')].map(r => r.dataset.key + ' ' + r.cells[1].textContent).sort()")
+        .await;
+    assert!(
+        agents
+            .as_array()
+            .is_some_and(|rows| rows.contains(&json!("docs-agent openai"))
+                && rows.contains(&json!("billing-bot anthropic"))),
+        "{agents}"
+    );
     // Sorted by a click on a column's head.
     browser.click("#sessions-table th[data-col='key']").await;
     let first_row = browser

@@ -44,11 +44,32 @@ pub(crate) async fn sign_in(browser: &Browser, token: &str) {
 }
 
 pub(crate) async fn post_turn(base: &str, token: &str, key: &str, message: &str) -> String {
+    post_body(base, token, json!({"key": key, "message": message})).await
+}
+
+/// [`post_turn`] naming the session's `agent`.
+pub(crate) async fn post_turn_as(
+    base: &str,
+    token: &str,
+    key: &str,
+    message: &str,
+    agent: &str,
+) -> String {
+    post_body(
+        base,
+        token,
+        json!({"key": key, "message": message, "agent": agent}),
+    )
+    .await
+}
+
+/// `POST /v1/turns` with `body`: its turn's id (202 expected).
+async fn post_body(base: &str, token: &str, body: Value) -> String {
     let response = reqwest::Client::new()
         .post(format!("{base}/v1/turns"))
         .bearer_auth(token)
         .header("content-type", "application/json")
-        .body(json!({"key": key, "message": message}).to_string())
+        .body(body.to_string())
         .send()
         .await
         .expect("post");

@@ -66,7 +66,7 @@ async function signIn() {
     return;
   }
   const s = state.server;
-  $("server").textContent = `v${s.version}${s.agent ? ` · ${s.agent}` : ""}${s.node ? ` · node ${s.node}` : ""} · watchdog ${(s.stream_timeout_ms / 1000).toFixed(0)} s`;
+  $("server").textContent = `v${s.version}${s.agents && s.agents.length ? ` · ${s.agents.join(", ")}` : s.agent ? ` · ${s.agent}` : ""}${s.node ? ` · node ${s.node}` : ""} · watchdog ${(s.stream_timeout_ms / 1000).toFixed(0)} s`;
   $("nav").hidden = false;
   $("nav-cluster").hidden = !s.cluster;
   $("signout").hidden = false;

@@ -1,7 +1,6 @@
 // How the page writes text: only ever as text (textContent, never markup),
 // names with their direction controls made visible, times and sizes.
 
-import { state } from "./state.js";
 
 /** Sets `el`'s text (and class) only where it changed: no layout work for the rest. */
 export function put(el, text, className) {
@@ -84,7 +83,8 @@ export function cells(v) {
   const status = busy || v.status || "unknown";
   return {
     key: v.workspace || v.key,
-    agent: (state.server && state.server.agent) || "",
+    // The session's own (a server may run several agents).
+    agent: v.agent || "",
     model: v.model || "",
     status,
     ctx: v.context && v.context.percent != null ? v.context.percent : null,
