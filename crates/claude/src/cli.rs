@@ -122,6 +122,11 @@ pub struct ProcessSettings {
     /// How many stderr lines are kept for diagnostics and errors.
     /// Default 50.
     pub stderr_tail_lines: usize,
+    /// Where each process started is recorded until its group is gone, so
+    /// that the next warden ends the ones a crash of this one left
+    /// running ([`end_orphaned_children`](crate::end_orphaned_children)).
+    /// Default none: nothing recorded.
+    pub children_dir: Option<std::path::PathBuf>,
 }
 
 impl Default for ProcessSettings {
@@ -131,6 +136,7 @@ impl Default for ProcessSettings {
             max_line_bytes: 16 * 1024 * 1024,
             max_garbage_lines: 20,
             stderr_tail_lines: 50,
+            children_dir: None,
         }
     }
 }
@@ -151,6 +157,12 @@ impl ProcessSettings {
     /// Sets [`max_garbage_lines`](Self::max_garbage_lines).
     pub fn with_max_garbage_lines(mut self, lines: u32) -> Self {
         self.max_garbage_lines = lines;
+        self
+    }
+
+    /// Sets [`children_dir`](Self::children_dir).
+    pub fn with_children_dir(mut self, dir: impl Into<std::path::PathBuf>) -> Self {
+        self.children_dir = Some(dir.into());
         self
     }
 

@@ -174,6 +174,7 @@
 //! crate's own tests) replays scripted stream-json lines in place of the
 //! real CLI; see its source, `src/bin/fake-claude.rs`.
 
+mod children;
 mod claude_code;
 pub mod cli;
 mod codex;
@@ -185,6 +186,7 @@ mod source;
 pub mod transcript;
 mod turn;
 
+pub use children::end_orphaned_children;
 pub use claude_code::{
     ClaudeParser, ClaudeSource, ClaudeSourceFactory, FRESH_START_NOTE, window_for_model,
 };

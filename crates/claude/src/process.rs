@@ -60,6 +60,8 @@ pub(crate) struct ProcessGroup {
     terminating: AtomicBool,
     exit: watch::Sender<Option<ExitInfo>>,
     gone: watch::Sender<bool>,
+    /// The group's entry in a children directory, removed once it is gone.
+    entry: Mutex<Option<std::path::PathBuf>>,
 }
 
 /// The pipes of a freshly spawned child.
@@ -98,6 +100,7 @@ impl ProcessGroup {
             terminating: AtomicBool::new(false),
             exit: watch::channel(None).0,
             gone: watch::channel(false).0,
+            entry: Mutex::new(None),
         });
         let pipes = match (child.stdin.take(), child.stdout.take(), child.stderr.take()) {
             (Some(stdin), Some(stdout), Some(stderr)) => Pipes {
@@ -123,6 +126,20 @@ impl ProcessGroup {
     /// The leader's pid (also the group id).
     pub(crate) fn pid(&self) -> u32 {
         self.pgid.as_raw().unsigned_abs()
+    }
+
+    /// Records the group in `dir` (see [`crate::children`]) until it is gone.
+    pub(crate) fn record_in(&self, dir: &std::path::Path) {
+        let Some(path) = crate::children::record(dir, self.pid()) else {
+            return;
+        };
+        let mut entry = self.entry.lock();
+        if self.is_gone() {
+            // Gone while being recorded: termination will not remove it.
+            let _ = std::fs::remove_file(&path);
+        } else {
+            *entry = Some(path);
+        }
     }
 
     /// Whether the leader has exited (and been reaped).
@@ -229,6 +246,10 @@ impl ProcessGroup {
                 .wait_for(&mut reaped, Duration::from_secs(1));
         }
         drop(reaped);
+        let mut entry = self.entry.lock();
+        if let Some(path) = entry.take() {
+            let _ = std::fs::remove_file(path);
+        }
         self.gone.send_replace(true);
     }
 

@@ -304,6 +304,9 @@ impl<A: AgentCli> Shared<A> {
         };
         let grace = self.settings.grace_period;
         let (group, pipes) = ProcessGroup::spawn(cmd, grace).map_err(failed)?;
+        if let Some(dir) = &self.settings.children_dir {
+            group.record_in(dir);
+        }
         let converted = (|| {
             Ok::<_, std::io::Error>((
                 tokio::process::ChildStdin::from_std(pipes.stdin)?,

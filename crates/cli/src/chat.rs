@@ -146,6 +146,26 @@ impl CliChildren {
 /// shut its children down at the end).
 pub(crate) type AgentSource = (Arc<dyn EventSource>, Option<CliChildren>);
 
+/// The process settings of a CLI run per turn (Codex, Gemini): each
+/// process recorded under `DATA_DIR/children` while it runs, after the
+/// groups a crashed warden left there are ended — a `kill -9` of warden
+/// mid-turn leaves such a process running (its stdin is already closed),
+/// and Codex's then holds its thread, so the re-delivered turn could not
+/// resume it. The groups of a live warden on the same directory are left
+/// alone.
+fn children_settings(data_dir: &std::path::Path) -> warden_claude::ProcessSettings {
+    let settings = warden_claude::ProcessSettings::default();
+    let dir = data_dir.join(paths::CHILDREN);
+    let ended = warden_claude::end_orphaned_children(&dir, settings.grace_period);
+    if !ended.is_empty() {
+        eprintln!(
+            "warden: ended {} agent process group(s) left running by a warden that stopped abruptly (pids {ended:?})",
+            ended.len()
+        );
+    }
+    settings.with_children_dir(dir)
+}
+
 /// The source of `agent` (and, for Claude Code, the source again, to shut
 /// its children down at the end): the HTTP APIs keep their conversations
 /// in `conversations` (a cluster's database) when given, else as
@@ -165,7 +185,9 @@ pub(crate) fn agent_source(
             (source.clone(), Some(CliChildren::Claude(source)))
         }
         Agent::Codex => {
-            let mut options = CodexOptions::default().with_binary(codex_binary()?);
+            let mut options = CodexOptions::default()
+                .with_binary(codex_binary()?)
+                .with_settings(children_settings(data_dir));
             if let Some(model) = model {
                 options = options.with_model(model);
             }
@@ -176,9 +198,9 @@ pub(crate) fn agent_source(
             (source.clone(), Some(CliChildren::Codex(source)))
         }
         Agent::Gemini => {
-            let source = Arc::new(GeminiSource::new(gemini_options(
-                data_dir, model, base_url,
-            )?));
+            let options = gemini_options(data_dir, model, base_url)?
+                .with_settings(children_settings(data_dir));
+            let source = Arc::new(GeminiSource::new(options));
             (source.clone(), Some(CliChildren::Gemini(source)))
         }
         Agent::Anthropic | Agent::Openai => {

@@ -17,6 +17,11 @@ pub(crate) const DATABASE: &str = "sessions.db";
 /// Conversation transcripts of the HTTP agents inside a data directory.
 pub(crate) const TRANSCRIPTS: &str = "transcripts";
 
+/// The data directory's record of the agent processes (Codex, Gemini) a
+/// warden process started, so that the next one ends those a crash left
+/// running (`warden_claude::end_orphaned_children`).
+pub(crate) const CHILDREN: &str = "children";
+
 /// `--data-dir`, else `WARDEN_DATA_DIR`, else the user's data directory
 /// (`$XDG_DATA_HOME/warden` or `~/.local/share/warden` on Linux).
 pub(crate) fn data_dir(flag: Option<PathBuf>) -> Result<PathBuf, CliError> {

@@ -1,0 +1,290 @@
+//! `kill -9` of `warden serve --agent codex|gemini` mid-turn (the real
+//! CLI stalled on the mock), then a restart on the same data directory:
+//! the pending message is re-delivered once and answered once (the mock's
+//! journal counts the stalled request and the re-delivered one, nothing
+//! else), and the CLI's process group the dead warden left running is
+//! ended by the new one. Measured before that: a Codex or Gemini process
+//! has its stdin closed once the prompt is in, so nothing told it warden
+//! died; it stayed up (stalled, for up to its 300 s idle timeout × its
+//! attempts), and Codex's held its thread, so the re-delivered turn could
+//! not resume it ("already has an active writer") and fell back to a fresh
+//! thread.
+//!
+//! The CLIs come from `WARDEN_CODEX_BIN` / `WARDEN_GEMINI_BIN` (installed
+//! by `.ci/run`); without one its test prints why it is skipped, unless
+//! `WARDEN_REQUIRE_CODEX=1` / `WARDEN_REQUIRE_GEMINI=1`.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use common::*;
+use futures_util::StreamExt as _;
+use serde_json::Value;
+use warden_mock::{MockConfig, MockServer, Scenario};
+
+const PATIENCE: Duration = Duration::from_secs(60);
+/// The mock's answer (it counts the characters of the last user message,
+/// which Gemini wraps in context of its own).
+const ANSWER: &str = "Hello from warden-mock. Your last message had ";
+
+/// The binary in `var`, or `None` with the skip printed.
+fn cli_bin(var: &str, require: &str, test: &str) -> Option<String> {
+    match std::env::var(var).ok().filter(|v| !v.is_empty()) {
+        Some(bin) => Some(bin),
+        None => {
+            assert_ne!(
+                std::env::var(require).as_deref(),
+                Ok("1"),
+                "{require}=1 but {var} is unset"
+            );
+            eprintln!("SKIPPED {test}: set {var} to the CLI's binary to run it");
+            None
+        }
+    }
+}
+
+/// The processes whose parent is `parent`.
+fn children_of(parent: u32) -> Vec<u32> {
+    std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|p| {
+            let pid: u32 = p.file_name().to_str()?.parse().ok()?;
+            let stat = std::fs::read_to_string(p.path().join("stat")).ok()?;
+            let rest = &stat[stat.rfind(')')? + 1..];
+            let ppid: u32 = rest.split_whitespace().nth(1)?.parse().ok()?;
+            (ppid == parent).then_some(pid)
+        })
+        .collect()
+}
+
+/// Whether any process is left in the group `pgid`.
+fn group_alive(pgid: u32) -> bool {
+    std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .any(|p| {
+            std::fs::read_to_string(p.path().join("stat"))
+                .ok()
+                .and_then(|stat| {
+                    let rest = &stat[stat.rfind(')')? + 1..];
+                    rest.split_whitespace().nth(2)?.parse::<u32>().ok()
+                })
+                == Some(pgid)
+        })
+}
+
+/// Kills the group `.0` leads when dropped, so that a failing test leaves
+/// no CLI behind (`0`: disarmed, the group is gone).
+struct EndOnDrop(u32);
+
+impl Drop for EndOnDrop {
+    fn drop(&mut self) {
+        if let Ok(pgid) = i32::try_from(self.0)
+            && pgid > 0
+        {
+            let _ = nix::sys::signal::killpg(
+                nix::unistd::Pid::from_raw(pgid),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+    }
+}
+
+async fn eventually(limit: Duration, what: &str, mut check: impl FnMut() -> bool) {
+    let until = Instant::now() + limit;
+    while !check() {
+        assert!(Instant::now() < until, "timed out after {limit:?}: {what}");
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
+
+/// Reads SSE `response` until a `done` or `error` event: that event's
+/// kind and data.
+async fn last_event(response: reqwest::Response) -> (String, Value) {
+    let mut body = response.bytes_stream();
+    let mut buf = String::new();
+    loop {
+        while let Some(end) = buf.find("\n\n") {
+            let block: String = buf.drain(..end + 2).collect();
+            let (mut kind, mut data) = ("", String::new());
+            for line in block.lines() {
+                if let Some(v) = line.strip_prefix("event: ") {
+                    kind = if v == "done" || v == "error" { v } else { "" };
+                } else if let Some(v) = line.strip_prefix("data: ") {
+                    data.push_str(v);
+                }
+            }
+            if !kind.is_empty() {
+                return (kind.to_owned(), serde_json::from_str(&data).expect("JSON"));
+            }
+        }
+        let chunk = tokio::time::timeout(PATIENCE, body.next())
+            .await
+            .expect("events in time")
+            .expect("the stream goes on")
+            .expect("chunk");
+        buf.push_str(&String::from_utf8_lossy(&chunk));
+    }
+}
+
+/// One agent's run: serve with `agent`, a turn stalled at `path`, kill -9,
+/// restart, the answer; returns the test's directory for agent checks.
+async fn kill_9_mid_turn(agent: &str, path: &str, env: &[(&str, &str)]) -> tempfile::TempDir {
+    let mock =
+        MockServer::start(MockConfig::default().with_sequence([Scenario::Stall, Scenario::Normal]))
+            .await
+            .expect("mock");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (data, workspace, home) = (
+        dir.path().join("data"),
+        dir.path().join("repo"),
+        dir.path().join("home"),
+    );
+    for d in [&workspace, &home] {
+        std::fs::create_dir_all(d).expect("mkdir");
+    }
+    let mut env = env.to_vec();
+    env.extend([("HOME", arg(&home)), ("WARDEN_STREAM_TIMEOUT", "60000")]);
+    let flags = ["--agent", agent, "--grace", "1"];
+    let (mut node, base, token, _) = serve_logged(&data, &mock.base_url(), &flags, &env).await;
+    let client = reqwest::Client::new();
+    let body = serde_json::json!({"workspace": arg(&workspace), "message": "hello"});
+    let response = client
+        .post(format!("{base}/v1/turns"))
+        .bearer_auth(&token)
+        .header("accept", "text/event-stream")
+        .header("content-type", "application/json")
+        .body(body.to_string())
+        .send()
+        .await
+        .expect("post");
+    assert_eq!(response.status(), 200);
+    let id = response.headers()["x-warden-turn-id"]
+        .to_str()
+        .expect("ascii")
+        .to_owned();
+    eventually(PATIENCE, "the CLI reached the mock", || {
+        mock.requests_to(path) == 1
+    })
+    .await;
+    let serve_pid = node.id().expect("a pid");
+    let cli = children_of(serve_pid);
+    assert_eq!(cli.len(), 1, "one CLI process under warden: {cli:?}");
+    let cli = cli[0];
+    let mut cleanup = EndOnDrop(cli);
+
+    node.start_kill().expect("SIGKILL");
+    let _ = tokio::time::timeout(PATIENCE, node.wait())
+        .await
+        .expect("dead in time");
+    drop(response);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        group_alive(cli),
+        "the CLI outlived warden (what the restart must end)"
+    );
+
+    let (mut node, base, token, logged) = serve_logged(&data, &mock.base_url(), &flags, &env).await;
+    let events = client
+        .get(format!("{base}/v1/turns/{id}/events"))
+        .bearer_auth(&token)
+        .send()
+        .await
+        .expect("get");
+    let (kind, data) = last_event(events).await;
+    assert_eq!(kind, "done", "{data}");
+    let text = data["text"].as_str().unwrap_or_default();
+    assert!(
+        text.starts_with(ANSWER) && text.matches(ANSWER).count() == 1,
+        "the re-delivered message answered once: {data}"
+    );
+    eventually(
+        Duration::from_secs(10),
+        "the orphaned CLI group ended",
+        || !group_alive(cli),
+    )
+    .await;
+    cleanup.0 = 0;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(
+        mock.requests_to(path),
+        2,
+        "the stalled request and the re-delivered one, nothing else"
+    );
+    assert!(
+        logged
+            .lock()
+            .iter()
+            .any(|l| l.contains("ended 1 agent process group")),
+        "the restart says what it ended: {:?}",
+        logged.lock()
+    );
+    node.start_kill().expect("SIGKILL");
+    let _ = tokio::time::timeout(PATIENCE, node.wait()).await;
+    mock.shutdown().await;
+    dir
+}
+
+/// Codex's session files (one per thread) under `home`.
+fn codex_threads(home: &Path) -> Vec<PathBuf> {
+    let mut files = Vec::new();
+    let mut dirs = vec![home.join(".codex/sessions")];
+    while let Some(dir) = dirs.pop() {
+        for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+            if e.path().is_dir() {
+                dirs.push(e.path());
+            } else {
+                files.push(e.path());
+            }
+        }
+    }
+    files
+}
+
+/// Codex: re-delivered on the same thread (the orphan no longer holds
+/// it), answered once, the orphan gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_codex_turn_killed_with_warden_is_redelivered_once_on_its_thread_and_its_cli_ended() {
+    let Some(bin) = cli_bin(
+        "WARDEN_CODEX_BIN",
+        "WARDEN_REQUIRE_CODEX",
+        "a_codex_turn_killed_with_warden",
+    ) else {
+        return;
+    };
+    let env = [
+        ("WARDEN_CODEX_BIN", bin.as_str()),
+        ("OPENAI_API_KEY", "dummy"),
+    ];
+    let dir = kill_9_mid_turn("codex", "/v1/responses", &env).await;
+    let threads = codex_threads(&dir.path().join("home"));
+    assert_eq!(threads.len(), 1, "one thread, resumed: {threads:?}");
+}
+
+/// Gemini: re-delivered (fresh: a first turn that failed leaves Gemini
+/// nothing to resume), answered once, the orphan gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gemini_turn_killed_with_warden_is_redelivered_once_and_its_cli_ended() {
+    let Some(bin) = cli_bin(
+        "WARDEN_GEMINI_BIN",
+        "WARDEN_REQUIRE_GEMINI",
+        "a_gemini_turn_killed_with_warden",
+    ) else {
+        return;
+    };
+    let env = [
+        ("WARDEN_GEMINI_BIN", bin.as_str()),
+        ("GEMINI_API_KEY", "dummy"),
+    ];
+    kill_9_mid_turn(
+        "gemini",
+        "/v1beta/models/gemini-2.5-pro:streamGenerateContent",
+        &env,
+    )
+    .await;
+}
