@@ -39,13 +39,13 @@ pub(crate) struct ProxyArgs {
     #[arg(long)]
     allow_remote: bool,
     /// Where Anthropic requests go (those with an `anthropic-version`
-    /// header). Default https://api.anthropic.com. An upstream named here
+    /// header). Default `https://api.anthropic.com`. An upstream named here
     /// is checked for reachability at start; the defaults are not (an
     /// upstream nobody uses is never probed).
     #[arg(long, value_name = "URL")]
     anthropic_upstream: Option<String>,
     /// Where OpenAI requests go (API requests without `anthropic-version`).
-    /// Default https://api.openai.com.
+    /// Default `https://api.openai.com`.
     #[arg(long, value_name = "URL")]
     openai_upstream: Option<String>,
     /// Where requests for other paths (not `/v1/…`) go, unwatched. Without
