@@ -337,7 +337,12 @@ async fn sessions_go_home_and_replies_continue_after_outages_of_two_and_ten_ttls
             for (kind, data) in &seen {
                 if kind == "continuing" || kind == "retrying" {
                     let code = data["code"].as_str().unwrap_or("?");
-                    *codes.entry(format!("{kind} {code}")).or_default() += 1;
+                    let marker = format!("{kind} {code}");
+                    // Continued (not started over), and the cause named.
+                    if marker != "continuing ESTORE_UNREACHABLE" {
+                        failures.push(format!("round {round}: {} marked {marker}", keys[i]));
+                    }
+                    *codes.entry(marker).or_default() += 1;
                 }
             }
             let (last, data) = seen.last().expect("an end");

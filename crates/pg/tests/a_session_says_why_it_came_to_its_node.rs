@@ -39,7 +39,9 @@ async fn a_handover_a_death_and_a_node_that_lived_each_have_their_code() {
     let pg = store(&config).await;
     let ttl = Duration::from_millis(600);
     let a = NodeStore::new(pg.clone(), "node-a", ttl);
-    let b = NodeStore::new(pg.clone(), "node-b", ttl);
+    // (No return grace: the leases here expire by hand, after A's beats,
+    // and B is to take them at once.)
+    let b = NodeStore::new(pg.clone(), "node-b", ttl).with_return_grace(Duration::ZERO);
     let placement = Node::new(b.clone(), "http://b.invalid").placement();
 
     // Given back (a drain): a handover.
@@ -105,7 +107,9 @@ async fn a_session_taken_right_after_this_nodes_outage_says_the_store_was_unreac
     let key = SessionKey::new("k");
     assert!(a.claim(&key).await.expect("claim").is_some());
 
-    let b = NodeStore::new(pg.clone(), "node-b", ttl);
+    // (No return grace: B is to take the session as soon as the database
+    // answers, as a node did before sessions went home.)
+    let b = NodeStore::new(pg.clone(), "node-b", ttl).with_return_grace(Duration::ZERO);
     let (source, _control) = warden_core::testing::ChannelSource::new();
     let factory =
         move |_: &SessionKey| source.clone() as std::sync::Arc<dyn warden_core::EventSource>;
