@@ -7,7 +7,7 @@ mod common;
 use std::time::Duration;
 
 use common::*;
-use warden_core::{AgentEvent, Frame, LifecycleEvent, Unstick, ResumeCause};
+use warden_core::{AgentEvent, Frame, LifecycleEvent, ResumeCause, Unstick};
 
 /// Keeps `attempt` alive with a ping every 10 s for `total`.
 async fn ping_for(attempt: &warden_core::testing::AttemptControl, total: Duration) {
@@ -60,11 +60,7 @@ async fn a_turn_alive_but_never_finishing_is_listed_and_retried() {
             .is_empty()
     );
 
-    assert!(
-        sup.recover("stuck", Unstick::Retry)
-            .await
-            .expect("recover")
-    );
+    assert!(sup.recover("stuck", Unstick::Retry).await.expect("recover"));
     first.dropped().within("the stuck stream is stopped").await;
     let retry = wait_for(&mut events, |e| {
         matches!(e, LifecycleEvent::RetryScheduled { .. })
@@ -101,9 +97,7 @@ async fn a_turn_alive_but_never_finishing_is_listed_and_retried() {
             .is_empty()
     );
     assert!(
-        !sup.recover("stuck", Unstick::Retry)
-            .await
-            .expect("recover"),
+        !sup.recover("stuck", Unstick::Retry).await.expect("recover"),
         "nothing runs: nothing to recover"
     );
     assert!(

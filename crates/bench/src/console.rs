@@ -87,7 +87,7 @@ async fn run(browser: &Browser, sessions: usize, secs: u64) -> Figures {
         .expect("supervisor");
     let app = warden_serve::router(
         supervisor.clone(),
-        warden_serve::ServeConfig::new(TOKEN).with_agent("anthropic"),
+        warden_serve::ServeConfig::new(TOKEN).with_agent(warden_serve::Agent::Anthropic),
     );
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
