@@ -57,9 +57,14 @@
 //! 13. `jaeger`: CPU per turn and p50/p99 turn latency with every span
 //!     exported to a real Jaeger (`.ci/jaeger`'s, `WARDEN_JAEGER_OTLP`)
 //!     against no exporter (issue #43); see [`jaeger`].
+//! 14. `agents`: per-turn wall time of Claude Code, Codex and Gemini
+//!     through warden against the mock, each against Claude Code's (issue
+//!     #41; the CLIs from `WARDEN_*_BIN`, skipped with a reason when
+//!     missing); see [`agents`].
 #![allow(unsafe_code)] // the counting global allocator below
 #![allow(missing_docs, unreachable_pub)]
 
+mod agents;
 mod backoff;
 mod cluster;
 mod console;
@@ -1130,6 +1135,9 @@ fn main() {
         }
         if want("console") {
             console::bench_console(quick).await;
+        }
+        if want("agents") {
+            agents::bench_agents(quick).await;
         }
     });
     if want("telemetry") {
