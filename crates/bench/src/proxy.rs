@@ -419,9 +419,14 @@ pub async fn bench_proxy(quick: bool) {
         let here_proxy = per(cpu("self") - cpu2, proxied.len());
         let proxy_cpu = per(proxy.cpu() - p1, proxied.len());
         let added = |v: &[u64], p: f64| pct(v, p) as i64 - pct(&direct, p) as i64;
-        let ratio = added(&proxied, 0.99) as f64 / added(&relayed, 0.99).max(1) as f64;
+        // A negative added p99 is noise (the direct run's tail was the
+        // worse one): no ratio is printed from it.
+        let ratio = match (added(&proxied, 0.99), added(&relayed, 0.99)) {
+            (p, r) if p > 0 && r > 0 => format!("{:.2}x", p as f64 / r as f64),
+            _ => "n/a (a tail below direct's: noise)".to_owned(),
+        };
         println!(
-            "| {n} ({} ev/s) | {} / {} | {} / {} | {} / {} | {ratio:.2}x | {relay_cpu:.1} / {proxy_cpu:.1} | {:.2}x | {here_direct:.1} / {here_relay:.1} / {here_proxy:.1} |",
+            "| {n} ({} ev/s) | {} / {} | {} / {} | {} / {} | {ratio} | {relay_cpu:.1} / {proxy_cpu:.1} | {:.2}x | {here_direct:.1} / {here_relay:.1} / {here_proxy:.1} |",
             (n as f64 / interval.as_secs_f64()).round(),
             pct(&direct, 0.5),
             pct(&direct, 0.99),
