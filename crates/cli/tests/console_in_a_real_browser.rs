@@ -428,7 +428,33 @@ async fn the_console_shows_the_clusters_nodes_leases_and_a_failover() {
                 .any(|l| l.contains("moving") && l.contains("node-a"))
         })
         .await;
+    // B is dead in the members' table, and the story says where its
+    // sessions went.
+    browser
+        .text_until("#nodes-table tbody", PATIENCE, |t| {
+            t.lines().any(|l| l.contains("node-b") && l.contains("dead"))
+        })
+        .await;
+    let story = browser
+        .text_until("#cluster-story", PATIENCE, |t| t.contains("node-b died"))
+        .await;
+    assert!(story.contains("1 session taken by node-a"), "{story}");
     screenshot(&browser, "cluster").await;
+
+    // The database goes away: a plain banner, and the live mark no longer
+    // says live; it comes back: the banner goes.
+    let name = db.rsplit('/').next().expect("a database name");
+    database_away(name);
+    browser.wait_visible("#db-banner").await;
+    browser
+        .text_until("#live", PATIENCE, |t| t.contains("database unreachable"))
+        .await;
+    screenshot(&browser, "cluster-database-unreachable").await;
+    database_back(name);
+    browser
+        .text_until("#live", PATIENCE, |t| t == "● live")
+        .await;
+    assert!(!browser.visible("#db-banner").await, "the banner is gone");
     // The sessions table names each session's node and epoch.
     c.goto(&format!("{a_base}/ui#/sessions"))
         .await

@@ -31,6 +31,7 @@ const FILES: &[(&str, &str, &str)] = &[
     ("turn.js", JS, include_str!("console/turn.js")),
     ("timeline.js", JS, include_str!("console/timeline.js")),
     ("cluster.js", JS, include_str!("console/cluster.js")),
+    ("health.js", JS, include_str!("console/health.js")),
     ("console.css", CSS, include_str!("console/console.css")),
 ];
 

@@ -207,3 +207,32 @@ pub(crate) async fn fresh_db(prefix: &str) -> Option<String> {
     let (base, _) = url.rsplit_once('/').expect("a URL with a database");
     Some(format!("{base}/{name}"))
 }
+
+/// Runs `sql` on `WARDEN_PG_URL` (the admin URL), failing the test if it
+/// fails.
+pub(crate) fn admin_sql(sql: &str) {
+    let url = std::env::var("WARDEN_PG_URL").expect("WARDEN_PG_URL");
+    let psql = std::process::Command::new("psql")
+        .args([url.as_str(), "-qAtc", sql])
+        .output()
+        .expect("psql runs");
+    assert!(
+        psql.status.success(),
+        "{sql}: {}",
+        String::from_utf8_lossy(&psql.stderr)
+    );
+}
+
+/// Database `db` goes away as in a restart (new connections refused, the
+/// open ones cut), until [`database_back`].
+pub(crate) fn database_away(db: &str) {
+    admin_sql(&format!("ALTER DATABASE {db} ALLOW_CONNECTIONS false"));
+    admin_sql(&format!(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = '{db}'"
+    ));
+}
+
+/// Database `db` takes connections again.
+pub(crate) fn database_back(db: &str) {
+    admin_sql(&format!("ALTER DATABASE {db} ALLOW_CONNECTIONS true"));
+}

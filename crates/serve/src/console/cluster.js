@@ -18,10 +18,42 @@ export async function openCluster() {
   }
   $("cluster-node").textContent = view.node ? `(this node: ${view.node})` : "";
   const rtt = view.database_round_trip_ms;
-  $("cluster-figures").textContent = `leases held here ${view.leases_held} · lost ${view.leases_lost} · taken over ${view.takeovers} · database round trip ${rtt == null ? "unreachable" : `${rtt.toFixed(1)} ms`}`;
-  fill("nodes-table", view.nodes, (n) => [`${n.node}${n.here ? " (here)" : ""}`, n.advertise || "", `${n.heartbeat_age_secs.toFixed(1)} s`, String(n.sessions)], [2, 3]);
+  $("cluster-figures").textContent = `this node: leases held ${view.leases_held} · lost ${view.leases_lost} · taken over ${view.takeovers} · database round trip ${rtt == null ? "unreachable" : `${rtt.toFixed(1)} ms`}`;
+  fill("nodes-table", view.nodes, (n) => [`${n.node}${n.here ? " (here)" : ""}`, n.state || "–", n.advertise || "", `${n.heartbeat_age_secs.toFixed(1)} s`, String(n.sessions)], [3, 4]);
+  for (const row of $("nodes-table").tBodies[0].rows) {
+    const cell = row.cells[1];
+    cell.className = `state-${cell.textContent}`;
+  }
+  story(view.moves);
   fill("leases-table", sessions, (s) => [s.key, s.owner || "–", String(s.epoch), s.lease_remaining_secs == null ? "released" : s.lease_remaining_secs < 0 ? `expired ${(-s.lease_remaining_secs).toFixed(1)} s ago` : `${s.lease_remaining_secs.toFixed(1)} s`], [2, 3]);
   fill("moves-table", view.moves, (m) => [clock(m.at_ms), m.key, m.kind, `${m.from} → ${m.to}`, String(m.epoch)], [4]);
+}
+
+/**
+ * What the moves say happened, one line per node that lost sessions:
+ * "node-b died (moves from 12:01:07) — 3 sessions taken by node-a, 2 by
+ * node-c" (failovers: its leases ran out), or "… left … — handed to …"
+ * (handovers). From the latest move of each session, so a session that
+ * moved again since counts for its last move only.
+ */
+function story(moves) {
+  const lost = new Map(); // from -> { kind, at, to: Map(node -> count) }
+  for (const m of moves) {
+    const k = `${m.from}\u0000${m.kind}`;
+    const entry = lost.get(k) || { from: m.from, kind: m.kind, at: m.at_ms, to: new Map() };
+    entry.at = Math.min(entry.at, m.at_ms);
+    entry.to.set(m.to, (entry.to.get(m.to) || 0) + 1);
+    lost.set(k, entry);
+  }
+  const list = $("cluster-story");
+  list.textContent = "";
+  for (const e of [...lost.values()].sort((a, b) => b.at - a.at)) {
+    const failover = e.kind === "failover";
+    const parts = [...e.to].map(([node, n], i) => `${n}${i === 0 ? ` session${n === 1 ? "" : "s"} ${failover ? "taken" : "handed"}` : ""} ${failover ? "by" : "to"} ${node}`);
+    const li = document.createElement("li");
+    li.textContent = `${e.from} ${failover ? "died" : "left"} (moves from ${clock(e.at)}) — ${parts.join(", ")}`;
+    list.append(li);
+  }
 }
 
 function fill(table, rows, cellsOf, numeric) {

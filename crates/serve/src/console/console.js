@@ -6,6 +6,7 @@
 
 import { api, Refused, TOKEN_KEY, token, tokenHint } from "./api.js";
 import { openCluster } from "./cluster.js";
+import { watchHealth } from "./health.js";
 import { flushStale, followLifecycle, paint, refreshAll, resort } from "./sessions.js";
 import { $, hooks, state } from "./state.js";
 import { shown } from "./text.js";
@@ -45,11 +46,13 @@ function signOut(message) {
   for (const id of ["reply", "timeline", "bars", "prompt", "turn-meta", "session-meta", "session-key", "action-result", "send-result", "session-count"]) $(id).textContent = "";
   $("send-message").value = "";
   for (const id of ["turns-table", "nodes-table", "leases-table", "moves-table"]) $(id).tBodies[0].textContent = "";
+  $("cluster-story").textContent = "";
   $("nav").hidden = true;
   $("signout").hidden = true;
   state.server = null;
   $("server").textContent = "";
   $("live").textContent = "";
+  state.streaming = null;
   $("login-error").textContent = message || "";
   show("login");
   $("token").focus();
@@ -73,6 +76,7 @@ async function signIn() {
   $("login-error").textContent = "";
   await refreshAll();
   followLifecycle();
+  if (s.cluster) watchHealth();
   if (!state.timers) {
     state.timers = true;
     // Other nodes' sessions change without events here: look again often.

@@ -4,6 +4,7 @@
 
 import { api, Refused, sse, token } from "./api.js";
 import { $, hooks, measure, state } from "./state.js";
+import { markLive } from "./health.js";
 import { ago, cells, contextText, put, shown } from "./text.js";
 import { followTurn, onTurnLifecycle } from "./turn.js";
 
@@ -228,7 +229,7 @@ export async function followLifecycle() {
     const abort = new AbortController();
     state.live = abort;
     try {
-      $("live").textContent = "● live";
+      markLive(true);
       for await (const e of sse("/v1/events", abort.signal, last)) {
         if (e.id != null) last = e.id;
         // A `reset` alone is no sign the stream works: a connection that
@@ -240,7 +241,7 @@ export async function followLifecycle() {
       if (e instanceof Refused) return hooks.signOut("The token was refused.");
       if (abort.signal.aborted) return;
     }
-    $("live").textContent = "○ reconnecting";
+    markLive(false);
     failures += 1;
     await new Promise((r) => setTimeout(r, Math.min(5000, 250 * 2 ** failures)));
     if (!token()) return;

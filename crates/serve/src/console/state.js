@@ -26,6 +26,9 @@ export const state = {
   // records how long it takes to draw what it receives (User Timing).
   profile: sessionStorage.getItem("warden-profile") === "1",
   timers: false, // the periodic refreshes, started at the first sign-in
+  health: null, // the /readyz poll's interval
+  databaseDown: false, // this node cannot reach its database (a cluster node)
+  streaming: null, // the lifecycle stream: connected, reconnecting, or not started
 };
 
 /** What modules call back into the page's entry (set by console.js). */
