@@ -17,6 +17,7 @@
 //! default, 1 s with `--quick`, `WARDEN_STREAM_TIMEOUT` (ms) overrides.
 
 mod agent;
+mod clis;
 mod plan;
 mod summary;
 mod view;
@@ -78,6 +79,14 @@ pub(crate) struct DemoArgs {
     /// Plain lines even on a terminal (no live table).
     #[arg(long)]
     plain: bool,
+    /// Instead: one session per agent CLI installed here (Claude Code,
+    /// Codex, Gemini CLI; WARDEN_CLAUDE_BIN, WARDEN_CODEX_BIN,
+    /// WARDEN_GEMINI_BIN or on PATH) against the built-in mock, two turns
+    /// each, the second resuming; a CLI that is not installed is skipped
+    /// with the reason. Each runs with its own home under
+    /// DIR/demo-agents: the user's own configuration is not touched.
+    #[arg(long, conflicts_with_all = ["json", "quick"])]
+    agents: bool,
 }
 
 /// What one workspace's driver saw.
@@ -101,6 +110,9 @@ impl Notifier for DemoNotifier {
 
 /// Runs `warden demo`.
 pub(crate) async fn run(args: DemoArgs, exporting: bool) -> Result<Exit, CliError> {
+    if args.agents {
+        return clis::run(&paths::data_dir(args.data_dir)?).await;
+    }
     let default_timeout = if args.quick {
         Duration::from_secs(1)
     } else {
