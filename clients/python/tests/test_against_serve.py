@@ -340,13 +340,17 @@ class AgainstServe(unittest.TestCase):
                 if isinstance(value, property) and attr != "at"
             }
             self.assertLessEqual(read, fields, f"{name} reads fields its schema lacks")
+        # The agents, as the contract's one enum lists them.
+        from warden_client import AGENTS
+
+        self.assertEqual(set(AGENTS), set(enum(schemas["Agent"])), "the contract's agents")
         # The outcomes `turns()` reports, as the contract lists them.
         outcomes = set(enum(schemas["TurnSummary"]["properties"]["outcome"]))
         self.assertEqual(outcomes, {"done", "error", "running", "pending", "moved"})
         # Every field `send` sends is one the contract takes.
         from warden_client._common import turn_body
 
-        body = turn_body("m", None, "k", "model", "agent")
+        body = turn_body("m", None, "k", "model", "codex")
         self.assertLessEqual(set(body), set(schemas["NewTurn"]["properties"]))
         params = document["paths"]["/v1/turns"]["post"]["parameters"]
         self.assertIn("Idempotency-Key", [p["name"] for p in params])

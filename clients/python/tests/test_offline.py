@@ -147,5 +147,18 @@ class ErrorsBeforeSending(unittest.TestCase):
         self.assertEqual(e.exception.type, "invalid_response")
 
 
+class AgentsTest(unittest.TestCase):
+    def test_an_agent_outside_the_contract_is_refused_before_sending(self):
+        from warden_client import AGENTS
+        from warden_client._common import turn_body
+
+        self.assertIn("codex", AGENTS)
+        self.assertEqual(turn_body("m", None, "k", None, "codex")["agent"], "codex")
+        with self.assertRaises(InvalidRequest) as e:
+            turn_body("m", None, "k", None, "claude")
+        self.assertEqual(e.exception.status, 0)
+        self.assertIn("claude-code", str(e.exception))
+
+
 if __name__ == "__main__":
     unittest.main()

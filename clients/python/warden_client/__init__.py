@@ -10,6 +10,7 @@ over HTTP + SSE, from Python (sync and async).
 """
 
 from ._async import AsyncTurn, AsyncWarden
+from ._common import AGENTS, Agent
 from ._sync import Turn, Warden
 from ._errors import (
     Conflict,
@@ -38,6 +39,8 @@ from ._events import (
 )
 
 __all__ = [
+    "AGENTS",
+    "Agent",
     "AsyncTurn",
     "AsyncWarden",
     "Conflict",

@@ -12,6 +12,7 @@ from httpx_sse import aconnect_sse
 from . import _sse
 from ._common import (
     MAX_REATTACHES,
+    Agent,
     backoff,
     decode_lifecycle_event,
     decode_turn_event,
@@ -136,7 +137,7 @@ class AsyncWarden:
         workspace: Optional[str] = None,
         key: Optional[str] = None,
         model: Optional[str] = None,
-        agent: Optional[str] = None,
+        agent: Optional[Agent] = None,
         idempotency_key: Optional[str] = None,
     ) -> AsyncTurn:
         """See :meth:`warden_client.Warden.send`."""

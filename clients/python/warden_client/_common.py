@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Literal, Optional, get_args
 from urllib.parse import quote
 
 import httpx
@@ -48,17 +48,32 @@ def q(part: str) -> str:
     return quote(part, safe="")
 
 
+#: The agents a ``warden serve`` session may run: the contract's ``Agent``
+#: enum (``clients/openapi.json``; the suite checks they are the same).
+Agent = Literal["claude-code", "codex", "gemini", "anthropic", "openai"]
+
+#: :data:`Agent`'s values.
+AGENTS = get_args(Agent)
+
+
 def turn_body(
     message: str,
     workspace: Optional[str],
     key: Optional[str],
     model: Optional[str],
-    agent: Optional[str],
+    agent: Optional[Agent],
 ) -> Dict[str, Any]:
     """The body of ``POST /v1/turns``; :class:`InvalidRequest` unless
-    exactly one of ``workspace`` and ``key`` is given."""
+    exactly one of ``workspace`` and ``key`` is given, or for an ``agent``
+    that is not one of :data:`AGENTS`."""
     if (workspace is None) == (key is None):
         raise InvalidRequest(0, "invalid_request", "give exactly one of workspace= or key=")
+    if agent is not None and agent not in AGENTS:
+        raise InvalidRequest(
+            0,
+            "invalid_request",
+            f"agent must be one of {', '.join(AGENTS)}, not {agent!r}",
+        )
     body: Dict[str, Any] = {"message": message}
     if workspace is not None:
         body["workspace"] = str(workspace)

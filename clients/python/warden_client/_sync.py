@@ -11,6 +11,7 @@ from httpx_sse import connect_sse
 from . import _sse
 from ._common import (
     MAX_REATTACHES,
+    Agent,
     backoff,
     decode_lifecycle_event,
     decode_turn_event,
@@ -140,7 +141,7 @@ class Warden:
         workspace: Optional[str] = None,
         key: Optional[str] = None,
         model: Optional[str] = None,
-        agent: Optional[str] = None,
+        agent: Optional[Agent] = None,
         idempotency_key: Optional[str] = None,
     ) -> Turn:
         """Sends ``message`` to the session of ``workspace`` (an absolute

@@ -165,7 +165,7 @@ async fn the_python_client_installed_as_its_readme_says_passes_against_a_real_se
         "the suite failed against the installed package:\n{}",
         suite.1
     );
-    assert!(suite.1.contains("Ran 21 tests"), "{}", suite.1);
+    assert!(suite.1.contains("Ran 22 tests"), "{}", suite.1);
     assert!(
         served.cuts() >= 2,
         "the relay cut both flaky turns' streams"
