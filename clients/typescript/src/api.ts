@@ -461,6 +461,18 @@ export interface components {
             database_round_trip_ms: number | null;
             /**
              * Format: uint64
+             * @description Cluster wide, read from the database: sessions that failed over
+             *     (taken after their node's lease ran out) in the last hour.
+             */
+            failovers_last_hour: number;
+            /**
+             * Format: uint64
+             * @description Cluster wide: sessions handed over (given back, then taken) in the
+             *     last hour.
+             */
+            handovers_last_hour: number;
+            /**
+             * Format: uint64
              * @description Leases this node holds.
              */
             leases_held: number;
@@ -469,6 +481,11 @@ export interface components {
              * @description Leases this node lost since it started.
              */
             leases_lost: number;
+            /**
+             * @description Cluster wide: the last hour's moves by the nodes they went between
+             *     and why, most first (each session counted for its latest move).
+             */
+            moved_last_hour: components["schemas"]["MoveCount"][];
             /**
              * @description The latest move of each session that changed nodes, newest first
              *     (at most 50).
@@ -746,6 +763,23 @@ export interface components {
          * @enum {string}
          */
         MemberState: "alive" | "dead" | "left";
+        /**
+         * @description Sessions that moved between two nodes for one reason (`GET
+         *     /v1/cluster`'s `moved_last_hour`).
+         */
+        MoveCount: {
+            /** @description The node that had them. */
+            from: string;
+            /** @description Why they moved. */
+            kind: components["schemas"]["MoveKind"];
+            /**
+             * Format: uint64
+             * @description How many.
+             */
+            sessions: number;
+            /** @description The node that holds them now. */
+            to: string;
+        };
         /**
          * @description Whether a session changed nodes because its owner's lease expired or was given back. `failover`: The old lease had expired. `handover`: It was given back (a graceful stop, an idle release).
          * @enum {string}

@@ -439,6 +439,14 @@ async fn the_console_shows_the_clusters_nodes_leases_and_a_failover() {
         .text_until("#cluster-story", PATIENCE, |t| t.contains("node-b died"))
         .await;
     assert!(story.contains("1 session taken by node-a"), "{story}");
+    // The cluster's own figures, read from the database: one failover.
+    let wide = browser
+        .text_until("#cluster-wide", PATIENCE, |t| t.contains("1 failover"))
+        .await;
+    assert!(
+        wide.contains("1 failover (node-b → node-a 1) · 0 handovers"),
+        "{wide}"
+    );
     screenshot(&browser, "cluster").await;
 
     // The database goes away: a plain banner, and the live mark no longer

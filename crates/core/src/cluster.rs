@@ -63,6 +63,17 @@ pub trait Placement: Send + Sync + 'static {
         Box::pin(async { None })
     }
 
+    /// How many sessions changed nodes within the last `within`, cluster
+    /// wide, by kind and by the nodes they moved between (each session's
+    /// latest move), for `GET /v1/cluster`. Default `None`: not known.
+    fn move_counts(
+        &self,
+        within: Duration,
+    ) -> BoxFuture<'_, Option<Result<Vec<MoveCount>, String>>> {
+        let _ = within;
+        Box::pin(async { None })
+    }
+
     /// Why session `key` came to this node, asked when the node
     /// re-delivers one of its turns: the code the turn's `continuing` or
     /// `retrying` marker carries ([`Arrival::code`]). Default `None`: not
@@ -145,6 +156,77 @@ impl SessionMove {
     }
 }
 
+/// How many sessions moved from one node to another in a while, and why
+/// (an entry of [`Placement::move_counts`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
+pub struct MoveCount {
+    /// The node that had them.
+    pub from: String,
+    /// The node that took them.
+    pub to: String,
+    /// `failover` or `handover` (as [`SessionMove::kind`]).
+    pub kind: &'static str,
+    /// How many.
+    pub sessions: u64,
+}
+
+impl MoveCount {
+    /// `sessions` moved `from` → `to`; failovers when `expired`, else
+    /// handovers.
+    pub fn new(
+        from: impl Into<String>,
+        to: impl Into<String>,
+        expired: bool,
+        sessions: u64,
+    ) -> Self {
+        Self {
+            from: from.into(),
+            to: to.into(),
+            kind: if expired { "failover" } else { "handover" },
+            sessions,
+        }
+    }
+}
+
+/// Durations counted into buckets, as a Prometheus histogram exposes them.
+#[derive(Debug, Clone, Default, PartialEq)]
+#[non_exhaustive]
+pub struct Timings {
+    /// Each bucket's upper bound in seconds with how many durations fell
+    /// in it (above the bound before it; not cumulative); the last bound is
+    /// `f64::MAX` (`+Inf`).
+    pub buckets: Vec<(f64, u64)>,
+    /// The sum of every duration, in seconds.
+    pub sum_secs: f64,
+    /// How many durations.
+    pub count: u64,
+}
+
+impl Timings {
+    /// Empty buckets with these upper bounds (seconds, ascending), and
+    /// one for the rest.
+    pub fn new(bounds: &[f64]) -> Self {
+        let mut buckets: Vec<(f64, u64)> = bounds.iter().map(|b| (*b, 0)).collect();
+        buckets.push((f64::MAX, 0));
+        Self {
+            buckets,
+            sum_secs: 0.0,
+            count: 0,
+        }
+    }
+
+    /// Counts `d`.
+    pub fn observe(&mut self, d: Duration) {
+        let secs = d.as_secs_f64();
+        if let Some(b) = self.buckets.iter_mut().find(|(bound, _)| secs <= *bound) {
+            b.1 += 1;
+        }
+        self.sum_secs += secs;
+        self.count += 1;
+    }
+}
+
 /// A cluster node's figures, as `GET /metrics` exposes them
 /// (`warden_cluster_*`; see `docs/cluster.md`).
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -164,6 +246,16 @@ pub struct ClusterStats {
     pub database_round_trip: Option<Duration>,
     /// Every member the database lists.
     pub nodes: Vec<NodeStats>,
+    /// The sessions it took over from a dead node since it started, each
+    /// timed from that node's last heartbeat to the session's first
+    /// lifecycle event here (see `docs/cluster.md`).
+    pub failovers: Timings,
+    /// The database outages it lived through since it started (its
+    /// heartbeats failing; the one in progress included).
+    pub database_outages: u64,
+    /// How long it could not reach the database in all, from each
+    /// outage's first failed heartbeat to the next that worked (or now).
+    pub database_outage: Duration,
 }
 
 /// One member of a cluster, as the database sees it.

@@ -13,7 +13,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
-use warden_core::cluster::ClusterStats;
+use warden_core::cluster::{ClusterStats, Timings};
 use warden_core::{LifecycleEvent, Supervisor, names};
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -45,12 +45,47 @@ struct MemberState {
     state: &'static str,
 }
 
+/// A histogram whose buckets are counted elsewhere (the placement's
+/// [`Timings`]), set at each scrape.
+#[derive(Debug, Clone)]
+struct Counted(Arc<Mutex<Timings>>);
+
+impl Default for Counted {
+    fn default() -> Self {
+        Self(Arc::new(Mutex::new(Timings::new(&[]))))
+    }
+}
+
+impl prometheus_client::metrics::TypedMetric for Counted {
+    const TYPE: prometheus_client::metrics::MetricType =
+        prometheus_client::metrics::MetricType::Histogram;
+}
+
+impl prometheus_client::encoding::EncodeMetric for Counted {
+    fn encode(
+        &self,
+        mut encoder: prometheus_client::encoding::MetricEncoder,
+    ) -> Result<(), std::fmt::Error> {
+        let t = self.0.lock();
+        encoder.encode_histogram::<prometheus_client::encoding::NoLabelSet>(
+            t.sum_secs, t.count, &t.buckets, None,
+        )
+    }
+
+    fn metric_type(&self) -> prometheus_client::metrics::MetricType {
+        <Self as prometheus_client::metrics::TypedMetric>::TYPE
+    }
+}
+
 /// A cluster node's metrics (`warden_cluster_*`).
 struct Cluster {
     leases_held: Gauge,
     leases_lost: Counter,
     takeovers: Counter,
     database_errors: Counter,
+    database_outages: Counter,
+    database_outage_seconds: Counter<f64, std::sync::atomic::AtomicU64>,
+    failover_seconds: Counted,
     database_up: Gauge,
     database_round_trip: Gauge<f64, std::sync::atomic::AtomicU64>,
     forwarded: Family<Outcome, Counter>,
@@ -139,6 +174,9 @@ impl Metrics {
                 leases_lost: Counter::default(),
                 takeovers: Counter::default(),
                 database_errors: Counter::default(),
+                database_outages: Counter::default(),
+                database_outage_seconds: Counter::default(),
+                failover_seconds: Counted::default(),
                 database_up: Gauge::default(),
                 database_round_trip: Gauge::default(),
                 forwarded: Family::default(),
@@ -165,6 +203,21 @@ impl Metrics {
                 "database_errors",
                 "Failed database round trips of the node's background work and placement",
                 c.database_errors.clone(),
+            );
+            r.register(
+                "database_outages",
+                "Database outages this node lived through (its heartbeats failing), the one now included",
+                c.database_outages.clone(),
+            );
+            r.register(
+                "database_outage_seconds",
+                "Seconds this node could not reach the database: each outage from its first failed heartbeat to the next that worked (or now)",
+                c.database_outage_seconds.clone(),
+            );
+            r.register(
+                "failover_seconds",
+                "Sessions this node took over from a dead node, each from that node's last heartbeat to the session's first lifecycle event here",
+                c.failover_seconds.clone(),
             );
             r.register(
                 "database_up",
@@ -279,6 +332,15 @@ impl Metrics {
                 catch_up(&c.leases_lost, stats.leases_lost);
                 catch_up(&c.takeovers, stats.takeovers);
                 catch_up(&c.database_errors, stats.database_errors);
+                catch_up(&c.database_outages, stats.database_outages);
+                let (outage, now) = (
+                    stats.database_outage.as_secs_f64(),
+                    c.database_outage_seconds.get(),
+                );
+                if outage > now {
+                    c.database_outage_seconds.inc_by(outage - now);
+                }
+                *c.failover_seconds.0.lock() = stats.failovers;
                 c.database_up
                     .set(i64::from(stats.database_round_trip.is_some()));
                 c.database_round_trip.set(

@@ -19,6 +19,7 @@ export async function openCluster() {
   $("cluster-node").textContent = view.node ? `(this node: ${view.node})` : "";
   const rtt = view.database_round_trip_ms;
   $("cluster-figures").textContent = `this node: leases held ${view.leases_held} · lost ${view.leases_lost} · taken over ${view.takeovers} · database round trip ${rtt == null ? "unreachable" : `${rtt.toFixed(1)} ms`}`;
+  $("cluster-wide").textContent = `cluster, last hour: ${wide(view)}`;
   fill("nodes-table", view.nodes, (n) => [`${n.node}${n.here ? " (here)" : ""}`, n.state || "–", n.advertise || "", `${n.heartbeat_age_secs.toFixed(1)} s`, String(n.sessions)], [3, 4]);
   for (const row of $("nodes-table").tBodies[0].rows) {
     const cell = row.cells[1];
@@ -27,6 +28,18 @@ export async function openCluster() {
   story(view.moves);
   fill("leases-table", sessions, (s) => [s.key, s.owner || "–", String(s.epoch), s.lease_remaining_secs == null ? "released" : s.lease_remaining_secs < 0 ? `expired ${(-s.lease_remaining_secs).toFixed(1)} s ago` : `${s.lease_remaining_secs.toFixed(1)} s`], [2, 3]);
   fill("moves-table", view.moves, (m) => [clock(m.at_ms), m.key, m.kind, `${m.from} → ${m.to}`, String(m.epoch)], [4]);
+}
+
+/**
+ * The cluster's moves of the last hour, counted by the database (not by
+ * the node answering): "2 failovers (node-b → node-a 2) · 0 handovers".
+ */
+function wide(view) {
+  const counted = (kind, total) => {
+    const pairs = view.moved_last_hour.filter((m) => m.kind === kind).map((m) => `${m.from} → ${m.to} ${m.sessions}`);
+    return `${total} ${kind}${total === 1 ? "" : "s"}${pairs.length ? ` (${pairs.join(", ")})` : ""}`;
+  };
+  return `${counted("failover", view.failovers_last_hour)} · ${counted("handover", view.handovers_last_hour)}`;
 }
 
 /**

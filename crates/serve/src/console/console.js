@@ -43,7 +43,7 @@ function signOut(message) {
   state.stale.clear();
   state.dirty.clear();
   $("sessions-table").tBodies[0].textContent = "";
-  for (const id of ["reply", "timeline", "bars", "prompt", "turn-meta", "session-meta", "session-key", "action-result", "send-result", "session-count"]) $(id).textContent = "";
+  for (const id of ["reply", "timeline", "bars", "prompt", "turn-meta", "session-meta", "session-key", "action-result", "send-result", "session-count", "cluster-figures", "cluster-wide"]) $(id).textContent = "";
   $("send-message").value = "";
   for (const id of ["turns-table", "nodes-table", "leases-table", "moves-table"]) $(id).tBodies[0].textContent = "";
   $("cluster-story").textContent = "";

@@ -186,10 +186,21 @@ pub(crate) async fn server_info(State(state): State<AppState>, cluster: Cluster)
 /// Session moves listed by `GET /v1/cluster`.
 const RECENT_MOVES: usize = 50;
 
+/// How far back `GET /v1/cluster` counts the cluster's moves: an hour.
+const MOVES_WITHIN: std::time::Duration = std::time::Duration::from_secs(3600);
+
+/// A placement's move kind (`failover`, `handover`) in the contract.
+fn move_kind(kind: &str) -> api::MoveKind {
+    match kind {
+        "failover" => api::MoveKind::Failover,
+        _ => api::MoveKind::Handover,
+    }
+}
+
 /// `GET /v1/cluster`: the cluster's members (heartbeat age, sessions held,
-/// address), this node's lease figures and the latest session moves
-/// (failovers and handovers), as the database sees them. `404` on a
-/// single node.
+/// address), this node's lease figures, the latest session moves
+/// (failovers and handovers) and the last hour's moves counted cluster
+/// wide, as the database sees them. `404` on a single node.
 pub(crate) async fn cluster_view(cluster: Cluster) -> Result<Response, ApiError> {
     let Some(placement) = cluster.placement() else {
         return Err(ApiError::new(
@@ -220,10 +231,7 @@ pub(crate) async fn cluster_view(cluster: Cluster) -> Result<Response, ApiError>
         Some(Ok(moves)) => moves
             .into_iter()
             .map(|m| api::SessionMove {
-                kind: match m.kind {
-                    "failover" => api::MoveKind::Failover,
-                    _ => api::MoveKind::Handover,
-                },
+                kind: move_kind(m.kind),
                 key: m.key,
                 from: m.from,
                 to: m.to,
@@ -236,12 +244,37 @@ pub(crate) async fn cluster_view(cluster: Cluster) -> Result<Response, ApiError>
         }
         None => Vec::new(),
     };
+    let moved_last_hour = match placement.move_counts(MOVES_WITHIN).await {
+        Some(Ok(counts)) => counts
+            .into_iter()
+            .map(|c| api::MoveCount {
+                kind: move_kind(c.kind),
+                from: c.from,
+                to: c.to,
+                sessions: c.sessions,
+            })
+            .collect(),
+        Some(Err(why)) => {
+            return Err(ApiError::unavailable("database_unreachable", why).retry_after(1));
+        }
+        None => Vec::new(),
+    };
+    let of = |kind| {
+        moved_last_hour
+            .iter()
+            .filter(|c: &&api::MoveCount| c.kind == kind)
+            .map(|c| c.sessions)
+            .sum()
+    };
     Ok(axum::Json(api::ClusterView {
         node: placement.node().map(str::to_owned),
         nodes,
         leases_held: stats.leases_held,
         leases_lost: stats.leases_lost,
         takeovers: stats.takeovers,
+        failovers_last_hour: of(api::MoveKind::Failover),
+        handovers_last_hour: of(api::MoveKind::Handover),
+        moved_last_hour,
         database_round_trip_ms: stats.database_round_trip.map(|d| d.as_secs_f64() * 1000.0),
         moves,
     })
