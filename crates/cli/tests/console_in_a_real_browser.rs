@@ -432,7 +432,8 @@ async fn the_console_shows_the_clusters_nodes_leases_and_a_failover() {
     // sessions went.
     browser
         .text_until("#nodes-table tbody", PATIENCE, |t| {
-            t.lines().any(|l| l.contains("node-b") && l.contains("dead"))
+            t.lines()
+                .any(|l| l.contains("node-b") && l.contains("dead"))
         })
         .await;
     let story = browser
