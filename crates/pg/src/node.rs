@@ -67,10 +67,11 @@ pub struct NodeStore {
     /// node's own writes and when the lease goes.
     prefetched: Arc<Mutex<HashMap<String, (u64, SessionRecord)>>>,
     /// Sessions whose lease this node gave up (lost, fenced, released) and
-    /// has not claimed since, with when: a write does not take their lease,
-    /// nor a claim within [`RETAKE_COOLDOWN`] (see the type's docs). One
-    /// key per session that left this node.
-    given_up: Arc<Mutex<HashMap<String, tokio::time::Instant>>>,
+    /// has not claimed since, with when and the epoch given up (a write
+    /// refused then names it): a write does not take their lease, nor a
+    /// claim within [`RETAKE_COOLDOWN`] (see the type's docs). One key per
+    /// session that left this node.
+    given_up: Arc<Mutex<HashMap<String, (tokio::time::Instant, u64)>>>,
     lost: broadcast::Sender<Lease>,
     /// Leases [`fence_expired`](Self::fence_expired) gave up and reported
     /// on `lost`, until [`Node`](crate::cluster::Node) asks
@@ -245,7 +246,7 @@ impl NodeStore {
     /// How long until this node may take `key`'s lease again, if it gave
     /// it up less than [`RETAKE_COOLDOWN`] ago; `None` otherwise.
     pub fn cooling_down(&self, key: &SessionKey) -> Option<Duration> {
-        let since = *self.given_up.lock().get(key.as_str())?;
+        let (since, _) = *self.given_up.lock().get(key.as_str())?;
         RETAKE_COOLDOWN
             .checked_sub(since.elapsed())
             .filter(|d| !d.is_zero())
@@ -257,24 +258,32 @@ impl NodeStore {
         self.given_up
             .lock()
             .iter()
-            .filter(|(_, at)| at.elapsed() < within)
+            .filter(|(_, (at, _))| at.elapsed() < within)
             .map(|(key, _)| SessionKey::new(key))
             .collect()
     }
 
-    /// Records that this node gave `key`'s lease up now.
-    fn give_up(&self, key: &str) {
-        self.given_up
-            .lock()
-            .insert(key.to_owned(), tokio::time::Instant::now());
+    /// Records that this node gave `lease` up now.
+    fn give_up(&self, lease: &Lease) {
+        self.given_up.lock().insert(
+            lease.key.clone(),
+            (tokio::time::Instant::now(), lease.epoch),
+        );
+    }
+
+    /// The epoch of `key`'s lease this node gave up last, if it has not
+    /// taken it since (0 if it never held one): what a write refused now
+    /// names.
+    fn epoch_given_up(&self, key: &str) -> u64 {
+        self.given_up.lock().get(key).map_or(0, |(_, epoch)| *epoch)
     }
 
     /// Gives `key`'s lease up (on a clean stop).
     pub async fn release(&self, key: &SessionKey) -> Result<(), StoreError> {
         self.prefetched.lock().remove(key.as_str());
         let lease = self.leases().remove(key.as_str());
-        if lease.is_some() {
-            self.give_up(key.as_str());
+        if let Some(l) = &lease {
+            self.give_up(l);
         }
         match lease {
             Some(l) => self.pg.release(&l).await,
@@ -291,7 +300,7 @@ impl NodeStore {
         };
         drop(leases);
         if removed.is_some() {
-            self.give_up(&lease.key);
+            self.give_up(lease);
             self.came_home.lock().remove(&lease.key);
             self.prefetched.lock().remove(&lease.key);
             let mut renewed = self.renewed.lock();
@@ -410,7 +419,7 @@ impl NodeStore {
     fn held_or_lost(&self, key: &SessionKey) -> Result<Lease, StoreError> {
         self.lease_of(key).ok_or_else(|| StoreError::LeaseLost {
             key: key.as_str().to_owned(),
-            epoch: 0,
+            epoch: self.epoch_given_up(key.as_str()),
         })
     }
 
@@ -449,7 +458,9 @@ impl SessionStore for NodeStore {
                 // Given up here: the copy writing is stopping (its lease
                 // lost or fenced); taking the lease for it would hold the
                 // session with nothing running it.
-                None if self.given_up.lock().contains_key(&record.key) => return Err(lost(0)),
+                None if self.given_up.lock().contains_key(&record.key) => {
+                    return Err(lost(self.epoch_given_up(&record.key)));
+                }
                 // A session's first write here.
                 None => match self.claim(&SessionKey::new(&record.key)).await? {
                     Some(l) => l,
