@@ -317,6 +317,24 @@ async fn a_killed_owners_session_is_taken_over_and_its_message_answered() {
         metrics.lines().any(|l| l == "warden_cluster_leases_held 1"),
         "{metrics}"
     );
+    // And times the failover: from A's last heartbeat (at most a third
+    // of the TTL before the kill) to the session's first event on B (just
+    // before its attempt reached the upstream).
+    let value = |name: &str| -> f64 {
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+            .unwrap_or_else(|| panic!("{name} in {metrics}"))
+    };
+    assert_eq!(value("warden_cluster_failover_seconds_count"), 1.0);
+    let timed = value("warden_cluster_failover_seconds_sum");
+    let seen = failover.as_secs_f64();
+    eprintln!("failover timed by B: {timed:.3} s (the test saw {seen:.3} s)");
+    assert!(
+        (seen - 1.0..=seen + TTL_SECS / 3.0 + 0.25).contains(&timed),
+        "timed {timed} s, seen {seen} s"
+    );
+    assert_eq!(value("warden_cluster_database_outages_total"), 0.0);
 
     // `warden cluster status` shows it.
     let out = output(

@@ -58,9 +58,12 @@ use warden_core::{SessionKey, StoreError, Supervisor};
 
 use crate::{NodeStore, NodeTurns, TakeOver};
 
+mod balance;
 mod event;
+mod failover;
 mod placement;
 
+pub use balance::{Balance, Spread, idle_first, plan};
 pub use event::NodeEvent;
 use event::report;
 
@@ -87,6 +90,8 @@ struct Counters {
     database_errors: AtomicU64,
     /// This node's latest database outage, as its heartbeats saw it.
     outage: parking_lot::Mutex<Outage>,
+    /// How long the failovers to this node took.
+    failovers: failover::Failovers,
 }
 
 /// When the heartbeats began to fail, and when they worked again.
@@ -94,6 +99,9 @@ struct Counters {
 struct Outage {
     since: Option<tokio::time::Instant>,
     ended: Option<tokio::time::Instant>,
+    /// Outages since the node started, and their time before this one.
+    count: u64,
+    past: Duration,
 }
 
 impl Counters {
@@ -109,6 +117,15 @@ impl Counters {
         let outage = *self.outage.lock();
         outage.since.is_some() || outage.ended.is_some_and(|t| t.elapsed() <= window)
     }
+
+    /// The outages so far and their time in all, the one now included.
+    fn outages(&self) -> (u64, Duration) {
+        let o = *self.outage.lock();
+        (
+            o.count,
+            o.past + o.since.map_or(Duration::ZERO, |s| s.elapsed()),
+        )
+    }
 }
 
 /// One node of a cluster (see the [module](self) docs).
@@ -118,6 +135,7 @@ pub struct Node {
     keep_turns: Duration,
     events: broadcast::Sender<NodeEvent>,
     counters: Arc<Counters>,
+    balance: Balance,
     tasks: Vec<AbortOnDropHandle<()>>,
 }
 
@@ -145,6 +163,7 @@ impl Node {
             keep_turns: DEFAULT_KEEP_TURNS,
             events,
             counters: Arc::default(),
+            balance: Balance::default(),
             tasks: Vec::new(),
         }
     }
@@ -222,10 +241,10 @@ impl Node {
                 match (beaten, failing_since) {
                     (Ok(_), Some(since)) => {
                         failing_since = None;
-                        *counters.outage.lock() = Outage {
-                            since: None,
-                            ended: Some(tokio::time::Instant::now()),
-                        };
+                        let mut outage = counters.outage.lock();
+                        (outage.since, outage.ended) = (None, Some(tokio::time::Instant::now()));
+                        outage.past += since.elapsed();
+                        drop(outage);
                         report(
                             &events,
                             NodeEvent::DatabaseBack {
@@ -238,7 +257,9 @@ impl Node {
                     (Err(e), None) => {
                         Counters::add(&counters.database_errors, 1);
                         failing_since = Some(tokio::time::Instant::now());
-                        counters.outage.lock().since = failing_since;
+                        let mut outage = counters.outage.lock();
+                        (outage.since, outage.count) = (failing_since, outage.count + 1);
+                        drop(outage);
                         report(
                             &events,
                             NodeEvent::HeartbeatFailed {
@@ -327,6 +348,18 @@ impl Node {
             }
         })));
 
+        // Each failover to this node ends at its session's first event.
+        let (mut bus, counters) = (supervisor.subscribe(), self.counters.clone());
+        tasks.push(AbortOnDropHandle::new(tokio::spawn(async move {
+            loop {
+                match bus.recv().await {
+                    Ok(e) => counters.failovers.on_event(&e),
+                    Err(broadcast::error::RecvError::Lagged(_)) => {}
+                    Err(broadcast::error::RecvError::Closed) => return,
+                }
+            }
+        })));
+
         // Orphans: sessions with pending messages whose owner's lease ran
         // out.
         let (scan, sup, events, counters) = (
@@ -341,6 +374,12 @@ impl Node {
                 tokio::time::sleep(done.next_scan).await;
             }
         })));
+        // Load spreads: idle sessions handed to the members below the mean.
+        tasks.push(balance::spawn(
+            store.clone(),
+            supervisor.clone(),
+            self.balance,
+        ));
         self.tasks = tasks;
         report(
             &self.events,
@@ -387,7 +426,9 @@ async fn take_over(
     events: &broadcast::Sender<NodeEvent>,
     counters: &Counters,
 ) -> TakeOver {
+    counters.failovers.scan_begins();
     let done = store.take_over(supervisor).await;
+    failover::scan_ends(store, &counters.failovers, &done.taken).await;
     Counters::add(&counters.takeovers, done.taken.len() as u64);
     for (key, epoch) in &done.taken {
         report(

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use futures_util::future::BoxFuture;
 use warden_core::cluster::{
-    Arrival, ClusterStats, Elsewhere, NodeStats, Placement, SessionMove, SessionPlace,
+    Arrival, ClusterStats, Elsewhere, MoveCount, NodeStats, Placement, SessionMove, SessionPlace,
 };
 use warden_core::{SessionKey, StoreError};
 
@@ -110,6 +110,8 @@ impl Placement for LeasePlacement {
             stats.leases_lost = counters.leases_lost.load(Ordering::Relaxed);
             stats.takeovers = counters.takeovers.load(Ordering::Relaxed);
             stats.database_errors = counters.database_errors.load(Ordering::Relaxed);
+            stats.failovers = counters.failovers.timings();
+            (stats.database_outages, stats.database_outage) = counters.outages();
             let started = tokio::time::Instant::now();
             let ping = tokio::time::timeout(Duration::from_secs(2), self.node.pg().ping()).await;
             stats.database_round_trip = matches!(ping, Ok(Ok(()))).then(|| started.elapsed());
@@ -155,6 +157,19 @@ impl Placement for LeasePlacement {
         Box::pin(async move { Some(self.node.pg().moves(limit).await.map_err(|e| e.to_string())) })
     }
 
+    fn move_counts(
+        &self,
+        within: Duration,
+    ) -> BoxFuture<'_, Option<Result<Vec<MoveCount>, String>>> {
+        Box::pin(async move {
+            Some(
+                move_counts(&self.node, within)
+                    .await
+                    .map_err(|e| e.to_string()),
+            )
+        })
+    }
+
     fn sessions(&self) -> BoxFuture<'_, Option<Result<Vec<SessionPlace>, String>>> {
         Box::pin(async move {
             let pg = self.node.pg();
@@ -184,4 +199,34 @@ impl Placement for LeasePlacement {
             Some(all.await)
         })
     }
+}
+
+/// The sessions that changed nodes within `within`, cluster wide, by kind
+/// and by the nodes they moved between: each session's latest move (the
+/// database keeps no older one), its taker the node that holds it now.
+async fn move_counts(node: &NodeStore, within: Duration) -> Result<Vec<MoveCount>, StoreError> {
+    let client = node.pg().client().await?;
+    let rows = client
+        .query(
+            "SELECT moved_from, owner, moved_kind = 'failover', count(*) \
+             FROM warden_sessions \
+             WHERE moved_at >= now() - make_interval(secs => $1) AND owner IS NOT NULL \
+             GROUP BY moved_from, owner, moved_kind \
+             ORDER BY count(*) DESC, moved_from, owner",
+            &[&within.as_secs_f64()],
+        )
+        .await
+        .map_err(crate::backend)?;
+    Ok(rows
+        .into_iter()
+        .map(|r| {
+            let n: i64 = r.get(3);
+            MoveCount::new(
+                r.get::<_, String>(0),
+                r.get::<_, String>(1),
+                r.get(2),
+                crate::from_db(n),
+            )
+        })
+        .collect())
 }
