@@ -4,7 +4,7 @@
 use std::fmt::Write as _;
 
 use tokio_util::task::AbortOnDropHandle;
-use warden_pg::cluster::Node;
+use warden_pg::cluster::{Node, Spread};
 use warden_pg::{NodeState, PgStore};
 
 use crate::exit::{CliError, Exit};
@@ -76,7 +76,8 @@ pub(crate) struct ClusterArgs {
 #[derive(Debug, clap::Subcommand)]
 enum ClusterCommand {
     /// The nodes (alive, dead or left; heartbeat age, lease TTL, sessions
-    /// held) and every session's lease. A node is dead once its last
+    /// held), the balance (sessions per live node: mean, spread, farthest
+    /// from the mean) and every session's lease. A node is dead once its last
     /// heartbeat is older than its own lease TTL, and left once it stopped
     /// cleanly (SIGTERM). A node silent for an hour is removed by the live
     /// nodes; `forget` removes the dead and the left now.
@@ -145,6 +146,13 @@ pub(crate) async fn run(args: ClusterArgs) -> Result<Exit, CliError> {
     let failed = |e: warden_core::StoreError| CliError::failure(e.to_string());
     let nodes = pg.nodes().await.map_err(failed)?;
     let leases = pg.leases().await.map_err(failed)?;
+    // The balance: sessions per live node, against their mean.
+    let live: Vec<u64> = nodes
+        .iter()
+        .filter(|n| state(n) == NodeState::Alive)
+        .map(|n| n.sessions)
+        .collect();
+    let spread = Spread::of(&live);
     if json {
         let value = serde_json::json!({
             "nodes": nodes.iter().map(|n| serde_json::json!({
@@ -156,6 +164,13 @@ pub(crate) async fn run(args: ClusterArgs) -> Result<Exit, CliError> {
                 "heartbeat_age_secs": n.heartbeat_age_secs,
                 "sessions": n.sessions,
             })).collect::<Vec<_>>(),
+            "balance": {
+                "live_nodes": spread.nodes,
+                "sessions": spread.sessions,
+                "mean": spread.mean,
+                "spread": spread.spread,
+                "max_deviation": spread.deviation,
+            },
             "sessions": leases.iter().map(|(k, l)| serde_json::json!({
                 "key": k,
                 "owner": l.owner,
@@ -179,7 +194,16 @@ pub(crate) async fn run(args: ClusterArgs) -> Result<Exit, CliError> {
             n.node_id, state, n.advertise, n.heartbeat_age_secs, n.sessions
         );
     }
-    out.push('\n');
+    let _ = writeln!(
+        out,
+        "\nBALANCE: {} sessions on {} live nodes, mean {:.1}, spread {} (most less fewest), \
+         farthest {:.0}% from the mean\n",
+        spread.sessions,
+        spread.nodes,
+        spread.mean,
+        spread.spread,
+        spread.deviation * 100.0
+    );
     let _ = writeln!(
         out,
         "{:<32} {:<24} {:>6} {:>12}",

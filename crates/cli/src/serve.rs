@@ -108,6 +108,27 @@ pub(crate) struct ServeArgs {
     /// all go to the first node back.
     #[arg(long, env = "WARDEN_RETURN_GRACE", value_name = "SECONDS", requires = "store", default_value = "5", value_parser = crate::units::seconds)]
     return_grace: Duration,
+    /// How often each node compares the sessions it holds with the other
+    /// live nodes' and, holding more than its share, hands idle sessions
+    /// (no turn running, no message waiting) to the nodes below the mean:
+    /// seconds, or a duration with a unit; 0 never gives (sessions handed
+    /// to it are still taken).
+    #[arg(long, env = "WARDEN_REBALANCE_INTERVAL", value_name = "SECONDS", requires = "store", default_value = "10", value_parser = crate::units::seconds)]
+    rebalance_interval: Duration,
+    /// Most idle sessions a node hands to others per --rebalance-interval.
+    #[arg(
+        long,
+        env = "WARDEN_REBALANCE_LIMIT",
+        value_name = "N",
+        requires = "store",
+        default_value_t = 50
+    )]
+    rebalance_limit: usize,
+    /// How far apart the most and the least loaded live nodes may be before
+    /// the nodes above the mean give idle sessions away: a fraction of the
+    /// mean (0.1) or a percentage (10%); at least one session.
+    #[arg(long, env = "WARDEN_REBALANCE_THRESHOLD", value_name = "FRACTION", requires = "store", default_value = "10%", value_parser = fraction)]
+    rebalance_threshold: f64,
     /// Live sessions at most: past it a new session stops the least
     /// recently used idle one (its record kept; it resumes when asked for),
     /// and when every one is busy the request gets `503
@@ -129,6 +150,21 @@ pub(crate) struct ServeArgs {
     max_reply_bytes: u64,
     #[command(flatten)]
     connections: crate::connections::ConnectionArgs,
+}
+
+/// `--rebalance-threshold`: a fraction (`0.1`) or a percentage (`10%`),
+/// not negative.
+fn fraction(s: &str) -> Result<f64, String> {
+    let (number, scale) = match s.trim().strip_suffix('%') {
+        Some(p) => (p, 100.0),
+        None => (s.trim(), 1.0),
+    };
+    match number.trim().parse::<f64>() {
+        Ok(v) if v.is_finite() && v >= 0.0 => Ok(v / scale),
+        _ => Err(format!(
+            "{s:?} is not a fraction (0.1) or a percentage (10%)"
+        )),
+    }
 }
 
 /// `--max-reply-bytes`: 16 MiB.
@@ -265,7 +301,15 @@ pub(crate) async fn run(args: ServeArgs) -> Result<Exit, CliError> {
                 .advertise
                 .clone()
                 .unwrap_or_else(|| format!("http://{addr}"));
-            Some(Node::new(store, advertise).with_keep_turns(args.keep_events))
+            let balance = warden_pg::cluster::Balance::default()
+                .with_interval(args.rebalance_interval)
+                .with_limit(args.rebalance_limit)
+                .with_threshold(args.rebalance_threshold);
+            Some(
+                Node::new(store, advertise)
+                    .with_keep_turns(args.keep_events)
+                    .with_balance(balance),
+            )
         }
         None => None,
     };
