@@ -49,6 +49,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
             "warden-store",
             "warden-llm",
             "warden-mock",
+            "warden-claude",
             "warden-telemetry",
             "warden-serve",
             "warden-proxy",
