@@ -83,29 +83,12 @@ async fn start(dir: &Path, id: &str, store: &str, mock: &MockServer) -> Node {
     }
 }
 
-/// Runs `sql` on the admin connection (`WARDEN_PG_URL`).
-fn admin_sql(sql: &str) {
-    let url = std::env::var("WARDEN_PG_URL").expect("WARDEN_PG_URL");
-    let psql = std::process::Command::new("psql")
-        .args([url.as_str(), "-qAtc", sql])
-        .output()
-        .expect("psql runs");
-    assert!(
-        psql.status.success(),
-        "{sql}: {}",
-        String::from_utf8_lossy(&psql.stderr)
-    );
-}
-
 /// Database `db` goes away as in a restart (new connections refused, the
 /// open ones cut) for `outage`, then takes connections again.
 async fn outage(db: &str, outage: Duration) {
-    admin_sql(&format!("ALTER DATABASE {db} ALLOW_CONNECTIONS false"));
-    admin_sql(&format!(
-        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = '{db}'"
-    ));
+    database_away(db);
     tokio::time::sleep(outage).await;
-    admin_sql(&format!("ALTER DATABASE {db} ALLOW_CONNECTIONS true"));
+    database_back(db);
 }
 
 /// How a client's turn ended: its last event's type and data, or what it

@@ -1747,34 +1747,6 @@ async fn an_idle_node_exits_at_once_on_sigterm() {
     assert!(took < Duration::from_secs(2), "{took:?}");
 }
 
-/// Runs `sql` on the admin connection (`WARDEN_PG_URL`).
-fn admin_sql(sql: &str) {
-    let url = std::env::var("WARDEN_PG_URL").expect("WARDEN_PG_URL");
-    let psql = std::process::Command::new("psql")
-        .args([url.as_str(), "-qAtc", sql])
-        .output()
-        .expect("psql runs");
-    assert!(
-        psql.status.success(),
-        "{sql}: {}",
-        String::from_utf8_lossy(&psql.stderr)
-    );
-}
-
-/// Database `db` goes away, as in a restart: new connections are refused
-/// and the open ones cut.
-fn database_away(db: &str) {
-    admin_sql(&format!("ALTER DATABASE {db} ALLOW_CONNECTIONS false"));
-    admin_sql(&format!(
-        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = '{db}'"
-    ));
-}
-
-/// Database `db` takes connections again.
-fn database_back(db: &str) {
-    admin_sql(&format!("ALTER DATABASE {db} ALLOW_CONNECTIONS true"));
-}
-
 /// The reply text a client shows from `events`: `text` adds to it,
 /// `retrying` / `restarting` with `discard` drop it, `continuing` keeps it.
 fn shown<'a>(events: impl IntoIterator<Item = &'a Sse>) -> String {
