@@ -31,7 +31,7 @@ pub(crate) async fn passthrough(
 ) -> Response {
     let span = request_span(&record);
     if base == base_of(&inner, upstream)
-        && let Some(refused) = refuse(&inner, upstream, record.clone(), started)
+        && let Some(refused) = refuse(&inner, upstream, &record, started)
     {
         return refused;
     }

@@ -35,7 +35,7 @@ pub(crate) async fn watched(
 ) -> Response {
     let upstream = protocol.upstream();
     let span = request_span(&record);
-    if let Some(refused) = refuse(&inner, upstream, record.clone(), started) {
+    if let Some(refused) = refuse(&inner, upstream, &record, started) {
         return refused;
     }
     let (parts, body) = request.into_parts();
@@ -167,12 +167,13 @@ pub(crate) async fn watched(
     }
 }
 
-/// The answer to a request while `upstream`'s circuit is open (its access
-/// record written), or `None` when it may go (a probe included).
+/// The answer to a request while `upstream`'s circuit is open (a copy of
+/// its access `record` written), or `None` when it may go (a probe
+/// included): nothing is copied for a request that goes.
 pub(super) fn refuse(
     inner: &Inner,
     upstream: Upstream,
-    mut record: AccessRecord,
+    record: &AccessRecord,
     started: Instant,
 ) -> Option<Response> {
     let Pass::Refuse {
@@ -183,6 +184,7 @@ pub(super) fn refuse(
         return None;
     };
     let response = inner.refused(upstream, &cause, next_probe_in);
+    let mut record = record.clone();
     record.status = response.status().as_u16();
     record.outcome = Outcome::UpstreamError;
     record.code = Some(UNREACHABLE);
