@@ -25,7 +25,6 @@ use warden_core::{EventSource, SessionKey, Supervisor};
 use warden_llm::{AnthropicOptions, AnthropicSource, HttpOptions};
 use warden_mock::{MockConfig, MockServer};
 use warden_pg::cluster::Node;
-use warden_pg::{NodeStore, PgStore};
 use warden_serve::ServeConfig;
 
 #[tokio::main]
@@ -36,12 +35,12 @@ async fn main() -> anyhow::Result<()> {
     let id = args.next().unwrap_or_else(|| "node-a".into());
     let listen = args.next().unwrap_or_else(|| "127.0.0.1:8081".into());
 
-    // The node's store: sessions, leases and turn logs in the database.
-    let pg = PgStore::connect(&url).await?;
-    let store = NodeStore::new(pg.clone(), id, Duration::from_secs(10));
+    // The node: sessions, leases and turn logs in the database.
     let listener = tokio::net::TcpListener::bind(&listen).await?;
     let advertise = format!("http://{}", listener.local_addr()?);
-    let mut node = Node::new(store.clone(), advertise);
+    let mut node = Node::connect(&url, id, Duration::from_secs(10))
+        .await?
+        .with_advertise(advertise);
     let mut events = node.events();
     tokio::spawn(async move {
         while let Ok(event) = events.recv().await {
@@ -52,7 +51,7 @@ async fn main() -> anyhow::Result<()> {
     // The agent: conversations in the database, so a session taken over by
     // another node resumes its conversation there.
     let mock = MockServer::start(MockConfig::default()).await?;
-    let conversations: Arc<dyn ConversationStore> = Arc::new(pg.conversations());
+    let conversations: Arc<dyn ConversationStore> = Arc::new(node.conversations());
     let source: Arc<dyn EventSource> = Arc::new(AnthropicSource::new(
         AnthropicOptions::default()
             .with_base_url(mock.base_url())
@@ -63,7 +62,7 @@ async fn main() -> anyhow::Result<()> {
     // re-delivers (after a takeover) to the HTTP API under their ids.
     let (recovered_tx, recovered_rx) = tokio::sync::mpsc::unbounded_channel();
     let supervisor = Supervisor::builder(Arc::new(move |_: &SessionKey| source.clone()))
-        .store(Arc::new(store))
+        .store(Arc::new(node.store().clone()))
         .recovered_turns(recovered_tx)
         .start()
         .await?;

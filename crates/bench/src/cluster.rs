@@ -123,8 +123,11 @@ async fn on_postgres(admin: &str, nodes: usize, turns: usize, round: usize) -> (
     let mut stores: Vec<Arc<dyn SessionStore>> = Vec::new();
     let mut renewers = Vec::new();
     for n in 0..nodes {
-        let pg = warden_pg::PgStore::connect(&url).await.expect("pg");
-        let node = warden_pg::NodeStore::new(pg, format!("bench-{n}"), Duration::from_secs(10));
+        let pg = warden_pg::low_level::PgStore::connect(&url)
+            .await
+            .expect("pg");
+        let node =
+            warden_pg::low_level::NodeStore::new(pg, format!("bench-{n}"), Duration::from_secs(10));
         renewers.push(node.spawn_renewer());
         stores.push(Arc::new(node));
     }
@@ -140,7 +143,7 @@ async fn on_postgres(admin: &str, nodes: usize, turns: usize, round: usize) -> (
 /// A node's store as the database sees the node: once `dead`, it writes
 /// nothing more (a `kill -9` leaves no last write and no release).
 struct Killable {
-    node: warden_pg::NodeStore,
+    node: warden_pg::low_level::NodeStore,
     dead: std::sync::atomic::AtomicBool,
 }
 
@@ -219,15 +222,19 @@ fn postgres_cpu_secs() -> f64 {
 /// writes stop at once, as the database sees a `kill -9`, at a random
 /// moment between two renewals — while a surviving node scans for orphans
 /// as `warden serve` does (every
-/// [`scan_interval`](warden_pg::NodeStore::scan_interval), or when a lease
-/// can be taken: [`warden_pg::TakeOver::next_scan`]). Measured: kill → the session's re-delivered attempt opening on
+/// [`scan_interval`](warden_pg::low_level::NodeStore::scan_interval), or when a lease
+/// can be taken: [`warden_pg::cluster::TakeOver::next_scan`]). Measured: kill → the session's re-delivered attempt opening on
 /// the survivor. Sorted, in seconds.
 async fn failovers(admin: &str, kills: usize, ttl: Duration) -> Vec<f64> {
     let url = fresh_db(admin, "failover").await;
-    let connect = || async { warden_pg::PgStore::connect(&url).await.expect("pg") };
+    let connect = || async {
+        warden_pg::low_level::PgStore::connect(&url)
+            .await
+            .expect("pg")
+    };
     // The survivor answers every attempt; it reports which session's
     // attempt opened when.
-    let survivor = warden_pg::NodeStore::new(connect().await, "survivor", ttl);
+    let survivor = warden_pg::low_level::NodeStore::new(connect().await, "survivor", ttl);
     let _renewing = survivor.spawn_renewer();
     let (source, ctl) = warden_core::testing::ChannelSource::new();
     let factory = move |_: &SessionKey| source.clone() as Arc<dyn EventSource>;
@@ -245,7 +252,10 @@ async fn failovers(admin: &str, kills: usize, ttl: Duration) -> Vec<f64> {
         }
     });
     let scan = {
-        let (node, sup) = (survivor.clone(), sup_b.clone());
+        let (node, sup) = (
+            warden_pg::cluster::Node::headless(survivor.clone()),
+            sup_b.clone(),
+        );
         tokio::spawn(async move {
             loop {
                 let done = node.take_over(&sup).await;
@@ -256,7 +266,7 @@ async fn failovers(admin: &str, kills: usize, ttl: Duration) -> Vec<f64> {
     let mut times = Vec::new();
     for i in 0..kills {
         // A fresh incarnation of the victim runs session i's turn, held.
-        let node = warden_pg::NodeStore::new(connect().await, "victim", ttl);
+        let node = warden_pg::low_level::NodeStore::new(connect().await, "victim", ttl);
         let renewer = node.spawn_renewer();
         let store = Arc::new(Killable {
             node: node.clone(),
@@ -408,8 +418,10 @@ pub async fn bench_scale(quick: bool) {
     let victim_after_kill = Arc::new(std::sync::atomic::AtomicU64::new(0));
     let mut nodes = Vec::new();
     for i in 0..3 {
-        let pg = warden_pg::PgStore::connect(&url).await.expect("pg");
-        let node = warden_pg::NodeStore::new(pg, format!("node-{i}"), ttl);
+        let pg = warden_pg::low_level::PgStore::connect(&url)
+            .await
+            .expect("pg");
+        let node = warden_pg::low_level::NodeStore::new(pg, format!("node-{i}"), ttl);
         let renewer = Some(node.spawn_renewer());
         let store = Arc::new(Killable {
             node: node.clone(),
@@ -501,7 +513,10 @@ pub async fn bench_scale(quick: bool) {
     let mut scans: Vec<_> = nodes
         .iter()
         .map(|(node, _, _, sup, _, _)| {
-            let (node, sup) = (node.clone(), sup.clone());
+            let (node, sup) = (
+                warden_pg::cluster::Node::headless(node.clone()),
+                sup.clone(),
+            );
             tokio::spawn(async move {
                 loop {
                     let done = node.take_over(&sup).await;
@@ -678,7 +693,7 @@ pub async fn bench_scale(quick: bool) {
         after(0.5),
         after(0.99),
         after(1.0),
-        warden_pg::TAKEOVER_GRACE.as_secs_f64(),
+        warden_pg::low_level::TAKEOVER_GRACE.as_secs_f64(),
     );
     for s in scans {
         s.abort();

@@ -389,7 +389,11 @@ enum Backing {
     /// A cluster node on this PostgreSQL database (fenced records, and
     /// every turn event stored before it is sent); the node's store is
     /// handed back for its group-commit counts.
-    Postgres(String, bool, std::sync::Mutex<Option<warden_pg::NodeStore>>),
+    Postgres(
+        String,
+        bool,
+        std::sync::Mutex<Option<warden_pg::low_level::NodeStore>>,
+    ),
 }
 
 /// A served node (mock + supervisor + HTTP) and `clients` clients for
@@ -449,8 +453,10 @@ async fn soak_on(
             (Arc::new(sled), Some(tx))
         }
         Backing::Postgres(url, grouped, out) => {
-            let pg = warden_pg::PgStore::connect(url).await.expect("pg");
-            let node = warden_pg::NodeStore::new(pg, "soak", Duration::from_secs(10))
+            let pg = warden_pg::low_level::PgStore::connect(url)
+                .await
+                .expect("pg");
+            let node = warden_pg::low_level::NodeStore::new(pg, "soak", Duration::from_secs(10))
                 .with_group_commit(*grouped);
             *out.lock().unwrap_or_else(|p| p.into_inner()) = Some(node.clone());
             renewer = Some(node.spawn_renewer());
@@ -638,7 +644,7 @@ pub async fn bench_served_on_postgres(admin: &str, quick: bool) {
 }
 
 /// The node store a [`Backing::Postgres`] run used.
-fn node_of(backing: &Backing) -> warden_pg::NodeStore {
+fn node_of(backing: &Backing) -> warden_pg::low_level::NodeStore {
     let Backing::Postgres(_, _, node) = backing else {
         panic!("a PostgreSQL run");
     };

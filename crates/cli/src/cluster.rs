@@ -2,15 +2,34 @@
 //! cluster status`.
 
 use std::fmt::Write as _;
+use std::time::Duration;
 
 use tokio_util::task::AbortOnDropHandle;
-use warden_pg::cluster::{Node, Spread};
-use warden_pg::{NodeState, PgStore};
+use warden_pg::cluster::{Node, NodeState, Spread};
+use warden_pg::low_level::PgStore;
 
 use crate::exit::{CliError, Exit};
 
-/// Connects to the cluster's database (creating or migrating its schema).
+/// The node `id` of the cluster whose database is at `url` (its schema
+/// created or migrated), its session leases lasting `lease_ttl`.
+pub(crate) async fn node(url: &str, id: String, lease_ttl: Duration) -> Result<Node, CliError> {
+    postgres_url(url)?;
+    Node::connect(url, id, lease_ttl)
+        .await
+        .map_err(|e| CliError::failure(format!("--store {}: {e}", redact(url))))
+}
+
+/// Connects to the cluster's database (creating or migrating its schema),
+/// for `warden cluster`'s reading and forgetting of members.
 pub(crate) async fn connect(url: &str) -> Result<PgStore, CliError> {
+    postgres_url(url)?;
+    PgStore::connect(url)
+        .await
+        .map_err(|e| CliError::failure(format!("--store {}: {e}", redact(url))))
+}
+
+/// A usage error unless `url` is a PostgreSQL URL.
+fn postgres_url(url: &str) -> Result<(), CliError> {
     if !(url.starts_with("postgres://") || url.starts_with("postgresql://")) {
         return Err(CliError::usage(format!(
             "--store: only postgres:// URLs are supported (got {:?}); without --store the \
@@ -18,9 +37,7 @@ pub(crate) async fn connect(url: &str) -> Result<PgStore, CliError> {
             redact(url)
         )));
     }
-    PgStore::connect(url)
-        .await
-        .map_err(|e| CliError::failure(format!("--store {}: {e}", redact(url))))
+    Ok(())
 }
 
 /// `url` without its password.
@@ -136,7 +153,7 @@ pub(crate) async fn run(args: ClusterArgs) -> Result<Exit, CliError> {
     };
     // The database's verdict (each node's own TTL), unless the operator
     // set --dead-after.
-    let state = |n: &warden_pg::NodeInfo| match (n.state, dead_after) {
+    let state = |n: &warden_pg::cluster::NodeInfo| match (n.state, dead_after) {
         (NodeState::Left, _) => NodeState::Left,
         (_, Some(after)) if n.heartbeat_age_secs > after.as_secs_f64() => NodeState::Dead,
         (_, Some(_)) => NodeState::Alive,

@@ -8,7 +8,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use warden_core::{Supervisor, SupervisorConfig};
-use warden_pg::cluster::Node;
 use warden_serve::ServeConfig;
 
 use crate::chat::Agent;
@@ -293,10 +292,7 @@ pub(crate) async fn run(args: ServeArgs) -> Result<Exit, CliError> {
         .map_err(|e| CliError::failure(e.to_string()))?;
     let mut cluster = match &args.store {
         Some(url) => {
-            let pg = crate::cluster::connect(url).await?;
             let id = crate::cluster::node_id(args.node_id.clone());
-            let store =
-                warden_pg::NodeStore::new(pg, id, lease_ttl).with_return_grace(args.return_grace);
             let advertise = args
                 .advertise
                 .clone()
@@ -306,7 +302,10 @@ pub(crate) async fn run(args: ServeArgs) -> Result<Exit, CliError> {
                 .with_limit(args.rebalance_limit)
                 .with_threshold(args.rebalance_threshold);
             Some(
-                Node::new(store, advertise)
+                crate::cluster::node(url, id, lease_ttl)
+                    .await?
+                    .with_advertise(advertise)
+                    .with_return_grace(args.return_grace)
                     .with_keep_turns(args.keep_events)
                     .with_balance(balance),
             )
@@ -317,8 +316,7 @@ pub(crate) async fn run(args: ServeArgs) -> Result<Exit, CliError> {
     // A cluster keeps the HTTP agents' conversations in its database, so a
     // session taken over by another node resumes its conversation there.
     let conversations = cluster.as_ref().map(|node| {
-        Arc::new(node.store().pg().conversations())
-            as Arc<dyn warden_core::store::ConversationStore>
+        Arc::new(node.conversations()) as Arc<dyn warden_core::store::ConversationStore>
     });
     // One machine: the sessions and the turns' event logs in sled.
     let mut local_turns = None;

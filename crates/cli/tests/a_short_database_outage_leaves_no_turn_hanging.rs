@@ -235,7 +235,9 @@ async fn every_turn_ends_across_twenty_outages_as_long_as_the_lease_time_left() 
         nodes.push(start(dir.path(), id, &url, &mock).await);
     }
     let bases: Vec<String> = nodes.iter().map(|n| n.base.clone()).collect();
-    let pg = warden_pg::PgStore::connect(&url).await.expect("pg");
+    let pg = warden_pg::low_level::PgStore::connect(&url)
+        .await
+        .expect("pg");
     let t0 = Instant::now();
     let mut hung = Vec::new();
     let mut hung_keys: Vec<String> = Vec::new();

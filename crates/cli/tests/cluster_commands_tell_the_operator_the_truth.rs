@@ -45,7 +45,9 @@ async fn forget_takes_the_dead_and_the_left_in_one_command() {
     let Some(url) = fresh_db("warden_forget").await else {
         return;
     };
-    let pg = warden_pg::PgStore::connect(&url).await.expect("connect");
+    let pg = warden_pg::low_level::PgStore::connect(&url)
+        .await
+        .expect("connect");
     pg.register_node_with_ttl("alive", "http://a.invalid", Duration::from_secs(60))
         .await
         .expect("register");
@@ -82,7 +84,9 @@ async fn cluster_status_piped_into_head_exits_quietly() {
     let Some(url) = fresh_db("warden_head").await else {
         return;
     };
-    let pg = warden_pg::PgStore::connect(&url).await.expect("connect");
+    let pg = warden_pg::low_level::PgStore::connect(&url)
+        .await
+        .expect("connect");
     pg.register_node_with_ttl("node-a", "http://a.invalid", Duration::from_secs(60))
         .await
         .expect("register");

@@ -173,7 +173,7 @@ async fn wait_until(
     }
 }
 
-async fn pending(pg: &warden_pg::PgStore, key: &str) -> usize {
+async fn pending(pg: &warden_pg::low_level::PgStore, key: &str) -> usize {
     pg.load(&SessionKey::new(key))
         .await
         .expect("load")
@@ -238,7 +238,9 @@ async fn a_killed_owners_session_is_taken_over_and_its_message_answered() {
     );
 
     // A's conversation id is in the record (announced when its stream began).
-    let pg = warden_pg::PgStore::connect(&url).await.expect("pg");
+    let pg = warden_pg::low_level::PgStore::connect(&url)
+        .await
+        .expect("pg");
     let conversation_of = |r: Option<warden_core::SessionRecord>| {
         r.and_then(|r| r.agent_session_id.map(|id| (id, r.restart_count)))
     };
@@ -423,7 +425,9 @@ async fn an_owner_paused_past_its_lease_is_fenced_out_when_it_wakes() {
         tokio::time::sleep(Duration::from_millis(200)).await;
     };
     assert_eq!(taken.status(), 202, "B runs it now");
-    let pg = warden_pg::PgStore::connect(&url).await.expect("pg");
+    let pg = warden_pg::low_level::PgStore::connect(&url)
+        .await
+        .expect("pg");
     let info = pg.lease_info(&SessionKey::new("k1")).await.expect("info");
     // B's orphan scan and the turn placed on B may each take the lease
     // (the later one at the higher epoch); only A's epoch 1 is stale.
@@ -750,7 +754,9 @@ async fn a_node_stopped_gracefully_mid_turn_hands_the_turn_to_another_node_to_fi
         .filter_map(|e| e.data["text"].as_str())
         .collect();
     assert_eq!(done.data["text"], text.as_str(), "{seen:?} {rest:?}");
-    let pg = warden_pg::PgStore::connect(&url).await.expect("pg");
+    let pg = warden_pg::low_level::PgStore::connect(&url)
+        .await
+        .expect("pg");
     let info = pg.lease_info(&SessionKey::new("k1")).await.expect("info");
     assert_eq!((info.owner.as_deref(), info.epoch), (Some("node-b"), 2));
     // B's metrics say A left (a drain), so an alert on dead members stays
@@ -832,7 +838,9 @@ async fn a_turn_whose_node_died_is_cancelled_through_any_node() {
 
     // Cancelled through the node that does not run it now: the request
     // reaches the turn on its new node.
-    let pg = warden_pg::PgStore::connect(&url).await.expect("pg");
+    let pg = warden_pg::low_level::PgStore::connect(&url)
+        .await
+        .expect("pg");
     let info = pg.lease_info(&SessionKey::new("k1")).await.expect("info");
     let owner = info.owner.expect("a new owner");
     assert_ne!(owner, "node-a");
@@ -959,7 +967,9 @@ async fn a_claude_code_session_fails_over_through_a_fresh_start_where_its_worksp
         Some("done"),
         "{first:?}"
     );
-    let pg = warden_pg::PgStore::connect(&url).await.expect("pg");
+    let pg = warden_pg::low_level::PgStore::connect(&url)
+        .await
+        .expect("pg");
     let key = SessionKey::new(ws.to_str().expect("utf-8"));
     let record = pg.load(&key).await.expect("load").expect("record");
     let conversation = record.agent_session_id.expect("A's conversation id");
@@ -1047,7 +1057,9 @@ async fn any_node_takes_a_turn_and_forwards_it_to_the_sessions_owner() {
     let mut a = start(&dir, "node-a", &url, &mock).await;
     let b = start(&dir, "node-b", &url, &mock).await;
     let http = reqwest::Client::new();
-    let pg = warden_pg::PgStore::connect(&url).await.expect("pg");
+    let pg = warden_pg::low_level::PgStore::connect(&url)
+        .await
+        .expect("pg");
 
     assert_eq!(post(&a, "k1", "hello").await.status(), 202);
     let t0 = Instant::now();
@@ -1314,7 +1326,9 @@ async fn a_session_bound_to_a_workspace_is_taken_over_only_where_that_directory_
         );
         assert_eq!(error["error"]["owner"], "node-a", "{error}");
     }
-    let pg = warden_pg::PgStore::connect(&url).await.expect("pg");
+    let pg = warden_pg::low_level::PgStore::connect(&url)
+        .await
+        .expect("pg");
     assert_eq!(
         mock.requests().len(),
         1,
@@ -1548,7 +1562,9 @@ async fn three_nodes_killed_twenty_times_lose_no_message_and_never_stream_a_sess
         })
         .collect();
 
-    let pg = warden_pg::PgStore::connect(&url).await.expect("pg");
+    let pg = warden_pg::low_level::PgStore::connect(&url)
+        .await
+        .expect("pg");
     let session_of = |soak: &Soak, r: &warden_mock::RequestRecord| {
         r.prompt_digest
             .and_then(|d| lock(&soak.session_of).get(&d).copied())
@@ -1804,7 +1820,9 @@ async fn a_database_restart_within_the_lease_moves_no_session() {
         "{done:?}"
     );
     assert_eq!(mock.requests().len(), 1, "the LLM was called once");
-    let pg = warden_pg::PgStore::connect(&url).await.expect("pg");
+    let pg = warden_pg::low_level::PgStore::connect(&url)
+        .await
+        .expect("pg");
     let info = pg.lease_info(&SessionKey::new("k1")).await.expect("info");
     assert_eq!(
         (info.owner.as_deref(), info.epoch),
@@ -1876,7 +1894,9 @@ async fn a_database_outage_longer_than_the_lease_stops_the_turn_and_it_is_re_del
         "never two upstream streams at once: {:?}",
         mock.events()
     );
-    let pg = warden_pg::PgStore::connect(&url).await.expect("pg");
+    let pg = warden_pg::low_level::PgStore::connect(&url)
+        .await
+        .expect("pg");
     let record = pg
         .load(&SessionKey::new("k1"))
         .await
@@ -2061,7 +2081,9 @@ async fn a_node_partitioned_from_the_database_past_its_lease_stops_before_it_is_
     // message answered.
     drop(partition);
     tokio::time::sleep(Duration::from_secs_f64(ttl * 2.0)).await;
-    let pg = warden_pg::PgStore::connect(&url).await.expect("pg");
+    let pg = warden_pg::low_level::PgStore::connect(&url)
+        .await
+        .expect("pg");
     let info = pg.lease_info(&SessionKey::new("k1")).await.expect("info");
     assert_eq!((info.owner.as_deref(), info.epoch), (Some("node-b"), 2));
     let record = pg

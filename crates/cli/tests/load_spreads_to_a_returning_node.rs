@@ -255,12 +255,12 @@ async fn check(base: &str, key: &str, t: &Turn) -> Option<String> {
 }
 
 /// The sessions each live node holds now, by node.
-async fn held(pg: &warden_pg::PgStore) -> BTreeMap<String, u64> {
+async fn held(pg: &warden_pg::low_level::PgStore) -> BTreeMap<String, u64> {
     pg.nodes()
         .await
         .expect("nodes")
         .into_iter()
-        .filter(|n| n.state == warden_pg::NodeState::Alive)
+        .filter(|n| n.state == warden_pg::cluster::NodeState::Alive)
         .map(|n| (n.node_id, n.sessions))
         .collect()
 }
@@ -321,7 +321,9 @@ async fn a_returning_node_gets_its_share_of_idle_sessions_and_no_turn_is_moved()
         nodes.push(node);
         bases.push(base);
     }
-    let pg = warden_pg::PgStore::connect(&url).await.expect("pg");
+    let pg = warden_pg::low_level::PgStore::connect(&url)
+        .await
+        .expect("pg");
     let keys: Vec<String> = (0..SESSIONS).map(|i| format!("spread-{i:03}")).collect();
     let mut failures = Vec::new();
     let mut all_turns = Vec::new();

@@ -238,7 +238,7 @@ async fn stream_turn(base: &str, key: &str, message: &str) -> (String, reqwest::
 }
 
 /// Each session's owner now, by key.
-async fn owners(pg: &warden_pg::PgStore, keys: &[String]) -> Vec<Option<String>> {
+async fn owners(pg: &warden_pg::low_level::PgStore, keys: &[String]) -> Vec<Option<String>> {
     let mut out = Vec::new();
     for key in keys {
         let info = pg.lease_info(&SessionKey::new(key)).await.expect("lease");
@@ -270,7 +270,9 @@ async fn sessions_go_home_and_replies_continue_after_outages_of_two_and_ten_ttls
         nodes.push(start(dir.path(), id, &url, &mock).await);
     }
     let bases: Vec<String> = nodes.iter().map(|n| n.base.clone()).collect();
-    let pg = warden_pg::PgStore::connect(&url).await.expect("pg");
+    let pg = warden_pg::low_level::PgStore::connect(&url)
+        .await
+        .expect("pg");
     let keys: Vec<String> = (0..SESSIONS).map(|i| format!("home-{i}")).collect();
     let home = |i: usize| i % ids.len();
     let mut messages = Vec::new();

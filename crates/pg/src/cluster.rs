@@ -1,7 +1,9 @@
 //! A node of a warden cluster, as a library: what `warden serve --store
 //! postgres://…` runs, for a binary of your own.
 //!
-//! A [`Node`] wraps the node's [`NodeStore`] and owns its background work
+//! A [`Node`] wraps the node's store
+//! ([`NodeStore`]: leases with fencing
+//! epochs over PostgreSQL) and owns its background work
 //! once it has [joined](Node::join): lease renewal, membership heartbeats,
 //! expiry of old turn event logs, stopping a session here the moment its
 //! lease is lost, and taking over the sessions of dead nodes. It hands
@@ -19,12 +21,11 @@
 //! use std::time::Duration;
 //! use warden_core::{EventSource, SessionKey, Supervisor};
 //! use warden_pg::cluster::Node;
-//! use warden_pg::{NodeStore, PgStore};
 //! # fn my_source() -> Arc<dyn EventSource> { unimplemented!() }
 //!
-//! let pg = PgStore::connect("postgres://warden@db:5432/warden").await?;
-//! let store = NodeStore::new(pg, "node-a", Duration::from_secs(10));
-//! let mut node = Node::new(store.clone(), "http://10.0.0.5:8080");
+//! let mut node = Node::connect("postgres://warden@db:5432/warden", "node-a", Duration::from_secs(10))
+//!     .await?
+//!     .with_advertise("http://10.0.0.5:8080");
 //! let mut events = node.events();
 //! tokio::spawn(async move {
 //!     while let Ok(event) = events.recv().await {
@@ -33,7 +34,7 @@
 //! });
 //! let source = my_source();
 //! let supervisor = Supervisor::builder(Arc::new(move |_: &SessionKey| source.clone()))
-//!     .store(Arc::new(store))
+//!     .store(Arc::new(node.store().clone()))
 //!     .start()
 //!     .await?;
 //! node.join(&supervisor).await?;
@@ -56,13 +57,14 @@ use tokio_util::task::AbortOnDropHandle;
 use warden_core::cluster::Placement;
 use warden_core::{SessionKey, StoreError, Supervisor};
 
-use crate::{NodeStore, NodeTurns, TakeOver};
+use crate::{NodeStore, NodeTurns, PgConversations, PgError, PgStore};
 
 mod balance;
 mod event;
 mod failover;
 mod placement;
 
+pub use crate::node::{NodeInfo, NodeState, TakeOver};
 pub use balance::{Balance, Spread, idle_first, plan};
 pub use event::NodeEvent;
 use event::report;
@@ -151,6 +153,46 @@ impl std::fmt::Debug for Node {
 }
 
 impl Node {
+    /// Connects to the cluster's database at `url` (see
+    /// [`PgStore::connect`]: the schema created or migrated, TLS per
+    /// `sslmode`) as the node `id`, whose session leases last `lease_ttl`
+    /// unless renewed (a third of it apart while the node runs: 10 s is
+    /// `warden serve`'s default). The node is
+    /// [`headless`](Self::headless) until given an address
+    /// ([`with_advertise`](Self::with_advertise)); it does nothing until it
+    /// [joins](Self::join).
+    pub async fn connect(
+        url: &str,
+        id: impl Into<String>,
+        lease_ttl: Duration,
+    ) -> Result<Self, PgError> {
+        let pg = PgStore::connect(url).await?;
+        Ok(Self::headless(NodeStore::new(pg, id, lease_ttl)))
+    }
+
+    /// Where the other nodes reach this one (`http://host:port`): they
+    /// forward requests for its sessions there.
+    pub fn with_advertise(mut self, advertise: impl Into<String>) -> Self {
+        self.advertise = advertise.into();
+        self
+    }
+
+    /// How long after a database outage this node has the sessions it gave
+    /// up for the outage to itself before the others may take them
+    /// ([`DEFAULT_RETURN_GRACE`](crate::low_level::DEFAULT_RETURN_GRACE)
+    /// unless set; `warden serve --return-grace`).
+    pub fn with_return_grace(mut self, grace: Duration) -> Self {
+        self.store = self.store.with_return_grace(grace);
+        self
+    }
+
+    /// The HTTP agents' conversations in the cluster's database, so a
+    /// session taken over resumes its conversation (for `warden serve`'s
+    /// agents' `ConversationStore`).
+    pub fn conversations(&self) -> PgConversations {
+        self.store.pg().conversations()
+    }
+
     /// The node over `store`, reached by the other nodes (which forward
     /// requests for its sessions) at `advertise` (`http://host:port`). It
     /// does nothing until it [joins](Self::join). A node with no HTTP
@@ -215,7 +257,7 @@ impl Node {
     /// background work with `supervisor`: lease renewal at a third of the
     /// TTL, heartbeats as often, turn-log expiry every minute, stopping a
     /// session here whose lease is lost, and taking over orphans every
-    /// [`scan_interval`](NodeStore::scan_interval), or as soon as another
+    /// [`scan_interval`](Self::scan_interval), or as soon as another
     /// node's lease on a session with waiting messages can be taken
     /// ([`TakeOver::next_scan`]). It stops when the node
     /// is dropped or [leaves](Self::leave). Joining twice restarts it.
@@ -391,11 +433,33 @@ impl Node {
         Ok(())
     }
 
-    /// Takes over every orphan it can now and starts it in `supervisor`
-    /// (see [`NodeStore::take_over`]), reporting each; the joined node does
-    /// this on its own every scan interval. Call it once right after the
-    /// front end is ready, so the sessions waiting since before this node
-    /// started are not left for the first tick.
+    /// How often the joined node runs [`take_over`](Self::take_over) on its
+    /// own: a quarter of the lease TTL, at most 500 ms, so a dead node's
+    /// sessions are taken over within the TTL plus half a second of its
+    /// last renewal.
+    pub fn scan_interval(&self) -> Duration {
+        self.store.scan_interval()
+    }
+
+    /// Takes over every orphan it can now (a session with acknowledged,
+    /// unanswered messages whose lease ran out: its node died) and starts
+    /// it in `supervisor`, which re-sends its pending messages, reporting
+    /// each as a [`NodeEvent`]. A session bound to a workspace directory (a
+    /// Claude Code session lives where its workspace and transcript are)
+    /// is taken only where that directory exists; elsewhere it stays with
+    /// its lease expired until such a node takes it. An orphan whose copy
+    /// still runs here (one stopping after this node gave its lease up) is
+    /// left for a later scan. A session with waiting messages whose lease
+    /// this node holds but that does not run here is started
+    /// ([`TakeOver::resumed`]); and a turn of a session this node gave up
+    /// lately whose message was answered but whose end was never stored
+    /// gets one ([`TakeOver::ended_lost`]).
+    ///
+    /// The joined node does this on its own every
+    /// [`scan_interval`](Self::scan_interval) (sooner when
+    /// [`TakeOver::next_scan`] says so). Call it once right after the front
+    /// end is ready, so the sessions waiting since before this node started
+    /// are not left for the first tick.
     pub async fn take_over(&self, supervisor: &Supervisor) -> TakeOver {
         take_over(&self.store, supervisor, &self.events, &self.counters).await
     }
@@ -427,7 +491,7 @@ async fn take_over(
     counters: &Counters,
 ) -> TakeOver {
     counters.failovers.scan_begins();
-    let done = store.take_over(supervisor).await;
+    let done = store.scan_orphans(supervisor).await;
     failover::scan_ends(store, &counters.failovers, &done.taken).await;
     Counters::add(&counters.takeovers, done.taken.len() as u64);
     for (key, epoch) in &done.taken {

@@ -44,7 +44,7 @@ pub const RETAKE_COOLDOWN: Duration = Duration::from_secs(3);
 /// outage, released), a write takes it back no more: the copy writing is
 /// one stopping here, and its write fails with [`StoreError::LeaseLost`].
 /// Only a [`claim`](Self::claim) takes it again — a turn placed here, or
-/// the [orphan scan](Self::take_over) — and each of those starts the
+/// the [orphan scan](crate::cluster::Node::take_over) — and each of those starts the
 /// session; and not within [`RETAKE_COOLDOWN`], while the stopped copy's
 /// turn relays may still try to store. So this node never holds the lease
 /// of a session nothing here runs, and a session's waiting messages are
@@ -87,7 +87,7 @@ pub struct NodeStore {
     /// This node's latest database outage, as its round trips saw it.
     reach: Arc<Mutex<home::Reach>>,
     /// Sessions given up here because the database could not be reached,
-    /// to take back first (see [`take_over`](Self::take_over)).
+    /// to take back first (see [`Node::take_over`](crate::cluster::Node::take_over)).
     homes: Arc<Mutex<std::collections::HashSet<String>>>,
     /// Sessions taken back after an outage, with the epoch taken.
     came_home: Arc<Mutex<HashMap<String, u64>>>,

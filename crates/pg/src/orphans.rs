@@ -27,12 +27,12 @@ pub struct Orphans {
     /// Sessions with waiting messages whose lease the asking node holds
     /// (live, or expired within the grace, when only it may renew it):
     /// each must run on that node; one that does not is started there
-    /// ([`NodeStore::take_over`](crate::NodeStore::take_over)).
+    /// ([`Node::take_over`](crate::cluster::Node::take_over)).
     pub held_waiting: Vec<SessionKey>,
     /// Those of [`sessions`](Self::sessions) whose lease the asking node
     /// held last and did not give back (it gave them up in a database
     /// outage, or it restarted under the same id): it takes them back before any other orphan
-    /// ([`NodeStore::take_over`](crate::NodeStore::take_over)).
+    /// ([`Node::take_over`](crate::cluster::Node::take_over)).
     pub own: Vec<SessionKey>,
 }
 

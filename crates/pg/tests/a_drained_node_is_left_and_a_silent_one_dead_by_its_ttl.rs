@@ -12,7 +12,8 @@ use std::time::Duration;
 use warden_core::testing::ChannelSource;
 use warden_core::{EventSource, SessionKey, Supervisor};
 use warden_pg::cluster::Node;
-use warden_pg::{NodeState, NodeStore, PgStore};
+use warden_pg::cluster::NodeState;
+use warden_pg::low_level::{NodeStore, PgStore};
 
 mod common;
 

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use warden_core::SessionKey;
 use warden_core::store::{TurnStore as _, TurnStoreError};
-use warden_pg::{NodeStore, TAKEOVER_GRACE};
+use warden_pg::low_level::{NodeStore, TAKEOVER_GRACE};
 
 mod common;
 

@@ -18,7 +18,8 @@ use warden_core::testing::{ChannelSource, ChannelSourceControl};
 use warden_core::{
     Durability, EventSource, SessionKey, SessionRecord, SessionStore, StoreError, Supervisor,
 };
-use warden_pg::{NodeStore, TAKEOVER_GRACE};
+use warden_pg::cluster::Node;
+use warden_pg::low_level::{NodeStore, TAKEOVER_GRACE};
 
 mod common;
 
@@ -61,7 +62,11 @@ async fn scans_until_resent(
     let mut scans = Vec::new();
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     loop {
-        let done = within("a scan", store.take_over(supervisor)).await;
+        let done = within(
+            "a scan",
+            Node::headless(store.clone()).take_over(supervisor),
+        )
+        .await;
         scans.push(format!("{done:?}"));
         if let Ok(Some(attempt)) =
             tokio::time::timeout(Duration::from_millis(200), control.next_attempt()).await
@@ -202,7 +207,7 @@ async fn an_orphan_scan_does_not_count_a_copy_still_stopping_here_as_started() {
     assert_eq!(a.fence_expired(), 1);
     let cooling = a.cooling_down(&key).expect("just given up");
     tokio::time::sleep(cooling.max(TAKEOVER_GRACE) + Duration::from_millis(100)).await;
-    let early = within("a scan", a.take_over(&supervisor)).await;
+    let early = within("a scan", Node::headless(a.clone()).take_over(&supervisor)).await;
     assert!(
         early.taken.is_empty() && a.held().is_empty(),
         "the copy still running here was counted as started: {early:?}"
@@ -315,18 +320,22 @@ async fn a_turn_answered_but_whose_end_was_lost_with_its_lease_ends_with_a_typed
     let b = NodeStore::new(pg.clone(), "node-b", ttl);
     assert!(b.claim(&turns[2].0).await.expect("claim").is_some());
 
-    let scan = within("a scan", a.take_over(&supervisor)).await;
+    let scan = within("a scan", Node::headless(a.clone()).take_over(&supervisor)).await;
     assert_eq!(scan.ended_lost, ["t1"], "{scan:?}");
     let t1 = pg.read_turn("t1", 0).await.expect("read").expect("t1");
     assert!(t1.ended);
     let last = t1.events.last().expect("events");
     assert_eq!(
         (last.id, last.kind(), last.data_value()["code"].as_str()),
-        (2, TurnEventKind::Error, Some(warden_pg::TURN_END_LOST)),
+        (
+            2,
+            TurnEventKind::Error,
+            Some(warden_pg::low_level::TURN_END_LOST)
+        ),
         "{t1:?}"
     );
     // A write of the old owner still in flight cannot land after it.
-    let old = warden_pg::Lease {
+    let old = warden_pg::low_level::Lease {
         key: "k1".into(),
         node: "node-a".into(),
         epoch: 1,

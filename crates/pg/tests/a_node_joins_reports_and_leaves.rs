@@ -11,8 +11,8 @@ use std::time::Duration;
 use tokio_postgres::NoTls;
 use warden_core::testing::{ChannelSource, ChannelSourceControl};
 use warden_core::{Durability, EventSource, SessionKey, SessionRecord, SessionStore, Supervisor};
-use warden_pg::NodeStore;
 use warden_pg::cluster::{Node, NodeEvent};
+use warden_pg::low_level::NodeStore;
 
 mod common;
 
@@ -292,7 +292,11 @@ async fn a_dead_nodes_session_is_taken_as_soon_as_its_lease_can_be() {
 
     let alive = NodeStore::new(pg.clone(), "alive", Duration::from_secs(10));
     let (supervisor, control) = supervisor_on(&alive).await;
-    let quiet = within("a scan", alive.take_over(&supervisor)).await;
+    let quiet = within(
+        "a scan",
+        Node::headless(alive.clone()).take_over(&supervisor),
+    )
+    .await;
     assert!(quiet.taken.is_empty());
     assert_eq!(
         quiet.next_scan,
@@ -311,7 +315,11 @@ async fn a_dead_nodes_session_is_taken_as_soon_as_its_lease_can_be() {
         )
         .await
         .expect("expire");
-    let early = within("a scan", alive.take_over(&supervisor)).await;
+    let early = within(
+        "a scan",
+        Node::headless(alive.clone()).take_over(&supervisor),
+    )
+    .await;
     assert!(early.taken.is_empty(), "within the grace: {early:?}");
     assert!(
         early.next_scan >= Duration::from_millis(100)
@@ -320,7 +328,11 @@ async fn a_dead_nodes_session_is_taken_as_soon_as_its_lease_can_be() {
         early.next_scan
     );
     tokio::time::sleep(early.next_scan).await;
-    let taken = within("a scan", alive.take_over(&supervisor)).await;
+    let taken = within(
+        "a scan",
+        Node::headless(alive.clone()).take_over(&supervisor),
+    )
+    .await;
     assert_eq!(taken.taken, [(s1.clone(), 2)]);
     let attempt = within("the message is sent again", control.next_attempt())
         .await
@@ -368,4 +380,52 @@ async fn a_headless_node_runs_sessions_and_is_reached_by_no_address() {
     assert_eq!(elsewhere.advertise, None, "no address to forward to");
     within("leave", node.leave()).await;
     supervisor.shutdown().await;
+}
+
+/// The way in for a cluster user: `Node::connect` with the database's URL
+/// migrates the schema and gives a node whose store writes a session
+/// through its own lease, with the TTL, return grace and address asked for;
+/// a URL that is not one is a typed error naming it, not a panic.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_connects_by_url_and_writes_through_its_own_lease() {
+    let Some(config) = fresh_db().await else {
+        return;
+    };
+    let admin = common::admin_url().expect("configured");
+    let db = config.get_dbname().expect("a database");
+    let (base, _) = admin
+        .rsplit_once('/')
+        .expect("the admin URL names a database");
+    let url = format!("{base}/{db}");
+    let ttl = Duration::from_millis(1500);
+    let node = within("connect", Node::connect(&url, "node-url", ttl))
+        .await
+        .expect("the node connects and migrates")
+        .with_advertise("http://10.0.0.9:8080")
+        .with_return_grace(Duration::from_millis(250));
+    assert_eq!(node.store().node(), "node-url");
+    assert_eq!(node.store().ttl(), ttl);
+    assert_eq!(node.store().return_grace(), Duration::from_millis(250));
+    assert_eq!(node.scan_interval(), Duration::from_millis(375));
+
+    let key = SessionKey::new("by-url");
+    let record = SessionRecord::new(&key, None);
+    within("save", node.store().save(&record, Durability::Flushed))
+        .await
+        .expect("saved through the node's lease");
+    let info = within("lease", store(&config).await.lease_info(&key))
+        .await
+        .expect("info");
+    assert_eq!(info.owner.as_deref(), Some("node-url"), "{info:?}");
+
+    let bad = within(
+        "connect",
+        Node::connect("postgres://warden@127.0.0.1:notaport/db", "x", ttl),
+    )
+    .await
+    .expect_err("not a URL");
+    assert!(
+        matches!(bad, warden_pg::PgError::Url(_)),
+        "a typed URL error: {bad:?}"
+    );
 }

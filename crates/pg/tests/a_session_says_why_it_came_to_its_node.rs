@@ -10,8 +10,8 @@ use std::time::Duration;
 use tokio_postgres::NoTls;
 use warden_core::SessionKey;
 use warden_core::cluster::Arrival;
-use warden_pg::NodeStore;
 use warden_pg::cluster::Node;
+use warden_pg::low_level::NodeStore;
 
 mod common;
 

@@ -9,8 +9,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use warden_core::SessionKey;
-use warden_pg::NodeStore;
 use warden_pg::cluster::{Node, NodeEvent};
+use warden_pg::low_level::NodeStore;
 
 mod common;
 

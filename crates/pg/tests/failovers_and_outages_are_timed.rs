@@ -12,7 +12,7 @@ use warden_core::cluster::MoveCount;
 use warden_core::testing::{ChannelSource, ChannelSourceControl};
 use warden_core::{Durability, EventSource, SessionKey, SessionRecord, SessionStore, Supervisor};
 use warden_pg::cluster::{Node, NodeEvent};
-use warden_pg::{NodeStore, TAKEOVER_GRACE};
+use warden_pg::low_level::{NodeStore, TAKEOVER_GRACE};
 
 mod common;
 

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use tokio_postgres::NoTls;
 use warden_core::{Durability, SessionKey, SessionRecord, SessionStore, StoreError};
-use warden_pg::{NodeStore, PgStore, TAKEOVER_GRACE};
+use warden_pg::low_level::{NodeStore, PgStore, TAKEOVER_GRACE};
 
 mod common;
 
@@ -20,7 +20,12 @@ fn record(key: &str, text: &str) -> SessionRecord {
 }
 
 /// Takes the lease of `key` for `node`; it must be free.
-async fn take(pg: &PgStore, key: &SessionKey, node: &str, ttl: Duration) -> warden_pg::Lease {
+async fn take(
+    pg: &PgStore,
+    key: &SessionKey,
+    node: &str,
+    ttl: Duration,
+) -> warden_pg::low_level::Lease {
     pg.acquire(key, node, ttl)
         .await
         .expect("acquire")
@@ -227,7 +232,10 @@ async fn nodes_starting_together_migrate_once() {
         .iter()
         .map(|r| r.get(0))
         .collect();
-    let expected: Vec<i32> = warden_pg::MIGRATIONS.iter().map(|(v, _)| *v).collect();
+    let expected: Vec<i32> = warden_pg::low_level::MIGRATIONS
+        .iter()
+        .map(|(v, _)| *v)
+        .collect();
     assert_eq!(versions, expected);
     // A database migrated by a newer warden is refused, not downgraded.
     client
@@ -434,7 +442,7 @@ async fn orphans_are_sessions_with_pending_messages_and_no_live_lease() {
     assert_eq!(own.next_in, None, "its own lease is not another node's");
     // And each node is told the waiting sessions it holds itself, which
     // it must be running.
-    let held = |o: &warden_pg::Orphans| -> Vec<String> {
+    let held = |o: &warden_pg::low_level::Orphans| -> Vec<String> {
         o.held_waiting
             .iter()
             .map(|k| k.as_str().to_owned())
@@ -948,11 +956,13 @@ async fn a_batch_whose_fence_fails_is_refused_alone_and_the_others_in_its_transa
         )
         .await
         .expect("take s2");
-    let batch = |lease: &warden_pg::Lease, id: &str, text: &str| warden_pg::TurnBatch {
-        lease: lease.clone(),
-        id: id.to_owned(),
-        events: vec![text_event(1, text), text_event(2, "!")],
-        ended: false,
+    let batch = |lease: &warden_pg::low_level::Lease, id: &str, text: &str| {
+        warden_pg::low_level::TurnBatch {
+            lease: lease.clone(),
+            id: id.to_owned(),
+            events: vec![text_event(1, text), text_event(2, "!")],
+            ended: false,
+        }
     };
     let (b1, b2, b3) = (
         batch(&l1, "t1", "one"),
@@ -1123,7 +1133,7 @@ async fn concurrent_turns_on_a_node_share_transactions_and_every_event_lands_in_
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn appends_mark_their_turn_when_it_ends_not_at_every_batch() {
     use warden_core::store::StoredEvent;
-    use warden_pg::TurnBatch;
+    use warden_pg::low_level::TurnBatch;
     let Some(config) = fresh_db().await else {
         return;
     };

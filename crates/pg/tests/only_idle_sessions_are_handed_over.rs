@@ -8,7 +8,7 @@
 use std::time::Duration;
 
 use warden_core::{Durability, SessionKey, SessionRecord, SessionStore, StoreError};
-use warden_pg::NodeStore;
+use warden_pg::low_level::NodeStore;
 
 mod common;
 

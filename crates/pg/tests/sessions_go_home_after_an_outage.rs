@@ -9,7 +9,8 @@ use std::time::Duration;
 use tokio_postgres::NoTls;
 use warden_core::testing::{ChannelSource, ChannelSourceControl};
 use warden_core::{EventSource, SessionKey, Supervisor};
-use warden_pg::{NodeStore, PgStore, RETAKE_COOLDOWN};
+use warden_pg::cluster::Node;
+use warden_pg::low_level::{NodeStore, PgStore, RETAKE_COOLDOWN};
 
 mod common;
 
@@ -176,7 +177,7 @@ async fn a_node_takes_back_first_the_sessions_an_outage_made_it_give_up() {
     let outage = Outage::begin(&admin, &db).await;
     assert!(a.renew_all().await.is_err());
     assert!(
-        within("B's scan", b.take_over(&sup_b))
+        within("B's scan", Node::headless(b.clone()).take_over(&sup_b))
             .await
             .taken
             .is_empty()
@@ -202,7 +203,7 @@ async fn a_node_takes_back_first_the_sessions_an_outage_made_it_give_up() {
     let taken_b = within("B takes the dead node's orphan", async {
         let mut taken = Vec::new();
         while taken.is_empty() {
-            let done = b.take_over(&sup_b).await;
+            let done = Node::headless(b.clone()).take_over(&sup_b).await;
             taken.extend(done.taken.into_iter().map(|(k, _)| k));
             tokio::time::sleep(done.next_scan).await;
         }
@@ -228,7 +229,7 @@ async fn a_node_takes_back_first_the_sessions_an_outage_made_it_give_up() {
     let started = tokio::time::Instant::now();
     let done = within("A takes its sessions back", async {
         loop {
-            let done = a.take_over(&sup_a).await;
+            let done = Node::headless(a.clone()).take_over(&sup_a).await;
             if !done.taken.is_empty() {
                 return done;
             }

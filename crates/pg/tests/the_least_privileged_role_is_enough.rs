@@ -6,7 +6,7 @@
 
 use tokio_postgres::NoTls;
 use warden_core::{Durability, SessionKey, SessionRecord, SessionStore};
-use warden_pg::PgStore;
+use warden_pg::low_level::PgStore;
 
 mod common;
 

@@ -6,7 +6,8 @@
 //! failed under `WARDEN_REQUIRE_POSTGRES=1`.
 
 use tokio_postgres::NoTls;
-use warden_pg::{PgError, PgStore};
+use warden_pg::PgError;
+use warden_pg::low_level::PgStore;
 
 mod common;
 

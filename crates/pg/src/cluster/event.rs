@@ -46,7 +46,7 @@ pub enum NodeEvent {
     },
     /// A session with waiting messages whose lease this node held while
     /// nothing ran it here was started (its messages are sent again); see
-    /// [`TakeOver::resumed`](crate::TakeOver::resumed).
+    /// [`TakeOver::resumed`](crate::cluster::TakeOver::resumed).
     Resumed {
         /// The session.
         key: SessionKey,

@@ -10,7 +10,7 @@ use warden_core::{SessionKey, SessionStore as _, Supervisor, SupervisorError};
 use super::NodeStore;
 use crate::Lease;
 
-/// What one [`NodeStore::take_over`] did.
+/// What one [`Node::take_over`](crate::cluster::Node::take_over) did.
 #[derive(Debug, Default, Clone, PartialEq)]
 #[non_exhaustive]
 pub struct TakeOver {
@@ -30,7 +30,7 @@ pub struct TakeOver {
     /// [`PgStore::end_stranded_turns`](crate::PgStore::end_stranded_turns)).
     pub ended_lost: Vec<String>,
     /// When to run the next take-over: the [scan
-    /// interval](NodeStore::scan_interval), or sooner when another node's
+    /// interval](crate::cluster::Node::scan_interval), or sooner when another node's
     /// lease on a session with waiting messages can be taken before then
     /// (so a dead node's sessions are taken as soon as the database allows,
     /// not up to a scan interval later). Never less than 10 ms (unless the
@@ -57,30 +57,16 @@ const TAKEOVER_BATCH: usize = 64;
 const LOST_END_WATCH: Duration = Duration::from_secs(60);
 
 impl NodeStore {
-    /// How often to run [`take_over`](Self::take_over): a quarter of the
+    /// How often to scan for orphans: a quarter of the
     /// lease TTL, at most 500 ms, so a dead node's sessions are taken over
     /// within the TTL plus half a second of its last renewal.
     pub fn scan_interval(&self) -> Duration {
         (self.ttl / 4).min(Duration::from_millis(500))
     }
 
-    /// Takes over every orphan it can (a session with acknowledged,
-    /// unanswered messages whose lease ran out: its node died) and starts
-    /// it in `supervisor`, which re-sends its pending messages. A session
-    /// bound to a workspace directory (a Claude Code session lives where
-    /// its workspace and transcript are) is taken only where that directory
-    /// exists; elsewhere it stays with its lease expired until such a node
-    /// takes it. An orphan whose copy still runs here (one stopping after
-    /// this node gave its lease up) is left for a later scan: starting it
-    /// would hand back the copy that is going away. And a session with
-    /// waiting messages whose lease this node holds but that does not run
-    /// here is started ([`TakeOver::resumed`]); and a turn of a session
-    /// this node gave up lately whose message was answered but whose end
-    /// was never stored gets one ([`TakeOver::ended_lost`]). Run it again
-    /// after the
-    /// [`next_scan`](TakeOver::next_scan) it returns (at most a
-    /// [`scan_interval`](Self::scan_interval)).
-    pub async fn take_over(&self, supervisor: &Supervisor) -> TakeOver {
+    /// One scan for orphans, as [`Node::take_over`](crate::cluster::Node::take_over)
+    /// describes (which reports what it did): the one way in to it.
+    pub(crate) async fn scan_orphans(&self, supervisor: &Supervisor) -> TakeOver {
         use futures_util::StreamExt as _;
         use rand::seq::SliceRandom as _;
         let mut done = TakeOver {

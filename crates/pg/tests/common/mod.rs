@@ -8,7 +8,7 @@
 use std::time::Duration;
 
 use tokio_postgres::NoTls;
-use warden_pg::PgStore;
+use warden_pg::low_level::PgStore;
 
 /// Every wait in these tests is bounded by this.
 pub const BOUND: Duration = Duration::from_secs(30);
