@@ -1,5 +1,5 @@
 //! `warden proxy` as an operator watches it: an upstream that cannot be
-//! reached is named at start, every retry and give-up is one `warden
+//! reached is named at start, every retry and hand-back is one `warden
 //! proxy:` line on stderr with its reason, and `HEAD /` (Claude Code's
 //! probe) is answered by the proxy instead of going to a public host.
 
@@ -96,10 +96,9 @@ async fn an_unreachable_upstream_is_named_at_start_and_each_recovery_is_one_line
         .count();
     assert!(retries >= 1, "{said}");
     assert!(
-        said.lines().any(
-            |l| l.starts_with("warden proxy: anthropic /v1/messages: gave up after")
-                && l.contains("ECONNECTION")
-        ),
+        said.lines().any(|l| l
+            .starts_with("warden proxy: anthropic /v1/messages: answered 502 after")
+            && l.contains("ECONNECTION")),
         "{said}"
     );
     assert!(

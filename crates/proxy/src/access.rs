@@ -122,8 +122,10 @@ pub enum RecoveryEvent {
         /// The backoff before the continuation.
         delay: std::time::Duration,
     },
-    /// Nothing more could be done: the response ended with the upstream's
-    /// error answer, the proxy's, or the provider's error event.
+    /// Nothing more could be done: the response ended with the provider's
+    /// error event mid-stream, an error answer a client does not retry, or
+    /// a whole answer that cannot be assembled (an error answer a client
+    /// retries after the proxy's attempts is [`HandedBack`](Self::HandedBack)).
     GaveUp {
         /// `anthropic` or `openai`.
         upstream: &'static str,
@@ -131,6 +133,24 @@ pub enum RecoveryEvent {
         path: String,
         /// Attempts made.
         attempts: u32,
+        /// The last error's code.
+        code: &'static str,
+        /// The last error, in words (no URL, no header, no body).
+        reason: String,
+    },
+    /// Nothing of the reply had reached the client when the proxy stopped
+    /// trying: the client got an error status its own retries take up
+    /// (`408`, `409`, `429`, `5xx`, `529`: what the SDKs and Claude Code
+    /// retry), so the request may yet complete — not a give-up.
+    HandedBack {
+        /// `anthropic` or `openai`.
+        upstream: &'static str,
+        /// The request path.
+        path: String,
+        /// Attempts made.
+        attempts: u32,
+        /// The status the client got.
+        status: u16,
         /// The last error's code.
         code: &'static str,
         /// The last error, in words (no URL, no header, no body).
@@ -213,6 +233,17 @@ impl std::fmt::Display for RecoveryEvent {
             } => write!(
                 f,
                 "{upstream} {path}: gave up after {attempts} attempt(s) ({code}: {reason})"
+            ),
+            Self::HandedBack {
+                upstream,
+                path,
+                attempts,
+                status,
+                code,
+                reason,
+            } => write!(
+                f,
+                "{upstream} {path}: answered {status} after {attempts} attempt(s) ({code}: {reason}); the client retries that itself"
             ),
             Self::CircuitOpened {
                 upstream,

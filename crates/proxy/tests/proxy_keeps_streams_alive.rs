@@ -560,8 +560,9 @@ async fn an_unreachable_upstream_is_reported_with_its_reason() {
                     ..
                 },
                 RecoveryEvent::CircuitOpened { .. },
-                RecoveryEvent::GaveUp {
+                RecoveryEvent::HandedBack {
                     attempts: 2,
+                    status: 502,
                     code: "ECONNECTION",
                     ..
                 }
@@ -571,7 +572,7 @@ async fn an_unreachable_upstream_is_reported_with_its_reason() {
     );
     let line = heard[2].to_string();
     assert!(
-        line.contains("gave up after 2 attempt(s)") && line.contains("refused"),
+        line.contains("answered 502 after 2 attempt(s)") && line.contains("refused"),
         "{line}"
     );
     assert!(

@@ -350,3 +350,91 @@ async fn an_unreachable_upstream_is_asked_once_per_probe_and_answers_close_the_c
         .count();
     assert_eq!((opened, closed), (1, 1), "{heard:?}");
 }
+
+/// A request the proxy stops retrying before any byte reached the client
+/// gets a status the client retries itself (a 529 here, as the SDKs and
+/// Claude Code do), and the client's retry completes: the operator's line
+/// says the proxy handed the 529 back, never that it "gave up" on a
+/// request that then completed.
+#[tokio::test]
+async fn a_529_handed_back_to_a_client_that_then_completes_is_not_a_give_up() {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let c = calls.clone();
+    let app = Router::new().route(
+        "/v1/messages",
+        post(move || {
+            let calls = c.clone();
+            async move {
+                // The first three requests are overloaded, then it answers.
+                if calls.fetch_add(1, Ordering::SeqCst) < 3 {
+                    let mut r = Response::new(Body::from(
+                        r#"{"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}}"#,
+                    ));
+                    *r.status_mut() = StatusCode::from_u16(529).expect("529");
+                    r.headers_mut().insert(
+                        header::CONTENT_TYPE,
+                        HeaderValue::from_static("application/json"),
+                    );
+                    return r;
+                }
+                sse(Body::from(reply()))
+            }
+        }),
+    );
+    let base = upstream(app).await;
+    // Two attempts per request: the first request ends with the 529.
+    let (proxy_base, heard, _proxy) = proxy(&base, |c| c).await;
+    let client = reqwest::Client::new();
+    // The client's own retries, as an SDK's: a 529 is sent again.
+    let mut statuses = Vec::new();
+    let body = within("the client's retries", async {
+        for _ in 0..3 {
+            let response = client
+                .post(format!("{proxy_base}/v1/messages"))
+                .header("x-api-key", KEY)
+                .header("anthropic-version", "2023-06-01")
+                .header("content-type", "application/json")
+                .body(messages_body("claude-test", "hi"))
+                .send()
+                .await
+                .expect("answer");
+            statuses.push(response.status().as_u16());
+            if response.status() == StatusCode::OK {
+                return response.text().await.expect("body");
+            }
+        }
+        String::new()
+    })
+    .await;
+    assert_eq!(statuses, [529, 200], "{body}");
+    assert!(body.contains("message_stop"), "{body}");
+    let heard = heard.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    assert!(
+        !heard
+            .iter()
+            .any(|r| matches!(r, RecoveryEvent::GaveUp { .. })),
+        "no give-up for a request that completed: {heard:?}"
+    );
+    let handed: Vec<&RecoveryEvent> = heard
+        .iter()
+        .filter(|r| matches!(r, RecoveryEvent::HandedBack { .. }))
+        .collect();
+    assert!(
+        matches!(
+            handed.as_slice(),
+            [RecoveryEvent::HandedBack {
+                attempts: 2,
+                status: 529,
+                ..
+            }]
+        ),
+        "{heard:?}"
+    );
+    let line = handed[0].to_string();
+    assert!(
+        line.contains("answered 529 after 2 attempt(s)")
+            && line.contains("the client retries that itself")
+            && !line.contains("gave up"),
+        "{line}"
+    );
+}

@@ -169,15 +169,19 @@ impl Pump {
             }
             _ => error.code(),
         });
-        let gave_up = RecoveryEvent::GaveUp {
-            upstream: self.upstream.name(),
-            path: self.record().path.clone(),
-            attempts: self.attempts,
-            code: error.code(),
-            reason: error.to_string(),
-        };
-        report(&self.inner, gave_up);
+        let (upstream, path) = (self.upstream.name(), self.record().path.clone());
+        let (attempts, code, reason) = (self.attempts, error.code(), error.to_string());
         if self.sent {
+            report(
+                &self.inner,
+                RecoveryEvent::GaveUp {
+                    upstream,
+                    path,
+                    attempts,
+                    code,
+                    reason,
+                },
+            );
             self.end(Outcome::ErrorEvent);
             return Step::Chunk(Bytes::from(self.splice.error_event(&message)));
         }
@@ -201,10 +205,38 @@ impl Pump {
                 &message,
             ),
         };
+        // A status the client's own retries take up is not the end of the
+        // request: it may yet complete, and the line must not say "gave up".
+        let status = response.status();
+        let event = if client_retries(status) {
+            RecoveryEvent::HandedBack {
+                upstream,
+                path,
+                attempts,
+                status: status.as_u16(),
+                code,
+                reason,
+            }
+        } else {
+            RecoveryEvent::GaveUp {
+                upstream,
+                path,
+                attempts,
+                code,
+                reason,
+            }
+        };
+        report(&self.inner, event);
         self.record().status = response.status().as_u16();
         self.end(Outcome::UpstreamError);
         Step::Answer(response)
     }
+}
+
+/// Whether the SDKs and Claude Code retry an answer of `status` on their
+/// own: `408`, `409`, `429` and every `5xx` (`529` included).
+fn client_retries(status: StatusCode) -> bool {
+    matches!(status.as_u16(), 408 | 409 | 429 | 500..=599)
 }
 
 /// An upstream answer passed on whole.
