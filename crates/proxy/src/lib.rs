@@ -88,6 +88,7 @@
 mod access;
 mod assemble;
 mod circuit;
+mod client;
 mod config;
 mod headers;
 mod run;
@@ -185,6 +186,7 @@ impl Proxy {
             .redirect(reqwest::redirect::Policy::none())
             .build()
             .map_err(|e| ProxyError::Start(e.to_string()))?;
+        let upstreams = Arc::new(client::Upstreams::new().map_err(ProxyError::Start)?);
         let circuits = [
             circuit::Circuit::new(config.circuit),
             circuit::Circuit::new(config.circuit),
@@ -193,6 +195,7 @@ impl Proxy {
             inner: Arc::new(Inner {
                 config,
                 http,
+                upstreams,
                 watchdog,
                 admission: Admission::new(AdmissionConfig::default()),
                 stopping: tokio_util::sync::CancellationToken::new(),

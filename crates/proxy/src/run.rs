@@ -27,7 +27,11 @@ use pump::{Pump, Step};
 /// What every request of a running proxy shares.
 pub(crate) struct Inner {
     pub(crate) config: ProxyConfig,
+    /// Pass-through requests (bodies streamed both ways, any method).
     pub(crate) http: reqwest::Client,
+    /// Watched requests' upstream connections, driven by the response's
+    /// own task.
+    pub(crate) upstreams: std::sync::Arc<crate::client::Upstreams>,
     pub(crate) watchdog: warden_core::watchdog::WatchdogHandle,
     pub(crate) admission: warden_core::Admission,
     /// Cancelled when the proxy ends its open responses (shutdown).

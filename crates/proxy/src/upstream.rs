@@ -111,10 +111,11 @@ pub(crate) fn error_response_coded(
 /// past it, nothing more is read and the error is a `502` in the
 /// provider's shape naming the cap. A body that breaks off is empty.
 pub(crate) async fn read_capped(
-    mut response: reqwest::Response,
+    mut body: crate::client::UpstreamBody,
     limit: usize,
     upstream: Upstream,
 ) -> Result<Bytes, Response> {
+    use futures_util::StreamExt as _;
     let too_large = || {
         let message = format!(
             "warden proxy: the upstream's answer passed --max-reply-bytes ({limit} bytes); the \
@@ -127,19 +128,19 @@ pub(crate) async fn read_capped(
             Some("reply_too_large"),
         )
     };
-    let declared = response.content_length().unwrap_or(0);
+    let declared = body.declared_len().unwrap_or(0);
     if u64::try_from(limit).is_ok_and(|limit| declared > limit) {
         return Err(too_large());
     }
-    let mut body = BytesMut::new();
+    let mut read = BytesMut::new();
     loop {
-        match response.chunk().await {
-            Ok(Some(chunk)) if body.len().saturating_add(chunk.len()) > limit => {
+        match body.next().await {
+            Some(Ok(chunk)) if read.len().saturating_add(chunk.len()) > limit => {
                 return Err(too_large());
             }
-            Ok(Some(chunk)) => body.extend_from_slice(&chunk),
-            Ok(None) => return Ok(body.freeze()),
-            Err(_) => return Ok(Bytes::new()),
+            Some(Ok(chunk)) => read.extend_from_slice(&chunk),
+            None => return Ok(read.freeze()),
+            Some(Err(_)) => return Ok(Bytes::new()),
         }
     }
 }

@@ -19,7 +19,7 @@ use warden_core::watchdog::{Stopped, Watch, WatchError, WatchOptions, Watched};
 use warden_llm::sse::{Parsed, SseParser};
 
 use super::recover::answer;
-use super::{Pump, Step, past_deadline, reason, shutting_down};
+use super::{Pump, Step, past_deadline, shutting_down};
 use crate::access::Outcome;
 use crate::circuit::Pass;
 use crate::headers;
@@ -75,7 +75,7 @@ impl Failure {
 /// An upstream body as SSE frames: the parser fed chunk by chunk, frames
 /// completed before a break still given, then the break.
 pub(super) struct Frames {
-    body: futures_util::stream::BoxStream<'static, reqwest::Result<Bytes>>,
+    body: crate::client::UpstreamBody,
     parser: SseParser,
     parsed: VecDeque<Parsed>,
     error: Option<StreamError>,
@@ -106,10 +106,8 @@ impl Stream for Frames {
                         this.error = Some(e);
                     }
                 }
-                Some(Err(e)) => {
-                    this.error = Some(StreamError::Connection {
-                        message: reason(&e),
-                    });
+                Some(Err(why)) => {
+                    this.error = Some(StreamError::Connection { message: why });
                 }
                 None => {
                     this.error = Some(StreamError::Truncated {
@@ -203,17 +201,13 @@ impl Pump {
         }
         let send = self
             .inner
-            .http
-            .post(&self.url)
-            .headers(self.headers.clone())
-            .body(self.body.clone())
-            .send();
+            .upstreams
+            .post(&self.url, &self.headers, self.body.clone());
         let response = watch
             .until(send)
             .await
             .map_err(Failure::stopped)?
-            .map_err(|e| {
-                let why = reason(&e);
+            .map_err(|why| {
                 let circuit_open = self.inner.unreachable(self.upstream, &why);
                 Failure {
                     circuit_open,
@@ -221,8 +215,11 @@ impl Pump {
                 }
             })?;
         self.inner.reached(self.upstream);
-        let status = response.status();
-        let response_headers = response.headers().clone();
+        let crate::client::Answer {
+            status,
+            headers: response_headers,
+            body,
+        } = response;
         let is_stream = response_headers
             .get(axum::http::header::CONTENT_TYPE)
             .and_then(|v| v.to_str().ok())
@@ -230,7 +227,7 @@ impl Pump {
         if !status.is_success() || !is_stream {
             let limit = self.inner.config.max_reply_bytes;
             let bytes = watch
-                .until(upstream::read_capped(response, limit, self.upstream))
+                .until(upstream::read_capped(body, limit, self.upstream))
                 .await
                 .map_err(Failure::stopped)?;
             let bytes = match bytes {
@@ -267,7 +264,7 @@ impl Pump {
             progress.beat();
         }
         let frames = Frames {
-            body: Box::pin(response.bytes_stream()),
+            body,
             parser: SseParser::new(self.inner.config.max_frame_bytes),
             parsed: VecDeque::new(),
             error: None,
