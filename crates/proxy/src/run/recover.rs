@@ -171,17 +171,29 @@ impl Pump {
         });
         let (upstream, path) = (self.upstream.name(), self.record().path.clone());
         let (attempts, code, reason) = (self.attempts, error.code(), error.to_string());
-        if self.sent {
-            report(
-                &self.inner,
-                RecoveryEvent::GaveUp {
+        // What the client is left with names the line: a status its own
+        // retries take up is not the end of the request (it may yet
+        // complete), so it is not "gave up".
+        let ended =
+            move |answered: Option<StatusCode>| match answered.filter(|s| client_retries(*s)) {
+                Some(status) => RecoveryEvent::HandedBack {
+                    upstream,
+                    path,
+                    attempts,
+                    status: status.as_u16(),
+                    code,
+                    reason,
+                },
+                None => RecoveryEvent::GaveUp {
                     upstream,
                     path,
                     attempts,
                     code,
                     reason,
                 },
-            );
+            };
+        if self.sent {
+            report(&self.inner, ended(None));
             self.end(Outcome::ErrorEvent);
             return Step::Chunk(Bytes::from(self.splice.error_event(&message)));
         }
@@ -205,29 +217,9 @@ impl Pump {
                 &message,
             ),
         };
-        // A status the client's own retries take up is not the end of the
-        // request: it may yet complete, and the line must not say "gave up".
         let status = response.status();
-        let event = if client_retries(status) {
-            RecoveryEvent::HandedBack {
-                upstream,
-                path,
-                attempts,
-                status: status.as_u16(),
-                code,
-                reason,
-            }
-        } else {
-            RecoveryEvent::GaveUp {
-                upstream,
-                path,
-                attempts,
-                code,
-                reason,
-            }
-        };
-        report(&self.inner, event);
-        self.record().status = response.status().as_u16();
+        report(&self.inner, ended(Some(status)));
+        self.record().status = status.as_u16();
         self.end(Outcome::UpstreamError);
         Step::Answer(response)
     }
