@@ -136,6 +136,19 @@ async fn empty_chat_chunks_keep_a_stream_alive_but_are_not_progress() {
     );
 }
 
+/// Anthropic's `529 overloaded_error` answer.
+fn overloaded() -> Response {
+    let mut r = Response::new(Body::from(
+        r#"{"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}}"#,
+    ));
+    *r.status_mut() = StatusCode::from_u16(529).expect("529");
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    r
+}
+
 /// The Anthropic stream of a short reply.
 fn reply() -> String {
     [
@@ -170,17 +183,10 @@ async fn an_overloaded_answers_retry_after_holds_every_request() {
                     .unwrap_or_else(|p| p.into_inner())
                     .push(Instant::now());
                 if calls.fetch_add(1, Ordering::SeqCst) == 0 {
-                    let mut r = Response::new(Body::from(
-                        r#"{"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}}"#,
-                    ));
-                    *r.status_mut() = StatusCode::from_u16(529).expect("529");
+                    let mut r = overloaded();
                     r.headers_mut().insert(
                         "retry-after-ms",
                         HeaderValue::from_str(&WAIT.as_millis().to_string()).expect("header"),
-                    );
-                    r.headers_mut().insert(
-                        header::CONTENT_TYPE,
-                        HeaderValue::from_static("application/json"),
                     );
                     return r;
                 }
@@ -367,15 +373,7 @@ async fn a_529_handed_back_to_a_client_that_then_completes_is_not_a_give_up() {
             async move {
                 // The first three requests are overloaded, then it answers.
                 if calls.fetch_add(1, Ordering::SeqCst) < 3 {
-                    let mut r = Response::new(Body::from(
-                        r#"{"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}}"#,
-                    ));
-                    *r.status_mut() = StatusCode::from_u16(529).expect("529");
-                    r.headers_mut().insert(
-                        header::CONTENT_TYPE,
-                        HeaderValue::from_static("application/json"),
-                    );
-                    return r;
+                    return overloaded();
                 }
                 sse(Body::from(reply()))
             }
