@@ -26,9 +26,9 @@ use http_body_util::Full;
 use hyper::body::{Body as _, Incoming};
 use hyper::client::conn::http1::{self, Connection, SendRequest};
 use hyper_util::rt::TokioIo;
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 use tokio::time::Instant;
+use tokio_util::either::Either;
 
 /// The most idle connections kept per origin.
 const IDLE_PER_ORIGIN: usize = 32;
@@ -43,69 +43,9 @@ const READ_BUF: usize = 4096;
 
 type Conn = Connection<TokioIo<Io>, Full<Bytes>>;
 
-/// A TCP connection, or a TLS one over it.
-pub(crate) enum Io {
-    Plain(TcpStream),
-    Tls(Box<tokio_rustls::client::TlsStream<TcpStream>>),
-}
-
-impl AsyncRead for Io {
-    fn poll_read(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<std::io::Result<()>> {
-        match self.get_mut() {
-            Self::Plain(s) => Pin::new(s).poll_read(cx, buf),
-            Self::Tls(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
-        }
-    }
-}
-
-impl AsyncWrite for Io {
-    fn poll_write(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<std::io::Result<usize>> {
-        match self.get_mut() {
-            Self::Plain(s) => Pin::new(s).poll_write(cx, buf),
-            Self::Tls(s) => Pin::new(s.as_mut()).poll_write(cx, buf),
-        }
-    }
-
-    fn poll_write_vectored(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[std::io::IoSlice<'_>],
-    ) -> Poll<std::io::Result<usize>> {
-        match self.get_mut() {
-            Self::Plain(s) => Pin::new(s).poll_write_vectored(cx, bufs),
-            Self::Tls(s) => Pin::new(s.as_mut()).poll_write_vectored(cx, bufs),
-        }
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        match self {
-            Self::Plain(s) => s.is_write_vectored(),
-            Self::Tls(s) => s.is_write_vectored(),
-        }
-    }
-
-    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        match self.get_mut() {
-            Self::Plain(s) => Pin::new(s).poll_flush(cx),
-            Self::Tls(s) => Pin::new(s.as_mut()).poll_flush(cx),
-        }
-    }
-
-    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        match self.get_mut() {
-            Self::Plain(s) => Pin::new(s).poll_shutdown(cx),
-            Self::Tls(s) => Pin::new(s.as_mut()).poll_shutdown(cx),
-        }
-    }
-}
+/// A TCP connection, or a TLS one over it (tokio-util's `Either` reads
+/// and writes whichever it holds).
+type Io = Either<TcpStream, Box<tokio_rustls::client::TlsStream<TcpStream>>>;
 
 /// Where a connection goes: scheme, host and port.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -278,9 +218,9 @@ impl Upstreams {
             let name =
                 rustls::pki_types::ServerName::try_from(host.to_owned()).map_err(|e| failed(&e))?;
             let tls = self.tls.connect(name, tcp).await.map_err(|e| failed(&e))?;
-            Io::Tls(Box::new(tls))
+            Either::Right(Box::new(tls))
         } else {
-            Io::Plain(tcp)
+            Either::Left(tcp)
         };
         let (send, conn) = http1::Builder::new()
             .read_buf_exact_size(Some(READ_BUF))
