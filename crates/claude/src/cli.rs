@@ -15,6 +15,7 @@
 //! | guarantee | what the adapter does |
 //! | --- | --- |
 //! | resume by the agent's own id | [`SpawnRequest::resume_id`] into the command; [`TurnParser::session_id`] (and a `SessionStarted` frame) for the id to resume next |
+//! | an id that is not one → fresh start | [`TurnParser::is_session_id`] says what the CLI's ids look like; an announced id of another form is dropped, a stored one fails its resume with `UnknownSession` |
 //! | resume failure → fresh start with notice | return [`StreamError::UnknownSession`] (an id the CLI does not know, also a *silent* one: the CLI announcing another id) or [`StreamError::ContextOverflow`] from [`TurnParser::line`] or [`TurnParser::ended_early`]; warden's session starts a fresh conversation, re-delivers the message and tells the user |
 //! | context indicator | the last `Usage` frame of a turn is the context in use (input + cache counts of the last request, not a turn's sum); the window is `TurnComplete::context_window`, else [`AgentCli::context_window`] |
 //! | watchdog | every line yields at least one frame; nothing to do |
@@ -227,12 +228,49 @@ pub trait TurnParser: std::fmt::Debug + Send + 'static {
     /// the next turn resumes.
     fn session_id(&self) -> Option<&str>;
 
+    /// Whether `id` has the form of this CLI's conversation ids. An
+    /// announced id that does not is never passed on (no `SessionStarted`,
+    /// never stored, the next turn starts a fresh conversation); a resume
+    /// id that does not fails the turn with [`StreamError::UnknownSession`]
+    /// before anything starts, which starts a fresh conversation. Default
+    /// [`is_plain_id`]; Claude Code, Codex and Gemini take [`is_uuid`].
+    fn is_session_id(id: &str) -> bool
+    where
+        Self: Sized,
+    {
+        is_plain_id(id)
+    }
+
     /// The error of a process whose stdout ended before the turn did, from
     /// how it exited and its last stderr lines. `saw_json`: whether a JSON
     /// line was read in this turn. A resume failure here is
     /// [`StreamError::UnknownSession`]; an unexplained exit is usually
     /// `Connection` (nothing read) or `Truncated` (retryable).
     fn ended_early(&mut self, exit: ExitInfo, stderr: &[String], saw_json: bool) -> StreamError;
+}
+
+/// Whether `id` is a UUID (8-4-4-4-12 hex digits): the form of Claude
+/// Code's session ids, Codex's thread ids and Gemini's session ids. Any
+/// other id would not resume: Claude Code cannot be given one with a NUL,
+/// Codex would start a new thread, Gemini would read `latest` or a list
+/// index.
+pub fn is_uuid(id: &str) -> bool {
+    let groups: Vec<&str> = id.split('-').collect();
+    groups.len() == 5
+        && groups
+            .iter()
+            .zip([8, 4, 4, 4, 12])
+            .all(|(g, n)| g.len() == n && g.chars().all(|c| c.is_ascii_hexdigit()))
+}
+
+/// Whether `id` is safe to store and hand back as an argument: 1 to 256
+/// printable ASCII characters without `/` or `\` (no NUL or other control
+/// character, no space, no path).
+pub fn is_plain_id(id: &str) -> bool {
+    (1..=256).contains(&id.len())
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_graphic() && b != b'/' && b != b'\\')
 }
 
 /// A coding-agent CLI that warden runs as a child process.
@@ -315,5 +353,29 @@ impl TranscriptInfo {
     /// `path` and its size, when known.
     pub fn new(path: Option<PathBuf>, bytes: Option<u64>) -> Self {
         Self { path, bytes }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_uuid_is_an_id_and_a_nul_a_path_a_list_index_or_latest_are_not() {
+        assert!(is_uuid("01a248eb-745c-7d71-9292-022ab8cab1e9"));
+        for id in [
+            "not-a-uuid",
+            "latest",
+            "3",
+            "",
+            "01a248eb-745c-7d71-9292-022ab8cab1e\0",
+        ] {
+            assert!(!is_uuid(id), "{id:?}");
+        }
+        assert!(is_plain_id("conv-1"));
+        for id in ["", "a\0b", "a b", "../x", "a\\b", "\u{1b}]0;x\u{7}"] {
+            assert!(!is_plain_id(id), "{id:?}");
+        }
+        assert!(!is_plain_id(&"x".repeat(257)));
     }
 }

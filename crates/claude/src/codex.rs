@@ -269,17 +269,6 @@ fn toml_string(text: &str) -> String {
     serde_json::Value::from(text).to_string()
 }
 
-/// Whether `id` is a UUID (8-4-4-4-12 hex digits): Codex resumes only
-/// those, and starts a new thread for anything else.
-pub(crate) fn is_uuid(id: &str) -> bool {
-    let groups: Vec<&str> = id.split('-').collect();
-    groups.len() == 5
-        && groups
-            .iter()
-            .zip([8, 4, 4, 4, 12])
-            .all(|(g, n)| g.len() == n && g.chars().all(|c| c.is_ascii_hexdigit()))
-}
-
 impl AgentCli for CodexOptions {
     type Parser = CodexParser;
 
@@ -292,14 +281,6 @@ impl AgentCli for CodexOptions {
     }
 
     fn command(&self, spawn: &SpawnRequest<'_>) -> Result<CliCommand, StreamError> {
-        if let Some(id) = spawn.resume_id.filter(|id| !is_uuid(id)) {
-            return Err(StreamError::UnknownSession {
-                session_id: id.to_owned(),
-                message: format!(
-                    "codex resumes only UUID thread ids; {id:?} would start a new thread"
-                ),
-            });
-        }
         let mut command =
             CliCommand::new(&self.binary).args(self.args(spawn.resume_id, spawn.model));
         command.env = self.env.clone();
@@ -374,24 +355,6 @@ mod tests {
                 .to_owned()
         ));
         assert!(args.contains(&"sandbox_mode=\"workspace-write\"".to_owned()));
-    }
-
-    #[test]
-    fn a_resume_id_that_is_not_a_uuid_fails_before_anything_starts() {
-        assert!(is_uuid("01a248eb-745c-7d71-9292-022ab8cab1e9"));
-        assert!(!is_uuid("not-a-uuid"));
-        let spawn = SpawnRequest {
-            resume_id: Some("sess-1"),
-            model: None,
-            system_prompt: None,
-            workspace: None,
-            message: None,
-        };
-        let e = CodexOptions::default().command(&spawn).err();
-        assert!(
-            matches!(e, Some(StreamError::UnknownSession { ref session_id, .. }) if session_id == "sess-1"),
-            "{e:?}"
-        );
     }
 
     #[test]

@@ -91,7 +91,6 @@ use warden_core::StreamError;
 use crate::cli::{
     AgentCli, CliCommand, ProcessLifetime, ProcessSettings, SpawnRequest, TranscriptInfo,
 };
-use crate::codex::is_uuid;
 use crate::source::{CliSource, CliSourceFactory};
 
 mod parse;
@@ -347,14 +346,6 @@ impl AgentCli for GeminiOptions {
     }
 
     fn command(&self, spawn: &SpawnRequest<'_>) -> Result<CliCommand, StreamError> {
-        if let Some(id) = spawn.resume_id.filter(|id| !is_uuid(id)) {
-            return Err(StreamError::UnknownSession {
-                session_id: id.to_owned(),
-                message: format!(
-                    "gemini resumes only UUID session ids; {id:?} would be read as latest or a list index"
-                ),
-            });
-        }
         let message = spawn.message.unwrap_or_default();
         if message.len() > GEMINI_MAX_PROMPT_BYTES {
             return Err(StreamError::Api {

@@ -192,7 +192,7 @@ pub use claude_code::{
 };
 pub use cli::{
     AgentCli, CliCommand, ExitInfo, ProcessLifetime, ProcessSettings, SpawnRequest, Step,
-    TranscriptInfo, TurnParser,
+    TranscriptInfo, TurnParser, is_plain_id, is_uuid,
 };
 pub use codex::{
     CODEX_FRESH_START_NOTE, CodexOptions, CodexParser, CodexSandbox, CodexSource,

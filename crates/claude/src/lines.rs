@@ -2,7 +2,7 @@
 //! rule every CLI shares; and [`clip`] for agent text copied into errors.
 
 use serde_json::Value;
-use warden_core::{Frame, StreamError};
+use warden_core::{AgentEvent, Frame, StreamError};
 
 use crate::cli::{ExitInfo, Step, TurnParser};
 
@@ -65,9 +65,10 @@ impl<P: TurnParser> LineParser<P> {
         self.inner.begin_turn();
     }
 
-    /// The newest session id announced by this process.
+    /// The newest session id announced by this process, if it has the
+    /// form of one ([`TurnParser::is_session_id`]).
     pub(crate) fn session_id(&self) -> Option<&str> {
-        self.inner.session_id()
+        self.inner.session_id().filter(|id| P::is_session_id(id))
     }
 
     /// The error of a process whose stdout ended before the turn did.
@@ -90,8 +91,32 @@ impl<P: TurnParser> LineParser<P> {
         self.saw_json = true;
         match self.inner.line(&value) {
             Step::Frames(frames) if frames.is_empty() => Step::Frames(vec![Frame::KeepAlive]),
+            Step::Frames(frames) => Step::Frames(self.checked(frames)),
+            Step::Complete(frames) => Step::Complete(self.checked(frames)),
             step => step,
         }
+    }
+
+    /// `frames` without a `SessionStarted` whose id is not one: it is
+    /// never stored, so the next turn starts a fresh conversation instead
+    /// of resuming an id the CLI cannot be given (say, one with a NUL).
+    fn checked(&self, frames: Vec<Frame>) -> Vec<Frame> {
+        frames
+            .into_iter()
+            .map(|frame| match frame {
+                Frame::Event(AgentEvent::SessionStarted { ref session_id, .. })
+                    if !P::is_session_id(session_id) =>
+                {
+                    tracing::warn!(
+                        agent = %self.name,
+                        id = ?clip(session_id),
+                        "the agent CLI announced a session id that is not one; not kept, the next turn starts a fresh conversation"
+                    );
+                    Frame::KeepAlive
+                }
+                frame => frame,
+            })
+            .collect()
     }
 
     fn garbage(&mut self, len: usize, why: &str) -> Step {

@@ -13,8 +13,8 @@ use warden_core::{
     Diagnostics, EventSource, EventStream, SessionKey, SourceFactory, StreamError, TurnRequest,
 };
 
-use crate::cli::{AgentCli, ProcessLifetime, ProcessSettings, SpawnRequest};
-use crate::lines::LineParser;
+use crate::cli::{AgentCli, ProcessLifetime, ProcessSettings, SpawnRequest, TurnParser};
+use crate::lines::{LineParser, clip};
 use crate::process::{ProcessGroup, StderrTail};
 use crate::turn::{AgentProcess, turn_stream};
 
@@ -291,6 +291,18 @@ impl<A: AgentCli> Shared<A> {
             message: Some(&request.message),
         };
         if let Some(id) = resume_id {
+            if !A::Parser::is_session_id(id) {
+                // Stored before ids were checked, or by another build: it
+                // would not resume (or not even start the process).
+                return Err(StreamError::UnknownSession {
+                    session_id: id.to_owned(),
+                    message: format!(
+                        "{:?} is not a {} session id; a fresh conversation starts",
+                        clip(id),
+                        self.cli.name()
+                    ),
+                });
+            }
             self.cli.before_resume(id, request.workspace.as_deref());
         }
         let command = self.cli.command(&spawn)?;

@@ -133,9 +133,9 @@ async fn the_next_attempt_after_a_kill_resumes_the_newest_id_in_a_fresh_process(
     assert_eq!(error, None);
     assert_eq!(text(&frames), "echo one");
 
-    // Turn 2 resumes sess-1, the id the idle process announced: reused.
+    // Turn 2 resumes SESS_1, the id the idle process announced: reused.
     let mut stream = source
-        .open(fx.request(2, "two", Some("sess-1")))
+        .open(fx.request(2, "two", Some(SESS_1)))
         .await
         .expect("open");
     let (frames, error) = run(stream).await;
@@ -145,14 +145,14 @@ async fn the_next_attempt_after_a_kill_resumes_the_newest_id_in_a_fresh_process(
 
     // Turn 3 asks for another id: a new process resumes it, and stalls.
     stream = source
-        .open(fx.request(3, "three", Some("other")))
+        .open(fx.request(3, "three", Some("00000000-0000-4000-8000-0000000000a0")))
         .await
         .expect("open");
     let frames = read_until(&mut stream, is_started).await;
     assert_eq!(
         events(&frames)[0],
         AgentEvent::SessionStarted {
-            session_id: "other-fork".into(),
+            session_id: "00000000-0000-4000-8000-0000000000a1".into(),
             model: Some("claude-x".into())
         }
     );
@@ -173,17 +173,18 @@ async fn the_next_attempt_after_a_kill_resumes_the_newest_id_in_a_fresh_process(
     let frames = read_until(&mut stream, is_started).await;
     let args = fx.args(2);
     assert!(
-        args.windows(2).any(|w| w == ["--resume", "other-fork"]),
+        args.windows(2)
+            .any(|w| w == ["--resume", "00000000-0000-4000-8000-0000000000a1"]),
         "{args:?}"
     );
     // Resuming forked the id again: that is the newest now.
     assert!(matches!(
         &events(&frames)[0],
-        AgentEvent::SessionStarted { session_id, .. } if session_id == "other-fork-fork"
+        AgentEvent::SessionStarted { session_id, .. } if session_id == "00000000-0000-4000-8000-0000000000a2"
     ));
     drop(stream);
     assert_eq!(
         source.newest_session_id(&fx.request(1, "", None).session_key),
-        Some("other-fork-fork".to_owned())
+        Some("00000000-0000-4000-8000-0000000000a2".to_owned())
     );
 }

@@ -27,7 +27,7 @@ async fn two_turns_over_stdin_use_one_process_and_each_ends_with_its_own_result(
 
     // warden resumes the id the first turn announced.
     let (second, error) = run(source
-        .open(fx.request(2, "two", Some("sess-1")))
+        .open(fx.request(2, "two", Some(SESS_1)))
         .await
         .expect("open"))
     .await;
@@ -60,12 +60,12 @@ async fn a_turn_for_another_id_workspace_or_prompt_gets_a_new_process() {
         r
     };
     let requests = [
-        next(None, None, None),                                     // new: sess-1
-        next(Some("sess-1"), None, None),                           // reused
-        next(None, None, None),                                     // fresh start wanted: new
-        next(Some("sess-1"), Some(&other_ws), None),                // other workspace: new
-        next(Some("sess-1-fork"), Some(&other_ws), Some("p")),      // other prompt: new
-        next(Some("sess-1-fork-fork"), Some(&other_ws), Some("p")), // reused
+        next(None, None, None),                                   // new: SESS_1
+        next(Some(SESS_1), None, None),                           // reused
+        next(None, None, None),                                   // fresh start wanted: new
+        next(Some(SESS_1), Some(&other_ws), None),                // other workspace: new
+        next(Some(SESS_1_FORK), Some(&other_ws), Some("p")),      // other prompt: new
+        next(Some(SESS_1_FORK_FORK), Some(&other_ws), Some("p")), // reused
     ];
     for r in requests {
         let (_, error) = run(source.open(r).await.expect("open")).await;
@@ -77,7 +77,7 @@ async fn a_turn_for_another_id_workspace_or_prompt_gets_a_new_process() {
         assert!(reaped(*old), "a replaced process is terminated");
     }
     assert!(!fx.args(1).iter().any(|a| a == "--resume"));
-    assert!(fx.args(2).windows(2).any(|w| w == ["--resume", "sess-1"]));
+    assert!(fx.args(2).windows(2).any(|w| w == ["--resume", SESS_1]));
     assert_eq!(
         fx.recorded("start")[2]["cwd"],
         other_ws.display().to_string()
@@ -85,7 +85,7 @@ async fn a_turn_for_another_id_workspace_or_prompt_gets_a_new_process() {
     assert!(
         fx.args(3)
             .windows(2)
-            .any(|w| w == ["--resume", "sess-1-fork"])
+            .any(|w| w == ["--resume", SESS_1_FORK])
     );
     assert!(
         fx.args(3)
@@ -104,14 +104,14 @@ async fn a_process_that_exited_while_idle_is_replaced_by_a_resumed_one() {
     let first = fx.agent_pids()[0];
     assert!(eventually(PATIENCE, || reaped(first)).await);
     let (frames, error) = run(source
-        .open(fx.request(2, "two", Some("sess-1")))
+        .open(fx.request(2, "two", Some(SESS_1)))
         .await
         .expect("open"))
     .await;
     assert_eq!(error, None);
     assert_eq!(text(&frames), "echo two");
     assert_eq!(fx.agent_pids().len(), 2);
-    assert!(fx.args(1).windows(2).any(|w| w == ["--resume", "sess-1"]));
+    assert!(fx.args(1).windows(2).any(|w| w == ["--resume", SESS_1]));
 }
 
 #[tokio::test]

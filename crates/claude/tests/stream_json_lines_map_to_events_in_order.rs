@@ -34,7 +34,7 @@ async fn a_turn_maps_init_blocks_tools_retries_and_result_to_events_in_order() {
         frames,
         [
             Frame::Event(AgentEvent::SessionStarted {
-                session_id: "sess-1".into(),
+                session_id: SESS_1.into(),
                 model: Some("claude-x".into()),
             }),
             Frame::Event(AgentEvent::ThinkingDelta("Let me look.".into())),
@@ -106,7 +106,7 @@ async fn partial_messages_yield_anthropic_deltas_without_repeating_the_assistant
         events(&frames),
         [
             AgentEvent::SessionStarted {
-                session_id: "sess-1".into(),
+                session_id: SESS_1.into(),
                 model: Some("claude-x".into()),
             },
             AgentEvent::Usage(start),

@@ -29,8 +29,10 @@
 //! - `{"garbage": n}`: n lines that are not JSON; `{"big_line": n}`: one
 //!   line of n bytes.
 //!
-//! The session id is `sess-1` for a fresh run and `<resume id>-fork` for a
-//! resumed one (a resume forks the id, as the real CLI does).
+//! The session id is a UUID, like the real CLI's: `FRESH_ID`
+//! (`00000000-0000-4000-8000-000000000001`) for a fresh run and the resume
+//! id with its last group plus one for a resumed one (a resume forks the
+//! id, as the real CLI does).
 //!
 //! When `FAKE_CLAUDE_RECORD` names a file, one JSON line is appended per
 //! event: `{"event":"start","pid","pgid","args","cwd","env"}`,
@@ -42,6 +44,21 @@ use std::time::Duration;
 
 use nix::sys::signal::{SigSet, SigmaskHow, Signal, sigprocmask};
 use serde_json::{Value, json};
+
+/// The session id of a fresh run.
+const FRESH_ID: &str = "00000000-0000-4000-8000-000000000001";
+
+/// The id a resume of `id` announces: its last group plus one
+/// (`<id>-fork` for an id that does not end in 12 hex digits).
+fn fork(id: &str) -> String {
+    match id.rsplit_once('-') {
+        Some((head, last)) if last.len() == 12 => match u64::from_str_radix(last, 16) {
+            Ok(n) => format!("{head}-{:012x}", n.wrapping_add(1) & 0xffff_ffff_ffff),
+            Err(_) => format!("{id}-fork"),
+        },
+        _ => format!("{id}-fork"),
+    }
+}
 
 struct Fake {
     session_id: String,
@@ -73,8 +90,8 @@ fn main() {
         .unwrap_or_default();
     let mut fake = Fake {
         session_id: match &resume {
-            Some(id) => format!("{id}-fork"),
-            None => "sess-1".to_owned(),
+            Some(id) => fork(id),
+            None => FRESH_ID.to_owned(),
         },
         resume_id: resume.clone().unwrap_or_default(),
         cwd: cwd.clone(),

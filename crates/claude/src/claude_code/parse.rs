@@ -11,7 +11,7 @@ use serde_json::Value;
 use warden_core::{AgentEvent, Frame, StreamError, Usage};
 
 use super::errors::{early_exit_error, result_error};
-use crate::cli::{ExitInfo, Step, TurnParser};
+use crate::cli::{ExitInfo, Step, TurnParser, is_uuid};
 
 /// Maps a `claude` process's stdout lines. Lives as long as the process
 /// (the session id survives turns); [`begin_turn`](TurnParser::begin_turn)
@@ -249,6 +249,10 @@ impl TurnParser for ClaudeParser {
 
     fn session_id(&self) -> Option<&str> {
         self.session_id.as_deref()
+    }
+
+    fn is_session_id(id: &str) -> bool {
+        is_uuid(id)
     }
 
     fn ended_early(&mut self, exit: ExitInfo, stderr: &[String], saw_json: bool) -> StreamError {

@@ -34,20 +34,30 @@ fn init_line_starts_the_session_and_keeps_the_newest_id() {
     let mut p = parser();
     let f = frames(
         &mut p,
-        r#"{"type":"system","subtype":"init","cwd":"/w","session_id":"9753c268-a","model":"claude-x","tools":["Bash"],"permissionMode":"default"}"#,
+        r#"{"type":"system","subtype":"init","cwd":"/w","session_id":"9753c268-aaaa-4aaa-8aaa-aaaaaaaaaaaa","model":"claude-x","tools":["Bash"],"permissionMode":"default"}"#,
     );
     assert_eq!(
         f,
         [ev(AgentEvent::SessionStarted {
-            session_id: "9753c268-a".into(),
+            session_id: "9753c268-aaaa-4aaa-8aaa-aaaaaaaaaaaa".into(),
             model: Some("claude-x".into())
         })]
     );
     frames(
         &mut p,
-        r#"{"session_id":"b2","subtype":"init","type":"system"}"#,
+        r#"{"session_id":"9753c268-bbbb-4bbb-8bbb-bbbbbbbbbbbb","subtype":"init","type":"system"}"#,
     );
-    assert_eq!(p.session_id(), Some("b2"));
+    assert_eq!(p.session_id(), Some("9753c268-bbbb-4bbb-8bbb-bbbbbbbbbbbb"));
+}
+
+#[test]
+fn an_announced_id_that_is_not_a_uuid_is_neither_started_nor_kept() {
+    let mut p = parser();
+    for id in [r"9753c268\u0000-x", "../../etc/passwd", "", "b2"] {
+        let line = format!(r#"{{"type":"system","subtype":"init","session_id":"{id}"}}"#);
+        assert_eq!(frames(&mut p, &line), [Frame::KeepAlive], "{id}");
+        assert_eq!(p.session_id(), None, "{id}");
+    }
 }
 
 #[test]

@@ -7,7 +7,7 @@ use serde_json::Value;
 use warden_core::{AgentEvent, Frame, ResumeCause, StreamError};
 
 use super::rollout;
-use crate::cli::{ExitInfo, Step, TurnParser};
+use crate::cli::{ExitInfo, Step, TurnParser, is_uuid};
 use crate::lines::{clip, stderr_summary};
 
 /// The message of Codex's context overflow (`error` and `turn.failed`).
@@ -219,6 +219,10 @@ impl TurnParser for CodexParser {
 
     fn session_id(&self) -> Option<&str> {
         self.thread_id.as_deref()
+    }
+
+    fn is_session_id(id: &str) -> bool {
+        is_uuid(id)
     }
 
     fn ended_early(&mut self, exit: ExitInfo, stderr: &[String], saw_json: bool) -> StreamError {

@@ -91,13 +91,11 @@ fn the_command_sets_no_relaunch_its_home_and_base_url_and_writes_the_settings() 
 }
 
 #[test]
-fn a_non_uuid_resume_id_and_an_over_long_message_fail_before_anything_starts() {
+fn latest_is_no_session_id_and_an_over_long_message_fails_before_anything_starts() {
+    // A resume id that is not a UUID fails in the source before `command`.
+    assert!(!<super::GeminiParser as crate::cli::TurnParser>::is_session_id("latest"));
+    assert!(!<super::GeminiParser as crate::cli::TurnParser>::is_session_id("3"));
     let o = GeminiOptions::default();
-    let e = o.command(&spawn(Some("latest"), "hi")).err();
-    assert!(
-        matches!(e, Some(StreamError::UnknownSession { ref session_id, .. }) if session_id == "latest"),
-        "{e:?}"
-    );
     let long = "x".repeat(GEMINI_MAX_PROMPT_BYTES + 1);
     let e = o.command(&spawn(None, &long)).err();
     assert!(

@@ -8,7 +8,7 @@ use serde_json::Value;
 use warden_core::{AgentEvent, Frame, ResumeCause, StreamError, retryable_status};
 
 use super::session_file;
-use crate::cli::{ExitInfo, Step, TurnParser};
+use crate::cli::{ExitInfo, Step, TurnParser, is_uuid};
 use crate::lines::{clip, stderr_summary};
 
 /// stderr of a resume that found no usable session (exit 42).
@@ -217,6 +217,10 @@ impl TurnParser for GeminiParser {
 
     fn session_id(&self) -> Option<&str> {
         self.resumable.as_deref()
+    }
+
+    fn is_session_id(id: &str) -> bool {
+        is_uuid(id)
     }
 
     fn ended_early(&mut self, exit: ExitInfo, stderr: &[String], saw_json: bool) -> StreamError {

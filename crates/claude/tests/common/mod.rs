@@ -17,6 +17,13 @@ pub(crate) const GRACE: Duration = Duration::from_millis(400);
 /// Upper bound for anything a test waits for.
 pub(crate) const PATIENCE: Duration = Duration::from_secs(10);
 
+/// The session id the fake announces on a fresh start.
+pub(crate) const SESS_1: &str = "00000000-0000-4000-8000-000000000001";
+/// The id a resume of [`SESS_1`] announces (the fake forks the id).
+pub(crate) const SESS_1_FORK: &str = "00000000-0000-4000-8000-000000000002";
+/// The id a resume of [`SESS_1_FORK`] announces.
+pub(crate) const SESS_1_FORK_FORK: &str = "00000000-0000-4000-8000-000000000003";
+
 /// The `system/init` line (`docs/wire-formats.md`), with the fake's session id.
 pub(crate) const INIT: &str = r#"{"type":"system","subtype":"init","cwd":"{cwd}","session_id":"{session_id}","model":"claude-x","tools":["Bash"],"permissionMode":"default"}"#;
 
