@@ -11,7 +11,9 @@ const _: () = assert!(DEFAULT_MAX_CONNECTIONS as usize == warden_http::DEFAULT_M
 pub(crate) struct ConnectionArgs {
     /// A request head must arrive whole within this (and a kept-alive
     /// connection must start its next request within it), else the
-    /// connection is closed: seconds, or a duration with a unit.
+    /// connection is closed; a request body that sends nothing for this
+    /// long is answered `408` and its connection closed: seconds, or a
+    /// duration with a unit.
     #[arg(long, env = "WARDEN_HEADER_TIMEOUT", value_name = "SECONDS", default_value = "30", value_parser = crate::units::seconds)]
     pub(crate) header_timeout: Duration,
     /// Connections open at once; past it a new connection is answered
@@ -27,12 +29,14 @@ impl ConnectionArgs {
         usize::try_from(self.max_connections).unwrap_or(usize::MAX)
     }
 
-    /// The limits, with `busy_body` as the `503`'s body (`warden serve`;
-    /// the proxy sets its own body).
-    pub(crate) fn limits(&self, busy_body: &str) -> warden_http::Limits {
+    /// The limits, with `busy_body` as the `503`'s body and
+    /// `stalled_body` as the `408`'s (`warden serve`; the proxy sets its
+    /// own bodies).
+    pub(crate) fn limits(&self, busy_body: &str, stalled_body: &str) -> warden_http::Limits {
         warden_http::Limits::default()
             .with_header_timeout(self.header_timeout)
             .with_max_connections(self.max_connections())
             .with_busy_body(busy_body)
+            .with_stalled_body(stalled_body)
     }
 }

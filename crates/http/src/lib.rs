@@ -4,12 +4,17 @@
 //! on its connections, so a client that sends half a request head (or one
 //! byte a second) holds a connection — and a file descriptor — for ever,
 //! and nothing bounds how many it may hold. [`serve`] runs an axum
-//! [`Router`] with three limits:
+//! [`Router`] with four limits:
 //!
 //! - **a header-read timeout** ([`Limits::header_timeout`], default 30 s):
 //!   a request head not complete within it closes the connection. The
 //!   same timer runs while a kept-alive connection waits for its next
 //!   request, so it is the idle timeout too;
+//! - **a body stall timeout**, the same duration: while the application
+//!   waits for the request's body and none of it comes for that long, the
+//!   request is answered `408 Request Timeout` with the caller's JSON body
+//!   and the connection closed (a head declaring a body it never sends
+//!   would otherwise hold its slot for ever; see [`BodyStalled`]);
 //! - **a connection cap** ([`Limits::max_connections`], default 4,096):
 //!   past it, a new connection is answered `503 Service Unavailable` with
 //!   `Retry-After: 1` and the caller's JSON body, then closed — a client
@@ -40,6 +45,10 @@ use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
+mod stall;
+
+pub use stall::BodyStalled;
+
 /// The default [`Limits::header_timeout`].
 pub const DEFAULT_HEADER_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -63,13 +72,17 @@ const MAX_REFUSALS_IN_FLIGHT: usize = 256;
 #[derive(Clone, Debug)]
 pub struct Limits {
     /// A request head must arrive whole within this; a kept-alive
-    /// connection must start its next request within it. Default 30 s.
+    /// connection must start its next request within it; a request body
+    /// the application waits for must send something within it (else
+    /// `408`). Default 30 s.
     pub header_timeout: Duration,
     /// Connections open at once; past it a new one gets a `503`. Default
     /// 4,096 (mind the process's file-descriptor limit: `ulimit -n`).
     pub max_connections: usize,
     /// The JSON body of the `503` past the cap.
     busy_body: Arc<str>,
+    /// The JSON body of the `408` for a stalled request body.
+    stalled_body: Arc<str>,
 }
 
 impl Default for Limits {
@@ -79,6 +92,9 @@ impl Default for Limits {
             max_connections: DEFAULT_MAX_CONNECTIONS,
             busy_body: Arc::from(
                 r#"{"error":{"type":"overloaded","message":"too many connections; retry shortly"}}"#,
+            ),
+            stalled_body: Arc::from(
+                r#"{"error":{"type":"request_timeout","message":"the request body sent nothing within the header timeout"}}"#,
             ),
         }
     }
@@ -105,6 +121,31 @@ impl Limits {
     pub fn with_busy_body(mut self, json: impl Into<Arc<str>>) -> Self {
         self.busy_body = json.into();
         self
+    }
+
+    /// The JSON body a request whose body stalled gets with its `408`, in
+    /// the error shape the server's clients parse.
+    #[must_use]
+    pub fn with_stalled_body(mut self, json: impl Into<Arc<str>>) -> Self {
+        self.stalled_body = json.into();
+        self
+    }
+
+    /// The `408` for a request whose body stalled; the connection closes
+    /// after it (the rest of the body is never read).
+    fn stalled_response(&self) -> axum::response::Response {
+        use axum::http::{HeaderValue, StatusCode, header};
+        let mut response = axum::response::Response::new(axum::body::Body::from(
+            self.stalled_body.as_bytes().to_vec(),
+        ));
+        *response.status_mut() = StatusCode::REQUEST_TIMEOUT;
+        let headers = response.headers_mut();
+        headers.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
+        headers.insert(header::CONNECTION, HeaderValue::from_static("close"));
+        response
     }
 
     /// The full `503` answer, head and body.
@@ -182,11 +223,28 @@ pub async fn serve(
         let service = {
             let app = TowerToHyperService::new(app.clone());
             let busy = busy.clone();
-            hyper::service::service_fn(move |request| {
+            let limits = limits.clone();
+            hyper::service::service_fn(move |request: hyper::Request<hyper::body::Incoming>| {
                 let guard = busy.enter();
+                let stall = stall::Stall::new();
+                let request = request
+                    .map(|body| stall::Watched::new(body, limits.header_timeout, stall.clone()));
                 let answer = hyper::service::Service::call(&app, request);
+                let limits = limits.clone();
                 async move {
-                    let response = answer.await?;
+                    // A stalled body ends the request whatever the
+                    // application was doing with it.
+                    let response = tokio::select! {
+                        () = stall.cancelled() => limits.stalled_response(),
+                        response = answer => {
+                            let response = response?;
+                            if stall.is_cancelled() {
+                                limits.stalled_response()
+                            } else {
+                                response
+                            }
+                        }
+                    };
                     Ok::<_, std::convert::Infallible>(response.map(|body| Guarded {
                         body,
                         _guard: guard,

@@ -1,13 +1,14 @@
 //! The server loop's limits against clients that misbehave, over real TCP:
 //! a half-sent head is cut off, an idle keep-alive connection is closed, a
-//! connection past the cap gets a `503` at once, and a shutdown ends every
+//! connection past the cap gets a `503` at once, a body that never comes
+//! is answered `408` and frees its slot, and a shutdown ends every
 //! connection.
 
 use std::time::Duration;
 
 use axum::Router;
 use axum::body::Body;
-use axum::routing::get;
+use axum::routing::{get, post};
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::{TcpListener, TcpStream};
 use warden_http::{Limits, serve};
@@ -16,16 +17,24 @@ use warden_http::{Limits, serve};
 const BOUND: Duration = Duration::from_secs(10);
 
 fn app() -> Router {
-    Router::new().route("/", get(|| async { "ok" })).route(
-        "/endless",
-        get(|| async {
-            let ticks = futures_util::stream::unfold(0u64, |n| async move {
-                tokio::time::sleep(Duration::from_millis(20)).await;
-                Some((Ok::<_, std::io::Error>(format!("tick {n}\n")), n + 1))
-            });
-            Body::from_stream(ticks)
-        }),
-    )
+    Router::new()
+        .route("/", get(|| async { "ok" }))
+        .route("/healthz", get(|| async { "ok" }))
+        // Reads the whole body, as a JSON handler does.
+        .route(
+            "/echo",
+            post(|body: axum::body::Bytes| async move { format!("{} bytes", body.len()) }),
+        )
+        .route(
+            "/endless",
+            get(|| async {
+                let ticks = futures_util::stream::unfold(0u64, |n| async move {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                    Some((Ok::<_, std::io::Error>(format!("tick {n}\n")), n + 1))
+                });
+                Body::from_stream(ticks)
+            }),
+        )
 }
 
 struct Server {
@@ -211,4 +220,95 @@ async fn a_response_under_way_holds_shutdown_until_the_server_is_dropped() {
         "a streaming response after the server is dropped",
     )
     .await;
+}
+
+/// A whole head declaring a body that never comes: the handler waits for
+/// it, and without a timer the connection's slot is held for ever (every
+/// slot, with a few such clients). Each is answered `408` with the JSON
+/// body within the header timeout, its connection closes, and the slots
+/// serve new clients (and `/healthz`) again.
+#[tokio::test]
+async fn a_body_that_never_comes_is_answered_408_and_frees_its_slot() {
+    const SLOTS: usize = 4;
+    let timeout = Duration::from_millis(400);
+    let stalled_body = r#"{"error":{"type":"request_timeout","message":"stalled"}}"#;
+    let server = start(
+        Limits::default()
+            .with_header_timeout(timeout)
+            .with_max_connections(SLOTS)
+            .with_stalled_body(stalled_body),
+    )
+    .await;
+    let started = std::time::Instant::now();
+    let mut stalled = Vec::new();
+    for _ in 0..SLOTS {
+        let mut tcp = TcpStream::connect(server.addr).await.expect("connect");
+        tcp.write_all(
+            b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
+              Content-Length: 100\r\n\r\n{\"a\":",
+        )
+        .await
+        .expect("write");
+        stalled.push(tcp);
+    }
+    // Every slot is held: a new client is refused for now.
+    let refused = get_ok(server.addr).await;
+    assert!(refused.starts_with("HTTP/1.1 503"), "{refused}");
+    for tcp in &mut stalled {
+        let answer = read_to_close(tcp, "a stalled body").await;
+        assert!(
+            answer.starts_with("HTTP/1.1 408 Request Timeout"),
+            "{answer}"
+        );
+        assert!(
+            answer.contains("content-type: application/json"),
+            "{answer}"
+        );
+        assert!(answer.ends_with(stalled_body), "{answer}");
+    }
+    let took = started.elapsed();
+    assert!(
+        took < timeout * 4,
+        "the stalled bodies were answered within the timeout: {took:?}"
+    );
+    // The slots are free again: a new client and /healthz are served.
+    let served = tokio::time::timeout(BOUND, async {
+        loop {
+            let answer = get_ok(server.addr).await;
+            if answer.starts_with("HTTP/1.1 200 OK") {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    assert!(served.is_ok(), "a new client is served once the stalls end");
+    let mut health = TcpStream::connect(server.addr).await.expect("connect");
+    health
+        .write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .await
+        .expect("write");
+    let answer = read_to_close(&mut health, "/healthz").await;
+    assert!(answer.starts_with("HTTP/1.1 200 OK"), "{answer}");
+}
+
+/// A slow upload that keeps sending is not a stall: each chunk restarts
+/// the timer, so a body taking longer than the timeout in all arrives.
+#[tokio::test]
+async fn a_slow_body_that_keeps_sending_is_served() {
+    let timeout = Duration::from_millis(300);
+    let server = start(Limits::default().with_header_timeout(timeout)).await;
+    let mut tcp = TcpStream::connect(server.addr).await.expect("connect");
+    tcp.write_all(
+        b"POST /echo HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: 6\r\n\r\n",
+    )
+    .await
+    .expect("write");
+    for _ in 0..6 {
+        tokio::time::sleep(timeout / 3).await;
+        tcp.write_all(b"x").await.expect("write");
+    }
+    let answer = read_to_close(&mut tcp, "a slow body").await;
+    assert!(answer.starts_with("HTTP/1.1 200 OK"), "{answer}");
+    assert!(answer.ends_with("6 bytes"), "{answer}");
 }
