@@ -10,7 +10,9 @@
 //! connection whose body was read to its end goes back to a small idle
 //! pool per origin (plain TCP or TLS through rustls, as before) and is
 //! checked for a close by the server before it is used again; one that
-//! was not is closed with its stream.
+//! was not, one whose body broke and one that answered an error are
+//! closed. A request is sent again on a new connection only when hyper
+//! gives it back unsent.
 
 use std::collections::HashMap;
 use std::future::Future as _;
@@ -98,8 +100,11 @@ impl Upstreams {
 
     /// Sends `POST url` with `headers` and `body` on an idle connection to
     /// its origin or a new one, and waits for the answer's head. A reused
-    /// connection that fails before answering (the server closed it as it
-    /// was taken) is replaced by a new one, once.
+    /// connection that closed before the request was written (hyper gives
+    /// the request back) is replaced by a new one, once; one that failed
+    /// after it was written is this attempt's failure (the upstream may
+    /// have read the request: sending it again is the policy's decision,
+    /// counted).
     pub(crate) async fn post(
         self: &Arc<Self>,
         url: &str,
@@ -125,13 +130,19 @@ impl Upstreams {
             request.headers_mut().insert(header::HOST, host);
             Ok::<_, Reason>(request)
         };
+        let mut unsent = None;
         if let Some(idle) = self.take(&origin) {
             tracing::trace!(host = %origin.host, port = origin.port, "reusing an upstream connection");
-            // On failure the server closed it as it was taken: a new one.
-            if let Ok((head, incoming, send, conn)) =
-                exchange(idle.send, idle.conn, request()?).await
-            {
-                return Ok(self.answer(origin, head, incoming, send, conn));
+            match exchange(idle.send, idle.conn, request()?).await {
+                Ok((head, incoming, send, conn)) => {
+                    return Ok(self.answer(origin, head, incoming, send, conn));
+                }
+                // Closed before the request left: it goes on a new one.
+                Err(Failed {
+                    unsent: Some(request),
+                    ..
+                }) => unsent = Some(request),
+                Err(Failed { reason, .. }) => return Err(reason),
             }
         }
         let (send, conn) = self.connect(&origin).await?;
@@ -141,7 +152,12 @@ impl Upstreams {
             tls = origin.https,
             "opened an upstream connection"
         );
-        let (head, incoming, send, conn) = exchange(send, conn, request()?).await?;
+        let request = match unsent {
+            Some(request) => request,
+            None => request()?,
+        };
+        let (head, incoming, send, conn) =
+            exchange(send, conn, request).await.map_err(|f| f.reason)?;
         Ok(self.answer(origin, head, incoming, send, conn))
     }
 
@@ -153,6 +169,10 @@ impl Upstreams {
         send: SendRequest<Full<Bytes>>,
         conn: Option<Pin<Box<Conn>>>,
     ) -> Answer {
+        // An error answer may come before the upstream read the whole
+        // request, or with more to follow: its connection is not used
+        // again.
+        let home = head.status.is_success().then(|| (Arc::clone(self), origin));
         Answer {
             status: head.status,
             headers: head.headers,
@@ -160,7 +180,7 @@ impl Upstreams {
                 incoming,
                 conn,
                 send: Some(send),
-                home: Some((Arc::clone(self), origin)),
+                home,
                 ended: false,
             },
         }
@@ -254,16 +274,24 @@ type Exchanged = (
     Option<Pin<Box<Conn>>>,
 );
 
+/// Why an exchange got no answer, and its request when it provably never
+/// left (hyper gives it back when the connection closed before writing
+/// it).
+struct Failed {
+    reason: Reason,
+    unsent: Option<Request<Full<Bytes>>>,
+}
+
 /// Sends `request` on `send`, polling `conn` (which does the I/O) until
 /// the answer's head arrives.
 async fn exchange(
     mut send: SendRequest<Full<Bytes>>,
     conn: Pin<Box<Conn>>,
     request: Request<Full<Bytes>>,
-) -> Result<Exchanged, Reason> {
+) -> Result<Exchanged, Failed> {
     let mut conn = Some(conn);
     let mut conn_error = None;
-    let mut answer = std::pin::pin!(send.send_request(request));
+    let mut answer = std::pin::pin!(send.try_send_request(request));
     let response = std::future::poll_fn(|cx| {
         if let Some(c) = conn.as_mut()
             && let Poll::Ready(done) = c.as_mut().poll(cx)
@@ -276,9 +304,12 @@ async fn exchange(
         answer.as_mut().poll(cx)
     })
     .await
-    .map_err(|e| match &conn_error {
-        Some(c) => format!("request failed: {}", warden_llm::error_chain(c)),
-        None => format!("request failed: {}", warden_llm::error_chain(&e)),
+    .map_err(|mut e| Failed {
+        reason: match &conn_error {
+            Some(c) => format!("request failed: {}", warden_llm::error_chain(c)),
+            None => format!("request failed: {}", warden_llm::error_chain(e.error())),
+        },
+        unsent: e.take_message(),
     })?;
     let (head, incoming) = response.into_parts();
     Ok((head, incoming, send, conn))
@@ -309,7 +340,8 @@ impl UpstreamBody {
     }
 
     /// The body read to its end: the connection goes back to the pool when
-    /// it can carry another request.
+    /// it can carry another request (hyper closes one with bytes past the
+    /// answer's end, buffered or arriving while it is idle).
     fn ended(&mut self, cx: &mut Context<'_>) {
         self.ended = true;
         let (Some(mut conn), Some(send), Some((home, origin))) =

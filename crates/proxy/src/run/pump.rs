@@ -9,7 +9,7 @@ use axum::extract::Request;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::Response;
 use bytes::Bytes;
-use futures_util::StreamExt as _;
+use futures_util::{FutureExt as _, StreamExt as _};
 use rand::SeedableRng as _;
 use serde_json::Value;
 use tokio::time::Instant;
@@ -192,6 +192,36 @@ pub(super) fn refuse(
     Some(response)
 }
 
+/// How long the end of an upstream body may take after the reply's last
+/// event (the chunked body's terminator, usually in the same read) for
+/// its connection to go back to the pool.
+const RELEASE_WITHIN: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// The most frames read after the reply's last event before the rest is
+/// left to a task of its own.
+const RELEASE_NOW: usize = 16;
+
+/// After the reply's last event: the rest of the upstream body is read
+/// (at once when it is there, usually; else in a task of its own), so
+/// that a connection whose answer ends cleanly goes back to the pool
+/// (`client`) before the client has its end; one whose end does not come
+/// soon is closed with it.
+fn release(current: Current) {
+    let mut frames = current.frames;
+    for _ in 0..RELEASE_NOW {
+        match frames.next().now_or_never() {
+            Some(Some(Ok(_))) => {}
+            // Its end (or a break): the body is done with.
+            Some(_) => return,
+            None => break,
+        }
+    }
+    tokio::spawn(async move {
+        let drained = async { while let Some(Ok(_)) = frames.next().await {} };
+        let _ = tokio::time::timeout(RELEASE_WITHIN, drained).await;
+    });
+}
+
 /// What the next pull of a watched request gives.
 pub(super) enum Step {
     /// The first bytes of the stream, and the response's headers.
@@ -304,6 +334,9 @@ impl Pump {
             }
             if self.splice.done() {
                 span.record("warden.outcome", "complete");
+                if let Some(current) = self.current.take() {
+                    release(current);
+                }
                 self.end(Outcome::Complete);
             }
             if out.is_empty() {
