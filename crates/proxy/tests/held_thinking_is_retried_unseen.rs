@@ -2,7 +2,8 @@
 //! loopback HTTP: a stall inside a thinking block is retried from scratch
 //! without the client seeing anything of it (without the hold, its stream
 //! ends with an error event, which a streaming SDK raises), and the text
-//! after a thinking block is not delayed by holding it.
+//! after a thinking block is not delayed by holding it. A client that
+//! asked for no stream has its answer retried unseen without the hold.
 
 mod common;
 
@@ -185,4 +186,43 @@ async fn holding_thinking_does_not_delay_the_text_after_it() {
         held <= plain + Duration::from_millis(100),
         "held {held:?}, streamed {plain:?}"
     );
+}
+
+/// A client that asked for no stream sees nothing until the answer is
+/// whole: a stall inside its thinking is retried unseen, held or not
+/// (the SDKs with no retries of their own lose nothing).
+#[tokio::test]
+async fn a_whole_answer_whose_thinking_stalls_is_retried_unseen_without_the_hold() {
+    let base = upstream(true).await;
+    let (plain, _p) = proxy(&base, false).await;
+    let mut body: serde_json::Value =
+        serde_json::from_str(&messages_body("claude-test", "think, then answer")).expect("json");
+    body["stream"] = serde_json::Value::Bool(false);
+    let response = within(
+        "the answer",
+        reqwest::Client::new()
+            .post(format!("{plain}/v1/messages"))
+            .header("x-api-key", KEY)
+            .header("anthropic-version", "2023-06-01")
+            .header("content-type", "application/json")
+            .body(body.to_string())
+            .send(),
+    )
+    .await
+    .expect("answer");
+    let status = response.status();
+    let text = within("the body", response.text()).await.expect("a body");
+    let message: serde_json::Value = serde_json::from_str(&text).expect("a JSON body");
+    assert_eq!(status, 200, "{message}");
+    let content = message["content"].as_array().expect("content");
+    let kinds: Vec<&str> = content.iter().filter_map(|b| b["type"].as_str()).collect();
+    assert_eq!(kinds, ["thinking", "text"], "{message}");
+    let thinking = content[0]["thinking"].as_str().expect("thinking");
+    assert_eq!(
+        thinking.matches("step ").count(),
+        THOUGHTS,
+        "only the retry's thinking: {thinking}"
+    );
+    assert_eq!(content[0]["signature"], "c2ln");
+    assert_eq!(content[1]["text"], "the answer");
 }

@@ -132,6 +132,7 @@ pub(crate) async fn watched(
         rng: rand::rngs::SmallRng::from_rng(&mut rand::rng()),
         deadline: inner_deadline.map(|d| started + d),
         continuing: false,
+        assembled: whole.then_some(protocol),
         logged,
     };
     if whole {
@@ -265,6 +266,10 @@ pub(super) struct Pump {
     /// The next request sent is a continuation (counted when it is sent:
     /// a client gone during the backoff before it leaves none).
     pub(super) continuing: bool,
+    /// The protocol of an answer assembled here (a client that asked for
+    /// no stream): the client sees none of it until it is whole, so a
+    /// stream that cannot be continued is started over unseen.
+    pub(super) assembled: Option<Protocol>,
     pub(super) logged: Logged,
 }
 

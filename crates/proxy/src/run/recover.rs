@@ -16,7 +16,7 @@ use super::{Pump, Step, UNREACHABLE, past_deadline, report, shutting_down, until
 use crate::access::{Outcome, RecoveryEvent};
 use crate::headers;
 use crate::spans::{PROXY_CONTINUE, PROXY_KILL};
-use crate::splice::Resume;
+use crate::splice::{self, Resume};
 use crate::upstream::{Upstream, error_response};
 
 impl Pump {
@@ -55,6 +55,17 @@ impl Pump {
             self.splice.resume(&self.original)
         } else {
             Resume::Again
+        };
+        let resume = match (resume, self.assembled) {
+            // An answer assembled here that cannot be continued: none of
+            // it reached the client, so it starts over (the assembler
+            // starts again at the next head).
+            (Resume::GiveUp, Some(protocol)) => {
+                self.splice = splice::for_protocol(protocol, self.inner.config.hold_thinking);
+                self.sent = false;
+                Resume::Again
+            }
+            (resume, _) => resume,
         };
         let shown = match &resume {
             Resume::Again => Shown::Nothing,

@@ -32,7 +32,8 @@ const FRAME_SLACK: usize = 64 * 1024;
 /// else.
 pub(crate) async fn answer(mut pump: Pump, protocol: Protocol) -> Response {
     let upstream = pump.upstream;
-    let mut budget = Budget::new(pump.inner.config.max_reply_bytes);
+    let max_reply = pump.inner.config.max_reply_bytes;
+    let mut budget = Budget::new(max_reply);
     let frame_limit = pump
         .inner
         .config
@@ -40,15 +41,22 @@ pub(crate) async fn answer(mut pump: Pump, protocol: Protocol) -> Response {
         .saturating_add(FRAME_SLACK);
     let mut parser = SseParser::new(frame_limit);
     let mut frames = VecDeque::new();
-    let mut whole = match protocol {
+    let fresh = || match protocol {
         Protocol::ChatCompletions => Whole::Chat(ChatCompletions::default()),
         _ => Whole::Messages(Messages::default()),
     };
+    let mut whole = fresh();
     let mut headers = HeaderMap::new();
     loop {
         let bytes = match pump.next().await {
+            // The stream's start; a second one when the pump started over
+            // (what came before cannot be continued): assembled afresh.
             Step::Head(h, b) => {
                 headers = h;
+                budget = Budget::new(max_reply);
+                parser = SseParser::new(frame_limit);
+                frames.clear();
+                whole = fresh();
                 b
             }
             Step::Chunk(b) => b,
