@@ -4,7 +4,8 @@
 //! (openapi-python-client) has a typed result for every route that is not
 //! an event stream and a model for every event's `data` — and that client,
 //! run against the same server, gets those types back, every event of a
-//! turn and of `/v1/events` read into its model with its `at`.
+//! turn and of `/v1/events` read into the model its stream's
+//! `x-itemSchema` names, with its `at`.
 //!
 //! Needs the two tools (`WARDEN_OPENAPI_TOOLS`: the `bin` directory of a
 //! venv with `openapi-python-client==0.26.1` and
@@ -161,14 +162,18 @@ import importlib, json, re
 import httpx
 from gen.types import UNSET
 document = json.load(open("openapi.json"))
-def models(of):
+# Found as a tool finds them: the stream's media type's `x-itemSchema`
+# (OpenAPI 3.2's `itemSchema`), an item per event, its `data` schema.
+def models(path, method):
     found = {{}}
-    for event, schema in document["components"]["schemas"][of]["properties"].items():
-        name = schema["$ref"].rsplit("/", 1)[1]
+    media = document["paths"][path][method]["responses"]["200"]["content"]["text/event-stream"]
+    for item in media["x-itemSchema"]["oneOf"]:
+        event = item["properties"]["event"]["const"]
+        name = item["properties"]["data"]["contentSchema"]["$ref"].rsplit("/", 1)[1]
         module = importlib.import_module("gen.models." + re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower())
         found[event] = getattr(module, name)
     return found
-turn_models, lifecycle_models = models("TurnEvents"), models("LifecycleEvents")
+turn_models, lifecycle_models = models("/v1/turns/{{id}}/events", "get"), models("/v1/events", "get")
 auth = {{"Authorization": "Bearer {token}"}}
 def read(path, models, last, headers={{}}):
     seen, event = [], None

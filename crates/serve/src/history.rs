@@ -95,14 +95,13 @@ impl History {
             loop {
                 match rx.recv().await {
                     Ok(e) => {
-                        if let Some((kind, mut data)) = views::lifecycle(&e) {
-                            if let (Some(key), Some(turn)) = (e.key(), data.turn())
-                                && let Some(id) = turns.id_within(key, turn, NAMING_WAIT).await
-                            {
-                                data.set_turn_id(id);
-                            }
-                            keep.push(kind, timed(&data));
+                        let (kind, mut data) = views::lifecycle(&e);
+                        if let (Some(key), Some(turn)) = (e.key(), data.turn())
+                            && let Some(id) = turns.id_within(key, turn, NAMING_WAIT).await
+                        {
+                            data.set_turn_id(id);
                         }
+                        keep.push(kind, timed(&data));
                     }
                     // The window itself fell behind the bus: say so in it.
                     Err(RecvError::Lagged(missed)) => {

@@ -80,10 +80,36 @@ impl Op {
         )
     }
 
-    fn sse(self, status: u16, description: &str, events: &str) -> Self {
+    /// An event stream: each event's `data` schema by its `event:` name,
+    /// in the media type's `x-itemSchema` (OpenAPI 3.2's `itemSchema` for
+    /// `text/event-stream`, under an extension name: this document is
+    /// 3.1, which openapi-python-client requires and whose media type
+    /// takes no other key), and in the component `events` names.
+    fn sse(
+        mut self,
+        status: u16,
+        description: &str,
+        events: &str,
+        kinds: &[(String, Value)],
+    ) -> Self {
         let schema = json!({"type": "string", "description": format!(
-            "SSE: each event has `id:`, `event:` (its type) and `data:`, the JSON of that type's schema: see `{events}`")});
-        self.answer(status, description, Some(("text/event-stream", schema)))
+            "SSE: each event has `id:`, `event:` (its type) and `data:`, the JSON of that type's schema: see `x-itemSchema`, and `{events}`")});
+        let items: Vec<Value> = kinds
+            .iter()
+            .map(|(name, data)| {
+                json!({"type": "object", "required": ["event", "data"], "properties": {
+                    "event": {"const": name},
+                    "data": {"type": "string", "contentMediaType": "application/json", "contentSchema": data},
+                    "id": {"type": "string"},
+                }})
+            })
+            .collect();
+        self = self.answer(status, description, Some(("text/event-stream", schema)));
+        self.v["responses"][status.to_string()]["content"]["text/event-stream"]["x-itemSchema"] = json!({
+            "description": "One server-sent event (OpenAPI 3.2's `itemSchema`): its `event:` name and its `data:`, a JSON text of that event's schema",
+            "oneOf": items,
+        });
+        self
     }
 
     fn errors(mut self, error: &Value, list: &[(u16, &str)]) -> Self {
@@ -189,7 +215,7 @@ pub(crate) fn document() -> Value {
             "A key the client chose for this message (a UUID), sent once. A request repeating a key of the same session while its turn is kept gets that turn (`Idempotent-Replayed: true`), not a second one, if it has the same `message`, `model` and `agent` (each as sent; a turn stored without them, by an older server, is answered whatever they are); with others it is a 422 `idempotency_key_reused`. The turn's id is derived from session and key, so it is the same after a restart or on another node")
         .body(schema::<api::NewTurn>(&mut g))
         .json(202, "Accepted: the message is stored; follow the turn by its id. A repeated Idempotency-Key: the turn it named, with `Idempotent-Replayed: true`", schema::<api::TurnCreated>(&mut g))
-        .sse(200, "With `Accept: text/event-stream`: the turn's events", "TurnEvents")
+        .sse(200, "With `Accept: text/event-stream`: the turn's events", "TurnEvents", &turn_events)
         .errors(&error, &[
             (400, "`invalid_request`: bad JSON, neither or both of workspace/key, an empty message. `invalid_idempotency_key`: empty, over 255 characters, not visible ASCII, or the header sent more than once. `invalid_workspace`: not absolute, a NUL byte, over 4,096 bytes, not a directory (or, for an agent that runs in its workspace, not an existing one)"),
             unauthorized,
@@ -208,7 +234,7 @@ pub(crate) fn document() -> Value {
             json!({"type": "integer"}),
             "Only events after this id",
         )
-        .sse(200, "The events", "TurnEvents")
+        .sse(200, "The events", "TurnEvents", &turn_events)
         .errors(
             &error,
             &[
@@ -312,7 +338,7 @@ pub(crate) fn document() -> Value {
     let events = Op::new("lifecycleEvents", "Every session's lifecycle events")
         .param("Last-Event-ID", "header", false, json!({"type": "integer"}),
             "Replay the events after this id (the last 1,024 are kept); older, or from an earlier run: a `reset` event first")
-        .sse(200, "Lifecycle events", "LifecycleEvents")
+        .sse(200, "Lifecycle events", "LifecycleEvents", &lifecycle)
         .errors(&error, &[(400, "`invalid_request`: a Last-Event-ID that is not a number"), unauthorized]);
     let metrics = Op::new(
         "metrics",

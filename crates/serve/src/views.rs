@@ -62,17 +62,10 @@ fn status(s: &RecordStatus) -> SessionState {
 }
 
 /// A lifecycle event: its type and its fields (core's one view of it,
-/// [`LifecycleEvent::to_json`]); `None` for events that carry nothing a
-/// client needs: the conversation id and the normalized workspace are in
-/// the session's view, store errors are the operator's (logged), and
-/// admission is announced by `attempt_queued` / `attempt_started`.
-pub(crate) fn lifecycle(e: &LifecycleEvent) -> Option<(&'static str, LifecycleData)> {
-    use LifecycleEvent as L;
-    match e {
-        L::AgentSessionId { .. }
-        | L::WorkspaceNormalized { .. }
-        | L::StoreFailed { .. }
-        | L::AttemptAdmitted { .. } => None,
-        _ => Some((e.name(), e.to_wire())),
-    }
+/// [`LifecycleEvent::to_json`]). Every lifecycle event is one of
+/// `warden_core::names::TRANSITIONS` marked published, and every one is
+/// sent: the list `/v1/events` serves, the API document's
+/// `LifecycleEvents` and the docs' table are that one declaration.
+pub(crate) fn lifecycle(e: &LifecycleEvent) -> (&'static str, LifecycleData) {
+    (e.name(), e.to_wire())
 }

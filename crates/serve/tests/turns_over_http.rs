@@ -596,6 +596,54 @@ async fn the_openapi_document_names_exactly_the_routes_served() {
     }
 }
 
+/// Each event stream's media type links every event's schema where a
+/// tool looks for it (`x-itemSchema`, OpenAPI 3.2's `itemSchema` under an
+/// extension name), not only in prose: one item per event of the stream's
+/// map, its `data` that event's schema.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_event_stream_links_its_event_schemas() {
+    let doc = served_document().await;
+    for (path, method, map) in [
+        ("/v1/turns", "post", "TurnEvents"),
+        ("/v1/turns/{id}/events", "get", "TurnEvents"),
+        ("/v1/events", "get", "LifecycleEvents"),
+    ] {
+        let media = &doc["paths"][path][method]["responses"]["200"]["content"]["text/event-stream"];
+        let items = media["x-itemSchema"]["oneOf"]
+            .as_array()
+            .unwrap_or_else(|| panic!("{method} {path}: no x-itemSchema: {media}"));
+        let linked: Vec<(String, Value)> = items
+            .iter()
+            .map(|i| {
+                let event = i["properties"]["event"]["const"].as_str().expect("event");
+                let data = i["properties"]["data"]["contentSchema"].clone();
+                (event.to_owned(), data)
+            })
+            .collect();
+        let expected: Vec<(String, Value)> = doc["components"]["schemas"][map]["properties"]
+            .as_object()
+            .expect("the event map")
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        let mut sorted = linked.clone();
+        sorted.sort_by(|a, b| a.0.cmp(&b.0));
+        let mut expected_sorted = expected;
+        expected_sorted.sort_by(|a, b| a.0.cmp(&b.0));
+        assert_eq!(sorted, expected_sorted, "{method} {path}");
+        for (event, data) in &linked {
+            let target = data["$ref"]
+                .as_str()
+                .and_then(|r| r.strip_prefix("#/components/schemas/"))
+                .unwrap_or_else(|| panic!("{event}: {data}"));
+            assert!(
+                doc["components"]["schemas"][target].is_object(),
+                "{event}'s schema {target} is in the document"
+            );
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_finished_turns_events_expire_after_the_configured_time() {
     let s =
@@ -1618,6 +1666,153 @@ async fn every_edge_names_a_transition_as_core_does() {
         labelled.insert(label.to_owned());
     }
     assert_eq!(labelled, core, "the metric's labels:\n{text}");
+}
+
+/// A store that cannot read one session's record.
+struct OneBrokenRecord(warden_core::MemoryStore);
+
+impl warden_core::SessionStore for OneBrokenRecord {
+    fn load(
+        &self,
+        key: &SessionKey,
+    ) -> futures_util::future::BoxFuture<
+        '_,
+        Result<Option<warden_core::SessionRecord>, warden_core::StoreError>,
+    > {
+        if key.as_str() == "broken" {
+            let key = key.as_str().to_owned();
+            return Box::pin(async move {
+                Err(warden_core::StoreError::Corrupt {
+                    key,
+                    message: "a flipped byte".into(),
+                })
+            });
+        }
+        self.0.load(key)
+    }
+
+    fn save<'a>(
+        &'a self,
+        record: &'a warden_core::SessionRecord,
+        durability: warden_core::Durability,
+    ) -> futures_util::future::BoxFuture<'a, Result<(), warden_core::StoreError>> {
+        self.0.save(record, durability)
+    }
+
+    fn list(
+        &self,
+    ) -> futures_util::future::BoxFuture<
+        '_,
+        Result<
+            Vec<Result<warden_core::SessionRecord, warden_core::StoreError>>,
+            warden_core::StoreError,
+        >,
+    > {
+        self.0.list()
+    }
+}
+
+/// Every lifecycle event the API document lists can arrive on
+/// `/v1/events`, the four a filter once held back included: a workspace
+/// given in another spelling (`workspace_normalized`), the agent naming
+/// its conversation (`agent_session_id`), a turn queued behind the only
+/// stream slot and then admitted (`attempt_admitted`), and a record the
+/// store cannot read (`store_failed`, what an orchestrator alerts on).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_lifecycle_event_the_document_lists_can_arrive_on_v1_events() {
+    use warden_core::{Admission, AdmissionConfig, AgentEvent, Frame};
+    let (source, ctl) = ChannelSource::new();
+    let sup = Supervisor::builder(Arc::new(move |_: &SessionKey| {
+        source.clone() as Arc<dyn EventSource>
+    }))
+    .store(Arc::new(OneBrokenRecord(warden_core::MemoryStore::new())))
+    .admission(Admission::new(
+        AdmissionConfig::default()
+            .with_release_jitter(Duration::ZERO)
+            .with_max_streams(1),
+    ))
+    .start()
+    .await
+    .expect("supervisor");
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let base = format!("http://{}", listener.local_addr().expect("addr"));
+    let app = warden_serve::router(sup, ServeConfig::new(TOKEN));
+    let s = Server {
+        base,
+        ctl,
+        client: reqwest::Client::new(),
+        _task: tokio::spawn(axum_serve(listener, app)),
+    };
+    let lifecycle = s
+        .client
+        .get(format!("{}/v1/events", s.base))
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .expect("get events");
+
+    // A workspace in another spelling; its attempt takes the one slot and
+    // the agent names its conversation.
+    let spelled = std::env::temp_dir().join(format!("warden-events-{}", std::process::id()));
+    let spelled = format!("{}/./ws/", spelled.display());
+    s.create(&serde_json::json!({"workspace": spelled, "message": "hi"}).to_string())
+        .await;
+    let first = within("the first stream", s.ctl.next_attempt())
+        .await
+        .expect("opened");
+    first.send(Frame::Event(AgentEvent::SessionStarted {
+        session_id: "conv-1".into(),
+        model: None,
+    }));
+    first.text("hello");
+    // A second session's turn waits for the slot, then is admitted.
+    s.create(r#"{"key": "queued", "message": "hi"}"#).await;
+    first.finish();
+    let second = within("the queued stream", s.ctl.next_attempt())
+        .await
+        .expect("admitted");
+    second.finish();
+    // A record the store cannot read.
+    let broken = s
+        .post(r#"{"key": "broken", "message": "hi"}"#)
+        .send()
+        .await
+        .expect("post");
+    assert_eq!(broken.status(), 503);
+
+    let wanted = [
+        "workspace_normalized",
+        "agent_session_id",
+        "attempt_queued",
+        "attempt_admitted",
+        "store_failed",
+    ];
+    let seen = tokio::time::timeout(
+        PATIENCE,
+        read_events(lifecycle, |seen| {
+            wanted.iter().all(|w| seen.iter().any(|e| e.event == *w))
+        }),
+    )
+    .await;
+    let Ok(seen) = seen else {
+        panic!("/v1/events did not send every one of {wanted:?} within {PATIENCE:?}");
+    };
+    let names: std::collections::BTreeSet<&str> = seen.iter().map(|e| e.event.as_str()).collect();
+    for w in wanted {
+        assert!(names.contains(w), "{w} not in {names:?}");
+    }
+    let failed = seen
+        .iter()
+        .find(|e| e.event == "store_failed")
+        .expect("store_failed");
+    assert_eq!(failed.data["key"], "broken", "{:?}", failed.data);
+    let named = seen
+        .iter()
+        .find(|e| e.event == "agent_session_id")
+        .expect("agent_session_id");
+    assert_eq!(named.data["conversation"], "conv-1", "{:?}", named.data);
 }
 
 /// The served API document.
