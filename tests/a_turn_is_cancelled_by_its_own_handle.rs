@@ -154,3 +154,76 @@ async fn a_turn_moved_to_a_fresh_session_is_still_cancelled_by_its_handle() {
     }
     sup.shutdown().await;
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_handle_that_cancels_on_drop_stops_its_turn_and_the_next_starts_at_once() {
+    let (sup, ctl) = supervisor_with(config()).await;
+    let first = sup
+        .send("ws", "first")
+        .await
+        .expect("send")
+        .cancel_on_drop();
+    let second = sup.send("ws", "second").await.expect("send");
+    let running = ctl
+        .next_attempt()
+        .within("the first attempt")
+        .await
+        .expect("opened");
+    assert_eq!(running.request.message, "first");
+    let t0 = tokio::time::Instant::now();
+    drop(first);
+    let next = ctl
+        .next_attempt()
+        .within("the second attempt")
+        .await
+        .expect("opened");
+    assert_eq!(next.request.message, "second");
+    assert_eq!(
+        t0.elapsed(),
+        Duration::ZERO,
+        "no wait behind the dropped turn"
+    );
+    assert!(
+        !running.text("late"),
+        "the dropped turn's stream was closed"
+    );
+    next.text("two");
+    next.finish();
+    assert_eq!(second.finish().within("second").await.expect("ok").0, "two");
+    sup.shutdown().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_dropped_handle_leaves_its_turn_running_to_its_end() {
+    let (sup, ctl) = supervisor_with(config()).await;
+    let first = sup.send("ws", "first").await.expect("send");
+    let second = sup.send("ws", "second").await.expect("send");
+    let running = ctl
+        .next_attempt()
+        .within("the first attempt")
+        .await
+        .expect("opened");
+    first.detach();
+    // Half an allowance later the first still runs, the second waits.
+    assert!(
+        tokio::time::timeout(Duration::from_secs(20), ctl.next_attempt())
+            .await
+            .is_err(),
+        "the second turn started before the first ended"
+    );
+    assert!(
+        running.text("still read"),
+        "the detached turn's stream is open"
+    );
+    running.finish();
+    let next = ctl
+        .next_attempt()
+        .within("the second attempt")
+        .await
+        .expect("opened");
+    assert_eq!(next.request.message, "second");
+    next.text("two");
+    next.finish();
+    assert_eq!(second.finish().within("second").await.expect("ok").0, "two");
+    sup.shutdown().await;
+}

@@ -593,7 +593,8 @@ pub async fn bench_scale(quick: bool) {
         let sup = nodes[2].3.clone();
         sup.send(format!("scale-{s:05}").as_str(), "held turn")
             .await
-            .expect("send");
+            .expect("send")
+            .detach();
     }
     let deadline = Instant::now() + Duration::from_secs(120);
     while nodes[2].5.lock().len() < victims.len() {

@@ -843,7 +843,7 @@ async fn sends_supervised(n: usize) -> f64 {
         .expect("sends within the bound");
     let ms = t.elapsed().as_secs_f64() * 1e3;
     for t in turns {
-        t.expect("send");
+        t.expect("send").detach();
     }
     sup.shutdown().await;
     ms
@@ -880,7 +880,7 @@ async fn sends_direct(n: usize) -> f64 {
         .expect("sends within the bound");
     let ms = t.elapsed().as_secs_f64() * 1e3;
     let stops = done.into_iter().map(|(session, turn)| {
-        turn.expect("submit");
+        turn.expect("submit").detach();
         async move {
             let _ = session
                 .actor()

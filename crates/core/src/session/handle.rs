@@ -42,6 +42,7 @@ impl TurnSender {
         let handle = TurnHandle {
             rx,
             done: false,
+            cancel_on_drop: false,
             canceller: TurnCanceller {
                 turn,
                 owner: owner.clone(),
@@ -142,78 +143,20 @@ pub struct TurnSummary {
     pub indicator: Option<String>,
 }
 
-/// A message accepted before a restart or a takeover, re-delivered by a
-/// session that starts with it still pending, handed to the
-/// [`SupervisorBuilder::recovered_turns`](crate::SupervisorBuilder::recovered_turns)
-/// channel: its original caller is gone, so whoever takes this handle
-/// relays its events (a server re-attaching its clients to the same turn).
-/// A turn handed out this way is answered through its handle, not the
-/// [`Notifier`](crate::Notifier)'s `RecoveredReply`.
-#[derive(Debug)]
-#[non_exhaustive]
-pub struct RecoveredTurn {
-    /// The session.
-    pub key: SessionKey,
-    /// The pending message's id (also the turn number of its canceller).
-    pub message_id: u64,
-    /// The key its sender stored with it
-    /// ([`SendOptions::idempotency_key`](crate::SendOptions)).
-    pub idempotency_key: Option<String>,
-    /// The turn's events, as for a message sent now.
-    pub handle: TurnHandle,
-    /// Where the relay may offer the reply text the turn's callers already
-    /// have (what an earlier node streamed of it before it died), so the
-    /// turn continues that text instead of starting over.
-    pub continue_from: ContinueFrom,
-}
-
-/// How long a session waits for a relay's answer on its
-/// [`ContinueFrom`] before it starts a recovered turn from scratch.
-pub(crate) const CONTINUE_FROM_WAIT: Duration = Duration::from_secs(5);
-
-/// A recovered turn's offer port: [`offer`](Self::offer) the reply text its
-/// callers already have, or drop it (the turn then starts from scratch).
-/// The session waits for one or the other (at most 5 s) before the turn's
-/// first attempt.
-#[derive(Debug)]
-pub struct ContinueFrom {
-    tx: Option<tokio::sync::oneshot::Sender<Option<crate::Continuation>>>,
-}
-
-impl ContinueFrom {
-    /// A port to a session that continues broken replies (its source
-    /// [`continues`](crate::EventSource::continues)), or, for `None`, to
-    /// one that does not (every offer is refused).
-    pub(crate) fn new(
-        tx: Option<tokio::sync::oneshot::Sender<Option<crate::Continuation>>>,
-    ) -> Self {
-        Self { tx }
-    }
-
-    /// Whether an offer can still be taken: the session's source
-    /// continues broken replies and it has not started the turn without
-    /// one (it waited too long).
-    pub fn accepts(&self) -> bool {
-        self.tx.as_ref().is_some_and(|tx| !tx.is_closed())
-    }
-
-    /// Offers `continuation`, the reply text the turn's callers have and
-    /// the attempt that left it: `true` when the session takes it — the
-    /// turn's first attempt then continues that text (callers keep it and
-    /// receive only what follows, and the answer's text includes it) —
-    /// `false` when it starts from scratch (callers discard what they had).
-    pub fn offer(mut self, continuation: crate::Continuation) -> bool {
-        self.tx
-            .take()
-            .is_some_and(|tx| tx.send(Some(continuation)).is_ok())
-    }
-}
-
 /// The caller's side of one submitted message.
+///
+/// **Dropping it leaves the turn running**: the message was acknowledged
+/// durable, so the session answers it to its end (its reply is kept in the
+/// conversation, its events go nowhere) and the turns queued behind it wait
+/// for that. To stop it, [`cancel`](Self::cancel) first, or make the drop
+/// cancel it with [`cancel_on_drop`](Self::cancel_on_drop) (a bridge whose
+/// reader task may die). [`detach`](Self::detach) says "let it run" in code.
 #[derive(Debug)]
+#[must_use = "dropping a TurnHandle leaves its turn running unread: read it, `detach()` it, or `cancel_on_drop()`"]
 pub struct TurnHandle {
     rx: mpsc::UnboundedReceiver<(TurnEvent, Credit)>,
     done: bool,
+    cancel_on_drop: bool,
     canceller: TurnCanceller,
 }
 
@@ -274,6 +217,23 @@ impl TurnHandle {
         self.canceller.clone()
     }
 
+    /// Makes dropping this handle before the turn's `Finished` cancel the
+    /// turn, as [`cancel`](Self::cancel) does (a running turn stops, a
+    /// queued one is removed and never opens a stream), so the turns queued
+    /// behind it start at once instead of waiting for an answer nobody
+    /// reads. For a relay whose reading task may die.
+    pub fn cancel_on_drop(mut self) -> Self {
+        self.cancel_on_drop = true;
+        self
+    }
+
+    /// Lets the turn run to its end unread: what dropping the handle does
+    /// (unless [`cancel_on_drop`](Self::cancel_on_drop) was asked), said in
+    /// code.
+    pub fn detach(mut self) {
+        self.cancel_on_drop = false;
+    }
+
     /// The next progress event; `None` after `Finished`. (`TurnHandle`
     /// is also a [`Stream`](futures_util::Stream) of them.)
     pub async fn recv(&mut self) -> Option<TurnEvent> {
@@ -314,6 +274,18 @@ impl TurnHandle {
         Err(TurnError::SessionStopped {
             reason: "turn already finished".into(),
         })
+    }
+}
+
+impl Drop for TurnHandle {
+    fn drop(&mut self) {
+        if self.cancel_on_drop && !self.done {
+            // Nobody waits for the answer: the reply port's receiver goes
+            // with this handle.
+            let (reply, _) = ractor::concurrency::oneshot();
+            let session = self.canceller.owner.lock().clone();
+            let _ = session.cast(SessionMsg::CancelTurn(self.canceller.turn, reply.into()));
+        }
     }
 }
 

@@ -29,6 +29,7 @@ mod attempt;
 mod end;
 mod escalation;
 mod handle;
+mod recovered;
 mod run;
 mod state;
 mod turn;
@@ -43,9 +44,10 @@ use crate::stream::StreamOptions;
 pub(crate) use actor::{SessionActor, SessionArgs, StartError};
 pub(crate) use escalation::{Escalation, Handoff, ResumeFailure, StopReason};
 pub use handle::{
-    ContinueFrom, RecoveredTurn, SessionHandle, SessionStatus, SubmitError, TurnCanceller,
-    TurnEvent, TurnHandle, TurnSummary, Unstick,
+    SessionHandle, SessionStatus, SubmitError, TurnCanceller, TurnEvent, TurnHandle, TurnSummary,
+    Unstick,
 };
+pub use recovered::{ContinueFrom, RecoveredTurn};
 pub(crate) use turn::StartMode;
 /// The former name of [`Unstick`].
 #[deprecated(
