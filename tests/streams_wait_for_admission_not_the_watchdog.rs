@@ -277,3 +277,55 @@ async fn shared_backoff_holds_every_sessions_attempts_until_retry_after_passes()
         "without shared backoff the four others hit the API during the hold: {independent:?}"
     );
 }
+
+/// The shutdown stops sessions that each hold or wait for a slot: a
+/// stopping session frees its slot, and the one queued behind it must not
+/// be admitted into a stream before its own stop is read (ractor takes a
+/// ready message and a ready stop in either order). On a multi-threaded
+/// runtime, as in a server, many times over: no stream but the first ever
+/// opens.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_queued_attempt_never_opens_a_stream_during_the_shutdown() {
+    for round in 0..40 {
+        let source = Arc::new(Thinker {
+            think: Duration::from_secs(3600),
+            opened: Mutex::default(),
+        });
+        let src = source.clone();
+        let sup = Supervisor::builder(Arc::new(move |_: &SessionKey| {
+            src.clone() as Arc<dyn EventSource>
+        }))
+        .config(config())
+        .admission(Admission::new(no_jitter().with_max_streams(1)))
+        .start()
+        .await
+        .expect("supervisor");
+        let mut events = sup.subscribe();
+        let mut turns = Vec::new();
+        for i in 0..4 {
+            turns.push(sup.send(format!("ws-{i}"), "hi").await.expect("send"));
+        }
+        // One holds the slot, the other three are queued for it.
+        let mut queued = 0;
+        while queued < 3 {
+            match events.recv().patiently("the queued attempts").await {
+                Ok(LifecycleEvent::AttemptQueued { .. }) => queued += 1,
+                Ok(_) => {}
+                Err(e) => panic!("bus: {e}"),
+            }
+        }
+        sup.shutdown().patiently("the shutdown").await;
+        // Which session got the slot first is the runtime's choice; that
+        // one alone opened a stream.
+        let opened: Vec<_> = lock(&source.opened)
+            .iter()
+            .map(|(k, _)| k.clone())
+            .collect();
+        assert_eq!(
+            opened.len(),
+            1,
+            "round {round}: a queued attempt opened its stream during the shutdown: {opened:?}"
+        );
+        drop(turns);
+    }
+}

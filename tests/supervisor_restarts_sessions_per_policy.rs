@@ -330,3 +330,48 @@ async fn a_session_given_up_stays_given_up_after_an_orchestrator_restart() {
     assert!(sup.session("ws").await.is_ok());
     sup.shutdown().await;
 }
+
+#[tokio::test(start_paused = true)]
+async fn restarts_wait_their_doubling_backoff_and_a_message_meanwhile_starts_the_session_at_once() {
+    let intensity = RestartIntensity::new(10, Duration::from_secs(600))
+        .with_backoff(Duration::from_secs(1), Duration::from_secs(3));
+    let (sup, ctl) = supervisor_with(config().with_intensity(intensity)).await;
+    let mut events = sup.subscribe();
+    for (i, wait) in [1u64, 2, 3, 3].into_iter().enumerate() {
+        let t0 = tokio::time::Instant::now();
+        let ev = fail_once(&sup, &mut events, format!("crash {i}")).await;
+        assert!(restarted(&ev), "{ev:?}");
+        assert_eq!(
+            t0.elapsed(),
+            Duration::from_secs(wait),
+            "restart {} waited its backoff",
+            i + 1
+        );
+    }
+    // A crash, then a message before the restart is due: the message
+    // starts the session now, and the restart, when due, adds no second one.
+    sup.session("ws")
+        .await
+        .expect("session")
+        .fail("crash again");
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    let t0 = tokio::time::Instant::now();
+    let turn = sup.send("ws", "hi").await.expect("send");
+    let a = ctl
+        .next_attempt()
+        .within("the message's attempt")
+        .await
+        .expect("opened");
+    assert_eq!(t0.elapsed(), Duration::ZERO, "the message did not wait");
+    let serving = sup.session("ws").await.expect("session").actor().get_id();
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert_eq!(
+        sup.session("ws").await.expect("session").actor().get_id(),
+        serving,
+        "the due restart replaced the session serving the message"
+    );
+    a.text("ok");
+    a.finish();
+    assert_eq!(turn.finish().within("the turn").await.expect("ok").0, "ok");
+    sup.shutdown().await;
+}

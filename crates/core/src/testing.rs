@@ -217,6 +217,7 @@ pub async fn spawn_session(
         recovered: None,
         mode: crate::session::StartMode::Resume,
         previous: None,
+        closing: tokio_util::sync::CancellationToken::new(),
     };
     let (handle, _) = crate::session::SessionActor::spawn(args, Vec::new(), None)
         .await

@@ -37,6 +37,9 @@ impl Restart {
 }
 
 /// At most `max_restarts` restarts within `within`; one more escalates.
+/// Each restart may wait first ([`with_backoff`](Self::with_backoff)), so a
+/// cause that clears by itself (a database blip, a full disk being
+/// cleaned) is not run into the limit in a few milliseconds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct RestartIntensity {
@@ -44,6 +47,14 @@ pub struct RestartIntensity {
     pub max_restarts: u32,
     /// The sliding window. Default 60 s.
     pub within: Duration,
+    /// The wait before the first restart inside the window; each further
+    /// one waits twice the one before, up to
+    /// [`max_backoff`](Self::max_backoff). Default zero: restarted at once,
+    /// as Erlang/OTP does. A message sent to the session meanwhile starts it
+    /// at once (the wait is for crash loops, not for callers).
+    pub backoff: Duration,
+    /// The longest wait before a restart. Default 30 s.
+    pub max_backoff: Duration,
 }
 
 impl Default for RestartIntensity {
@@ -51,17 +62,37 @@ impl Default for RestartIntensity {
         Self {
             max_restarts: 3,
             within: Duration::from_secs(60),
+            backoff: Duration::ZERO,
+            max_backoff: Duration::from_secs(30),
         }
     }
 }
 
 impl RestartIntensity {
-    /// `max_restarts` within `within` (kameo's `restart_limit`).
+    /// `max_restarts` within `within` (kameo's `restart_limit`), restarted
+    /// at once.
     pub fn new(max_restarts: u32, within: Duration) -> Self {
         Self {
             max_restarts,
             within,
+            ..Self::default()
         }
+    }
+
+    /// Waits `first` before the first restart inside the window, doubling
+    /// for each further one, never more than `max`.
+    pub fn with_backoff(mut self, first: Duration, max: Duration) -> Self {
+        self.backoff = first;
+        self.max_backoff = max;
+        self
+    }
+
+    /// The wait before restart number `n` (1-based) inside the window.
+    pub fn delay(&self, n: u32) -> Duration {
+        let doublings = n.saturating_sub(1).min(31);
+        self.backoff
+            .saturating_mul(1u32 << doublings)
+            .min(self.max_backoff.max(self.backoff))
     }
 }
 
@@ -130,6 +161,18 @@ mod tests {
             t.on_failure(i, t0 + Duration::from_secs(2)),
             RestartDecision::Escalate
         );
+    }
+
+    #[test]
+    fn restarts_wait_doubling_up_to_the_cap_and_not_at_all_by_default() {
+        let d = RestartIntensity::default();
+        assert_eq!(d.delay(1), Duration::ZERO);
+        assert_eq!(d.delay(5), Duration::ZERO);
+        let i = RestartIntensity::new(10, Duration::from_secs(60))
+            .with_backoff(Duration::from_millis(100), Duration::from_secs(1));
+        let waits: Vec<_> = (1..=6).map(|n| i.delay(n).as_millis()).collect();
+        assert_eq!(waits, [100, 200, 400, 800, 1000, 1000]);
+        assert_eq!(i.delay(u32::MAX), Duration::from_secs(1), "no overflow");
     }
 
     #[test]

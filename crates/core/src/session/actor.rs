@@ -66,6 +66,10 @@ pub(crate) struct SessionArgs {
     pub(crate) mode: StartMode,
     /// The previous incarnation's trace anchor, linked from this one's.
     pub(crate) previous: Option<TraceAnchor>,
+    /// Cancelled when the supervisor starts stopping its sessions: from
+    /// then on no attempt opens a stream (an attempt admitted during a
+    /// shutdown stays pending, for the next start).
+    pub(crate) closing: tokio_util::sync::CancellationToken,
 }
 
 /// One agent conversation; see the module docs of [`crate::session`].

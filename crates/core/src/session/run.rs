@@ -42,7 +42,7 @@ pub(super) async fn start_next_turn(
     // A recovered turn whose relay offers the text its callers have (an
     // earlier node's partial reply) continues it instead of starting over.
     let offered = match queued.continue_from.take() {
-        Some(rx) => tokio::time::timeout(super::handle::CONTINUE_FROM_WAIT, rx)
+        Some(rx) => tokio::time::timeout(super::recovered::CONTINUE_FROM_WAIT, rx)
             .await
             .ok()
             .and_then(Result::ok)
@@ -175,6 +175,10 @@ fn launch(
     let Some(turn) = state.turn.as_mut() else {
         return Ok(());
     };
+    if state.args.closing.is_cancelled() {
+        // Shutting down: the permit goes, the message stays pending.
+        return Ok(());
+    }
     turn.permit = Some(permit);
     let continuation = turn
         .machine

@@ -41,6 +41,13 @@ pub(crate) enum SupervisorMsg {
     Handles(RpcReplyPort<Vec<SessionHandle>>),
     Reset(SessionKey, RpcReplyPort<Result<(), SupervisorError>>),
     Escalated(Escalation),
+    /// A restart that waited its [`RestartIntensity::delay`] is due.
+    Restart {
+        key: SessionKey,
+        n: u32,
+        cause: String,
+        anchor: TraceAnchor,
+    },
 }
 
 /// How many of the least recently used sessions are asked whether they are
@@ -76,6 +83,9 @@ pub(crate) struct SupervisorState {
     pub(super) close_bus: bool,
     pub(super) watchdog: WatchdogHandle,
     pub(super) admission: Admission,
+    /// Cancelled when the sessions are being stopped (the shutdown, a
+    /// failed watchdog): no attempt of theirs opens a stream after that.
+    pub(super) closing: tokio_util::sync::CancellationToken,
     /// Where sessions hand their recovered turns, if anyone asked.
     pub(super) recovered: Option<tokio::sync::mpsc::UnboundedSender<crate::RecoveredTurn>>,
     pub(super) sessions: HashMap<SessionKey, SessionHandle>,
@@ -151,6 +161,7 @@ impl SupervisorState {
             recovered: self.recovered.clone(),
             mode,
             previous,
+            closing: self.closing.clone(),
         }
     }
 
@@ -272,6 +283,7 @@ impl Actor for WorkspaceSupervisor {
             close_bus: args.close_bus,
             watchdog,
             admission: args.admission,
+            closing: tokio_util::sync::CancellationToken::new(),
             recovered: args.recovered,
             sessions: HashMap::new(),
             by_id: HashMap::new(),
@@ -342,6 +354,12 @@ impl Actor for WorkspaceSupervisor {
                 };
                 let _ = reply.send(result);
             }
+            SupervisorMsg::Restart {
+                key,
+                n,
+                cause,
+                anchor,
+            } => state.restart(&myself, key, n, cause, anchor).await,
             SupervisorMsg::Escalated(Escalation::ResumeFailed(f)) => {
                 state.on_resume_failure(&myself, *f).await;
             }

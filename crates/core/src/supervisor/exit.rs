@@ -66,24 +66,55 @@ impl SupervisorState {
             .on_failure(intensity, Instant::now());
         match decision {
             RestartDecision::Restart(n) => {
-                drop(
-                    Transition::Restarted {
-                        restarts_in_window: n,
-                        cause: &cause,
-                    }
-                    .record(self.at(&key, Parent::Anchor(&anchor))),
-                );
-                if let Err(e) = self
-                    .spawn_session(myself, key.clone(), None, Some(anchor.clone()))
-                    .await
-                {
-                    self.give_up(key, format!("{cause}; restart failed: {e}"), &anchor)
-                        .await;
+                let wait = intensity.delay(n);
+                if wait.is_zero() {
+                    self.restart(myself, key, n, cause, anchor).await;
+                } else {
+                    drop(myself.send_after(wait, move || SupervisorMsg::Restart {
+                        key,
+                        n,
+                        cause,
+                        anchor,
+                    }));
                 }
             }
             RestartDecision::Escalate => self.give_up(key, cause, &anchor).await,
         }
         Ok(())
+    }
+
+    /// Restarts `key` (restart number `n` inside its window, for `cause`),
+    /// unless something came first while its restart waited: a message
+    /// started it again, it was given up or reset, or the sessions are
+    /// being stopped.
+    pub(super) async fn restart(
+        &mut self,
+        myself: &ActorRef<SupervisorMsg>,
+        key: SessionKey,
+        n: u32,
+        cause: String,
+        anchor: TraceAnchor,
+    ) {
+        if self.sessions.contains_key(&key)
+            || self.given_up.contains_key(&key)
+            || self.closing.is_cancelled()
+        {
+            return;
+        }
+        drop(
+            Transition::Restarted {
+                restarts_in_window: n,
+                cause: &cause,
+            }
+            .record(self.at(&key, Parent::Anchor(&anchor))),
+        );
+        if let Err(e) = self
+            .spawn_session(myself, key.clone(), None, Some(anchor.clone()))
+            .await
+        {
+            self.give_up(key, format!("{cause}; restart failed: {e}"), &anchor)
+                .await;
+        }
     }
 
     /// Restart intensity exceeded: stop restarting `key` and mark its record
@@ -119,6 +150,11 @@ impl SupervisorState {
 /// exited) and waits for each (its stream released first); each publishes
 /// its `SessionStopped`, its exit never reaching the supervisor now.
 pub(super) async fn stop_sessions(myself: &ActorRef<SupervisorMsg>, state: &mut SupervisorState) {
+    // First, before any session stops: a stopping session frees its
+    // admission slot, and a session queued behind it could otherwise be
+    // admitted and open its stream before its own stop is read (ractor
+    // takes a ready message and a ready stop in either order).
+    state.closing.cancel();
     state.by_id.clear();
     let mut sessions: Vec<(SessionKey, SessionHandle, StopReason)> = state
         .sessions
