@@ -268,6 +268,34 @@ impl Retryable for TurnStoreError {
     }
 }
 
+/// An I/O error: retried when another try may go through — the other side
+/// reset, aborted, refused or ended the connection early, the operation
+/// timed out or was interrupted, the host or network was unreachable, the
+/// resource was busy — and final otherwise (not found, permission denied,
+/// invalid input or data, a full disk, …). For another rule, use
+/// [`RetryPolicy::retry_if`].
+impl Retryable for std::io::Error {
+    fn is_retryable(&self) -> bool {
+        use std::io::ErrorKind as K;
+        matches!(
+            self.kind(),
+            K::ConnectionRefused
+                | K::ConnectionReset
+                | K::ConnectionAborted
+                | K::NotConnected
+                | K::BrokenPipe
+                | K::TimedOut
+                | K::Interrupted
+                | K::WouldBlock
+                | K::UnexpectedEof
+                | K::HostUnreachable
+                | K::NetworkUnreachable
+                | K::NetworkDown
+                | K::ResourceBusy
+        )
+    }
+}
+
 impl RetryPolicy {
     /// Runs `op` until it succeeds, fails with an error that is not
     /// [retryable](Retryable::is_retryable), or has been tried
@@ -539,6 +567,38 @@ mod tests {
         assert!(matches!(got, Err(TurnStoreError::Moved(_))));
         assert_eq!(calls.get(), 1);
         assert_eq!(t0.elapsed(), Duration::ZERO);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_io_error_is_retried_when_the_connection_broke_and_final_when_the_input_is_wrong() {
+        use std::io::{Error, ErrorKind};
+        let p = RetryPolicy::default()
+            .with_backoff(Duration::from_millis(10), Duration::from_millis(10))
+            .with_jitter(0.0);
+        let calls = std::cell::Cell::new(0);
+        let got = p
+            .retry(|| {
+                calls.set(calls.get() + 1);
+                let n = calls.get();
+                async move {
+                    match n {
+                        1 => Err(Error::from(ErrorKind::ConnectionReset)),
+                        2 => Err(Error::from(ErrorKind::TimedOut)),
+                        _ => Ok(n),
+                    }
+                }
+            })
+            .await;
+        assert_eq!(got.ok(), Some(3), "reset and timeout are retried");
+        calls.set(0);
+        let got: Result<u32, Error> = p
+            .retry(|| {
+                calls.set(calls.get() + 1);
+                async { Err(Error::from(ErrorKind::PermissionDenied)) }
+            })
+            .await;
+        assert_eq!(got.map_err(|e| e.kind()), Err(ErrorKind::PermissionDenied));
+        assert_eq!(calls.get(), 1, "a denied permission is final");
     }
 
     #[tokio::test(start_paused = true)]

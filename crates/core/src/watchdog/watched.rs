@@ -72,11 +72,13 @@ impl Stopped {
     }
 }
 
-/// An item a [`Watched`] stream could not give.
+/// An item a [`Watched`] stream could not give: its own error `E` (a
+/// [`StreamError`] for warden's sources; an `io::Error`, a `reqwest::Error`
+/// or any other for a stream of yours), or the watch's stop.
 #[derive(Debug, Clone, PartialEq)]
-pub enum WatchError {
+pub enum WatchError<E = StreamError> {
     /// The stream's own error (the stream may go on; most end there).
-    Source(StreamError),
+    Source(E),
     /// The watch stopped the stream; it yields nothing more.
     Stopped(Stopped),
 }
@@ -324,10 +326,12 @@ impl Watch {
 
     /// Watches `stream` from now on: every item beats the silence entry,
     /// and items `rule` calls progress beat the progress entry (with no
-    /// rule, only [`Watched::progressed`] does).
-    pub fn stream<S, T>(self, stream: S, rule: Option<fn(&T) -> bool>) -> Watched<S, T>
+    /// rule, only [`Watched::progressed`] does). Its items are results with
+    /// any error type; a stream of plain items is watched as
+    /// `stream.map(Ok::<_, Infallible>)`.
+    pub fn stream<S, T, E>(self, stream: S, rule: Option<fn(&T) -> bool>) -> Watched<S, T>
     where
-        S: Stream<Item = Result<T, StreamError>>,
+        S: Stream<Item = Result<T, E>>,
     {
         Watched {
             watch: self,
@@ -398,11 +402,11 @@ impl<S, T> Watched<S, T> {
     }
 }
 
-impl<S, T> Stream for Watched<S, T>
+impl<S, T, E> Stream for Watched<S, T>
 where
-    S: Stream<Item = Result<T, StreamError>>,
+    S: Stream<Item = Result<T, E>>,
 {
-    type Item = Result<T, WatchError>;
+    type Item = Result<T, WatchError<E>>;
 
     fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
         let this = self.project();
@@ -461,13 +465,13 @@ impl WatchdogHandle {
     /// ));
     /// # }
     /// ```
-    pub fn watch_stream<S, T>(
+    pub fn watch_stream<S, T, E>(
         &self,
         stream: S,
         allowance: Duration,
     ) -> Result<Watched<S, T>, ActorError>
     where
-        S: Stream<Item = Result<T, StreamError>>,
+        S: Stream<Item = Result<T, E>>,
     {
         Ok(Watch::arm(self, WatchOptions::default().timeout(allowance))?.stream(stream, None))
     }

@@ -259,6 +259,30 @@ async fn the_streams_own_errors_pass_through_and_it_goes_on() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_stream_with_an_error_type_of_its_own_is_watched_and_killed_the_same() {
+    let dog = watchdog().await;
+    let (tx, mut rx) = mpsc::unbounded_channel::<Result<&str, std::io::Error>>();
+    let stream = futures_util::stream::poll_fn(move |cx| rx.poll_recv(cx));
+    let mut watched = dog
+        .watch_stream(stream, Duration::from_secs(5))
+        .expect("watch");
+    tx.send(Ok("line")).expect("feed");
+    tx.send(Err(std::io::ErrorKind::InvalidData.into()))
+        .expect("feed");
+    assert!(matches!(next(&mut watched).await, Some(Ok("line"))));
+    match next(&mut watched).await {
+        Some(Err(WatchError::Source(e))) => assert_eq!(e.kind(), std::io::ErrorKind::InvalidData),
+        other => panic!("unexpected {other:?}"),
+    }
+    // Then silence with the sender open: killed after the allowance.
+    assert!(matches!(
+        next(&mut watched).await,
+        Some(Err(WatchError::Stopped(Stopped::Expired(_))))
+    ));
+    drop(tx);
+}
+
+#[tokio::test(start_paused = true)]
 async fn until_races_the_wait_before_the_stream_against_the_watch() {
     let dog = watchdog().await;
     let mut watch = Watch::arm(
