@@ -31,27 +31,32 @@ impl PgStore {
     }
 }
 
-/// A database failure while a turn reads or writes its conversation.
-fn failed(what: &str, e: impl std::fmt::Display) -> StreamError {
-    StreamError::Internal {
-        message: format!("PostgreSQL: cannot {what} a conversation: {e}"),
+/// A database failure while a turn reads or writes its conversation: one
+/// that waiting mends (the database restarting, away: see
+/// [`unreachable`](crate::unreachable)) is a connection error, waited for
+/// and retryable; anything else is internal.
+fn failed(what: &str, e: &(dyn std::error::Error + 'static)) -> StreamError {
+    let message = format!(
+        "PostgreSQL: cannot {what} a conversation: {}",
+        crate::error_chain(e)
+    );
+    match crate::unreachable(e) {
+        true => StreamError::Connection { message },
+        false => StreamError::Internal { message },
     }
+}
+
+/// Whether `e` is one [`failed`] says waiting mends.
+fn waits_out(e: &StreamError) -> bool {
+    matches!(e, StreamError::Connection { .. })
 }
 
 impl ConversationStore for PgConversations {
     fn load<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<Vec<Entry>, StreamError>> {
+        // A read: a database that does not answer is waited for (the
+        // database restarting, a blip) rather than failing the turn.
         Box::pin(async move {
-            let client = self.pg.client().await.map_err(|e| failed("read", e))?;
-            let rows = client
-                .query(
-                    "SELECT t.turn, t.user_text, t.reply \
-                     FROM warden_conversations c \
-                     LEFT JOIN warden_conversation_turns t ON t.id = c.id \
-                     WHERE c.id = $1 ORDER BY t.seq",
-                    &[&id],
-                )
-                .await
-                .map_err(|e| failed("read", e))?;
+            let rows = crate::patiently(waits_out, || self.load_now(id)).await?;
             if rows.is_empty() {
                 return Err(unknown_conversation(id, ""));
             }
@@ -81,17 +86,8 @@ impl ConversationStore for PgConversations {
     }
 
     fn create<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<(), StreamError>> {
-        Box::pin(async move {
-            let client = self.pg.client().await.map_err(|e| failed("create", e))?;
-            client
-                .execute(
-                    "INSERT INTO warden_conversations (id) VALUES ($1) ON CONFLICT DO NOTHING",
-                    &[&id],
-                )
-                .await
-                .map_err(|e| failed("create", e))?;
-            Ok(())
-        })
+        // Idempotent: waited for as a read is.
+        Box::pin(async move { crate::patiently(waits_out, || self.create_now(id)).await })
     }
 
     fn append_turn_once<'a>(
@@ -104,13 +100,44 @@ impl ConversationStore for PgConversations {
         // Idempotent (once per turn and message), so a database that does
         // not answer is waited for rather than failing the turn.
         Box::pin(async move {
-            let turn = i64::try_from(turn).map_err(|e| failed("write", e))?;
-            crate::patiently(|_| true, move || self.append_now(id, turn, user, assistant)).await
+            let turn = i64::try_from(turn).map_err(|e| failed("write", &e))?;
+            crate::patiently(waits_out, move || {
+                self.append_now(id, turn, user, assistant)
+            })
+            .await
         })
     }
 }
 
 impl PgConversations {
+    /// One try of [`load`](ConversationStore::load)'s query.
+    async fn load_now(&self, id: &str) -> Result<Vec<tokio_postgres::Row>, StreamError> {
+        let client = self.pg.pooled().await.map_err(|e| failed("read", &e))?;
+        client
+            .query(
+                "SELECT t.turn, t.user_text, t.reply \
+                 FROM warden_conversations c \
+                 LEFT JOIN warden_conversation_turns t ON t.id = c.id \
+                 WHERE c.id = $1 ORDER BY t.seq",
+                &[&id],
+            )
+            .await
+            .map_err(|e| failed("read", &e))
+    }
+
+    /// One try of [`create`](ConversationStore::create).
+    async fn create_now(&self, id: &str) -> Result<(), StreamError> {
+        let client = self.pg.pooled().await.map_err(|e| failed("create", &e))?;
+        client
+            .execute(
+                "INSERT INTO warden_conversations (id) VALUES ($1) ON CONFLICT DO NOTHING",
+                &[&id],
+            )
+            .await
+            .map_err(|e| failed("create", &e))?;
+        Ok(())
+    }
+
     /// One try of [`append_turn_once`](ConversationStore::append_turn_once).
     async fn append_now(
         &self,
@@ -119,14 +146,17 @@ impl PgConversations {
         user: &str,
         assistant: &str,
     ) -> Result<bool, StreamError> {
-        let mut client = self.pg.client().await.map_err(|e| failed("write", e))?;
-        let tx = client.transaction().await.map_err(|e| failed("write", e))?;
+        let mut client = self.pg.pooled().await.map_err(|e| failed("write", &e))?;
+        let tx = client
+            .transaction()
+            .await
+            .map_err(|e| failed("write", &e))?;
         tx.execute(
             "INSERT INTO warden_conversations (id) VALUES ($1) ON CONFLICT DO NOTHING",
             &[&id],
         )
         .await
-        .map_err(|e| failed("write", e))?;
+        .map_err(|e| failed("write", &e))?;
         let appended = tx
             .execute(
                 "INSERT INTO warden_conversation_turns (id, turn, user_text, reply) \
@@ -135,8 +165,8 @@ impl PgConversations {
                 &[&id, &turn, &user, &assistant],
             )
             .await
-            .map_err(|e| failed("write", e))?;
-        tx.commit().await.map_err(|e| failed("write", e))?;
+            .map_err(|e| failed("write", &e))?;
+        tx.commit().await.map_err(|e| failed("write", &e))?;
         if appended == 0 {
             tracing::info!(
                 event = "pg.duplicate_turn",

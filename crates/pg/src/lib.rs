@@ -149,6 +149,49 @@ pub(crate) fn error_chain(e: &dyn std::error::Error) -> String {
     out
 }
 
+/// Whether `e` (or an error it comes from) says the database cannot be
+/// reached now, which waiting mends: a connection refused, reset or
+/// closed (`connection closed`: the server went away mid-query), a
+/// connection exception (SQLSTATE class 08), or the server shutting down
+/// or starting up — `57P01` admin shutdown ("terminating connection due
+/// to administrator command", a `pg_ctl restart -m fast`), `57P02` crash
+/// shutdown, `57P03` cannot connect now ("the database system is shutting
+/// down" / "is starting up") — its connection slots full (`53300`, the
+/// reconnecting after a restart), or the database not taking connections
+/// (`55000`, `ALTER DATABASE … ALLOW_CONNECTIONS false`: maintenance, and
+/// the outages the tests make). Everything else (a statement refused, a
+/// record that does not decode, a certificate that does not verify) is
+/// not: waiting would only repeat it.
+pub(crate) fn unreachable(e: &(dyn std::error::Error + 'static)) -> bool {
+    use tokio_postgres::error::SqlState;
+    let mut next = Some(e);
+    while let Some(e) = next {
+        if let Some(io) = e.downcast_ref::<std::io::Error>() {
+            // Bad data (a TLS certificate refused, a garbled message) is
+            // not mended by waiting; a connection refused or cut is.
+            return io.kind() != std::io::ErrorKind::InvalidData;
+        }
+        if let Some(pg) = e.downcast_ref::<tokio_postgres::Error>() {
+            if pg.is_closed() {
+                return true;
+            }
+            if let Some(code) = pg.code() {
+                return code.code().starts_with("08")
+                    || [
+                        SqlState::ADMIN_SHUTDOWN,
+                        SqlState::CRASH_SHUTDOWN,
+                        SqlState::CANNOT_CONNECT_NOW,
+                        SqlState::TOO_MANY_CONNECTIONS,
+                        SqlState::OBJECT_NOT_IN_PREREQUISITE_STATE,
+                    ]
+                    .contains(code);
+            }
+        }
+        next = e.source();
+    }
+    false
+}
+
 /// How long a write waits for the database to answer again before it
 /// fails: an outage shorter than this pauses the session (and its turn)
 /// instead of failing it.

@@ -18,6 +18,7 @@ mod home;
 mod members;
 mod renew;
 mod takeover;
+mod turn_logs;
 
 pub use home::DEFAULT_RETURN_GRACE;
 pub use members::{DEAD_AFTER_UNKNOWN_TTL, NodeInfo, NodeState};
@@ -348,72 +349,33 @@ impl NodeStore {
         self.leases().get(key.as_str()).cloned()
     }
 
-    /// [`PgStore::open_turn`] under this node's lease of `key`:
-    /// [`StoreError::LeaseLost`] (and the lease reported lost) when it holds
-    /// none or it moved on.
-    pub async fn open_turn(
-        &self,
-        key: &SessionKey,
-        message_id: u64,
-        id: &str,
-    ) -> Result<warden_core::store::StoredTurn, StoreError> {
-        let asked = warden_core::store::TurnAsked::default();
-        self.open_asked_turn(key, message_id, id, None, &asked)
-            .await
-    }
-
-    /// [`open_turn`](Self::open_turn), keeping the request's `fingerprint`
-    /// and what it `asked` (see [`PgStore::open_keyed_turn`]).
-    pub async fn open_asked_turn(
-        &self,
-        key: &SessionKey,
-        message_id: u64,
-        id: &str,
-        fingerprint: Option<&str>,
-        asked: &warden_core::store::TurnAsked,
-    ) -> Result<warden_core::store::StoredTurn, StoreError> {
-        let lease = self.held_or_lost(key)?;
-        let opened = self
-            .pg
-            .open_keyed_turn(&lease, message_id, id, fingerprint, asked)
-            .await;
-        self.forget_if_lost(&lease, &opened);
-        opened
-    }
-
-    /// Appends `events` to turn `id` under this node's lease of `key`, like
-    /// [`open_turn`](Self::open_turn), in the node's next group commit
-    /// (one transaction carries every turn's pending batch; see
-    /// [`turn_commits`](Self::turn_commits)). Returns once that transaction
-    /// has committed; [`StoreError::LeaseLost`] for this batch alone when
-    /// the lease is no longer the session's.
-    pub async fn append_turn(
-        &self,
-        key: &SessionKey,
-        id: &str,
-        events: &[warden_core::store::StoredEvent],
-        ended: bool,
-    ) -> Result<(), StoreError> {
-        let lease = self.held_or_lost(key)?;
-        let appended = if self.grouped {
-            let batch = crate::group::TurnBatch {
-                lease: lease.clone(),
-                id: id.to_owned(),
-                events: events.to_vec(),
-                ended,
-            };
-            self.group.append(batch).await
-        } else {
-            self.pg.append_turn(&lease, id, events, ended).await
-        };
-        self.forget_if_lost(&lease, &appended);
-        appended
-    }
-
-    /// What this node's group commit of turn events did: transactions and
-    /// the batches they carried.
-    pub fn turn_commits(&self) -> crate::group::GroupStats {
-        self.group.stats()
+    /// Runs `op`, a write under `lease`, while this node holds it: a
+    /// database that does not answer pauses the write (and the session)
+    /// for up to [`WRITE_PATIENCE`](crate::WRITE_PATIENCE) — a restart, a
+    /// blip; a fence refusal does not wait (another node owns the
+    /// session), nor does a lease this node gave up meanwhile (fenced when
+    /// its time ran out with the database still away): nothing of a
+    /// stopping copy lands.
+    async fn while_held<T, F, Fut>(&self, lease: &Lease, op: F) -> Result<T, StoreError>
+    where
+        F: Fn() -> Fut,
+        Fut: std::future::Future<Output = Result<T, StoreError>>,
+    {
+        let done = crate::patiently(
+            |e| matches!(e, StoreError::Backend { .. }),
+            || async {
+                if !self.holds(lease) {
+                    return Err(StoreError::LeaseLost {
+                        key: lease.key.clone(),
+                        epoch: lease.epoch,
+                    });
+                }
+                op().await
+            },
+        )
+        .await;
+        self.forget_if_lost(lease, &done);
+        done
     }
 
     fn held_or_lost(&self, key: &SessionKey) -> Result<Lease, StoreError> {
@@ -467,23 +429,8 @@ impl SessionStore for NodeStore {
                     None => return Err(lost(0)),
                 },
             };
-            // A database that does not answer pauses the write (and the
-            // session) for up to WRITE_PATIENCE; a fence refusal does not
-            // wait: another node owns the session. Nor does a lease this
-            // node gave up meanwhile (fenced while the database was away):
-            // nothing of a stopping copy lands.
-            let saved = crate::patiently(
-                |e| matches!(e, StoreError::Backend { .. }),
-                || async {
-                    if !self.holds(&lease) {
-                        return Err(lost(lease.epoch));
-                    }
-                    self.pg.save_fenced(&lease, record).await
-                },
-            )
-            .await;
-            self.forget_if_lost(&lease, &saved);
-            saved
+            self.while_held(&lease, || self.pg.save_fenced(&lease, record))
+                .await
         })
     }
 

@@ -90,6 +90,15 @@ impl PgStore {
         self.pool.get().await.map_err(backend)
     }
 
+    /// [`client`](Self::client) with the pool's error as it is, for a
+    /// caller that tells an unreachable database from other failures
+    /// ([`unreachable`](crate::unreachable)).
+    pub(crate) async fn pooled(
+        &self,
+    ) -> Result<deadpool_postgres::Object, deadpool_postgres::PoolError> {
+        self.pool.get().await
+    }
+
     /// A connection of the control pool (lease renewals, heartbeats).
     pub(crate) async fn control_client(&self) -> Result<deadpool_postgres::Object, StoreError> {
         self.control.get().await.map_err(backend)

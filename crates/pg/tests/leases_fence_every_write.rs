@@ -563,6 +563,52 @@ async fn batch_takes_split_a_dead_nodes_sessions_and_skip_live_leases() {
     );
 }
 
+/// A turn's conversation reads and writes wait for a database that is
+/// away (its connections cut, new ones refused, as in a restart) and go on
+/// once it is back, instead of failing the turn `EINTERNAL` ("cannot read
+/// a conversation: connection closed", issue 50).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_conversation_waits_for_a_database_that_is_away() {
+    use warden_core::store::ConversationStore as _;
+    let Some(config) = fresh_db().await else {
+        return;
+    };
+    let admin = common::admin_url().expect("admin URL");
+    let db = config.get_dbname().expect("a database").to_owned();
+    let c = store(&config).await.conversations();
+    within("create", c.create("conv_w")).await.expect("create");
+    let away = common::Outage::begin(&admin, &db).await;
+    let (load, create, append) = (c.clone(), c.clone(), c.clone());
+    let load = tokio::spawn(async move { load.load("conv_w").await });
+    let create = tokio::spawn(async move { create.create("conv_x").await });
+    let append =
+        tokio::spawn(async move { append.append_turn_once("conv_w", 1, "q1", "a1").await });
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    assert!(
+        !load.is_finished(),
+        "a read waits while the database is away"
+    );
+    assert!(!create.is_finished(), "so does a create");
+    assert!(!append.is_finished(), "and a write");
+    away.end().await;
+    within("read", load)
+        .await
+        .expect("task")
+        .expect("the conversation, once the database is back");
+    within("create", create)
+        .await
+        .expect("task")
+        .expect("created");
+    assert!(
+        within("write", append)
+            .await
+            .expect("task")
+            .expect("written")
+    );
+    let entries = within("load", c.load("conv_w")).await.expect("load");
+    assert_eq!(entries.len(), 2, "{entries:?}");
+}
+
 /// The HTTP agents' conversations in the database: any node reads what
 /// another wrote, an unknown one is the CLI's "No conversation found", and
 /// a turn is recorded once per (turn id, message) even when nodes race.
