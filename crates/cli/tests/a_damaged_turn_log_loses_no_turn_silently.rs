@@ -1,7 +1,7 @@
-//! `warden serve` killed with -9 right after 30 turns, then a byte of its
-//! turn log's write-ahead file flipped in its first and its last record
-//! (the newest turn's end), then started
-//! again: it says so once at the default log level (the file, the bytes
+//! `warden serve` killed with -9 right after 30 turns, then its turn
+//! log's write-ahead file damaged — a byte flipped in its first and its
+//! last record (the newest turn's end), the file cut in half, or the file
+//! replaced by a directory — then started again: it says so once at the default log level (the file, the bytes
 //! skipped, the turns it cost), keeps the file aside instead of deleting
 //! it, replays every intact record after the damage, and every turn a
 //! client re-attaches to ends — with its `done`, or, where the damage took
@@ -82,6 +82,52 @@ fn log_files(wal: &Path, suffix: &str) -> Vec<PathBuf> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_flipped_byte_in_the_turn_log_is_reported_kept_aside_and_ends_every_turn() {
+    damage_and_restart(|log| {
+        let mut bytes = std::fs::read(log).expect("read");
+        assert!(bytes.len() > 64, "{} bytes", bytes.len());
+        // The records' starts, from their length fields: `[len][crc][payload]`.
+        let mut starts = vec![0];
+        loop {
+            let at = *starts.last().expect("a start");
+            let len = u32::from_le_bytes(bytes[at..at + 4].try_into().expect("4 bytes")) as usize;
+            if at + 8 + len >= bytes.len() {
+                break;
+            }
+            starts.push(at + 8 + len);
+        }
+        // A byte inside the first record, and one inside the last (the
+        // newest turn's end).
+        bytes[9] ^= 0x01;
+        bytes[starts[starts.len() - 1] + 9] ^= 0x01;
+        std::fs::write(log, &bytes).expect("write");
+    })
+    .await;
+}
+
+/// Cut in half, what is left ends like a record a crash tore as it was
+/// written; but the half cut off was acknowledged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_turn_log_cut_in_half_is_reported_kept_aside_and_ends_every_turn() {
+    damage_and_restart(|log| {
+        let bytes = std::fs::read(log).expect("read");
+        std::fs::write(log, &bytes[..bytes.len() / 2]).expect("cut");
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_turn_log_replaced_by_a_directory_is_reported_kept_aside_and_ends_every_turn() {
+    damage_and_restart(|log| {
+        std::fs::remove_file(log).expect("rm");
+        std::fs::create_dir(log).expect("a directory in its place");
+    })
+    .await;
+}
+
+/// Runs 30 turns, kills the server, applies `damage` to its turn log's
+/// first file, starts it again and checks the damage is told and every
+/// turn ends.
+async fn damage_and_restart(damage: impl FnOnce(&Path)) {
     let mock =
         MockServer::start(MockConfig::default().with_frame_interval(Duration::from_millis(1)))
             .await
@@ -119,23 +165,7 @@ async fn a_flipped_byte_in_the_turn_log_is_reported_kept_aside_and_ends_every_tu
     let wal = data.join("sessions.db").join("turns.wal");
     let logs = log_files(&wal, ".log");
     assert!(!logs.is_empty(), "kill -9 leaves the turn log's file");
-    let mut bytes = std::fs::read(&logs[0]).expect("read");
-    assert!(bytes.len() > 64, "{} bytes", bytes.len());
-    // The records' starts, from their length fields: `[len][crc][payload]`.
-    let mut starts = vec![0];
-    loop {
-        let at = *starts.last().expect("a start");
-        let len = u32::from_le_bytes(bytes[at..at + 4].try_into().expect("4 bytes")) as usize;
-        if at + 8 + len >= bytes.len() {
-            break;
-        }
-        starts.push(at + 8 + len);
-    }
-    // A byte inside the first record, and one inside the last (the newest
-    // turn's end).
-    bytes[9] ^= 0x01;
-    bytes[starts[starts.len() - 1] + 9] ^= 0x01;
-    std::fs::write(&logs[0], &bytes).expect("write");
+    damage(&logs[0]);
 
     let (mut server, base, token, logged) = serve_logged(&data, &mock.base_url(), &[], &[]).await;
     // Every turn ends: its `done`, or the typed error of a lost end.
@@ -179,7 +209,7 @@ async fn a_flipped_byte_in_the_turn_log_is_reported_kept_aside_and_ends_every_tu
     assert!(warning.contains("skipped_bytes="), "{warning}");
     assert!(
         warning.contains(&format!("{lost} turn(s) whose end was lost")),
-        "{warning}"
+        "{lost} turns ended with ETURN_LOG_DAMAGED; {warning}"
     );
     // Kept aside, never deleted; not replayed again.
     assert!(Path::new(&kept).exists(), "{kept} is kept");

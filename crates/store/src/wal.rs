@@ -20,11 +20,13 @@
 //! (insert) or `[0][key len: u32 LE][key]` (remove).
 //!
 //! A crash mid-append leaves a *torn tail*: a last record cut short (or
-//! zeros where it was to be). It was never acknowledged — a failed append
+//! zeros where it was to be), past the length the file's `NNN.ack` marker
+//! says was synced ([`ack`]). It was never acknowledged — a failed append
 //! or sync cuts the file back to its last synced length, or, if that fails
 //! too, makes the writer move to a new file — so replay drops it without a
 //! word. Anything else that does not read is *damage* (a flipped bit, a
-//! file cut or overwritten by something other than warden): replay skips
+//! file cut, deleted, replaced or overwritten by something other than
+//! warden): replay skips
 //! the bad bytes, finds the next intact record (its length and checksum
 //! frame it) and keeps every intact record after them; the file is then
 //! kept aside as `NNN.log.damaged`, never deleted, and [`Wal::open`]
@@ -41,6 +43,7 @@ use std::sync::mpsc;
 
 use tokio::sync::oneshot;
 
+mod ack;
 mod record;
 
 #[cfg(test)]
@@ -101,6 +104,8 @@ pub(crate) struct Damage {
     pub(crate) stretches: Vec<(usize, usize)>,
     /// The intact records replayed from the file, before and after them.
     pub(crate) intact_records: usize,
+    /// Why the file could not be read at all (missing, a directory, …).
+    pub(crate) unreadable: Option<String>,
 }
 
 /// What [`Wal::open`] replayed.
@@ -121,9 +126,31 @@ impl Wal {
         let files = log_files(dir).map_err(|e| format!("listing {}: {e}", dir.display()))?;
         let mut replay = Replay::default();
         for (_, path) in &files {
-            let bytes =
-                std::fs::read(path).map_err(|e| format!("reading {}: {e}", path.display()))?;
-            let scan = scan(&bytes);
+            let acked = ack::read(path);
+            let bytes = match read_log(path) {
+                Ok(bytes) => bytes,
+                Err(None) if acked.unwrap_or(0) == 0 => continue, // nothing acknowledged
+                Err(why) => {
+                    // Acknowledged records are gone with it.
+                    let lost = acked.unwrap_or(0);
+                    replay.damaged.push(Damage {
+                        kept_as: damaged_path(path),
+                        skipped_bytes: lost,
+                        stretches: vec![(0, lost)],
+                        intact_records: 0,
+                        unreadable: Some(why.unwrap_or_else(|| "missing".to_owned())),
+                    });
+                    continue;
+                }
+            };
+            let mut scan = scan(&bytes);
+            // Acknowledged bytes that are not there or did not read: the
+            // file was cut or overwritten, not torn by a crash.
+            let readable = bytes.len() - scan.torn_tail;
+            if let Some(acked) = acked.filter(|&acked| acked > readable) {
+                scan.skipped.push((readable, acked - readable));
+                scan.torn_tail = 0;
+            }
             if scan.torn_tail > 0 {
                 tracing::debug!(
                     file = %path.display(),
@@ -144,6 +171,7 @@ impl Wal {
                     skipped_bytes: scan.skipped.iter().map(|(_, n)| n).sum(),
                     stretches: scan.skipped,
                     intact_records: intact,
+                    unreadable: None,
                 });
             }
         }
@@ -155,13 +183,16 @@ impl Wal {
                     .damaged
                     .iter()
                     .find(|d| d.kept_as == damaged_path(path));
+                let there = std::fs::symlink_metadata(path).is_ok();
                 match damage {
                     // Kept for whoever looks into it; not replayed again.
-                    Some(d) => std::fs::rename(path, &d.kept_as)
+                    Some(d) if there => std::fs::rename(path, &d.kept_as)
                         .map_err(|e| format!("keeping {} aside: {e}", path.display()))?,
-                    None => std::fs::remove_file(path)
+                    None if there => std::fs::remove_file(path)
                         .map_err(|e| format!("removing {}: {e}", path.display()))?,
+                    _ => {}
                 }
+                ack::remove(path);
             }
         }
 
@@ -173,6 +204,7 @@ impl Wal {
             tree,
             next,
             file: None,
+            marker: None,
             written: 0,
             counters: Arc::clone(&counters),
             checkpoints: None,
@@ -209,6 +241,8 @@ struct Writer {
     next: u64,
     /// The open file and its number.
     file: Option<(u64, File)>,
+    /// The open file's acknowledged-length marker ([`ack`]).
+    marker: Option<File>,
     /// Bytes appended to the open file.
     written: u64,
     counters: Arc<Counters>,
@@ -252,10 +286,12 @@ impl Writer {
         if let Some((_, file)) = self.file.take() {
             drop(file);
         }
+        self.marker = None;
         drop(self.checkpoints.take()); // the checkpointer finishes its queue
         if self.tree.flush().is_ok() {
             if let Ok(files) = log_files(&self.dir) {
                 for (_, path) in files {
+                    ack::remove(&path);
                     let _ = std::fs::remove_file(path);
                 }
             }
@@ -277,6 +313,9 @@ impl Writer {
                 .map_err(|e| format!("creating the turn log {}: {e}", path.display()))?;
             self.next += 1;
             self.written = 0;
+            self.marker = ack::create(&path)
+                .map_err(|e| tracing::debug!(error = %e, "could not create the turn log's marker"))
+                .ok();
             self.file = Some((n, file));
         }
         let Some((_, file)) = self.file.as_mut() else {
@@ -286,6 +325,9 @@ impl Writer {
         match result {
             Ok(()) => {
                 self.written += bytes.len() as u64;
+                if let Some(marker) = &self.marker {
+                    ack::record(marker, self.written);
+                }
                 self.counters.syncs.fetch_add(1, Ordering::Relaxed);
                 Ok(())
             }
@@ -308,6 +350,7 @@ impl Writer {
             return;
         };
         drop(file);
+        self.marker = None;
         let path = file_path(&self.dir, n);
         if self.checkpoints.is_none() {
             let (tx, rx) = mpsc::channel::<PathBuf>();
@@ -341,6 +384,7 @@ fn checkpoint(tree: &sled::Tree, files: &mpsc::Receiver<PathBuf>, counters: &Cou
         match tree.flush() {
             Ok(_) => {
                 for path in done {
+                    ack::remove(&path);
                     if let Err(e) = std::fs::remove_file(&path)
                         && e.kind() != std::io::ErrorKind::NotFound
                     {
@@ -359,7 +403,8 @@ fn file_path(dir: &Path, n: u64) -> PathBuf {
     dir.join(format!("{n:020}.log"))
 }
 
-/// The log files in `dir`, oldest first.
+/// The log files in `dir`, oldest first: each `NNN.log`, whatever it is
+/// now, and the log of each `NNN.ack` marker, whether it is there or not.
 fn log_files(dir: &Path) -> std::io::Result<Vec<(u64, PathBuf)>> {
     let mut files = Vec::new();
     for entry in std::fs::read_dir(dir)? {
@@ -367,14 +412,27 @@ fn log_files(dir: &Path) -> std::io::Result<Vec<(u64, PathBuf)>> {
         let number = path
             .file_name()
             .and_then(|n| n.to_str())
-            .and_then(|n| n.strip_suffix(".log"))
+            .and_then(|n| n.strip_suffix(".log").or_else(|| n.strip_suffix(".ack")))
             .and_then(|n| n.parse::<u64>().ok());
         if let Some(n) = number {
-            files.push((n, path));
+            files.push((n, file_path(dir, n)));
         }
     }
     files.sort_unstable();
+    files.dedup();
     Ok(files)
+}
+
+/// A log file's bytes; `Err(None)` when it is not there, `Err(Some(why))`
+/// when it is there but cannot be read as a file.
+fn read_log(path: &Path) -> Result<Vec<u8>, Option<String>> {
+    match std::fs::symlink_metadata(path) {
+        Ok(meta) if meta.is_file() => std::fs::read(path).map_err(|e| Some(e.to_string())),
+        Ok(meta) if meta.is_dir() => Err(Some("a directory, not a file".to_owned())),
+        Ok(_) => Err(Some("not a regular file".to_owned())),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(None),
+        Err(e) => Err(Some(e.to_string())),
+    }
 }
 
 fn create_private_dir(dir: &Path) -> std::io::Result<()> {

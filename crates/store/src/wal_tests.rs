@@ -213,3 +213,94 @@ async fn committed_batches_are_in_the_log_whole_in_order_and_private() {
     );
     assert_eq!(mode & 0o777, 0o600, "the log is private to the user");
 }
+
+#[tokio::test]
+async fn the_writer_marks_each_synced_length_beside_its_file() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (_db, tree) = a_tree(dir.path());
+    let wal_dir = dir.path().join(DIR);
+    let (wal, _) = Wal::open(&wal_dir, tree).expect("open");
+    for n in 1..=3u8 {
+        wal.commit(ops(n)).await.expect("commit");
+        let files = log_files(&wal_dir).expect("list");
+        let len = std::fs::metadata(&files[0].1).expect("meta").len();
+        assert_eq!(ack::read(&files[0].1), Some(len as usize), "after {n}");
+    }
+}
+
+/// `wal_dir` holding log 7 of records 1..=`n`, and its marker saying
+/// `acked` bytes were synced; returns the log's path and bytes.
+fn a_log_marked(wal_dir: &Path, n: u8, acked: Option<usize>) -> (PathBuf, Vec<u8>) {
+    create_private_dir(wal_dir).expect("dir");
+    let mut buf = Vec::new();
+    for i in 1..=n {
+        encode(&mut buf, &ops(i));
+    }
+    let path = file_path(wal_dir, 7);
+    std::fs::write(&path, &buf).expect("write");
+    if let Some(acked) = acked {
+        std::fs::write(ack::path_of(&path), (acked as u64).to_le_bytes()).expect("marker");
+    }
+    (path, buf)
+}
+
+#[tokio::test]
+async fn a_log_cut_short_of_what_was_acknowledged_is_damage_not_a_torn_tail() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (_db, tree) = a_tree(dir.path());
+    let wal_dir = dir.path().join(DIR);
+    let (path, buf) = a_log_marked(&wal_dir, 10, None);
+    let acked = buf.len();
+    std::fs::write(ack::path_of(&path), (acked as u64).to_le_bytes()).expect("marker");
+    // Cut in half: what remains ends like a torn record.
+    let half = acked / 2;
+    std::fs::write(&path, &buf[..half]).expect("cut");
+    assert!(scan(&buf[..half]).torn_tail > 0, "shaped like a torn tail");
+    let (_wal, replay) = Wal::open(&wal_dir, tree).expect("open");
+    assert_eq!(replay.damaged.len(), 1, "{replay:?}");
+    let d = &replay.damaged[0];
+    let (intact, torn) = decode_all(&buf[..half]);
+    assert_eq!(d.intact_records, intact.len());
+    let readable = half - torn;
+    assert_eq!(d.stretches, vec![(readable, acked - readable)]);
+    assert!(d.kept_as.exists(), "kept aside");
+    assert!(!ack::path_of(&path).exists(), "the marker goes with it");
+}
+
+#[tokio::test]
+async fn a_torn_tail_past_what_was_acknowledged_is_no_damage() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (_db, tree) = a_tree(dir.path());
+    let wal_dir = dir.path().join(DIR);
+    let mut two = Vec::new();
+    encode(&mut two, &ops(1));
+    let acked = encode(&mut two, &ops(2));
+    let (path, buf) = a_log_marked(&wal_dir, 3, Some(acked));
+    std::fs::write(&path, &buf[..buf.len() - 2]).expect("torn");
+    let (_wal, replay) = Wal::open(&wal_dir, tree).expect("open");
+    assert!(replay.damaged.is_empty(), "{replay:?}");
+    assert_eq!(replay.records, 2);
+    assert!(!path.exists() && !ack::path_of(&path).exists());
+}
+
+#[tokio::test]
+async fn a_log_replaced_by_a_directory_or_deleted_is_damage() {
+    for deleted in [false, true] {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (_db, tree) = a_tree(dir.path());
+        let wal_dir = dir.path().join(DIR);
+        let (path, buf) = a_log_marked(&wal_dir, 4, None);
+        std::fs::write(ack::path_of(&path), (buf.len() as u64).to_le_bytes()).expect("marker");
+        std::fs::remove_file(&path).expect("rm");
+        if !deleted {
+            std::fs::create_dir(&path).expect("a directory in its place");
+        }
+        let (_wal, replay) = Wal::open(&wal_dir, tree).expect("open");
+        assert_eq!(replay.damaged.len(), 1, "deleted: {deleted}: {replay:?}");
+        let d = &replay.damaged[0];
+        assert_eq!(d.skipped_bytes, buf.len());
+        assert!(d.unreadable.is_some());
+        assert_eq!(d.kept_as.is_dir(), !deleted, "the directory is kept aside");
+        assert!(!path.exists() && !ack::path_of(&path).exists());
+    }
+}

@@ -61,6 +61,19 @@ impl SledTurns {
             if meta.ended || still_pending(sessions, &meta) {
                 continue;
             }
+            if events.last().is_some_and(StoredEvent::is_last) {
+                // Its end is there, only the entry's mark of it was lost:
+                // mark it, nothing was lost.
+                let ended = Meta {
+                    ended: true,
+                    updated_ms: now_ms(),
+                    ..meta
+                };
+                self.tree
+                    .insert(k, ended.encode())
+                    .map_err(|e| describe(&e))?;
+                continue;
+            }
             let next = events.last().map_or(1, |e| e.id + 1);
             let end = StoredEvent::new(
                 next,
@@ -216,6 +229,7 @@ fn warn(replay: &Replay, lost: &Lost) {
             skipped_bytes = d.skipped_bytes,
             stretches = ?d.stretches,
             intact_records = d.intact_records,
+            unreadable = d.unreadable.as_deref().unwrap_or("no"),
             turns_ended = ?lost.ended,
             turns_missing_events = ?lost.gaps,
             "the turn log was damaged: {} bytes that did not read were skipped and every intact record kept; the file is kept aside; {} turn(s) whose end was lost end with {TURN_LOG_DAMAGED}, {} turn(s) miss events",
