@@ -12,11 +12,15 @@
 //! the cause — their clients' own retries then cost no more than against
 //! the unreachable upstream itself. Once per
 //! [`CircuitConfig::probe_every`] one request is let through as a probe;
-//! any answer from the upstream closes the circuit.
+//! any answer from the upstream closes the circuit. Any answer also starts
+//! the count again while it is closed: only failures with no answer
+//! between them are consecutive. A probe that ends with neither (its
+//! client hung up, the watchdog killed it, its deadline passed) frees its
+//! slot when its [`Probe`] is dropped: the next one goes an interval later.
 
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use std::sync::{Mutex, MutexGuard};
 use tokio::time::Instant;
 
 /// When a circuit opens and how often it probes.
@@ -58,12 +62,12 @@ impl CircuitConfig {
 }
 
 /// Whether a request may go upstream.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug)]
 pub(crate) enum Pass {
     /// Yes.
     Go,
-    /// Yes, as the probe of an open circuit.
-    Probe,
+    /// Yes, as the probe of an open circuit: held until the request ends.
+    Probe(Probe),
     /// No: answered at once with why.
     Refuse {
         /// The last unreachable attempt's reason.
@@ -84,16 +88,52 @@ enum State {
         cause: String,
         /// When the last probe went (or the circuit opened).
         probed: Instant,
-        /// A probe is out.
-        probing: bool,
+        /// The probe out, by its number.
+        probing: Option<u64>,
     },
+}
+
+/// A circuit's state and the number of its last probe.
+#[derive(Debug)]
+struct Shared {
+    state: State,
+    probes: u64,
 }
 
 /// One upstream's circuit.
 #[derive(Debug)]
 pub(crate) struct Circuit {
     config: Option<CircuitConfig>,
-    state: Mutex<State>,
+    shared: Arc<Mutex<Shared>>,
+}
+
+/// The probe of an open circuit, out. Dropped when its request ends,
+/// however it ends: a probe that got neither an answer nor an unreachable
+/// attempt (its client hung up, the watchdog killed it) frees its slot,
+/// and the next probe goes one interval from then.
+#[derive(Debug)]
+pub(crate) struct Probe {
+    shared: Arc<Mutex<Shared>>,
+    number: u64,
+}
+
+impl Drop for Probe {
+    fn drop(&mut self) {
+        let mut shared = lock(&self.shared);
+        if let State::Open {
+            probed, probing, ..
+        } = &mut shared.state
+            && *probing == Some(self.number)
+        {
+            *probing = None;
+            *probed = Instant::now();
+        }
+    }
+}
+
+fn lock(shared: &Mutex<Shared>) -> MutexGuard<'_, Shared> {
+    // The state is whole after any panic (each change is one store).
+    shared.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 impl Circuit {
@@ -101,16 +141,18 @@ impl Circuit {
     pub(crate) fn new(config: Option<CircuitConfig>) -> Self {
         Self {
             config,
-            state: Mutex::new(State::Closed {
-                failures: 0,
-                since: None,
-            }),
+            shared: Arc::new(Mutex::new(Shared {
+                state: State::Closed {
+                    failures: 0,
+                    since: None,
+                },
+                probes: 0,
+            })),
         }
     }
 
-    fn lock(&self) -> MutexGuard<'_, State> {
-        // The state is whole after any panic (each change is one store).
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    fn lock(&self) -> MutexGuard<'_, Shared> {
+        lock(&self.shared)
     }
 
     /// Whether a new request may go upstream now.
@@ -118,8 +160,9 @@ impl Circuit {
         let Some(config) = self.config else {
             return Pass::Go;
         };
-        let mut state = self.lock();
-        match &mut *state {
+        let mut shared = self.lock();
+        let Shared { state, probes } = &mut *shared;
+        match state {
             State::Closed { .. } => Pass::Go,
             State::Open {
                 cause,
@@ -127,10 +170,14 @@ impl Circuit {
                 probing,
             } => {
                 let due = probed.elapsed() >= config.probe_every;
-                if due && !*probing {
-                    *probing = true;
+                if due && probing.is_none() {
+                    *probes += 1;
+                    *probing = Some(*probes);
                     *probed = Instant::now();
-                    Pass::Probe
+                    Pass::Probe(Probe {
+                        shared: Arc::clone(&self.shared),
+                        number: *probes,
+                    })
                 } else {
                     Pass::Refuse {
                         cause: cause.clone(),
@@ -141,10 +188,11 @@ impl Circuit {
         }
     }
 
-    /// The upstream answered (any status): the circuit closes.
+    /// The upstream answered (any status): the circuit closes, and the
+    /// count of consecutive unreachable attempts starts again.
     pub(crate) fn reached(&self) {
         if self.config.is_some() {
-            *self.lock() = State::Closed {
+            self.lock().state = State::Closed {
                 failures: 0,
                 since: None,
             };
@@ -157,7 +205,8 @@ impl Circuit {
         let Some(config) = self.config else {
             return false;
         };
-        let mut state = self.lock();
+        let mut shared = self.lock();
+        let state = &mut shared.state;
         let now = Instant::now();
         match &mut *state {
             State::Closed { failures, since } => {
@@ -171,7 +220,7 @@ impl Circuit {
                     *state = State::Open {
                         cause: cause.to_owned(),
                         probed: now,
-                        probing: false,
+                        probing: None,
                     };
                     return true;
                 }
@@ -185,8 +234,7 @@ impl Circuit {
                 // A failed probe (or an attempt sent before it opened):
                 // still open, the next probe one interval from now.
                 *last = cause.to_owned();
-                if *probing {
-                    *probing = false;
+                if probing.take().is_some() {
                     *probed = now;
                 }
                 true
@@ -196,7 +244,7 @@ impl Circuit {
 
     /// Whether it is open now.
     pub(crate) fn is_open(&self) -> bool {
-        matches!(*self.lock(), State::Open { .. })
+        matches!(self.lock().state, State::Open { .. })
     }
 }
 
@@ -220,13 +268,11 @@ mod tests {
         assert!(!c.unreachable("connection refused"), "the count restarted");
         assert!(c.unreachable("connection refused"));
         assert!(c.is_open());
-        assert_eq!(
+        assert!(matches!(
             c.pass(),
-            Pass::Refuse {
-                cause: "connection refused".into(),
-                next_probe_in: Duration::from_secs(5)
-            }
-        );
+            Pass::Refuse { cause, next_probe_in }
+                if cause == "connection refused" && next_probe_in == Duration::from_secs(5)
+        ));
     }
 
     #[tokio::test(start_paused = true)]
@@ -235,7 +281,7 @@ mod tests {
         assert!(!c.unreachable("reset"));
         tokio::time::advance(Duration::from_secs(31)).await;
         assert!(!c.unreachable("reset"));
-        assert_eq!(c.pass(), Pass::Go);
+        assert!(matches!(c.pass(), Pass::Go));
     }
 
     #[tokio::test(start_paused = true)]
@@ -244,17 +290,21 @@ mod tests {
         c.unreachable("refused");
         c.unreachable("refused");
         tokio::time::advance(Duration::from_secs(5)).await;
-        assert_eq!(c.pass(), Pass::Probe);
+        let probe = c.pass();
+        assert!(matches!(probe, Pass::Probe(_)));
         // Only one probe at a time.
         assert!(matches!(c.pass(), Pass::Refuse { .. }));
         // The probe fails: the next one an interval later.
         assert!(c.unreachable("refused again"));
         tokio::time::advance(Duration::from_secs(4)).await;
         assert!(matches!(c.pass(), Pass::Refuse { cause, .. } if cause == "refused again"));
+        drop(probe);
         tokio::time::advance(Duration::from_secs(1)).await;
-        assert_eq!(c.pass(), Pass::Probe);
+        let probe = c.pass();
+        assert!(matches!(probe, Pass::Probe(_)));
         c.reached();
-        assert_eq!(c.pass(), Pass::Go);
+        drop(probe);
+        assert!(matches!(c.pass(), Pass::Go));
         assert!(!c.is_open());
     }
 
@@ -264,6 +314,43 @@ mod tests {
         for _ in 0..10 {
             assert!(!c.unreachable("refused"));
         }
-        assert_eq!(c.pass(), Pass::Go);
+        assert!(matches!(c.pass(), Pass::Go));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_probe_that_ends_with_no_answer_frees_its_slot_for_the_next_interval() {
+        let c = circuit();
+        c.unreachable("refused");
+        c.unreachable("refused");
+        tokio::time::advance(Duration::from_secs(5)).await;
+        let probe = c.pass();
+        assert!(matches!(probe, Pass::Probe(_)));
+        tokio::time::advance(Duration::from_secs(7)).await;
+        assert!(matches!(c.pass(), Pass::Refuse { .. }), "the probe is out");
+        // Its client hung up: neither an answer nor an unreachable attempt.
+        drop(probe);
+        assert!(
+            matches!(c.pass(), Pass::Refuse { .. }),
+            "an interval from now"
+        );
+        tokio::time::advance(Duration::from_secs(5)).await;
+        assert!(matches!(c.pass(), Pass::Probe(_)));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_probe_dropped_after_the_next_went_out_leaves_the_next_one_alone() {
+        let c = circuit();
+        c.unreachable("refused");
+        c.unreachable("refused");
+        tokio::time::advance(Duration::from_secs(5)).await;
+        let first = c.pass();
+        assert!(c.unreachable("refused again"));
+        tokio::time::advance(Duration::from_secs(5)).await;
+        let second = c.pass();
+        assert!(matches!(second, Pass::Probe(_)));
+        drop(first);
+        tokio::time::advance(Duration::from_secs(5)).await;
+        assert!(matches!(c.pass(), Pass::Refuse { .. }), "the second is out");
+        drop(second);
     }
 }

@@ -50,11 +50,13 @@ impl Inner {
     }
 
     /// The upstream answered: its circuit closes (said once when it was
-    /// open).
+    /// open), and while closed its count of consecutive unreachable
+    /// attempts starts again.
     pub(crate) fn reached(&self, upstream: Upstream) {
         let circuit = self.circuit(upstream);
-        if circuit.is_open() {
-            circuit.reached();
+        let was_open = circuit.is_open();
+        circuit.reached();
+        if was_open {
             report(
                 self,
                 RecoveryEvent::CircuitClosed {

@@ -7,7 +7,7 @@
 mod common;
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use axum::Router;
@@ -240,6 +240,82 @@ async fn an_overloaded_answers_retry_after_holds_every_request() {
     assert!(t0.elapsed() < Duration::from_secs(10));
 }
 
+/// What the upstream behind [`switchable`] does with a connection.
+#[derive(Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+enum Mode {
+    /// Drops it at once: unreachable, as an API behind a load balancer.
+    Drops,
+    /// Reads the request and never says a word.
+    Hangs,
+    /// Hands it to an upstream that answers like the API (one request a
+    /// connection, so that a switch holds for the next request too).
+    Answers,
+}
+
+/// A loopback upstream doing what `mode` says with each new connection:
+/// its base URL, and how many connections it accepted.
+async fn switchable(mode: Arc<AtomicU8>) -> (String, Arc<AtomicUsize>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let base = format!("http://{}", listener.local_addr().expect("addr"));
+    let accepted = Arc::new(AtomicUsize::new(0));
+    let count = accepted.clone();
+    let closing = |mut r: Response| {
+        r.headers_mut()
+            .insert(header::CONNECTION, HeaderValue::from_static("close"));
+        r
+    };
+    let real = upstream(
+        Router::new()
+            .route(
+                "/v1/messages",
+                post(move || async move { closing(sse(Body::from(reply()))) }),
+            )
+            .route(
+                "/v1/messages/count_tokens",
+                post(move |body: bytes::Bytes| async move {
+                    let mut r = closing(Response::new(Body::from(format!(
+                        r#"{{"input_tokens":{}}}"#,
+                        body.len()
+                    ))));
+                    r.headers_mut().insert(
+                        header::CONTENT_TYPE,
+                        HeaderValue::from_static("application/json"),
+                    );
+                    r
+                }),
+            ),
+    )
+    .await;
+    let real = real.trim_start_matches("http://").to_owned();
+    tokio::spawn(async move {
+        loop {
+            let Ok((mut socket, _)) = listener.accept().await else {
+                return;
+            };
+            count.fetch_add(1, Ordering::SeqCst);
+            let now = mode.load(Ordering::SeqCst);
+            if now == Mode::Answers as u8 {
+                let real = real.clone();
+                tokio::spawn(async move {
+                    if let Ok(mut to) = tokio::net::TcpStream::connect(real).await {
+                        let _ = tokio::io::copy_bidirectional(&mut socket, &mut to).await;
+                    }
+                });
+            } else if now == Mode::Hangs as u8 {
+                tokio::spawn(async move {
+                    let _ = tokio::io::copy(&mut socket, &mut tokio::io::sink()).await;
+                });
+            } else {
+                drop(socket);
+            }
+        }
+    });
+    (base, accepted)
+}
+
 /// An upstream that accepts connections and drops them at once (an
 /// unreachable API behind a load balancer): the circuit opens after two
 /// such attempts, new requests are answered at once naming the cause, the
@@ -248,38 +324,8 @@ async fn an_overloaded_answers_retry_after_holds_every_request() {
 #[tokio::test]
 async fn an_unreachable_upstream_is_asked_once_per_probe_and_answers_close_the_circuit() {
     const PROBE: Duration = Duration::from_millis(500);
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let addr = listener.local_addr().expect("addr");
-    let base = format!("http://{addr}");
-    let accepted = Arc::new(AtomicUsize::new(0));
-    let healthy = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let (count, up) = (accepted.clone(), healthy.clone());
-    // Drops every connection until `healthy`, then hands it to a real
-    // upstream that answers like the API.
-    let real =
-        upstream(Router::new().route("/v1/messages", post(|| async { sse(Body::from(reply())) })))
-            .await;
-    let real = real.trim_start_matches("http://").to_owned();
-    tokio::spawn(async move {
-        loop {
-            let Ok((mut socket, _)) = listener.accept().await else {
-                return;
-            };
-            count.fetch_add(1, Ordering::SeqCst);
-            if up.load(Ordering::SeqCst) {
-                let real = real.clone();
-                tokio::spawn(async move {
-                    if let Ok(mut to) = tokio::net::TcpStream::connect(real).await {
-                        let _ = tokio::io::copy_bidirectional(&mut socket, &mut to).await;
-                    }
-                });
-            } else {
-                drop(socket);
-            }
-        }
-    });
+    let mode = Arc::new(AtomicU8::new(Mode::Drops as u8));
+    let (base, accepted) = switchable(mode.clone()).await;
     let (proxy_base, heard, _proxy) = proxy(&base, |c| {
         c.with_circuit(Some(
             warden_proxy::CircuitConfig::default()
@@ -328,7 +374,7 @@ async fn an_unreachable_upstream_is_asked_once_per_probe_and_answers_close_the_c
         "the upstream was asked {reached} times for {asked} requests"
     );
     // The upstream answers again: the next probe closes the circuit.
-    healthy.store(true, Ordering::SeqCst);
+    mode.store(Mode::Answers as u8, Ordering::SeqCst);
     let ok = within("the circuit to close", async {
         loop {
             let answer = ask().await.expect("answer");
@@ -355,6 +401,193 @@ async fn an_unreachable_upstream_is_asked_once_per_probe_and_answers_close_the_c
         .filter(|r| matches!(r, RecoveryEvent::CircuitClosed { .. }))
         .count();
     assert_eq!((opened, closed), (1, 1), "{heard:?}");
+}
+
+/// One streamed Anthropic request through the proxy at `base`.
+fn ask(client: &reqwest::Client, base: &str) -> reqwest::RequestBuilder {
+    client
+        .post(format!("{base}/v1/messages"))
+        .header("x-api-key", KEY)
+        .header("anthropic-version", "2023-06-01")
+        .header("content-type", "application/json")
+        .body(messages_body("claude-test", "hi"))
+}
+
+/// Sets `mode`.
+fn set(mode: &AtomicU8, to: Mode) {
+    mode.store(to as u8, Ordering::SeqCst);
+}
+
+/// A pass-through upload whose chunked body is malformed: the client's
+/// fault, not the upstream's. Two of them (the circuit opens after two
+/// unreachable attempts) must not shut every other client out: each gets
+/// a `400` naming its body, and the next requests are all served.
+#[tokio::test]
+async fn a_client_whose_body_breaks_does_not_open_the_upstreams_circuit() {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let mode = Arc::new(AtomicU8::new(Mode::Answers as u8));
+    let (base, _accepted) = switchable(mode).await;
+    let (proxy_base, heard, _proxy) = proxy(&base, |c| c).await;
+    let addr = proxy_base.trim_start_matches("http://").to_owned();
+    for _ in 0..2 {
+        let mut socket = within("a connection", tokio::net::TcpStream::connect(&addr))
+            .await
+            .expect("connect");
+        let upload = format!(
+            "POST /v1/messages/count_tokens HTTP/1.1\r\nhost: {addr}\r\nx-api-key: {KEY}\r\n\
+             anthropic-version: 2023-06-01\r\ncontent-type: application/json\r\n\
+             transfer-encoding: chunked\r\n\r\n5\r\n{{\"a\":\r\nnot a size\r\n\r\n"
+        );
+        socket.write_all(upload.as_bytes()).await.expect("write");
+        let mut answer = Vec::new();
+        within(
+            "the answer to the broken upload",
+            socket.read_to_end(&mut answer),
+        )
+        .await
+        .expect("read");
+        let answer = String::from_utf8_lossy(&answer);
+        assert!(
+            answer.starts_with("HTTP/1.1 400") && answer.contains("body could not be read"),
+            "{answer}"
+        );
+    }
+    let client = reqwest::Client::new();
+    let mut statuses = Vec::new();
+    for _ in 0..10 {
+        let response = within("an answer", ask(&client, &proxy_base).send())
+            .await
+            .expect("answer");
+        statuses.push(response.status().as_u16());
+    }
+    assert_eq!(statuses, [200; 10]);
+    let heard = heard.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    assert!(
+        !heard.iter().any(|r| matches!(
+            r,
+            RecoveryEvent::CircuitOpened { .. } | RecoveryEvent::Unreachable { .. }
+        )),
+        "{heard:?}"
+    );
+}
+
+/// The probe of an open circuit that ends with neither an answer nor an
+/// unreachable attempt — its client hangs up, or the watchdog kills it
+/// while the upstream holds the connection without a word — frees its
+/// slot: a request after the next probe interval goes as the probe and is
+/// served, instead of every request being refused for ever.
+#[tokio::test]
+async fn a_probe_lost_without_an_answer_lets_the_next_one_go() {
+    const PROBE: Duration = Duration::from_millis(300);
+    for client_hangs_up in [true, false] {
+        let what = if client_hangs_up {
+            "the probe's client hung up"
+        } else {
+            "the watchdog killed the probe"
+        };
+        let mode = Arc::new(AtomicU8::new(Mode::Drops as u8));
+        let (base, accepted) = switchable(mode.clone()).await;
+        let (proxy_base, _heard, _proxy) = proxy(&base, |c| {
+            let c = c.with_circuit(Some(
+                warden_proxy::CircuitConfig::default()
+                    .after(2)
+                    .probe_every(PROBE),
+            ));
+            // A hung-up client must free the probe on its own, long
+            // before a watchdog would.
+            if client_hangs_up {
+                c.with_timeout(Duration::from_secs(60))
+            } else {
+                c
+            }
+        })
+        .await;
+        let client = reqwest::Client::new();
+        let first = within("the first answer", ask(&client, &proxy_base).send())
+            .await
+            .expect("answer");
+        assert_eq!(first.status(), StatusCode::BAD_GATEWAY, "{what}");
+        set(&mode, Mode::Hangs);
+        tokio::time::sleep(PROBE + Duration::from_millis(50)).await;
+        let before = accepted.load(Ordering::SeqCst);
+        if client_hangs_up {
+            let probe =
+                tokio::time::timeout(Duration::from_millis(300), ask(&client, &proxy_base).send())
+                    .await;
+            assert!(probe.is_err(), "{what}: the probe got no answer: {probe:?}");
+        } else {
+            let probe = within(
+                "the killed probe's answer",
+                ask(&client, &proxy_base).send(),
+            )
+            .await
+            .expect("answer");
+            assert_eq!(probe.status(), 529, "{what}");
+        }
+        assert!(
+            accepted.load(Ordering::SeqCst) > before,
+            "{what}: the probe reached the upstream"
+        );
+        set(&mode, Mode::Answers);
+        let served = within(&format!("a later probe to be served ({what})"), async {
+            loop {
+                let answer = ask(&client, &proxy_base).send().await.expect("answer");
+                if answer.status() == StatusCode::OK {
+                    return answer;
+                }
+                assert_eq!(answer.status(), StatusCode::BAD_GATEWAY, "{what}");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        })
+        .await;
+        let body = within("the reply", served.text()).await.expect("body");
+        assert!(body.contains("message_stop"), "{what}: {body}");
+    }
+}
+
+/// "Consecutive" unreachable attempts are consecutive: an answer between
+/// two of them starts the count again, whether or not the circuit was
+/// open. Two failures with twenty answered requests between them leave it
+/// closed.
+#[tokio::test]
+async fn answers_between_two_unreachable_attempts_keep_the_circuit_closed() {
+    let mode = Arc::new(AtomicU8::new(Mode::Drops as u8));
+    let (base, _accepted) = switchable(mode.clone()).await;
+    // One attempt a request: each unreachable request counts one.
+    let (proxy_base, heard, _proxy) = proxy(&base, |c| {
+        c.with_retry(warden_core::RetryPolicy::default().with_max_attempts(1))
+    })
+    .await;
+    let client = reqwest::Client::new();
+    let status = |r: reqwest::Response| r.status();
+    let unreachable = within("an answer", ask(&client, &proxy_base).send())
+        .await
+        .expect("answer");
+    assert_eq!(status(unreachable), StatusCode::BAD_GATEWAY);
+    set(&mode, Mode::Answers);
+    for _ in 0..20 {
+        let answered = within("an answer", ask(&client, &proxy_base).send())
+            .await
+            .expect("answer");
+        assert_eq!(status(answered), StatusCode::OK);
+    }
+    set(&mode, Mode::Drops);
+    let unreachable = within("an answer", ask(&client, &proxy_base).send())
+        .await
+        .expect("answer");
+    assert_eq!(status(unreachable), StatusCode::BAD_GATEWAY);
+    set(&mode, Mode::Answers);
+    let answered = within("an answer", ask(&client, &proxy_base).send())
+        .await
+        .expect("answer");
+    assert_eq!(status(answered), StatusCode::OK, "the circuit is closed");
+    let heard = heard.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    assert!(
+        !heard
+            .iter()
+            .any(|r| matches!(r, RecoveryEvent::CircuitOpened { .. })),
+        "{heard:?}"
+    );
 }
 
 /// A request the proxy stops retrying before any byte reached the client

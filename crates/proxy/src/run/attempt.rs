@@ -148,12 +148,16 @@ impl Pump {
         drop(permit);
         // An attempt after a backoff asks the circuit like a new request
         // (the first was asked at the door): once it is open, nothing goes
-        // upstream but its probe.
-        if self.attempts > 1
-            && let Pass::Refuse { cause, .. } = self.inner.circuit(self.upstream).pass()
-        {
-            span.record("warden.outcome", super::UNREACHABLE);
-            return Err(self.give_up(&StreamError::Connection { message: cause }, None));
+        // upstream but its probe — this request's own, when it is one.
+        if self.attempts > 1 && self.logged.probe.is_none() {
+            match self.inner.circuit(self.upstream).pass() {
+                Pass::Go => {}
+                Pass::Probe(probe) => self.logged.probe = Some(probe),
+                Pass::Refuse { cause, .. } => {
+                    span.record("warden.outcome", super::UNREACHABLE);
+                    return Err(self.give_up(&StreamError::Connection { message: cause }, None));
+                }
+            }
         }
         let opened = self.send().instrument(span.clone()).await;
         match opened {

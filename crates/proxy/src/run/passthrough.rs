@@ -8,13 +8,14 @@ use axum::body::Body;
 use axum::extract::Request;
 use axum::http::{Method, StatusCode};
 use axum::response::Response;
-use futures_util::StreamExt as _;
+use futures_util::{StreamExt as _, TryStreamExt as _};
 use tokio::time::Instant;
 use tracing::Instrument as _;
 
 use super::pump::refuse;
 use super::{Inner, UNREACHABLE, base_of, finish, reason, report, request_span, upstream_url};
 use crate::access::{AccessRecord, Outcome, RecoveryEvent};
+use crate::circuit::Probe;
 use crate::headers;
 use crate::upstream::{Upstream, error_response};
 
@@ -30,16 +31,57 @@ pub(crate) async fn passthrough(
     started: Instant,
 ) -> Response {
     let span = request_span(&record);
-    if base == base_of(&inner, upstream)
-        && let Some(refused) = refuse(&inner, upstream, &record, started)
-    {
-        return refused;
-    }
+    // Held until the upstream's answer (or its failure) is known, or the
+    // client goes: the circuit's probe, when this request is one.
+    let _probe = if base == base_of(&inner, upstream) {
+        match refuse(&inner, upstream, &record, started) {
+            Ok(probe) => probe,
+            Err(refused) => return *refused,
+        }
+    } else {
+        None
+    };
     let (parts, body) = request.into_parts();
-    let body = reqwest::Body::wrap_stream(body.into_data_stream());
-    send_through(inner, upstream, &base, parts, body, record, started)
-        .instrument(span)
-        .await
+    // A failure reading the client's body is told apart from the
+    // upstream's by its type (see `client_body_error`).
+    let body = body.into_data_stream().map_err(ClientBody);
+    send_through(
+        inner,
+        upstream,
+        &base,
+        parts,
+        reqwest::Body::wrap_stream(body),
+        record,
+        started,
+    )
+    .instrument(span)
+    .await
+}
+
+/// Why the client's own request body could not be read (a malformed
+/// chunked upload, a client gone mid-upload): the request fails, but the
+/// upstream is not to blame and its circuit does not count it.
+#[derive(Debug)]
+struct ClientBody(axum::Error);
+
+impl std::fmt::Display for ClientBody {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", warden_llm::error_chain(&self.0))
+    }
+}
+
+impl std::error::Error for ClientBody {}
+
+/// The client's body failure behind `e`, if that is what failed.
+fn client_body_error(e: &reqwest::Error) -> Option<&ClientBody> {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(error) = source {
+        if let Some(body) = error.downcast_ref::<ClientBody>() {
+            return Some(body);
+        }
+        source = error.source();
+    }
+    None
 }
 
 /// A request no upstream is configured for, answered here: `200` for
@@ -96,6 +138,17 @@ pub(super) async fn send_through(
     let response = match sent {
         Ok(r) => r,
         Err(e) => {
+            if let Some(body) = client_body_error(&e) {
+                // The client's body broke, not the upstream: a 400 naming
+                // it, and the circuit is not told.
+                record.status = 400;
+                finish(&inner, record, started);
+                return error_response(
+                    upstream,
+                    StatusCode::BAD_REQUEST,
+                    &format!("warden proxy: the request's body could not be read: {body}"),
+                );
+            }
             report(
                 &inner,
                 RecoveryEvent::Unreachable {
@@ -135,6 +188,7 @@ pub(super) async fn send_through(
         record: Some(record),
         started,
         span: tracing::Span::current(),
+        probe: None,
     };
     let body = response.bytes_stream().map(move |chunk| {
         if let (Err(_), Some(r)) = (&chunk, logged.record.as_mut()) {
@@ -148,12 +202,15 @@ pub(super) async fn send_through(
 }
 
 /// Writes its access record when dropped (when the response body is done
-/// with, whatever ended it).
+/// with, whatever ended it), and frees the circuit's probe slot if the
+/// request was its probe.
 pub(super) struct Logged {
     pub(super) inner: Arc<Inner>,
     pub(super) record: Option<AccessRecord>,
     pub(super) started: Instant,
     pub(super) span: tracing::Span,
+    /// The circuit's probe, when the request is one.
+    pub(super) probe: Option<Probe>,
 }
 
 impl Drop for Logged {

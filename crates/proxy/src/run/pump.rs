@@ -19,7 +19,7 @@ use super::attempt::{Current, Failure};
 use super::passthrough::{Logged, send_through};
 use super::{Inner, UNREACHABLE, base_of, finish, request_span, upstream_url, whole};
 use crate::access::{AccessRecord, Outcome};
-use crate::circuit::Pass;
+use crate::circuit::{Pass, Probe};
 use crate::headers;
 use crate::splice::{self, Splice};
 use crate::upstream::{Protocol, Upstream, error_response};
@@ -35,9 +35,10 @@ pub(crate) async fn watched(
 ) -> Response {
     let upstream = protocol.upstream();
     let span = request_span(&record);
-    if let Some(refused) = refuse(&inner, upstream, &record, started) {
-        return refused;
-    }
+    let probe = match refuse(&inner, upstream, &record, started) {
+        Ok(probe) => probe,
+        Err(refused) => return *refused,
+    };
     let (parts, body) = request.into_parts();
     let bytes = match axum::body::to_bytes(body, inner.config.max_body_bytes).await {
         Ok(b) => b,
@@ -112,6 +113,7 @@ pub(crate) async fn watched(
         record: Some(record),
         started,
         span: span.clone(),
+        probe,
     };
     let inner_deadline = inner.config.deadline;
     let mut pump = Pump {
@@ -169,20 +171,22 @@ pub(crate) async fn watched(
 }
 
 /// The answer to a request while `upstream`'s circuit is open (a copy of
-/// its access `record` written), or `None` when it may go (a probe
-/// included): nothing is copied for a request that goes.
+/// its access `record` written), or `Ok` when it may go — with the
+/// circuit's probe when it goes as one, to hold until it ends: nothing is
+/// copied for a request that goes.
 pub(super) fn refuse(
     inner: &Inner,
     upstream: Upstream,
     record: &AccessRecord,
     started: Instant,
-) -> Option<Response> {
-    let Pass::Refuse {
-        cause,
-        next_probe_in,
-    } = inner.circuit(upstream).pass()
-    else {
-        return None;
+) -> Result<Option<Probe>, Box<Response>> {
+    let (cause, next_probe_in) = match inner.circuit(upstream).pass() {
+        Pass::Go => return Ok(None),
+        Pass::Probe(probe) => return Ok(Some(probe)),
+        Pass::Refuse {
+            cause,
+            next_probe_in,
+        } => (cause, next_probe_in),
     };
     let response = inner.refused(upstream, &cause, next_probe_in);
     let mut record = record.clone();
@@ -190,7 +194,7 @@ pub(super) fn refuse(
     record.outcome = Outcome::UpstreamError;
     record.code = Some(UNREACHABLE);
     finish(inner, record, started);
-    Some(response)
+    Err(Box::new(response))
 }
 
 /// How long the end of an upstream body may take after the reply's last
