@@ -125,7 +125,9 @@ pub enum RecoveryEvent {
     /// Nothing more could be done: the response ended with the provider's
     /// error event mid-stream, an error answer a client does not retry, or
     /// a whole answer that cannot be assembled (an error answer a client
-    /// retries after the proxy's attempts is [`HandedBack`](Self::HandedBack)).
+    /// retries after the proxy's attempts is [`HandedBack`](Self::HandedBack),
+    /// an error event a client retries
+    /// [`HandedBackMidStream`](Self::HandedBackMidStream)).
     GaveUp {
         /// `anthropic` or `openai`.
         upstream: &'static str,
@@ -151,6 +153,22 @@ pub enum RecoveryEvent {
         attempts: u32,
         /// The status the client got.
         status: u16,
+        /// The last error's code.
+        code: &'static str,
+        /// The last error, in words (no URL, no header, no body).
+        reason: String,
+    },
+    /// The stream ended with the provider's retryable error event before
+    /// the client had any content block whole (a break inside the first
+    /// thinking block, say): Claude Code starts such a request over at
+    /// once, so it may yet complete — not a give-up. (The SDKs raise it.)
+    HandedBackMidStream {
+        /// `anthropic` or `openai`.
+        upstream: &'static str,
+        /// The request path.
+        path: String,
+        /// Attempts made.
+        attempts: u32,
         /// The last error's code.
         code: &'static str,
         /// The last error, in words (no URL, no header, no body).
@@ -244,6 +262,16 @@ impl std::fmt::Display for RecoveryEvent {
             } => write!(
                 f,
                 "{upstream} {path}: answered {status} after {attempts} attempt(s) ({code}: {reason}); the client retries that itself"
+            ),
+            Self::HandedBackMidStream {
+                upstream,
+                path,
+                attempts,
+                code,
+                reason,
+            } => write!(
+                f,
+                "{upstream} {path}: ended the stream with its error event after {attempts} attempt(s) ({code}: {reason}) before any block closed; the client retries that itself"
             ),
             Self::CircuitOpened {
                 upstream,

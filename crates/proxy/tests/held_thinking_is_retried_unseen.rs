@@ -226,3 +226,48 @@ async fn a_whole_answer_whose_thinking_stalls_is_retried_unseen_without_the_hold
     assert_eq!(content[0]["signature"], "c2ln");
     assert_eq!(content[1]["text"], "the answer");
 }
+
+/// A streamed stall inside the first thinking block, without the hold,
+/// ends with the error event — which Claude Code answers by sending the
+/// request again (no block had closed), so it may yet complete: the line
+/// says the client retries it, not "gave up".
+#[tokio::test]
+async fn a_stall_inside_streamed_thinking_is_handed_back_not_given_up() {
+    let base = upstream(true).await;
+    let heard: Arc<std::sync::Mutex<Vec<warden_proxy::RecoveryEvent>>> = Arc::default();
+    let sink = heard.clone();
+    let config = ProxyConfig::default()
+        .with_anthropic_upstream(&base)
+        .with_timeout(TIMEOUT)
+        .with_retry(
+            warden_core::RetryPolicy::default()
+                .with_jitter(0.0)
+                .with_backoff(Duration::from_millis(10), Duration::from_millis(10)),
+        )
+        .with_recovery_log(move |r| {
+            sink.lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push(r.clone())
+        });
+    let proxy = Proxy::start(config).await.expect("proxy");
+    let at = serve(&proxy).await;
+    let (events, _) = stream(&at).await;
+    assert_eq!(events.last().expect("events").event, "error", "{events:?}");
+    let heard = heard.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    let ended: Vec<String> = heard
+        .iter()
+        .filter(|r| {
+            matches!(
+                r,
+                warden_proxy::RecoveryEvent::GaveUp { .. }
+                    | warden_proxy::RecoveryEvent::HandedBackMidStream { .. }
+            )
+        })
+        .map(ToString::to_string)
+        .collect();
+    assert_eq!(ended.len(), 1, "{heard:?}");
+    assert!(
+        ended[0].contains("before any block closed; the client retries that itself"),
+        "{ended:?}"
+    );
+}

@@ -204,7 +204,21 @@ impl Pump {
                 },
             };
         if self.sent {
-            report(&self.inner, ended(None));
+            let line = match (self.assembled, self.upstream) {
+                // Assembled into the provider's error answer (`whole`).
+                (Some(_), Upstream::Anthropic) => ended(StatusCode::from_u16(529).ok()),
+                (Some(_), Upstream::OpenAi) => ended(Some(StatusCode::SERVICE_UNAVAILABLE)),
+                // A stream its client starts over: not the end either.
+                (None, _) if self.splice.error_is_retried() => RecoveryEvent::HandedBackMidStream {
+                    upstream,
+                    path: self.record().path.clone(),
+                    attempts,
+                    code,
+                    reason: error.to_string(),
+                },
+                (None, _) => ended(None),
+            };
+            report(&self.inner, line);
             self.end(Outcome::ErrorEvent);
             return Step::Chunk(Bytes::from(self.splice.error_event(&message)));
         }

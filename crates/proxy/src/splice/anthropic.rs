@@ -389,6 +389,10 @@ impl Splice for Anthropic {
         }
     }
 
+    fn error_is_retried(&self) -> bool {
+        self.closed.is_empty()
+    }
+
     fn error_event(&self, message: &str) -> String {
         let data =
             json!({"type": "error", "error": {"type": "overloaded_error", "message": message}});

@@ -43,6 +43,13 @@ pub(crate) trait Splice: Send + 'static {
     fn resume(&mut self, original: &Value) -> Resume;
     /// The provider's retryable error event, which ends the stream.
     fn error_event(&self, message: &str) -> String;
+    /// Whether a client given [`error_event`](Self::error_event) now
+    /// starts the request over on its own: Claude Code re-sends a Messages
+    /// request whose stream ends with an error event before any content
+    /// block closed (`docs/wire-formats.md`); the SDKs raise it.
+    fn error_is_retried(&self) -> bool {
+        false
+    }
 }
 
 /// A fresh splice for a stream of `protocol`; `hold_thinking` holds an
