@@ -87,17 +87,20 @@ pub(crate) struct ProxyArgs {
     #[arg(long, value_name = "N", default_value_t = 2)]
     circuit_after: u32,
     /// While an upstream's circuit is open, how often one request goes
-    /// through as a probe: seconds, or a duration with a unit.
-    #[arg(long, value_name = "SECONDS", default_value = "5", value_parser = crate::units::seconds)]
+    /// through as a probe: milliseconds (a bare number), or a duration
+    /// with a unit (5s). Not 0: --circuit-after 0 turns the circuit off.
+    #[arg(long, value_name = "MS", default_value = "5s", value_parser = probe_interval)]
     probe_every: Duration,
-    /// Wall-clock cap of one request, attempts and backoff included (a
-    /// duration, e.g. 10m). Default: none.
-    #[arg(long, value_name = "DURATION", value_parser = crate::units::seconds)]
+    /// Wall-clock cap of one request, attempts and backoff included:
+    /// milliseconds (a bare number), or a duration with a unit (10m).
+    /// Default: none.
+    #[arg(long, value_name = "MS", value_parser = crate::units::millis)]
     deadline: Option<Duration>,
     /// On SIGTERM/Ctrl-C, how long open responses may go on before they
-    /// are ended with the provider's error event: seconds, or a duration
-    /// with a unit. A second signal exits at once.
-    #[arg(long, value_name = "SECONDS", default_value = "10", value_parser = crate::units::seconds)]
+    /// are ended with the provider's error event: milliseconds (a bare
+    /// number), or a duration with a unit (10s). A second signal exits at
+    /// once.
+    #[arg(long, value_name = "MS", default_value = "10s", value_parser = crate::units::millis)]
     grace: Duration,
     /// Size cap of a whole answer the proxy holds, in bytes: one it
     /// assembles for a client that asked for no stream (text, thinking and
@@ -166,11 +169,14 @@ pub(crate) async fn run(args: ProxyArgs) -> Result<Exit, CliError> {
             .after(args.circuit_after)
             .probe_every(args.probe_every)
     }));
-    // A bare number is milliseconds: `--timeout 45` is 45 ms, which kills
-    // every real stream. Said once, at start.
+    // A bare number is milliseconds, for every duration flag: `--timeout
+    // 45` is 45 ms, which kills every real stream. Said once, at start.
     for (flag, value) in [
         ("--timeout", Some(config.timeout)),
         ("--progress-timeout", args.progress_timeout),
+        ("--probe-every", Some(args.probe_every)),
+        ("--deadline", args.deadline),
+        ("--grace", Some(args.grace)),
     ] {
         if let Some(d) = value.filter(|d| *d < Duration::from_secs(1)) {
             eprintln!(
@@ -312,6 +318,19 @@ pub(crate) async fn run(args: ProxyArgs) -> Result<Exit, CliError> {
     Ok(Exit::Ok)
 }
 
+/// `--probe-every`: a duration as every flag reads one, more than zero (a
+/// probe on every request is no circuit; turning it off has its flag).
+fn probe_interval(value: &str) -> Result<Duration, String> {
+    let every = crate::units::millis(value)?;
+    if every.is_zero() {
+        return Err(
+            "a probe interval of 0 is no circuit; to turn the circuit off, use --circuit-after 0"
+                .to_owned(),
+        );
+    }
+    Ok(every)
+}
+
 /// What the start line says of the configuration.
 struct Summary {
     timeout: Duration,
@@ -352,5 +371,49 @@ mod tests {
         assert_eq!(parsed.args.max_reply_bytes, 65_536);
         assert!(Command::try_parse_from(["proxy", "--max-reply-bytes", "0"]).is_err());
         assert!(Command::try_parse_from(["proxy", "--max-reply-bytes", "16MiB"]).is_err());
+    }
+
+    #[test]
+    fn every_duration_flag_reads_a_bare_number_as_milliseconds() {
+        let parsed = Command::try_parse_from(["proxy"]).expect("defaults");
+        assert_eq!(parsed.args.probe_every, Duration::from_secs(5));
+        assert_eq!(parsed.args.grace, Duration::from_secs(10));
+        let parsed = Command::try_parse_from([
+            "proxy",
+            "--timeout",
+            "1500",
+            "--progress-timeout",
+            "1500",
+            "--probe-every",
+            "1500",
+            "--deadline",
+            "1500",
+            "--grace",
+            "1500",
+        ])
+        .expect("bare numbers");
+        let ms = Duration::from_millis(1500);
+        let a = parsed.args;
+        assert_eq!(
+            [
+                a.timeout,
+                a.progress_timeout,
+                Some(a.probe_every),
+                a.deadline,
+                Some(a.grace)
+            ],
+            [Some(ms); 5]
+        );
+    }
+
+    #[test]
+    fn a_probe_interval_of_zero_is_refused_naming_the_flag_that_turns_the_circuit_off() {
+        for zero in ["0", "0s", "0ms"] {
+            let error = Command::try_parse_from(["proxy", "--probe-every", zero])
+                .err()
+                .expect("refused");
+            assert_eq!(error.kind(), clap::error::ErrorKind::ValueValidation);
+            assert!(error.to_string().contains("--circuit-after 0"), "{error}");
+        }
     }
 }

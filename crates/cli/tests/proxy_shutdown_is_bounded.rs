@@ -72,7 +72,7 @@ fn signal(child: &tokio::process::Child, signal: Signal) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn after_the_grace_period_an_open_stream_ends_with_an_error_event() {
-    let (_mock, mut child, base) = stalled_proxy("1").await;
+    let (_mock, mut child, base) = stalled_proxy("1s").await;
     let (mut stream, mut seen) = open_stream(&base).await;
     let t0 = Instant::now();
     signal(&child, Signal::SIGTERM);
@@ -101,7 +101,7 @@ async fn after_the_grace_period_an_open_stream_ends_with_an_error_event() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_second_signal_exits_at_once() {
-    let (_mock, mut child, base) = stalled_proxy("60").await;
+    let (_mock, mut child, base) = stalled_proxy("60s").await;
     let (_stream, _) = open_stream(&base).await;
     signal(&child, Signal::SIGTERM);
     tokio::time::sleep(Duration::from_millis(300)).await;

@@ -118,7 +118,7 @@ async fn sigterm_with_a_half_read_head_exits_at_once(server: Server) {
     let mock = MockServer::start(MockConfig::default())
         .await
         .expect("mock");
-    let (mut child, addr, _data) = start(server, &mock, &["--grace", "30"]).await;
+    let (mut child, addr, _data) = start(server, &mock, &["--grace", "30s"]).await;
     let mut half = half_head(&addr).await;
     // The head is being read (the server has accepted the connection).
     tokio::time::sleep(Duration::from_millis(200)).await;
