@@ -1779,6 +1779,15 @@ export interface operations {
                     "application/json": components["schemas"]["Session"];
                 };
             };
+            /** @description `invalid_request`: a key or id in the path that is not UTF-8 once percent-decoded (`%FF`) */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
             /** @description `unauthorized`: no token, or a wrong one (the message says which and where the server's token file is) */
             401: {
                 headers: {
@@ -1821,7 +1830,7 @@ export interface operations {
                     "application/json": components["schemas"]["SessionRecovered"];
                 };
             };
-            /** @description `invalid_request`: `how` missing or not retry/fresh */
+            /** @description `invalid_request`: `how` missing or not retry/fresh. `invalid_request`: a key or id in the path that is not UTF-8 once percent-decoded (`%FF`) */
             400: {
                 headers: {
                     [name: string]: unknown;
@@ -1870,6 +1879,15 @@ export interface operations {
                     "application/json": components["schemas"]["SessionReset"];
                 };
             };
+            /** @description `invalid_request`: a key or id in the path that is not UTF-8 once percent-decoded (`%FF`) */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
             /** @description `unauthorized`: no token, or a wrong one (the message says which and where the server's token file is) */
             401: {
                 headers: {
@@ -1908,6 +1926,15 @@ export interface operations {
                 };
                 content: {
                     "application/json": components["schemas"]["TurnList"];
+                };
+            };
+            /** @description `invalid_request`: a key or id in the path that is not UTF-8 once percent-decoded (`%FF`) */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
                 };
             };
             /** @description `unauthorized`: no token, or a wrong one (the message says which and where the server's token file is) */
@@ -2009,7 +2036,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description `invalid_fields`: a field missing, unknown or of the wrong type (the message names the fields a turn takes). `idempotency_key_reused`: the Idempotency-Key named turn `id` of this session, sent with another `message`, `model` or `agent`; nothing was sent (use a new key for a new message) */
+            /** @description `invalid_fields`: a field missing, unknown or of the wrong type (the message names the fields a turn takes), or a body that is not a JSON object (an array). `idempotency_key_reused`: the Idempotency-Key named turn `id` of this session, sent with another `message`, `model` or `agent`; nothing was sent (use a new key for a new message) */
             422: {
                 headers: {
                     [name: string]: unknown;
@@ -2047,6 +2074,15 @@ export interface operations {
                 };
                 content: {
                     "application/json": components["schemas"]["Turn"];
+                };
+            };
+            /** @description `invalid_request`: a key or id in the path that is not UTF-8 once percent-decoded (`%FF`) */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
                 };
             };
             /** @description `unauthorized`: no token, or a wrong one (the message says which and where the server's token file is) */
@@ -2098,6 +2134,15 @@ export interface operations {
                     "application/json": components["schemas"]["TurnCancelled"];
                 };
             };
+            /** @description `invalid_request`: a key or id in the path that is not UTF-8 once percent-decoded (`%FF`) */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
             /** @description `unauthorized`: no token, or a wrong one (the message says which and where the server's token file is) */
             401: {
                 headers: {
@@ -2141,7 +2186,7 @@ export interface operations {
                     "text/event-stream": string;
                 };
             };
-            /** @description `invalid_request`: a Last-Event-ID that is not a number */
+            /** @description `invalid_request`: a Last-Event-ID that is not a number. `invalid_request`: a key or id in the path that is not UTF-8 once percent-decoded (`%FF`) */
             400: {
                 headers: {
                     [name: string]: unknown;

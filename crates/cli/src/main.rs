@@ -70,7 +70,8 @@ enum Command {
     Mock(mock::MockArgs),
     /// Serve the workspace sessions over HTTP + SSE (for orchestrators in
     /// any language).
-    Serve(serve::ServeArgs),
+    // Boxed: its flags make it by far the largest variant.
+    Serve(Box<serve::ServeArgs>),
     /// Put the watchdog, retries and continuation in front of unmodified
     /// clients: a local Anthropic/OpenAI-compatible proxy.
     Proxy(proxy::ProxyArgs),
@@ -193,7 +194,7 @@ async fn run(cli: Cli) -> Result<Exit, CliError> {
         Command::Mock(args) => mock::run(args).await,
         Command::Serve(args) => {
             signal::install()?;
-            serve::run(args).await
+            serve::run(*args).await
         }
         Command::Cluster(args) => cluster::run(args).await,
         Command::Proxy(args) => {

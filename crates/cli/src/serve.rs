@@ -147,6 +147,11 @@ pub(crate) struct ServeArgs {
     #[arg(long, env = "WARDEN_MAX_REPLY_BYTES", value_name = "BYTES", default_value_t = DEFAULT_MAX_REPLY_BYTES,
           value_parser = clap::value_parser!(u64).range(1..))]
     max_reply_bytes: u64,
+    /// Largest request body accepted (a turn's message and its fields), in
+    /// bytes: a larger one gets `413` naming this flag.
+    #[arg(long, env = "WARDEN_MAX_BODY_BYTES", value_name = "BYTES", default_value_t = warden_serve::DEFAULT_MAX_BODY_BYTES,
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
+    max_body_bytes: usize,
     #[command(flatten)]
     connections: crate::connections::ConnectionArgs,
 }
@@ -352,7 +357,8 @@ pub(crate) async fn run(args: ServeArgs) -> Result<Exit, CliError> {
         .store(store);
     let mut serve_config = ServeConfig::new(token)
         .with_token_file(std::path::absolute(&token_file).unwrap_or(token_file))
-        .with_keep_finished(args.keep_events);
+        .with_keep_finished(args.keep_events)
+        .with_max_body_bytes(args.max_body_bytes);
     serve_config = agents.configure(serve_config);
     serve_config = serve_config.with_public_metrics(args.public_metrics);
     if let Some(url) = &args.jaeger_url {

@@ -1,16 +1,19 @@
 //! The packaging under `deploy/` holds together, as far as this machine
 //! allows: the systemd unit passes `systemd-analyze verify` with no
-//! diagnostic (CI installs systemd; `WARDEN_REQUIRE_SYSTEMD=1` makes a
-//! missing `systemd-analyze` a failure), its variables are all in the
-//! example environment file, and every flag the unit and the container
-//! image pass exists in `warden serve --help`. The container image itself
-//! cannot be built here (no Docker engine): its definition is linted —
-//! two stages, a locked release build, a non-root user, a healthcheck on
-//! `/readyz`, the dependencies in a layer of their own, a `.dockerignore`
-//! leaving `target/`, `node_modules` and `.git` out, and a documented
-//! `docker run` that names the node and outwaits the grace. Every flag of
-//! `warden serve` names its `WARDEN_*` variable in `--help`, and the unit
-//! leaves room for `--max-connections` descriptors and the grace.
+//! diagnostic and scores at most 3.0 in `systemd-analyze security` (CI
+//! installs systemd; `WARDEN_REQUIRE_SYSTEMD=1` makes a missing
+//! `systemd-analyze` a failure), and both the unit and the container image
+//! are configured by `WARDEN_*` variables alone (no flag that would shadow
+//! one). The container image itself cannot be built here (no Docker
+//! engine): its definition is linted — two stages, a locked release build,
+//! a non-root user, a healthcheck on `/healthz` (liveness, not `/readyz`),
+//! the dependencies in a layer of their own, a `.dockerignore` leaving
+//! `target/`, `node_modules` and `.git` out, and a documented `docker run`
+//! that names the node and outwaits the grace — and its entrypoint is run
+//! as the container would run it, on the image's `ENV` lines overridden by
+//! a node's environment, which must win. Every flag of `warden serve` names
+//! its `WARDEN_*` variable in `--help`, and the unit leaves room for
+//! `--max-connections` descriptors and the grace.
 
 mod common;
 
@@ -49,19 +52,30 @@ async fn the_systemd_unit_verifies_and_passes_only_flags_that_exist() {
         .lines()
         .find_map(|l| l.strip_prefix("ExecStart="))
         .expect("an ExecStart");
+    assert_eq!(
+        exec.trim(),
+        "/usr/local/bin/warden serve",
+        "no flag: a flag would shadow the environment file's variable"
+    );
+    // Its defaults and the example file set only variables warden reads.
     let help = serve_flags().await;
-    for flag in flags(exec) {
-        assert!(help.contains(&flag), "{flag} is not a flag of warden serve");
-    }
-    // Every ${VAR} it uses is in the example environment file.
     let (_, env) = deploy("systemd/warden-node.env.example");
-    for var in exec.split("${").skip(1).filter_map(|r| r.split('}').next()) {
+    let defaults = unit.lines().filter_map(|l| l.strip_prefix("Environment="));
+    let examples = env.lines().filter(|l| l.starts_with("WARDEN_"));
+    for setting in defaults.chain(examples) {
+        let var = setting.split('=').next().unwrap_or_default();
         assert!(
-            env.lines().any(|l| l.starts_with(&format!("{var}="))),
-            "{var} is not in warden-node.env.example"
+            help.contains(&format!("[env: {var}=")),
+            "{var} is not a variable of warden serve"
         );
     }
     assert!(env.contains("WARDEN_STORE="), "the database URL");
+    let line_of = |prefix: &str| unit.lines().position(|l| l.starts_with(prefix));
+    assert!(
+        line_of("Environment=") < line_of("EnvironmentFile="),
+        "the environment file is read after the defaults, so it wins"
+    );
+    assert!(!unit.contains("example.invalid"), "a real Documentation=");
 
     let Some(analyze) = std::env::var_os("PATH").and_then(|paths| {
         std::env::split_paths(&paths)
@@ -80,12 +94,23 @@ async fn the_systemd_unit_verifies_and_passes_only_flags_that_exist() {
     let dir = tempfile::tempdir().expect("tempdir");
     let installed = dir.path().join("warden-node.service");
     std::fs::write(&installed, unit.replace("/usr/local/bin/warden", WARDEN)).expect("write");
-    let mut cmd = tokio::process::Command::new(analyze);
+    let mut cmd = tokio::process::Command::new(&analyze);
     cmd.arg("verify").arg(&installed);
     let out = output(cmd, std::time::Duration::from_secs(60)).await;
     assert_eq!(code(&out), 0, "{}", stderr(&out));
     let said = format!("{}{}", stdout(&out), stderr(&out));
     assert!(said.trim().is_empty(), "systemd-analyze verify: {said}");
+    // Hardened as the docs say: an exposure of at most 3.0 ("OK").
+    let mut cmd = tokio::process::Command::new(&analyze);
+    cmd.args(["security", "--offline=yes", "--threshold=30"])
+        .arg(&installed);
+    let out = output(cmd, std::time::Duration::from_secs(60)).await;
+    assert_eq!(
+        code(&out),
+        0,
+        "systemd-analyze security scores the unit above 3.0:\n{}",
+        stdout(&out)
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -121,18 +146,103 @@ async fn the_container_image_definition_is_sound() {
         .split("HEALTHCHECK")
         .nth(1)
         .expect("a HEALTHCHECK");
+    let probe = health.lines().find(|l| l.contains("CMD")).expect("CMD");
     assert!(
-        health.contains("/readyz"),
-        "readiness, not liveness: {health}"
+        probe.contains("/healthz") && !probe.contains("/readyz"),
+        "liveness, not readiness (a database outage would make every container unhealthy at once): {probe}"
     );
     let entry = dockerfile
         .lines()
         .find(|l| l.starts_with("ENTRYPOINT"))
         .expect("an ENTRYPOINT");
+    assert!(
+        flags(entry).is_empty(),
+        "a flag in the entrypoint shadows its WARDEN_* variable: {entry}"
+    );
     let help = serve_flags().await;
-    for flag in flags(entry) {
-        assert!(help.contains(&flag), "{flag} is not a flag of warden serve");
+    for (var, _) in image_env(&dockerfile) {
+        assert!(
+            help.contains(&format!("[env: {var}=")),
+            "{var} is not a variable of warden serve"
+        );
     }
+}
+
+/// The image's `ENV NAME=VALUE` lines.
+fn image_env(dockerfile: &str) -> Vec<(String, String)> {
+    dockerfile
+        .lines()
+        .filter_map(|l| l.strip_prefix("ENV "))
+        .filter_map(|kv| kv.split_once('='))
+        .map(|(k, v)| (k.trim().to_owned(), v.trim().to_owned()))
+        .collect()
+}
+
+/// The entrypoint run as the container runs it: the image's `ENV` lines,
+/// then a node's own environment (an `--env-file`, `-e`), which must win
+/// over them — here a loopback port, a data directory and a token file of
+/// the test's. It listens where the node's variables say, keeps its data
+/// and token there, and answers `/healthz` (the image's healthcheck).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_container_entrypoint_honours_the_nodes_environment() {
+    let (_, dockerfile) = deploy("container/Dockerfile");
+    let entry = dockerfile
+        .lines()
+        .find_map(|l| l.strip_prefix("ENTRYPOINT"))
+        .expect("an ENTRYPOINT");
+    let argv: Vec<String> = entry
+        .trim()
+        .trim_start_matches('[')
+        .trim_end_matches(']')
+        .split(',')
+        .map(|a| a.trim().trim_matches('"').to_owned())
+        .collect();
+    assert_eq!(argv[0], "/usr/local/bin/warden", "{argv:?}");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().join("data");
+    let token = dir.path().join("token");
+    let args: Vec<&str> = argv[1..].iter().map(String::as_str).collect();
+    let mut cmd = command(&args);
+    for (var, value) in image_env(&dockerfile) {
+        cmd.env(var, value);
+    }
+    cmd.env("WARDEN_LISTEN", "127.0.0.1:0")
+        .env("WARDEN_DATA_DIR", &data)
+        .env("WARDEN_TOKEN_FILE", &token)
+        .env("WARDEN_BASE_URL", "http://127.0.0.1:9");
+    let (mut child, base, _) = spawn_listening(cmd, std::time::Duration::from_secs(30)).await;
+    assert!(
+        base.starts_with("http://127.0.0.1:") && !base.ends_with(":8700"),
+        "WARDEN_LISTEN of the node's environment: {base}"
+    );
+    assert!(
+        token.exists(),
+        "WARDEN_TOKEN_FILE of the node's environment"
+    );
+    assert!(data.exists(), "WARDEN_DATA_DIR of the node's environment");
+    let addr = base.trim_start_matches("http://");
+    let mut stream = tokio::time::timeout(
+        std::time::Duration::from_secs(10),
+        tokio::net::TcpStream::connect(addr),
+    )
+    .await
+    .expect("connect in time")
+    .expect("connect");
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    stream
+        .write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .await
+        .expect("write");
+    let mut answer = String::new();
+    tokio::time::timeout(
+        std::time::Duration::from_secs(10),
+        stream.read_to_string(&mut answer),
+    )
+    .await
+    .expect("an answer in time")
+    .expect("read");
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    child.kill().await.expect("kill");
 }
 
 /// Each `--flag` of `help` with the text under it, up to the next flag.
@@ -284,11 +394,12 @@ async fn the_systemd_unit_gives_room_for_every_connection_and_the_grace() {
             .unwrap_or_else(|| panic!("{key} in the unit"))
             .to_owned()
     };
-    let exec = value("ExecStart");
+    // A setting is a default `Environment=NAME=VALUE` of the unit.
     let flag = |name: &str| {
-        exec.split(&format!("--{name} "))
-            .nth(1)
-            .and_then(|r| r.split_whitespace().next())
+        let var = format!("WARDEN_{}=", name.to_uppercase().replace('-', "_"));
+        unit.lines()
+            .filter_map(|l| l.strip_prefix("Environment="))
+            .find_map(|kv| kv.strip_prefix(&var))
             .map(str::to_owned)
     };
     let max_connections: u64 =

@@ -2,6 +2,8 @@
 //! than 32 MiB is a usage error naming the limit, read no further than the
 //! limit; 10 MB still goes through. The oversized input is a generated,
 //! finite stream (limit + 1 MiB) fed through a pipe, never `/dev/zero`.
+//! `warden serve` answers a body over its `--max-body-bytes` with 413
+//! naming the limit and that flag.
 
 mod common;
 
@@ -114,4 +116,46 @@ async fn ten_megabytes_of_message_or_body_still_go_through() {
         stdout(&out)
     );
     server.shutdown().await;
+}
+
+/// `warden serve --max-body-bytes` sets the largest request body it takes:
+/// a larger one gets 413 naming the limit and the flag that raises it, a
+/// smaller one is accepted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_refuses_a_body_over_max_body_bytes_naming_the_flag() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().join("data");
+    let (mut child, base, token) = serve_on(
+        &data,
+        "http://127.0.0.1:9",
+        &["--max-body-bytes", "2048"],
+        &[],
+    )
+    .await;
+    let client = reqwest::Client::new();
+    let post = |size: usize| {
+        let request = client
+            .post(format!("{base}/v1/turns"))
+            .bearer_auth(&token)
+            .header("content-type", "application/json")
+            .body(serde_json::json!({"key": "k", "message": "x".repeat(size)}).to_string())
+            .send();
+        async move {
+            tokio::time::timeout(Duration::from_secs(30), request)
+                .await
+                .expect("answered within 30 s")
+                .expect("post")
+        }
+    };
+    let answer = post(4096).await;
+    assert_eq!(answer.status().as_u16(), 413);
+    let body: serde_json::Value =
+        serde_json::from_slice(&answer.bytes().await.expect("the body")).expect("a JSON error");
+    let message = body["error"]["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("2048 bytes") && message.contains("--max-body-bytes"),
+        "{body}"
+    );
+    assert_eq!(post(1024).await.status().as_u16(), 202);
+    let _ = child.start_kill();
 }

@@ -112,9 +112,24 @@ impl Op {
         self
     }
 
+    /// The error answers; an operation with a path parameter also answers
+    /// a key or id that is not UTF-8 with a `400`.
     fn errors(mut self, error: &Value, list: &[(u16, &str)]) -> Self {
         for (status, description) in list {
             self = self.json(*status, description, error.clone());
+        }
+        let in_path = self.v["parameters"]
+            .as_array()
+            .is_some_and(|ps| ps.iter().any(|p| p["in"] == "path"));
+        if in_path {
+            const BAD_PARAM: &str = "`invalid_request`: a key or id in the path that is not UTF-8 once percent-decoded (`%FF`)";
+            match self.v["responses"]["400"]["description"].as_str() {
+                Some(said) => {
+                    let said = format!("{said}. {BAD_PARAM}");
+                    self.v["responses"]["400"]["description"] = json!(said);
+                }
+                None => self = self.json(400, BAD_PARAM, error.clone()),
+            }
         }
         self
     }
@@ -222,7 +237,7 @@ pub(crate) fn document() -> Value {
             (409, "`session_failed`: the session was given up (reset it). `agent_mismatch`: `agent` names another agent than the session's (it keeps the one it was started with), or one this server does not run (`agent`: the session's, `requested`: the one asked for); nothing was sent. `turn_recovering`: the Idempotency-Key's message was accepted before a restart and is being re-delivered as turn `id`; ask again after `Retry-After`"),
             (413, "`body_too_large`: the body is over the limit (the message names it)"),
             (415, "`unsupported_media_type`: not application/json"),
-            (422, "`invalid_fields`: a field missing, unknown or of the wrong type (the message names the fields a turn takes). `idempotency_key_reused`: the Idempotency-Key named turn `id` of this session, sent with another `message`, `model` or `agent`; nothing was sent (use a new key for a new message)"),
+            (422, "`invalid_fields`: a field missing, unknown or of the wrong type (the message names the fields a turn takes), or a body that is not a JSON object (an array). `idempotency_key_reused`: the Idempotency-Key named turn `id` of this session, sent with another `message`, `model` or `agent`; nothing was sent (use a new key for a new message)"),
             (503, "`too_many_sessions`: the live-session bound is reached and every session is busy (`limit`, `Retry-After`). `unavailable`: the session's store failed (a full disk). `session_elsewhere` (cluster): another node runs the session and the request was already forwarded once, or its owner cannot be reached; `Retry-After`, `owner`, `advertise`. `database_unreachable` (cluster): this node cannot reach the cluster's database; ask another node or after `Retry-After`"),
         ]);
     let turn_events_op = Op::new("turnEvents", "The turn's events (re-attach)")

@@ -394,6 +394,69 @@ async fn bad_requests_get_typed_errors_never_a_500() {
     }
 }
 
+/// What axum would answer on its own is the API's typed JSON too: a key
+/// or id that is not UTF-8 once percent-decoded (`%FF`) on every route
+/// the document gives a path parameter (axum: `400 text/plain`), and a
+/// JSON array for a turn (serde takes a struct's fields in order from an
+/// array: `[null, "k", "hi"]` ran as a turn).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn what_axum_would_refuse_in_plain_text_is_a_typed_error() {
+    let s = server().await;
+    let doc = s.get_json("/openapi.json").await;
+    let mut routes = 0;
+    for (path, ops) in doc["paths"].as_object().expect("paths") {
+        if !path.contains('{') {
+            continue;
+        }
+        for method in ops.as_object().expect("operations").keys() {
+            let m = reqwest::Method::from_bytes(method.to_uppercase().as_bytes()).expect("method");
+            let concrete = path.replace("{id}", "%FF").replace("{key}", "%FF");
+            let response = s
+                .client
+                .request(m, format!("{}{concrete}?how=retry", s.base))
+                .bearer_auth(TOKEN)
+                .send()
+                .await
+                .expect("send");
+            assert_eq!(response.status(), 400, "{method} {path}");
+            let content_type = response
+                .headers()
+                .get("content-type")
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or_default()
+                .to_owned();
+            assert_eq!(content_type, "application/json", "{method} {path}");
+            let body = response.json_value().await;
+            assert_eq!(
+                body["error"]["type"], "invalid_request",
+                "{method} {path}: {body}"
+            );
+            let documented = ops[method]["responses"]["400"]["description"]
+                .as_str()
+                .unwrap_or_default();
+            assert!(
+                documented.contains("`invalid_request`: a key or id in the path"),
+                "{method} {path} documents its 400: {documented:?}"
+            );
+            routes += 1;
+        }
+    }
+    assert_eq!(routes, 7, "the routes with a key or id");
+
+    for array in [r#"[null, "k", "hi"]"#, r#"["hi"]"#, "[]"] {
+        let response = s.post(array).send().await.expect("post");
+        assert_eq!(response.status(), 422, "{array}");
+        let body = response.json_value().await;
+        assert_eq!(body["error"]["type"], "invalid_fields", "{array}: {body}");
+    }
+    assert!(
+        s.get_json("/v1/sessions").await["sessions"]
+            .as_array()
+            .is_some_and(Vec::is_empty),
+        "no array ran as a turn"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn curl_streams_a_turn() {
     let Some(curl) = which("curl") else {

@@ -4,13 +4,14 @@ use std::collections::{BTreeMap, HashMap};
 
 use axum::Json;
 use axum::extract::rejection::QueryRejection;
-use axum::extract::{Path, Query, State};
+use axum::extract::{Query, State};
 use axum::http::{Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 use warden_core::store::{StoredEvent, StoredTurn, TurnEventData};
 use warden_core::{SessionKey, SessionRecord, SessionStatus, Unstick};
 
+use super::Param;
 use crate::api::{
     RecoverHow, Session, SessionDetail, SessionList, SessionPlacement, SessionRecovered,
     SessionReset, SessionSummary, TurnList, TurnOutcome, TurnSummary,
@@ -191,7 +192,7 @@ fn session_agent(state: &AppState, key: Option<&str>) -> Option<crate::api::Agen
 /// `GET /v1/sessions/{key}`: its record, and while it runs its turn.
 pub(crate) async fn one_session(
     State(state): State<AppState>,
-    Path(key): Path<String>,
+    Param(key): Param,
 ) -> Result<Response, ApiError> {
     let key = SessionKey::new(&key);
     let unavailable =
@@ -248,7 +249,7 @@ pub(crate) struct RecoverQuery {
 /// owner does it.
 pub(crate) async fn recover_session(
     State(state): State<AppState>,
-    Path(key): Path<String>,
+    Param(key): Param,
     cluster: Cluster,
     query: Result<Query<RecoverQuery>, QueryRejection>,
 ) -> Result<Response, ApiError> {
@@ -303,7 +304,7 @@ pub(crate) async fn recover_session(
 /// `404` for a session never seen.
 pub(crate) async fn reset_session(
     State(state): State<AppState>,
-    Path(key): Path<String>,
+    Param(key): Param,
 ) -> Result<Response, ApiError> {
     let session = SessionKey::new(&key);
     let running = state
@@ -341,7 +342,7 @@ const RECENT_TURNS: usize = 50;
 /// final text — so a message re-sent after a restart can be followed.
 pub(crate) async fn session_turns(
     State(state): State<AppState>,
-    Path(key): Path<String>,
+    Param(key): Param,
 ) -> Result<Response, ApiError> {
     let turns = state
         .turns

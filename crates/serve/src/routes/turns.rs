@@ -1,13 +1,14 @@
 //! `/v1/turns`: run a turn, follow its events, cancel it.
 
 use axum::Json;
+use axum::extract::State;
 use axum::extract::rejection::JsonRejection;
-use axum::extract::{Path, State};
 use axum::http::{HeaderMap, Method, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use warden_core::store::TurnAsked;
 use warden_core::{PendingMessage, SendOptions, SessionKey, Supervisor, TurnHandle};
 
+use super::{Object, Param};
 use crate::api::{NewTurn, Turn, TurnCancelled, TurnCreated};
 use crate::cluster::{Cluster, Placed};
 use crate::error::{ApiError, bad_session, gone, idempotency_key_reused, store_unreachable};
@@ -90,16 +91,16 @@ pub(crate) async fn create_turn(
     State(state): State<AppState>,
     cluster: Cluster,
     headers: HeaderMap,
-    body: Result<Json<NewTurn>, JsonRejection>,
+    body: Result<Json<Object<NewTurn>>, JsonRejection>,
 ) -> Result<Response, ApiError> {
-    let Json(new) = body.map_err(|r| {
+    let Json(Object(new)) = body.map_err(|r| {
         let limit = state.config.max_body_bytes;
         let too_large = r.status() == StatusCode::PAYLOAD_TOO_LARGE;
         let mut error = ApiError::from(r);
         if too_large {
             error.message = format!(
                 "the body is over this server's limit of {limit} bytes \
-                 (ServeConfig::max_body_bytes); send a shorter message"
+                 (warden serve --max-body-bytes); send a shorter message"
             );
         }
         error
@@ -346,7 +347,7 @@ fn wants_events(headers: &HeaderMap) -> bool {
 /// `GET /v1/turns/{id}/events`.
 pub(crate) async fn turn_events(
     State(state): State<AppState>,
-    Path(id): Path<String>,
+    Param(id): Param,
     cluster: Cluster,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
@@ -378,7 +379,7 @@ fn last_event_id(headers: &HeaderMap) -> Result<u64, ApiError> {
 /// model, times and trace id.
 pub(crate) async fn one_turn(
     State(state): State<AppState>,
-    Path(id): Path<String>,
+    Param(id): Param,
     cluster: Cluster,
 ) -> Result<Response, ApiError> {
     match state.turns.one(&id).await {
@@ -397,7 +398,7 @@ pub(crate) async fn one_turn(
 /// `DELETE /v1/turns/{id}`.
 pub(crate) async fn cancel_turn(
     State(state): State<AppState>,
-    Path(id): Path<String>,
+    Param(id): Param,
     cluster: Cluster,
 ) -> Result<Response, ApiError> {
     if let Some(log) = state.turns.get(&id) {
