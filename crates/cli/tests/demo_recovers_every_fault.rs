@@ -186,6 +186,23 @@ async fn demo_prints_plain_lines_and_a_summary_when_not_on_a_terminal_and_can_ru
         );
         assert!(text.contains("Summary: every fault recovered"), "{text}");
         assert!(!text.contains('✗'), "{text}");
+        assert_no_debug_shapes(&text);
+    }
+}
+
+/// Every event is a sentence: no line shows Rust's Debug shape of one
+/// (`AttemptEnded { key: SessionKey("…"), … }`).
+fn assert_no_debug_shapes(text: &str) {
+    for line in text.lines() {
+        for shape in [
+            "{ key:",
+            "SessionKey(",
+            "AttemptId {",
+            ": None }",
+            ": Some(",
+        ] {
+            assert!(!line.contains(shape), "a Debug shape ({shape}): {line}");
+        }
     }
 }
 
@@ -253,6 +270,7 @@ async fn demo_on_a_terminal_redraws_a_live_table_that_fits_the_width() {
         screen.contains("Summary: every fault recovered"),
         "{screen}"
     );
+    assert_no_debug_shapes(&screen);
 }
 
 fn which_script() -> Option<std::path::PathBuf> {

@@ -407,15 +407,96 @@ fn describe(note: &Note) -> (&'static str, String, Value, Option<String>) {
                     format!("{} is {}", original.display(), normalized.display()),
                     None,
                 ),
-                _ => (format!("{event:?}"), None),
+                L::AttemptQueued { attempt, pool, .. } => (
+                    format!("attempt {} waits for {pool}", attempt.attempt),
+                    Some("queued".into()),
+                ),
+                L::AttemptAdmitted {
+                    attempt, waited, ..
+                } => (
+                    format!(
+                        "attempt {} admitted after {:.2}s",
+                        attempt.attempt,
+                        secs(*waited)
+                    ),
+                    None,
+                ),
+                L::AttemptEnded {
+                    attempt,
+                    outcome,
+                    error_code,
+                    ..
+                } => (
+                    match error_code {
+                        Some(code) => {
+                            format!("attempt {} {} ({code})", attempt.attempt, outcome.as_str())
+                        }
+                        None => format!("attempt {} {}", attempt.attempt, outcome.as_str()),
+                    },
+                    None,
+                ),
+                // An event this view does not know yet (the enum is
+                // non-exhaustive): its wire name and fields, never Rust's
+                // Debug shape.
+                _ => (generic_line(event), None),
             };
             // One JSON view of a lifecycle event, core's (as `warden serve`
             // streams it); the workspace column names the session.
-            let mut fields = event.to_json();
-            if let Some(object) = fields.as_object_mut() {
-                object.remove("key");
-            }
+            let fields = fields_of(event);
             (event.name(), text, fields, state)
         }
+    }
+}
+
+/// A lifecycle event's wire fields, without its session key (the
+/// workspace column names the session).
+fn fields_of(event: &LifecycleEvent) -> Value {
+    let mut fields = event.to_json();
+    if let Some(object) = fields.as_object_mut() {
+        object.remove("key");
+    }
+    fields
+}
+
+/// `name k=v …` of a lifecycle event from its wire view.
+fn generic_line(event: &LifecycleEvent) -> String {
+    let mut line = event.name().replace('_', " ");
+    if let Value::Object(fields) = fields_of(event) {
+        for (k, v) in fields {
+            if k == "event" || k == "at" {
+                continue;
+            }
+            match v {
+                Value::String(s) => line.push_str(&format!(" {k}={s}")),
+                Value::Null => {}
+                v => line.push_str(&format!(" {k}={v}")),
+            }
+        }
+    }
+    line
+}
+
+#[cfg(test)]
+mod tests {
+    use warden_core::lifecycle::AttemptOutcome;
+    use warden_core::{AttemptId, SessionKey};
+
+    use super::*;
+
+    #[test]
+    fn an_event_without_its_own_line_reads_as_its_wire_name_and_fields() {
+        let event = LifecycleEvent::AttemptEnded {
+            key: SessionKey::new("/w/docs-site"),
+            attempt: AttemptId {
+                turn: 2,
+                attempt: 1,
+            },
+            outcome: AttemptOutcome::Completed,
+            error_code: None,
+        };
+        let line = generic_line(&event);
+        assert!(line.starts_with("attempt ended"), "{line}");
+        assert!(line.contains("outcome=completed"), "{line}");
+        assert!(!line.contains("docs-site") && !line.contains('{'), "{line}");
     }
 }
