@@ -178,6 +178,13 @@ fn finish(inner: &Inner, mut record: AccessRecord, started: Instant) {
     span.record("warden.kills", record.kills);
     span.record("warden.continuations", record.continuations);
     span.record("warden.outcome", record.outcome.as_str());
+    // A failed request's span says so to the trace backend (OpenTelemetry's
+    // span status), not only in an attribute of ours.
+    if matches!(record.outcome, Outcome::UpstreamError | Outcome::ErrorEvent)
+        || record.status >= 500
+    {
+        span.record("otel.status_code", "ERROR");
+    }
     if let Some(log) = &inner.config.access_log {
         log(&record);
     }
@@ -194,6 +201,7 @@ fn request_span(record: &AccessRecord) -> tracing::Span {
         warden.kills = tracing::field::Empty,
         warden.continuations = tracing::field::Empty,
         warden.outcome = tracing::field::Empty,
+        otel.status_code = tracing::field::Empty,
     )
 }
 
