@@ -146,6 +146,36 @@ class AgainstServe(unittest.TestCase):
         self.assertEqual(rest[-1].id, done.id)
         self.assertIsInstance(rest[-1], Done)
 
+    def test_3a_result_after_iterating_to_done_answers_at_once_sync_and_async(self):
+        # A turn followed to its `done` keeps it: result() does not follow
+        # it again (it once waited 15 s there and raised ConnectionLost),
+        # and iterating it again yields nothing more.
+        with Warden(URL, TOKEN) as w:
+            turn = w.send("iterated", key="iterated")
+            events = list(turn)
+            self.assertIsInstance(events[-1], Done)
+            started = time.monotonic()
+            done = turn.result()
+            took = time.monotonic() - started
+            self.assertLess(took, 1.0, "result() after done answers at once")
+            self.assertEqual(done.text, reply("iterated"))
+            self.assertEqual(list(turn), [], "nothing after its last event")
+
+        async def run():
+            async with AsyncWarden(URL, TOKEN) as w:
+                turn = await w.send("iterated async", key="iterated")
+                async for event in turn:
+                    if isinstance(event, Done):
+                        break  # stopped at it: the turn kept it all the same
+                started = time.monotonic()
+                done = await turn.result()
+                return done, time.monotonic() - started, [e async for e in turn]
+
+        done, took, again = asyncio.run(asyncio.wait_for(run(), timeout=60))
+        self.assertLess(took, 1.0, "the async result() after done answers at once")
+        self.assertEqual(done.text, reply("iterated async"))
+        self.assertEqual(again, [])
+
     def test_4_a_cancelled_turn_ends_with_its_error(self):
         with Warden(URL, TOKEN) as w:
             first = w.send("first, long enough to be running " * 4, key="cancel")

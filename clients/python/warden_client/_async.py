@@ -41,8 +41,12 @@ class AsyncTurn:
         #: How many times its stream broke and was re-attached.
         self.reattached = 0
         self._warden = warden
+        #: Its last event (``done`` or ``error``), once seen.
+        self._end: Optional[TurnEvent] = None
 
     async def __aiter__(self) -> AsyncIterator[TurnEvent]:
+        if self._end is not None:
+            return  # it ended: there is nothing after its last event
         failures = 0
         last_error: Optional[Exception] = None
         while True:
@@ -67,6 +71,8 @@ class AsyncTurn:
                         event = decode_turn_event(sse.id, sse.event, sse.data)
                         self.last_event_id = event.id
                         failures = 0
+                        if event.is_last:
+                            self._end = event  # before the caller may stop at it
                         yield event
                         if event.is_last:
                             return
@@ -80,8 +86,11 @@ class AsyncTurn:
             await asyncio.sleep(backoff(failures))
 
     async def result(self) -> Done:
-        """Follows the turn to its end (see :meth:`warden_client.Turn.result`)."""
-        return result([e async for e in self])
+        """Follows the turn to its end (see :meth:`warden_client.Turn.result`):
+        at once when it was already iterated to its end."""
+        async for _ in self:
+            pass
+        return result(self._end)
 
     async def cancel(self) -> bool:
         """Cancels the turn; whether it was still live."""

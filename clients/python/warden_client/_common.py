@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from typing import Any, Dict, List, Literal, Optional, get_args
+from typing import Any, Dict, Literal, Optional, get_args
 from urllib.parse import quote
 
 import httpx
@@ -168,9 +168,10 @@ def gave_up(what: str, failures: int, last: Optional[Exception]) -> WardenError:
     return ConnectionLost(message)
 
 
-def result(events: List[TurnEvent]) -> Done:
-    """The ``done`` ending ``events``, or :class:`TurnFailed`."""
-    last = events[-1] if events else None
+def result(last: Optional[TurnEvent]) -> Done:
+    """The turn's answer from its ``last`` event: the ``done``, or
+    :class:`TurnFailed` for an ``error``, or :class:`ConnectionLost` when
+    its stream ended without either."""
     if isinstance(last, Done):
         return last
     if isinstance(last, Error):

@@ -41,8 +41,12 @@ class Turn:
         #: How many times its stream broke and was re-attached.
         self.reattached = 0
         self._warden = warden
+        #: Its last event (``done`` or ``error``), once seen.
+        self._end: Optional[TurnEvent] = None
 
     def __iter__(self) -> Iterator[TurnEvent]:
+        if self._end is not None:
+            return  # it ended: there is nothing after its last event
         failures = 0
         last_error: Optional[Exception] = None
         while True:
@@ -67,6 +71,8 @@ class Turn:
                         event = decode_turn_event(sse.id, sse.event, sse.data)
                         self.last_event_id = event.id
                         failures = 0
+                        if event.is_last:
+                            self._end = event  # before the caller may stop at it
                         yield event
                         if event.is_last:
                             return
@@ -83,8 +89,11 @@ class Turn:
 
     def result(self) -> Done:
         """Follows the turn to its end: its ``done`` event, or
-        :class:`TurnFailed` with the ``error`` event's code."""
-        return result(list(self))
+        :class:`TurnFailed` with the ``error`` event's code. A turn already
+        followed to its end (iterated to ``done``) answers at once."""
+        for _ in self:
+            pass
+        return result(self._end)
 
     def cancel(self) -> bool:
         """Cancels the turn (queued or running); whether it was still

@@ -76,8 +76,48 @@ export type LifecycleEvent = {
 /** Consecutive failed re-attaches before a stream gives up. */
 export const MAX_REATTACHES = 10;
 
-const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms));
 const backoff = (failures: number) => Math.min(2000, 200 * 2 ** Math.max(0, failures - 1));
+
+/** Waits `ms`; rejects with `signal`'s reason as soon as it aborts. */
+function sleep(ms: number, signal?: AbortSignal): Promise<void> {
+  return new Promise((resolve, reject) => {
+    if (signal?.aborted) return reject(signal.reason);
+    const aborted = () => {
+      clearTimeout(timer);
+      reject(signal?.reason);
+    };
+    const timer = setTimeout(() => {
+      signal?.removeEventListener("abort", aborted);
+      resolve();
+    }, ms);
+    signal?.addEventListener("abort", aborted, { once: true });
+  });
+}
+
+/** `error`, unless `signal` aborted: then its reason (the `AbortError`, or `TimeoutError`), as `fetch` rejects. */
+function unlessAborted(error: unknown, signal: AbortSignal | undefined): unknown {
+  return signal?.aborted ? signal.reason : error;
+}
+
+/** One signal that aborts when any of `signals` does; `undefined` for none. */
+function anySignal(signals: (AbortSignal | undefined)[]): AbortSignal | undefined {
+  const some = signals.filter((s): s is AbortSignal => s !== undefined);
+  return some.length <= 1 ? some[0] : AbortSignal.any(some);
+}
+
+/**
+ * What every call takes, as `fetch` users expect: `signal` aborts it (its
+ * promise rejects, or its event stream ends by throwing, with the signal's
+ * reason: an `AbortError` `DOMException` unless you gave another);
+ * `timeout`, in milliseconds, bounds a request's call (a `TimeoutError`
+ * `DOMException` past it, as `AbortSignal.timeout`) but not an event stream,
+ * which may rightly run for minutes (a dead one is cut after
+ * `STREAM_IDLE_MS` of silence and re-attached).
+ */
+export interface CallOptions {
+  signal?: AbortSignal;
+  timeout?: number;
+}
 
 /** An event's data: a JSON object (a typed error when it is not JSON). */
 function eventData(raw: string, what: string): Record<string, unknown> {
@@ -99,7 +139,7 @@ function eventData(raw: string, what: string): Record<string, unknown> {
  * `workspace` (an absolute directory) or `key` (a name), `model`, `agent` —
  * and the request's `idempotencyKey`.
  */
-export type SendOptions = Omit<Schemas["NewTurn"], "message"> & {
+export type SendOptions = Omit<Schemas["NewTurn"], "message"> & CallOptions & {
   /**
    * Names this message so that sending it again returns its turn instead of
    * a second one (default: a new random UUID per `send` call, which the
@@ -111,10 +151,14 @@ export type SendOptions = Omit<Schemas["NewTurn"], "message"> & {
   idempotencyKey?: string;
 };
 
-/** What `turn` takes: the session's `key` (informative) and `lastEventId`, to follow it from after that event. */
+/**
+ * What `turn` takes: the session's `key` (informative), `lastEventId`, to
+ * follow it from after that event, and `signal`, which ends following it.
+ */
 export interface TurnOptions {
   key?: string;
   lastEventId?: number;
+  signal?: AbortSignal;
 }
 
 /** Tries of one `send` (a connection refused or dropped, or its message being re-delivered after a restart). */
@@ -133,10 +177,18 @@ function idempotencyKey(key: string | undefined): string {
   return key;
 }
 
-/** A turn: `for await (const event of turn)`, re-attached by itself after a dropped connection. */
+/**
+ * A turn: `for await (const event of turn)`, re-attached by itself after a
+ * dropped connection, until its last event (`done` or `error`), which it
+ * keeps: iterating it again then yields nothing more, and `result()`
+ * answers at once. The signal of the `send` or `turn` call that made it
+ * (and the client's) ends following it: the loop throws its reason.
+ */
 export class Turn implements AsyncIterable<TurnEvent> {
   /** How many times its stream broke and was re-attached. */
   reattached = 0;
+  /** Its last event (`done` or `error`), once seen. */
+  #end: TurnEvent | undefined;
 
   constructor(
     private readonly warden: Warden,
@@ -144,9 +196,12 @@ export class Turn implements AsyncIterable<TurnEvent> {
     readonly key: string,
     /** The last event's id: where the next (re-)attach goes on from. */
     public lastEventId = 0,
+    private readonly signal?: AbortSignal,
   ) {}
 
   async *[Symbol.asyncIterator](): AsyncIterator<TurnEvent> {
+    if (this.#end) return; // it ended: there is nothing after its last event
+    const signal = this.signal;
     let failures = 0;
     let lastError: unknown;
     const path = `/v1/turns/${encodeURIComponent(this.id)}/events`;
@@ -155,15 +210,17 @@ export class Turn implements AsyncIterable<TurnEvent> {
       if (this.lastEventId) headers["last-event-id"] = String(this.lastEventId);
       let response: Response | undefined;
       try {
-        response = await this.warden.fetch(path, { headers });
+        response = await this.warden.fetch(path, { headers, signal });
       } catch (e) {
+        if (signal?.aborted) throw signal.reason;
         lastError = e; // the connection failed: re-attach below
       }
       if (response && response.status !== 200) {
         const error = await errorFrom(response);
+        if (signal?.aborted) throw signal.reason;
         if (error instanceof Unavailable && failures < MAX_REATTACHES) {
           failures += 1;
-          await sleep(error.retryAfter !== null ? error.retryAfter * 1000 : backoff(failures));
+          await sleep(error.retryAfter !== null ? error.retryAfter * 1000 : backoff(failures), signal);
           continue;
         }
         throw error;
@@ -172,15 +229,19 @@ export class Turn implements AsyncIterable<TurnEvent> {
         lastError = undefined;
         try {
           for await (const m of messages(response)) {
+            signal?.throwIfAborted(); // an event already read is not given after the abort
             if (!m.id) continue;
             const data = eventData(m.data, `a turn's ${m.event} event`);
             const event = { id: Number(m.id), type: m.event, data, at: parseAt(data.at) } as unknown as TurnEvent;
             this.lastEventId = event.id;
             failures = 0;
+            const last = event.type === "done" || event.type === "error";
+            if (last) this.#end = event; // before the caller may stop at it
             yield event;
-            if (event.type === "done" || event.type === "error") return;
+            if (last) return;
           }
         } catch (e) {
+          if (signal?.aborted) throw signal.reason;
           if (e instanceof WardenError) throw e;
           lastError = e; // the stream broke: re-attach below
         }
@@ -188,28 +249,32 @@ export class Turn implements AsyncIterable<TurnEvent> {
       failures += 1;
       this.reattached += 1;
       if (failures > MAX_REATTACHES) throw gaveUp(`turn ${this.id}`, failures, lastError);
-      await sleep(backoff(failures));
+      await sleep(backoff(failures), signal);
     }
   }
 
-  /** Follows the turn to its end: its `done` data, or `TurnFailed`. */
+  /** Follows the turn to its end: its `done` data, or `TurnFailed`; at once when it was already followed to its end. */
   async result(): Promise<Done> {
-    let last: TurnEvent | undefined;
-    for await (const event of this) last = event;
+    for await (const _ of this);
+    const last = this.#end;
     if (last?.type === "done") return last.data;
     if (last?.type === "error") throw new TurnFailed(last.data);
     throw new ConnectionLost("the turn's stream ended without its last event");
   }
 
   /** Cancels the turn (queued or running); whether it was still live. */
-  async cancel(): Promise<boolean> {
-    const body = await this.warden.request<Schemas["TurnCancelled"]>("DELETE", `/v1/turns/${encodeURIComponent(this.id)}`);
+  async cancel(options: CallOptions = {}): Promise<boolean> {
+    const path = `/v1/turns/${encodeURIComponent(this.id)}`;
+    const body = await this.warden.request<Schemas["TurnCancelled"]>("DELETE", path, undefined, {}, options);
     return body.cancelled;
   }
 }
 
 /** A session of `sessions({ detail: true })`: its summary and the fields of `session(key)`. */
 export type SessionDetail = Schemas["SessionSummary"] & Partial<Schemas["Session"]>;
+
+/** What a `Warden` takes: a `signal` that aborts every call and stream of it, and a default `timeout` (ms) of its requests (see `CallOptions`). */
+export type WardenOptions = CallOptions;
 
 /** A client of one `warden serve` node. */
 export class Warden {
@@ -218,8 +283,15 @@ export class Warden {
   constructor(
     baseUrl: string,
     private readonly token: string,
+    private readonly options: WardenOptions = {},
   ) {
     this.base = baseUrl.replace(/\/+$/, "");
+  }
+
+  /** The signal of a call made with `options`: the client's, the call's and, unless it is a stream's, the timeout's. */
+  private signalOf(options: CallOptions, stream = false): AbortSignal | undefined {
+    const timeout = stream ? undefined : (options.timeout ?? this.options.timeout);
+    return anySignal([this.options.signal, options.signal, timeout === undefined ? undefined : AbortSignal.timeout(timeout)]);
   }
 
   /** `fetch` with the token (for the turn streams); transport failures stay as fetch throws them. */
@@ -229,9 +301,15 @@ export class Warden {
     return fetch(`${this.base}${path}`, { ...init, headers });
   }
 
-  /** A request answered with success; a typed error for anything else. */
-  private async answer(method: string, path: string, body?: unknown, headers: Record<string, string> = {}): Promise<Response> {
-    const init: RequestInit = { method, headers: { ...headers } };
+  /** A request answered with success; a typed error for anything else (the signal's reason once it aborted). */
+  private async answer(
+    method: string,
+    path: string,
+    body: unknown,
+    headers: Record<string, string>,
+    signal: AbortSignal | undefined,
+  ): Promise<Response> {
+    const init: RequestInit = { method, headers: { ...headers }, signal };
     if (body !== undefined) {
       init.body = JSON.stringify(body);
       init.headers = { ...headers, "content-type": "application/json" };
@@ -240,25 +318,40 @@ export class Warden {
     try {
       response = await this.fetch(path, init);
     } catch (e) {
-      throw transportError(e, `${method} ${path}`);
+      throw unlessAborted(transportError(e, `${method} ${path}`), signal);
     }
-    if (response.status >= 400) throw await errorFrom(response);
+    if (response.status >= 400) {
+      const error = await errorFrom(response);
+      throw unlessAborted(error, signal);
+    }
     return response;
   }
 
-  /** A JSON request; a typed error for an error answer or a failed connection. */
+  /** A JSON request; a typed error for an error answer or a failed connection (the signal's reason once it aborted). */
   async request<T = Record<string, any>>(
     method: string,
     path: string,
     body?: unknown,
     headers: Record<string, string> = {},
+    options: CallOptions = {},
   ): Promise<T> {
-    const response = await this.answer(method, path, body, headers);
+    return this.json<T>(method, path, body, headers, this.signalOf(options));
+  }
+
+  /** `request` with its signal made. */
+  private async json<T>(
+    method: string,
+    path: string,
+    body: unknown,
+    headers: Record<string, string>,
+    signal: AbortSignal | undefined,
+  ): Promise<T> {
+    const response = await this.answer(method, path, body, headers, signal);
     let text: string;
     try {
       text = await response.text();
     } catch (e) {
-      throw transportError(e, `${method} ${path}`);
+      throw unlessAborted(transportError(e, `${method} ${path}`), signal);
     }
     try {
       return JSON.parse(text) as T;
@@ -275,24 +368,27 @@ export class Warden {
    * connection is retried without risk of a second turn.
    */
   async send(message: string, options: SendOptions): Promise<Turn> {
-    const { idempotencyKey: key, ...fields } = options;
+    const { idempotencyKey: key, signal: callSignal, timeout, ...fields } = options;
     if ((fields.workspace === undefined) === (fields.key === undefined)) {
       throw new InvalidRequest(0, "invalid_request", "give exactly one of workspace or key");
     }
     const body: Schemas["NewTurn"] = { message, ...fields };
     const headers = { "idempotency-key": idempotencyKey(key) };
+    // The timeout bounds the call (its retries too), the signal the turn's stream as well.
+    const signal = this.signalOf({ signal: callSignal, timeout });
     for (let tries = 1; ; tries += 1) {
       try {
-        const created = await this.request<Schemas["TurnCreated"]>("POST", "/v1/turns", body, headers);
-        return new Turn(this, created.id, created.key);
+        const created = await this.json<Schemas["TurnCreated"]>("POST", "/v1/turns", body, headers, signal);
+        return new Turn(this, created.id, created.key, 0, this.signalOf({ signal: callSignal }, true));
       } catch (e) {
+        if (signal?.aborted) throw signal.reason;
         // A connection that failed or broke (status 0), or the message
         // accepted before a restart and being re-delivered: the same key
         // finds its turn. Anything else is the answer.
         const recovering = e instanceof Conflict && e.type === "turn_recovering";
         const transport = (e instanceof Unavailable || e instanceof ConnectionLost) && e.status === 0;
         if (tries >= SEND_TRIES || !(recovering || transport)) throw e;
-        await sleep(e instanceof WardenError && e.retryAfter !== null ? e.retryAfter * 1000 : backoff(tries));
+        await sleep(e instanceof WardenError && e.retryAfter !== null ? e.retryAfter * 1000 : backoff(tries), signal);
       }
     }
   }
@@ -303,8 +399,8 @@ export class Warden {
    * string second argument is the session's key, as before.)
    */
   turn(id: string, options: TurnOptions | string = {}): Turn {
-    const { key = "", lastEventId = 0 } = typeof options === "string" ? { key: options } : options;
-    return new Turn(this, id, key, lastEventId);
+    const { key = "", lastEventId = 0, signal } = typeof options === "string" ? { key: options } : options;
+    return new Turn(this, id, key, lastEventId, this.signalOf({ signal }, true));
   }
 
   /**
@@ -312,27 +408,28 @@ export class Warden {
    * with `{ detail: true }` every stored session, running or not, each with
    * the fields of `session(key)`.
    */
-  sessions(): Promise<Schemas["SessionSummary"][]>;
-  sessions(options: { detail: true }): Promise<SessionDetail[]>;
-  sessions(options?: { detail?: boolean }): Promise<Schemas["SessionSummary"][] | SessionDetail[]>;
-  async sessions(options: { detail?: boolean } = {}): Promise<Schemas["SessionSummary"][] | SessionDetail[]> {
+  sessions(options?: CallOptions & { detail?: false }): Promise<Schemas["SessionSummary"][]>;
+  sessions(options: CallOptions & { detail: true }): Promise<SessionDetail[]>;
+  sessions(options?: CallOptions & { detail?: boolean }): Promise<Schemas["SessionSummary"][] | SessionDetail[]>;
+  async sessions(options: CallOptions & { detail?: boolean } = {}): Promise<Schemas["SessionSummary"][] | SessionDetail[]> {
     const path = options.detail ? "/v1/sessions?detail=full" : "/v1/sessions";
-    return (await this.request<Schemas["SessionList"]>("GET", path)).sessions;
+    return (await this.request<Schemas["SessionList"]>("GET", path, undefined, {}, options)).sessions;
   }
 
   /** One session's record (and its running turn). */
-  session(key: string): Promise<Schemas["Session"]> {
-    return this.request<Schemas["Session"]>("GET", `/v1/sessions/${encodeURIComponent(key)}`);
+  session(key: string, options: CallOptions = {}): Promise<Schemas["Session"]> {
+    return this.request<Schemas["Session"]>("GET", `/v1/sessions/${encodeURIComponent(key)}`, undefined, {}, options);
   }
 
   /** The session's recent turns still kept, newest first, with their outcome and final text. */
-  async turns(key: string): Promise<Schemas["TurnSummary"][]> {
-    return (await this.request<Schemas["TurnList"]>("GET", `/v1/sessions/${encodeURIComponent(key)}/turns`)).turns;
+  async turns(key: string, options: CallOptions = {}): Promise<Schemas["TurnSummary"][]> {
+    const path = `/v1/sessions/${encodeURIComponent(key)}/turns`;
+    return (await this.request<Schemas["TurnList"]>("GET", path, undefined, {}, options)).turns;
   }
 
   /** Forgets that the session was given up. */
-  async reset(key: string): Promise<void> {
-    await this.request<Schemas["SessionReset"]>("POST", `/v1/sessions/${encodeURIComponent(key)}/reset`);
+  async reset(key: string, options: CallOptions = {}): Promise<void> {
+    await this.request<Schemas["SessionReset"]>("POST", `/v1/sessions/${encodeURIComponent(key)}/reset`, undefined, {}, options);
   }
 
   /**
@@ -340,28 +437,34 @@ export class Warden {
    * failed so it is retried (conversation kept), `"fresh"` restarts the
    * session without its stored conversation. Whether anything was stuck.
    */
-  async recover(key: string, how: "retry" | "fresh"): Promise<boolean> {
+  async recover(key: string, how: "retry" | "fresh", options: CallOptions = {}): Promise<boolean> {
     const path = `/v1/sessions/${encodeURIComponent(key)}/recover?how=${encodeURIComponent(how)}`;
-    return (await this.request<Schemas["SessionRecovered"]>("POST", path)).recovered;
+    return (await this.request<Schemas["SessionRecovered"]>("POST", path, undefined, {}, options)).recovered;
   }
 
   /** What the server says of itself (`GET /v1/server`): version, agent, stream timeout, cluster node… */
-  server(): Promise<Schemas["ServerInfo"]> {
-    return this.request<Schemas["ServerInfo"]>("GET", "/v1/server");
+  server(options: CallOptions = {}): Promise<Schemas["ServerInfo"]> {
+    return this.request<Schemas["ServerInfo"]>("GET", "/v1/server", undefined, {}, options);
   }
 
   /** The server's Prometheus metrics, as text (`GET /metrics`). */
-  async metrics(): Promise<string> {
-    const response = await this.answer("GET", "/metrics");
+  async metrics(options: CallOptions = {}): Promise<string> {
+    const signal = this.signalOf(options);
+    const response = await this.answer("GET", "/metrics", undefined, {}, signal);
     try {
       return await response.text();
     } catch (e) {
-      throw transportError(e, "GET /metrics");
+      throw unlessAborted(transportError(e, "GET /metrics"), signal);
     }
   }
 
-  /** Every session's lifecycle events, from now or after `lastEventId`; endless (break out of it), re-attached from the last event. */
-  async *events(lastEventId?: number): AsyncGenerator<LifecycleEvent> {
+  /**
+   * Every session's lifecycle events, from now or after `lastEventId`;
+   * endless (break out of it, or abort `signal`), re-attached from the
+   * last event.
+   */
+  async *events(lastEventId?: number, options: { signal?: AbortSignal } = {}): AsyncGenerator<LifecycleEvent> {
+    const signal = this.signalOf(options, true);
     let last = lastEventId;
     let failures = 0;
     let lastError: unknown;
@@ -369,10 +472,11 @@ export class Warden {
       const headers: Record<string, string> = { accept: "text/event-stream" };
       if (last !== undefined) headers["last-event-id"] = String(last);
       try {
-        const response = await this.fetch("/v1/events", { headers });
+        const response = await this.fetch("/v1/events", { headers, signal });
         if (response.status !== 200) throw await errorFrom(response);
         lastError = undefined;
         for await (const m of messages(response)) {
+          signal?.throwIfAborted();
           const id = m.id ? Number(m.id) : null;
           if (id !== null) last = id;
           failures = 0;
@@ -380,12 +484,13 @@ export class Warden {
           yield { id, type: m.event ?? "message", data, at: parseAt(data.at) } as unknown as LifecycleEvent;
         }
       } catch (e) {
+        if (signal?.aborted) throw signal.reason;
         if (e instanceof WardenError) throw e;
         lastError = e;
       }
       failures += 1;
       if (failures > MAX_REATTACHES) throw gaveUp("the lifecycle stream", failures, lastError);
-      await sleep(backoff(failures));
+      await sleep(backoff(failures), signal);
     }
   }
 }

@@ -46,6 +46,15 @@ async function collect(turn) {
   return events;
 }
 
+/** `promise`, or a rejection naming `what` after `ms`: no test waits unbounded. */
+function within(ms, what, promise) {
+  let timer;
+  const late = new Promise((_, reject) => {
+    timer = setTimeout(() => reject(new Error(`${what}: not settled within ${ms} ms`)), ms);
+  });
+  return Promise.race([promise, late]).finally(() => clearTimeout(timer));
+}
+
 const ids = (events) => events.map((e) => e.id);
 const oneToN = (n) => Array.from({ length: n }, (_, i) => i + 1);
 
@@ -131,6 +140,66 @@ test("a turn followed from an event it saw yields only the ones after it", async
   assert.deepEqual(ids(rest), ids(events).slice(2));
   assert.equal(rest.at(-1).type, "done");
   if (events.at(-1).data.at !== undefined) assert.ok(events.at(-1).at instanceof Date, "a server that stamps its events");
+});
+
+test("result() after iterating a turn to done answers at once with its text", async () => {
+  const w = new Warden(WARDEN_URL, WARDEN_TOKEN);
+  const turn = await w.send("iterated", { key: "iterated" });
+  const events = await within(30_000, "the turn", collect(turn));
+  assert.equal(events.at(-1).type, "done");
+  const began = Date.now();
+  const done = await within(20_000, "result() after done", turn.result());
+  const took = Date.now() - began;
+  assert.ok(took < 1000, `result() after done took ${took} ms`);
+  assert.equal(done.text, reply("iterated"));
+  assert.deepEqual(await within(20_000, "iterating again", collect(turn)), [], "nothing after its last event");
+});
+
+test("aborting mid-turn ends its event stream with the standard AbortError", async () => {
+  const w = new Warden(WARDEN_URL, WARDEN_TOKEN);
+  const controller = new AbortController();
+  // The quiet model: the turn is still running (20 s) when it is aborted.
+  const turn = await w.send("abort me", { key: "aborted", model: WARDEN_QUIET_MODEL, signal: controller.signal });
+  const seen = [];
+  const following = (async () => {
+    for await (const event of turn) {
+      seen.push(event);
+      controller.abort();
+    }
+  })();
+  const began = Date.now();
+  await assert.rejects(within(5000, "the aborted stream", following), (e) => e instanceof DOMException && e.name === "AbortError");
+  assert.ok(Date.now() - began < 2000, `it ended ${Date.now() - began} ms after the abort`);
+  assert.equal(seen.length, 1, "no event after the abort");
+  // Aborting stops following the turn, not the turn: it is still live.
+  assert.equal(await turn.cancel(), true);
+  await assert.rejects(w.send("never", { key: "aborted", signal: AbortSignal.abort() }), (e) => e.name === "AbortError");
+  const client = new AbortController();
+  const lifecycle = (async () => {
+    for await (const _ of new Warden(WARDEN_URL, WARDEN_TOKEN, { signal: client.signal }).events());
+  })();
+  setTimeout(() => client.abort(), 200);
+  await assert.rejects(within(5000, "the aborted lifecycle stream", lifecycle), (e) => e.name === "AbortError");
+});
+
+test("a request past its timeout rejects with the standard TimeoutError", async () => {
+  // A server that takes the request and never answers.
+  const sockets = [];
+  const server = createServer((socket) => sockets.push(socket));
+  await new Promise((resolve) => server.listen(0, "127.0.0.1", resolve));
+  try {
+    const url = `http://127.0.0.1:${server.address().port}`;
+    const began = Date.now();
+    await assert.rejects(within(5000, "server()", new Warden(url, WARDEN_TOKEN).server({ timeout: 300 })), (e) => e.name === "TimeoutError");
+    await assert.rejects(
+      within(5000, "send()", new Warden(url, WARDEN_TOKEN, { timeout: 300 }).send("hi", { key: "late" })),
+      (e) => e.name === "TimeoutError",
+    );
+    assert.ok(Date.now() - began < 3000, `both timed out in ${Date.now() - began} ms`);
+  } finally {
+    for (const socket of sockets) socket.destroy();
+    server.close();
+  }
 });
 
 test("errors are typed", async () => {

@@ -67,7 +67,7 @@ async fn the_python_client_passes_its_suite_against_a_real_server() {
     )
     .await;
     assert!(suite.0, "the Python client's suite failed:\n{}", suite.1);
-    assert!(suite.1.contains("Ran 22 tests"), "{}", suite.1);
+    assert!(suite.1.contains("Ran 23 tests"), "{}", suite.1);
     let cut = served.cuts();
     assert!(
         cut >= 2,
@@ -108,7 +108,7 @@ async fn the_typescript_client_passes_its_suite_against_a_real_server() {
         "the TypeScript client's suite failed:\n{}",
         suite.1
     );
-    assert!(suite.1.contains("# pass 15"), "{}", suite.1);
+    assert!(suite.1.contains("# pass 18"), "{}", suite.1);
     assert!(suite.1.contains("# fail 0"), "{}", suite.1);
     let cut = served.cuts();
     assert!(cut >= 1, "the relay cut the flaky turn's stream: {cut}");

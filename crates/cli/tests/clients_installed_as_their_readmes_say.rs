@@ -9,7 +9,9 @@
 //! The lines name the package by the path `../warden/clients/…` (a warden
 //! checkout beside the user's project), so they run in `TMP/app`, a fresh
 //! directory, beside `TMP/warden/clients/…`: a copy of this tree's
-//! packages as a fresh clone has them (no `node_modules`, `dist`, `build`).
+//! packages as a fresh clone has them (no `node_modules`, `dist`, `build`),
+//! committed to a git repository of its own. Installing must leave that
+//! checkout as it was: `git status` (ignored files too) shows nothing.
 //!
 //! Needs `python3` with `venv`, and `node` and `npm`, and the registries
 //! (PyPI for httpx, npm for typescript and eventsource-parser); downloads
@@ -81,15 +83,62 @@ fn copy_package(from: &Path, to: &Path) {
     }
 }
 
-/// `TMP/warden/clients/WHICH` (a fresh copy) and `TMP/app` (empty), where
-/// the README's lines run.
-fn fresh_layout(which: &str) -> (tempfile::TempDir, PathBuf, PathBuf) {
+/// `git ARGS` in `dir`, with no user or system configuration: its output.
+async fn git(dir: &Path, args: &[&str]) -> String {
+    let env = [
+        ("GIT_CONFIG_GLOBAL", "/dev/null".to_owned()),
+        ("GIT_CONFIG_NOSYSTEM", "1".to_owned()),
+        ("GIT_AUTHOR_NAME", "warden tests".to_owned()),
+        ("GIT_AUTHOR_EMAIL", "tests@warden.invalid".to_owned()),
+        ("GIT_COMMITTER_NAME", "warden tests".to_owned()),
+        ("GIT_COMMITTER_EMAIL", "tests@warden.invalid".to_owned()),
+    ];
+    let (ok, out) = run("git", args, dir, &env, EXAMPLE_LIMIT).await;
+    assert!(ok, "git {args:?} failed:\n{out}");
+    out
+}
+
+/// `TMP/warden/clients/WHICH` (a fresh copy, committed: `TMP/warden` is
+/// the checkout) and `TMP/app` (empty), where the README's lines run.
+async fn fresh_layout(which: &str) -> (tempfile::TempDir, PathBuf, PathBuf) {
     let dir = tempfile::tempdir().expect("tempdir");
     let package = dir.path().join("warden/clients").join(which);
     copy_package(&clients(which), &package);
+    let checkout = dir.path().join("warden");
+    git(&checkout, &["init", "-q"]).await;
+    git(&checkout, &["add", "-A"]).await;
+    git(
+        &checkout,
+        &["commit", "-q", "--no-gpg-sign", "-m", "the package"],
+    )
+    .await;
     let app = dir.path().join("app");
     std::fs::create_dir_all(&app).expect("app dir");
     (dir, package, app)
+}
+
+/// Asserts that the checkout holding `package` (`TMP/warden`) is as it was
+/// committed: nothing written, changed or removed, ignored files included
+/// (a `build/`, `*.egg-info`, `node_modules` or `dist/`).
+async fn assert_checkout_unchanged(package: &Path) {
+    let checkout = package.ancestors().nth(2).expect("TMP/warden");
+    let status = git(
+        checkout,
+        &[
+            "status",
+            "--porcelain",
+            "--ignored",
+            "--untracked-files=all",
+        ],
+    )
+    .await;
+    let lines: Vec<&str> = status.lines().collect();
+    assert!(
+        lines.is_empty(),
+        "installing as the README says wrote into the checkout: {} paths, the first:\n{}",
+        lines.len(),
+        lines[..lines.len().min(20)].join("\n")
+    );
 }
 
 /// Runs the README's first `sh` block verbatim in `app`: its output.
@@ -123,8 +172,9 @@ async fn the_python_client_installed_as_its_readme_says_passes_against_a_real_se
     ) {
         return;
     }
-    let (_dir, package, app) = fresh_layout("python");
+    let (_dir, package, app) = fresh_layout("python").await;
     install_as_the_readme_says(&package.join("README.md"), &app).await;
+    assert_checkout_unchanged(&package).await;
     let python = app.join(".venv/bin/python");
     let python = python.to_str().expect("utf-8");
 
@@ -165,7 +215,7 @@ async fn the_python_client_installed_as_its_readme_says_passes_against_a_real_se
         "the suite failed against the installed package:\n{}",
         suite.1
     );
-    assert!(suite.1.contains("Ran 22 tests"), "{}", suite.1);
+    assert!(suite.1.contains("Ran 23 tests"), "{}", suite.1);
     assert!(
         served.cuts() >= 2,
         "the relay cut both flaky turns' streams"
@@ -187,12 +237,14 @@ async fn the_typescript_client_installed_as_its_readme_says_passes_against_a_rea
     {
         return;
     }
-    let (_dir, package, app) = fresh_layout("typescript");
+    let (_dir, package, app) = fresh_layout("typescript").await;
     install_as_the_readme_says(&package.join("README.md"), &app).await;
-    assert!(
-        package.join("dist/index.js").is_file(),
-        "installing it built it (prepare)"
-    );
+    assert_checkout_unchanged(&package).await;
+    // A built copy in the consumer's node_modules, not a link to the checkout.
+    let installed = app.join("node_modules/@warden/client");
+    let kind = std::fs::symlink_metadata(&installed).expect("installed");
+    assert!(kind.is_dir(), "a copy, not a link: {kind:?}");
+    assert!(installed.join("dist/index.js").is_file(), "it is built");
 
     // The suite, as a module of the consumer: `@warden/client` is the
     // installed package.
@@ -221,7 +273,7 @@ async fn the_typescript_client_installed_as_its_readme_says_passes_against_a_rea
         "the suite failed against the installed package:\n{}",
         suite.1
     );
-    assert!(suite.1.contains("# pass 15"), "{}", suite.1);
+    assert!(suite.1.contains("# pass 18"), "{}", suite.1);
     assert!(suite.1.contains("# fail 0"), "{}", suite.1);
     assert!(served.cuts() >= 1, "the relay cut the flaky turn's stream");
 

@@ -3,8 +3,9 @@
 //!
 //! Only *unreachable* counts — a connection that fails before any answer
 //! (refused, reset, DNS, TLS, connect timeout). An upstream that answers,
-//! even 529 after 529, is reachable: its answers are retried and their
-//! `retry-after` shared (warden_core's `policy::decide`). After
+//! even 529 after 529, is reachable: its answers go back to the clients,
+//! whose own retries take them up, and their `retry-after` is shared
+//! (warden_core's `policy::hold`). After
 //! [`CircuitConfig::after`] consecutive unreachable attempts (across
 //! requests, within [`CircuitConfig::window`]) the circuit opens: the
 //! request that saw the last one ends at once with the cause, and new

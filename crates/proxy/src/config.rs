@@ -53,7 +53,10 @@ pub struct ProxyConfig {
     /// Default `None`.
     pub deadline: Option<Duration>,
     /// Attempts per request (the first included) and backoff between them.
-    /// Default [`RetryPolicy::default`].
+    /// An overloaded answer (429, 503, 529) before any of the reply takes
+    /// no more than the first: it goes back to the client at once, whose
+    /// own retries take it up (the proxy's would multiply them). Default
+    /// [`RetryPolicy::default`].
     pub retry: RetryPolicy,
     /// Largest request body of a watched route. Default
     /// [`DEFAULT_MAX_BODY_BYTES`].

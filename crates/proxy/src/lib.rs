@@ -37,7 +37,9 @@
 //!    by every request to that upstream through [`Admission`]). The
 //!    client's response head is held until the first event is ready, so it
 //!    sees only a later first byte. A non-retryable error answer is passed
-//!    through as the upstream sent it.
+//!    through as the upstream sent it, and so is an overloaded one (429,
+//!    503, 529), at once: the client's own retries take it up, and the
+//!    proxy's on top of them would multiply what the upstream is asked.
 //! 2. **Mid-text**: the reply is continued — the request again, with the
 //!    partial reply as an assistant message and [`CONTINUE_ASK`] after it —
 //!    and the continuation is spliced into the same downstream response:

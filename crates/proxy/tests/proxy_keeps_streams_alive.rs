@@ -202,27 +202,68 @@ async fn a_stall_inside_a_tool_call_ends_with_an_overloaded_error_event_not_a_ha
     );
 }
 
+/// An overloaded answer before any of the reply — 429, 503, 529 — is the
+/// client's to retry: the proxy hands it back at once, as the upstream
+/// sent it (its `retry-after` included), after one upstream request. The
+/// clients retry it themselves and know when to stop; the proxy's
+/// attempts on top of theirs would multiply what an overloaded upstream is
+/// asked (docs/proxy.md), streaming or not.
 #[tokio::test]
-async fn a_rate_limited_request_waits_for_retry_after_and_then_streams() {
+async fn an_overloaded_answer_before_any_byte_is_handed_back_at_once() {
+    for (scenario, status) in [(Scenario::RateLimited, 429), (Scenario::Overloaded, 529)] {
+        for stream in [true, false] {
+            let what = format!("{scenario} (stream: {stream})");
+            let s = setup(
+                mock(&[scenario]).with_retry_after(Duration::from_millis(400)),
+                |c| c,
+            )
+            .await;
+            let body = serde_json::json!({"model": "claude-test", "max_tokens": 1024,
+                "stream": stream, "messages": [{"role": "user", "content": "hi"}]});
+            let t0 = Instant::now();
+            let response = within(&what, s.messages(body.to_string()).send())
+                .await
+                .expect("answer");
+            assert_eq!(response.status(), status, "{what}");
+            assert!(
+                t0.elapsed() < Duration::from_millis(400),
+                "{what}: at once, not after the proxy's own retries: {:?}",
+                t0.elapsed()
+            );
+            if status == 429 {
+                assert_eq!(
+                    response.headers()["retry-after-ms"].to_str().ok(),
+                    Some("400"),
+                    "{what}: the client honours the upstream's wait itself"
+                );
+            }
+            let error: Value = response.json_value().await;
+            assert_eq!(error["type"], "error", "{what}: {error}");
+            assert_eq!(s.mock.request_count(), 1, "{what}: one upstream request");
+            s.proxy.stop();
+        }
+    }
+}
+
+/// An overloaded answer to a continuation — the client already has part of
+/// the reply, and no retry of its own can take that up — is still retried
+/// by the proxy: the client gets the whole reply.
+#[tokio::test]
+async fn an_overloaded_answer_to_a_continuation_is_retried_by_the_proxy() {
     let s = setup(
-        mock(&[Scenario::RateLimited, Scenario::Normal])
-            .with_retry_after(Duration::from_millis(400)),
+        mock(&[Scenario::Stall, Scenario::Overloaded, Scenario::Normal]).with_fault_after_frames(6),
         |c| c,
     )
     .await;
-    let t0 = Instant::now();
     let response = within(
         "the answer",
         s.messages(messages_body("claude-test", "hi")).send(),
     )
     .await
     .expect("answer");
-    assert_eq!(response.status(), 200, "the 429 never reached the client");
-    assert!(
-        t0.elapsed() >= Duration::from_millis(400),
-        "retry-after-ms honoured"
-    );
+    assert_eq!(response.status(), 200);
     assert_eq!(well_formed_anthropic(&read_sse(response).await), REPLY);
+    assert_eq!(s.mock.request_count(), 3, "stall, 529, continuation");
 }
 
 /// Every bad upstream, once then healthy and always: the client gets a
@@ -275,10 +316,13 @@ async fn bad_upstreams_give_a_well_formed_stream_or_a_well_formed_error() {
                 let body: Value = response.json_value().await;
                 assert_eq!(body["type"], "error", "{what}: {body}");
                 assert!(body["error"]["type"].is_string(), "{what}: {body}");
-                assert!(
-                    always || scenario == Scenario::PromptTooLong,
-                    "{what}: a retry would have answered"
+                // An overloaded answer before any byte is the client's
+                // to retry: handed back at once.
+                let handed_back = matches!(
+                    scenario,
+                    Scenario::PromptTooLong | Scenario::Overloaded | Scenario::RateLimited
                 );
+                assert!(always || handed_back, "{what}: a retry would have answered");
             }
             s.proxy.stop();
         }

@@ -159,6 +159,8 @@ impl Pump {
                 }
             }
         }
+        // Neither the client nor the proxy has any of the reply yet.
+        let fresh = !self.sent && !self.continuing;
         let opened = self.send().instrument(span.clone()).await;
         match opened {
             Ok(Ok(mut current)) => {
@@ -173,12 +175,25 @@ impl Pump {
             }
             Err(failure) => {
                 span.record("warden.outcome", failure.error.code());
+                if fresh && failure.answer.as_ref().is_some_and(|a| overloaded(a.0)) {
+                    return Err(self.hand_back(failure));
+                }
                 match self.failed(failure).await {
                     Some(step) => Err(step),
                     None => Ok(None),
                 }
             }
         }
+    }
+
+    /// Hands an overloaded answer back to a client that has nothing yet,
+    /// at once: its own retries take it up. Its `retry-after` still holds
+    /// every request to the upstream, as a retried one's does.
+    fn hand_back(&mut self, failure: Failure) -> Step {
+        if let Some(wait) = warden_core::policy::hold(&self.inner.config.retry, &failure.error) {
+            self.inner.admission.hold(self.upstream.name(), wait);
+        }
+        self.give_up(&failure.error, failure.answer)
     }
 
     /// Sends the attempt's request: the stream, a whole answer to pass on
@@ -325,4 +340,15 @@ impl Pump {
             }
         }
     }
+}
+
+/// Whether `status` says the upstream has too much to do: rate limited
+/// (429), unavailable (503), overloaded (529). Such an answer before any
+/// of the reply is the client's to retry, not the proxy's: the clients
+/// retry it themselves, honour its `retry-after` and know when to stop
+/// (Claude Code after three 529s), and the proxy's attempts on top of
+/// theirs would multiply the requests an overloaded upstream gets
+/// (docs/proxy.md).
+fn overloaded(status: StatusCode) -> bool {
+    matches!(status.as_u16(), 429 | 503 | 529)
 }
