@@ -755,8 +755,8 @@ export interface components {
              *     older than this field.
              */
             at?: components["schemas"]["EventTime"] | null;
-            /** @description Why (`expired`, `restarted`, …). */
-            reason: string;
+            /** @description Why. */
+            reason: components["schemas"]["ResetReason"];
         };
         /**
          * @description What a cluster member is now. `alive`: It beat within its lease TTL. `dead`: Its last heartbeat is older than its lease TTL (killed, crashed, cut off): its sessions are, or are about to be, taken over. `left`: It left cleanly (a drain, SIGTERM) and gave its leases back.
@@ -832,6 +832,11 @@ export interface components {
          * @enum {string}
          */
         RecoverHow: "retry" | "fresh";
+        /**
+         * @description Why a `/v1/events` reader was reset: the one list of reasons, on the wire and in the API document. `missed`: It missed more events than the server keeps. `restarted`: Its `Last-Event-ID` is from an earlier run of the server.
+         * @enum {string}
+         */
+        ResetReason: "missed" | "restarted";
         /** @description An event's fields with the time it was made: what `data:` carries. */
         RestartingEvent: {
             /**

@@ -13,7 +13,7 @@ mod cluster;
 
 pub use crate::agent::Agent;
 pub use cluster::{ClusterNode, ClusterView, MemberState, MoveCount, MoveKind, SessionMove};
-pub use warden_core::lifecycle::wire::{Lagged, LifecycleData, LifecycleReset};
+pub use warden_core::lifecycle::wire::{Lagged, LifecycleData, LifecycleReset, ResetReason};
 pub use warden_core::store::turn_event::{
     AttemptFailed, ContextFill, Delta, Done, EventTime, Failed, Queued, Restarting, Started, Timed,
     Tool, ToolState,

@@ -16,7 +16,7 @@ use serde::Serialize;
 use serde_json::Value;
 use tokio::sync::watch;
 use warden_core::Supervisor;
-use warden_core::lifecycle::wire::Lagged;
+use warden_core::lifecycle::wire::{Lagged, ResetReason};
 use warden_core::store::turn_event::{EventTime, Timed};
 
 use crate::turns::Turns;
@@ -57,8 +57,8 @@ pub(crate) enum Next {
     /// It missed events no longer kept, or its id is from another run of
     /// the server: a `reset` saying which, then every event kept.
     Reset {
-        /// `missed` (older than the window) or `restarted`.
-        reason: &'static str,
+        /// Missed (older than the window) or restarted.
+        reason: ResetReason,
         /// The events kept, from the oldest.
         events: Vec<Kept>,
         /// Where the reader stands before these events: just before the
@@ -144,7 +144,7 @@ impl History {
             // An id of an earlier (or a later: a clock set back) run.
             let events = self.events.lock();
             return Next::Reset {
-                reason: "restarted",
+                reason: ResetReason::Restarted,
                 position: self.position(&events),
                 events: events.iter().cloned().collect(),
             };
@@ -157,7 +157,7 @@ impl History {
                     // Missed some: the ones after `seen` are gone.
                     Some(oldest) if oldest > seen.saturating_add(1) => {
                         return Next::Reset {
-                            reason: "missed",
+                            reason: ResetReason::Missed,
                             position: self.position(&events),
                             events: events.iter().cloned().collect(),
                         };
@@ -208,7 +208,7 @@ mod tests {
             else {
                 panic!("{seen} cannot be placed: a reset");
             };
-            assert_eq!(reason, "restarted");
+            assert_eq!(reason, ResetReason::Restarted);
             assert!(events.is_empty());
             // From where the reset put it, the reader waits for what
             // comes next, instead of being reset again.
@@ -235,7 +235,7 @@ mod tests {
         // The first 10 are gone: a reader that saw only the first missed them.
         match h.after(first).await {
             Next::Reset { reason, events, .. } => {
-                assert_eq!(reason, "missed");
+                assert_eq!(reason, ResetReason::Missed);
                 assert_eq!(events.len(), KEPT);
                 assert_eq!(events[0].id, first + 10);
             }
@@ -255,7 +255,7 @@ mod tests {
             assert!(matches!(
                 h.after(seen).await,
                 Next::Reset {
-                    reason: "restarted",
+                    reason: ResetReason::Restarted,
                     ..
                 }
             ));

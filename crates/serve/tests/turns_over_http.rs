@@ -1053,6 +1053,10 @@ async fn lifecycle_events_are_replayed_after_last_event_id() {
         .expect("the reset's data");
     let data: serde_json::Value = serde_json::from_str(data).expect("JSON");
     assert_eq!(data["reason"], "restarted", "{text}");
+    // The reasons sent are the ones documented (one enum for both).
+    let doc = s.get_json("/openapi.json").await;
+    let reasons = reset_reasons(&doc);
+    assert_eq!(reasons, ["missed", "restarted"], "the document's reasons");
     assert!(
         data["at"].as_str().is_some_and(|at| at.ends_with('Z')),
         "{text}"
@@ -1876,6 +1880,26 @@ async fn every_lifecycle_event_the_document_lists_can_arrive_on_v1_events() {
         .find(|e| e.event == "agent_session_id")
         .expect("agent_session_id");
     assert_eq!(named.data["conversation"], "conv-1", "{:?}", named.data);
+}
+
+/// The `reason`s a `reset` event's schema allows, following `$ref`s.
+fn reset_reasons(doc: &Value) -> Vec<String> {
+    let resolve = |v: &Value| -> Value {
+        let mut v = v.clone();
+        while let Some(r) = v["$ref"].as_str() {
+            let name = r.rsplit('/').next().unwrap_or_default();
+            v = doc["components"]["schemas"][name].clone();
+        }
+        v
+    };
+    let reset = resolve(&doc["components"]["schemas"]["LifecycleEvents"]["properties"]["reset"]);
+    let reason = resolve(&reset["properties"]["reason"]);
+    reason["enum"]
+        .as_array()
+        .unwrap_or_else(|| panic!("reset's reason is an enumeration: {reason}"))
+        .iter()
+        .filter_map(|r| r.as_str().map(str::to_owned))
+        .collect()
 }
 
 /// The served API document.

@@ -234,17 +234,27 @@ pub struct WorkspaceNormalized {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[non_exhaustive]
 pub struct LifecycleReset {
-    /// Why (`expired`, `restarted`, …).
-    pub reason: String,
+    /// Why.
+    pub reason: ResetReason,
 }
 
 impl LifecycleReset {
     /// A reset because of `reason`.
-    pub fn new(reason: impl Into<String>) -> Self {
-        Self {
-            reason: reason.into(),
-        }
+    pub fn new(reason: ResetReason) -> Self {
+        Self { reason }
     }
+}
+
+/// Why a `/v1/events` reader was reset: the one list of reasons, on the
+/// wire and in the API document.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum ResetReason {
+    /// It missed more events than the server keeps.
+    Missed,
+    /// Its `Last-Event-ID` is from an earlier run of the server.
+    Restarted,
 }
 
 /// `lagged`: the server's event window fell behind the bus; events were
