@@ -91,7 +91,9 @@ pub struct TelemetryConfig {
     pub console: bool,
     /// Console filter directives. Default: `RUST_LOG`, else `info`.
     pub console_filter: String,
-    /// Upper bound of one export (and of the final flush). Default 3 s.
+    /// Upper bound of one export, and of everything dropping the
+    /// [`TelemetryGuard`] does (the final flush and the shutdown). Default
+    /// 3 s.
     pub export_timeout: Duration,
 }
 
@@ -184,6 +186,9 @@ pub struct TelemetryGuard {
     provider: Option<SdkTracerProvider>,
     #[cfg(feature = "otlp")]
     runtime: Option<tokio::runtime::Runtime>,
+    /// The bound of the flush and shutdown at drop.
+    #[cfg(feature = "otlp")]
+    export_timeout: Duration,
     failures_reported: Arc<AtomicU64>,
 }
 
@@ -223,17 +228,36 @@ impl TelemetryGuard {
             provider: None,
             #[cfg(feature = "otlp")]
             runtime: None,
+            #[cfg(feature = "otlp")]
+            export_timeout: Duration::ZERO,
             failures_reported,
         }
     }
 }
 
+/// Flushes and shuts the exporter down within
+/// [`TelemetryConfig::export_timeout`] all told: the SDK's flush waits
+/// for one export per queued batch (a timeout each against a collector
+/// that accepts and never answers), so flush and shutdown run on a thread
+/// of their own, and what is not exported by the deadline is dropped.
 #[cfg(feature = "otlp")]
 impl Drop for TelemetryGuard {
     fn drop(&mut self) {
         if let Some(p) = self.provider.take() {
-            let _ = p.force_flush();
-            let _ = p.shutdown();
+            let deadline = self.export_timeout;
+            let (done, finished) = std::sync::mpsc::channel();
+            let started = std::thread::Builder::new()
+                .name("warden-otlp-shutdown".into())
+                .spawn(move || {
+                    let _ = p.force_flush();
+                    let _ = p.shutdown_with_timeout(deadline);
+                    let _ = done.send(());
+                });
+            if started.is_ok() && finished.recv_timeout(deadline).is_err() {
+                eprintln!(
+                    "warden: the span collector did not take the last spans within {deadline:?}; they are dropped"
+                );
+            }
         }
         if let Some(rt) = self.runtime.take() {
             rt.shutdown_background();
@@ -357,6 +381,7 @@ where
         TelemetryGuard {
             provider: Some(provider),
             runtime: Some(runtime),
+            export_timeout: config.export_timeout,
             failures_reported: reported,
         },
     ))

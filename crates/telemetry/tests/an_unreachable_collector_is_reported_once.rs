@@ -58,3 +58,41 @@ fn work_completes_and_the_failure_is_reported_once() {
         drop(guard);
     });
 }
+
+/// A collector that accepts connections and never answers (a black hole):
+/// dropping the guard returns within the export timeout, the documented
+/// bound of the final flush (it took a timeout per queued batch: 9.3–9.8 s
+/// for the default 3 s).
+#[test]
+fn dropping_the_guard_returns_within_the_export_timeout_when_the_collector_never_answers() {
+    use tracing_subscriber::layer::SubscriberExt as _;
+
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let port = listener.local_addr().expect("addr").port();
+    std::thread::spawn(move || {
+        let mut held = Vec::new();
+        for stream in listener.incoming().flatten() {
+            held.push(stream); // never read, never answered
+        }
+    });
+    let config = TelemetryConfig::default()
+        .with_otlp_endpoint(format!("http://127.0.0.1:{port}"))
+        .with_console(false);
+    let bound = config.export_timeout;
+    let (layer, guard) =
+        warden_telemetry::layer::<tracing_subscriber::Registry>(&config).expect("layer");
+    let subscriber = tracing_subscriber::registry().with(layer);
+    tracing::subscriber::with_default(subscriber, || {
+        // Three export batches' worth (512 spans each): one timeout each.
+        for turn in 0..1500 {
+            let _span = tracing::info_span!(target: "warden", "turn", turn).entered();
+        }
+    });
+    let started = std::time::Instant::now();
+    drop(guard);
+    let took = started.elapsed();
+    assert!(
+        took < bound + Duration::from_millis(500),
+        "dropping the guard took {took:?}, the bound is {bound:?}"
+    );
+}
