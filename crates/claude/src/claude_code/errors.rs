@@ -38,6 +38,31 @@ fn error_text(v: &Value) -> String {
 /// Cuts agent text to [`MAX_MESSAGE_CHARS`] characters.
 const NO_CONVERSATION: &str = "No conversation found with session ID";
 
+/// What Claude Code says (2.1.332, `../shared/reference/formats.md`) when
+/// its model stream broke after its own retries, with no HTTP status: a
+/// connection cut mid-reply, a stream silent past its idle timeout, an API
+/// it could not reach. A new attempt may well succeed, so each is a
+/// retryable [`StreamError::Connection`], never a fatal `EAPI`.
+const TRANSIENT: &[&str] = &[
+    "Connection lost mid-response",
+    "The operation timed out",
+    "Request timed out",
+    "Unable to connect to API",
+    "Connection error",
+    "socket hang up",
+    "ECONNRESET",
+];
+
+/// The connection error `text` names, if it names one of [`TRANSIENT`].
+fn transient(text: &str) -> Option<StreamError> {
+    TRANSIENT
+        .iter()
+        .any(|needle| text.contains(needle))
+        .then(|| StreamError::Connection {
+            message: clip(text),
+        })
+}
+
 /// The id after "session ID:" in Claude Code's message, if any.
 fn id_in(text: &str) -> Option<String> {
     let at = text.find(NO_CONVERSATION)? + NO_CONVERSATION.len();
@@ -101,6 +126,11 @@ pub(super) fn result_error(v: &Value, subtype: &str, resume_id: Option<&str>) ->
         };
     }
     // `success` with is_error: an API error after Claude Code's own retries.
+    if status.is_none()
+        && let Some(broken) = transient(&text)
+    {
+        return broken;
+    }
     let retryable = status.is_some_and(retryable_status);
     StreamError::Api {
         status,
@@ -144,6 +174,9 @@ pub(super) fn early_exit_error(
             retry_after: None,
         };
     }
+    if let Some(broken) = stderr.iter().rev().find_map(|l| transient(l)) {
+        return broken;
+    }
     let tail = stderr_summary(stderr);
     let message = if tail.is_empty() {
         format!("claude ended before the turn's result line ({exit}); stderr was empty")
@@ -154,5 +187,72 @@ pub(super) fn early_exit_error(
         StreamError::Truncated { message }
     } else {
         StreamError::Connection { message }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn result(line: &str) -> StreamError {
+        let v: Value = serde_json::from_str(line).expect("JSON");
+        result_error(&v, "success", None)
+    }
+
+    #[test]
+    fn a_stream_claude_code_lost_mid_reply_is_a_retryable_connection_error() {
+        for said in [
+            "API Error: Connection lost mid-response",
+            "API Error: The operation timed out.",
+            "API Error: Unable to connect to API (ConnectionRefused)",
+        ] {
+            let line = format!(
+                r#"{{"type":"result","subtype":"success","is_error":true,"result":"{said}"}}"#
+            );
+            let e = result(&line);
+            assert!(
+                matches!(&e, StreamError::Connection { message } if message.contains(said)),
+                "{said}: {e:?}"
+            );
+            assert!(e.is_retryable(), "{said}");
+        }
+    }
+
+    #[test]
+    fn an_api_error_with_a_status_keeps_its_status_rule() {
+        let e = result(
+            r#"{"type":"result","subtype":"success","is_error":true,"api_error_status":400,"result":"API Error: Connection error in the request"}"#,
+        );
+        assert!(
+            matches!(
+                e,
+                StreamError::Api {
+                    status: Some(400),
+                    retryable: false,
+                    ..
+                }
+            ),
+            "{e:?}"
+        );
+        let e = result(
+            r#"{"type":"result","subtype":"success","is_error":true,"result":"API Error: something else"}"#,
+        );
+        assert!(
+            matches!(
+                e,
+                StreamError::Api {
+                    retryable: false,
+                    ..
+                }
+            ),
+            "{e:?}"
+        );
+    }
+
+    #[test]
+    fn an_exit_after_a_lost_connection_is_retryable() {
+        let stderr = vec!["API Error: Connection lost mid-response".to_owned()];
+        let e = early_exit_error(ExitInfo::Code(1), &stderr, None, true);
+        assert!(matches!(e, StreamError::Connection { .. }), "{e:?}");
     }
 }
