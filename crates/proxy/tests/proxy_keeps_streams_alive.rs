@@ -725,7 +725,8 @@ async fn a_non_streaming_request_through_a_stalling_upstream_ends_with_an_error(
 
 /// A stream that only pings never ends on its own: with a progress
 /// allowance the proxy kills it (`ESTREAM_NO_PROGRESS`) and, after its
-/// attempts, ends the response with the provider's error event.
+/// attempts, ends the response with the provider's error event — inside
+/// the first thinking block, which Claude Code re-sends: handed back.
 #[tokio::test]
 async fn a_stream_that_only_pings_is_ended_by_the_progress_allowance() {
     let heard = Heard::default();
@@ -761,7 +762,7 @@ async fn a_stream_that_only_pings_is_ended_by_the_progress_allowance() {
     assert!(
         heard.iter().any(|r| matches!(
             r,
-            RecoveryEvent::GaveUp {
+            RecoveryEvent::HandedBackMidStream {
                 code: "ESTREAM_NO_PROGRESS",
                 ..
             }
