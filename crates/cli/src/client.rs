@@ -215,6 +215,7 @@ async fn relay_events(response: reqwest::Response) -> Result<Exit, CliError> {
     let mut parser = SseParser::new(MAX_EVENT_BYTES);
     let mut parsed = VecDeque::new();
     let mut stdout = std::io::stdout();
+    let terminal = std::io::IsTerminal::is_terminal(&stdout);
     let mut line_open = false;
     while let Some(chunk) = body.next().await {
         let chunk = chunk.map_err(|e| {
@@ -243,8 +244,13 @@ async fn relay_events(response: reqwest::Response) -> Result<Exit, CliError> {
             match kind {
                 TurnEventKind::Text => {
                     let text = data["text"].as_str().unwrap_or("");
+                    let shown = if terminal {
+                        crate::terminal::inert(text)
+                    } else {
+                        text.into()
+                    };
                     let _ = stdout
-                        .write_all(text.as_bytes())
+                        .write_all(shown.as_bytes())
                         .and_then(|()| stdout.flush());
                     if !text.is_empty() {
                         line_open = !text.ends_with('\n');

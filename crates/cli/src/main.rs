@@ -28,6 +28,7 @@ mod sessions;
 mod signal;
 mod sources;
 mod stream;
+mod terminal;
 mod units;
 
 use std::process::ExitCode;

@@ -1,5 +1,6 @@
-//! Relaying one turn to the terminal: text to stdout as it streams,
-//! retries and notices to stderr, Ctrl-C cancels.
+//! Relaying one turn to the terminal: text to stdout as it streams (its
+//! control characters shown, not obeyed, on a terminal), retries and
+//! notices to stderr, Ctrl-C cancels.
 
 use std::io::{IsTerminal, Write};
 
@@ -45,8 +46,13 @@ pub(crate) async fn relay(mut turn: TurnHandle) -> Result<Relayed, CliError> {
         };
         match event {
             TurnEvent::Event(AgentEvent::TextDelta(text)) => {
+                let shown = if terminal {
+                    crate::terminal::inert(&text)
+                } else {
+                    text.as_str().into()
+                };
                 let written = stdout
-                    .write_all(text.as_bytes())
+                    .write_all(shown.as_bytes())
                     .and_then(|()| stdout.flush());
                 if let Err(e) = written {
                     let _ = canceller.cancel().await;

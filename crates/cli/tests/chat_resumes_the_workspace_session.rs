@@ -314,3 +314,69 @@ async fn codex_chats_resume_the_same_thread() {
     assert_eq!(server.requests_to("/v1/responses"), 2);
     server.shutdown().await;
 }
+
+/// An agent's reply with terminal escape sequences (an OSC 52 clipboard
+/// write, a screen clear, a window title) reaches a terminal shown, not
+/// obeyed: no ESC byte is printed. `script` (util-linux) gives `warden
+/// chat` a pseudo-terminal; skipped with a printed reason without it,
+/// unless `WARDEN_REQUIRE_PTY=1`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_a_terminal_an_agents_escape_sequences_are_shown_not_obeyed() {
+    let script = std::env::var_os("PATH").and_then(|paths| {
+        std::env::split_paths(&paths)
+            .map(|p| p.join("script"))
+            .find(|p| p.is_file())
+    });
+    if script.is_none() {
+        assert_ne!(
+            std::env::var("WARDEN_REQUIRE_PTY").as_deref(),
+            Ok("1"),
+            "WARDEN_REQUIRE_PTY=1 but `script` is not installed"
+        );
+        eprintln!("skipped: `script` (util-linux/bsdutils) is not installed");
+        return;
+    }
+    let reply = "Hi\x1b]52;c;cm0gLXJmIH4=\x07 there\x1b[2J\x1b]0;owned\x07\u{9b}31m done.";
+    let server = MockServer::start(MockConfig::default().with_reply(reply))
+        .await
+        .expect("mock");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let workspace = dir.path().join("repo");
+    std::fs::create_dir(&workspace).expect("mkdir");
+    let log = dir.path().join("typescript");
+    let inner = format!(
+        "{WARDEN} chat --workspace {} --agent anthropic --base-url {} --data-dir {} hello 2>{}",
+        arg(&workspace),
+        server.base_url(),
+        arg(&dir.path().join("data")),
+        arg(&dir.path().join("stderr")),
+    );
+    let mut cmd = tokio::process::Command::new("script");
+    cmd.args(["-q", "-e", "-c", &inner, arg(&log)])
+        .env_remove("RUST_LOG")
+        .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
+        .env_remove("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+        .env("NO_PROXY", "127.0.0.1,localhost")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true);
+    let out = output(cmd, Duration::from_secs(60)).await;
+    let stderr_file = std::fs::read_to_string(dir.path().join("stderr")).unwrap_or_default();
+    assert_eq!(code(&out), 0, "{}{stderr_file}", stderr(&out));
+    let printed = std::fs::read(&log).expect("typescript");
+    let screen = String::from_utf8_lossy(&printed);
+    assert!(screen.contains("Hi"), "{screen:?}");
+    assert!(
+        !printed.contains(&0x1b),
+        "an escape byte reached the terminal: {screen:?}"
+    );
+    assert!(
+        !screen.contains('\u{9b}'),
+        "a C1 CSI reached the terminal: {screen:?}"
+    );
+    assert!(
+        screen.contains("␛]52;c;"),
+        "the clipboard write is shown: {screen:?}"
+    );
+}
