@@ -196,12 +196,18 @@ pub(crate) async fn run(args: ProxyArgs) -> Result<Exit, CliError> {
     // One line per kill, retry, continuation, give-up, unreachable
     // upstream and circuit change: what the proxy did is visible with or
     // without the access log.
+    // Each line says when (RFC 3339, UTC) and, for a request's, which
+    // request (`#7`, its access record's `id`).
     config = config.with_recovery_log(|recovery| {
-        eprintln!("warden proxy: {recovery}");
+        eprintln!("warden proxy: {} {recovery}", now());
     });
     if args.json {
         config = config.with_access_log(|record| {
-            if let Ok(line) = serde_json::to_string(record) {
+            let line = AccessLine {
+                at: now().to_string(),
+                record,
+            };
+            if let Ok(line) = serde_json::to_string(&line) {
                 let mut out = std::io::stdout().lock();
                 let _ = writeln!(out, "{line}");
                 let _ = out.flush();
@@ -329,6 +335,20 @@ fn probe_interval(value: &str) -> Result<Duration, String> {
         );
     }
     Ok(every)
+}
+
+/// The time now, as the proxy's lines give it: RFC 3339, UTC, in
+/// milliseconds (as `warden serve`'s events' `at`).
+fn now() -> humantime::Rfc3339Timestamp {
+    humantime::format_rfc3339_millis(std::time::SystemTime::now())
+}
+
+/// One `--json` access-log line: when it was written, then the record.
+#[derive(serde::Serialize)]
+struct AccessLine<'a> {
+    at: String,
+    #[serde(flatten)]
+    record: &'a warden_proxy::AccessRecord,
 }
 
 /// What the start line says of the configuration.

@@ -41,8 +41,9 @@ async fn an_unreachable_upstream_is_named_at_start_and_each_recovery_is_one_line
         &dead,
         "--timeout",
         "1000",
+        "--json",
     ]);
-    let (mut child, base, _stdout) = spawn_listening(cmd, Duration::from_secs(30)).await;
+    let (mut child, base, mut stdout) = spawn_listening(cmd, Duration::from_secs(30)).await;
     let mut stderr = child.stderr.take().expect("stderr");
     let said = tokio::spawn(async move {
         let mut all = String::new();
@@ -75,6 +76,16 @@ async fn an_unreachable_upstream_is_named_at_start_and_each_recovery_is_one_line
         "{again}"
     );
     assert!(t0.elapsed() < Duration::from_secs(1), "{:?}", t0.elapsed());
+    // The access log: one JSON line per request, each with when and its id.
+    let mut access = Vec::new();
+    while access.len() < 3 {
+        let line = tokio::time::timeout(Duration::from_secs(10), stdout.next_line())
+            .await
+            .expect("an access line in time")
+            .expect("read")
+            .expect("a line");
+        access.push(serde_json::from_str::<serde_json::Value>(&line).expect("JSON"));
+    }
 
     child.kill().await.expect("stop the proxy");
     let said = tokio::time::timeout(Duration::from_secs(10), said)
@@ -87,26 +98,38 @@ async fn an_unreachable_upstream_is_named_at_start_and_each_recovery_is_one_line
         )),
         "{said}"
     );
-    let retries = said
-        .lines()
+    // Each recovery line: when, then which request (`#id`), then what.
+    let recoveries: Vec<&str> = said.lines().filter_map(recovery).collect();
+    let retried: Vec<&str> = recoveries
+        .iter()
         .filter(|l| {
-            l.starts_with("warden proxy: anthropic /v1/messages: attempt")
+            l.starts_with("anthropic /v1/messages #")
+                && l.contains(": attempt")
                 && l.contains("(ECONNECTION); retrying in")
         })
-        .count();
-    assert!(retries >= 1, "{said}");
+        .copied()
+        .collect();
+    assert!(!retried.is_empty(), "{said}");
+    let answered = recoveries
+        .iter()
+        .find(|l| l.contains(": answered 502 after") && l.contains("ECONNECTION"))
+        .unwrap_or_else(|| panic!("{said}"));
+    let id = request_id(retried[0]);
+    assert_eq!(request_id(answered), id, "one request's lines: {said}");
     assert!(
-        said.lines().any(|l| l
-            .starts_with("warden proxy: anthropic /v1/messages: answered 502 after")
-            && l.contains("ECONNECTION")),
-        "{said}"
-    );
-    assert!(
-        said.lines().any(|l| l
-            .starts_with("warden proxy: anthropic: the upstream cannot be reached")
-            && l.contains("answered at once")),
+        recoveries.iter().any(
+            |l| l.starts_with("anthropic: the upstream cannot be reached")
+                && l.contains("answered at once")
+        ),
         "one line when the circuit opens: {said}"
     );
+    let logged = access
+        .iter()
+        .find(|r| r["id"] == id && r["path"] == "/v1/messages")
+        .unwrap_or_else(|| panic!("request #{id} in the access log: {access:?}"));
+    assert_eq!(logged["status"], 502, "{logged}");
+    let at = logged["at"].as_str().expect("at");
+    humantime::parse_rfc3339(at).unwrap_or_else(|e| panic!("{at}: {e}"));
     // The start line: where it listens, where requests go, how it judges.
     assert!(
         said.lines()
@@ -117,6 +140,23 @@ async fn an_unreachable_upstream_is_named_at_start_and_each_recovery_is_one_line
         "{said}"
     );
     assert!(!said.contains("sk-test"), "no key in the logs: {said}");
+}
+
+/// A `warden proxy:` recovery line's text after its RFC 3339 time (which
+/// must be there); `None` for the proxy's other lines.
+fn recovery(line: &str) -> Option<&str> {
+    let rest = line.strip_prefix("warden proxy: ")?;
+    let (at, text) = rest.split_once(' ')?;
+    humantime::parse_rfc3339(at).ok()?;
+    Some(text)
+}
+
+/// The request id a recovery line names (`… #7: …`).
+fn request_id(line: &str) -> u64 {
+    line.split_once(" #")
+        .and_then(|(_, rest)| rest.split_once(':'))
+        .and_then(|(id, _)| id.parse().ok())
+        .unwrap_or_else(|| panic!("no request id: {line}"))
 }
 
 /// A bare number is milliseconds: `--timeout 45` (45 ms, which kills every

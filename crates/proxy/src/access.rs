@@ -7,6 +7,9 @@ use std::sync::Arc;
 #[derive(Debug, Clone, serde::Serialize)]
 #[non_exhaustive]
 pub struct AccessRecord {
+    /// The request's id: unique within the process, counted from 1, and
+    /// named by each [`RecoveryEvent`] of the request (`#7` in its line).
+    pub id: u64,
     /// `anthropic` or `openai`.
     pub upstream: &'static str,
     /// The request method.
@@ -31,6 +34,12 @@ pub struct AccessRecord {
     /// `ESTREAM_TIMEOUT`, `EUPSTREAM_UNREACHABLE`, …), when it ended with
     /// an error of the proxy's; `null` otherwise.
     pub code: Option<&'static str>,
+}
+
+/// The next request's [`AccessRecord::id`].
+pub(crate) fn next_request_id() -> u64 {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+    NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
 }
 
 /// Called once per request when its response has ended.
@@ -91,6 +100,8 @@ pub enum RecoveryEvent {
         upstream: &'static str,
         /// The request path.
         path: String,
+        /// The request's [`AccessRecord::id`].
+        request: u64,
         /// The attempt (from 1).
         attempt: u32,
     },
@@ -101,6 +112,8 @@ pub enum RecoveryEvent {
         upstream: &'static str,
         /// The request path.
         path: String,
+        /// The request's [`AccessRecord::id`].
+        request: u64,
         /// The attempt that failed.
         attempt: u32,
         /// Why, as an error code (`ESTREAM_TIMEOUT`, `ECONNECTION`, …).
@@ -115,6 +128,8 @@ pub enum RecoveryEvent {
         upstream: &'static str,
         /// The request path.
         path: String,
+        /// The request's [`AccessRecord::id`].
+        request: u64,
         /// The attempt that broke.
         attempt: u32,
         /// Why, as an error code.
@@ -133,6 +148,8 @@ pub enum RecoveryEvent {
         upstream: &'static str,
         /// The request path.
         path: String,
+        /// The request's [`AccessRecord::id`].
+        request: u64,
         /// Attempts made.
         attempts: u32,
         /// The last error's code.
@@ -149,6 +166,8 @@ pub enum RecoveryEvent {
         upstream: &'static str,
         /// The request path.
         path: String,
+        /// The request's [`AccessRecord::id`].
+        request: u64,
         /// Attempts made.
         attempts: u32,
         /// The status the client got.
@@ -167,6 +186,8 @@ pub enum RecoveryEvent {
         upstream: &'static str,
         /// The request path.
         path: String,
+        /// The request's [`AccessRecord::id`].
+        request: u64,
         /// Attempts made.
         attempts: u32,
         /// The last error's code.
@@ -196,6 +217,8 @@ pub enum RecoveryEvent {
         upstream: &'static str,
         /// The request path.
         path: String,
+        /// The request's [`AccessRecord::id`].
+        request: u64,
         /// Why (connection refused, timed out, …).
         reason: String,
     },
@@ -215,63 +238,69 @@ impl std::fmt::Display for RecoveryEvent {
             Self::Killed {
                 upstream,
                 path,
+                request,
                 attempt,
             } => write!(
                 f,
-                "{upstream} {path}: attempt {attempt} went silent; killed it"
+                "{upstream} {path} #{request}: attempt {attempt} went silent; killed it"
             ),
             Self::Retrying {
                 upstream,
                 path,
+                request,
                 attempt,
                 code,
                 delay,
             } => write!(
                 f,
-                "{upstream} {path}: attempt {attempt} failed ({code}); retrying in {:.1}s",
+                "{upstream} {path} #{request}: attempt {attempt} failed ({code}); retrying in {:.1}s",
                 secs(delay)
             ),
             Self::Continuing {
                 upstream,
                 path,
+                request,
                 attempt,
                 code,
                 delay,
             } => write!(
                 f,
-                "{upstream} {path}: attempt {attempt} broke mid-reply ({code}); continuing it in {:.1}s",
+                "{upstream} {path} #{request}: attempt {attempt} broke mid-reply ({code}); continuing it in {:.1}s",
                 secs(delay)
             ),
             Self::GaveUp {
                 upstream,
                 path,
+                request,
                 attempts,
                 code,
                 reason,
             } => write!(
                 f,
-                "{upstream} {path}: gave up after {attempts} attempt(s) ({code}: {reason})"
+                "{upstream} {path} #{request}: gave up after {attempts} attempt(s) ({code}: {reason})"
             ),
             Self::HandedBack {
                 upstream,
                 path,
+                request,
                 attempts,
                 status,
                 code,
                 reason,
             } => write!(
                 f,
-                "{upstream} {path}: answered {status} after {attempts} attempt(s) ({code}: {reason}); the client retries that itself"
+                "{upstream} {path} #{request}: answered {status} after {attempts} attempt(s) ({code}: {reason}); the client retries that itself"
             ),
             Self::HandedBackMidStream {
                 upstream,
                 path,
+                request,
                 attempts,
                 code,
                 reason,
             } => write!(
                 f,
-                "{upstream} {path}: ended the stream with its error event after {attempts} attempt(s) ({code}: {reason}) before any block closed; the client retries that itself"
+                "{upstream} {path} #{request}: ended the stream with its error event after {attempts} attempt(s) ({code}: {reason}) before any block closed; the client retries that itself"
             ),
             Self::CircuitOpened {
                 upstream,
@@ -291,10 +320,11 @@ impl std::fmt::Display for RecoveryEvent {
             Self::Unreachable {
                 upstream,
                 path,
+                request,
                 reason,
             } => write!(
                 f,
-                "{upstream} {path}: the upstream cannot be reached ({reason})"
+                "{upstream} {path} #{request}: the upstream cannot be reached ({reason})"
             ),
         }
     }

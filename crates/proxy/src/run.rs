@@ -144,6 +144,7 @@ fn report(inner: &Inner, recovery: RecoveryEvent) {
 /// The access record of a request to `upstream`, before it is answered.
 pub(crate) fn new_record(upstream: Upstream, request: &Request) -> AccessRecord {
     AccessRecord {
+        id: crate::access::next_request_id(),
         upstream: upstream.name(),
         method: request.method().to_string(),
         path: request.uri().path().to_owned(),

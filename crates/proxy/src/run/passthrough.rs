@@ -154,6 +154,7 @@ pub(super) async fn send_through(
                 RecoveryEvent::Unreachable {
                     upstream: upstream.name(),
                     path: record.path.clone(),
+                    request: record.id,
                     reason: reason(&e),
                 },
             );

@@ -280,6 +280,7 @@ pub(super) struct Pump {
 impl Pump {
     pub(super) fn record(&mut self) -> &mut AccessRecord {
         self.logged.record.get_or_insert_with(|| AccessRecord {
+            id: 0,
             upstream: "",
             method: String::new(),
             path: String::new(),

@@ -40,6 +40,7 @@ impl Pump {
             let killed = RecoveryEvent::Killed {
                 upstream: pool,
                 path: self.record().path.clone(),
+                request: self.record().id,
                 attempt: self.attempts,
             };
             report(&self.inner, killed);
@@ -98,7 +99,7 @@ impl Pump {
         if self.deadline.is_some_and(|d| Instant::now() >= d) {
             return Some(self.give_up(&past_deadline(), answer));
         }
-        let path = self.record().path.clone();
+        let (path, id) = (self.record().path.clone(), self.record().id);
         let delay = match (verdict.next, resume) {
             (Next::Continue { delay }, Resume::Continue(request)) => {
                 report(
@@ -106,6 +107,7 @@ impl Pump {
                     RecoveryEvent::Continuing {
                         upstream: pool,
                         path,
+                        request: id,
                         attempt: self.attempts,
                         code: error.code(),
                         delay,
@@ -140,6 +142,7 @@ impl Pump {
                     RecoveryEvent::Retrying {
                         upstream: pool,
                         path,
+                        request: id,
                         attempt: self.attempts,
                         code: error.code(),
                         delay,
@@ -181,6 +184,7 @@ impl Pump {
             _ => error.code(),
         });
         let (upstream, path) = (self.upstream.name(), self.record().path.clone());
+        let request = self.record().id;
         let (attempts, code, reason) = (self.attempts, error.code(), error.to_string());
         // What the client is left with names the line: a status its own
         // retries take up is not the end of the request (it may yet
@@ -190,6 +194,7 @@ impl Pump {
                 Some(status) => RecoveryEvent::HandedBack {
                     upstream,
                     path,
+                    request,
                     attempts,
                     status: status.as_u16(),
                     code,
@@ -198,6 +203,7 @@ impl Pump {
                 None => RecoveryEvent::GaveUp {
                     upstream,
                     path,
+                    request,
                     attempts,
                     code,
                     reason,
@@ -212,6 +218,7 @@ impl Pump {
                 (None, _) if self.splice.error_is_retried() => RecoveryEvent::HandedBackMidStream {
                     upstream,
                     path: self.record().path.clone(),
+                    request,
                     attempts,
                     code,
                     reason: error.to_string(),

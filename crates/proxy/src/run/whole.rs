@@ -136,6 +136,7 @@ fn gave_up(mut pump: Pump, error: &AssemblyError) -> Response {
     let gave_up = RecoveryEvent::GaveUp {
         upstream: pump.upstream.name(),
         path,
+        request: pump.record().id,
         attempts: pump.attempts,
         code: error.code(),
         reason: error.to_string(),
