@@ -125,3 +125,28 @@ async fn a_url_without_a_scheme_or_port_names_the_fix() {
     .await;
     assert_ne!(code(&out), 2, "{}", stderr(&out));
 }
+
+/// `OTEL_EXPORTER_OTLP_ENDPOINT=localhost:4317`, a common spelling without
+/// a scheme, is taken as `http://localhost:4317` (it panicked with exit 101:
+/// the exporter's runtime was dropped on an async thread); a scheme that is
+/// neither `http` nor `https` is a usage error naming the fix, and so is an
+/// exporter that cannot be built (this build's exporter has no TLS: an
+/// `https://` endpoint), never a panic.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_otlp_endpoint_without_a_scheme_is_http_and_a_foreign_scheme_is_exit_2() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    for (endpoint, exit) in [
+        ("localhost:1", 0),
+        ("ftp://localhost:1", 2),
+        ("https://localhost:1", 2),
+    ] {
+        let mut cmd = command(&["sessions", "--data-dir", arg(dir.path())]);
+        cmd.env("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint);
+        let out = output(cmd, std::time::Duration::from_secs(30)).await;
+        check_no_panic(&out);
+        assert_eq!(code(&out), exit, "{endpoint}: {}", stderr(&out));
+        if endpoint.starts_with("ftp") {
+            assert_one_line_error(&out, "http://127.0.0.1:4317");
+        }
+    }
+}

@@ -81,7 +81,8 @@ use tracing_subscriber::util::SubscriberInitExt as _;
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct TelemetryConfig {
-    /// OTLP/gRPC endpoint (e.g. `http://127.0.0.1:4317`); `None` disables
+    /// OTLP/gRPC endpoint (e.g. `http://127.0.0.1:4317`; `host:port` is
+    /// taken as `http://host:port`, see [`otlp_url`]); `None` disables
     /// export. Default: `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`, else
     /// `OTEL_EXPORTER_OTLP_ENDPOINT`, else `None`.
     pub otlp_endpoint: Option<String>,
@@ -157,6 +158,12 @@ pub enum TelemetryError {
     /// The OTLP exporter could not be built (bad endpoint).
     #[error("OTLP exporter: {0}")]
     Exporter(String),
+    /// The OTLP endpoint is not an `http://` or `https://` URL. Fatal: fix
+    /// the setting.
+    #[error(
+        "OTLP endpoint {0:?} is not an http:// or https:// URL (OTEL_EXPORTER_OTLP_ENDPOINT, e.g. http://127.0.0.1:4317)"
+    )]
+    Endpoint(String),
     /// The console filter does not parse.
     #[error("invalid log filter {filter:?}: {message}")]
     Filter {
@@ -368,13 +375,22 @@ where
     let Some(endpoint) = &config.otlp_endpoint else {
         return Ok((None, TelemetryGuard::inactive(reported)));
     };
+    let endpoint = &otlp_url(endpoint)?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
         .thread_name("warden-otlp")
         .enable_all()
         .build()
         .map_err(|e| TelemetryError::Runtime(e.to_string()))?;
-    let provider = provider(config, endpoint, &runtime, reported.clone())?;
+    let provider = match provider(config, endpoint, &runtime, reported.clone()) {
+        Ok(provider) => provider,
+        Err(e) => {
+            // Dropping a runtime blocks, which panics on a caller's async
+            // thread: let it go in the background instead.
+            runtime.shutdown_background();
+            return Err(e);
+        }
+    };
     let layer = export_layer(provider.tracer("warden"));
     Ok((
         Some(layer),
@@ -385,6 +401,25 @@ where
             failures_reported: reported,
         },
     ))
+}
+
+/// The endpoint as the exporter takes it: `host:port` without a scheme (a
+/// common spelling, as gRPC addresses are written) is taken as
+/// `http://host:port`; a scheme other than `http` or `https` is an
+/// [`TelemetryError::Endpoint`].
+pub fn otlp_url(endpoint: &str) -> Result<String, TelemetryError> {
+    let endpoint = endpoint.trim();
+    match endpoint.split_once("://") {
+        None if !endpoint.is_empty() && !endpoint.contains('/') => Ok(format!("http://{endpoint}")),
+        Some((scheme, rest))
+            if (scheme.eq_ignore_ascii_case("http") || scheme.eq_ignore_ascii_case("https"))
+                && !rest.is_empty()
+                && !rest.starts_with('/') =>
+        {
+            Ok(endpoint.to_owned())
+        }
+        _ => Err(TelemetryError::Endpoint(endpoint.to_owned())),
+    }
 }
 
 /// Builds the tracer provider for `endpoint` on `runtime`.
@@ -456,4 +491,28 @@ pub fn init(config: TelemetryConfig) -> Result<TelemetryGuard, TelemetryError> {
         .try_init()
         .map_err(|_| TelemetryError::AlreadyInstalled)?;
     Ok(guard)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_endpoint_without_a_scheme_is_http_and_other_schemes_are_refused() {
+        let url = |s: &str| otlp_url(s).map_err(|e| e.to_string());
+        assert_eq!(url("localhost:4317"), Ok("http://localhost:4317".into()));
+        assert_eq!(url(" 10.0.0.5:4317 "), Ok("http://10.0.0.5:4317".into()));
+        assert_eq!(url("https://otel:4317"), Ok("https://otel:4317".into()));
+        assert_eq!(url("HTTP://otel:4317"), Ok("HTTP://otel:4317".into()));
+        for bad in [
+            "ftp://otel:4317",
+            "http://",
+            "http:///v1",
+            "",
+            "otel/v1/traces",
+        ] {
+            let e = url(bad).expect_err(bad);
+            assert!(e.contains("http://127.0.0.1:4317"), "{bad}: {e}");
+        }
+    }
 }
