@@ -275,6 +275,30 @@ mod tests {
         assert!((16..=30).contains(&calls.get()), "{} calls", calls.get());
     }
 
+    #[test]
+    fn a_connection_refused_or_cut_is_unreachable_and_bad_data_is_not() {
+        use std::io::{Error, ErrorKind};
+        for kind in [
+            ErrorKind::ConnectionRefused,
+            ErrorKind::ConnectionReset,
+            ErrorKind::UnexpectedEof,
+        ] {
+            assert!(unreachable(&Error::from(kind)), "{kind:?}");
+        }
+        // As a source too (deadpool's error wraps the driver's).
+        #[derive(Debug, thiserror::Error)]
+        #[error("cannot connect")]
+        struct Wrapped(#[source] Error);
+        let cut = Wrapped(Error::from(ErrorKind::ConnectionRefused));
+        assert!(unreachable(&cut));
+        // A certificate refused, a garbled message, any other failure.
+        assert!(!unreachable(&Error::new(
+            ErrorKind::InvalidData,
+            "bad certificate"
+        )));
+        assert!(!unreachable(&PgError::Url("nope".into())));
+    }
+
     #[tokio::test(start_paused = true)]
     async fn an_error_waiting_cannot_mend_is_returned_at_once() {
         let calls = Cell::new(0u32);
