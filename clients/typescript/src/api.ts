@@ -658,11 +658,20 @@ export interface components {
             owner?: string | null;
             /** @description `agent_mismatch`: the agent the request asked for. */
             requested?: components["schemas"]["Agent"] | null;
-            /** @description The error's type (`invalid_request`, `session_elsewhere`, …). */
+            /**
+             * @description The error's type: one of [`ErrorType`] (`invalid_request`,
+             *     `session_elsewhere`, …), kept a string so a client reads a type a
+             *     newer server adds.
+             */
             type: string;
             /** @description `workspace_unavailable`: the directory missing on this node. */
             workspace?: string | null;
         };
+        /**
+         * @description An error's `type`: what went wrong, and so what a client does. `invalid_request`: Bad JSON, neither or both of `workspace`/`key`, an empty message, an unknown query value, a `Last-Event-ID` that is not a number, a key or id in the path that is not UTF-8. `invalid_idempotency_key`: `Idempotency-Key` empty, over 255 characters, not visible ASCII, or sent more than once. `invalid_workspace`: A workspace that is not absolute, holds a NUL byte, is over 4,096 bytes or is not a directory. `unauthorized`: No token, or the wrong one. `not_found`: An unknown or expired turn, a session never seen, no such route. `method_not_allowed`: A route asked with another method. `request_timeout`: The request body sent nothing for the header timeout; the connection closes. `session_failed`: The session was given up; reset it. `agent_mismatch`: `agent` is not the session's, or not one the server runs; nothing was sent. `turn_recovering`: The Idempotency-Key's message is being re-delivered after a restart; ask again after `Retry-After`. `too_large`: The body is over the server's limit. `unsupported_media_type`: The body is not `application/json`. `invalid_fields`: A field missing, unknown or of the wrong type, or a body that is not a JSON object. `idempotency_key_reused`: The Idempotency-Key named another message; nothing was sent. `internal`: The server failed in a way it did not expect. `too_many_sessions`: Every live session is busy; ask again after `Retry-After`. `too_many_connections`: Past the connection cap, before any routing; ask again after `Retry-After: 1`. `session_elsewhere`: Cluster: another node runs the session; ask it, or again after `Retry-After`. `workspace_unavailable`: Cluster: the session's workspace is on no live node. `store_unreachable`: Cluster: this node cannot reach the cluster's database to read what was asked; ask again after `Retry-After`. `database_unreachable`: Cluster: the cluster's database cannot be reached; ask again after `Retry-After`. `node_unreachable`: Cluster: the node keeping the turn or session cannot be reached. `not_ready`: The server is not ready (its supervisor stopped). `turn_moving`: Cluster: the turn is being re-delivered by another node; ask again. `unavailable`: The session's store failed (a full disk); ask again later.
+         * @enum {string}
+         */
+        ErrorType: "invalid_request" | "invalid_idempotency_key" | "invalid_workspace" | "unauthorized" | "not_found" | "method_not_allowed" | "request_timeout" | "session_failed" | "agent_mismatch" | "turn_recovering" | "too_large" | "unsupported_media_type" | "invalid_fields" | "idempotency_key_reused" | "internal" | "too_many_sessions" | "too_many_connections" | "session_elsewhere" | "workspace_unavailable" | "store_unreachable" | "database_unreachable" | "node_unreachable" | "not_ready" | "turn_moving" | "unavailable";
         /**
          * Format: date-time
          * @description When the event was made, by the server's clock: RFC 3339, UTC, milliseconds
@@ -2023,7 +2032,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description `body_too_large`: the body is over the limit (the message names it) */
+            /** @description `too_large`: the body is over the limit (`--max-body-bytes`; the message names it) */
             413: {
                 headers: {
                     [name: string]: unknown;

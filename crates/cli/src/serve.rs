@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use warden_core::{Supervisor, SupervisorConfig};
 use warden_serve::ServeConfig;
+use warden_serve::api::ErrorType;
 
 use crate::chat::Agent;
 use crate::exit::{CliError, Exit};
@@ -173,12 +174,6 @@ fn fraction(s: &str) -> Result<f64, String> {
 
 /// `--max-reply-bytes`: 16 MiB.
 const DEFAULT_MAX_REPLY_BYTES: u64 = 16 * 1024 * 1024;
-
-/// The `503` body past the connection cap, in the API's error shape.
-const BUSY_BODY: &str = r#"{"error":{"type":"too_many_connections","message":"warden serve: too many connections open; retry shortly"}}"#;
-
-/// The `408` for a request whose body sent nothing for `--header-timeout`.
-const STALLED_BODY: &str = r#"{"error":{"type":"request_timeout","message":"warden serve: the request body sent nothing for --header-timeout; send it again"}}"#;
 
 /// The token in `path`, or a new random one written there (0600).
 fn token(path: &Path) -> Result<String, CliError> {
@@ -418,7 +413,16 @@ pub(crate) async fn run(args: ServeArgs) -> Result<Exit, CliError> {
     // start) and the open event streams end with them.
     let grace = args.grace;
     let (stopping_tx, mut stopping) = tokio::sync::watch::channel(false);
-    let limits = args.connections.limits(BUSY_BODY, STALLED_BODY);
+    // The answers made before any routing, in the API's error shape.
+    let busy = warden_serve::api::Error::new(
+        ErrorType::TooManyConnections,
+        "warden serve: too many connections open; retry shortly",
+    );
+    let stalled = warden_serve::api::Error::new(
+        ErrorType::RequestTimeout,
+        "warden serve: the request body sent nothing for --header-timeout; send it again",
+    );
+    let limits = args.connections.limits(&busy.to_json(), &stalled.to_json());
     let server = warden_http::serve(listener, app, limits, async move {
         let _ = crate::signal::shutdown_signal().await;
         let _ = stopping_tx.send(true);

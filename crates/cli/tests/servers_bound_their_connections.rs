@@ -1,8 +1,10 @@
 //! `warden serve` and `warden proxy` as processes against clients that
 //! misbehave: a request head sent by halves is cut off after
-//! `--header-timeout`; past `--max-connections` a new connection gets a
-//! `503` at once (before any token check); and SIGTERM with a half-read
-//! head open exits 0 at once instead of waiting on the head.
+//! `--header-timeout`; a request body that never comes is answered `408`
+//! after it, in each server's error shape; past `--max-connections` a new
+//! connection gets a `503` at once (before any token check); and SIGTERM
+//! with a half-read head open exits 0 at once instead of waiting on the
+//! head.
 
 mod common;
 
@@ -114,6 +116,46 @@ async fn past_the_cap_a_connection_gets_a_503(server: Server, error_type: &str) 
     assert_eq!(json["error"]["type"], error_type, "{server:?}: {json}");
 }
 
+/// A whole head declaring a body that never comes: a `408` in the
+/// server's error shape within the header timeout, and the connection
+/// closed (it held its slot for ever).
+async fn a_stalled_body_is_answered_408(server: Server, error_type: &str) {
+    let mock = MockServer::start(MockConfig::default())
+        .await
+        .expect("mock");
+    let (_child, addr, data) = start(server, &mock, &["--header-timeout", "500ms"]).await;
+    let (path, auth) = match server {
+        Server::Serve => {
+            let token = std::fs::read_to_string(data.path().join("token")).expect("the token");
+            (
+                "/v1/turns",
+                format!("Authorization: Bearer {}\r\n", token.trim()),
+            )
+        }
+        Server::Proxy => ("/v1/messages", String::new()),
+    };
+    let mut tcp = TcpStream::connect(&addr).await.expect("connect");
+    let head = format!(
+        "POST {path} HTTP/1.1\r\nHost: x\r\n{auth}Content-Type: application/json\r\n\
+         Content-Length: 100\r\n\r\n{{\"message\":"
+    );
+    tcp.write_all(head.as_bytes()).await.expect("write");
+    let t0 = Instant::now();
+    let answer = read_to_close(&mut tcp, Duration::from_secs(10), "a stalled body").await;
+    assert!(
+        answer.starts_with("HTTP/1.1 408 Request Timeout"),
+        "{server:?}: {answer}"
+    );
+    assert!(
+        t0.elapsed() < Duration::from_secs(5),
+        "{server:?}: answered after {:?}",
+        t0.elapsed()
+    );
+    let body = answer.split("\r\n\r\n").nth(1).expect("a body");
+    let json: serde_json::Value = serde_json::from_str(body).expect("a JSON body");
+    assert_eq!(json["error"]["type"], error_type, "{server:?}: {json}");
+}
+
 async fn sigterm_with_a_half_read_head_exits_at_once(server: Server) {
     let mock = MockServer::start(MockConfig::default())
         .await
@@ -166,4 +208,14 @@ async fn serve_exits_on_sigterm_with_a_half_read_head_open() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn proxy_exits_on_sigterm_with_a_half_read_head_open() {
     sigterm_with_a_half_read_head_exits_at_once(Server::Proxy).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_answers_408_to_a_body_that_never_comes() {
+    a_stalled_body_is_answered_408(Server::Serve, "request_timeout").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn proxy_answers_408_to_a_body_that_never_comes() {
+    a_stalled_body_is_answered_408(Server::Proxy, "timeout_error").await;
 }

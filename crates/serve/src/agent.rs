@@ -11,12 +11,12 @@
 
 use std::sync::Arc;
 
-use axum::http::StatusCode;
 use futures_util::future::BoxFuture;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use warden_core::{SessionKey, StoreError};
 
+use crate::api::ErrorType;
 use crate::config::ServeConfig;
 use crate::error::ApiError;
 
@@ -137,8 +137,8 @@ async fn bound(
     existing: impl std::future::Future<Output = bool>,
 ) -> Result<Agent, ApiError> {
     let unavailable = |e: StoreError| {
-        ApiError::unavailable(
-            "unavailable",
+        ApiError::new(
+            ErrorType::Unavailable,
             format!(
                 "cannot read or keep the agent of session {}: {e}",
                 key.as_str()
@@ -186,7 +186,7 @@ fn mismatch(config: &ServeConfig, key: &SessionKey, runs: Agent, asked: Agent) -
             key.as_str()
         )
     };
-    ApiError::new(StatusCode::CONFLICT, "agent_mismatch", message).with(|e| {
+    ApiError::new(ErrorType::AgentMismatch, message).with(|e| {
         e.agent = Some(runs);
         e.requested = Some(asked);
     })

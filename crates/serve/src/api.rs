@@ -10,9 +10,11 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 mod cluster;
+mod error_type;
 
 pub use crate::agent::Agent;
 pub use cluster::{ClusterNode, ClusterView, MemberState, MoveCount, MoveKind, SessionMove};
+pub use error_type::ErrorType;
 pub use warden_core::lifecycle::wire::{Lagged, LifecycleData, LifecycleReset, ResetReason};
 pub use warden_core::store::turn_event::{
     AttemptFailed, ContextFill, Delta, Done, EventTime, Failed, Queued, Restarting, Started, Timed,
@@ -368,12 +370,36 @@ pub struct Error {
     pub error: ErrorBody,
 }
 
+impl Error {
+    /// An error of type `kind` saying `message`, with no other field: for
+    /// the answers made before any routing (`warden serve`'s `503
+    /// too_many_connections` and `408 request_timeout`).
+    #[must_use]
+    pub fn new(kind: ErrorType, message: impl Into<String>) -> Self {
+        Self {
+            error: ErrorBody {
+                kind: kind.as_str().to_owned(),
+                message: message.into(),
+                ..ErrorBody::default()
+            },
+        }
+    }
+
+    /// Its JSON text.
+    #[must_use]
+    pub fn to_json(&self) -> String {
+        serde_json::to_string(self).unwrap_or_default()
+    }
+}
+
 /// What went wrong: `type` names it (docs/serve.md's catalogue); some types
 /// add fields.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[non_exhaustive]
 pub struct ErrorBody {
-    /// The error's type (`invalid_request`, `session_elsewhere`, …).
+    /// The error's type: one of [`ErrorType`] (`invalid_request`,
+    /// `session_elsewhere`, …), kept a string so a client reads a type a
+    /// newer server adds.
     #[serde(rename = "type")]
     pub kind: String,
     /// What happened and what to do, for a human.

@@ -31,6 +31,7 @@ use axum::response::Response;
 use warden_core::SessionKey;
 use warden_core::cluster::Placement;
 
+use crate::api::ErrorType;
 use crate::error::{ApiError, elsewhere, gone};
 use crate::ids::node_of_turn;
 
@@ -259,13 +260,9 @@ impl Cluster {
         if let (Some(owner), Some(me)) = (&e.advertise, placement.node())
             && !was_forwarded(&self.headers)
         {
-            let body = serde_json::to_vec(body).map(Bytes::from).map_err(|e| {
-                ApiError::new(
-                    axum::http::StatusCode::INTERNAL_SERVER_ERROR,
-                    "internal",
-                    e.to_string(),
-                )
-            })?;
+            let body = serde_json::to_vec(body)
+                .map(Bytes::from)
+                .map_err(|e| ApiError::new(ErrorType::Internal, e.to_string()))?;
             let answer = self
                 .forward(me, Method::POST, owner, "/v1/turns", Some(body))
                 .await;
@@ -298,16 +295,15 @@ impl Cluster {
         }
         let Some(base) = placement.advertise_of(&node).await else {
             return Err(ApiError::new(
-                axum::http::StatusCode::NOT_FOUND,
-                "not_found",
+                ErrorType::NotFound,
                 format!("no such turn: its node {node} is no longer a member"),
             ));
         };
         self.forward(me, method, &base, path, None)
             .await
             .map_err(|Unreachable(why)| {
-                ApiError::unavailable(
-                    "node_unreachable",
+                ApiError::new(
+                    ErrorType::NodeUnreachable,
                     format!("turn {id} is kept by node {node}, which cannot be reached: {why}"),
                 )
                 .retry_after(1)
@@ -338,7 +334,7 @@ impl Cluster {
             self.forward(me, method, &base, path, None)
                 .await
                 .map_err(|Unreachable(why)| {
-                    ApiError::unavailable("node_unreachable", why).retry_after(1)
+                    ApiError::new(ErrorType::NodeUnreachable, why).retry_after(1)
                 }),
         )
     }

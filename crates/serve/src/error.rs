@@ -2,7 +2,7 @@
 //! …}}`, with a 4xx/5xx status and, where asking again helps,
 //! `Retry-After`.
 
-use crate::api::ErrorBody;
+use crate::api::{ErrorBody, ErrorType};
 use axum::Json;
 use axum::extract::rejection::JsonRejection;
 use axum::http::{StatusCode, header};
@@ -11,11 +11,10 @@ use warden_core::cluster::Elsewhere;
 use warden_core::{SessionKey, SupervisorError};
 
 /// A typed error answer: `{"error": {"type", "message", …}}`
-/// ([`crate::api::Error`]).
+/// ([`crate::api::Error`]), with its type's status.
 #[derive(Debug)]
 pub(crate) struct ApiError {
-    pub(crate) status: StatusCode,
-    pub(crate) kind: &'static str,
+    pub(crate) kind: ErrorType,
     pub(crate) message: String,
     /// Seconds for a `Retry-After` header.
     retry_after: Option<u64>,
@@ -25,19 +24,14 @@ pub(crate) struct ApiError {
 }
 
 impl ApiError {
-    pub(crate) fn new(status: StatusCode, kind: &'static str, message: impl Into<String>) -> Self {
+    /// An error of type `kind`, answered with its status.
+    pub(crate) fn new(kind: ErrorType, message: impl Into<String>) -> Self {
         Self {
-            status,
             kind,
             message: message.into(),
             retry_after: None,
             body: Box::default(),
         }
-    }
-
-    /// `503` of type `kind`: ask again later.
-    pub(crate) fn unavailable(kind: &'static str, message: impl Into<String>) -> Self {
-        Self::new(StatusCode::SERVICE_UNAVAILABLE, kind, message)
     }
 
     /// Adds `Retry-After: secs`.
@@ -56,11 +50,12 @@ impl ApiError {
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let mut error = *self.body;
-        error.kind = self.kind.to_owned();
+        error.kind = self.kind.as_str().to_owned();
         error.message = self.message;
         let body = Json(crate::api::Error { error });
-        let mut response = (self.status, body).into_response();
-        if self.status == StatusCode::UNAUTHORIZED {
+        let status = self.kind.status_code();
+        let mut response = (status, body).into_response();
+        if status == StatusCode::UNAUTHORIZED {
             response.headers_mut().insert(
                 header::WWW_AUTHENTICATE,
                 header::HeaderValue::from_static("Bearer"),
@@ -78,24 +73,20 @@ impl IntoResponse for ApiError {
 impl From<JsonRejection> for ApiError {
     fn from(r: JsonRejection) -> Self {
         let kind = match r.status() {
-            StatusCode::PAYLOAD_TOO_LARGE => "too_large",
-            StatusCode::UNSUPPORTED_MEDIA_TYPE => "unsupported_media_type",
+            StatusCode::PAYLOAD_TOO_LARGE => ErrorType::TooLarge,
+            StatusCode::UNSUPPORTED_MEDIA_TYPE => ErrorType::UnsupportedMediaType,
             // Valid JSON, wrong fields: one missing, unknown or of the
             // wrong type (serde's message names the fields allowed).
-            StatusCode::UNPROCESSABLE_ENTITY => "invalid_fields",
-            _ => "invalid_request",
+            StatusCode::UNPROCESSABLE_ENTITY => ErrorType::InvalidFields,
+            _ => ErrorType::InvalidRequest,
         };
-        Self::new(r.status(), kind, r.body_text())
+        Self::new(kind, r.body_text())
     }
 }
 
 /// 404: no such turn here.
 pub(crate) fn gone() -> ApiError {
-    ApiError::new(
-        StatusCode::NOT_FOUND,
-        "not_found",
-        "no such turn (or it expired)",
-    )
+    ApiError::new(ErrorType::NotFound, "no such turn (or it expired)")
 }
 
 /// 422 `idempotency_key_reused`: the request's Idempotency-Key named turn
@@ -103,8 +94,7 @@ pub(crate) fn gone() -> ApiError {
 /// was sent (as Stripe, and the IETF idempotency-key draft, answer it).
 pub(crate) fn idempotency_key_reused(id: &str, key: &SessionKey) -> ApiError {
     ApiError::new(
-        StatusCode::UNPROCESSABLE_ENTITY,
-        "idempotency_key_reused",
+        ErrorType::IdempotencyKeyReused,
         format!(
             "this Idempotency-Key was first sent to session {} with another message, model or \
              agent (turn {id}); a key names one message: nothing was sent. Send a new message \
@@ -120,8 +110,7 @@ pub(crate) fn idempotency_key_reused(id: &str, key: &SessionKey) -> ApiError {
 pub(crate) fn elsewhere(key: &SessionKey, e: Elsewhere) -> ApiError {
     let retry = e.retry_after.as_secs_f64().ceil().max(1.0) as u64;
     if let Some(why) = &e.store_unreachable {
-        return ApiError::unavailable(
-            "database_unreachable",
+        return ApiError::new(ErrorType::DatabaseUnreachable,
             format!(
                 "this node cannot tell where session {} runs: {why}; ask another node, or again after Retry-After",
                 key.as_str()
@@ -130,8 +119,7 @@ pub(crate) fn elsewhere(key: &SessionKey, e: Elsewhere) -> ApiError {
         .retry_after(retry);
     }
     if let Some(ws) = &e.missing_workspace {
-        return ApiError::unavailable(
-            "workspace_unavailable",
+        return ApiError::new(ErrorType::WorkspaceUnavailable,
             format!(
                 "session {} lives in workspace {}, which is not on this node, and its node {} is gone; \
                  it runs again when a node with that directory takes it over",
@@ -146,8 +134,7 @@ pub(crate) fn elsewhere(key: &SessionKey, e: Elsewhere) -> ApiError {
             b.workspace = Some(ws.display().to_string());
         });
     }
-    ApiError::unavailable(
-        "session_elsewhere",
+    ApiError::new(ErrorType::SessionElsewhere,
         format!(
             "session {} runs on node {} now; ask it, or again after Retry-After (a dead owner's lease expires then)",
             key.as_str(),
@@ -171,8 +158,8 @@ const OUTAGE_RETRY_SECS: u64 = 1;
 /// logged once by the node), `what` says what could not be done.
 pub(crate) fn store_unreachable(what: &str, why: &dyn std::fmt::Display) -> ApiError {
     tracing::debug!(error = %why, "{what}: the cluster's database cannot be reached");
-    ApiError::unavailable(
-        "store_unreachable",
+    ApiError::new(
+        ErrorType::StoreUnreachable,
         format!(
             "{what}: this node cannot reach the cluster's database; ask again after Retry-After \
              (or another node)"
@@ -186,21 +173,21 @@ pub(crate) fn store_unreachable(what: &str, why: &dyn std::fmt::Display) -> ApiE
 pub(crate) fn bad_session(e: SupervisorError) -> ApiError {
     match &e {
         SupervisorError::Workspace { .. } => {
-            ApiError::new(StatusCode::BAD_REQUEST, "invalid_workspace", e.to_string())
+            ApiError::new(ErrorType::InvalidWorkspace, e.to_string())
         }
         SupervisorError::SessionFailed { .. } => {
-            ApiError::new(StatusCode::CONFLICT, "session_failed", e.to_string())
+            ApiError::new(ErrorType::SessionFailed, e.to_string())
         }
         SupervisorError::TooManySessions { limit, .. } => {
             let limit = *limit;
-            ApiError::unavailable("too_many_sessions", e.to_string())
+            ApiError::new(ErrorType::TooManySessions, e.to_string())
                 .retry_after(5)
                 .with(|b| b.limit = Some(limit as u64))
         }
         SupervisorError::Store {
             error: warden_core::StoreError::LeaseLost { .. },
             ..
-        } => ApiError::unavailable("session_elsewhere", e.to_string()).retry_after(1),
-        _ => ApiError::unavailable("unavailable", e.to_string()),
+        } => ApiError::new(ErrorType::SessionElsewhere, e.to_string()).retry_after(1),
+        _ => ApiError::new(ErrorType::Unavailable, e.to_string()),
     }
 }

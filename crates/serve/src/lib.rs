@@ -46,10 +46,10 @@ mod state;
 mod turns;
 mod views;
 
+use crate::api::ErrorType;
 use std::sync::Arc;
 
 use axum::extract::DefaultBodyLimit;
-use axum::http::StatusCode;
 use axum::middleware;
 use axum::routing::{get, post};
 use axum::{Json, Router};
@@ -156,14 +156,13 @@ async fn no_route(uri: axum::http::Uri) -> ApiError {
         ),
         false => format!("no route {path} (see /openapi.json)"),
     };
-    ApiError::new(StatusCode::NOT_FOUND, "not_found", message)
+    ApiError::new(ErrorType::NotFound, message)
 }
 
 /// `405 method_not_allowed` in the errors' shape.
 async fn wrong_method(method: axum::http::Method, uri: axum::http::Uri) -> ApiError {
     ApiError::new(
-        StatusCode::METHOD_NOT_ALLOWED,
-        "method_not_allowed",
+        ErrorType::MethodNotAllowed,
         format!("{} does not take {method} (see /openapi.json)", uri.path()),
     )
 }

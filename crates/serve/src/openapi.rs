@@ -203,6 +203,13 @@ pub(crate) fn document() -> Value {
     settings.contract = Contract::Serialize;
     let mut g = settings.into_generator();
     let error = schema::<api::Error>(&mut g);
+    // Every error type, with its meaning, as a component: the list the
+    // answers' `type` is one of.
+    let _ = schema::<api::ErrorType>(&mut g);
+    let too_large = format!(
+        "`{}`: the body is over the limit (`--max-body-bytes`; the message names it)",
+        api::ErrorType::TooLarge
+    );
     let unauthorized = (
         401,
         "`unauthorized`: no token, or a wrong one (the message says which and where the server's token file is)",
@@ -235,7 +242,7 @@ pub(crate) fn document() -> Value {
             (400, "`invalid_request`: bad JSON, neither or both of workspace/key, an empty message. `invalid_idempotency_key`: empty, over 255 characters, not visible ASCII, or the header sent more than once. `invalid_workspace`: not absolute, a NUL byte, over 4,096 bytes, not a directory (or, for an agent that runs in its workspace, not an existing one)"),
             unauthorized,
             (409, "`session_failed`: the session was given up (reset it). `agent_mismatch`: `agent` names another agent than the session's (it keeps the one it was started with), or one this server does not run (`agent`: the session's, `requested`: the one asked for); nothing was sent. `turn_recovering`: the Idempotency-Key's message was accepted before a restart and is being re-delivered as turn `id`; ask again after `Retry-After`"),
-            (413, "`body_too_large`: the body is over the limit (the message names it)"),
+            (413, &too_large),
             (415, "`unsupported_media_type`: not application/json"),
             (422, "`invalid_fields`: a field missing, unknown or of the wrong type (the message names the fields a turn takes), or a body that is not a JSON object (an array). `idempotency_key_reused`: the Idempotency-Key named turn `id` of this session, sent with another `message`, `model` or `agent`; nothing was sent (use a new key for a new message)"),
             (503, "`too_many_sessions`: the live-session bound is reached and every session is busy (`limit`, `Retry-After`). `unavailable`: the session's store failed (a full disk). `session_elsewhere` (cluster): another node runs the session and the request was already forwarded once, or its owner cannot be reached; `Retry-After`, `owner`, `advertise`. `database_unreachable` (cluster): this node cannot reach the cluster's database; ask another node or after `Retry-After`"),

@@ -457,6 +457,122 @@ async fn what_axum_would_refuse_in_plain_text_is_a_typed_error() {
     );
 }
 
+/// The error types a description of the API document names: each
+/// sentence that starts `` `name`: `` (or `` `name` (cluster): ``).
+fn named_types(text: &str) -> Vec<String> {
+    let parts: Vec<&str> = text.split('`').collect();
+    (1..parts.len())
+        .step_by(2)
+        .filter(|&i| {
+            let before = parts[i - 1];
+            let after = parts.get(i + 1).copied().unwrap_or_default();
+            (before.is_empty() || before.ends_with(". "))
+                && (after.starts_with(':') || after.starts_with(" (cluster):"))
+        })
+        .map(|i| parts[i].to_owned())
+        .collect()
+}
+
+/// One declaration of the error types (`warden_serve::api::ErrorType`):
+/// the document lists them as a component, every error answer it
+/// describes names one of them under its status, the docs' catalogue
+/// lists each under its status, and the wire sends them — the `413` the
+/// document calls `too_large` is `too_large` on the wire (it documented
+/// `body_too_large`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_error_type_is_declared_once_and_documented_as_sent() {
+    use warden_serve::api::ErrorType;
+    let status_of = |name: &str| {
+        ErrorType::ALL
+            .iter()
+            .find(|t| t.as_str() == name)
+            .map(|t| t.status())
+    };
+    let mut config = ServeConfig::new(TOKEN);
+    config.max_body_bytes = 1024;
+    let s = server_with(config).await;
+    let doc = s.get_json("/openapi.json").await;
+
+    let listed: Vec<&str> = doc["components"]["schemas"]["ErrorType"]["enum"]
+        .as_array()
+        .expect("the ErrorType component")
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    let declared: Vec<&str> = ErrorType::ALL.iter().map(|t| t.as_str()).collect();
+    assert_eq!(listed, declared, "the document's error types");
+
+    for (path, ops) in doc["paths"].as_object().expect("paths") {
+        for (method, op) in ops.as_object().expect("operations") {
+            for (status, answer) in op["responses"].as_object().expect("responses") {
+                let status: u16 = status.parse().expect("a status");
+                if status < 400 {
+                    continue;
+                }
+                let described = answer["description"].as_str().unwrap_or_default();
+                for name in named_types(described) {
+                    assert_eq!(
+                        status_of(&name),
+                        Some(status),
+                        "{method} {path} documents `{name}` under {status}: {described}"
+                    );
+                }
+            }
+        }
+    }
+
+    // The docs' catalogue: every type under its status, no other.
+    let catalogue = include_str!("../../../docs/serve.md");
+    let start = catalogue
+        .find("| status | `type` | meaning; extra fields |")
+        .expect("the catalogue");
+    let mut in_docs = Vec::new();
+    for row in catalogue[start..]
+        .lines()
+        .skip(2)
+        .take_while(|l| l.starts_with('|'))
+    {
+        let cells: Vec<&str> = row.split('|').map(str::trim).collect();
+        let status: u16 = cells[1].parse().expect("a status");
+        for name in cells[2].split('`').skip(1).step_by(2) {
+            assert_eq!(status_of(name), Some(status), "docs/serve.md: {row}");
+            in_docs.push(name.to_owned());
+        }
+    }
+    in_docs.sort();
+    let mut all: Vec<String> = declared.iter().map(|n| (*n).to_owned()).collect();
+    all.sort();
+    assert_eq!(
+        in_docs, all,
+        "docs/serve.md's catalogue lists every type once"
+    );
+
+    // On the wire: the 413 is the type the document names for it.
+    let documented = named_types(
+        doc["paths"]["/v1/turns"]["post"]["responses"]["413"]["description"]
+            .as_str()
+            .expect("a 413"),
+    );
+    let response = s
+        .post(&format!(
+            r#"{{"key": "a", "message": "{}"}}"#,
+            "x".repeat(2048)
+        ))
+        .send()
+        .await
+        .expect("post");
+    assert_eq!(response.status(), 413);
+    let body = response.json_value().await;
+    assert_eq!(
+        [body["error"]["type"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned()],
+        documented.as_slice(),
+        "{body}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn curl_streams_a_turn() {
     let Some(curl) = which("curl") else {

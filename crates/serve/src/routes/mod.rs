@@ -6,10 +6,11 @@ pub(crate) mod sessions;
 pub(crate) mod turns;
 
 use axum::extract::{FromRequestParts, Path};
+use axum::http::HeaderMap;
 use axum::http::request::Parts;
-use axum::http::{HeaderMap, StatusCode};
 use serde::de::{Deserialize, Deserializer, MapAccess, Visitor};
 
+use crate::api::ErrorType;
 use crate::error::ApiError;
 
 /// A route's path parameter (`{id}`, `{key}`), percent-decoded. One that
@@ -23,8 +24,10 @@ impl<S: Send + Sync> FromRequestParts<S> for Param {
         match Path::<String>::from_request_parts(parts, state).await {
             Ok(Path(value)) => Ok(Self(value)),
             Err(r) => Err(ApiError::new(
-                r.status(),
-                "invalid_request",
+                match r.status().is_server_error() {
+                    true => ErrorType::Internal,
+                    false => ErrorType::InvalidRequest,
+                },
                 format!(
                     "{} (a key or id in the path is UTF-8, percent-encoded)",
                     r.body_text()
@@ -71,8 +74,7 @@ fn last_event_id(headers: &HeaderMap, what: &str) -> Result<Option<u64>, ApiErro
                 .and_then(|s| s.trim().parse::<u64>().ok())
                 .ok_or_else(|| {
                     ApiError::new(
-                        StatusCode::BAD_REQUEST,
-                        "invalid_request",
+                        ErrorType::InvalidRequest,
                         format!("Last-Event-ID must be {what} (a whole number)"),
                     )
                 })

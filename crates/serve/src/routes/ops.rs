@@ -6,12 +6,13 @@ use std::convert::Infallible;
 use std::sync::Arc;
 
 use axum::extract::{Request, State};
-use axum::http::{HeaderMap, StatusCode, header};
+use axum::http::{HeaderMap, header};
 use axum::middleware::Next;
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use subtle::ConstantTimeEq as _;
 
+use crate::api::ErrorType;
 use crate::api::{self, LifecycleReset};
 use crate::cluster::Cluster;
 use crate::error::ApiError;
@@ -44,7 +45,7 @@ pub(crate) async fn authorize(
     } else {
         format!("the token sent is not this server's ({whose})")
     };
-    ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized", message).into_response()
+    ApiError::new(ErrorType::Unauthorized, message).into_response()
 }
 
 /// The token of an `Authorization: Bearer <token>` value. The scheme is
@@ -88,14 +89,14 @@ pub(crate) async fn render_metrics(State(state): State<AppState>, cluster: Clust
 pub(crate) async fn ready(State(state): State<AppState>, cluster: Cluster) -> Response {
     if let Err(e) = state.supervisor.sessions().await {
         tracing::debug!(error = %e, "not ready: the supervisor stopped");
-        return ApiError::unavailable("not_ready", "the supervisor is not running").into_response();
+        return ApiError::new(ErrorType::NotReady, "the supervisor is not running").into_response();
     }
     if let Some(placement) = cluster.placement()
         && let Err(why) = placement.ready().await
     {
         tracing::debug!(error = %why, "not ready: the cluster's database cannot be reached");
-        return ApiError::unavailable(
-            "database_unreachable",
+        return ApiError::new(
+            ErrorType::DatabaseUnreachable,
             "this node cannot reach the cluster's database",
         )
         .retry_after(1)
@@ -204,15 +205,13 @@ fn move_kind(kind: &str) -> api::MoveKind {
 pub(crate) async fn cluster_view(cluster: Cluster) -> Result<Response, ApiError> {
     let Some(placement) = cluster.placement() else {
         return Err(ApiError::new(
-            StatusCode::NOT_FOUND,
-            "not_found",
+            ErrorType::NotFound,
             "this server is not a cluster node",
         ));
     };
     let Some(stats) = placement.stats().await else {
         return Err(ApiError::new(
-            StatusCode::NOT_FOUND,
-            "not_found",
+            ErrorType::NotFound,
             "this node's placement keeps no cluster figures",
         ));
     };
@@ -240,7 +239,7 @@ pub(crate) async fn cluster_view(cluster: Cluster) -> Result<Response, ApiError>
             })
             .collect(),
         Some(Err(why)) => {
-            return Err(ApiError::unavailable("database_unreachable", why).retry_after(1));
+            return Err(ApiError::new(ErrorType::DatabaseUnreachable, why).retry_after(1));
         }
         None => Vec::new(),
     };
@@ -255,7 +254,7 @@ pub(crate) async fn cluster_view(cluster: Cluster) -> Result<Response, ApiError>
             })
             .collect(),
         Some(Err(why)) => {
-            return Err(ApiError::unavailable("database_unreachable", why).retry_after(1));
+            return Err(ApiError::new(ErrorType::DatabaseUnreachable, why).retry_after(1));
         }
         None => Vec::new(),
     };

@@ -5,13 +5,14 @@ use std::collections::{BTreeMap, HashMap};
 use axum::Json;
 use axum::extract::rejection::QueryRejection;
 use axum::extract::{Query, State};
-use axum::http::{Method, StatusCode};
+use axum::http::Method;
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 use warden_core::store::{StoredEvent, StoredTurn, TurnEventData};
 use warden_core::{SessionKey, SessionRecord, SessionStatus, Unstick};
 
 use super::Param;
+use crate::api::ErrorType;
 use crate::api::{
     RecoverHow, Session, SessionDetail, SessionList, SessionPlacement, SessionRecovered,
     SessionReset, SessionSummary, TurnList, TurnOutcome, TurnSummary,
@@ -39,15 +40,14 @@ pub(crate) async fn list_sessions(
     cluster: Cluster,
     query: Result<Query<ListQuery>, QueryRejection>,
 ) -> Result<Response, ApiError> {
-    let Query(query) = query
-        .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "invalid_request", e.body_text()))?;
+    let Query(query) =
+        query.map_err(|e| ApiError::new(ErrorType::InvalidRequest, e.body_text()))?;
     let full = match query.detail.as_deref() {
         None => false,
         Some("full") => true,
         Some(other) => {
             return Err(ApiError::new(
-                StatusCode::BAD_REQUEST,
-                "invalid_request",
+                ErrorType::InvalidRequest,
                 format!("detail={other:?}: the only detail is `full`"),
             ));
         }
@@ -58,7 +58,7 @@ pub(crate) async fn list_sessions(
     let on_cluster = cluster.placement().is_some();
     let unavailable = |e: &dyn std::fmt::Display| match on_cluster {
         true => store_unreachable("cannot list the sessions", e),
-        false => ApiError::unavailable("unavailable", e.to_string()),
+        false => ApiError::new(ErrorType::Unavailable, e.to_string()),
     };
     // Where each session runs, on a cluster node.
     let mut places: Option<Vec<(String, SessionPlacement)>> = None;
@@ -196,7 +196,7 @@ pub(crate) async fn one_session(
 ) -> Result<Response, ApiError> {
     let key = SessionKey::new(&key);
     let unavailable =
-        |e: &dyn std::fmt::Display| ApiError::unavailable("unavailable", e.to_string());
+        |e: &dyn std::fmt::Display| ApiError::new(ErrorType::Unavailable, e.to_string());
     let (running, trace_id) = match state.supervisor.running(key.clone()).await {
         Ok(Some(handle)) => {
             let context = handle.anchor().span_context();
@@ -216,8 +216,7 @@ pub(crate) async fn one_session(
     };
     if running.is_none() && record.is_none() {
         return Err(ApiError::new(
-            StatusCode::NOT_FOUND,
-            "not_found",
+            ErrorType::NotFound,
             format!("no session {key}"),
         ));
     }
@@ -255,8 +254,7 @@ pub(crate) async fn recover_session(
 ) -> Result<Response, ApiError> {
     let bad = |detail: String| {
         ApiError::new(
-            StatusCode::BAD_REQUEST,
-            "invalid_request",
+            ErrorType::InvalidRequest,
             format!(
                 "{detail}: give ?how=retry (retry the stuck attempt) or ?how=fresh (restart without the stored conversation)"
             ),
@@ -273,7 +271,7 @@ pub(crate) async fn recover_session(
         .supervisor
         .running(session.clone())
         .await
-        .map_err(|e| ApiError::unavailable("unavailable", e.to_string()))?;
+        .map_err(|e| ApiError::new(ErrorType::Unavailable, e.to_string()))?;
     if running.is_none() {
         let path = format!(
             "/v1/sessions/{}/recover?how={}",
@@ -311,17 +309,16 @@ pub(crate) async fn reset_session(
         .supervisor
         .running(session.clone())
         .await
-        .map_err(|e| ApiError::unavailable("unavailable", e.to_string()))?;
+        .map_err(|e| ApiError::new(ErrorType::Unavailable, e.to_string()))?;
     if running.is_none() {
         let stored = state
             .supervisor
             .stored(&session)
             .await
-            .map_err(|e| ApiError::unavailable("unavailable", e.to_string()))?;
+            .map_err(|e| ApiError::new(ErrorType::Unavailable, e.to_string()))?;
         if stored.is_none() {
             return Err(ApiError::new(
-                StatusCode::NOT_FOUND,
-                "not_found",
+                ErrorType::NotFound,
                 format!("no session {key}: nothing to reset"),
             ));
         }

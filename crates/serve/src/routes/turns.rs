@@ -9,6 +9,7 @@ use warden_core::store::TurnAsked;
 use warden_core::{PendingMessage, SendOptions, SessionKey, Supervisor, TurnHandle};
 
 use super::{Object, Param};
+use crate::api::ErrorType;
 use crate::api::{NewTurn, Turn, TurnCancelled, TurnCreated};
 use crate::cluster::{Cluster, Placed};
 use crate::error::{ApiError, bad_session, gone, idempotency_key_reused, store_unreachable};
@@ -34,16 +35,14 @@ impl Target {
                 // client's business.
                 if !std::path::Path::new(ws).is_absolute() {
                     return Err(ApiError::new(
-                        StatusCode::BAD_REQUEST,
-                        "invalid_workspace",
+                        ErrorType::InvalidWorkspace,
                         format!("workspace {ws:?} must be an absolute path"),
                     ));
                 }
                 let key = supervisor.key_for(ws).map_err(bad_session)?;
                 if must_exist && !std::path::Path::new(ws).is_dir() {
                     return Err(ApiError::new(
-                        StatusCode::BAD_REQUEST,
-                        "invalid_workspace",
+                        ErrorType::InvalidWorkspace,
                         format!(
                             "workspace {ws:?} is not an existing directory, and this server's \
                              agent runs in its workspace: create it first"
@@ -54,8 +53,7 @@ impl Target {
             }
             (None, Some(k)) if !k.trim().is_empty() => Ok(Self::Key(SessionKey::new(k))),
             _ => Err(ApiError::new(
-                StatusCode::BAD_REQUEST,
-                "invalid_request",
+                ErrorType::InvalidRequest,
                 "give exactly one of `workspace` (a directory) or `key` (a non-empty name)",
             )),
         }
@@ -107,8 +105,7 @@ pub(crate) async fn create_turn(
     })?;
     if new.message.trim().is_empty() {
         return Err(ApiError::new(
-            StatusCode::BAD_REQUEST,
-            "invalid_request",
+            ErrorType::InvalidRequest,
             "`message` is empty: a turn needs something to say",
         ));
     }
@@ -162,8 +159,7 @@ pub(crate) async fn create_turn(
                     return Err(idempotency_key_reused(&id, &key));
                 }
                 return Err(ApiError::new(
-                    StatusCode::CONFLICT,
-                    "turn_recovering",
+                    ErrorType::TurnRecovering,
                     format!(
                         "a message with this Idempotency-Key was accepted for session {} \
                          before a restart and is being re-delivered as turn {id}; ask again",
@@ -224,15 +220,13 @@ fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
     };
     if values.next().is_some() {
         return Err(ApiError::new(
-            StatusCode::BAD_REQUEST,
-            "invalid_idempotency_key",
+            ErrorType::InvalidIdempotencyKey,
             "send one Idempotency-Key header, not several: one key names one message",
         ));
     }
     let bad = || {
         ApiError::new(
-            StatusCode::BAD_REQUEST,
-            "invalid_idempotency_key",
+            ErrorType::InvalidIdempotencyKey,
             "Idempotency-Key must be 1 to 255 visible ASCII characters (a UUID is a good one)",
         )
     };
@@ -321,7 +315,7 @@ async fn accepted_not_relayed(
         .supervisor
         .stored(key)
         .await
-        .map_err(|e| ApiError::unavailable("unavailable", e.to_string()).retry_after(1))?;
+        .map_err(|e| ApiError::new(ErrorType::Unavailable, e.to_string()).retry_after(1))?;
     Ok(record.and_then(|r| {
         r.pending
             .into_iter()
@@ -434,8 +428,8 @@ pub(crate) async fn cancel_turn(
         .await
     {
         Some(answer) => answer,
-        None => Err(ApiError::unavailable(
-            "turn_moving",
+        None => Err(ApiError::new(
+            ErrorType::TurnMoving,
             format!(
                 "turn {id} is being re-delivered by another node; ask again ({})",
                 e.message
