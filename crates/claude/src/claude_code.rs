@@ -93,7 +93,7 @@ impl AgentCli for ClaudeOptions {
             max_line_bytes: self.max_line_bytes,
             max_garbage_lines: self.max_garbage_lines,
             stderr_tail_lines: self.stderr_tail_lines,
-            children_dir: None,
+            children_dir: self.children_dir.clone(),
         }
     }
 

@@ -92,6 +92,14 @@ pub struct ClaudeOptions {
     pub max_garbage_lines: u32,
     /// How many stderr lines are kept for diagnostics. Default 50.
     pub stderr_tail_lines: usize,
+    /// Where each running process is recorded (see
+    /// [`ProcessSettings::children_dir`](crate::ProcessSettings::children_dir)),
+    /// so that after a `kill -9` of this process the next one ends it with
+    /// [`end_orphaned_children`](crate::end_orphaned_children): a Claude
+    /// Code process killed warden's way keeps its turn going, re-sends the
+    /// message on its own and writes the conversation the next warden
+    /// resumes. Default `None` (not recorded).
+    pub children_dir: Option<PathBuf>,
 }
 
 impl Default for ClaudeOptions {
@@ -109,6 +117,7 @@ impl Default for ClaudeOptions {
             max_line_bytes: 16 * 1024 * 1024,
             max_garbage_lines: 20,
             stderr_tail_lines: 50,
+            children_dir: None,
         }
     }
 }
@@ -165,6 +174,12 @@ impl ClaudeOptions {
     /// Sets [`grace_period`](Self::grace_period).
     pub fn with_grace_period(mut self, grace: Duration) -> Self {
         self.grace_period = grace;
+        self
+    }
+
+    /// Sets [`children_dir`](Self::children_dir).
+    pub fn with_children_dir(mut self, dir: impl Into<PathBuf>) -> Self {
+        self.children_dir = Some(dir.into());
         self
     }
 

@@ -155,15 +155,22 @@ pub(crate) type AgentSource = (Arc<dyn EventSource>, Option<CliChildren>);
 /// alone.
 fn children_settings(data_dir: &std::path::Path) -> warden_claude::ProcessSettings {
     let settings = warden_claude::ProcessSettings::default();
+    let dir = children_dir(data_dir, settings.grace_period);
+    settings.with_children_dir(dir)
+}
+
+/// `DATA_DIR/children`, once the groups a warden that is gone left there
+/// are ended (said on stderr).
+fn children_dir(data_dir: &std::path::Path, grace: std::time::Duration) -> PathBuf {
     let dir = data_dir.join(paths::CHILDREN);
-    let ended = warden_claude::end_orphaned_children(&dir, settings.grace_period);
+    let ended = warden_claude::end_orphaned_children(&dir, grace);
     if !ended.is_empty() {
         eprintln!(
             "warden: ended {} agent process group(s) left running by a warden that stopped abruptly (pids {ended:?})",
             ended.len()
         );
     }
-    settings.with_children_dir(dir)
+    dir
 }
 
 /// The source of `agent` (and, for Claude Code, the source again, to shut
@@ -181,6 +188,8 @@ pub(crate) fn agent_source(
     Ok(match agent {
         Agent::ClaudeCode => {
             let options = claude_options(claude_binary(claude_bin)?, model, base_url);
+            let children = children_dir(data_dir, options.grace_period);
+            let options = options.with_children_dir(children);
             let source = Arc::new(ClaudeSource::new(options));
             (source.clone(), Some(CliChildren::Claude(source)))
         }

@@ -1,4 +1,4 @@
-//! `kill -9` of `warden serve --agent codex|gemini` mid-turn (the real
+//! `kill -9` of `warden serve --agent codex|gemini|claude-code` mid-turn (the real
 //! CLI stalled on the mock), then a restart on the same data directory:
 //! the pending message is re-delivered once and answered once (the mock's
 //! journal counts the stalled request and the re-delivered one, nothing
@@ -10,9 +10,15 @@
 //! not resume it ("already has an active writer") and fell back to a fresh
 //! thread.
 //!
-//! The CLIs come from `WARDEN_CODEX_BIN` / `WARDEN_GEMINI_BIN` (installed
-//! by `.ci/run`); without one its test prints why it is skipped, unless
-//! `WARDEN_REQUIRE_CODEX=1` / `WARDEN_REQUIRE_GEMINI=1`.
+//! Claude Code keeps its stdin open, but a turn under way goes on when it
+//! closes: it re-sent the message on its own and wrote the conversation the
+//! next warden resumed, losing the turn before it (measured twice); its
+//! process is recorded and ended the same way.
+//!
+//! The CLIs come from `WARDEN_CODEX_BIN` / `WARDEN_GEMINI_BIN` /
+//! `WARDEN_CLAUDE_BIN` (installed by `.ci/run`); without one its test
+//! prints why it is skipped, unless `WARDEN_REQUIRE_CODEX=1` /
+//! `WARDEN_REQUIRE_GEMINI=1` / `WARDEN_REQUIRE_CLAUDE=1`.
 
 mod common;
 
@@ -287,4 +293,26 @@ async fn a_gemini_turn_killed_with_warden_is_redelivered_once_and_its_cli_ended(
         &env,
     )
     .await;
+}
+
+/// Claude Code: re-delivered once (resumed: the session's id was stored
+/// when the CLI announced it), answered once, the orphan gone before it
+/// could re-send the message on its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claude_code_turn_killed_with_warden_is_redelivered_once_and_its_cli_ended() {
+    let Some(bin) = cli_bin(
+        "WARDEN_CLAUDE_BIN",
+        "WARDEN_REQUIRE_CLAUDE",
+        "a_claude_code_turn_killed_with_warden",
+    ) else {
+        return;
+    };
+    let env = [
+        ("WARDEN_CLAUDE_BIN", bin.as_str()),
+        ("ANTHROPIC_API_KEY", "dummy"),
+        ("DISABLE_TELEMETRY", "1"),
+        ("DISABLE_AUTOUPDATER", "1"),
+        ("CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "1"),
+    ];
+    kill_9_mid_turn("claude-code", "/v1/messages", &env).await;
 }
