@@ -214,7 +214,7 @@ async fn an_overloaded_answer_before_any_byte_is_handed_back_at_once() {
         for stream in [true, false] {
             let what = format!("{scenario} (stream: {stream})");
             let s = setup(
-                mock(&[scenario]).with_retry_after(Duration::from_millis(400)),
+                mock(&[scenario]).with_retry_after(Duration::from_secs(2)),
                 |c| c,
             )
             .await;
@@ -226,14 +226,14 @@ async fn an_overloaded_answer_before_any_byte_is_handed_back_at_once() {
                 .expect("answer");
             assert_eq!(response.status(), status, "{what}");
             assert!(
-                t0.elapsed() < Duration::from_millis(400),
+                t0.elapsed() < Duration::from_secs(2),
                 "{what}: at once, not after the proxy's own retries: {:?}",
                 t0.elapsed()
             );
             if status == 429 {
                 assert_eq!(
                     response.headers()["retry-after-ms"].to_str().ok(),
-                    Some("400"),
+                    Some("2000"),
                     "{what}: the client honours the upstream's wait itself"
                 );
             }
