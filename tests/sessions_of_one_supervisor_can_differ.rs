@@ -102,3 +102,119 @@ async fn a_planner_and_its_workers_retry_and_restart_by_their_own_specs() {
     );
     sup.shutdown().await;
 }
+
+/// A source whose agent works in its session's workspace, as an agent CLI
+/// does (over the channel source).
+struct InWorkspace(Arc<ChannelSource>);
+
+impl EventSource for InWorkspace {
+    fn open(
+        &self,
+        request: warden_core::TurnRequest,
+    ) -> futures_util::future::BoxFuture<'static, Result<warden_core::EventStream, StreamError>>
+    {
+        self.0.open(request)
+    }
+
+    fn runs_in_workspace(&self) -> bool {
+        true
+    }
+}
+
+/// A session whose agent works in a workspace always has one — from its
+/// key (`SessionKey::for_workspace`) or its spec (`with_workspace`) — and
+/// is refused without, never run in the orchestrator's own directory; a
+/// second, different spec for a running session is refused, not kept
+/// unseen.
+#[tokio::test(start_paused = true)]
+async fn an_agent_that_works_in_a_workspace_gets_one_or_is_refused_and_specs_do_not_change_under_it()
+ {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (channel, ctl) = ChannelSource::new();
+    let source: Arc<dyn EventSource> = Arc::new(InWorkspace(channel));
+    let plain = source.clone();
+    let factory_source = source.clone();
+    let sup = Supervisor::start(
+        config(),
+        Arc::new(move |_: &SessionKey| factory_source.clone()),
+    )
+    .await
+    .expect("supervisor");
+
+    // A plain name and no workspace anywhere: refused, nothing opened.
+    let spec = SessionSpec::new(plain.clone());
+    match sup
+        .send_with_spec("planner", spec, "plan", Default::default())
+        .await
+    {
+        Err(warden_core::SupervisorError::NoWorkspace { key }) => {
+            assert_eq!(key.as_str(), "planner")
+        }
+        other => panic!("unexpected {other:?}"),
+    }
+
+    // The spec names it: the agent runs there (normalized).
+    let repo = dir.path().join("repo");
+    std::fs::create_dir_all(&repo).expect("mkdir");
+    let spec = SessionSpec::new(plain.clone()).with_workspace(dir.path().join("repo/."));
+    let turn = sup
+        .send_with_spec("planner", spec.clone(), "plan", Default::default())
+        .await
+        .expect("send");
+    let a = ctl
+        .next_attempt()
+        .within("the planner's attempt")
+        .await
+        .expect("opened");
+    let expected = std::fs::canonicalize(&repo).expect("canonical");
+    assert_eq!(a.request.workspace.as_deref(), Some(expected.as_path()));
+    // The same spec again is fine; another one while it runs is refused.
+    let again = sup
+        .send_with_spec("planner", spec, "more", Default::default())
+        .await
+        .expect("the same spec");
+    let other = SessionSpec::new(plain.clone()).with_restart(Restart::Temporary);
+    match sup
+        .send_with_spec("planner", other, "x", Default::default())
+        .await
+    {
+        Err(warden_core::SupervisorError::SpecConflict { key }) => {
+            assert_eq!(key.as_str(), "planner")
+        }
+        other => panic!("unexpected {other:?}"),
+    }
+    a.text("planned");
+    a.finish();
+    turn.finish()
+        .within("the planner's turn")
+        .await
+        .expect("ok");
+    let b = ctl
+        .next_attempt()
+        .within("the second turn")
+        .await
+        .expect("opened");
+    b.finish();
+    again.finish().within("the second turn").await.expect("ok");
+
+    // A key made from the workspace is the workspace, spec or none.
+    let key = SessionKey::for_workspace(&repo).expect("key");
+    let turn = sup
+        .send_with_spec(
+            key.clone(),
+            SessionSpec::new(plain.clone()),
+            "work",
+            Default::default(),
+        )
+        .await
+        .expect("send");
+    let c = ctl
+        .next_attempt()
+        .within("the worker's attempt")
+        .await
+        .expect("opened");
+    assert_eq!(c.request.workspace.as_deref(), Some(expected.as_path()));
+    c.finish();
+    turn.finish().within("the worker's turn").await.expect("ok");
+    sup.shutdown().await;
+}

@@ -154,6 +154,12 @@ impl<A: AgentCli> EventSource for CliSource<A> {
         }
     }
 
+    /// An agent CLI reads and edits the files of its working directory:
+    /// a session without a workspace is refused, never run in warden's.
+    fn runs_in_workspace(&self) -> bool {
+        true
+    }
+
     /// The CLI runs tools itself and a retry resumes its session, whose
     /// transcript holds their results: a retry does not hand a tool call
     /// to the caller again.

@@ -145,6 +145,17 @@ pub trait EventSource: Send + Sync + 'static {
         true
     }
 
+    /// Whether this source's agent works in the session's workspace (an
+    /// agent CLI editing files there): such a session must have one — from
+    /// [`Supervisor::send_to_workspace`](crate::Supervisor::send_to_workspace),
+    /// a key made by [`SessionKey::for_workspace`] or
+    /// [`SessionSpec::with_workspace`] — and is refused
+    /// ([`SupervisorError::NoWorkspace`](crate::SupervisorError)) without,
+    /// never run in the orchestrator's own directory. Default `false`.
+    fn runs_in_workspace(&self) -> bool {
+        false
+    }
+
     /// The provider's name for telemetry (`anthropic`, `openai`, ...).
     fn provider(&self) -> &str {
         "unknown"
@@ -210,6 +221,9 @@ pub struct SessionSpec {
     /// [`provider`](EventSource::provider). Give sessions that use
     /// different API keys different pools.
     pub pool: Option<String>,
+    /// The directory the session's agent works in, when the session's key
+    /// and its first send name none (normalized when the session starts).
+    pub workspace: Option<std::path::PathBuf>,
 }
 
 impl std::fmt::Debug for SessionSpec {
@@ -220,6 +234,7 @@ impl std::fmt::Debug for SessionSpec {
             .field("restart", &self.restart)
             .field("intensity", &self.intensity)
             .field("pool", &self.pool)
+            .field("workspace", &self.workspace)
             .finish()
     }
 }
@@ -233,7 +248,19 @@ impl SessionSpec {
             restart: None,
             intensity: None,
             pool: None,
+            workspace: None,
         }
+    }
+
+    /// Whether `other` asks for the same session: the same source (one
+    /// `Arc`) and the same settings.
+    pub(crate) fn same_as(&self, other: &SessionSpec) -> bool {
+        Arc::ptr_eq(&self.source, &other.source)
+            && self.config == other.config
+            && self.restart == other.restart
+            && self.intensity == other.intensity
+            && self.pool == other.pool
+            && self.workspace == other.workspace
     }
 
     /// Gives the session its own configuration.
@@ -257,6 +284,13 @@ impl SessionSpec {
     /// Gives the session its own restart intensity.
     pub fn with_intensity(mut self, intensity: crate::RestartIntensity) -> Self {
         self.intensity = Some(intensity);
+        self
+    }
+
+    /// Runs the session's agent in `dir` (see
+    /// [`workspace`](Self::workspace)).
+    pub fn with_workspace(mut self, dir: impl Into<std::path::PathBuf>) -> Self {
+        self.workspace = Some(dir.into());
         self
     }
 }

@@ -172,7 +172,7 @@ pub(crate) fn store_unreachable(what: &str, why: &dyn std::fmt::Display) -> ApiE
 /// workspace, a session given up, the store failing.
 pub(crate) fn bad_session(e: SupervisorError) -> ApiError {
     match &e {
-        SupervisorError::Workspace { .. } => {
+        SupervisorError::Workspace { .. } | SupervisorError::NoWorkspace { .. } => {
             ApiError::new(ErrorType::InvalidWorkspace, e.to_string())
         }
         SupervisorError::SessionFailed { .. } => {

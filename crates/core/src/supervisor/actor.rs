@@ -194,7 +194,10 @@ impl SupervisorState {
             });
         }
         if record.workspace.is_none() {
-            record.workspace = workspace;
+            record.workspace = match workspace {
+                Some(dir) => Some(dir),
+                None => self.workspace_of(&key)?,
+            };
         }
         if restarted.is_some() {
             record.restart_count = record.restart_count.saturating_add(1);
@@ -208,6 +211,33 @@ impl SupervisorState {
             })?;
         self.register(&key, &handle);
         Ok(handle)
+    }
+
+    /// The workspace of a session started with none named: its spec's,
+    /// else its key's when the key is a workspace's
+    /// ([`SessionKey::for_workspace`]: an absolute path); `None` when its
+    /// agent needs none, and [`SupervisorError::NoWorkspace`] when it does.
+    fn workspace_of(&self, key: &SessionKey) -> Result<Option<PathBuf>, SupervisorError> {
+        let spec = match self.specs.get(key) {
+            Some(spec) => spec.clone(),
+            None => self.factory.spec_for(key),
+        };
+        if let Some(dir) = &spec.workspace {
+            return crate::workspace::normalize_workspace(dir)
+                .map(Some)
+                .map_err(|e| SupervisorError::Workspace {
+                    path: dir.clone(),
+                    message: e.to_string(),
+                });
+        }
+        if !spec.source.runs_in_workspace() {
+            return Ok(None);
+        }
+        let path = PathBuf::from(key.as_str());
+        if path.is_absolute() {
+            return Ok(Some(path));
+        }
+        Err(SupervisorError::NoWorkspace { key: key.clone() })
     }
 
     pub(super) fn register(&mut self, key: &SessionKey, handle: &SessionHandle) {
@@ -304,7 +334,17 @@ impl Actor for WorkspaceSupervisor {
     ) -> Result<(), ActorProcessingErr> {
         match msg {
             SupervisorMsg::Session(key, workspace, spec, reply) => {
+                let running = state
+                    .sessions
+                    .get(&key)
+                    .is_some_and(|h| h.actor().get_status() < ActorStatus::Draining);
                 if let Some(spec) = spec {
+                    // A running session keeps what it was started with:
+                    // another spec for it is refused, not kept unseen.
+                    if running && !state.specs.get(&key).is_some_and(|s| s.same_as(&spec)) {
+                        let _ = reply.send(Err(SupervisorError::SpecConflict { key }));
+                        return Ok(());
+                    }
                     state.specs.insert(key.clone(), spec);
                 }
                 let result = if let Some(cause) = state.given_up.get(&key) {

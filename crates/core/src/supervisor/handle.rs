@@ -214,10 +214,16 @@ impl Supervisor {
     /// worker), not by matching key strings in a `specs` factory. The spec
     /// is kept for the key from now on: every later incarnation of the
     /// session (a restart after a crash, a resume after a reap, a fresh
-    /// fallback) is made from it, and a later send may give another, for
-    /// the next incarnation. A session already running keeps its source
-    /// and settings until then. Kept in memory: after the orchestrator
-    /// restarts, the first send gives it again (or the factory's is used).
+    /// fallback) is made from it. While the session runs, the same spec
+    /// again is fine and another is refused
+    /// ([`SupervisorError::SpecConflict`]: it would not apply until the
+    /// next start); once it stopped, a send may give another. An agent
+    /// that runs in a workspace needs one: the key's
+    /// ([`SessionKey::for_workspace`]) or the spec's
+    /// ([`SessionSpec::with_workspace`]); else
+    /// [`SupervisorError::NoWorkspace`]. Kept in memory: after the
+    /// orchestrator restarts, the first send gives it again (or the
+    /// factory's is used).
     pub async fn send_with_spec(
         &self,
         key: impl Into<SessionKey>,

@@ -224,6 +224,29 @@ pub enum SupervisorError {
     /// No workspace is bound to this name.
     #[error("nothing is bound to {0:?}")]
     Unbound(String),
+    /// The session's agent works in a workspace and none is known for it
+    /// (see [`EventSource::runs_in_workspace`](crate::EventSource::runs_in_workspace)).
+    /// Fatal for this call: name one.
+    #[error(
+        "session {key} runs an agent in its workspace and has none: send with \
+         send_to_workspace, key it with SessionKey::for_workspace, or give \
+         SessionSpec::with_workspace (it would have run in this process's own directory)"
+    )]
+    NoWorkspace {
+        /// The session.
+        key: SessionKey,
+    },
+    /// A spec was given for a session that is running with another one
+    /// (another source or other settings). Fatal for this call: send
+    /// without a spec, or stop the session first.
+    #[error(
+        "session {key} is running with another spec: send without one, or stop the session \
+         first (its spec applies from its next start)"
+    )]
+    SpecConflict {
+        /// The session.
+        key: SessionKey,
+    },
     /// The message could not be accepted.
     #[error(transparent)]
     Submit(#[from] SubmitError),
