@@ -319,7 +319,7 @@ pub(crate) async fn run(args: ChatArgs) -> Result<Exit, CliError> {
         let turn = supervisor
             .send_to_workspace(&args.workspace, message)
             .await?;
-        relay(turn).await
+        relay(turn, crate::relay::Piped::Whole).await
     }
     .await;
     supervisor.shutdown().await;

@@ -17,14 +17,28 @@ pub(crate) struct Relayed {
     pub(crate) line_open: bool,
 }
 
-/// Prints `turn` as it streams until it finishes. Each attempt's text is
-/// printed as it arrives; when an attempt fails and is retried, the next
-/// attempt's text starts over (stderr says so) — unless the reply is
-/// continued, when stdout simply goes on. The first Ctrl-C cancels
-/// the turn at once; the result is then `TurnError::Cancelled`.
-pub(crate) async fn relay(mut turn: TurnHandle) -> Result<Relayed, CliError> {
+/// How [`relay`] writes a reply to stdout when it is not a terminal.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Piped {
+    /// As it streams, like a terminal (`warden stream`: watching a stream
+    /// live is the point; a retry from scratch prints the reply again).
+    Live,
+    /// Once, whole, when the turn ends (`warden chat`: a script reading
+    /// the answer never sees text a retry discarded).
+    Whole,
+}
+
+/// Prints `turn` until it finishes. On a terminal each attempt's text is
+/// printed as it arrives; when an attempt fails and is retried from
+/// scratch, the next attempt's text starts over on a line of its own
+/// (stderr says so) — unless the reply is continued, when stdout simply
+/// goes on. Through a pipe or into a file, where printed text cannot be
+/// taken back, `piped` says how. The first Ctrl-C cancels the turn at
+/// once; the result is then `TurnError::Cancelled`.
+pub(crate) async fn relay(mut turn: TurnHandle, piped: Piped) -> Result<Relayed, CliError> {
     let mut stdout = std::io::stdout();
     let terminal = stdout.is_terminal();
+    let live = terminal || piped == Piped::Live;
     let mut line_open = false;
     let mut cancelled = false;
     // Cancels this turn only (a handle that follows it to a fresh session).
@@ -45,7 +59,18 @@ pub(crate) async fn relay(mut turn: TurnHandle) -> Result<Relayed, CliError> {
             return Err(CliError::failure("the session ended without answering"));
         };
         match event {
-            TurnEvent::Event(AgentEvent::TextDelta(text)) => {
+            // Held back: the answer, once, whole.
+            TurnEvent::Finished(Ok(summary)) if !live => {
+                let written = stdout
+                    .write_all(summary.text.as_bytes())
+                    .and_then(|()| stdout.flush());
+                if let Err(e) = written {
+                    return Err(CliError::failure(format!("cannot write to stdout: {e}")));
+                }
+                let line_open = !summary.text.is_empty() && !summary.text.ends_with('\n');
+                return Ok(Relayed { summary, line_open });
+            }
+            TurnEvent::Event(AgentEvent::TextDelta(text)) if live => {
                 let shown = if terminal {
                     crate::terminal::inert(&text)
                 } else {

@@ -149,7 +149,7 @@ pub(crate) async fn run(args: StreamArgs) -> Result<Exit, CliError> {
         .await?;
     let result = async {
         let turn = supervisor.send("stream", args.message).await?;
-        relay(turn).await
+        relay(turn, crate::relay::Piped::Live).await
     }
     .await;
     supervisor.shutdown().await;

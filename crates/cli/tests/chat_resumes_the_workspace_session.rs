@@ -380,3 +380,70 @@ async fn on_a_terminal_an_agents_escape_sequences_are_shown_not_obeyed() {
         "the clipboard write is shown: {screen:?}"
     );
 }
+
+/// A stand-in for the `claude` CLI, as a script: its first run streams the
+/// start of a reply and dies (no result line), every later run answers
+/// whole; each run counted in `runs`.
+fn flaky_claude(dir: &Path) -> std::path::PathBuf {
+    use std::os::unix::fs::PermissionsExt as _;
+    let id = "11111111-1111-4111-8111-111111111111";
+    let runs = dir.join("runs");
+    let script = format!(
+        r#"#!/bin/sh
+n=$(cat '{runs}' 2>/dev/null || echo 0); n=$((n+1)); echo $n > '{runs}'
+read -r line
+echo '{{"type":"system","subtype":"init","session_id":"{id}","model":"claude-x"}}'
+if [ "$n" = 1 ]; then
+  echo '{{"type":"assistant","message":{{"id":"msg_1","content":[{{"type":"text","text":"PARTIAL-"}}],"usage":{{"input_tokens":1,"output_tokens":1}}}},"session_id":"{id}"}}'
+  exit 1
+fi
+echo '{{"type":"assistant","message":{{"id":"msg_2","content":[{{"type":"text","text":"the whole answer"}}],"usage":{{"input_tokens":1,"output_tokens":3}}}},"session_id":"{id}"}}'
+echo '{{"type":"result","subtype":"success","is_error":false,"result":"the whole answer","session_id":"{id}","duration_ms":5}}'
+cat > /dev/null
+"#,
+        runs = runs.display()
+    );
+    let path = dir.join("claude");
+    std::fs::write(&path, script).expect("write the script");
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    path
+}
+
+/// Read through a pipe (a script, a bot), `warden chat` writes each reply
+/// once: what an attempt streamed before it broke and was retried from
+/// scratch is never written (it printed "PARTIAL-the whole answer").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_piped_chat_writes_a_retried_reply_once() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (data, workspace) = (dir.path().join("data"), dir.path().join("repo"));
+    std::fs::create_dir(&workspace).expect("mkdir");
+    let claude = flaky_claude(dir.path());
+    let out = run(&[
+        "chat",
+        "--workspace",
+        arg(&workspace),
+        "--agent",
+        "claude-code",
+        "--claude-bin",
+        arg(&claude),
+        "--data-dir",
+        arg(&data),
+        "hello",
+    ])
+    .await;
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let text = stdout(&out);
+    assert!(
+        text.starts_with("the whole answer") && !text.contains("PARTIAL"),
+        "{text:?}"
+    );
+    assert_eq!(text.matches("the whole answer").count(), 1, "{text:?}");
+    assert!(stderr(&out).contains("retrying"), "{}", stderr(&out));
+    assert_eq!(
+        std::fs::read_to_string(dir.path().join("runs"))
+            .expect("runs")
+            .trim(),
+        "2",
+        "the CLI ran twice: the broken attempt and the retry"
+    );
+}
