@@ -440,6 +440,10 @@ async fn credentials_and_provider_headers_reach_the_upstream_and_never_the_logs(
         .with_writer(move || Writer(Arc::clone(&sink)))
         .finish();
     let _guard = tracing::subscriber::set_default(subscriber);
+    // A test on another thread may have cached a callsite of the proxy's
+    // as "never" (no subscriber there) while this one was being set: ask
+    // every callsite again.
+    tracing::callsite::rebuild_interest_cache();
 
     let mock = warden_mock::MockServer::start(MockConfig::default())
         .await
@@ -952,54 +956,4 @@ async fn invalid_utf8_mid_text_ends_the_stream_with_an_error_event_not_a_retry()
         1,
         "not retried or continued"
     );
-}
-
-/// A failed request's span carries OpenTelemetry's status `ERROR` (a trace
-/// backend shows it failed, not only our `warden.outcome`); a complete one
-/// sets none.
-#[tokio::test]
-async fn a_failed_requests_span_has_the_error_status() {
-    for (scenario, failed) in [(Scenario::Overloaded, true), (Scenario::Normal, false)] {
-        let logs = Arc::new(Mutex::new(Vec::<u8>::new()));
-        let sink = Arc::clone(&logs);
-        let subscriber = tracing_subscriber::fmt()
-            .with_max_level(tracing::Level::INFO)
-            .with_ansi(false)
-            .with_span_events(tracing_subscriber::fmt::format::FmtSpan::CLOSE)
-            .with_writer(move || Writer(Arc::clone(&sink)))
-            .finish();
-        let _guard = tracing::subscriber::set_default(subscriber);
-        let s = setup(mock(&[scenario]), |c| {
-            c.with_retry(warden_core::RetryPolicy::default().with_max_attempts(1))
-        })
-        .await;
-        let response = within(
-            "the answer",
-            s.messages(messages_body("claude-test", "hi")).send(),
-        )
-        .await
-        .expect("answer");
-        assert_eq!(response.status() != 200, failed, "{scenario}");
-        let _ = within("the body", response.bytes()).await;
-        // The request's span closes once its response is written.
-        let closed = within("the request span's close", async {
-            loop {
-                let text = String::from_utf8_lossy(&logs.lock().expect("lock")).into_owned();
-                if let Some(line) = text.lines().find(|l| {
-                    l.contains("proxy.request{")
-                        && !l.contains("proxy.attempt{")
-                        && l.contains("close")
-                }) {
-                    return line.to_owned();
-                }
-                tokio::time::sleep(Duration::from_millis(10)).await;
-            }
-        })
-        .await;
-        assert_eq!(
-            closed.contains(r#"otel.status_code="ERROR""#),
-            failed,
-            "{scenario}: {closed}"
-        );
-    }
 }
