@@ -21,26 +21,30 @@ use warden_core::{
 const TIMEOUT: Duration = Duration::from_secs(45);
 const WINDOW: usize = 16;
 
-/// A text delta every 10 ms, `limit` of them, then silence.
+/// A text delta of `delta` bytes every 10 ms, `limit` of them, then
+/// silence.
 struct Firehose {
     pulled: Arc<AtomicUsize>,
     limit: usize,
+    delta: usize,
 }
 
 impl EventSource for Firehose {
     fn open(&self, _: TurnRequest) -> BoxFuture<'static, Result<EventStream, StreamError>> {
         let pulled = self.pulled.clone();
         let limit = self.limit;
+        let text = "x".repeat(self.delta);
         Box::pin(async move {
             let frames = futures_util::stream::unfold(0usize, move |n| {
                 let pulled = pulled.clone();
+                let text = text.clone();
                 async move {
                     if n >= limit {
                         std::future::pending::<()>().await;
                     }
                     tokio::time::sleep(Duration::from_millis(10)).await;
                     pulled.fetch_add(1, Ordering::SeqCst);
-                    Some((Ok(Frame::Event(AgentEvent::TextDelta("x".into()))), n + 1))
+                    Some((Ok(Frame::Event(AgentEvent::TextDelta(text))), n + 1))
                 }
             });
             Ok(Box::pin(frames) as EventStream)
@@ -61,6 +65,7 @@ async fn a_consumer_that_stops_reading_stops_the_reader_and_is_not_blamed_on_the
     let source: Arc<dyn EventSource> = Arc::new(Firehose {
         pulled: pulled.clone(),
         limit: 5_000,
+        delta: 1,
     });
     let factory = move |_: &SessionKey| source.clone();
     let config = SupervisorConfig::default()
@@ -128,5 +133,45 @@ async fn a_consumer_that_stops_reading_stops_the_reader_and_is_not_blamed_on_the
         silent >= TIMEOUT && silent < TIMEOUT + Duration::from_secs(1),
         "killed {silent:?} after the last frame"
     );
+    sup.shutdown().await;
+}
+
+/// What is in flight is bounded in bytes too: an event takes a credit and
+/// one more per 4 KiB of its text, so 16 KiB deltas fill a window of 16
+/// credits after 3 of them, not 16 (256 deltas of 64 KiB would be 16 MiB
+/// held for a consumer that does not read).
+#[tokio::test(start_paused = true)]
+async fn large_deltas_take_a_credit_per_4_kib_so_the_bytes_held_are_bounded_too() {
+    let pulled = Arc::new(AtomicUsize::new(0));
+    let source: Arc<dyn EventSource> = Arc::new(Firehose {
+        pulled: pulled.clone(),
+        limit: 1_000,
+        delta: 16 * 1024,
+    });
+    let factory = move |_: &SessionKey| source.clone();
+    let config = SupervisorConfig::default().with_session(
+        SessionConfig::default()
+            .with_retry(RetryPolicy::default().with_max_attempts(1))
+            .with_stream(StreamOptions::default().with_max_in_flight(WINDOW)),
+    );
+    let sup = Supervisor::start(config, Arc::new(factory))
+        .await
+        .expect("starts");
+    let mut turn = sup.send("ws", "go").await.expect("send");
+    assert!(matches!(recv(&mut turn).await, TurnEvent::Started(_)));
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let held = pulled.load(Ordering::SeqCst);
+    // 5 credits each (one, and one per 4 KiB): 3 fit in 16, one waits.
+    assert!(
+        held <= WINDOW / 5 + 2,
+        "{held} deltas of 16 KiB pulled for a window of {WINDOW} credits"
+    );
+    // A consumer that reads gets them all.
+    for _ in 0..100 {
+        assert!(matches!(
+            recv(&mut turn).await,
+            TurnEvent::Event(AgentEvent::TextDelta(_))
+        ));
+    }
     sup.shutdown().await;
 }

@@ -20,17 +20,19 @@ const TOKEN: &str = "test-token-0123456789";
 const LIMIT: usize = 30_000;
 const DELTA: usize = 2_048;
 
-/// An upstream that streams 2 KiB text deltas as fast as it is read, up
-/// to [`LIMIT`], then goes quiet.
+/// An upstream that streams text deltas of `delta` bytes as fast as it is
+/// read, up to [`LIMIT`], then goes quiet.
 struct Firehose {
     pulled: Arc<AtomicUsize>,
+    delta: usize,
 }
 
 impl EventSource for Firehose {
     fn open(&self, _: TurnRequest) -> BoxFuture<'static, Result<EventStream, StreamError>> {
         let pulled = self.pulled.clone();
+        let size = self.delta;
         Box::pin(async move {
-            let delta = "x".repeat(DELTA);
+            let delta = "x".repeat(size);
             let frames = futures_util::stream::unfold(0usize, move |n| {
                 let pulled = pulled.clone();
                 let delta = delta.clone();
@@ -63,11 +65,17 @@ async fn settled(pulled: &AtomicUsize) -> Option<usize> {
     None
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_client_that_stops_reading_pauses_the_turn_until_it_is_cut_loose() {
+/// Serves a [`Firehose`] of `delta`-byte deltas with `grace`, and starts
+/// a turn whose client reads until the text flows, then stops reading:
+/// the source's count of deltas pulled, and the client.
+async fn a_client_that_stops_reading(
+    delta: usize,
+    grace: Duration,
+) -> (Arc<AtomicUsize>, tokio::net::TcpStream) {
     let pulled = Arc::new(AtomicUsize::new(0));
     let source: Arc<dyn EventSource> = Arc::new(Firehose {
         pulled: pulled.clone(),
+        delta,
     });
     let sup = Supervisor::start(
         Default::default(),
@@ -79,13 +87,15 @@ async fn a_client_that_stops_reading_pauses_the_turn_until_it_is_cut_loose() {
         .await
         .expect("bind");
     let addr = listener.local_addr().expect("addr");
-    let grace = Duration::from_secs(2);
     let app = warden_serve::router(sup, ServeConfig::new(TOKEN).with_slow_client_grace(grace));
     let _server = tokio::spawn(async move {
         let _ = axum::serve(listener, app).await;
     });
 
-    let mut client = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    // A small receive buffer: the kernel holds little of what is sent.
+    let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+    socket.set_recv_buffer_size(16 * 1024).expect("rcvbuf");
+    let mut client = socket.connect(addr).await.expect("connect");
     let body = r#"{"key": "firehose", "message": "go"}"#;
     let request = format!(
         "POST /v1/turns HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\r\n\
@@ -105,6 +115,14 @@ async fn a_client_that_stops_reading_pauses_the_turn_until_it_is_cut_loose() {
         assert!(n > 0, "closed early");
         seen.extend_from_slice(&buf[..n]);
     }
+    (pulled, client)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_stops_reading_pauses_the_turn_until_it_is_cut_loose() {
+    let grace = Duration::from_secs(2);
+    let (pulled, mut client) = a_client_that_stops_reading(DELTA, grace).await;
+    let mut buf = vec![0u8; 64 * 1024];
 
     // The turn stops reading its source once the client's socket buffers
     // and the lag window are full: well short of everything it has.
@@ -154,5 +172,24 @@ async fn a_client_that_stops_reading_pauses_the_turn_until_it_is_cut_loose() {
         ended,
         Ok(true),
         "a lagging client's stream ends after the grace"
+    );
+}
+
+/// What a client that stops reading holds back is bounded in bytes, not
+/// only in events: with 8 KiB deltas the turn pauses after a few MiB, as
+/// with 2 KiB ones (before, the window was 1,024 events whatever their
+/// size: 8 MiB of text here, ~5 times that in the server's memory).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_stops_reading_large_deltas_pauses_the_turn_within_mebibytes() {
+    const BIG: usize = 8 * 1024;
+    let (pulled, _client) = a_client_that_stops_reading(BIG, Duration::from_secs(60)).await;
+    let paused = settled(&pulled)
+        .await
+        .expect("the source is paused while its client does not read");
+    let mib = paused * BIG / (1024 * 1024);
+    eprintln!("paused after {paused} deltas of {BIG} bytes ({mib} MiB)");
+    assert!(
+        mib < 6,
+        "paused after {paused} deltas of {BIG} bytes ({mib} MiB)"
     );
 }

@@ -18,8 +18,10 @@
 //!
 //! # Backpressure
 //!
-//! Every forwarded event carries a [`Credit`]; at most
-//! [`StreamOptions::max_in_flight`] credits of an attempt exist at once. A
+//! Every forwarded event carries a [`Credit`]: one, and one more per 4 KiB
+//! of its text (so what is in flight is bounded in bytes as well as in
+//! events); at most [`StreamOptions::max_in_flight`] credits of an attempt
+//! exist at once. A
 //! credit is returned when whoever ends up with the event drops it (a
 //! [`TurnHandle`](crate::TurnHandle) when its consumer takes the event out;
 //! a custom sink when it drops the report). When none is left the reader
@@ -118,9 +120,11 @@ pub struct StreamOptions {
     /// `WARDEN_PROGRESS_TIMEOUT` via
     /// [`SupervisorConfig::from_env`](crate::SupervisorConfig::from_env).
     pub progress_timeout: Option<Duration>,
-    /// Events forwarded but not yet consumed (their [`Credit`] not yet
-    /// dropped) before the reader stops reading the source. Default 256;
-    /// values below 1 count as 1.
+    /// Credits of events forwarded but not yet consumed (their [`Credit`]
+    /// not yet dropped) before the reader stops reading the source: an
+    /// event takes one, and one more per 4 KiB of its text (a delta larger
+    /// than the whole window takes all of it). Default 256 (256 small
+    /// events, about 1 MiB of large ones); values below 1 count as 1.
     pub max_in_flight: usize,
 }
 

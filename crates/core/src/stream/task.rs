@@ -223,9 +223,8 @@ async fn read(
             Duration::ZERO
         };
         let progress_timeout = options.progress_timeout;
-        let window = Arc::new(Semaphore::new(
-            options.max_in_flight.clamp(1, Semaphore::MAX_PERMITS),
-        ));
+        let capacity = options.max_in_flight.clamp(1, Semaphore::MAX_PERMITS);
+        let window = Arc::new(Semaphore::new(capacity));
         let stream = watch
             .until(source.open(request))
             .await
@@ -267,13 +266,19 @@ async fn read(
                         }
                         _ => {}
                     }
-                    let credit = match Arc::clone(&window).try_acquire_owned() {
+                    let weight = credits_for(&event, capacity);
+                    let credit = match Arc::clone(&window).try_acquire_many_owned(weight) {
                         Ok(permit) => Credit(Some(permit)),
                         // Held back by the consumer: not the source's silence,
                         // nor its lack of progress.
                         Err(TryAcquireError::NoPermits) => stream
                             .watch_mut()
-                            .until(wait_for_credit(&window, &heartbeat, progress.as_ref()))
+                            .until(wait_for_credit(
+                                &window,
+                                weight,
+                                &heartbeat,
+                                progress.as_ref(),
+                            ))
                             .await
                             .map_err(WatchError::Stopped)?,
                         Err(TryAcquireError::Closed) => Credit::none(), // never closed
@@ -289,6 +294,23 @@ async fn read(
         Ok(())
     }
 }
+
+/// How many of a window of `capacity` credits `event` takes: one, and one
+/// more per [`CREDIT_BYTES`] of its text, at most the whole window (a huge
+/// delta still passes, alone). So what is in flight is bounded in bytes
+/// too, not only in events: 256 deltas of 64 KiB would be 16 MiB.
+fn credits_for(event: &AgentEvent, capacity: usize) -> u32 {
+    let text = match event {
+        AgentEvent::TextDelta(t) | AgentEvent::ThinkingDelta(t) => t.len(),
+        AgentEvent::ToolInputDelta { partial_json, .. } => partial_json.len(),
+        _ => 0,
+    };
+    let weight = 1 + text / CREDIT_BYTES;
+    u32::try_from(weight.min(capacity)).unwrap_or(u32::MAX)
+}
+
+/// The text one credit stands for, beyond the first.
+const CREDIT_BYTES: usize = 4096;
 
 /// Whether `frame` is progress: an event [`is_content`].
 fn is_content_frame(frame: &Frame) -> bool {
@@ -313,10 +335,11 @@ fn is_content(event: &AgentEvent) -> bool {
 /// and its allowance starts afresh once a credit is back.
 async fn wait_for_credit(
     window: &Arc<Semaphore>,
+    weight: u32,
     heartbeat: &Heartbeat,
     progress: Option<&Heartbeat>,
 ) -> Credit {
-    let acquire = Arc::clone(window).acquire_owned();
+    let acquire = Arc::clone(window).acquire_many_owned(weight);
     tokio::pin!(acquire);
     let beat = || {
         heartbeat.beat();

@@ -1,7 +1,8 @@
 //! A turn's log: its events, numbered from 1, and the clients attached to
-//! it. A client that falls more than [`READER_WINDOW`] events behind holds
-//! the turn back (backpressure to its source), for at most the server's
-//! slow-client grace; then its stream ends and it re-attaches.
+//! it. A client that falls more than [`READER_WINDOW`] events or
+//! [`READER_WINDOW_BYTES`] of text behind holds the turn back
+//! (backpressure to its source), for at most the server's slow-client
+//! grace; then its stream ends and it re-attaches.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -9,7 +10,7 @@ use std::time::Duration;
 
 use parking_lot::Mutex;
 use tokio::sync::watch;
-use warden_core::store::{StoredEvent as ServeEvent, TurnAsked};
+use warden_core::store::{StoredEvent as ServeEvent, TurnAsked, TurnEventData};
 use warden_core::{SessionKey, TurnCanceller};
 
 /// How far (in events) the slowest attached client may fall behind a
@@ -18,9 +19,42 @@ use warden_core::{SessionKey, TurnCanceller};
 /// for a slow terminal.
 pub(crate) const READER_WINDOW: u64 = 1024;
 
+/// The same window in bytes of event text ([`event_bytes`]): an upstream
+/// that sends large deltas fills it long before [`READER_WINDOW`] events
+/// (8 KiB deltas: 8 MiB, and ~5 times that in memory), so what a client
+/// that stops reading costs does not grow with the size of the deltas.
+pub(crate) const READER_WINDOW_BYTES: u64 = 256 * 1024;
+
 /// At most this many events are handed to a client's stream at once (its
-/// copy of the log stays small however far behind it is).
+/// copy of the log stays small however far behind it is)...
 const READ_BATCH: usize = 256;
+
+/// ...and at most this many bytes of them (at least one event).
+const READ_BATCH_BYTES: u64 = 64 * 1024;
+
+/// What an event weighs in the windows above: its text, and a fixed 64
+/// bytes for the rest (every other field is small and bounded).
+fn event_bytes(e: &ServeEvent) -> u64 {
+    let text = match &e.data {
+        TurnEventData::Text(d) | TurnEventData::Thinking(d) => d.text.len(),
+        _ => 0,
+    };
+    64 + text as u64
+}
+
+/// `events` numbered as in the log, with the bytes before each
+/// ([`event_bytes`]) and their total last: `sizes[i]` is what precedes
+/// `events[i]`.
+fn running_sizes(events: &[ServeEvent]) -> Vec<u64> {
+    let mut sizes = Vec::with_capacity(events.len() + 1);
+    let mut total = 0;
+    sizes.push(0);
+    for e in events {
+        total += event_bytes(e);
+        sizes.push(total);
+    }
+    sizes
+}
 
 /// A turn's log: its events and whether it has ended.
 #[derive(Debug)]
@@ -32,6 +66,9 @@ pub(crate) struct TurnLog {
     /// What it was asked ([`StoredTurn::asked`]).
     pub(crate) asked: TurnAsked,
     events: Mutex<Vec<ServeEvent>>,
+    /// The bytes of the events before each ([`running_sizes`]): taken
+    /// after `events` when both are locked.
+    sizes: Mutex<Vec<u64>>,
     /// The number of events so far; `ended` once the last one is in (or
     /// the turn moved to another node: no more events here).
     pub(super) changed: watch::Sender<(usize, bool)>,
@@ -117,6 +154,7 @@ impl TurnLog {
             key,
             fingerprint,
             asked,
+            sizes: Mutex::new(running_sizes(&events)),
             events: Mutex::new(events),
             changed,
             canceller,
@@ -138,14 +176,23 @@ impl TurnLog {
         }
     }
 
-    /// The attached clients more than [`READER_WINDOW`] events behind.
+    /// The attached clients more than [`READER_WINDOW`] events or
+    /// [`READER_WINDOW_BYTES`] behind.
     fn lagging(&self) -> Vec<u64> {
-        let last = self.lock().last().map_or(0, |e| e.id);
+        let events = self.lock();
+        let sizes = self.sizes.lock();
+        let last = events.last().map_or(0, |e| e.id);
+        let total = sizes.last().copied().unwrap_or(0);
+        let behind = |seen: u64| {
+            let from = events.partition_point(|e| e.id <= seen);
+            last.saturating_sub(seen) > READER_WINDOW
+                || total - sizes.get(from).copied().unwrap_or(total) > READER_WINDOW_BYTES
+        };
         self.readers
             .lock()
             .seen
             .iter()
-            .filter(|&(_, &seen)| last.saturating_sub(seen) > READER_WINDOW)
+            .filter(|&(_, &seen)| behind(seen))
             .map(|(&id, _)| id)
             .collect()
     }
@@ -194,19 +241,31 @@ impl TurnLog {
     pub(super) fn publish(&self, batch: Vec<ServeEvent>, ended: bool) {
         let n = {
             let mut events = self.lock();
+            let mut sizes = self.sizes.lock();
+            let mut total = sizes.last().copied().unwrap_or(0);
+            for e in &batch {
+                total += event_bytes(e);
+                sizes.push(total);
+            }
             events.extend(batch);
             events.len()
         };
         self.changed.send_replace((n, ended));
     }
 
-    /// Events after `after` (at most [`READ_BATCH`]), and whether the
-    /// turn has ended with the last of them.
+    /// Events after `after` (at most [`READ_BATCH`] and
+    /// [`READ_BATCH_BYTES`], at least one), and whether the turn has ended
+    /// with the last of them.
     fn after(&self, after: u64) -> (Vec<ServeEvent>, bool) {
         let ended = self.changed.borrow().1;
         let events = self.lock();
+        let sizes = self.sizes.lock();
         let from = events.partition_point(|e| e.id <= after);
-        let to = events.len().min(from + READ_BATCH);
+        let within = sizes[from..].partition_point(|&s| s - sizes[from] <= READ_BATCH_BYTES);
+        let to = events
+            .len()
+            .min(from + READ_BATCH)
+            .min(from + within.saturating_sub(1).max(1));
         // `ended` holds once the last event is in this batch.
         (events[from..to].to_vec(), ended && to == events.len())
     }
