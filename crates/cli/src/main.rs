@@ -30,6 +30,7 @@ mod sources;
 mod stream;
 mod terminal;
 mod units;
+mod wire;
 
 use std::process::ExitCode;
 use std::time::Duration;

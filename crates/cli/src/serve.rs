@@ -67,6 +67,12 @@ pub(crate) struct ServeArgs {
     /// The Claude Code binary. Default: `claude` on PATH.
     #[arg(long, env = "WARDEN_CLAUDE_BIN", value_name = "PATH")]
     claude_bin: Option<PathBuf>,
+    /// Let Claude Code reach its API directly, without warden's wire layer
+    /// (by default its model stream goes through warden's watched engine
+    /// in this process, which continues a stalled or cut reply inside the
+    /// CLI's own request).
+    #[arg(long, env = "WARDEN_NO_WIRE_WATCH")]
+    no_wire_watch: bool,
     /// How long running turns may take to finish after SIGTERM: seconds,
     /// or a duration with a unit (30s, 2m).
     #[arg(long, env = "WARDEN_GRACE", default_value = "10", value_name = "SECONDS", value_parser = crate::units::seconds)]
@@ -338,7 +344,21 @@ pub(crate) async fn run(args: ServeArgs) -> Result<Exit, CliError> {
             Arc::new(sled)
         }
     };
+    // Claude Code's model traffic through the wire layer, which then
+    // reaches what --base-url (or the CLI's own setting) names.
+    let wire = if args.agent.contains(&Agent::ClaudeCode) && !args.no_wire_watch {
+        Some(
+            crate::wire::Wire::start(
+                &crate::wire::anthropic_upstream(args.base_url.as_deref()),
+                config.watchdog.default_timeout,
+            )
+            .await?,
+        )
+    } else {
+        None
+    };
     let settings = AgentSettings {
+        claude_base_url: wire.as_ref().map(|w| w.url().to_owned()),
         base_url: args.base_url.clone(),
         model: args.model.clone(),
         claude_bin: args.claude_bin.clone(),
@@ -451,6 +471,7 @@ pub(crate) async fn run(args: ServeArgs) -> Result<Exit, CliError> {
     }
     supervisor.shutdown().await;
     agents.shutdown().await;
+    drop(wire);
     if let Some(node) = cluster {
         // The sessions stopped here (their messages pending in the
         // database) go to the other nodes now, not when the leases expire.

@@ -39,6 +39,9 @@ pub(crate) struct Agents {
 
 /// How the agents' sources are made (the flags they share).
 pub(crate) struct AgentSettings<'a> {
+    /// Where Claude Code sends its model requests instead of `base_url`:
+    /// the wire layer, when it runs.
+    pub(crate) claude_base_url: Option<String>,
     pub(crate) base_url: Option<String>,
     pub(crate) model: Option<String>,
     pub(crate) claude_bin: Option<PathBuf>,
@@ -74,9 +77,13 @@ impl Agents {
         let mut sources = Vec::new();
         let mut children = Vec::new();
         for agent in &list {
+            let base_url = match (agent, &settings.claude_base_url) {
+                (Agent::ClaudeCode, Some(wire)) => Some(wire.clone()),
+                _ => settings.base_url.clone(),
+            };
             let (source, child) = agent_source(
                 *agent,
-                settings.base_url.clone(),
+                base_url,
                 settings.model.clone(),
                 settings.claude_bin.clone(),
                 settings.data_dir,
