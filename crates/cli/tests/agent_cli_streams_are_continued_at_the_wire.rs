@@ -162,3 +162,36 @@ async fn without_the_wire_the_same_stall_costs_a_kill_and_a_rerun() {
     );
     mock.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claude_code_reply_cut_mid_text_is_continued_at_the_wire() {
+    let Some(claude) = claude_bin() else {
+        return;
+    };
+    let mock = MockServer::start(
+        MockConfig::default().with_sequence([Scenario::AbruptClose, Scenario::Normal]),
+    )
+    .await
+    .expect("mock");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (out, took) = chat(&claude, &mock, dir.path(), &[]).await;
+    eprintln!("cut, through the wire: {took:?}");
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let text = stdout(&out);
+    assert_eq!(
+        text.matches("Hello from warden-mock.").count(),
+        1,
+        "the whole reply, once: {text:?}"
+    );
+    let requests: Vec<_> = mock
+        .requests()
+        .into_iter()
+        .filter(|r| r.path == "/v1/messages")
+        .collect();
+    assert_eq!(requests.len(), 2, "the cut request and its continuation");
+    assert!(
+        requests[1].continuation.is_some(),
+        "a continuation, not a re-send"
+    );
+    mock.shutdown().await;
+}
