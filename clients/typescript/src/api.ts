@@ -456,21 +456,42 @@ export interface components {
         ClusterView: {
             /**
              * Format: double
+             * @description Seconds this node could not reach the database in all: each outage
+             *     from its first failed heartbeat to the next that worked (or now).
+             */
+            database_outage_secs: number;
+            /**
+             * Format: uint64
+             * @description Database outages this node lived through since it started (its
+             *     heartbeats failing), the one now included.
+             */
+            database_outages: number;
+            /**
+             * Format: double
              * @description The database's round trip now, in milliseconds (`null`: no answer).
              */
             database_round_trip_ms: number | null;
+            /** @description How long the failovers to this node took since it started. */
+            failover_seconds: components["schemas"]["FailoverTimings"];
             /**
              * Format: uint64
-             * @description Cluster wide, read from the database: sessions that failed over
-             *     (taken after their node's lease ran out) in the last hour.
+             * @description Cluster wide, read from the database: failovers (sessions taken
+             *     after their node's lease ran out) in the last hour, every one (a
+             *     session that failed over twice counts twice).
              */
             failovers_last_hour: number;
             /**
              * Format: uint64
-             * @description Cluster wide: sessions handed over (given back, then taken) in the
-             *     last hour.
+             * @description Cluster wide: handovers (sessions given back, then taken) in the
+             *     last hour, every one.
              */
             handovers_last_hour: number;
+            /**
+             * Format: double
+             * @description This node's lease TTL, seconds (`null` from a placement that does
+             *     not say): a failover takes about this plus a scan by design.
+             */
+            lease_ttl_secs: number | null;
             /**
              * Format: uint64
              * @description Leases this node holds.
@@ -483,7 +504,7 @@ export interface components {
             leases_lost: number;
             /**
              * @description Cluster wide: the last hour's moves by the nodes they went between
-             *     and why, most first (each session counted for its latest move).
+             *     and why, most first (every move counted).
              */
             moved_last_hour: components["schemas"]["MoveCount"][];
             /**
@@ -497,7 +518,15 @@ export interface components {
             nodes: components["schemas"]["ClusterNode"][];
             /**
              * Format: uint64
-             * @description Sessions this node took over.
+             * @description Sessions this node took back since it started after giving them up
+             *     itself (a database outage) or holding them last (a restart under
+             *     its id): nothing moved, so they are not takeovers.
+             */
+            returns: number;
+            /**
+             * Format: uint64
+             * @description Sessions of other nodes this node took over since it started
+             *     (their leases expired: a node died or was cut off).
              */
             takeovers: number;
         };
@@ -695,6 +724,39 @@ export interface components {
             exit: number;
             /** @description What happened, for a human. */
             message: string;
+        };
+        /**
+         * @description The failovers to a node, each from its dead owner's last heartbeat to
+         *     the session's first lifecycle event on the node that took it (as
+         *     `warden_cluster_failover_seconds`); the quantiles are estimated from
+         *     that histogram's buckets as Prometheus's `histogram_quantile` does.
+         */
+        FailoverTimings: {
+            /**
+             * Format: uint64
+             * @description How many were timed.
+             */
+            count: number;
+            /**
+             * Format: double
+             * @description The median, seconds (`null`: none timed).
+             */
+            p50_secs: number | null;
+            /**
+             * Format: double
+             * @description The 0.9 quantile, seconds (`null`: none timed).
+             */
+            p90_secs: number | null;
+            /**
+             * Format: double
+             * @description The 0.99 quantile, seconds (`null`: none timed).
+             */
+            p99_secs: number | null;
+            /**
+             * Format: double
+             * @description Their sum, seconds.
+             */
+            sum_secs: number;
         };
         /** @description An event's fields with the time it was made: what `data:` carries. */
         FreshFallbackEvent: {

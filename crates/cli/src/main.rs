@@ -181,8 +181,11 @@ async fn run(cli: Cli) -> Result<Exit, CliError> {
     if std::env::var_os("RUST_LOG").is_none() {
         telemetry = match cli.command {
             // The connection pool warns of every failed connection in a
-            // database outage; the node says it once itself.
-            Command::Serve(_) => telemetry.with_console_filter("warn,deadpool=error"),
+            // database outage; the node says it once itself, and its end
+            // (with its joins, takeovers and rebalancing) at info.
+            Command::Serve(_) => {
+                telemetry.with_console_filter("warn,deadpool=error,warden_pg::cluster=info")
+            }
             _ => telemetry.with_console(false),
         };
     }

@@ -49,6 +49,16 @@ pub trait Placement: Send + Sync + 'static {
         Box::pin(async { Ok(()) })
     }
 
+    /// Whether this node cannot reach what placement needs (the cluster's
+    /// database) now, or could not a moment ago (its sessions are not all
+    /// home yet: `warden-pg` counts the return grace and a lease TTL):
+    /// every request refused meanwhile is refused for the outage,
+    /// whichever step failed first (`503 database_unreachable`). Default
+    /// `false`.
+    fn in_outage(&self) -> BoxFuture<'_, bool> {
+        Box::pin(async { false })
+    }
+
     /// This node's cluster figures for `GET /metrics`, read at scrape
     /// time. Default `None`: no cluster metrics.
     fn stats(&self) -> BoxFuture<'_, Option<ClusterStats>> {
@@ -216,6 +226,32 @@ impl Timings {
         }
     }
 
+    /// The `q` quantile (0..=1) of the durations counted, in seconds, as
+    /// Prometheus's `histogram_quantile` estimates it from the buckets: the
+    /// bucket that holds it, interpolated linearly within (from 0 for the
+    /// first); in the last (`+Inf`) bucket, the highest finite bound.
+    /// `None` when nothing was counted.
+    pub fn quantile(&self, q: f64) -> Option<f64> {
+        let total: u64 = self.buckets.iter().map(|(_, n)| n).sum();
+        if total == 0 {
+            return None;
+        }
+        let rank = q.clamp(0.0, 1.0) * total as f64;
+        let (mut below, mut lower) = (0u64, 0.0);
+        for (bound, n) in &self.buckets {
+            if *bound == f64::MAX {
+                return Some(lower);
+            }
+            if (below + n) as f64 >= rank && *n > 0 {
+                let within = (rank - below as f64) / *n as f64;
+                return Some(lower + (bound - lower) * within);
+            }
+            below += n;
+            lower = *bound;
+        }
+        Some(lower)
+    }
+
     /// Counts `d`.
     pub fn observe(&mut self, d: Duration) {
         let secs = d.as_secs_f64();
@@ -236,7 +272,8 @@ pub struct ClusterStats {
     pub leases_held: u64,
     /// Leases it lost since it started (another node took the session).
     pub leases_lost: u64,
-    /// Sessions of dead nodes it took over since it started.
+    /// Sessions of other nodes it took over since it started (their
+    /// leases expired: a node died or was cut off).
     pub takeovers: u64,
     /// Failed database round trips of its background work (heartbeats,
     /// expiry, placement) since it started.
@@ -256,6 +293,13 @@ pub struct ClusterStats {
     /// How long it could not reach the database in all, from each
     /// outage's first failed heartbeat to the next that worked (or now).
     pub database_outage: Duration,
+    /// Sessions it took back after giving them up itself (a database
+    /// outage) or holding them last (a restart under its id): they moved
+    /// nowhere, so they are not [`takeovers`](Self::takeovers).
+    pub returns: u64,
+    /// Its lease TTL, if it has one: a failover takes about this plus a
+    /// scan by design.
+    pub lease_ttl: Option<Duration>,
 }
 
 /// One member of a cluster, as the database sees it.

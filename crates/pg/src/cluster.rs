@@ -54,7 +54,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use tokio::sync::broadcast;
 use tokio_util::task::AbortOnDropHandle;
 
-use warden_core::cluster::Placement;
+use warden_core::cluster::{NodeStats, Placement};
 use warden_core::{SessionKey, StoreError, Supervisor};
 
 use crate::{NodeStore, NodeTurns, PgConversations, PgError, PgStore};
@@ -85,12 +85,23 @@ const EXPIRE_EVERY: Duration = Duration::from_secs(60);
 /// one hour. `warden cluster forget NODE` removes a dead one at once.
 pub const DEAD_NODE_RETENTION: Duration = Duration::from_secs(3600);
 
+/// How long every move of a session between nodes is kept
+/// (`warden_moves`, for `GET /v1/cluster`'s last hour): an hour.
+pub const MOVES_KEPT: Duration = Duration::from_secs(3600);
+
 /// What a node counts for `/metrics`, shared by its background work and
 /// its placement.
 #[derive(Debug, Default)]
 struct Counters {
     leases_lost: AtomicU64,
     takeovers: AtomicU64,
+    /// Sessions this node took back after it gave them up itself (a
+    /// database outage) or held them last (a restart under its id): not
+    /// moves, not takeovers.
+    returns: AtomicU64,
+    /// The members as last read, and when: shown, their ages growing,
+    /// while the database cannot be read.
+    members: parking_lot::Mutex<Option<(tokio::time::Instant, Vec<NodeStats>)>>,
     database_errors: AtomicU64,
     /// This node's latest database outage, as its heartbeats saw it.
     outage: parking_lot::Mutex<Outage>,
@@ -328,6 +339,10 @@ impl Node {
                 tick.tick().await;
                 let expired = match pg.expire_turns(keep).await {
                     Ok(_) => pg.forget_dead_nodes(DEAD_NODE_RETENTION).await.map(|_| ()),
+                    Err(e) => Err(e),
+                };
+                let expired = match expired {
+                    Ok(()) => pg.expire_moves(MOVES_KEPT).await.map(|_| ()),
                     Err(e) => Err(e),
                 };
                 // Turns whose end was lost with a node that died between

@@ -451,6 +451,19 @@ impl PgStore {
             .collect())
     }
 
+    /// Deletes the moves (`warden_moves`, every move of a session
+    /// between nodes) older than `keep`: how many.
+    pub async fn expire_moves(&self, keep: Duration) -> Result<u64, StoreError> {
+        let client = self.client().await?;
+        client
+            .execute(
+                "DELETE FROM warden_moves WHERE at < now() - make_interval(secs => $1)",
+                &[&secs(keep)],
+            )
+            .await
+            .map_err(backend)
+    }
+
     /// How `node` came to hold `key` under its current epoch, if that take
     /// moved it from another node: the move's kind (`failover` or
     /// `handover`) and whether the node it came from has beaten since

@@ -117,6 +117,35 @@ pub const MIGRATIONS: &[(i32, &str)] = &[
          ADD COLUMN lease_ttl_ms BIGINT,
          ADD COLUMN left_at      TIMESTAMPTZ;",
     ),
+    (
+        // Every move of a session between nodes, not only each session's
+        // latest: `GET /v1/cluster` counts the last hour's failovers and
+        // handovers from it (a session that failed over twice is two
+        // failovers). Written by the database whenever a take records a
+        // move (a new `moved_epoch`), so every writer — an older node's
+        // too — keeps it; the nodes delete the rows over an hour old.
+        9,
+        "CREATE TABLE warden_moves (
+         at         TIMESTAMPTZ NOT NULL,
+         key        TEXT NOT NULL,
+         moved_from TEXT NOT NULL,
+         moved_to   TEXT NOT NULL,
+         kind       TEXT NOT NULL
+     );
+     CREATE INDEX warden_moves_at ON warden_moves (at);
+     CREATE FUNCTION warden_record_move() RETURNS trigger LANGUAGE plpgsql AS $$
+     BEGIN
+         INSERT INTO warden_moves (at, key, moved_from, moved_to, kind)
+         VALUES (NEW.moved_at, NEW.key, NEW.moved_from, NEW.owner, NEW.moved_kind);
+         RETURN NULL;
+     END $$;
+     CREATE TRIGGER warden_sessions_move AFTER UPDATE ON warden_sessions
+         FOR EACH ROW
+         WHEN (NEW.moved_epoch IS DISTINCT FROM OLD.moved_epoch
+               AND NEW.moved_from IS NOT NULL AND NEW.owner IS NOT NULL
+               AND NEW.moved_at IS NOT NULL AND NEW.moved_kind IS NOT NULL)
+         EXECUTE FUNCTION warden_record_move();",
+    ),
 ];
 
 /// An arbitrary constant naming warden's migration lock.

@@ -13,7 +13,9 @@ mod cluster;
 mod error_type;
 
 pub use crate::agent::Agent;
-pub use cluster::{ClusterNode, ClusterView, MemberState, MoveCount, MoveKind, SessionMove};
+pub use cluster::{
+    ClusterNode, ClusterView, FailoverTimings, MemberState, MoveCount, MoveKind, SessionMove,
+};
 pub use error_type::ErrorType;
 pub use warden_core::lifecycle::wire::{Lagged, LifecycleData, LifecycleReset, ResetReason};
 pub use warden_core::store::turn_event::{

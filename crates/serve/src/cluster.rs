@@ -242,6 +242,29 @@ impl Cluster {
         answer
     }
 
+    /// `error` as a client gets it: on a cluster node that cannot reach
+    /// its database now, or could not a moment ago
+    /// ([`Placement::in_outage`]), a `503` is `503
+    /// database_unreachable` with `Retry-After` whichever step failed
+    /// first (the placement, the session's store, a lease the outage
+    /// made this node give up), and says nothing of the driver (that is in
+    /// the node's log); anything else is answered as it is.
+    pub(crate) async fn in_outage(&self, error: ApiError) -> ApiError {
+        let Some(placement) = &self.state.placement else {
+            return error;
+        };
+        if error.kind.status() != 503 || !placement.in_outage().await {
+            return error;
+        }
+        tracing::debug!(error.type = %error.kind, error = %error.message, "a new turn refused in a database outage");
+        ApiError::new(
+            ErrorType::DatabaseUnreachable,
+            "this node cannot reach the cluster's database: the turn was not accepted; \
+             ask again after Retry-After (or another node)",
+        )
+        .retry_after(1)
+    }
+
     /// Where a new turn of `key` runs: here (this node holds or just took
     /// the session's lease), or at its owner, which is sent `body` once
     /// (a request already forwarded is not forwarded again); an owner that

@@ -82,6 +82,8 @@ struct Cluster {
     leases_held: Gauge,
     leases_lost: Counter,
     takeovers: Counter,
+    returns: Counter,
+    lease_ttl: Gauge<f64, std::sync::atomic::AtomicU64>,
     database_errors: Counter,
     database_outages: Counter,
     database_outage_seconds: Counter<f64, std::sync::atomic::AtomicU64>,
@@ -173,6 +175,8 @@ impl Metrics {
                 leases_held: Gauge::default(),
                 leases_lost: Counter::default(),
                 takeovers: Counter::default(),
+                returns: Counter::default(),
+                lease_ttl: Gauge::default(),
                 database_errors: Counter::default(),
                 database_outages: Counter::default(),
                 database_outage_seconds: Counter::default(),
@@ -196,8 +200,18 @@ impl Metrics {
             );
             r.register(
                 "takeovers",
-                "Sessions of dead nodes this node took over",
+                "Sessions of other nodes this node took over (their leases expired: a node died or was cut off)",
                 c.takeovers.clone(),
+            );
+            r.register(
+                "returns",
+                "Sessions this node took back after giving them up itself (a database outage) or holding them last (a restart): nothing moved",
+                c.returns.clone(),
+            );
+            r.register(
+                "lease_ttl_seconds",
+                "This node's lease TTL: a failover takes about this plus a scan (0.5 s) by design",
+                c.lease_ttl.clone(),
             );
             r.register(
                 "database_errors",
@@ -331,6 +345,10 @@ impl Metrics {
                     .set(i64::try_from(stats.leases_held).unwrap_or(i64::MAX));
                 catch_up(&c.leases_lost, stats.leases_lost);
                 catch_up(&c.takeovers, stats.takeovers);
+                catch_up(&c.returns, stats.returns);
+                if let Some(ttl) = stats.lease_ttl {
+                    c.lease_ttl.set(ttl.as_secs_f64());
+                }
                 catch_up(&c.database_errors, stats.database_errors);
                 catch_up(&c.database_outages, stats.database_outages);
                 let (outage, now) = (

@@ -44,6 +44,15 @@ pub enum NodeEvent {
         /// The new epoch.
         epoch: u64,
     },
+    /// This node took back a session it gave up itself (a database
+    /// outage) or held last before it restarted under its id, and re-sends
+    /// its pending messages. Nothing moved: not a takeover.
+    CameHome {
+        /// The session.
+        key: SessionKey,
+        /// The new epoch.
+        epoch: u64,
+    },
     /// A session with waiting messages whose lease this node held while
     /// nothing ran it here was started (its messages are sent again); see
     /// [`TakeOver::resumed`](crate::cluster::TakeOver::resumed).
@@ -101,6 +110,10 @@ impl std::fmt::Display for NodeEvent {
                 f,
                 "took over session {key} (epoch {epoch}); re-sending its pending messages"
             ),
+            Self::CameHome { key, epoch } => write!(
+                f,
+                "took back session {key} (epoch {epoch}) after giving it up; re-sending its pending messages"
+            ),
             Self::Resumed { key, epoch } => write!(
                 f,
                 "session {key} waited with nothing running it under this node's lease (epoch {epoch}); started it here"
@@ -138,6 +151,10 @@ pub(super) fn report(events: &broadcast::Sender<NodeEvent>, event: NodeEvent) {
         }
         NodeEvent::TookOver { key, epoch } => {
             tracing::info!(target: "warden_pg::cluster", event = "cluster.took_over", session.key = %key, epoch, "{event}");
+        }
+        // Part of an outage's end, which `cluster.database_back` says once.
+        NodeEvent::CameHome { key, epoch } => {
+            tracing::debug!(target: "warden_pg::cluster", event = "cluster.came_home", session.key = %key, epoch, "{event}");
         }
         NodeEvent::Resumed { key, epoch } => {
             tracing::warn!(target: "warden_pg::cluster", event = "cluster.resumed", session.key = %key, epoch, "{event}");

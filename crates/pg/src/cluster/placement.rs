@@ -38,9 +38,14 @@ impl Placement for LeasePlacement {
             if self.node.lease_of(key).is_some() {
                 return Ok(()); // ours (the fence still guards every write)
             }
+            // The driver's text is for the node's log, not the client.
             let unknown = |e: StoreError| {
                 Counters::add(&self.counters.database_errors, 1);
-                Elsewhere::store_unreachable(e.to_string(), Duration::from_secs(1))
+                tracing::debug!(session = %key, error = %e, "cannot place the session: the cluster's database cannot be reached");
+                Elsewhere::store_unreachable(
+                    "the cluster's database cannot be reached",
+                    Duration::from_secs(1),
+                )
             };
             // A session bound to a directory this node lacks is not taken
             // here: asked while its owner lives, the request is forwarded;
@@ -63,10 +68,15 @@ impl Placement for LeasePlacement {
                     // Given up here a moment ago (its copy and its turn
                     // relays stopping) and held by no one else: ask again
                     // once this node may take it, or another node has.
+                    // (It could not renew the lease in time: the
+                    // database out of reach, not another owner.)
                     if let Some(left) = self.node.cooling_down(key)
                         && info.owner.as_deref().is_none_or(|o| o == self.node.node())
                     {
-                        return Err(Elsewhere::new(None, None, left));
+                        return Err(Elsewhere::store_unreachable(
+                            "this node gave the session up a moment ago, its lease not renewed in time; it takes it back shortly",
+                            left,
+                        ));
                     }
                     Err(self.held_by(info).await)
                 }
@@ -102,6 +112,17 @@ impl Placement for LeasePlacement {
         })
     }
 
+    fn in_outage(&self) -> BoxFuture<'_, bool> {
+        Box::pin(async move {
+            // An outage's aftermath lasts until its sessions are home:
+            // the return grace, and a TTL for the leases it expired.
+            let after = self.node.return_grace() + self.node.ttl();
+            self.counters.outage_within(after)
+                || self.node.unreachable_within(after)
+                || self.ready().await.is_err()
+        })
+    }
+
     fn stats(&self) -> BoxFuture<'_, Option<ClusterStats>> {
         Box::pin(async move {
             let counters = &self.counters;
@@ -115,14 +136,38 @@ impl Placement for LeasePlacement {
             let started = tokio::time::Instant::now();
             let ping = tokio::time::timeout(Duration::from_secs(2), self.node.pg().ping()).await;
             stats.database_round_trip = matches!(ping, Ok(Ok(()))).then(|| started.elapsed());
-            if let Ok(nodes) = self.node.pg().nodes().await {
-                stats.nodes = nodes
-                    .into_iter()
-                    .map(|n| {
-                        NodeStats::new(n.node_id, n.heartbeat_age_secs, n.sessions)
-                            .with_state(n.state.as_str())
-                    })
-                    .collect();
+            stats.returns = counters.returns.load(Ordering::Relaxed);
+            stats.lease_ttl = Some(self.node.ttl());
+            let nodes = tokio::time::timeout(Duration::from_secs(2), self.node.pg().nodes());
+            let read = nodes.await;
+            let mut members = counters.members.lock();
+            match read {
+                Ok(Ok(nodes)) => {
+                    stats.nodes = nodes
+                        .into_iter()
+                        .map(|n| {
+                            NodeStats::new(n.node_id, n.heartbeat_age_secs, n.sessions)
+                                .with_state(n.state.as_str())
+                        })
+                        .collect();
+                    *members = Some((tokio::time::Instant::now(), stats.nodes.clone()));
+                }
+                // The database cannot be read: the members as last read,
+                // each heartbeat older by the time since (no series gaps
+                // on a dashboard; the age says how stale).
+                _ => {
+                    if let Some((read, nodes)) = members.as_ref() {
+                        let since = read.elapsed().as_secs_f64();
+                        stats.nodes = nodes
+                            .iter()
+                            .map(|n| {
+                                let mut n = n.clone();
+                                n.heartbeat_age_secs += since;
+                                n
+                            })
+                            .collect();
+                    }
+                }
             }
             Some(stats)
         })
@@ -201,18 +246,18 @@ impl Placement for LeasePlacement {
     }
 }
 
-/// The sessions that changed nodes within `within`, cluster wide, by kind
-/// and by the nodes they moved between: each session's latest move (the
-/// database keeps no older one), its taker the node that holds it now.
+/// The moves of sessions between nodes within `within`, cluster wide, by
+/// kind and by the nodes they moved between: every move (a session that
+/// moved twice counts twice), as `warden_moves` keeps them.
 async fn move_counts(node: &NodeStore, within: Duration) -> Result<Vec<MoveCount>, StoreError> {
     let client = node.pg().client().await?;
     let rows = client
         .query(
-            "SELECT moved_from, owner, moved_kind = 'failover', count(*) \
-             FROM warden_sessions \
-             WHERE moved_at >= now() - make_interval(secs => $1) AND owner IS NOT NULL \
-             GROUP BY moved_from, owner, moved_kind \
-             ORDER BY count(*) DESC, moved_from, owner",
+            "SELECT moved_from, moved_to, kind = 'failover', count(*) \
+             FROM warden_moves \
+             WHERE at >= now() - make_interval(secs => $1) \
+             GROUP BY moved_from, moved_to, kind \
+             ORDER BY count(*) DESC, moved_from, moved_to",
             &[&within.as_secs_f64()],
         )
         .await

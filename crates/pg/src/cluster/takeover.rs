@@ -54,10 +54,20 @@ pub(super) async fn take_over(
     let done = store.scan_orphans(supervisor).await;
     failover::scan_ends(store, &counters.failovers, &done.taken).await;
     Counters::add(&counters.takeovers, done.taken.len() as u64);
+    Counters::add(&counters.returns, done.returned.len() as u64);
     for (key, epoch) in &done.taken {
         report(
             events,
             NodeEvent::TookOver {
+                key: key.clone(),
+                epoch: *epoch,
+            },
+        );
+    }
+    for (key, epoch) in &done.returned {
+        report(
+            events,
+            NodeEvent::CameHome {
                 key: key.clone(),
                 epoch: *epoch,
             },

@@ -80,6 +80,13 @@ impl NodeStore {
         }
     }
 
+    /// Whether this node's round trips fail now, or failed within
+    /// `window` (its last outage ended less than that ago).
+    pub fn unreachable_within(&self, window: Duration) -> bool {
+        let reach = *self.reach.lock();
+        reach.failing_since.is_some() || reach.back_at.is_some_and(|b| b.elapsed() <= window)
+    }
+
     /// Whether this node is in an outage, or back from one for less than
     /// the return grace.
     fn returning(&self, reach: &Reach) -> bool {

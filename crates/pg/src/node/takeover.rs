@@ -14,8 +14,14 @@ use crate::Lease;
 #[derive(Debug, Default, Clone, PartialEq)]
 #[non_exhaustive]
 pub struct TakeOver {
-    /// Sessions taken and started here, with their new epoch.
+    /// Sessions of other nodes taken and started here, with their new
+    /// epoch.
     pub taken: Vec<(SessionKey, u64)>,
+    /// Sessions this node took back and started, with their new epoch: it
+    /// gave them up itself in a database outage, or held them last before
+    /// it restarted under its id. Nothing moved; they are not in
+    /// [`taken`](Self::taken).
+    pub returned: Vec<(SessionKey, u64)>,
     /// Sessions taken that could not start here, with why; their leases
     /// were given back at once for another node.
     pub released: Vec<(SessionKey, String)>,
@@ -121,9 +127,16 @@ impl NodeStore {
             }
         }
         // First the sessions this node gave up in an outage: home.
-        let (mut outcomes, later) = self
+        let (home, later) = self
             .take_home(supervisor, found.own, &running, &mut done)
             .await;
+        for outcome in home {
+            match outcome {
+                Ok(returned) => done.returned.push(returned),
+                Err(released) => done.released.push(released),
+            }
+        }
+        let mut outcomes = Vec::new();
         let mut orphans: Vec<SessionKey> = found
             .sessions
             .into_iter()

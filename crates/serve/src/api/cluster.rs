@@ -88,16 +88,33 @@ pub struct ClusterView {
     pub leases_held: u64,
     /// Leases this node lost since it started.
     pub leases_lost: u64,
-    /// Sessions this node took over.
+    /// Sessions of other nodes this node took over since it started
+    /// (their leases expired: a node died or was cut off).
     pub takeovers: u64,
-    /// Cluster wide, read from the database: sessions that failed over
-    /// (taken after their node's lease ran out) in the last hour.
+    /// Sessions this node took back since it started after giving them up
+    /// itself (a database outage) or holding them last (a restart under
+    /// its id): nothing moved, so they are not takeovers.
+    pub returns: u64,
+    /// This node's lease TTL, seconds (`null` from a placement that does
+    /// not say): a failover takes about this plus a scan by design.
+    pub lease_ttl_secs: Option<f64>,
+    /// Database outages this node lived through since it started (its
+    /// heartbeats failing), the one now included.
+    pub database_outages: u64,
+    /// Seconds this node could not reach the database in all: each outage
+    /// from its first failed heartbeat to the next that worked (or now).
+    pub database_outage_secs: f64,
+    /// How long the failovers to this node took since it started.
+    pub failover_seconds: FailoverTimings,
+    /// Cluster wide, read from the database: failovers (sessions taken
+    /// after their node's lease ran out) in the last hour, every one (a
+    /// session that failed over twice counts twice).
     pub failovers_last_hour: u64,
-    /// Cluster wide: sessions handed over (given back, then taken) in the
-    /// last hour.
+    /// Cluster wide: handovers (sessions given back, then taken) in the
+    /// last hour, every one.
     pub handovers_last_hour: u64,
     /// Cluster wide: the last hour's moves by the nodes they went between
-    /// and why, most first (each session counted for its latest move).
+    /// and why, most first (every move counted).
     pub moved_last_hour: Vec<MoveCount>,
     /// The database's round trip now, in milliseconds (`null`: no answer).
     pub database_round_trip_ms: Option<f64>,
@@ -119,4 +136,43 @@ pub struct MoveCount {
     pub kind: MoveKind,
     /// How many.
     pub sessions: u64,
+}
+
+/// The failovers to a node, each from its dead owner's last heartbeat to
+/// the session's first lifecycle event on the node that took it (as
+/// `warden_cluster_failover_seconds`); the quantiles are estimated from
+/// that histogram's buckets as Prometheus's `histogram_quantile` does.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize, JsonSchema)]
+#[non_exhaustive]
+pub struct FailoverTimings {
+    /// How many were timed.
+    pub count: u64,
+    /// Their sum, seconds.
+    pub sum_secs: f64,
+    /// The median, seconds (`null`: none timed).
+    pub p50_secs: Option<f64>,
+    /// The 0.9 quantile, seconds (`null`: none timed).
+    pub p90_secs: Option<f64>,
+    /// The 0.99 quantile, seconds (`null`: none timed).
+    pub p99_secs: Option<f64>,
+}
+
+impl FailoverTimings {
+    /// Timings of `count` failovers summing `sum_secs`, with these
+    /// quantiles.
+    pub fn new(
+        count: u64,
+        sum_secs: f64,
+        p50: Option<f64>,
+        p90: Option<f64>,
+        p99: Option<f64>,
+    ) -> Self {
+        Self {
+            count,
+            sum_secs,
+            p50_secs: p50,
+            p90_secs: p90,
+            p99_secs: p99,
+        }
+    }
 }

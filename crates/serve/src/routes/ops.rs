@@ -198,6 +198,17 @@ fn move_kind(kind: &str) -> api::MoveKind {
     }
 }
 
+/// `503 database_unreachable`: the cluster's moves cannot be read (the
+/// driver's text `why` goes to the log, not to the client).
+fn moves_unreadable(why: &str) -> ApiError {
+    tracing::debug!(error = %why, "cannot read the cluster's moves");
+    ApiError::new(
+        ErrorType::DatabaseUnreachable,
+        "this node cannot reach the cluster's database to read its moves",
+    )
+    .retry_after(1)
+}
+
 /// `GET /v1/cluster`: the cluster's members (heartbeat age, sessions held,
 /// address), this node's lease figures, the latest session moves
 /// (failovers and handovers) and the last hour's moves counted cluster
@@ -238,9 +249,7 @@ pub(crate) async fn cluster_view(cluster: Cluster) -> Result<Response, ApiError>
                 at_ms: m.at_ms,
             })
             .collect(),
-        Some(Err(why)) => {
-            return Err(ApiError::new(ErrorType::DatabaseUnreachable, why).retry_after(1));
-        }
+        Some(Err(why)) => return Err(moves_unreadable(&why)),
         None => Vec::new(),
     };
     let moved_last_hour = match placement.move_counts(MOVES_WITHIN).await {
@@ -253,9 +262,7 @@ pub(crate) async fn cluster_view(cluster: Cluster) -> Result<Response, ApiError>
                 sessions: c.sessions,
             })
             .collect(),
-        Some(Err(why)) => {
-            return Err(ApiError::new(ErrorType::DatabaseUnreachable, why).retry_after(1));
-        }
+        Some(Err(why)) => return Err(moves_unreadable(&why)),
         None => Vec::new(),
     };
     let of = |kind| {
@@ -271,6 +278,17 @@ pub(crate) async fn cluster_view(cluster: Cluster) -> Result<Response, ApiError>
         leases_held: stats.leases_held,
         leases_lost: stats.leases_lost,
         takeovers: stats.takeovers,
+        returns: stats.returns,
+        lease_ttl_secs: stats.lease_ttl.map(|t| t.as_secs_f64()),
+        database_outages: stats.database_outages,
+        database_outage_secs: stats.database_outage.as_secs_f64(),
+        failover_seconds: api::FailoverTimings::new(
+            stats.failovers.count,
+            stats.failovers.sum_secs,
+            stats.failovers.quantile(0.5),
+            stats.failovers.quantile(0.9),
+            stats.failovers.quantile(0.99),
+        ),
         failovers_last_hour: of(api::MoveKind::Failover),
         handovers_last_hour: of(api::MoveKind::Handover),
         moved_last_hour,

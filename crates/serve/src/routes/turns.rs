@@ -84,10 +84,23 @@ impl Target {
     }
 }
 
-/// `POST /v1/turns`.
+/// `POST /v1/turns`; on a cluster node in a database outage every `503`
+/// is `database_unreachable` ([`Cluster::in_outage`]).
 pub(crate) async fn create_turn(
     State(state): State<AppState>,
     cluster: Cluster,
+    headers: HeaderMap,
+    body: Result<Json<Object<NewTurn>>, JsonRejection>,
+) -> Result<Response, ApiError> {
+    match new_turn(state, &cluster, headers, body).await {
+        Err(e) => Err(cluster.in_outage(e).await),
+        answer => answer,
+    }
+}
+
+async fn new_turn(
+    state: AppState,
+    cluster: &Cluster,
     headers: HeaderMap,
     body: Result<Json<Object<NewTurn>>, JsonRejection>,
 ) -> Result<Response, ApiError> {
