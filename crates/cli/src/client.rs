@@ -292,14 +292,10 @@ async fn relay_events(response: reqwest::Response) -> Result<Exit, CliError> {
                     if line_open {
                         println!();
                     }
-                    let exit = match data["exit"].as_u64() {
-                        Some(4) => Exit::Timeout,
-                        Some(5) => Exit::Unavailable,
-                        Some(6) => Exit::Deferred,
-                        Some(3) => Exit::Api,
-                        Some(130) => Exit::Cancelled,
-                        _ => Exit::Failure,
-                    };
+                    let exit = data["exit"]
+                        .as_u64()
+                        .and_then(warden_core::ExitClass::from_code)
+                        .map_or(Exit::Failure, Exit::from);
                     return Err(CliError::new(
                         exit,
                         data["message"]

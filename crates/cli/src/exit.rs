@@ -3,7 +3,7 @@
 use std::fmt;
 use std::process::ExitCode;
 
-use warden_core::{StreamError, SupervisorError, TurnError};
+use warden_core::{ExitClass, SupervisorError, TurnError};
 
 /// The documented exit codes (see `warden --help`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -101,33 +101,24 @@ impl fmt::Display for CliError {
     }
 }
 
-/// The exit code of a stream error ending a turn.
-pub(crate) fn exit_for_stream_error(error: &StreamError) -> Exit {
-    match error {
-        StreamError::InactivityTimeout { .. } | StreamError::NoProgress { .. } => Exit::Timeout,
-        StreamError::Connection { .. }
-        | StreamError::Truncated { .. }
-        | StreamError::Interrupted { .. } => Exit::Unavailable,
-        StreamError::Api {
-            retryable: true, ..
-        } => Exit::Unavailable,
-        StreamError::Internal { .. } => Exit::Failure,
-        _ => Exit::Api,
+/// A failed turn's class as this process's exit: the one rule
+/// ([`ExitClass`]) that `warden serve`'s error events carry too.
+impl From<ExitClass> for Exit {
+    fn from(class: ExitClass) -> Self {
+        match class {
+            ExitClass::Api => Exit::Api,
+            ExitClass::Timeout => Exit::Timeout,
+            ExitClass::Unavailable => Exit::Unavailable,
+            ExitClass::Deferred => Exit::Deferred,
+            ExitClass::Cancelled => Exit::Cancelled,
+            _ => Exit::Failure,
+        }
     }
 }
 
 impl From<TurnError> for CliError {
     fn from(error: TurnError) -> Self {
-        let exit = match &error {
-            TurnError::Cancelled => Exit::Cancelled,
-            TurnError::RetriesExhausted { last, .. } => exit_for_stream_error(last),
-            TurnError::Fatal(e) => exit_for_stream_error(e),
-            TurnError::DeadlineExceeded { .. } => Exit::Timeout,
-            TurnError::ReplyTooLarge { .. } => Exit::Api,
-            TurnError::SessionStopped { .. } => Exit::Deferred,
-            _ => Exit::Failure,
-        };
-        CliError::new(exit, error.to_string())
+        CliError::new(ExitClass::of(&error).into(), error.to_string())
     }
 }
 
@@ -158,6 +149,8 @@ impl From<warden_core::StoreError> for CliError {
 #[cfg(test)]
 mod tests {
     use std::time::Duration;
+
+    use warden_core::StreamError;
 
     use super::*;
 

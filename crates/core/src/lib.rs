@@ -96,6 +96,7 @@ pub mod context;
 pub mod continuation;
 mod error;
 mod event;
+mod exit_class;
 pub mod lifecycle;
 pub mod names;
 mod notify;
@@ -136,6 +137,7 @@ pub use source::{
 };
 // Errors.
 pub use error::{ActorError, ConfigError, ResumeCause, StreamError, TurnError, retryable_status};
+pub use exit_class::ExitClass;
 // The reusable parts: watchdog, policies, shared backoff.
 pub use admission::{Admission, AdmissionConfig};
 pub use policy::{Restart, RestartIntensity, RetryPolicy, RetryVerdict, Retryable};

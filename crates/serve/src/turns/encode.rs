@@ -64,26 +64,13 @@ fn done(s: &TurnSummary) -> Done {
     .with_usage(context, s.usage.map(|u| u.output_tokens))
 }
 
-/// An error event: the code, the message and the exit-code class the CLI
-/// uses for it (`warden chat`: 4 timeout, 5 unavailable, 3 API, 6 deferred
-/// — the message stays pending and is answered later, do not re-send it —
-/// 130 cancelled, 1 otherwise).
+/// An error event: the code, the message and the exit status `warden
+/// chat` gives it ([`warden_core::ExitClass`], the one rule: 4 timeout, 5
+/// unavailable, 3 API, 6 deferred — the message stays pending and is
+/// answered later, do not re-send it — 130 cancelled, 1 otherwise).
 fn failure(e: &TurnError) -> Failed {
-    let exit = match e {
-        TurnError::Cancelled => 130,
-        TurnError::SessionStopped { .. } => 6,
-        TurnError::DeadlineExceeded { .. } => 4,
-        TurnError::ReplyTooLarge { .. } => 3,
-        TurnError::RetriesExhausted { last, .. } | TurnError::Fatal(last) => match last {
-            warden_core::StreamError::InactivityTimeout { .. }
-            | warden_core::StreamError::NoProgress { .. } => 4,
-            e if e.is_retryable() => 5,
-            warden_core::StreamError::Internal { .. } => 1,
-            _ => 3,
-        },
-        _ => 1,
-    };
-    Failed::new(e.code(), e.to_string(), exit)
+    let exit = warden_core::ExitClass::of(e).code();
+    Failed::new(e.code(), e.to_string(), exit.into())
 }
 
 fn millis(d: Duration) -> u64 {
