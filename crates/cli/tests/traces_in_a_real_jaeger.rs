@@ -178,7 +178,33 @@ impl Span {
     fn child_of(&self, other: &Span) -> bool {
         self.parent.as_ref() == Some(&(other.trace.clone(), other.id.clone()))
     }
+    /// The `event` of each of its logs (a transition's log event).
+    fn events(&self) -> BTreeSet<&str> {
+        self.logs
+            .iter()
+            .filter_map(|(_, f)| f.get("event").and_then(Value::as_str))
+            .collect()
+    }
+    /// Tag `key` as an int64 (`None` if absent or a string).
+    fn int_tag(&self, key: &str) -> Option<i64> {
+        self.tag(key).and_then(Value::as_i64)
+    }
 }
+
+/// The transitions of the docs table this test's scenario does not
+/// produce; every other one must be found in Jaeger.
+const NOT_PRODUCED: &[&str] = &[
+    names::ATTEMPT_QUEUED,         // no admission limit
+    names::ATTEMPT_ADMITTED,       // no admission limit
+    names::TURN_DEADLINE_EXCEEDED, // no turn deadline
+    names::REPLY_TOO_LARGE,        // no reply cap
+    names::SESSION_RESTARTED,      // no crash of a session actor
+    names::SUPERVISOR_ESCALATED,   // no restart intensity exceeded
+    names::SESSION_FAILED,         // the fresh start answers
+    names::STORE_FAILED,           // the record stays usable
+    names::SESSION_REAPED,         // no idle timeout
+    names::WORKSPACE_NORMALIZED,   // no workspace paths
+];
 
 /// The spans of `traces` (Jaeger's JSON).
 fn spans_of(traces: &[Value]) -> Vec<Span> {
@@ -352,6 +378,29 @@ async fn console_trace_id(base: &str, token: &str, key: &str) -> String {
         .to_owned()
 }
 
+/// Turn `id` as `GET /v1/turns/{id}` shows it.
+async fn turn_shown(base: &str, token: &str, id: &str) -> Value {
+    reqwest::Client::new()
+        .get(format!("{base}/v1/turns/{id}"))
+        .bearer_auth(token)
+        .send()
+        .await
+        .expect("get the turn")
+        .text()
+        .await
+        .map(|t| serde_json::from_str(&t).expect("JSON"))
+        .expect("body")
+}
+
+/// The trace a turn ran in, as the API names it (`trace_id`).
+async fn turn_trace_id(base: &str, token: &str, id: &str) -> String {
+    let shown = turn_shown(base, token, id).await;
+    shown["trace_id"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no trace_id for turn {id}: {shown}"))
+        .to_owned()
+}
+
 /// The console's link target answers, and Jaeger's API returns the trace
 /// it names, with spans of session `key` in it: the trace's spans.
 async fn link_is_found(jaeger: &Jaeger, trace_id: &str, key: &str, span: &str) -> Vec<Span> {
@@ -412,12 +461,20 @@ async fn jaeger_shows_every_incarnation_attempt_link_and_tag_the_docs_promise() 
     let (mut server, base, token, _log) = serve(&data, &mock, &jaeger, &service).await;
     let message = |n: u32| format!("{PROMPT} {n}");
 
-    let (_, end, _) = turn(&base, &token, "normal", &message(1)).await;
+    let (id, end, _) = turn(&base, &token, "normal", &message(1)).await;
     assert_eq!(end, "done");
-    // The console's link for a finished turn: Jaeger returns that trace,
-    // with the turn in it.
-    let finished = console_trace_id(&base, &token, "normal").await;
-    link_is_found(&jaeger, &finished, "normal", names::TURN_STARTED).await;
+    // A finished turn's trace_id: Jaeger returns that trace, rooted at the
+    // turn (each turn is a trace of its own).
+    let finished = turn_trace_id(&base, &token, &id).await;
+    let spans = link_is_found(&jaeger, &finished, "normal", names::TURN_STARTED).await;
+    let root = one(&spans, names::TURN_STARTED, "the turn's trace");
+    // (A parent also linked comes back as FOLLOWS_FROM, not CHILD_OF: the
+    // trace's spans say whose trace it is.)
+    assert!(
+        root.parent.is_none() && !spans.iter().any(|s| s.is(SPAWN)),
+        "the turn is its trace's root, its anchor elsewhere: {:?}",
+        names_of(&spans)
+    );
 
     let (_, end, data_) = turn(&base, &token, "retried", &message(2)).await;
     assert_eq!(end, "done", "{data_}");
@@ -465,17 +522,10 @@ async fn jaeger_shows_every_incarnation_attempt_link_and_tag_the_docs_promise() 
             .any(|l| l.starts_with("crash ") && l.ends_with(&live)),
         "warden sessions shows crash's trace {live}:\n{listed}"
     );
-    let shown: Value = reqwest::Client::new()
-        .get(format!("{base}/v1/turns/{crash}"))
-        .bearer_auth(&token)
-        .send()
-        .await
-        .expect("get the turn")
-        .text()
-        .await
-        .map(|t| serde_json::from_str(&t).expect("JSON"))
-        .expect("body");
-    assert_eq!(shown["trace_id"].as_str(), Some(live.as_str()), "{shown}");
+    // The running turn names its own trace, not the session's anchor's
+    // (Jaeger has it once the turn ends; this one never will: killed).
+    let before_crash = turn_trace_id(&base, &token, &crash).await;
+    assert_ne!(before_crash, live, "the turn runs in a trace of its own");
     server.start_kill().expect("kill -9");
     let _ = tokio::time::timeout(PATIENCE, server.wait())
         .await
@@ -484,6 +534,17 @@ async fn jaeger_shows_every_incarnation_attempt_link_and_tag_the_docs_promise() 
     let (end, data_) = finish(&base, &token, &crash).await;
     assert_eq!(end, "done", "the re-sent turn: {data_}");
     assert_eq!(mock.requests_to("/v1/messages"), 11);
+    // Its trace_id is now the trace where it ran again, which Jaeger has.
+    let recovered = turn_trace_id(&base, &token, &crash).await;
+    assert_ne!(recovered, before_crash, "the re-delivered turn's new trace");
+    let spans = link_is_found(&jaeger, &recovered, "crash", names::TURN_STARTED).await;
+    let root = one(&spans, names::TURN_STARTED, "the re-sent turn's trace");
+    assert_eq!(
+        root.tag("warden.recovered"),
+        Some(&json!(true)),
+        "the re-sent turn says it was recovered: {:?}",
+        root.tags
+    );
 
     // A graceful stop flushes what is left.
     nix::sys::signal::kill(
@@ -529,15 +590,61 @@ async fn check_traces(jaeger: &Jaeger, service: &str) {
     .await;
     assert_eq!(
         traces.len(),
-        1,
-        "one incarnation, one trace: {:?}",
+        2,
+        "one trace for the incarnation's anchor, one for its turn: {:?}",
         names_of(&spans)
     );
     let spawn = one(&spans, SPAWN, "normal");
     let turn = one(&spans, names::TURN_STARTED, "normal");
     let attempt = one(&spans, names::ATTEMPT_STARTED, "normal");
-    assert!(spawn.parent.is_none(), "the anchor is the trace's root");
-    assert!(turn.child_of(spawn) && attempt.child_of(turn), "{spans:#?}");
+    assert!(spawn.parent.is_none(), "the anchor is its trace's root");
+    assert!(
+        turn.parent.is_none() && turn.trace != spawn.trace,
+        "the turn is the root of a trace of its own: {spans:#?}"
+    );
+    assert!(
+        turn.refers_to(spawn),
+        "the turn links to its incarnation's anchor: {:?}",
+        turn.follows
+    );
+    assert!(attempt.child_of(turn), "{spans:#?}");
+    // The events without a span of their own are logs of their span.
+    for (span, events) in [
+        (
+            turn,
+            &[
+                names::TURN_STARTED,
+                names::AGENT_SESSION_ID,
+                names::CONTEXT_USAGE,
+                names::TURN_FINISHED,
+            ][..],
+        ),
+        (attempt, &[names::ATTEMPT_STARTED, names::ATTEMPT_ENDED][..]),
+    ] {
+        for e in events {
+            assert!(
+                span.events().contains(e),
+                "{} has the log event {e}: {:?}",
+                span.name,
+                span.events()
+            );
+        }
+    }
+    // Numbers are int64 tags, not strings.
+    for tag in [
+        "warden.turn",
+        "warden.attempts",
+        "gen_ai.usage.input_tokens",
+        "gen_ai.usage.output_tokens",
+    ] {
+        assert!(
+            turn.int_tag(tag).is_some(),
+            "turn_started's {tag} is an int64: {:?}",
+            turn.tags
+        );
+    }
+    assert_eq!(attempt.int_tag("warden.attempt"), Some(1));
+    assert_eq!(attempt.int_tag("warden.timeout_ms"), Some(1000));
     assert_eq!(
         spawn.service, service,
         "service.name from OTEL_SERVICE_NAME"
@@ -655,8 +762,45 @@ async fn check_traces(jaeger: &Jaeger, service: &str) {
     let retry = one(&spans, names::RETRY_SCHEDULED, "retried");
     assert!(retry.child_of(turn), "retry_scheduled under the turn");
     assert!(retry.refers_to(first), "retry_scheduled links to attempt 1");
+    // The attempt it schedules, on its tag and in its log alike.
+    assert_eq!(retry.int_tag("warden.attempt"), Some(2), "{:?}", retry.tags);
+    assert!(
+        retry
+            .logs
+            .iter()
+            .all(|(_, f)| f.get("attempt") == Some(&json!(2))),
+        "retry_scheduled's log names attempt 2: {:?}",
+        retry.logs
+    );
     let kill = one(&spans, names::WATCHDOG_KILLED, "retried");
     let timeout = one(&spans, names::STREAM_TIMED_OUT, "retried");
+    // A search by a number's value finds it (an int64 tag).
+    let silent = kill.int_tag("warden.silent_ms").unwrap_or(0).to_string();
+    let found = spans_of(
+        &search(
+            jaeger,
+            service,
+            &[
+                ("warden.session.key", "retried"),
+                ("warden.silent_ms", &silent),
+            ],
+        )
+        .await,
+    );
+    assert!(
+        found.iter().any(|s| s.id == kill.id),
+        "warden.silent_ms={silent} finds the kill: {:?}",
+        names_of(&found)
+    );
+    for s in [kill, timeout] {
+        let silent = s.int_tag("warden.silent_ms");
+        assert!(
+            silent.is_some_and(|ms| ms >= 1000),
+            "{}'s warden.silent_ms is an int64 of at least the allowance: {:?}",
+            s.name,
+            s.tags
+        );
+    }
     assert!(kill.is_error() && kill.str_tag("error.type") == "ESTREAM_TIMEOUT");
     assert!(timeout.is_error() && timeout.str_tag("error.type") == "ESTREAM_TIMEOUT");
     assert!(
@@ -708,17 +852,41 @@ async fn check_traces(jaeger: &Jaeger, service: &str) {
     );
     seen_names.extend(spans.iter().map(|s| s.name.clone()));
 
-    // A resume failure: two incarnations, two traces; the fresh one links
-    // back to the first.
-    let (traces, spans) = by_key("resumed", &[SPAWN, names::RESUME_FAILED, FRESH]).await;
-    assert_eq!(
-        traces.len(),
-        2,
-        "one trace per incarnation: {:?}",
-        names_of(&spans)
-    );
+    // A resume failure: two incarnations, each its anchor's trace; the
+    // fresh one links back to the first. Its turns: the first, then the
+    // second (linked to the first) which failed to resume, then the second
+    // again in the fresh incarnation.
+    let (_, spans) = by_key(
+        "resumed",
+        &[SPAWN, names::RESUME_FAILED, FRESH, names::FRESH_FALLBACK],
+    )
+    .await;
     let spawn = one(&spans, SPAWN, "resumed");
     let fresh = one(&spans, FRESH, "resumed");
+    let mut turns: Vec<&Span> = spans.iter().filter(|s| s.is(names::TURN_STARTED)).collect();
+    turns.sort_by_key(|t| t.start);
+    assert_eq!(turns.len(), 3, "{:?}", names_of(&spans));
+    assert!(
+        turns
+            .iter()
+            .all(|t| t.parent.is_none() && t.trace != spawn.trace && t.trace != fresh.trace),
+        "every turn is a root of its own trace"
+    );
+    assert!(
+        turns[0].refers_to(spawn) && turns[1].refers_to(spawn) && turns[2].refers_to(fresh),
+        "each turn links to its incarnation's anchor"
+    );
+    assert!(
+        turns[1].refers_to(turns[0]) && !turns[2].refers_to(turns[1]),
+        "a turn links to the turn before it in its incarnation: {:?}",
+        turns[1].follows
+    );
+    assert_eq!(turns[1].str_tag("error.type"), "ECONTEXT_OVERFLOW");
+    let fallback = one(&spans, names::FRESH_FALLBACK, "resumed");
+    assert!(
+        fallback.child_of(fresh),
+        "fresh_fallback hangs off the fresh incarnation's anchor"
+    );
     let failed = one(&spans, names::RESUME_FAILED, "resumed");
     assert!(
         fresh.parent.is_none() && fresh.trace != spawn.trace,
@@ -767,7 +935,9 @@ async fn check_traces(jaeger: &Jaeger, service: &str) {
     let (traces, spans) = by_key("crash", &[SPAWN, RESUME, names::TURN_STARTED]).await;
     let spawn = one(&spans, SPAWN, "crash");
     let resume = one(&spans, RESUME, "crash");
-    assert_eq!(traces.len(), 2, "{:?}", names_of(&spans));
+    // The killed turn's spans died with the process: the two anchors and
+    // the re-sent turn.
+    assert_eq!(traces.len(), 3, "{:?}", names_of(&spans));
     assert!(resume.parent.is_none());
     eprintln!(
         "crash: the restart's anchor references the killed incarnation: {}",
@@ -775,10 +945,12 @@ async fn check_traces(jaeger: &Jaeger, service: &str) {
     );
     let turns: Vec<&Span> = spans.iter().filter(|s| s.is(names::TURN_STARTED)).collect();
     assert!(
-        turns
-            .iter()
-            .any(|t| t.trace == resume.trace && !t.is_error()),
-        "the re-sent turn under the restart's anchor: {:?}",
+        turns.iter().any(|t| t.parent.is_none()
+            && t.trace != resume.trace
+            && t.refers_to(resume)
+            && t.tag("warden.recovered") == Some(&json!(true))
+            && !t.is_error()),
+        "the re-sent turn, linked to the restart's anchor and tagged recovered: {:?}",
         names_of(&spans)
     );
     seen_names.extend(spans.iter().map(|s| s.name.clone()));
@@ -796,6 +968,25 @@ async fn check_traces(jaeger: &Jaeger, service: &str) {
         }
     }
     eprintln!("span names seen: {seen_names:?}");
+    // Every transition the docs table has in a trace reaches Jaeger: a span
+    // of its name, or a log event of one.
+    let logged: BTreeSet<&str> = all.iter().flat_map(Span::events).collect();
+    let spanned: BTreeSet<&str> = all.iter().map(|s| s.name.as_str()).collect();
+    for t in names::TRANSITIONS {
+        if NOT_PRODUCED.contains(&t.name) {
+            continue;
+        }
+        let found = match t.traced {
+            names::Traced::Event => logged.contains(t.name),
+            _ => spanned.contains(t.name) && logged.contains(t.name),
+        };
+        assert!(
+            found,
+            "{} ({}) is not in Jaeger: spans {spanned:?}, logs {logged:?}",
+            t.name,
+            t.traced.as_str()
+        );
+    }
     // Every span Jaeger has is a transition, under its one name.
     for name in &seen_names {
         let t = names::transition(name)

@@ -74,13 +74,13 @@ macro_rules! transitions {
 }
 
 transitions! {
-    /// A session incarnation started: a first spawn, a resume of its stored conversation, or a fresh start after a resume failure (`warden.incarnation`); the anchor its other spans hang from.
+    /// A session incarnation started: a first spawn, a resume of its stored conversation, or a fresh start after a resume failure (`warden.incarnation`); the anchor its turns link to and its session-level spans hang from.
     SESSION_SPAWNED = "session_spawned", Span, true;
     /// A workspace path was normalized to another spelling (a root span).
     WORKSPACE_NORMALIZED = "workspace_normalized", Span, true;
     /// The agent announced (or changed) its conversation id; stored durably.
     AGENT_SESSION_ID = "agent_session_id", Event, true;
-    /// A turn began; its span lasts until the turn ends.
+    /// A turn began; its span, the root of a trace of its own linked to its incarnation's anchor and to the turn before it, lasts until the turn ends.
     TURN_STARTED = "turn_started", Lasting, true;
     /// An attempt waits for admission (a concurrency limit or a shared backoff); its span lasts until it is admitted.
     ATTEMPT_QUEUED = "attempt_queued", Lasting, true;
@@ -111,19 +111,19 @@ transitions! {
     /// A stored conversation could not be resumed.
     RESUME_FAILED = "resume_failed", Span, true;
     /// The session restarted without its conversation, its unanswered messages re-delivered and the user told.
-    FRESH_FALLBACK = "fresh_fallback", Event, true;
+    FRESH_FALLBACK = "fresh_fallback", Span, true;
     /// The supervisor restarted a crashed session.
     SESSION_RESTARTED = "session_restarted", Span, true;
     /// The supervisor gave a session up: restart intensity exceeded.
     SUPERVISOR_ESCALATED = "supervisor_escalated", Span, true;
-    /// A session failed for good.
-    SESSION_FAILED = "session_failed", Event, true;
-    /// A session's record could not be read or written.
-    STORE_FAILED = "store_failed", Event, true;
+    /// A session failed for good (a root span).
+    SESSION_FAILED = "session_failed", Span, true;
+    /// A session's record could not be read or written (under the incarnation's anchor when known, else a root).
+    STORE_FAILED = "store_failed", Span, true;
     /// An idle session was stopped (its record kept).
     SESSION_REAPED = "session_reaped", Span, true;
     /// A session actor stopped, with its reason.
-    SESSION_STOPPED = "session_stopped", Event, true;
+    SESSION_STOPPED = "session_stopped", Span, true;
 }
 
 /// The transition named `name`, if there is one.

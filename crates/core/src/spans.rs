@@ -8,19 +8,27 @@
 //!   and immediately closes a short **anchor** span, `session_spawned`, whose
 //!   `warden.incarnation` says which (`spawn`, `resume`, `fresh_fallback`),
 //!   linked to the previous incarnation's anchor;
-//! - every transition of the incarnation is a span whose parent is that
-//!   anchor: `turn_started` (open while the turn runs), under it one
-//!   `attempt_started` per attempt (a retry is a sibling *linked* to the
-//!   failed attempt), before it an `attempt_queued` when the attempt waited
-//!   for admission, `stream_timed_out`, `watchdog_killed`,
-//!   `retry_scheduled`, `continue_scheduled`, `turn_cancelled`;
-//!   `session_reaped`, `resume_failed`, `session_restarted`,
-//!   `supervisor_escalated` hang off the anchor too;
+//! - each **turn** is a trace of its own: its root `turn_started` (open
+//!   while the turn runs) is *linked* to its incarnation's anchor and to the
+//!   turn before it (and, for a turn re-delivered after a crash, tagged
+//!   `warden.recovered` and linked to the previous incarnation's anchor when
+//!   known), so a trace stays short however long the session lives; under
+//!   it one `attempt_started` per attempt (a retry is a sibling *linked* to
+//!   the failed attempt), before it an `attempt_queued` when the attempt
+//!   waited for admission, `stream_timed_out`, `watchdog_killed`,
+//!   `retry_scheduled`, `continue_scheduled`, `turn_cancelled`; the turn's
+//!   and attempts' events (`attempt_ended`, `agent_session_id`,
+//!   `context_usage`, `turn_finished`) are log events of those spans;
+//! - `session_reaped`, `resume_failed`, `session_restarted`,
+//!   `supervisor_escalated`, `fresh_fallback` and `session_stopped` hang off
+//!   the incarnation's anchor; `session_failed`, `store_failed` too when the
+//!   anchor is known (else they are roots);
 //! - `workspace_normalized` is a root span.
 //!
 //! Every span carries `warden.session.key` and, once known,
-//! `gen_ai.conversation.id`, so a Jaeger tag search finds every incarnation
-//! of a session. Failures set `error.type` and the span status ERROR
+//! `gen_ai.conversation.id`, so a Jaeger tag search finds every turn of
+//! every incarnation of a session. Numbers are int64 attributes, not
+//! strings. Failures set `error.type` and the span status ERROR
 //! (`otel.status_code`). No prompt or completion text is ever recorded.
 //! Heartbeats are never spans. Without an OpenTelemetry layer installed all
 //! of this costs a few disabled-span checks.
@@ -45,11 +53,15 @@ impl TraceAnchor {
         Self(span.context())
     }
 
-    /// Makes `span` a child of this anchor. Call before entering `span`.
+    /// Makes `span` a child of this anchor, or a root when the anchor is
+    /// unknown (never a child of whatever span is current). Call before
+    /// entering `span`.
     pub(crate) fn adopt(&self, span: &tracing::Span) {
-        if self.0.span().span_context().is_valid() {
-            let _ = span.set_parent(self.0.clone());
-        }
+        let parent = match self.0.span().span_context().is_valid() {
+            true => self.0.clone(),
+            false => opentelemetry::Context::new(),
+        };
+        let _ = span.set_parent(parent);
     }
 }
 

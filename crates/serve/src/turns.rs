@@ -133,7 +133,14 @@ impl Turns {
         limit: usize,
     ) -> Result<Vec<StoredTurn>, TurnStoreError> {
         if let Some(store) = &self.store {
-            return store.recent(key, limit).await;
+            let mut turns = store.recent(key, limit).await?;
+            // The trace each ran in, where this process knows it.
+            for t in &mut turns {
+                if let Some(trace) = self.get(&t.id).and_then(|l| l.canceller.trace_id()) {
+                    t.asked.trace_id = Some(trace);
+                }
+            }
+            return Ok(turns);
         }
         let mut turns: Vec<StoredTurn> = self
             .lock()
@@ -143,7 +150,7 @@ impl Turns {
                 let last: Vec<ServeEvent> = log.lock().last().cloned().into_iter().collect();
                 let ended = log.changed.borrow().1;
                 StoredTurn::new(id.clone(), key.clone(), log.canceller.turn(), last, ended)
-                    .with_asked(log.asked.clone())
+                    .with_asked(asked_of(log))
             })
             .collect();
         turns.sort_by_key(|t| std::cmp::Reverse(t.message_id));
@@ -157,7 +164,7 @@ impl Turns {
             let last: Vec<ServeEvent> = log.lock().last().cloned().into_iter().collect();
             let ended = log.changed.borrow().1;
             let turn = StoredTurn::new(id, log.key.clone(), log.canceller.turn(), last, ended);
-            return Ok(Some(turn.with_asked(log.asked.clone())));
+            return Ok(Some(turn.with_asked(asked_of(&log))));
         }
         let Some(store) = &self.store else {
             return Ok(None);
@@ -431,4 +438,15 @@ fn kept_text(events: &[ServeEvent]) -> (Option<String>, u64) {
     }
     let kept = (last_is_text && !text.is_empty()).then_some(text);
     (kept, attempt)
+}
+
+/// What `log`'s turn was asked, in the trace where it runs: its own (each
+/// turn is a trace), known once it started, in place of the session's
+/// trace stored when it was accepted.
+fn asked_of(log: &TurnLog) -> TurnAsked {
+    let mut asked = log.asked.clone();
+    if let Some(trace) = log.canceller.trace_id() {
+        asked.trace_id = Some(trace);
+    }
+    asked
 }

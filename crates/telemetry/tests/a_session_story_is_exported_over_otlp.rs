@@ -210,12 +210,20 @@ fn spans_of_a_stall_a_retry_and_a_fresh_fallback_reach_the_collector() {
         }
     }
 
-    // The stall: anchor → turn → two sibling attempts, the retry linked to
-    // the killed one; timeout and kill under the killed attempt.
+    // The stall: the turn, a trace of its own linked to its incarnation's
+    // anchor → two sibling attempts, the retry linked to the killed one;
+    // timeout and kill under the killed attempt.
     let anchor = anchor_of(&spans, "spawn", "stall-ws");
     let turn = one(&spans, "turn_started", "stall-ws");
-    assert_eq!(turn.parent_span_id, anchor.span_id);
-    assert_eq!(turn.trace_id, anchor.trace_id);
+    assert!(turn.parent_span_id.is_empty(), "the turn is a root");
+    assert_ne!(
+        turn.trace_id, anchor.trace_id,
+        "the turn is a trace of its own"
+    );
+    assert!(
+        turn.links.iter().any(|l| l.span_id == anchor.span_id),
+        "the turn links to its incarnation's anchor"
+    );
     let mut attempts = by_name(&spans, "attempt_started", "stall-ws");
     attempts.sort_by_key(|s| attr(s, "warden.attempt"));
     assert_eq!(attempts.len(), 2);
@@ -274,12 +282,12 @@ fn spans_of_a_stall_a_retry_and_a_fresh_fallback_reach_the_collector() {
     );
     let fresh_turns: Vec<_> = by_name(&spans, "turn_started", "resume-ws")
         .into_iter()
-        .filter(|t| t.parent_span_id == fresh.span_id)
+        .filter(|t| t.links.iter().any(|l| l.span_id == fresh.span_id))
         .collect();
     assert_eq!(
         fresh_turns.len(),
         1,
-        "the re-delivered turn runs under the fresh anchor"
+        "the re-delivered turn links to the fresh anchor"
     );
     assert_eq!(
         attr(fresh_turns[0], "gen_ai.operation.name").as_deref(),

@@ -166,6 +166,7 @@ impl Actor for SessionActor {
                     message: h.message,
                     reply: h.reply,
                     continue_from: None,
+                    recovered: false,
                 }
             })
             .collect();
@@ -175,6 +176,7 @@ impl Actor for SessionActor {
                     message: m.clone(),
                     reply: None,
                     continue_from: None,
+                    recovered: true,
                 });
             }
         }
@@ -229,6 +231,7 @@ impl Actor for SessionActor {
         let _ = anchor_tx.send(anchor.clone());
         Ok(SessionState {
             anchor,
+            last_turn: None,
             record,
             queue,
             turn: None,
@@ -290,7 +293,8 @@ impl Actor for SessionActor {
                 .save(&state.record, Durability::Flushed)
                 .await
             {
-                Transition::StoreFailed { error: &error }.record(state.at(Parent::Root));
+                Transition::StoreFailed { error: &error }
+                    .record(state.at(Parent::Anchor(&state.anchor)));
             }
         }
         // Unanswered messages stay pending in the record: the next start of
@@ -372,7 +376,8 @@ async fn handle_msg(
                 .await
             {
                 state.record.unaccept(id);
-                Transition::StoreFailed { error: &e }.record(state.at(Parent::Root));
+                Transition::StoreFailed { error: &e }
+                    .record(state.at(Parent::Anchor(&state.anchor)));
                 let _ = reply.send(Err(e));
                 return Ok(());
             }
@@ -387,6 +392,7 @@ async fn handle_msg(
                 message,
                 reply: Some(tx),
                 continue_from: None,
+                recovered: false,
             });
             start_next_turn(&myself, state).await?;
         }

@@ -323,7 +323,7 @@ async fn finish_turn(
         self_reported,
     );
     if let (Some(c), true) = (context, result.is_ok()) {
-        Transition::ContextUsage(c).record(state.at(Parent::Root));
+        Transition::ContextUsage(c).record(state.at(Parent::Span(&turn.span)));
     }
 
     // The message is answered (with a reply or an error): no longer pending.

@@ -26,7 +26,13 @@ use crate::util::call;
 pub(crate) struct TurnSender {
     tx: mpsc::UnboundedSender<(TurnEvent, Credit)>,
     owner: Owner,
+    trace: RanIn,
 }
+
+/// The trace a turn runs in (its `turn_started` span's), once it started:
+/// a turn is a trace of its own, and one handed to a fresh session starts
+/// again in a new one.
+type RanIn = Arc<Mutex<Option<opentelemetry::trace::TraceId>>>;
 
 /// The session that runs a turn now. A turn handed to a fresh session
 /// (resume failure) moves its owner with it, so the caller's
@@ -39,6 +45,7 @@ impl TurnSender {
     pub(crate) fn channel(turn: u64, session: ActorRef<SessionMsg>) -> (Self, TurnHandle) {
         let (tx, rx) = mpsc::unbounded_channel();
         let owner = Arc::new(Mutex::new(session));
+        let trace = RanIn::default();
         let handle = TurnHandle {
             rx,
             done: false,
@@ -46,9 +53,17 @@ impl TurnSender {
             canceller: TurnCanceller {
                 turn,
                 owner: owner.clone(),
+                trace: trace.clone(),
             },
         };
-        (Self { tx, owner }, handle)
+        (Self { tx, owner, trace }, handle)
+    }
+
+    /// The turn runs in the trace of `span` (its `turn_started` span).
+    pub(crate) fn runs_in(&self, span: &opentelemetry::trace::SpanContext) {
+        if span.is_valid() {
+            *self.trace.lock() = Some(span.trace_id());
+        }
     }
 
     /// The turn now runs in `session`.
@@ -165,12 +180,21 @@ pub struct TurnHandle {
 pub struct TurnCanceller {
     turn: u64,
     owner: Owner,
+    trace: RanIn,
 }
 
 impl TurnCanceller {
     /// The turn's number (its pending message id).
     pub fn turn(&self) -> u64 {
         self.turn
+    }
+
+    /// The trace the turn runs in (hex, as Jaeger names it): its own, whose
+    /// root is its `turn_started` span; the latest one if it started again
+    /// in a fresh session. `None` before it starts, or without an
+    /// OpenTelemetry layer.
+    pub fn trace_id(&self) -> Option<String> {
+        self.trace.lock().map(|t| t.to_string())
     }
 
     /// Cancels this turn, and only this one: if it runs, as the Escape key

@@ -56,11 +56,21 @@ pub(super) async fn start_next_turn(
         ),
         None => (TurnMachine::new(id), String::new()),
     };
+    // A trace of its own, linked to the incarnation and the turn before.
     let span = Transition::TurnStarted {
         turn: id,
         provider: state.args.source.provider(),
+        anchor: &state.anchor,
+        follows: state.last_turn.as_ref(),
+        recovered: queued.recovered,
+        previous: state.args.previous.as_ref(),
     }
-    .record(state.at(Parent::Anchor(&state.anchor)));
+    .record(state.at(Parent::Root));
+    let ran_in = spans::context_of(&span);
+    if let Some(reply) = &queued.reply {
+        reply.runs_in(&ran_in);
+    }
+    state.last_turn = Some(ran_in);
     let deadline = state.args.config.turn_deadline.map(|after| {
         AbortOnDropHandle::new(myself.send_after(after, move || SessionMsg::Deadline(id)))
     });
@@ -292,11 +302,13 @@ pub(super) async fn on_event(
                     .store
                     .save(&state.record, Durability::Flushed)
                     .await?;
-                Transition::AgentSessionId {
-                    session_id,
-                    previous: previous.as_deref(),
+                if let Some(turn) = &state.turn {
+                    Transition::AgentSessionId {
+                        session_id,
+                        previous: previous.as_deref(),
+                    }
+                    .record(state.at(Parent::Span(&turn.span)));
                 }
-                .record(state.at(Parent::Root));
             }
         }
         _ => {}

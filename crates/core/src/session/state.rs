@@ -30,6 +30,9 @@ pub(super) struct Queued {
     /// A recovered turn's relay's answer: the reply text its callers have,
     /// to continue (see [`crate::ContinueFrom`]).
     pub(super) continue_from: Option<tokio::sync::oneshot::Receiver<Option<crate::Continuation>>>,
+    /// Re-delivered from the record: its session stopped (a crash, a node
+    /// lost) before answering it.
+    pub(super) recovered: bool,
 }
 
 /// An attempt waiting for admission.
@@ -103,6 +106,8 @@ pub(crate) struct SessionState {
     /// nothing more (the supervisor owns the record now).
     pub(super) escalated: bool,
     pub(super) anchor: TraceAnchor,
+    /// The span of this incarnation's last turn, linked from the next.
+    pub(super) last_turn: Option<opentelemetry::trace::SpanContext>,
 }
 
 impl SessionState {

@@ -25,12 +25,12 @@ impl SupervisorState {
         let Some(key) = self.by_id.remove(&id) else {
             // Let go of before it exited (replaced, evicted, failed): it
             // stopped, and that is all.
-            if let Some((key, ..)) = self.stopping.remove(&id) {
+            if let Some((key, h, _)) = self.stopping.remove(&id) {
                 Transition::SessionStopped {
                     reason: &cause,
                     abnormal,
                 }
-                .record(self.at(&key, Parent::Root));
+                .record(self.at(&key, Parent::Anchor(h.anchor())));
             }
             return Ok(());
         };
@@ -47,7 +47,7 @@ impl SupervisorState {
             reason: &cause,
             abnormal,
         }
-        .record(self.at(&key, Parent::Root));
+        .record(self.at(&key, Parent::Anchor(&anchor)));
         let deliberate = StopReason::parse(&cause).is_some_and(StopReason::is_deliberate);
         // A newer incarnation already serves the key: nothing to restart.
         let replaced = self.sessions.contains_key(&key);
@@ -171,11 +171,11 @@ pub(super) async fn stop_sessions(myself: &ActorRef<SupervisorMsg>, state: &mut 
             .stop_and_wait(Some(StopReason::Shutdown.as_str().into()), Some(wait))
     });
     futures_util::future::join_all(stops).await;
-    for (key, _, why) in &sessions {
+    for (key, h, why) in &sessions {
         Transition::SessionStopped {
             reason: why.as_str(),
             abnormal: false,
         }
-        .record(state.at(key, Parent::Root));
+        .record(state.at(key, Parent::Anchor(h.anchor())));
     }
 }

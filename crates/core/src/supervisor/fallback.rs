@@ -74,7 +74,7 @@ impl SupervisorState {
                     failed_id: &failed_id,
                     redelivered,
                 }
-                .record(self.at(&key, Parent::Root));
+                .record(self.at(&key, Parent::Anchor(handle.anchor())));
                 self.notifier.notify(
                     &key,
                     Notice::FreshStart {

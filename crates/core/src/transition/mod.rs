@@ -69,12 +69,23 @@ pub(crate) enum Transition<'a> {
         /// Unanswered messages re-delivered from the record.
         recovered: usize,
     },
-    /// A turn began (its span stays open while it runs).
+    /// A turn began (its span stays open while it runs): the root of a
+    /// trace of its own, linked to its incarnation's anchor and to the turn
+    /// before it.
     TurnStarted {
         /// Turn number.
         turn: u64,
         /// The source's provider name.
         provider: &'a str,
+        /// Its session incarnation's anchor, linked.
+        anchor: &'a TraceAnchor,
+        /// The turn before it in this incarnation, linked.
+        follows: Option<&'a SpanContext>,
+        /// Re-delivered from the record after the session stopped without
+        /// answering it (a crash, a node lost): `warden.recovered`.
+        recovered: bool,
+        /// The previous incarnation's anchor, linked when recovered.
+        previous: Option<&'a TraceAnchor>,
     },
     /// An attempt's stream started (its span stays open while it runs).
     AttemptStarted {
@@ -271,7 +282,7 @@ pub(crate) enum Parent<'a> {
     Anchor(&'a TraceAnchor),
     /// Under an open span (a turn, an attempt).
     Span(&'a tracing::Span),
-    /// A new trace (anchors, workspace normalization).
+    /// A new trace (anchors, turns, workspace normalization).
     Root,
 }
 
@@ -323,7 +334,10 @@ impl Transition<'_> {
 
     /// Emits the span, the log event and the lifecycle event. Returns the
     /// span (open until dropped; `Span::none()` for transitions that are
-    /// not spans).
+    /// not spans). The log event is emitted inside the transition's span,
+    /// or for a transition without one inside its parent span (never in
+    /// whatever span is current: the exporter drops events of spans not
+    /// its own, an actor's).
     pub(crate) fn record(self, at: At<'_>) -> tracing::Span {
         let span = self.span(at);
         if !span.is_none() {
@@ -342,7 +356,11 @@ impl Transition<'_> {
             self.finish_onto(parent, at.conversation);
         }
         {
-            let _entered = span.enter();
+            let within = match at.parent {
+                Parent::Span(parent) if span.is_none() => parent,
+                _ => &span,
+            };
+            let _entered = within.enter();
             self.log(at.key);
         }
         if let (Some(bus), Some(event)) = (at.bus, self.lifecycle(at.key)) {
@@ -352,9 +370,17 @@ impl Transition<'_> {
     }
 }
 
-/// Whole milliseconds, saturating.
-pub(super) fn millis(d: Duration) -> u64 {
-    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+/// Whole milliseconds, saturating, as a signed integer: the OpenTelemetry
+/// layer exports an `i64` field as an int64 attribute but a `u64` as a
+/// string, which Jaeger's search cannot compare as a number.
+pub(super) fn millis(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
+/// `n` as the signed integer an attribute or log field carries (see
+/// [`millis`]), saturating.
+pub(super) fn int(n: impl TryInto<i64>) -> i64 {
+    n.try_into().unwrap_or(i64::MAX)
 }
 
 mod record;

@@ -5,7 +5,9 @@ use crate::lifecycle::LifecycleEvent;
 use crate::source::SessionKey;
 use crate::store::StoreError;
 
-use super::{Incarnation, Transition, millis};
+use std::path::Path;
+
+use super::{Incarnation, Transition, int, millis};
 
 impl Transition<'_> {
     /// The log event (emitted inside the transition's span).
@@ -20,37 +22,38 @@ impl Transition<'_> {
                 ..
             } => match incarnation {
                 Incarnation::FreshFallback => tracing::warn!(
-                    event, session.key = %key, cwd = ?workspace, recovered,
+                    event, session.key = %key, cwd = workspace.map(Path::to_string_lossy).as_deref(), recovered = int(recovered),
                     "starting fresh after a resume failure"
                 ),
                 Incarnation::Resume => tracing::info!(
-                    event, session.key = %key, cwd = ?workspace, recovered,
+                    event, session.key = %key, cwd = workspace.map(Path::to_string_lossy).as_deref(), recovered = int(recovered),
                     "resuming stored session"
                 ),
                 Incarnation::Spawn => tracing::info!(
-                    event, session.key = %key, cwd = ?workspace, model, recovered,
+                    event, session.key = %key, cwd = workspace.map(Path::to_string_lossy).as_deref(), model,
+                    recovered = int(recovered),
                     "new session"
                 ),
             },
             Self::TurnStarted { turn, .. } => {
-                tracing::info!(event, session.key = %key, turn, "turn started")
+                tracing::info!(event, session.key = %key, turn = int(turn), "turn started")
             }
             Self::AttemptStarted {
                 attempt, timeout, ..
             } => tracing::debug!(
-                event, session.key = %key, turn = attempt.turn, attempt = attempt.attempt,
+                event, session.key = %key, turn = int(attempt.turn), attempt = int(attempt.attempt),
                 timeout_ms = millis(timeout), "stream attempt started"
             ),
             Self::AttemptQueued { attempt, pool } => tracing::info!(
-                event, session.key = %key, turn = attempt.turn, attempt = attempt.attempt, pool,
+                event, session.key = %key, turn = int(attempt.turn), attempt = int(attempt.attempt), pool,
                 "waiting for admission"
             ),
             Self::AttemptAdmitted { attempt, waited } => tracing::info!(
-                event, session.key = %key, turn = attempt.turn, attempt = attempt.attempt,
+                event, session.key = %key, turn = int(attempt.turn), attempt = int(attempt.attempt),
                 wait_ms = millis(waited), "admitted"
             ),
             Self::WatchdogKill { watch_id, .. } => {
-                tracing::debug!(event, session.key = %key, watch_id, "watchdog killed the stream")
+                tracing::debug!(event, session.key = %key, watch_id = int(watch_id), "watchdog killed the stream")
             }
             Self::StreamTimedOut {
                 attempt,
@@ -58,7 +61,7 @@ impl Transition<'_> {
                 phase,
                 ..
             } => tracing::warn!(
-                event, session.key = %key, turn = attempt.turn, attempt = attempt.attempt,
+                event, session.key = %key, turn = int(attempt.turn), attempt = int(attempt.attempt),
                 stream.phase = phase.as_str(),
                 error.r#type = "ESTREAM_TIMEOUT", silent_ms = millis(silent_for),
                 "Connection lost during streaming"
@@ -68,7 +71,7 @@ impl Transition<'_> {
                 outcome,
                 error_code,
             } => tracing::debug!(
-                event, session.key = %key, turn = attempt.turn, attempt = attempt.attempt,
+                event, session.key = %key, turn = int(attempt.turn), attempt = int(attempt.attempt),
                 outcome = outcome.as_str(), error.r#type = error_code,
                 "stream attempt ended"
             ),
@@ -78,7 +81,7 @@ impl Transition<'_> {
                 error_code,
                 ..
             } => tracing::info!(
-                event, session.key = %key, turn = failed.turn, attempt = failed.attempt,
+                event, session.key = %key, turn = int(failed.turn), attempt = int(failed.attempt + 1),
                 delay_ms = millis(delay), error.r#type = error_code,
                 "retrying turn from scratch"
             ),
@@ -89,19 +92,19 @@ impl Transition<'_> {
                 kept_bytes,
                 ..
             } => tracing::info!(
-                event, session.key = %key, turn = failed.turn, attempt = failed.attempt,
-                delay_ms = millis(delay), error.r#type = error_code, kept_bytes,
+                event, session.key = %key, turn = int(failed.turn), attempt = int(failed.attempt + 1),
+                delay_ms = millis(delay), error.r#type = error_code, kept_bytes = int(kept_bytes),
                 "continuing the broken reply"
             ),
             Self::TurnCancelled { turn } => {
-                tracing::info!(event, session.key = %key, turn, "turn cancelled by user")
+                tracing::info!(event, session.key = %key, turn = int(turn), "turn cancelled by user")
             }
             Self::TurnDeadline { turn, after } => tracing::warn!(
-                event, session.key = %key, turn, deadline_ms = millis(after),
+                event, session.key = %key, turn = int(turn), deadline_ms = millis(after),
                 error.r#type = "ETURN_DEADLINE", "turn exceeded its deadline; stopped"
             ),
             Self::TurnTooLarge { turn, limit } => tracing::warn!(
-                event, session.key = %key, turn, limit_bytes = limit,
+                event, session.key = %key, turn = int(turn), limit_bytes = int(limit),
                 error.r#type = "EREPLY_TOO_LARGE", "turn's reply passed its size cap; stopped"
             ),
             Self::AgentSessionId {
@@ -112,9 +115,9 @@ impl Transition<'_> {
                 "agent session id stored"
             ),
             Self::ContextUsage(c) => tracing::info!(
-                event, session.key = %key, input_tokens = c.tokens, sdk_pct = c.percent,
-                self_reported_pct = ?c.self_reported,
-                drift_pct = ?c.self_reported.map(|s| i64::from(s) - i64::from(c.percent)),
+                event, session.key = %key, input_tokens = int(c.tokens), sdk_pct = int(c.percent),
+                self_reported_pct = c.self_reported.map(int),
+                drift_pct = c.self_reported.map(|s| i64::from(s) - i64::from(c.percent)),
                 "context usage"
             ),
             Self::TurnFinished {
@@ -123,16 +126,16 @@ impl Transition<'_> {
                 error_code,
                 ..
             } => tracing::info!(
-                event, session.key = %key, turn, attempts,
-                error.r#type = error_code.unwrap_or(""), "turn finished"
+                event, session.key = %key, turn = int(turn), attempts = int(attempts),
+                error.r#type = error_code, "turn finished"
             ),
             Self::Reaped {
                 idle_for,
                 context_tokens,
                 workspace,
             } => tracing::info!(
-                event, session.key = %key, cwd = ?workspace, idle_ms = millis(idle_for),
-                context_tokens, "reaping idle session"
+                event, session.key = %key, cwd = workspace.map(Path::to_string_lossy).as_deref(),
+                idle_ms = millis(idle_for), context_tokens = context_tokens.map(int), "reaping idle session"
             ),
             Self::SessionStopped { reason, abnormal } => {
                 tracing::debug!(event, session.key = %key, reason, abnormal, "session stopped")
@@ -141,7 +144,7 @@ impl Transition<'_> {
                 restarts_in_window,
                 cause,
             } => tracing::warn!(
-                event, session.key = %key, restarts_in_window, cause, "restarting session"
+                event, session.key = %key, restarts_in_window = int(restarts_in_window), cause, "restarting session"
             ),
             Self::GivenUp { cause } => tracing::error!(
                 event, session.key = %key, cause,
@@ -156,16 +159,17 @@ impl Transition<'_> {
             } => tracing::error!(
                 event, session.key = %key, gen_ai.conversation.id = failed_id,
                 error.r#type = error.code(), error = %error, cause = cause.as_str(),
-                cwd = ?workspace, stderr_tail = ?diagnostics.stderr_tail,
-                transcript = ?diagnostics.transcript_path,
-                transcript_bytes = ?diagnostics.transcript_bytes,
+                cwd = workspace.map(Path::to_string_lossy).as_deref(),
+                stderr_tail = diagnostics.stderr_tail.as_deref(),
+                transcript = diagnostics.transcript_path.as_deref().map(Path::to_string_lossy).as_deref(),
+                transcript_bytes = diagnostics.transcript_bytes.map(int),
                 "resume failed; starting fresh"
             ),
             Self::FreshFallback {
                 failed_id,
                 redelivered,
             } => tracing::warn!(
-                event, session.key = %key, failed_id, redelivered,
+                event, session.key = %key, failed_id, redelivered = int(redelivered),
                 "session restarted fresh; messages re-delivered"
             ),
             Self::SessionFailed { reason } => {

@@ -4,10 +4,12 @@
 
 use tracing::field::Empty;
 
+use crate::error::TurnError;
 use crate::names;
 use crate::spans;
+use crate::store::StoreError;
 
-use super::{At, Transition, millis};
+use super::{At, Transition, int, millis};
 
 impl Transition<'_> {
     /// The transition's span, not yet parented.
@@ -26,7 +28,7 @@ impl Transition<'_> {
                     warden.incarnation = incarnation.as_str(),
                     gen_ai.conversation.id = Empty,
                     warden.workspace = Empty,
-                    warden.restart_count = restart_count,
+                    warden.restart_count = int(restart_count),
                 );
                 if let Some(c) = at.conversation {
                     span.record("gen_ai.conversation.id", c);
@@ -48,20 +50,41 @@ impl Transition<'_> {
             // Its conversation is recorded once, when the turn ends (a
             // field recorded twice is two attributes of one key, and
             // Jaeger's search matches only the first).
-            Self::TurnStarted { turn, provider } => tracing::info_span!(
-                names::TURN_STARTED,
-                warden.session.key = key,
-                gen_ai.conversation.id = Empty,
-                gen_ai.operation.name = "chat",
-                gen_ai.provider.name = provider,
-                warden.turn = turn,
-                warden.attempts = Empty,
-                warden.ctx_pct = Empty,
-                gen_ai.usage.input_tokens = Empty,
-                gen_ai.usage.output_tokens = Empty,
-                error.r#type = Empty,
-                otel.status_code = Empty,
-            ),
+            Self::TurnStarted {
+                turn,
+                provider,
+                anchor,
+                follows,
+                recovered,
+                previous,
+            } => {
+                let span = tracing::info_span!(
+                    names::TURN_STARTED,
+                    warden.session.key = key,
+                    gen_ai.conversation.id = Empty,
+                    gen_ai.operation.name = "chat",
+                    gen_ai.provider.name = provider,
+                    warden.turn = int(turn),
+                    warden.recovered = Empty,
+                    warden.attempts = Empty,
+                    warden.ctx_pct = Empty,
+                    gen_ai.usage.input_tokens = Empty,
+                    gen_ai.usage.output_tokens = Empty,
+                    error.r#type = Empty,
+                    otel.status_code = Empty,
+                );
+                if recovered {
+                    span.record("warden.recovered", true);
+                }
+                spans::link(&span, &anchor.span_context());
+                if let Some(before) = follows {
+                    spans::link(&span, before);
+                }
+                if let Some(p) = previous.filter(|_| recovered) {
+                    spans::link(&span, &p.span_context());
+                }
+                span
+            }
             Self::AttemptStarted {
                 attempt,
                 timeout,
@@ -73,8 +96,8 @@ impl Transition<'_> {
                     warden.session.key = key,
                     gen_ai.conversation.id = conv,
                     gen_ai.provider.name = provider,
-                    warden.turn = attempt.turn,
-                    warden.attempt = attempt.attempt,
+                    warden.turn = int(attempt.turn),
+                    warden.attempt = int(attempt.attempt),
                     warden.timeout_ms = millis(timeout),
                     error.r#type = Empty,
                     otel.status_code = Empty,
@@ -88,8 +111,8 @@ impl Transition<'_> {
                 names::ATTEMPT_QUEUED,
                 warden.session.key = key,
                 gen_ai.conversation.id = conv,
-                warden.turn = attempt.turn,
-                warden.attempt = attempt.attempt,
+                warden.turn = int(attempt.turn),
+                warden.attempt = int(attempt.attempt),
                 warden.pool = pool,
                 warden.wait_ms = Empty,
             ),
@@ -101,7 +124,7 @@ impl Transition<'_> {
                 names::WATCHDOG_KILLED,
                 warden.session.key = key,
                 gen_ai.conversation.id = conv,
-                warden.watch_id = watch_id,
+                warden.watch_id = int(watch_id),
                 warden.silent_ms = millis(silent_for),
                 warden.timeout_ms = millis(timeout),
                 error.r#type = "ESTREAM_TIMEOUT",
@@ -116,7 +139,7 @@ impl Transition<'_> {
                 names::STREAM_TIMED_OUT,
                 warden.session.key = key,
                 gen_ai.conversation.id = conv,
-                warden.attempt = attempt.attempt,
+                warden.attempt = int(attempt.attempt),
                 stream.phase = phase.as_str(),
                 warden.silent_ms = millis(silent_for),
                 warden.timeout_ms = millis(timeout),
@@ -133,7 +156,7 @@ impl Transition<'_> {
                     names::RETRY_SCHEDULED,
                     warden.session.key = key,
                     gen_ai.conversation.id = conv,
-                    warden.attempt = failed.attempt + 1,
+                    warden.attempt = int(failed.attempt + 1),
                     warden.delay_ms = millis(delay),
                     error.r#type = error_code,
                 );
@@ -153,9 +176,9 @@ impl Transition<'_> {
                     names::CONTINUE_SCHEDULED,
                     warden.session.key = key,
                     gen_ai.conversation.id = conv,
-                    warden.attempt = failed.attempt + 1,
+                    warden.attempt = int(failed.attempt + 1),
                     warden.delay_ms = millis(delay),
-                    warden.kept_bytes = kept_bytes,
+                    warden.kept_bytes = int(kept_bytes),
                     error.r#type = error_code,
                 );
                 if let Some(prev) = retries {
@@ -167,13 +190,13 @@ impl Transition<'_> {
                 names::TURN_CANCELLED,
                 warden.session.key = key,
                 gen_ai.conversation.id = conv,
-                warden.turn = turn,
+                warden.turn = int(turn),
             ),
             Self::TurnDeadline { turn, after } => tracing::warn_span!(
                 names::TURN_DEADLINE_EXCEEDED,
                 warden.session.key = key,
                 gen_ai.conversation.id = conv,
-                warden.turn = turn,
+                warden.turn = int(turn),
                 warden.deadline_ms = millis(after),
                 error.r#type = "ETURN_DEADLINE",
                 otel.status_code = "ERROR",
@@ -182,8 +205,8 @@ impl Transition<'_> {
                 names::REPLY_TOO_LARGE,
                 warden.session.key = key,
                 gen_ai.conversation.id = conv,
-                warden.turn = turn,
-                warden.limit_bytes = limit,
+                warden.turn = int(turn),
+                warden.limit_bytes = int(limit),
                 error.r#type = "EREPLY_TOO_LARGE",
                 otel.status_code = "ERROR",
             ),
@@ -196,14 +219,14 @@ impl Transition<'_> {
                 warden.session.key = key,
                 gen_ai.conversation.id = conv,
                 warden.idle_ms = millis(idle_for),
-                warden.context_tokens = context_tokens.unwrap_or(0),
+                warden.context_tokens = int(context_tokens.unwrap_or(0)),
             ),
             Self::Restarted {
                 restarts_in_window, ..
             } => tracing::warn_span!(
                 names::SESSION_RESTARTED,
                 warden.session.key = key,
-                warden.restarts_in_window = restarts_in_window,
+                warden.restarts_in_window = int(restarts_in_window),
                 error.r#type = "ESESSION_FAILED",
             ),
             Self::GivenUp { .. } => tracing::error_span!(
@@ -226,7 +249,7 @@ impl Transition<'_> {
                 warden.workspace = workspace
                     .map(|w| w.display().to_string())
                     .unwrap_or_default(),
-                warden.transcript_bytes = diagnostics.transcript_bytes.unwrap_or(0),
+                warden.transcript_bytes = int(diagnostics.transcript_bytes.unwrap_or(0)),
                 error.r#type = error.code(),
                 otel.status_code = "ERROR",
             ),
@@ -239,15 +262,53 @@ impl Transition<'_> {
                 warden.workspace.original = original.to_string_lossy().as_ref(),
                 warden.workspace = normalized.to_string_lossy().as_ref(),
             ),
+            Self::FreshFallback {
+                failed_id,
+                redelivered,
+            } => tracing::warn_span!(
+                names::FRESH_FALLBACK,
+                warden.session.key = key,
+                gen_ai.conversation.id = failed_id,
+                warden.redelivered = int(redelivered),
+            ),
+            Self::SessionFailed { .. } => tracing::error_span!(
+                names::SESSION_FAILED,
+                warden.session.key = key,
+                error.r#type = TurnError::SessionFailed {
+                    reason: String::new()
+                }
+                .code(),
+                otel.status_code = "ERROR",
+            ),
+            Self::StoreFailed { error } => {
+                let span = tracing::info_span!(
+                    names::STORE_FAILED,
+                    warden.session.key = key,
+                    otel.status_code = Empty,
+                );
+                // A lease lost is a cluster doing its job, not a failure.
+                if !matches!(error, StoreError::LeaseLost { .. }) {
+                    span.record("otel.status_code", "ERROR");
+                }
+                span
+            }
+            Self::SessionStopped { abnormal, .. } => {
+                let span = tracing::info_span!(
+                    names::SESSION_STOPPED,
+                    warden.session.key = key,
+                    warden.abnormal = abnormal,
+                    otel.status_code = Empty,
+                );
+                if abnormal {
+                    span.record("otel.status_code", "ERROR");
+                }
+                span
+            }
             Self::AgentSessionId { .. }
             | Self::AttemptAdmitted { .. }
             | Self::AttemptEnded { .. }
             | Self::ContextUsage(_)
-            | Self::TurnFinished { .. }
-            | Self::SessionStopped { .. }
-            | Self::FreshFallback { .. }
-            | Self::SessionFailed { .. }
-            | Self::StoreFailed { .. } => tracing::Span::none(),
+            | Self::TurnFinished { .. } => tracing::Span::none(),
         }
     }
 
@@ -269,14 +330,14 @@ impl Transition<'_> {
         else {
             return;
         };
-        turn_span.record("warden.attempts", attempts);
+        turn_span.record("warden.attempts", int(attempts));
         turn_span.record("gen_ai.conversation.id", conversation.unwrap_or(""));
         if let Some(u) = usage {
-            turn_span.record("gen_ai.usage.output_tokens", u.output_tokens);
+            turn_span.record("gen_ai.usage.output_tokens", int(u.output_tokens));
         }
         if let Some(c) = context {
-            turn_span.record("gen_ai.usage.input_tokens", c.tokens);
-            turn_span.record("warden.ctx_pct", c.percent);
+            turn_span.record("gen_ai.usage.input_tokens", int(c.tokens));
+            turn_span.record("warden.ctx_pct", int(c.percent));
         }
         if let Some(code) = error_code {
             spans::fail(turn_span, code);

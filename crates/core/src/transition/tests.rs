@@ -18,6 +18,8 @@ use crate::LifecycleEvent;
 struct Seen {
     spans: Vec<&'static str>,
     events: Vec<String>,
+    /// The span each event was emitted in.
+    within: Vec<Option<&'static str>>,
 }
 
 struct Capture(Arc<Mutex<Seen>>);
@@ -38,16 +40,19 @@ impl Visit for EventName {
     }
 }
 
-impl<S: Subscriber> Layer<S> for Capture {
+impl<S: Subscriber + for<'l> tracing_subscriber::registry::LookupSpan<'l>> Layer<S> for Capture {
     fn on_new_span(&self, attrs: &Attributes<'_>, _: &Id, _: Context<'_, S>) {
         self.0.lock().spans.push(attrs.metadata().name());
     }
 
-    fn on_event(&self, event: &Event<'_>, _: Context<'_, S>) {
+    fn on_event(&self, event: &Event<'_>, ctx: Context<'_, S>) {
         let mut name = EventName(None);
         event.record(&mut name);
         if let Some(n) = name.0 {
-            self.0.lock().events.push(n);
+            let within = ctx.event_span(event).map(|s| s.name());
+            let mut seen = self.0.lock();
+            seen.events.push(n);
+            seen.within.push(within);
         }
     }
 }
@@ -86,6 +91,10 @@ fn all<'a>(
         Transition::TurnStarted {
             turn: 1,
             provider: "p",
+            anchor,
+            follows: None,
+            recovered: true,
+            previous: Some(anchor),
         },
         Transition::AttemptStarted {
             attempt,
@@ -205,7 +214,6 @@ fn every_transition_emits_its_span_log_and_lifecycle_event_under_its_one_name() 
     let anchor = TraceAnchor::default();
     let key = SessionKey::new("ws");
     let bus = EventBus::new(64);
-    let turn_span = tracing::Span::none();
     let mut seen_names = std::collections::HashSet::new();
     for t in all(attempt, &error, &store_error, &diagnostics, &anchor) {
         let name = t.name();
@@ -215,19 +223,32 @@ fn every_transition_emits_its_span_log_and_lifecycle_event_under_its_one_name() 
         let subscriber = tracing_subscriber::registry().with(Capture(seen.clone()));
         let mut rx = bus.subscribe();
         tracing::subscriber::with_default(subscriber, || {
+            let parent = tracing::info_span!("parent");
+            // Whatever span is current (an actor's) is not where it goes.
+            let _current = tracing::info_span!("current").entered();
             t.record(At {
                 key: &key,
                 conversation: Some("conv"),
-                parent: Parent::Span(&turn_span),
+                parent: Parent::Span(&parent),
                 bus: Some(&bus),
             });
         });
         let seen = seen.lock();
+        assert_eq!(seen.spans[..2], ["parent", "current"]);
+        let own = &seen.spans[2..];
         match listed.traced {
             names::Traced::Span | names::Traced::Lasting => {
-                assert_eq!(seen.spans, [name], "span of {name}")
+                assert_eq!(own, [name], "span of {name}");
+                assert_eq!(seen.within, [Some(name)], "{name} logged in its span");
             }
-            _ => assert!(seen.spans.is_empty(), "{name} is not a span: {seen:?}"),
+            _ => {
+                assert!(own.is_empty(), "{name} is not a span: {seen:?}");
+                assert_eq!(
+                    seen.within,
+                    [Some("parent")],
+                    "{name} logged in the span it belongs to"
+                );
+            }
         }
         assert_eq!(seen.events, [name], "log event of {name}");
         match rx.try_recv() {
