@@ -116,8 +116,6 @@ mod workspace;
 
 // The supervisor and what configures it.
 pub use context::ContextConfig;
-#[allow(deprecated)]
-pub use session::Recovery;
 pub use session::{
     ContinueFrom, RecoveredTurn, SendOptions, SessionConfig, SessionHandle, SessionStatus,
     SubmitError, TextEdit, TurnCanceller, TurnEvent, TurnHandle, TurnSummary, TurnText, Unstick,

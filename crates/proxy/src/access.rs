@@ -224,13 +224,6 @@ pub enum RecoveryEvent {
     },
 }
 
-/// The former name of [`RecoveryEvent`].
-#[deprecated(
-    since = "0.1.0",
-    note = "renamed `RecoveryEvent`: `Recovery` named three different things across warden's crates (this one is what the proxy did about a broken stream)"
-)]
-pub type Recovery = RecoveryEvent;
-
 impl std::fmt::Display for RecoveryEvent {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let secs = |d: &std::time::Duration| d.as_secs_f64();

@@ -107,8 +107,6 @@ use axum::routing::post;
 use tokio::time::Instant;
 use warden_core::{Admission, AdmissionConfig, WatchdogActor, WatchdogConfig};
 
-#[allow(deprecated)]
-pub use access::Recovery;
 pub use access::{AccessLog, AccessRecord, Outcome, RecoveryEvent, RecoveryLog};
 pub use circuit::CircuitConfig;
 pub use config::{

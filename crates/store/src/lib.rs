@@ -82,8 +82,6 @@ mod wal;
 pub use codec::{MAX_RECORD_BYTES, decode, encode};
 pub use labels::SledLabels;
 pub use recovery::OpenRepair;
-#[allow(deprecated)]
-pub use recovery::Recovery;
 pub use salvage::{SalvageError, SalvageReport, Unreadable};
 pub use turns::{SledTurns, TURN_LOG_DAMAGED, TurnLogDamage};
 

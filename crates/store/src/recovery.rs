@@ -39,13 +39,6 @@ pub enum OpenRepair {
     },
 }
 
-/// The former name of [`OpenRepair`].
-#[deprecated(
-    since = "0.1.0",
-    note = "renamed `OpenRepair`: `Recovery` named three different things across warden's crates (this one is what opening the store repaired)"
-)]
-pub type Recovery = OpenRepair;
-
 impl std::fmt::Display for OpenRepair {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {

@@ -49,12 +49,6 @@ pub use handle::{
 };
 pub use recovered::{ContinueFrom, RecoveredTurn};
 pub(crate) use turn::StartMode;
-/// The former name of [`Unstick`].
-#[deprecated(
-    since = "0.1.0",
-    note = "renamed `Unstick`: `Recovery` named three different things across warden's crates (this one is how `recover` unsticks a session)"
-)]
-pub type Recovery = handle::Unstick;
 
 pub use view::{TextEdit, TurnText};
 

@@ -46,8 +46,6 @@ use crate::event::AgentEvent;
 pub use crate::source::AttemptId;
 use crate::source::{EventSource, TurnRequest};
 use crate::watchdog::{WatchId, WatchdogHandle};
-#[allow(deprecated)]
-pub use task::StreamActor;
 pub use task::{StreamHandle, StreamTask};
 
 /// How an attempt ended.

@@ -89,13 +89,6 @@ impl StreamHandle {
 #[derive(Debug, Default, Clone, Copy)]
 pub struct StreamTask;
 
-/// The former name of [`StreamTask`], which is a task, not an actor.
-#[deprecated(
-    since = "0.1.0",
-    note = "renamed `StreamTask`: it is one task, not an actor"
-)]
-pub type StreamActor = StreamTask;
-
 impl StreamTask {
     /// Registers the stream with the watchdog and starts it on the current
     /// tokio runtime. Fails only if the watchdog is not running.
