@@ -1060,8 +1060,8 @@ export interface components {
             /** @description Its stored status. */
             status?: components["schemas"]["SessionState"] | null;
             /**
-             * @description While it runs with tracing on: the trace of its incarnation (its
-             *     turns are spans in it).
+             * @description While it runs with tracing on: the trace of its incarnation's anchor
+             *     (each of its turns is a trace of its own, linked to it).
              */
             trace_id?: string | null;
             /** @description While it runs: its turn. */
@@ -1257,8 +1257,8 @@ export interface components {
             /** @description Its stored status. */
             status?: components["schemas"]["SessionState"] | null;
             /**
-             * @description While it runs with tracing on: the trace of its incarnation (its
-             *     turns are spans in it).
+             * @description While it runs with tracing on: the trace of its incarnation's anchor
+             *     (each of its turns is a trace of its own, linked to it).
              */
             trace_id?: string | null;
             /** @description While it runs: its turn. */
@@ -1392,8 +1392,10 @@ export interface components {
             /** @description `done`: the answer. */
             text?: string | null;
             /**
-             * @description The trace its spans are in (its session incarnation's), with
-             *     tracing on: `{jaeger_url}/trace/{trace_id}`.
+             * @description The trace it ran in (its own, rooted at its `turn_started`; after a
+             *     re-delivery, the latest), with tracing on:
+             *     `{jaeger_url}/trace/{trace_id}`. Before it starts, its session
+             *     incarnation's.
              */
             trace_id?: string | null;
         };
@@ -1523,8 +1525,10 @@ export interface components {
             /** @description `done`: the answer. */
             text?: string | null;
             /**
-             * @description The trace its spans are in (its session incarnation's), with
-             *     tracing on: `{jaeger_url}/trace/{trace_id}`.
+             * @description The trace it ran in (its own, rooted at its `turn_started`; after a
+             *     re-delivery, the latest), with tracing on:
+             *     `{jaeger_url}/trace/{trace_id}`. Before it starts, its session
+             *     incarnation's.
              */
             trace_id?: string | null;
         };

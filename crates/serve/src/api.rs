@@ -183,8 +183,8 @@ pub struct SessionDetail {
     /// While it runs: turns it finished in this incarnation.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub turns_finished: Option<u64>,
-    /// While it runs with tracing on: the trace of its incarnation (its
-    /// turns are spans in it).
+    /// While it runs with tracing on: the trace of its incarnation's anchor
+    /// (each of its turns is a trace of its own, linked to it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub trace_id: Option<String>,
 }
@@ -277,8 +277,10 @@ pub struct TurnSummary {
     /// The model it asked for, if it named one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub model: Option<String>,
-    /// The trace its spans are in (its session incarnation's), with
-    /// tracing on: `{jaeger_url}/trace/{trace_id}`.
+    /// The trace it ran in (its own, rooted at its `turn_started`; after a
+    /// re-delivery, the latest), with tracing on:
+    /// `{jaeger_url}/trace/{trace_id}`. Before it starts, its session
+    /// incarnation's.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub trace_id: Option<String>,
 }
