@@ -9,10 +9,6 @@ use warden_proxy::{Proxy, ProxyConfig};
 
 use crate::exit::{CliError, Exit};
 
-/// The `408` body for a request whose body stalled past
-/// `--header-timeout`: the Anthropic error shape, which the OpenAI SDKs
-/// read as well (`error.message`); both retry a 408.
-const STALLED_BODY: &str = r#"{"type":"error","error":{"type":"timeout_error","message":"warden proxy: the request body sent nothing for --header-timeout; send it again"}}"#;
 use crate::sources::check_url;
 
 /// Arguments of `warden proxy`.
@@ -189,7 +185,6 @@ pub(crate) async fn run(args: ProxyArgs) -> Result<Exit, CliError> {
         args.connections.header_timeout,
         args.connections.max_connections(),
     );
-    config.connections = config.connections.with_stalled_body(STALLED_BODY);
     if let Some(d) = args.deadline {
         config = config.with_deadline(d);
     }

@@ -26,6 +26,11 @@ pub const DEFAULT_MAX_REPLY_BYTES: usize = 16 * 1024 * 1024;
 /// which the OpenAI SDKs read as well (`error.message`); both retry a 503.
 const BUSY_BODY: &str = r#"{"type":"error","error":{"type":"overloaded_error","message":"warden proxy: too many connections open; retry shortly"}}"#;
 
+/// The `408` body for a request whose body stalled past the header timeout
+/// (`--header-timeout`): the Anthropic error shape, which the OpenAI SDKs
+/// read as well (`error.message`); both retry a 408.
+const STALLED_BODY: &str = r#"{"type":"error","error":{"type":"timeout_error","message":"warden proxy: the request body sent nothing for the header timeout (--header-timeout); send it again"}}"#;
+
 /// How the proxy behaves.
 #[derive(Clone)]
 #[non_exhaustive]
@@ -141,7 +146,9 @@ impl Default for ProxyConfig {
             max_body_bytes: DEFAULT_MAX_BODY_BYTES,
             max_frame_bytes: DEFAULT_MAX_FRAME_BYTES,
             max_reply_bytes: DEFAULT_MAX_REPLY_BYTES,
-            connections: Limits::default().with_busy_body(BUSY_BODY),
+            connections: Limits::default()
+                .with_busy_body(BUSY_BODY)
+                .with_stalled_body(STALLED_BODY),
             access_log: None,
             recovery_log: None,
             circuit: Some(CircuitConfig::default()),
