@@ -6,6 +6,14 @@ export const TOKEN_KEY = "warden-token";
 /** A 401: the token is missing or wrong (the server's message says which). */
 export class Refused extends Error {}
 
+/**
+ * Whether `error` (thrown by `api`) says the node cannot reach its
+ * database: the page's banner says that, not the failed request.
+ */
+export function databaseAway(error) {
+  return error.type === "database_unreachable" || error.type === "store_unreachable";
+}
+
 export function token() {
   return sessionStorage.getItem(TOKEN_KEY) || "";
 }
@@ -28,7 +36,9 @@ export async function api(method, path, body) {
   const answer = await response.json().catch(() => ({}));
   if (!response.ok) {
     const e = answer.error || {};
-    throw new Error(`${response.status} ${e.type || ""}: ${e.message || response.statusText}`);
+    const error = new Error(`${response.status} ${e.type || ""}: ${e.message || response.statusText}`);
+    error.type = e.type;
+    throw error;
   }
   return answer;
 }

@@ -2,7 +2,7 @@
 // and handovers (`GET /v1/cluster`, read from the database, so any node
 // shows the whole cluster).
 
-import { api, Refused } from "./api.js";
+import { api, databaseAway, Refused } from "./api.js";
 import { $, hooks } from "./state.js";
 import { clock } from "./text.js";
 
@@ -13,7 +13,8 @@ export async function openCluster() {
     [view, { sessions }] = await Promise.all([api("GET", "/v1/cluster"), api("GET", "/v1/sessions")]);
   } catch (e) {
     if (e instanceof Refused) return hooks.signOut("The token was refused.");
-    $("cluster-figures").textContent = e.message;
+    // The banner says the database is away; the rows stay what they were.
+    if (!databaseAway(e)) $("cluster-figures").textContent = e.message;
     return;
   }
   $("cluster-node").textContent = view.node ? `(this node: ${view.node})` : "";

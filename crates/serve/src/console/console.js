@@ -74,9 +74,20 @@ async function signIn() {
   $("nav-cluster").hidden = !s.cluster;
   $("signout").hidden = false;
   $("login-error").textContent = "";
-  await refreshAll();
-  followLifecycle();
+  // First, so a page opened while the node cannot reach its database shows
+  // the banner and the mark, not a failed request.
   if (s.cluster) watchHealth();
+  try {
+    await refreshAll();
+  } catch (e) {
+    if (e instanceof Refused) {
+      signOut(`Refused: ${e.message}.`);
+      return;
+    }
+    // The node cannot list the sessions now (its database away): the
+    // banner says so, and the list fills in when it can.
+  }
+  followLifecycle();
   if (!state.timers) {
     state.timers = true;
     // Other nodes' sessions change without events here: look again often.
