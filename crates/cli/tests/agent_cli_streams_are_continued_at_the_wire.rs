@@ -195,3 +195,79 @@ async fn a_claude_code_reply_cut_mid_text_is_continued_at_the_wire() {
     );
     mock.shutdown().await;
 }
+
+/// A stall inside a thinking block cannot be continued (only the model can
+/// sign a thinking block): the wire holds thinking back, so it retries the
+/// request from scratch unseen — the CLI sees one whole answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claude_code_reply_stalled_in_thinking_is_retried_unseen_at_the_wire() {
+    let Some(claude) = claude_bin() else {
+        return;
+    };
+    let mock = MockServer::start(
+        MockConfig::default().with_sequence([Scenario::StallInThinking, Scenario::Normal]),
+    )
+    .await
+    .expect("mock");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (out, took) = chat(&claude, &mock, dir.path(), &[]).await;
+    eprintln!("stalled in thinking, through the wire: {took:?}");
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    assert_eq!(
+        stdout(&out).matches("Hello from warden-mock.").count(),
+        1,
+        "{}",
+        stdout(&out)
+    );
+    assert!(
+        !stderr(&out).contains("Connection lost during streaming"),
+        "the CLI was not killed: {}",
+        stderr(&out)
+    );
+    let requests: Vec<_> = mock
+        .requests()
+        .into_iter()
+        .filter(|r| r.path == "/v1/messages")
+        .map(|r| (r.scenario, r.continuation))
+        .collect();
+    assert_eq!(
+        requests,
+        [
+            (Some(Scenario::StallInThinking), None),
+            (Some(Scenario::Normal), None)
+        ],
+        "the stalled request, then one whole retry"
+    );
+    mock.shutdown().await;
+}
+
+/// An overloaded answer before any byte goes back to the CLI at once (its
+/// own retry takes it up, as it would alone): one more request, not the
+/// wire's retries multiplying the CLI's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_529_before_any_byte_is_retried_by_claude_code_itself_once() {
+    let Some(claude) = claude_bin() else {
+        return;
+    };
+    let mock = MockServer::start(
+        MockConfig::default().with_sequence([Scenario::Overloaded, Scenario::Normal]),
+    )
+    .await
+    .expect("mock");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (out, took) = chat(&claude, &mock, dir.path(), &[]).await;
+    eprintln!("529 then a reply, through the wire: {took:?}");
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    assert_eq!(
+        stdout(&out).matches("Hello from warden-mock.").count(),
+        1,
+        "{}",
+        stdout(&out)
+    );
+    assert_eq!(
+        mock.requests_to("/v1/messages"),
+        2,
+        "the 529 and one retry, no more"
+    );
+    mock.shutdown().await;
+}
