@@ -697,10 +697,10 @@ export interface components {
             workspace?: string | null;
         };
         /**
-         * @description An error's `type`: what went wrong, and so what a client does. `invalid_request`: Bad JSON, neither or both of `workspace`/`key`, an empty message, an unknown query value, a `Last-Event-ID` that is not a number, a key or id in the path that is not UTF-8. `invalid_idempotency_key`: `Idempotency-Key` empty, over 255 characters, not visible ASCII, or sent more than once. `invalid_workspace`: A workspace that is not absolute, holds a NUL byte, is over 4,096 bytes or is not a directory. `unauthorized`: No token, or the wrong one. `not_found`: An unknown or expired turn, a session never seen, no such route. `method_not_allowed`: A route asked with another method. `request_timeout`: The request body sent nothing for the header timeout; the connection closes. `session_failed`: The session was given up; reset it. `agent_mismatch`: `agent` is not the session's, or not one the server runs; nothing was sent. `turn_recovering`: The Idempotency-Key's message is being re-delivered after a restart; ask again after `Retry-After`. `too_large`: The body is over the server's limit. `unsupported_media_type`: The body is not `application/json`. `invalid_fields`: A field missing, unknown or of the wrong type, or a body that is not a JSON object. `idempotency_key_reused`: The Idempotency-Key named another message; nothing was sent. `internal`: The server failed in a way it did not expect. `too_many_sessions`: Every live session is busy; ask again after `Retry-After`. `too_many_connections`: Past the connection cap, before any routing; ask again after `Retry-After: 1`. `session_elsewhere`: Cluster: another node runs the session; ask it, or again after `Retry-After`. `workspace_unavailable`: Cluster: the session's workspace is on no live node. `store_unreachable`: Cluster: this node cannot reach the cluster's database to read what was asked; ask again after `Retry-After`. `database_unreachable`: Cluster: the cluster's database cannot be reached; ask again after `Retry-After`. `node_unreachable`: Cluster: the node keeping the turn or session cannot be reached. `not_ready`: The server is not ready (its supervisor stopped). `turn_moving`: Cluster: the turn is being re-delivered by another node; ask again. `unavailable`: The session's store failed (a full disk); ask again later.
+         * @description An error's `type`: what went wrong, and so what a client does. `invalid_request`: Bad JSON, neither or both of `workspace`/`key`, an empty message, an unknown query value, a `Last-Event-ID` that is not a number, a key or id in the path that is not UTF-8. `invalid_idempotency_key`: `Idempotency-Key` empty, over 255 characters, not visible ASCII, or sent more than once. `invalid_workspace`: A workspace that is not absolute, holds a NUL byte, is over 4,096 bytes or is not a directory. `unauthorized`: No token, or the wrong one. `not_found`: An unknown or expired turn, a session never seen, no such route. `method_not_allowed`: A route asked with another method. `request_timeout`: The request body sent nothing for the header timeout; the connection closes. `session_failed`: The session was given up; reset it. `agent_mismatch`: `agent` is not the session's, or not one the server runs; nothing was sent. `turn_recovering`: The Idempotency-Key's message is being re-delivered after a restart; ask again after `Retry-After`. `too_large`: The body is over the server's limit. `unsupported_media_type`: The body is not `application/json`. `invalid_fields`: A field missing, unknown or of the wrong type, or a body that is not a JSON object. `idempotency_key_reused`: The Idempotency-Key named another message; nothing was sent. `internal`: The server failed in a way it did not expect. `too_many_sessions`: Every live session is busy; ask again after `Retry-After`. `too_many_connections`: Past the connection cap, before any routing; ask again after `Retry-After: 1`. `session_elsewhere`: Cluster: another node runs the session; ask it, or again after `Retry-After`. `workspace_unavailable`: Cluster: the session's workspace is on no live node. `database_unreachable`: Cluster: this node cannot reach the cluster's database (to place a turn, list the sessions, read a turn); ask again after `Retry-After`. `node_unreachable`: Cluster: the node keeping the turn or session cannot be reached. `not_ready`: The server is not ready (its supervisor stopped). `turn_moving`: Cluster: the turn is being re-delivered by another node; ask again. `unavailable`: The session's store failed (a full disk); ask again later.
          * @enum {string}
          */
-        ErrorType: "invalid_request" | "invalid_idempotency_key" | "invalid_workspace" | "unauthorized" | "not_found" | "method_not_allowed" | "request_timeout" | "session_failed" | "agent_mismatch" | "turn_recovering" | "too_large" | "unsupported_media_type" | "invalid_fields" | "idempotency_key_reused" | "internal" | "too_many_sessions" | "too_many_connections" | "session_elsewhere" | "workspace_unavailable" | "store_unreachable" | "database_unreachable" | "node_unreachable" | "not_ready" | "turn_moving" | "unavailable";
+        ErrorType: "invalid_request" | "invalid_idempotency_key" | "invalid_workspace" | "unauthorized" | "not_found" | "method_not_allowed" | "request_timeout" | "session_failed" | "agent_mismatch" | "turn_recovering" | "too_large" | "unsupported_media_type" | "invalid_fields" | "idempotency_key_reused" | "internal" | "too_many_sessions" | "too_many_connections" | "session_elsewhere" | "workspace_unavailable" | "database_unreachable" | "node_unreachable" | "not_ready" | "turn_moving" | "unavailable";
         /**
          * Format: date-time
          * @description When the event was made, by the server's clock: RFC 3339, UTC, milliseconds
@@ -1827,7 +1827,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description `unavailable`: the store failed (a full disk). `store_unreachable` (cluster): this node cannot reach the cluster's database; `Retry-After` */
+            /** @description `unavailable`: the store failed (a full disk). `database_unreachable` (cluster): this node cannot reach the cluster's database; `Retry-After` */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -2026,7 +2026,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description `store_unreachable` (cluster): this node cannot reach the cluster's database; `Retry-After` */
+            /** @description `database_unreachable` (cluster): this node cannot reach the cluster's database; `Retry-After` */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -2183,7 +2183,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description `store_unreachable` (cluster): this node cannot reach the cluster's database; `Retry-After`. `node_unreachable`: the cluster node keeping the turn cannot be reached */
+            /** @description `database_unreachable` (cluster): this node cannot reach the cluster's database; `Retry-After`. `node_unreachable`: the cluster node keeping the turn cannot be reached */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -2293,7 +2293,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description `node_unreachable`: the cluster node keeping the turn cannot be reached. `store_unreachable` (cluster): this node cannot reach the cluster's database to read the turn; `Retry-After` */
+            /** @description `node_unreachable`: the cluster node keeping the turn cannot be reached. `database_unreachable` (cluster): this node cannot reach the cluster's database to read the turn; `Retry-After` */
             503: {
                 headers: {
                     [name: string]: unknown;

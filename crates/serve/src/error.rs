@@ -152,14 +152,14 @@ pub(crate) fn elsewhere(key: &SessionKey, e: Elsewhere) -> ApiError {
 /// retry the database every 100 ms; a second is a fair pace).
 const OUTAGE_RETRY_SECS: u64 = 1;
 
-/// `503 store_unreachable` with `Retry-After`: a cluster node cannot reach
-/// its database. The pool's text (host names, driver messages) is not for
+/// `503 database_unreachable` with `Retry-After`: a cluster node cannot
+/// reach its database (the one type every refusal of an outage has). The pool's text (host names, driver messages) is not for
 /// clients: it goes to the node's log at debug level (the outage itself is
 /// logged once by the node), `what` says what could not be done.
-pub(crate) fn store_unreachable(what: &str, why: &dyn std::fmt::Display) -> ApiError {
+pub(crate) fn database_unreachable(what: &str, why: &dyn std::fmt::Display) -> ApiError {
     tracing::debug!(error = %why, "{what}: the cluster's database cannot be reached");
     ApiError::new(
-        ErrorType::StoreUnreachable,
+        ErrorType::DatabaseUnreachable,
         format!(
             "{what}: this node cannot reach the cluster's database; ask again after Retry-After \
              (or another node)"

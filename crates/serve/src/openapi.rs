@@ -268,7 +268,7 @@ pub(crate) fn document() -> Value {
                 (404, "`not_found`: unknown or expired turn"),
                 (
                     503,
-                    "`node_unreachable`: the cluster node keeping the turn cannot be reached. `store_unreachable` (cluster): this node cannot reach the cluster's database to read the turn; `Retry-After`",
+                    "`node_unreachable`: the cluster node keeping the turn cannot be reached. `database_unreachable` (cluster): this node cannot reach the cluster's database to read the turn; `Retry-After`",
                 ),
             ],
         );
@@ -287,13 +287,13 @@ pub(crate) fn document() -> Value {
         .path_param("id", "")
         .json(200, "The turn", schema::<api::Turn>(&mut g))
         .errors(&error, &[unauthorized, (404, "`not_found`: unknown or expired turn"),
-            (503, "`store_unreachable` (cluster): this node cannot reach the cluster's database; `Retry-After`. `node_unreachable`: the cluster node keeping the turn cannot be reached")]);
+            (503, "`database_unreachable` (cluster): this node cannot reach the cluster's database; `Retry-After`. `node_unreachable`: the cluster node keeping the turn cannot be reached")]);
     let sessions = Op::new("listSessions", "Running sessions (on a cluster node: every session of the cluster)")
         .param("detail", "query", false, json!({"type": "string", "enum": ["full"]}),
             "`full`: every stored session (running or not), each with its record as getSession shows it")
         .json(200, "The sessions", schema::<api::SessionList>(&mut g))
         .errors(&error, &[(400, "`invalid_request`: an unknown `detail`"), unauthorized,
-            (503, "`unavailable`: the store failed (a full disk). `store_unreachable` (cluster): this node cannot reach the cluster's database; `Retry-After`")]);
+            (503, "`unavailable`: the store failed (a full disk). `database_unreachable` (cluster): this node cannot reach the cluster's database; `Retry-After`")]);
     let session = Op::new("getSession", "One session (key percent-encoded)")
         .path_param("key", "The session's key, percent-encoded (a `/` is `%2F`)")
         .json(
@@ -321,7 +321,7 @@ pub(crate) fn document() -> Value {
             unauthorized,
             (
                 503,
-                "`store_unreachable` (cluster): this node cannot reach the cluster's database; `Retry-After`",
+                "`database_unreachable` (cluster): this node cannot reach the cluster's database; `Retry-After`",
             ),
         ],
     );

@@ -82,9 +82,7 @@ error_types! {
     SessionElsewhere = "session_elsewhere", 503;
     /// Cluster: the session's workspace is on no live node.
     WorkspaceUnavailable = "workspace_unavailable", 503;
-    /// Cluster: this node cannot reach the cluster's database to read what was asked; ask again after `Retry-After`.
-    StoreUnreachable = "store_unreachable", 503;
-    /// Cluster: the cluster's database cannot be reached; ask again after `Retry-After`.
+    /// Cluster: this node cannot reach the cluster's database (to place a turn, list the sessions, read a turn); ask again after `Retry-After`.
     DatabaseUnreachable = "database_unreachable", 503;
     /// Cluster: the node keeping the turn or session cannot be reached.
     NodeUnreachable = "node_unreachable", 503;

@@ -11,7 +11,7 @@ export class Refused extends Error {}
  * database: the page's banner says that, not the failed request.
  */
 export function databaseAway(error) {
-  return error.type === "database_unreachable" || error.type === "store_unreachable";
+  return error.type === "database_unreachable";
 }
 
 export function token() {

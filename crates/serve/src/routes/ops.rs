@@ -15,7 +15,7 @@ use subtle::ConstantTimeEq as _;
 use crate::api::ErrorType;
 use crate::api::{self, LifecycleReset};
 use crate::cluster::Cluster;
-use crate::error::ApiError;
+use crate::error::{ApiError, database_unreachable};
 use crate::history;
 use crate::metrics::ClusterView;
 use crate::state::AppState;
@@ -198,17 +198,6 @@ fn move_kind(kind: &str) -> api::MoveKind {
     }
 }
 
-/// `503 database_unreachable`: the cluster's moves cannot be read (the
-/// driver's text `why` goes to the log, not to the client).
-fn moves_unreadable(why: &str) -> ApiError {
-    tracing::debug!(error = %why, "cannot read the cluster's moves");
-    ApiError::new(
-        ErrorType::DatabaseUnreachable,
-        "this node cannot reach the cluster's database to read its moves",
-    )
-    .retry_after(1)
-}
-
 /// `GET /v1/cluster`: the cluster's members (heartbeat age, sessions held,
 /// address), this node's lease figures, the latest session moves
 /// (failovers and handovers) and the last hour's moves counted cluster
@@ -249,7 +238,12 @@ pub(crate) async fn cluster_view(cluster: Cluster) -> Result<Response, ApiError>
                 at_ms: m.at_ms,
             })
             .collect(),
-        Some(Err(why)) => return Err(moves_unreadable(&why)),
+        Some(Err(why)) => {
+            return Err(database_unreachable(
+                "cannot read the cluster's moves",
+                &why,
+            ));
+        }
         None => Vec::new(),
     };
     let moved_last_hour = match placement.move_counts(MOVES_WITHIN).await {
@@ -262,7 +256,12 @@ pub(crate) async fn cluster_view(cluster: Cluster) -> Result<Response, ApiError>
                 sessions: c.sessions,
             })
             .collect(),
-        Some(Err(why)) => return Err(moves_unreadable(&why)),
+        Some(Err(why)) => {
+            return Err(database_unreachable(
+                "cannot read the cluster's moves",
+                &why,
+            ));
+        }
         None => Vec::new(),
     };
     let of = |kind| {

@@ -18,7 +18,7 @@ use crate::api::{
     SessionReset, SessionSummary, TurnList, TurnOutcome, TurnSummary,
 };
 use crate::cluster::Cluster;
-use crate::error::{ApiError, bad_session, store_unreachable};
+use crate::error::{ApiError, bad_session, database_unreachable};
 use crate::state::AppState;
 use crate::views;
 
@@ -57,7 +57,7 @@ pub(crate) async fn list_sessions(
     // that fails (a full disk) says why.
     let on_cluster = cluster.placement().is_some();
     let unavailable = |e: &dyn std::fmt::Display| match on_cluster {
-        true => store_unreachable("cannot list the sessions", e),
+        true => database_unreachable("cannot list the sessions", e),
         false => ApiError::new(ErrorType::Unavailable, e.to_string()),
     };
     // Where each session runs, on a cluster node.
@@ -346,7 +346,7 @@ pub(crate) async fn session_turns(
         .recent(&SessionKey::new(&key), RECENT_TURNS)
         .await
         // Only a cluster node's turn store can fail.
-        .map_err(|e| store_unreachable("cannot read the session's turns", &e))?;
+        .map_err(|e| database_unreachable("cannot read the session's turns", &e))?;
     let turns = turns.iter().map(summarize).collect();
     Ok(Json(TurnList { key, turns }).into_response())
 }

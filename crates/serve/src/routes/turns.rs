@@ -12,7 +12,7 @@ use super::{Object, Param};
 use crate::api::ErrorType;
 use crate::api::{NewTurn, Turn, TurnCancelled, TurnCreated};
 use crate::cluster::{Cluster, Placed};
-use crate::error::{ApiError, bad_session, gone, idempotency_key_reused, store_unreachable};
+use crate::error::{ApiError, bad_session, database_unreachable, gone, idempotency_key_reused};
 use crate::sse;
 use crate::state::AppState;
 use crate::turns::{Named, Opening};
@@ -280,7 +280,7 @@ async fn replay(
         let stored = store
             .read(id, 0)
             .await
-            .map_err(|e| store_unreachable("cannot read the turn this key named", &e))?;
+            .map_err(|e| database_unreachable("cannot read the turn this key named", &e))?;
         if let Some(turn) = &stored
             && another(turn.fingerprint.as_deref())
         {
@@ -371,7 +371,7 @@ pub(crate) async fn turn_events(
         (Err(e), Some(store)) => match store.read(&id, after).await {
             Ok(Some(turn)) => Ok(sse::stored(store.clone(), turn, after).into_response()),
             Ok(None) => Err(e),
-            Err(why) => Err(store_unreachable("cannot read the turn", &why)),
+            Err(why) => Err(database_unreachable("cannot read the turn", &why)),
         },
         (Err(e), None) => Err(e),
     }
@@ -396,7 +396,7 @@ pub(crate) async fn one_turn(
             return Ok(Json(Turn { key, turn }).into_response());
         }
         Ok(None) => {}
-        Err(why) => return Err(store_unreachable("cannot read the turn", &why)),
+        Err(why) => return Err(database_unreachable("cannot read the turn", &why)),
     }
     let path = format!("/v1/turns/{id}");
     cluster.turn_elsewhere(&id, Method::GET, &path).await

@@ -1,8 +1,8 @@
 //! A cluster node whose database is away answers over real HTTP with the
-//! API's typed error, `503 store_unreachable` with `Retry-After` — never
-//! the connection pool's raw text (host names, driver messages) — when it
-//! lists the sessions and when a client re-attaches to a turn it must read
-//! from the store.
+//! API's typed error, `503 database_unreachable` with `Retry-After` (the
+//! one type of every refusal in an outage) — never the connection pool's
+//! raw text (host names, driver messages) — when it lists the sessions and
+//! when a client re-attaches to a turn it must read from the store.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -113,7 +113,7 @@ async fn serve() -> String {
 
 /// The answer to `GET base/path` (with the token, and `Last-Event-ID`
 /// when given) must be the typed outage error.
-async fn assert_store_unreachable(base: &str, path: &str, last_event_id: Option<&str>) {
+async fn assert_database_unreachable(base: &str, path: &str, last_event_id: Option<&str>) {
     let mut request = reqwest::Client::new()
         .get(format!("{base}{path}"))
         .bearer_auth(TOKEN);
@@ -134,7 +134,10 @@ async fn assert_store_unreachable(base: &str, path: &str, last_event_id: Option<
     let body: Value =
         serde_json::from_str(&text).unwrap_or_else(|_| panic!("{path}: not JSON: {text}"));
     assert_eq!(status, 503, "{path}: {body}");
-    assert_eq!(body["error"]["type"], "store_unreachable", "{path}: {body}");
+    assert_eq!(
+        body["error"]["type"], "database_unreachable",
+        "{path}: {body}"
+    );
     assert!(
         retry_after.is_some_and(|s| s >= 1),
         "{path}: Retry-After {retry_after:?}"
@@ -146,15 +149,15 @@ async fn assert_store_unreachable(base: &str, path: &str, last_event_id: Option<
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn listing_the_sessions_in_an_outage_is_store_unreachable() {
+async fn listing_the_sessions_in_an_outage_is_database_unreachable() {
     let base = serve().await;
-    assert_store_unreachable(&base, "/v1/sessions", None).await;
-    assert_store_unreachable(&base, "/v1/sessions?detail=full", None).await;
+    assert_database_unreachable(&base, "/v1/sessions", None).await;
+    assert_database_unreachable(&base, "/v1/sessions?detail=full", None).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn re_attaching_to_a_turn_in_an_outage_is_store_unreachable() {
+async fn re_attaching_to_a_turn_in_an_outage_is_database_unreachable() {
     let base = serve().await;
-    assert_store_unreachable(&base, "/v1/turns/turn_0123/events", Some("7")).await;
-    assert_store_unreachable(&base, "/v1/turns/turn_0123", None).await;
+    assert_database_unreachable(&base, "/v1/turns/turn_0123/events", Some("7")).await;
+    assert_database_unreachable(&base, "/v1/turns/turn_0123", None).await;
 }
