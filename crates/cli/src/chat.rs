@@ -65,10 +65,11 @@ pub(crate) struct ChatArgs {
     /// The Claude Code binary. Default WARDEN_CLAUDE_BIN, else `claude` on PATH.
     #[arg(long, value_name = "PATH")]
     claude_bin: Option<PathBuf>,
-    /// Let Claude Code reach its API directly, without warden's wire layer
-    /// (by default its model stream goes through warden's watched engine
-    /// in this process, which continues a stalled or cut reply inside the
-    /// CLI's own request).
+    /// Let Claude Code and Codex reach their APIs directly, without
+    /// warden's wire layer (by default their model streams go through
+    /// warden's watched engine in this process, which continues a stalled
+    /// or cut Claude Code reply inside the CLI's own request and retries a
+    /// Codex stream that stalls before its first byte).
     #[arg(long)]
     no_wire_watch: bool,
     /// Forget that this workspace's session was given up before sending.
@@ -299,22 +300,19 @@ pub(crate) async fn run(args: ChatArgs) -> Result<Exit, CliError> {
     let config = SupervisorConfig::from_env().map_err(|e| CliError::usage(e.to_string()))?;
     let data_dir = paths::data_dir(args.data_dir.clone())?;
 
-    // Claude Code's model traffic through the wire layer, which then
+    // The agent CLI's model traffic through the wire layer, which then
     // reaches what --base-url (or the CLI's own setting) names.
-    let wire = match (args.agent, args.no_wire_watch) {
-        (Agent::ClaudeCode, false) => Some(
-            crate::wire::Wire::start(
-                &crate::wire::anthropic_upstream(args.base_url.as_deref()),
-                config.watchdog.default_timeout,
-            )
-            .await?,
-        ),
-        _ => None,
-    };
-    let base_url = match &wire {
-        Some(wire) => Some(wire.url().to_owned()),
-        None => args.base_url.clone(),
-    };
+    let wire = crate::wire::Wire::for_agents(
+        &[args.agent],
+        args.base_url.as_deref(),
+        args.no_wire_watch,
+        config.watchdog.default_timeout,
+    )
+    .await?;
+    let base_url = wire
+        .as_ref()
+        .and_then(|wire| wire.base_url(args.agent))
+        .or_else(|| args.base_url.clone());
     let (source, claude) = agent_source(
         args.agent,
         base_url,

@@ -67,10 +67,9 @@ pub(crate) struct ServeArgs {
     /// The Claude Code binary. Default: `claude` on PATH.
     #[arg(long, env = "WARDEN_CLAUDE_BIN", value_name = "PATH")]
     claude_bin: Option<PathBuf>,
-    /// Let Claude Code reach its API directly, without warden's wire layer
-    /// (by default its model stream goes through warden's watched engine
-    /// in this process, which continues a stalled or cut reply inside the
-    /// CLI's own request).
+    /// Let Claude Code and Codex reach their APIs directly, without
+    /// warden's wire layer (by default their model streams go through
+    /// warden's watched engine in this process; see `warden chat`).
     #[arg(long, env = "WARDEN_NO_WIRE_WATCH")]
     no_wire_watch: bool,
     /// How long running turns may take to finish after SIGTERM: seconds,
@@ -344,21 +343,17 @@ pub(crate) async fn run(args: ServeArgs) -> Result<Exit, CliError> {
             Arc::new(sled)
         }
     };
-    // Claude Code's model traffic through the wire layer, which then
+    // The agent CLIs' model traffic through the wire layer, which then
     // reaches what --base-url (or the CLI's own setting) names.
-    let wire = if args.agent.contains(&Agent::ClaudeCode) && !args.no_wire_watch {
-        Some(
-            crate::wire::Wire::start(
-                &crate::wire::anthropic_upstream(args.base_url.as_deref()),
-                config.watchdog.default_timeout,
-            )
-            .await?,
-        )
-    } else {
-        None
-    };
+    let wire = crate::wire::Wire::for_agents(
+        &args.agent,
+        args.base_url.as_deref(),
+        args.no_wire_watch,
+        config.watchdog.default_timeout,
+    )
+    .await?;
     let settings = AgentSettings {
-        claude_base_url: wire.as_ref().map(|w| w.url().to_owned()),
+        wire: wire.as_ref(),
         base_url: args.base_url.clone(),
         model: args.model.clone(),
         claude_bin: args.claude_bin.clone(),

@@ -39,9 +39,9 @@ pub(crate) struct Agents {
 
 /// How the agents' sources are made (the flags they share).
 pub(crate) struct AgentSettings<'a> {
-    /// Where Claude Code sends its model requests instead of `base_url`:
-    /// the wire layer, when it runs.
-    pub(crate) claude_base_url: Option<String>,
+    /// The wire layer, when it runs: where the agents it carries send
+    /// their model requests instead of `base_url`.
+    pub(crate) wire: Option<&'a crate::wire::Wire>,
     pub(crate) base_url: Option<String>,
     pub(crate) model: Option<String>,
     pub(crate) claude_bin: Option<PathBuf>,
@@ -77,10 +77,10 @@ impl Agents {
         let mut sources = Vec::new();
         let mut children = Vec::new();
         for agent in &list {
-            let base_url = match (agent, &settings.claude_base_url) {
-                (Agent::ClaudeCode, Some(wire)) => Some(wire.clone()),
-                _ => settings.base_url.clone(),
-            };
+            let base_url = settings
+                .wire
+                .and_then(|wire| wire.base_url(*agent))
+                .or_else(|| settings.base_url.clone());
             let (source, child) = agent_source(
                 *agent,
                 base_url,

@@ -1,7 +1,9 @@
 //! The wire layer under an agent CLI: warden's own watched proxy engine
 //! (`warden_proxy`, what `warden proxy` runs), in this process, on
 //! loopback, with the CLI's model traffic pointed at it (Claude Code's
-//! `ANTHROPIC_BASE_URL`). A stall or a cut mid-reply is continued inside
+//! `ANTHROPIC_BASE_URL`, Codex's provider `base_url`; the engine tells
+//! them apart by Anthropic's `anthropic-version` header). For Claude Code
+//! (the Messages API) a stall or a cut mid-reply is continued inside
 //! the CLI's own request and spliced into the same response, a stall inside
 //! a thinking block retried unseen (thinking is held back: no human
 //! watches these streams): the CLI never sees the fault, is never killed
@@ -9,11 +11,19 @@
 //! session's watchdog on the CLI's stdout) stays for what the wire cannot
 //! see: a CLI that hangs with a healthy upstream, crashes or prints
 //! garbage.
+//!
+//! Codex speaks the Responses API, which the engine watches and retries
+//! until the first byte only: a stall before any byte is retried unseen;
+//! after it the stream ends with a retryable `error` event and closes
+//! before `response.completed`, which Codex retries itself
+//! (`Reconnecting... 1/5`) at once, instead of after its own idle timeout
+//! (300 s) or being killed by the watchdog on its stdout.
 
 use std::time::Duration;
 
 use warden_proxy::{Proxy, ProxyConfig};
 
+use crate::chat::Agent;
 use crate::exit::CliError;
 
 /// The share of the stream timeout the wire allows an upstream stream to
@@ -24,18 +34,53 @@ const WIRE_SHARE: u32 = 2;
 /// A running wire layer.
 pub(crate) struct Wire {
     proxy: Proxy,
+    agents: Vec<Agent>,
     url: String,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     task: tokio::task::JoinHandle<std::io::Result<()>>,
 }
 
 impl Wire {
-    /// Starts the engine in front of `upstream` (the Anthropic API's base
-    /// URL), with half of `stream_timeout` as its silence allowance.
-    pub(crate) async fn start(upstream: &str, stream_timeout: Duration) -> Result<Self, CliError> {
-        let timeout = (stream_timeout / WIRE_SHARE).max(Duration::from_millis(500));
+    /// The wire layer under those of `agents` whose model traffic it can
+    /// carry (none when `off`, `--no-wire-watch`): Claude Code always;
+    /// Codex when warden names its provider anyway (`base_url`, the
+    /// user's `--base-url`) or it would use an API key (`OPENAI_API_KEY`),
+    /// not a ChatGPT sign-in, whose backend the engine does not speak.
+    /// Its upstreams are what each CLI would reach without warden.
+    pub(crate) async fn for_agents(
+        agents: &[Agent],
+        base_url: Option<&str>,
+        off: bool,
+        stream_timeout: Duration,
+    ) -> Result<Option<Self>, CliError> {
+        let codex_by_key = base_url.is_some() || env("OPENAI_API_KEY").is_some();
+        let wired: Vec<Agent> = agents
+            .iter()
+            .copied()
+            .filter(|agent| match agent {
+                Agent::ClaudeCode => true,
+                Agent::Codex => codex_by_key,
+                _ => false,
+            })
+            .collect();
+        if off || wired.is_empty() {
+            return Ok(None);
+        }
         let config = ProxyConfig::default()
-            .with_anthropic_upstream(upstream)
+            .with_anthropic_upstream(anthropic_upstream(base_url))
+            .with_openai_upstream(openai_upstream(base_url));
+        Self::start(config, stream_timeout, wired).await.map(Some)
+    }
+
+    /// Starts the engine of `config`, with half of `stream_timeout` as its
+    /// silence allowance.
+    async fn start(
+        config: ProxyConfig,
+        stream_timeout: Duration,
+        agents: Vec<Agent>,
+    ) -> Result<Self, CliError> {
+        let timeout = (stream_timeout / WIRE_SHARE).max(Duration::from_millis(500));
+        let config = config
             .with_timeout(timeout)
             .with_hold_thinking(true)
             // What it did, as `warden proxy` says it: the CLI never sees
@@ -62,15 +107,18 @@ impl Wire {
         });
         Ok(Self {
             proxy,
+            agents,
             url,
             stop: Some(stop),
             task,
         })
     }
 
-    /// Where the CLI sends its model requests.
-    pub(crate) fn url(&self) -> &str {
-        &self.url
+    /// Where `agent` sends its model requests: the wire, when it carries
+    /// that agent's traffic (Codex adds `/v1` to it, as to any
+    /// `--base-url`).
+    pub(crate) fn base_url(&self, agent: Agent) -> Option<String> {
+        self.agents.contains(&agent).then(|| self.url.clone())
     }
 }
 
@@ -90,13 +138,51 @@ impl Drop for Wire {
 /// The Anthropic API a Claude Code session would reach without warden:
 /// `--base-url` when given, else the CLI's own `ANTHROPIC_BASE_URL`, else
 /// the provider's.
-pub(crate) fn anthropic_upstream(base_url: Option<&str>) -> String {
+fn anthropic_upstream(base_url: Option<&str>) -> String {
     base_url
         .map(str::to_owned)
-        .or_else(|| {
-            std::env::var("ANTHROPIC_BASE_URL")
-                .ok()
-                .filter(|u| !u.trim().is_empty())
-        })
+        .or_else(|| env("ANTHROPIC_BASE_URL"))
         .unwrap_or_else(|| warden_proxy::ANTHROPIC_API.to_owned())
+}
+
+/// The OpenAI API a Codex session would reach without warden, as the
+/// engine's base (its requests' paths start with `/v1`): `--base-url`
+/// when given (Codex's provider is that URL with `/v1` added,
+/// [`codex_base_url`](crate::sources::codex_base_url)), else
+/// `OPENAI_BASE_URL` (which ends in `/v1`), else the provider's.
+fn openai_upstream(base_url: Option<&str>) -> String {
+    base_url
+        .map(str::to_owned)
+        .or_else(|| env("OPENAI_BASE_URL"))
+        .map(|url| {
+            let url = url.trim_end_matches('/');
+            url.strip_suffix("/v1").unwrap_or(url).to_owned()
+        })
+        .unwrap_or_else(|| warden_proxy::OPENAI_API.to_owned())
+}
+
+/// A variable of this process's environment, when set and not blank.
+fn env(name: &str) -> Option<String> {
+    std::env::var(name).ok().filter(|v| !v.trim().is_empty())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn codex_reaches_through_the_wire_the_url_it_would_reach_without_it() {
+        // Codex posts to {its base_url}/responses, the engine to
+        // {upstream}{path}, the path being /v1/responses.
+        for url in [
+            "http://h:1",
+            "http://h:1/v1",
+            "http://h:1/p/",
+            "http://h:1/p/v1/",
+        ] {
+            let codex = format!("{}/responses", crate::sources::codex_base_url(url));
+            let wire = format!("{}/v1/responses", openai_upstream(Some(url)));
+            assert_eq!(wire, codex, "{url}");
+        }
+    }
 }

@@ -7,8 +7,15 @@
 //! whole one. With `--no-wire-watch` the same stall costs the process
 //! watchdog's kill and a re-run.
 //!
-//! The CLI comes from `WARDEN_CLAUDE_BIN` (installed by `.ci/run`); without
-//! it the test prints why it is skipped, unless `WARDEN_REQUIRE_CLAUDE=1`.
+//! `warden chat --agent codex` runs the real Codex the same way (its
+//! provider `base_url` is the wire): a stall before the first byte is
+//! retried unseen inside its request; after it the Responses stream cannot
+//! be continued, so the wire ends it at half the stream timeout and Codex
+//! retries the request itself, never killed.
+//!
+//! The CLIs come from `WARDEN_CLAUDE_BIN` and `WARDEN_CODEX_BIN`
+//! (installed by `.ci/run`); without one its tests print why they are
+//! skipped, unless `WARDEN_REQUIRE_CLAUDE=1` / `WARDEN_REQUIRE_CODEX=1`.
 
 mod common;
 
@@ -48,34 +55,43 @@ async fn chat(
     dir: &Path,
     extra: &[&str],
 ) -> (std::process::Output, Duration) {
+    let agent = ["--agent", "claude-code", "--claude-bin", claude];
+    let env = [
+        ("ANTHROPIC_API_KEY", "dummy"),
+        ("DISABLE_TELEMETRY", "1"),
+        ("DISABLE_AUTOUPDATER", "1"),
+        ("CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "1"),
+    ];
+    chat_with(&agent, &env, mock, dir, extra).await
+}
+
+/// `warden chat` of `hello` with `agent`'s flags and `env` in `dir`'s
+/// workspace against `mock`, with `extra` flags: its output and how long
+/// it took.
+async fn chat_with(
+    agent: &[&str],
+    env: &[(&str, &str)],
+    mock: &MockServer,
+    dir: &Path,
+    extra: &[&str],
+) -> (std::process::Output, Duration) {
     let (workspace, data, home) = (dir.join("repo"), dir.join("data"), dir.join("home"));
     for d in [&workspace, &home] {
         std::fs::create_dir_all(d).expect("mkdir");
     }
     let base = mock.base_url();
-    let mut args = vec![
-        "chat",
-        "--workspace",
-        arg(&workspace),
-        "--agent",
-        "claude-code",
-        "--claude-bin",
-        claude,
-        "--base-url",
-        &base,
-        "--data-dir",
-        arg(&data),
-    ];
+    let mut args = vec!["chat", "--workspace", arg(&workspace)];
+    args.extend(agent);
+    args.extend(["--base-url", &base, "--data-dir", arg(&data)]);
     args.extend(extra);
     args.push("hello");
     let mut cmd = command(&args);
     let timeout = TIMEOUT_MS.to_string();
     cmd.env("HOME", arg(&home))
-        .env("WARDEN_STREAM_TIMEOUT", &timeout)
-        .env("ANTHROPIC_API_KEY", "dummy")
-        .env("DISABLE_TELEMETRY", "1")
-        .env("DISABLE_AUTOUPDATER", "1")
-        .env("CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "1");
+        .env("WARDEN_STREAM_TIMEOUT", &timeout);
+    for (key, value) in env {
+        cmd.env(key, value);
+    }
     let started = Instant::now();
     let out = output(cmd, Duration::from_secs(120)).await;
     (out, started.elapsed())
@@ -268,6 +284,193 @@ async fn a_529_before_any_byte_is_retried_by_claude_code_itself_once() {
         mock.requests_to("/v1/messages"),
         2,
         "the 529 and one retry, no more"
+    );
+    mock.shutdown().await;
+}
+
+fn codex_bin() -> Option<String> {
+    match std::env::var("WARDEN_CODEX_BIN")
+        .ok()
+        .filter(|v| !v.is_empty())
+    {
+        Some(bin) => Some(bin),
+        None => {
+            assert_ne!(
+                std::env::var("WARDEN_REQUIRE_CODEX").as_deref(),
+                Ok("1"),
+                "WARDEN_REQUIRE_CODEX=1 but WARDEN_CODEX_BIN is unset"
+            );
+            eprintln!("SKIPPED: set WARDEN_CODEX_BIN to the codex binary to run it");
+            None
+        }
+    }
+}
+
+/// `warden chat --agent codex` of `hello` against `mock` (its Responses
+/// endpoint), with `extra` flags.
+async fn codex_chat(
+    codex: &str,
+    mock: &MockServer,
+    dir: &Path,
+    extra: &[&str],
+) -> (std::process::Output, Duration) {
+    let env = [("WARDEN_CODEX_BIN", codex), ("OPENAI_API_KEY", "dummy")];
+    chat_with(&["--agent", "codex"], &env, mock, dir, extra).await
+}
+
+/// The scenarios of the mock's `/v1/responses` requests, in order.
+fn responses(mock: &MockServer) -> Vec<Option<Scenario>> {
+    mock.requests()
+        .into_iter()
+        .filter(|r| r.path == "/v1/responses")
+        .map(|r| r.scenario)
+        .collect()
+}
+
+/// The mock's Responses endpoint playing `first`, then a normal reply,
+/// with `frames` frames before `first`'s fault.
+async fn responses_mock(first: Scenario, frames: usize) -> MockServer {
+    MockServer::start(
+        MockConfig::default()
+            .with_fault_after_frames(frames)
+            .with_sequence([first, Scenario::Normal]),
+    )
+    .await
+    .expect("mock")
+}
+
+/// What warden chat says when the process watchdog kills a silent CLI to
+/// run the turn again (the wire's own lines name the same error, not the
+/// retry).
+const KILLED: &str = "Connection lost during streaming. Retrying...";
+
+/// Codex's reply, whole and once, and no process watchdog's kill.
+fn assert_one_reply_no_kill(out: &std::process::Output) {
+    check_no_panic(out);
+    assert_eq!(code(out), 0, "{}", stderr(out));
+    let text = stdout(out);
+    assert_eq!(
+        text.matches("Hello from warden-mock.").count(),
+        1,
+        "the whole reply, once: {text:?}"
+    );
+    assert!(
+        !stderr(out).contains(KILLED),
+        "Codex was not killed and re-run: {}",
+        stderr(out)
+    );
+}
+
+/// A Codex stream silent before its first byte is retried by the wire
+/// inside Codex's own request: Codex sees one late, whole stream, is not
+/// killed (its own idle timeout is 300 s; warden's watchdog on its stdout
+/// the whole stream timeout) and does not retry.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_codex_stream_stalled_before_its_first_byte_is_retried_at_the_wire_unseen() {
+    let Some(codex) = codex_bin() else {
+        return;
+    };
+    let mock = responses_mock(Scenario::Stall, 0).await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (out, took) = codex_chat(&codex, &mock, dir.path(), &[]).await;
+    eprintln!("Codex, stalled before its first byte, through the wire: {took:?}");
+    assert_one_reply_no_kill(&out);
+    let said = stderr(&out);
+    assert!(
+        said.contains("wire layer: openai /v1/responses") && said.contains("retrying"),
+        "the wire retried it: {said}"
+    );
+    assert_eq!(
+        responses(&mock),
+        [Some(Scenario::Stall), Some(Scenario::Normal)],
+        "the stalled request and the wire's retry"
+    );
+    assert!(
+        took < Duration::from_millis(TIMEOUT_MS) + Duration::from_secs(6),
+        "within the stream timeout and a few seconds: {took:?}"
+    );
+    mock.shutdown().await;
+}
+
+/// A Codex stream stalled after its first byte cannot be continued at the
+/// wire (a Responses reply can be re-attached only when its client asked
+/// for `"background": true`): the wire ends it at half the stream timeout,
+/// and Codex, reading a stream closed before `response.completed`,
+/// retries the request itself ("Reconnecting... 1/5"), not killed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_codex_stream_stalled_mid_reply_is_ended_at_the_wire_and_retried_by_codex() {
+    let Some(codex) = codex_bin() else {
+        return;
+    };
+    // Six frames: the response, its item, its part and two text deltas.
+    let mock = responses_mock(Scenario::Stall, 6).await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (out, took) = codex_chat(&codex, &mock, dir.path(), &[]).await;
+    eprintln!("Codex, stalled mid-reply, through the wire: {took:?}");
+    assert_one_reply_no_kill(&out);
+    let said = stderr(&out);
+    assert!(
+        said.contains("wire layer: openai /v1/responses") && said.contains("gave up"),
+        "the wire ended the stream: {said}"
+    );
+    assert_eq!(
+        responses(&mock),
+        [Some(Scenario::Stall), Some(Scenario::Normal)],
+        "the stalled request and Codex's own retry of it"
+    );
+    assert!(
+        took < Duration::from_millis(TIMEOUT_MS) + Duration::from_secs(4),
+        "before the process watchdog's kill would have re-run it: {took:?}"
+    );
+    mock.shutdown().await;
+}
+
+/// Without the wire the same stalls, before and after the first byte, are
+/// ended by the process watchdog: Codex killed at the stream timeout and
+/// the turn run again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_the_wire_a_codex_stall_costs_a_kill_and_a_rerun() {
+    let Some(codex) = codex_bin() else {
+        return;
+    };
+    for frames in [0, 6] {
+        let mock = responses_mock(Scenario::Stall, frames).await;
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (out, took) = codex_chat(&codex, &mock, dir.path(), &["--no-wire-watch"]).await;
+        eprintln!("Codex, stalled after {frames} frames, without the wire: {took:?}");
+        assert_eq!(code(&out), 0, "{}", stderr(&out));
+        assert!(
+            stderr(&out).contains(KILLED),
+            "the process watchdog killed the stalled Codex: {}",
+            stderr(&out)
+        );
+        assert!(took >= Duration::from_millis(TIMEOUT_MS), "{took:?}");
+        mock.shutdown().await;
+    }
+}
+
+/// An overloaded answer before any byte goes back to Codex at once, which
+/// retries it itself, as it would alone: one more request, not the
+/// wire's retries multiplying Codex's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_529_before_any_byte_is_handed_to_codex_which_retries_it_once() {
+    let Some(codex) = codex_bin() else {
+        return;
+    };
+    let mock = responses_mock(Scenario::Overloaded, 0).await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (out, took) = codex_chat(&codex, &mock, dir.path(), &[]).await;
+    eprintln!("Codex, 529 then a reply, through the wire: {took:?}");
+    assert_one_reply_no_kill(&out);
+    assert!(
+        stderr(&out).contains("answered 529 after 1 attempt(s)"),
+        "the wire handed the 529 back unretried: {}",
+        stderr(&out)
+    );
+    assert_eq!(
+        responses(&mock),
+        [Some(Scenario::Overloaded), Some(Scenario::Normal)],
+        "the 529 and Codex's one retry, no more"
     );
     mock.shutdown().await;
 }
