@@ -6,8 +6,8 @@
 //! (three TTLs: every node gives its leases up and takes them back); then
 //! one node is killed and the others take its sessions over. Checked:
 //!
-//! - every `503` a new turn gets during an outage is `database_unreachable`
-//!   with `Retry-After` and no driver text;
+//! - every `503` a new turn or the sessions' list gets during an outage is
+//!   `database_unreachable` with `Retry-After` and no driver text;
 //! - each node logs one `WARN` when an outage starts and one `INFO` when it
 //!   ends (the default log filter), and nothing else at `WARN`;
 //! - `/metrics` keeps every member's `node_heartbeat_age_seconds` and
@@ -192,19 +192,38 @@ fn logged_at(node: &Node, from: usize, level: &str) -> Vec<String> {
 }
 
 /// Database `db` goes away (new connections refused, the open ones cut)
-/// for `down`, scraping every node's `/metrics` meanwhile; the scrapes.
-async fn outage(db: &str, down: Duration, bases: &[String]) -> Vec<String> {
+/// for `down`, scraping every node's `/metrics` and asking for its
+/// sessions meanwhile: the scrapes, and the refusals of the sessions'
+/// list.
+async fn outage(db: &str, down: Duration, bases: &[String]) -> (Vec<String>, Vec<Refusal>) {
     database_away(db);
     let until = tokio::time::Instant::now() + down;
-    let mut scrapes = Vec::new();
+    let (mut scrapes, mut refused) = (Vec::new(), Vec::new());
     while tokio::time::Instant::now() < until {
         for base in bases {
             scrapes.extend(scrape(base).await);
+            let listed = reqwest::Client::new()
+                .get(format!("{base}/v1/sessions"))
+                .bearer_auth(TOKEN)
+                .timeout(Duration::from_secs(5))
+                .send()
+                .await;
+            if let Ok(r) = listed
+                && r.status() != 200
+            {
+                let status = r.status().as_u16();
+                let retry = r
+                    .headers()
+                    .get("retry-after")
+                    .and_then(|v| v.to_str().ok())
+                    .map(str::to_owned);
+                refused.push((status, retry, r.text().await.unwrap_or_default()));
+            }
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     database_back(db);
-    scrapes
+    (scrapes, refused)
 }
 
 /// The alert thresholds `docs/cluster.md` gives, parsed from its example
@@ -271,7 +290,7 @@ async fn outages_and_a_kill_are_told_as_they_happened() {
     ] {
         let marks: Vec<usize> = nodes.iter().map(|n| n.log.lock().len()).collect();
         refused.lock().clear();
-        let scrapes = outage(&db, down, &bases).await;
+        let (scrapes, listing) = outage(&db, down, &bases).await;
         // Back, and the sessions home again.
         tokio::time::sleep(Duration::from_secs_f64(TTL_SECS * 3.0 + 5.0)).await;
         // Series present through the outage: every member, in every scrape.
@@ -318,7 +337,9 @@ async fn outages_and_a_kill_are_told_as_they_happened() {
         // Every refusal during the outage: database_unreachable, with
         // Retry-After, no driver text.
         let mut kinds = BTreeMap::<String, usize>::new();
-        for (status, retry, body) in refused.lock().iter() {
+        let mut refusals = refused.lock().clone();
+        refusals.extend(listing);
+        for (status, retry, body) in &refusals {
             let v: Value = serde_json::from_str(body).unwrap_or(Value::Null);
             let kind = v["error"]["type"].as_str().unwrap_or("?").to_owned();
             *kinds.entry(format!("{status} {kind}")).or_default() += 1;
@@ -334,7 +355,7 @@ async fn outages_and_a_kill_are_told_as_they_happened() {
             .any(|w| message.contains(w));
             if *status != 503 || kind != "database_unreachable" || retry.is_none() || driver {
                 failures.push(format!(
-                    "{name} outage: a new turn got {status} {retry:?} {body}"
+                    "{name} outage: a new turn or a sessions' list got {status} {retry:?} {body}"
                 ));
             }
         }
