@@ -429,3 +429,26 @@ impl Elsewhere {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_quantile_is_interpolated_within_its_bucket_as_prometheus_does() {
+        let mut t = Timings::new(&[1.0, 2.0, 4.0]);
+        assert_eq!(t.quantile(0.5), None, "nothing counted");
+        for _ in 0..10 {
+            t.observe(Duration::from_millis(1500));
+        }
+        // All ten in (1, 2]: the median halfway, the 0.9 quantile at 1.9.
+        assert_eq!(t.quantile(0.5), Some(1.5));
+        assert!((t.quantile(0.9).expect("a value") - 1.9).abs() < 1e-9);
+        for _ in 0..10 {
+            t.observe(Duration::from_secs(60));
+        }
+        // Half of them past the last bound: the highest finite bound.
+        assert_eq!(t.quantile(0.99), Some(4.0));
+        assert_eq!(t.quantile(0.25), Some(1.5));
+    }
+}
