@@ -55,23 +55,29 @@ async fn chat(
     dir: &Path,
     extra: &[&str],
 ) -> (std::process::Output, Duration) {
-    let agent = ["--agent", "claude-code", "--claude-bin", claude];
+    let base = mock.base_url();
+    let agent = [
+        "--agent",
+        "claude-code",
+        "--claude-bin",
+        claude,
+        "--base-url",
+        &base,
+    ];
     let env = [
         ("ANTHROPIC_API_KEY", "dummy"),
         ("DISABLE_TELEMETRY", "1"),
         ("DISABLE_AUTOUPDATER", "1"),
         ("CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "1"),
     ];
-    chat_with(&agent, &env, mock, dir, extra).await
+    chat_with(&agent, &env, dir, extra).await
 }
 
 /// `warden chat` of `hello` with `agent`'s flags and `env` in `dir`'s
-/// workspace against `mock`, with `extra` flags: its output and how long
-/// it took.
+/// workspace, with `extra` flags: its output and how long it took.
 async fn chat_with(
     agent: &[&str],
     env: &[(&str, &str)],
-    mock: &MockServer,
     dir: &Path,
     extra: &[&str],
 ) -> (std::process::Output, Duration) {
@@ -79,10 +85,9 @@ async fn chat_with(
     for d in [&workspace, &home] {
         std::fs::create_dir_all(d).expect("mkdir");
     }
-    let base = mock.base_url();
     let mut args = vec!["chat", "--workspace", arg(&workspace)];
     args.extend(agent);
-    args.extend(["--base-url", &base, "--data-dir", arg(&data)]);
+    args.extend(["--data-dir", arg(&data)]);
     args.extend(extra);
     args.push("hello");
     let mut cmd = command(&args);
@@ -315,7 +320,9 @@ async fn codex_chat(
     extra: &[&str],
 ) -> (std::process::Output, Duration) {
     let env = [("WARDEN_CODEX_BIN", codex), ("OPENAI_API_KEY", "dummy")];
-    chat_with(&["--agent", "codex"], &env, mock, dir, extra).await
+    let base = mock.base_url();
+    let agent = ["--agent", "codex", "--base-url", &base];
+    chat_with(&agent, &env, dir, extra).await
 }
 
 /// The scenarios of the mock's `/v1/responses` requests, in order.
@@ -471,6 +478,38 @@ async fn a_529_before_any_byte_is_handed_to_codex_which_retries_it_once() {
         responses(&mock),
         [Some(Scenario::Overloaded), Some(Scenario::Normal)],
         "the 529 and Codex's one retry, no more"
+    );
+    mock.shutdown().await;
+}
+
+/// Without `--base-url` the wire sits in front of the API Codex would
+/// reach itself, `OPENAI_BASE_URL` (which ends in `/v1`), and still
+/// retries a stall before the first byte unseen.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_codex_reaching_openai_base_url_is_watched_in_front_of_it() {
+    let Some(codex) = codex_bin() else {
+        return;
+    };
+    let mock = responses_mock(Scenario::Stall, 0).await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let api = format!("{}/v1", mock.base_url());
+    let env = [
+        ("WARDEN_CODEX_BIN", codex.as_str()),
+        ("OPENAI_API_KEY", "dummy"),
+        ("OPENAI_BASE_URL", api.as_str()),
+    ];
+    let (out, took) = chat_with(&["--agent", "codex"], &env, dir.path(), &[]).await;
+    eprintln!("Codex on OPENAI_BASE_URL, stalled before its first byte: {took:?}");
+    assert_one_reply_no_kill(&out);
+    assert!(
+        stderr(&out).contains("wire layer: openai /v1/responses"),
+        "through the wire: {}",
+        stderr(&out)
+    );
+    assert_eq!(
+        responses(&mock),
+        [Some(Scenario::Stall), Some(Scenario::Normal)],
+        "the stalled request and the wire's retry, at OPENAI_BASE_URL"
     );
     mock.shutdown().await;
 }
