@@ -68,6 +68,10 @@ async fn start(dir: &Path, id: &'static str, store: &str, mock: &MockServer) -> 
         id,
         "--lease-ttl",
         &TTL_SECS.to_string(),
+        // No idle session handed over: what a killed node held is what
+        // fails over, and nothing else moves.
+        "--rebalance-interval",
+        "0",
         "--agent",
         "anthropic",
         "--base-url",
@@ -412,8 +416,13 @@ async fn outages_and_a_kill_are_told_as_they_happened() {
     *stop.lock() = true;
     let _ = load.await;
     let mut expected = 0u64;
-    let mut last_load = None;
+    let mut last_load: Option<(Arc<Mutex<bool>>, tokio::task::JoinHandle<()>)> = None;
     for _ in 0..2 {
+        // No turn meanwhile: what the victim holds is what fails over.
+        if let Some((stop, load)) = last_load.take() {
+            *stop.lock() = true;
+            let _ = load.await;
+        }
         let mut victim = nodes.remove(0);
         let held = cluster_view(&victim.base).await["leases_held"]
             .as_u64()
