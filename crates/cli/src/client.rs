@@ -9,9 +9,9 @@ use std::collections::VecDeque;
 
 use futures_util::StreamExt as _;
 use serde_json::Value;
-use warden_core::store::TurnEventKind;
+use warden_core::store::{TurnEventData, TurnEventKind};
 use warden_llm::sse::{Parsed, SseParser};
-use warden_serve::api::{Session, SessionList};
+use warden_serve::api::{NewTurn, Session, SessionList};
 
 use crate::exit::{CliError, Exit};
 use crate::paths;
@@ -64,17 +64,19 @@ impl Client {
     ) -> Result<Exit, CliError> {
         let workspace = std::fs::canonicalize(workspace)
             .map_err(|e| CliError::usage(format!("workspace {}: {e}", workspace.display())))?;
-        let mut body = serde_json::json!({"workspace": workspace, "message": message});
-        if let Some(model) = model {
-            body["model"] = serde_json::json!(model);
-        }
+        let mut body = NewTurn::default();
+        body.workspace = Some(workspace.to_string_lossy().into_owned());
+        body.message = message;
+        body.model = model.map(str::to_owned);
+        let body = serde_json::to_string(&body)
+            .map_err(|e| CliError::failure(format!("cannot write the turn's body: {e}")))?;
         let response = self
             .http
             .post(self.url(&["v1", "turns"])?)
             .bearer_auth(&self.token)
             .header("accept", "text/event-stream")
             .header("content-type", "application/json")
-            .body(body.to_string())
+            .body(body)
             .send()
             .await
             .map_err(|e| unreachable_node(&self.base, &e))?;
@@ -241,68 +243,69 @@ async fn relay_events(response: reqwest::Response) -> Result<Exit, CliError> {
                     format!("the node sent a `{kind}` event that is not JSON: {e}"),
                 )
             })?;
-            match kind {
-                TurnEventKind::Text => {
-                    let text = data["text"].as_str().unwrap_or("");
-                    let shown = if terminal {
-                        crate::terminal::inert(text)
-                    } else {
-                        text.into()
-                    };
+            let (data, _) = TurnEventData::from_value(kind, data).map_err(|e| {
+                CliError::new(
+                    Exit::Unavailable,
+                    format!("the node sent a `{kind}` event this client cannot read: {e}"),
+                )
+            })?;
+            match data {
+                // On a terminal the text as it streams; through a pipe
+                // the answer once, whole, at the end (as `warden chat`
+                // without --server writes it).
+                TurnEventData::Text(delta) if terminal => {
+                    let shown = crate::terminal::inert(&delta.text);
                     let _ = stdout
                         .write_all(shown.as_bytes())
                         .and_then(|()| stdout.flush());
-                    if !text.is_empty() {
-                        line_open = !text.ends_with('\n');
+                    if !delta.text.is_empty() {
+                        line_open = !delta.text.ends_with('\n');
                     }
                 }
-                TurnEventKind::Retrying | TurnEventKind::Continuing => {
+                TurnEventData::Retrying(failed) | TurnEventData::Continuing(failed) => {
                     if line_open {
                         eprintln!();
                     }
-                    if data["code"] == "ESTREAM_TIMEOUT" {
+                    if failed.code == "ESTREAM_TIMEOUT" {
                         eprintln!("Connection lost during streaming. Retrying...");
                     } else {
                         eprintln!(
                             "warden: {}; retrying in {:.1}s",
-                            data["code"].as_str().unwrap_or("error"),
-                            data["delay_ms"].as_f64().unwrap_or(0.0) / 1000.0
+                            failed.code,
+                            failed.delay_ms as f64 / 1000.0
                         );
                     }
                     if kind == TurnEventKind::Continuing {
                         eprintln!("warden: continuing the reply where it stopped");
                     }
                 }
-                TurnEventKind::Restarting => {
-                    eprintln!(
-                        "warden: {}",
-                        data["notice"].as_str().unwrap_or("restarting")
-                    );
+                TurnEventData::Restarting(restarting) => {
+                    eprintln!("warden: {}", restarting.notice);
                 }
-                TurnEventKind::Done => {
+                TurnEventData::Done(done) => {
+                    if !terminal {
+                        let _ = stdout
+                            .write_all(done.text.as_bytes())
+                            .and_then(|()| stdout.flush());
+                        line_open = !done.text.is_empty() && !done.text.ends_with('\n');
+                    }
                     if line_open {
                         println!();
                     }
-                    if let Some(p) = data["context"]["percent"].as_u64() {
-                        println!("[ctx: {p}%]");
+                    if let Some(context) = done.context {
+                        println!("[ctx: {}%]", context.percent);
                     }
                     return Ok(Exit::Ok);
                 }
-                TurnEventKind::Error => {
+                TurnEventData::Error(failed) => {
                     if line_open {
                         println!();
                     }
-                    let exit = data["exit"]
-                        .as_u64()
+                    let exit = u64::try_from(failed.exit)
+                        .ok()
                         .and_then(warden_core::ExitClass::from_code)
                         .map_or(Exit::Failure, Exit::from);
-                    return Err(CliError::new(
-                        exit,
-                        data["message"]
-                            .as_str()
-                            .unwrap_or("the turn failed")
-                            .to_owned(),
-                    ));
+                    return Err(CliError::new(exit, failed.message));
                 }
                 _ => {}
             }

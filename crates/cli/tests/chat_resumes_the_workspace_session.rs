@@ -447,3 +447,41 @@ async fn a_piped_chat_writes_a_retried_reply_once() {
         "the CLI ran twice: the broken attempt and the retry"
     );
 }
+
+/// The same through `warden chat --server`: the node streams the broken
+/// attempt's text and a `retrying` with `discard`, and a piped client
+/// writes the node's answer once, whole, from its `done` event.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_piped_chat_through_a_node_writes_a_retried_reply_once() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (data, workspace) = (dir.path().join("data"), dir.path().join("repo"));
+    std::fs::create_dir(&workspace).expect("mkdir");
+    let claude = flaky_claude(dir.path());
+    let (mut node, base, _token) = serve_on(
+        &data,
+        "http://127.0.0.1:9",
+        &["--agent", "claude-code", "--claude-bin", arg(&claude)],
+        &[],
+    )
+    .await;
+    let out = run(&[
+        "chat",
+        "--workspace",
+        arg(&workspace),
+        "--server",
+        &base,
+        "--data-dir",
+        arg(&data),
+        "hello",
+    ])
+    .await;
+    let _ = node.start_kill();
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let text = stdout(&out);
+    assert!(
+        text.starts_with("the whole answer") && !text.contains("PARTIAL"),
+        "{text:?}"
+    );
+    assert_eq!(text.matches("the whole answer").count(), 1, "{text:?}");
+    assert!(stderr(&out).contains("retrying"), "{}", stderr(&out));
+}
