@@ -15,7 +15,8 @@
 //! - a node taking back its own sessions after an outage counts them as
 //!   `returns`, not `takeovers`;
 //! - `GET /v1/cluster` carries the outage counters and the failover
-//!   timings, and `failovers_last_hour` counts every failover;
+//!   timings, and `failovers_last_hour` counts every failover, as many as
+//!   the takeovers the nodes counted;
 //! - the example alerts of `docs/cluster.md`, evaluated on the scraped
 //!   figures: `WardenLeaseChurn` and `WardenSlowFailover` stay quiet on
 //!   these outages and this one kill.
@@ -416,6 +417,7 @@ async fn outages_and_a_kill_are_told_as_they_happened() {
     *stop.lock() = true;
     let _ = load.await;
     let mut expected = 0u64;
+    let mut taken_by_the_dead = 0.0;
     let mut last_load: Option<(Arc<Mutex<bool>>, tokio::task::JoinHandle<()>)> = None;
     for _ in 0..2 {
         // No turn meanwhile: what the victim holds is what fails over.
@@ -428,6 +430,9 @@ async fn outages_and_a_kill_are_told_as_they_happened() {
             .as_u64()
             .unwrap_or(0);
         expected += held;
+        // What it took over itself, gone with it.
+        let scraped = scrape(&victim.base).await.expect("a scrape");
+        taken_by_the_dead += value(&scraped, "warden_cluster_takeovers_total");
         victim.child.kill().await.expect("kill");
         let survivors: Vec<String> = nodes.iter().map(|n| n.base.clone()).collect();
         let stop = Arc::new(Mutex::new(false));
@@ -475,6 +480,14 @@ async fn outages_and_a_kill_are_told_as_they_happened() {
         "two kills: {expected} sessions held by the nodes killed; GET /v1/cluster failovers_last_hour {failovers}, moved_last_hour {}, failover timings {}",
         view["moved_last_hour"], view["failover_seconds"]
     );
+    // Every failover is a takeover on the node that took it (by its scan,
+    // or by the session's next turn).
+    let takeovers = value(&last[0], "warden_cluster_takeovers_total") + taken_by_the_dead;
+    if takeovers != failovers as f64 {
+        failures.push(format!(
+            "failovers_last_hour {failovers}, takeovers counted {takeovers}"
+        ));
+    }
     if failovers != expected {
         failures.push(format!(
             "two kills of nodes holding {expected} sessions in all: failovers_last_hour {failovers}"

@@ -62,7 +62,16 @@ impl Placement for LeasePlacement {
                 return Err(self.held_by(info).await);
             }
             match self.node.claim(key).await {
-                Ok(Some(_)) => Ok(()),
+                Ok(Some(_)) => {
+                    // Taken from another node whose lease had run out (a
+                    // dead node's idle session, taken by its next turn
+                    // rather than by the scan): a takeover too.
+                    let moved = self.node.pg().arrival_of(key, self.node.node()).await;
+                    if matches!(moved, Ok(Some((kind, _))) if kind == "failover") {
+                        Counters::add(&self.counters.takeovers, 1);
+                    }
+                    Ok(())
+                }
                 Ok(None) => {
                     let info = self.node.pg().lease_info(key).await.map_err(unknown)?;
                     // Given up here a moment ago (its copy and its turn
