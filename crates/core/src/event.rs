@@ -97,3 +97,40 @@ pub enum AgentEvent {
         duration: Option<Duration>,
     },
 }
+
+impl AgentEvent {
+    /// Whether the event is progress: content the model produced — a text,
+    /// thinking or tool-input delta with something in it, a tool call's
+    /// start or end, the turn's end. Usage, stops, session ids are not,
+    /// and neither is an empty delta (an upstream keeping a block open with
+    /// nothing in it is as stuck as one sending only pings). The one rule
+    /// behind the progress allowance; `warden proxy` applies it to the
+    /// raw deltas it splices.
+    pub fn is_progress(&self) -> bool {
+        match self {
+            Self::TextDelta(piece) | Self::ThinkingDelta(piece) => !piece.is_empty(),
+            Self::ToolInputDelta { partial_json, .. } => !partial_json.is_empty(),
+            Self::ToolUseStarted { .. }
+            | Self::ToolUseFinished { .. }
+            | Self::TurnComplete { .. } => true,
+            _ => false,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_empty_delta_is_no_progress() {
+        assert!(AgentEvent::TextDelta("a".into()).is_progress());
+        assert!(!AgentEvent::TextDelta(String::new()).is_progress());
+        assert!(!AgentEvent::ThinkingDelta(String::new()).is_progress());
+        let empty_input = AgentEvent::ToolInputDelta {
+            id: "t".into(),
+            partial_json: String::new(),
+        };
+        assert!(!empty_input.is_progress());
+    }
+}

@@ -957,3 +957,91 @@ async fn invalid_utf8_mid_text_ends_the_stream_with_an_error_event_not_a_retry()
         "not retried or continued"
     );
 }
+
+/// An upstream that keeps a text block open and sends only empty
+/// `text_delta`s is as stuck as one that only pings: the progress
+/// allowance ends it (it never did: each empty delta counted as content).
+#[tokio::test]
+async fn a_stream_of_empty_deltas_is_ended_by_the_progress_allowance() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let upstream = format!("http://{}", listener.local_addr().expect("addr"));
+    tokio::spawn(async move {
+        while let Ok((mut socket, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 65536];
+                let mut head = Vec::new();
+                while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match socket.read(&mut buf).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => head.extend_from_slice(&buf[..n]),
+                    }
+                }
+                let start = "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n\r\n\
+                    event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"id\":\"m\",\"type\":\"message\",\"role\":\"assistant\",\"content\":[],\"model\":\"x\",\"usage\":{\"input_tokens\":1,\"output_tokens\":1}}}\n\n\
+                    event: content_block_start\ndata: {\"type\":\"content_block_start\",\"index\":0,\"content_block\":{\"type\":\"text\",\"text\":\"\"}}\n\n";
+                if socket.write_all(start.as_bytes()).await.is_err() {
+                    return;
+                }
+                // Empty deltas every 50 ms, for at most 30 s.
+                for _ in 0..600 {
+                    let empty = "event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":\"\"}}\n\n";
+                    if socket.write_all(empty.as_bytes()).await.is_err() {
+                        return;
+                    }
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            });
+        }
+    });
+    let heard = Heard::default();
+    let log = heard.log();
+    let mock = warden_mock::MockServer::start(MockConfig::default())
+        .await
+        .expect("mock");
+    let proxy = warden_proxy::Proxy::start(
+        config_for(&mock)
+            .with_anthropic_upstream(upstream)
+            .with_progress_timeout(Duration::from_millis(600))
+            .with_retry(
+                warden_core::RetryPolicy::default()
+                    .with_jitter(0.0)
+                    .with_max_attempts(2)
+                    .with_backoff(Duration::from_millis(10), Duration::from_millis(10)),
+            )
+            .with_recovery_log(log),
+    )
+    .await
+    .expect("proxy");
+    let base = serve(&proxy).await;
+    let t0 = Instant::now();
+    let response = within(
+        "the answer",
+        reqwest::Client::new()
+            .post(format!("{base}/v1/messages"))
+            .header("x-api-key", "k")
+            .header("anthropic-version", "2023-06-01")
+            .header("content-type", "application/json")
+            .body(messages_body("claude-opus-4-8", "hi"))
+            .send(),
+    )
+    .await
+    .expect("answer");
+    let events = within("the events", read_sse(response)).await;
+    assert!(t0.elapsed() < Duration::from_secs(10), "{:?}", t0.elapsed());
+    assert_eq!(
+        events.last().map(|e| e.event.as_str()),
+        Some("error"),
+        "{events:?}"
+    );
+    assert!(
+        heard
+            .all()
+            .iter()
+            .any(|r| format!("{r}").contains("ESTREAM_NO_PROGRESS")),
+        "{:?}",
+        heard.all()
+    );
+}

@@ -305,22 +305,10 @@ fn credits_for(event: &AgentEvent, capacity: usize) -> u32 {
 /// The text one credit stands for, beyond the first.
 const CREDIT_BYTES: usize = 4096;
 
-/// Whether `frame` is progress: an event [`is_content`].
+/// Whether `frame` is progress: an event that
+/// [is](AgentEvent::is_progress).
 fn is_content_frame(frame: &Frame) -> bool {
-    matches!(frame, Frame::Event(event) if is_content(event))
-}
-
-/// Whether `event` is progress: content the model produced.
-fn is_content(event: &AgentEvent) -> bool {
-    matches!(
-        event,
-        AgentEvent::TextDelta(_)
-            | AgentEvent::ThinkingDelta(_)
-            | AgentEvent::ToolUseStarted { .. }
-            | AgentEvent::ToolInputDelta { .. }
-            | AgentEvent::ToolUseFinished { .. }
-            | AgentEvent::TurnComplete { .. }
-    )
+    matches!(frame, Frame::Event(event) if event.is_progress())
 }
 
 /// Waits until the consumer returns a credit. The source is not read

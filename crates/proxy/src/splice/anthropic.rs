@@ -126,6 +126,15 @@ impl Anthropic {
         };
         let Some(index) = target else { return Ok(()) };
         let delta = event.delta;
+        // Progress as `AgentEvent::is_progress` has it: a delta with
+        // nothing in it (an upstream keeping a block open empty) is not.
+        let piece = match &*delta.kind {
+            "text_delta" => delta.text.as_deref(),
+            "thinking_delta" => delta.thinking.as_deref(),
+            "input_json_delta" => delta.partial_json.as_deref(),
+            _ => Some("signature"),
+        };
+        self.content = piece.is_some_and(|p| !p.is_empty());
         if delta.kind == "text_delta" {
             let text = delta.text.as_deref().unwrap_or("");
             self.attempt_text_bytes += text.len();
