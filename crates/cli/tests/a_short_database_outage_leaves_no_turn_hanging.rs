@@ -99,39 +99,6 @@ enum Ending {
     Hung(String),
 }
 
-/// The next SSE event (`id`, `event`, `data`) from `body`, `None` at its
-/// end; keep-alive comments are skipped. Waits at most until `deadline`.
-async fn next_event<B: AsRef<[u8]>>(
-    body: &mut (impl futures_util::Stream<Item = reqwest::Result<B>> + Unpin),
-    buf: &mut String,
-    deadline: tokio::time::Instant,
-) -> Result<Option<(u64, String, Value)>, String> {
-    use futures_util::StreamExt as _;
-    loop {
-        if let Some(end) = buf.find("\n\n") {
-            let block: String = buf.drain(..end + 2).collect();
-            let (mut id, mut kind, mut data) = (None, String::new(), String::new());
-            for line in block.lines() {
-                if let Some(v) = line.strip_prefix("id: ") {
-                    id = v.parse().ok();
-                } else if let Some(v) = line.strip_prefix("event: ") {
-                    kind = v.to_owned();
-                } else if let Some(v) = line.strip_prefix("data: ") {
-                    data.push_str(v);
-                }
-            }
-            let Some(id) = id else { continue };
-            let data = serde_json::from_str(&data).map_err(|e| format!("data: {e}"))?;
-            return Ok(Some((id, kind, data)));
-        }
-        match tokio::time::timeout_at(deadline, body.next()).await {
-            Err(_) => return Err("no end before the bound (keep-alives only)".into()),
-            Ok(Some(Ok(b))) => buf.push_str(&String::from_utf8_lossy(b.as_ref())),
-            Ok(Some(Err(_)) | None) => return Ok(None),
-        }
-    }
-}
-
 /// Follows turn `id` (first through `first`, the stream of its `POST`) to
 /// its last event: wherever a stream ends without one (its node stopped
 /// the turn), re-attaches through the next node with the last event id
