@@ -6,7 +6,11 @@
 //! the median of the later ones, each against Claude Code's measured in
 //! the same run. An agent whose binary is not configured
 //! (`WARDEN_CLAUDE_BIN`, `WARDEN_CODEX_BIN`, `WARDEN_GEMINI_BIN`) is
-//! skipped with the reason printed.
+//! skipped with the reason printed. Claude Code runs twice: straight to
+//! the mock, and through the wire layer (`warden_proxy` configured as
+//! `ProxyConfig::under_agent_cli`, what `warden chat|serve` put under it),
+//! whose per-turn cost is its later turns against the direct run's (issue
+//! #47: within 5 %).
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -18,6 +22,24 @@ use warden_claude::{
 };
 use warden_core::{MemoryStore, SourceFactory, Supervisor, SupervisorConfig, WatchdogConfig};
 use warden_mock::{MockConfig, MockServer};
+use warden_proxy::{Proxy, ProxyConfig};
+
+/// The wire layer in front of `upstream`, as `warden chat|serve` runs it
+/// for `stream_timeout`: its base URL (the proxy serves until the process
+/// ends).
+async fn wire(upstream: &str, stream_timeout: Duration) -> Result<String, String> {
+    let config = ProxyConfig::under_agent_cli(stream_timeout).with_anthropic_upstream(upstream);
+    let proxy = Proxy::start(config).await.map_err(|e| e.to_string())?;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .map_err(|e| e.to_string())?;
+    let url = format!(
+        "http://{}",
+        listener.local_addr().map_err(|e| e.to_string())?
+    );
+    tokio::spawn(async move { proxy.serve(listener, std::future::pending()).await });
+    Ok(url)
+}
 
 /// One agent's figures: the first turn and the later turns' times.
 struct Figures {
@@ -99,9 +121,10 @@ pub(crate) async fn bench_agents(quick: bool) {
             return;
         }
     };
+    let wired = wire(&mock.base_url(), Duration::from_secs(60)).await;
     let mut rows: Vec<(&str, Result<Figures, String>)> = Vec::new();
-    for agent in ["claude-code", "codex", "gemini"] {
-        let base = dir.path().join(agent);
+    for agent in ["claude-code", "claude-code (wire)", "codex", "gemini"] {
+        let base = dir.path().join(agent.replace([' ', '(', ')'], "_"));
         let (workspace, home) = (base.join("project"), base.join("home"));
         for d in [&workspace, &home] {
             if let Err(e) = std::fs::create_dir_all(d) {
@@ -110,11 +133,19 @@ pub(crate) async fn bench_agents(quick: bool) {
             }
         }
         let factory: Result<Arc<dyn SourceFactory>, String> = match agent {
-            "claude-code" => binary("WARDEN_CLAUDE_BIN").map(|bin| {
+            "claude-code" | "claude-code (wire)" => {
+                let api = if agent == "claude-code" {
+                    Ok(mock.base_url())
+                } else {
+                    wired.clone()
+                };
+                binary("WARDEN_CLAUDE_BIN").and_then(|bin| api.map(|api| (bin, api)))
+            }
+            .map(|(bin, api)| {
                 Arc::new(ClaudeSourceFactory::new(
                     ClaudeOptions::default()
                         .with_binary(bin)
-                        .with_env("ANTHROPIC_BASE_URL", mock.base_url())
+                        .with_env("ANTHROPIC_BASE_URL", api)
                         .with_env("ANTHROPIC_API_KEY", "dummy")
                         .with_env("DISABLE_TELEMETRY", "1")
                         .with_env("DISABLE_AUTOUPDATER", "1")
@@ -169,7 +200,7 @@ pub(crate) async fn bench_agents(quick: bool) {
                 let ratio = claude
                     .filter(|(_, c)| !c.is_zero())
                     .map_or("n/a (no Claude Code run)".to_owned(), |(_, c)| {
-                        format!("{:.1}x", later.as_secs_f64() / c.as_secs_f64())
+                        format!("{:.2}x", later.as_secs_f64() / c.as_secs_f64())
                     });
                 println!(
                     "| {agent} | {:.0} | {:.0} | {:.0}–{:.0} | {ratio} |",
@@ -181,5 +212,107 @@ pub(crate) async fn bench_agents(quick: bool) {
             }
             Err(why) => println!("| {agent} | skipped: {why} | | | |"),
         }
+    }
+    stalled_through_the_wire(&dir.path().join("stalled")).await;
+}
+
+/// One Claude Code turn whose first API stream stalls mid-text, with a
+/// stream timeout of 8 s: through the wire layer (continued at 4 s) and
+/// straight to the mock (the watchdog kills the CLI at 8 s and the turn
+/// runs again). Seconds to the whole reply and output tokens the API
+/// generated, as ratios.
+async fn stalled_through_the_wire(dir: &Path) {
+    let timeout = Duration::from_secs(8);
+    println!(
+        "\nA turn whose stream stalls mid-text ({}s stream timeout): through the wire layer vs straight",
+        timeout.as_secs()
+    );
+    let bin = match binary("WARDEN_CLAUDE_BIN") {
+        Ok(bin) => bin,
+        Err(why) => {
+            println!("skipped: {why}");
+            return;
+        }
+    };
+    let mut figures = Vec::new();
+    for via_wire in [true, false] {
+        let script = [warden_mock::Scenario::Stall, warden_mock::Scenario::Normal];
+        let mock = match MockServer::start(MockConfig::default().with_sequence(script)).await {
+            Ok(m) => m,
+            Err(e) => return println!("skipped: the mock did not start: {e}"),
+        };
+        let api = if via_wire {
+            match wire(&mock.base_url(), timeout).await {
+                Ok(url) => url,
+                Err(e) => return println!("skipped: the wire did not start: {e}"),
+            }
+        } else {
+            mock.base_url()
+        };
+        let base = dir.join(if via_wire { "wire" } else { "straight" });
+        let (workspace, home) = (base.join("project"), base.join("home"));
+        for d in [&workspace, &home] {
+            if let Err(e) = std::fs::create_dir_all(d) {
+                return println!("skipped: {e}");
+            }
+        }
+        let factory = Arc::new(ClaudeSourceFactory::new(
+            ClaudeOptions::default()
+                .with_binary(&bin)
+                .with_env("ANTHROPIC_BASE_URL", api)
+                .with_env("ANTHROPIC_API_KEY", "dummy")
+                .with_env("DISABLE_TELEMETRY", "1")
+                .with_env("DISABLE_AUTOUPDATER", "1")
+                .with_env("CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "1")
+                .with_env("HOME", &home)
+                .with_scratch_dir(base.join("scratch")),
+        ));
+        let config = SupervisorConfig::default().with_watchdog(
+            WatchdogConfig::default()
+                .with_default_timeout(timeout)
+                .unwrap_or_default(),
+        );
+        let sup = match Supervisor::builder(factory)
+            .config(config)
+            .store(Arc::new(MemoryStore::new()))
+            .start()
+            .await
+        {
+            Ok(s) => s,
+            Err(e) => return println!("skipped: {e}"),
+        };
+        let t0 = Instant::now();
+        let answered = match sup.send_to_workspace(&workspace, "say hi").await {
+            Ok(turn) => tokio::time::timeout(Duration::from_secs(120), turn.finish())
+                .await
+                .map_err(|_| "over 120 s".to_owned())
+                .and_then(|r| r.map_err(|e| e.to_string())),
+            Err(e) => Err(e.to_string()),
+        };
+        let took = t0.elapsed();
+        sup.shutdown().await;
+        let tokens: u64 = mock.requests().iter().filter_map(|r| r.output_tokens).sum();
+        mock.shutdown().await;
+        match answered {
+            Ok(_) => figures.push((took, tokens)),
+            Err(e) => return println!("skipped: the turn failed: {e}"),
+        }
+    }
+    if let [(wire_time, wire_tokens), (straight_time, straight_tokens)] = figures[..] {
+        println!("| | to the whole reply (s) | output tokens generated upstream |");
+        println!("| --- | --- | --- |");
+        println!(
+            "| through the wire | {:.1} | {wire_tokens} |",
+            wire_time.as_secs_f64()
+        );
+        println!(
+            "| straight (watchdog kill, re-run) | {:.1} | {straight_tokens} |",
+            straight_time.as_secs_f64()
+        );
+        println!(
+            "| wire ÷ straight | {:.2}x | {:.2}x |",
+            wire_time.as_secs_f64() / straight_time.as_secs_f64().max(1e-9),
+            wire_tokens as f64 / (straight_tokens as f64).max(1.0)
+        );
     }
 }

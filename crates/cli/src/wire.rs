@@ -26,11 +26,6 @@ use warden_proxy::{Proxy, ProxyConfig};
 use crate::chat::Agent;
 use crate::exit::CliError;
 
-/// The share of the stream timeout the wire allows an upstream stream to
-/// be silent: half, so a stall is continued at the wire well before the
-/// process watchdog (the whole timeout) would kill the CLI waiting on it.
-const WIRE_SHARE: u32 = 2;
-
 /// A running wire layer.
 pub(crate) struct Wire {
     proxy: Proxy,
@@ -66,23 +61,15 @@ impl Wire {
         if off || wired.is_empty() {
             return Ok(None);
         }
-        let config = ProxyConfig::default()
+        let config = ProxyConfig::under_agent_cli(stream_timeout)
             .with_anthropic_upstream(anthropic_upstream(base_url))
             .with_openai_upstream(openai_upstream(base_url));
-        Self::start(config, stream_timeout, wired).await.map(Some)
+        Self::start(config, wired).await.map(Some)
     }
 
-    /// Starts the engine of `config`, with half of `stream_timeout` as its
-    /// silence allowance.
-    async fn start(
-        config: ProxyConfig,
-        stream_timeout: Duration,
-        agents: Vec<Agent>,
-    ) -> Result<Self, CliError> {
-        let timeout = (stream_timeout / WIRE_SHARE).max(Duration::from_millis(500));
+    /// Starts the engine of `config` on loopback.
+    async fn start(config: ProxyConfig, agents: Vec<Agent>) -> Result<Self, CliError> {
         let config = config
-            .with_timeout(timeout)
-            .with_hold_thinking(true)
             // What it did, as `warden proxy` says it: the CLI never sees
             // it, so this line is the only trace of it on the terminal.
             .with_recovery_log(|recovery| eprintln!("warden: wire layer: {recovery}"));

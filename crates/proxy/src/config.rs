@@ -246,6 +246,19 @@ impl ProxyConfig {
         self
     }
 
+    /// The engine as the wire layer under an agent CLI (Claude Code,
+    /// Codex), whose process a session watches with `stream_timeout`: an
+    /// upstream stream may be silent for half of it (at least 500 ms), so a
+    /// stall is continued here well before the process watchdog would kill
+    /// the CLI waiting on it; thinking is held back (no human watches these
+    /// streams, and a stall inside it is then retried unseen). The
+    /// upstreams are the defaults until set.
+    pub fn under_agent_cli(stream_timeout: Duration) -> Self {
+        Self::default()
+            .with_timeout((stream_timeout / 2).max(Duration::from_millis(500)))
+            .with_hold_thinking(true)
+    }
+
     /// Sets [`max_frame_bytes`](Self::max_frame_bytes).
     pub fn with_max_frame_bytes(mut self, bytes: usize) -> Self {
         self.max_frame_bytes = bytes;
