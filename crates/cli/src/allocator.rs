@@ -8,6 +8,17 @@
 //! a moment: its default waits a second, and only purges when a thread
 //! allocates again, so an idle server never gave it back; 10 ms does (the
 //! measurement is in docs/performance.md).
+//!
+//! It is built without transparent huge pages (libmimalloc-sys's `no_thp`):
+//! by default mimalloc advises its whole heap `MADV_HUGEPAGE`, so on a host
+//! whose THP setting is `madvise` (or `always`) every 2 MiB region any
+//! thread touched became resident whole. Many threads each touching a
+//! little made a first small turn cost ~20 MB, and a client that stops
+//! reading a 50 MB reply took a debug `warden serve` from ~75 MB to
+//! 113-120 MB peak RSS; without huge pages it stays at 73-78 MB (the idle
+//! server's anonymous memory 25 MB instead of 47). On an `always` host the
+//! kernel may still back the heap with huge pages unasked:
+//! `MIMALLOC_ALLOW_THP=0` turns that off for the process too.
 
 /// How long freed memory waits before it is returned to the OS, in
 /// milliseconds.
