@@ -1,7 +1,8 @@
 //! The server loop's limits against clients that misbehave, over real TCP:
 //! a half-sent head is cut off, an idle keep-alive connection is closed, a
 //! connection past the cap gets a `503` at once, a body that never comes
-//! is answered `408` and frees its slot, and a shutdown ends every
+//! is answered `408` and frees its slot, a response whose client stops
+//! reading stops being produced within a MiB, and a shutdown ends every
 //! connection.
 
 use std::time::Duration;
@@ -311,4 +312,70 @@ async fn a_slow_body_that_keeps_sending_is_served() {
     let answer = read_to_close(&mut tcp, "a slow body").await;
     assert!(answer.starts_with("HTTP/1.1 200 OK"), "{answer}");
     assert!(answer.ends_with("6 bytes"), "{answer}");
+}
+
+/// A client that stops reading a response holds back little in the
+/// server's kernel: the socket takes at most 128 KiB unsent
+/// (`TCP_NOTSENT_LOWAT`), then the body stops being polled — backpressure
+/// reaches the application after well under a MiB (the socket's unsent
+/// bytes, hyper's write buffer, the client's small receive buffer). Before,
+/// the send buffer grew on its own to megabytes: a `warden serve` turn whose
+/// client stopped reading read ~4 MiB of its reply before it paused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_stops_reading_pauses_the_response_within_a_mebibyte() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    let produced = Arc::new(AtomicUsize::new(0));
+    let counted = Arc::clone(&produced);
+    let app = Router::new().route(
+        "/firehose",
+        get(move || {
+            let counted = Arc::clone(&counted);
+            async move {
+                let chunk = "x".repeat(8 * 1024);
+                let chunks = futures_util::stream::repeat_with(move || {
+                    counted.fetch_add(chunk.len(), Ordering::SeqCst);
+                    Ok::<_, std::io::Error>(chunk.clone())
+                });
+                Body::from_stream(chunks)
+            }
+        }),
+    );
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let (_stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let _server = tokio::spawn(serve(listener, app, Limits::default(), async move {
+        let _ = stopped.await;
+    }));
+
+    // A small receive buffer, and nothing read after the request.
+    let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+    socket.set_recv_buffer_size(4096).expect("rcvbuf");
+    let mut client = socket.connect(addr).await.expect("connect");
+    client
+        .write_all(b"GET /firehose HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .expect("write");
+
+    // Settled: nothing more produced for 500 ms (at most 20 s).
+    let mut last = usize::MAX;
+    let mut settled = None;
+    for _ in 0..40 {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let now = produced.load(Ordering::SeqCst);
+        if now == last {
+            settled = Some(now);
+            break;
+        }
+        last = now;
+    }
+    let settled =
+        settled.expect("the response stops being produced while its client does not read");
+    eprintln!("{settled} bytes produced before the response paused");
+    assert!(
+        settled < 1024 * 1024,
+        "{settled} bytes produced for a client that reads nothing"
+    );
+    drop(client);
 }
