@@ -2,8 +2,8 @@
 //! a kill, as the operator's trial of issue 50 saw it (item 4). Three
 //! `warden serve --store postgres://…` nodes (real processes) take turns
 //! from a client that keeps sending while the database goes away for a
-//! short outage (with a renewal interval, under the 2/3 of the lease TTL a
-//! node has left at worst: nothing moves) and a long one
+//! short outage (well under the 2/3 of the lease TTL a node has left at
+//! worst: nothing moves) and a long one
 //! (three TTLs: every node gives its leases up and takes them back); then
 //! one node is killed and the others take its sessions over. Checked:
 //!
@@ -40,11 +40,11 @@ use warden_mock::{MockConfig, MockServer};
 
 const TOKEN: &str = "operator-test-token";
 /// The nodes' lease TTL: 4 s, so the short outage (1.24 s, the trial's)
-/// plus one renewal interval (TTL/3, the longest a node waits to renew
-/// once the database is back) stays under the lease time a node has left
-/// at worst (2/3 TTL). At 2 s that sum (up to 1.9 s) passed the 1.33 s a
-/// node may have left: 1 run in 3 here gave a session up mid-outage and
-/// ended an answered turn `ETURN_END_LOST`.
+/// plus the time a node takes to renew once the database answers again
+/// (its connection retries) stays well under the lease time a node has
+/// left at worst (2/3 TTL). At 2 s (1.33 s left at worst) 1 run in 3 here
+/// gave a session up mid-outage and ended an answered turn
+/// `ETURN_END_LOST`.
 const TTL_SECS: f64 = 4.0;
 /// Sessions the client sends to, round robin over the nodes.
 const SESSIONS: usize = 12;
