@@ -102,24 +102,36 @@ async fn chat_with(
     (out, started.elapsed())
 }
 
+/// The mock's Messages API playing `first`, then a normal reply.
+async fn messages_mock(first: Scenario) -> MockServer {
+    MockServer::start(MockConfig::default().with_sequence([first, Scenario::Normal]))
+        .await
+        .expect("mock")
+}
+
+/// The Messages requests the mock saw: each one's scenario and, for a
+/// continuation of a broken reply, how it continued.
+fn messages(mock: &MockServer) -> Vec<(Option<Scenario>, Option<&'static str>)> {
+    mock.requests()
+        .into_iter()
+        .filter(|r| r.path == "/v1/messages")
+        .map(|r| (r.scenario, r.continuation))
+        .collect()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_claude_code_reply_stalled_mid_text_is_continued_at_the_wire_not_rerun() {
     let Some(claude) = claude_bin() else {
         return;
     };
-    let mock =
-        MockServer::start(MockConfig::default().with_sequence([Scenario::Stall, Scenario::Normal]))
-            .await
-            .expect("mock");
+    let mock = messages_mock(Scenario::Stall).await;
     let dir = tempfile::tempdir().expect("tempdir");
     let (out, took) = chat(&claude, &mock, dir.path(), &[]).await;
-    check_no_panic(&out);
-    assert_eq!(code(&out), 0, "{}", stderr(&out));
-    let text = stdout(&out);
+    assert_one_reply_no_kill(&out);
     assert!(
-        text.starts_with("Hello from warden-mock.")
-            && text.matches("Hello from warden-mock.").count() == 1,
-        "the whole reply, once: {text:?}"
+        stdout(&out).starts_with("Hello from warden-mock."),
+        "{}",
+        stdout(&out)
     );
     let said = stderr(&out);
     eprintln!("through the wire: {took:?}; stderr: {said}");
@@ -127,27 +139,16 @@ async fn a_claude_code_reply_stalled_mid_text_is_continued_at_the_wire_not_rerun
         said.contains("wire layer:"),
         "the wire said what it did: {said}"
     );
-    assert!(
-        !said.contains("Connection lost during streaming") && !said.contains("retrying"),
-        "the CLI was not killed and re-run: {said}"
-    );
-    let requests: Vec<_> = mock
-        .requests()
-        .into_iter()
-        .filter(|r| r.path == "/v1/messages")
-        .collect();
-    let kinds: Vec<_> = requests
-        .iter()
-        .map(|r| (r.scenario, r.continuation))
-        .collect();
+    assert!(!said.contains("retrying"), "the CLI was not re-run: {said}");
+    let requests = messages(&mock);
     assert_eq!(
         requests.len(),
         2,
-        "the stalled request and one more: {kinds:?}"
+        "the stalled request and one more: {requests:?}"
     );
     assert!(
-        requests[1].continuation.is_some(),
-        "the second request continues the first, not a second whole one: {kinds:?}"
+        requests[1].1.is_some(),
+        "the second request continues the first, not a second whole one: {requests:?}"
     );
     assert!(
         took < Duration::from_millis(TIMEOUT_MS) + Duration::from_secs(6),
@@ -161,10 +162,7 @@ async fn without_the_wire_the_same_stall_costs_a_kill_and_a_rerun() {
     let Some(claude) = claude_bin() else {
         return;
     };
-    let mock =
-        MockServer::start(MockConfig::default().with_sequence([Scenario::Stall, Scenario::Normal]))
-            .await
-            .expect("mock");
+    let mock = messages_mock(Scenario::Stall).await;
     let dir = tempfile::tempdir().expect("tempdir");
     let (out, took) = chat(&claude, &mock, dir.path(), &["--no-wire-watch"]).await;
     eprintln!("without the wire: {took:?}");
@@ -175,10 +173,9 @@ async fn without_the_wire_the_same_stall_costs_a_kill_and_a_rerun() {
         stderr(&out)
     );
     assert!(
-        mock.requests()
+        messages(&mock)
             .iter()
-            .filter(|r| r.path == "/v1/messages")
-            .all(|r| r.continuation.is_none()),
+            .all(|(_, continued)| continued.is_none()),
         "nothing continued the reply"
     );
     mock.shutdown().await;
@@ -189,31 +186,14 @@ async fn a_claude_code_reply_cut_mid_text_is_continued_at_the_wire() {
     let Some(claude) = claude_bin() else {
         return;
     };
-    let mock = MockServer::start(
-        MockConfig::default().with_sequence([Scenario::AbruptClose, Scenario::Normal]),
-    )
-    .await
-    .expect("mock");
+    let mock = messages_mock(Scenario::AbruptClose).await;
     let dir = tempfile::tempdir().expect("tempdir");
     let (out, took) = chat(&claude, &mock, dir.path(), &[]).await;
     eprintln!("cut, through the wire: {took:?}");
-    assert_eq!(code(&out), 0, "{}", stderr(&out));
-    let text = stdout(&out);
-    assert_eq!(
-        text.matches("Hello from warden-mock.").count(),
-        1,
-        "the whole reply, once: {text:?}"
-    );
-    let requests: Vec<_> = mock
-        .requests()
-        .into_iter()
-        .filter(|r| r.path == "/v1/messages")
-        .collect();
+    assert_one_reply_no_kill(&out);
+    let requests = messages(&mock);
     assert_eq!(requests.len(), 2, "the cut request and its continuation");
-    assert!(
-        requests[1].continuation.is_some(),
-        "a continuation, not a re-send"
-    );
+    assert!(requests[1].1.is_some(), "a continuation, not a re-send");
     mock.shutdown().await;
 }
 
@@ -225,34 +205,13 @@ async fn a_claude_code_reply_stalled_in_thinking_is_retried_unseen_at_the_wire()
     let Some(claude) = claude_bin() else {
         return;
     };
-    let mock = MockServer::start(
-        MockConfig::default().with_sequence([Scenario::StallInThinking, Scenario::Normal]),
-    )
-    .await
-    .expect("mock");
+    let mock = messages_mock(Scenario::StallInThinking).await;
     let dir = tempfile::tempdir().expect("tempdir");
     let (out, took) = chat(&claude, &mock, dir.path(), &[]).await;
     eprintln!("stalled in thinking, through the wire: {took:?}");
-    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    assert_one_reply_no_kill(&out);
     assert_eq!(
-        stdout(&out).matches("Hello from warden-mock.").count(),
-        1,
-        "{}",
-        stdout(&out)
-    );
-    assert!(
-        !stderr(&out).contains("Connection lost during streaming"),
-        "the CLI was not killed: {}",
-        stderr(&out)
-    );
-    let requests: Vec<_> = mock
-        .requests()
-        .into_iter()
-        .filter(|r| r.path == "/v1/messages")
-        .map(|r| (r.scenario, r.continuation))
-        .collect();
-    assert_eq!(
-        requests,
+        messages(&mock),
         [
             (Some(Scenario::StallInThinking), None),
             (Some(Scenario::Normal), None)
@@ -270,21 +229,11 @@ async fn a_529_before_any_byte_is_retried_by_claude_code_itself_once() {
     let Some(claude) = claude_bin() else {
         return;
     };
-    let mock = MockServer::start(
-        MockConfig::default().with_sequence([Scenario::Overloaded, Scenario::Normal]),
-    )
-    .await
-    .expect("mock");
+    let mock = messages_mock(Scenario::Overloaded).await;
     let dir = tempfile::tempdir().expect("tempdir");
     let (out, took) = chat(&claude, &mock, dir.path(), &[]).await;
     eprintln!("529 then a reply, through the wire: {took:?}");
-    assert_eq!(code(&out), 0, "{}", stderr(&out));
-    assert_eq!(
-        stdout(&out).matches("Hello from warden-mock.").count(),
-        1,
-        "{}",
-        stdout(&out)
-    );
+    assert_one_reply_no_kill(&out);
     assert_eq!(
         mock.requests_to("/v1/messages"),
         2,
@@ -351,7 +300,7 @@ async fn responses_mock(first: Scenario, frames: usize) -> MockServer {
 /// retry).
 const KILLED: &str = "Connection lost during streaming. Retrying...";
 
-/// Codex's reply, whole and once, and no process watchdog's kill.
+/// The CLI's reply, whole and once, and no process watchdog's kill.
 fn assert_one_reply_no_kill(out: &std::process::Output) {
     check_no_panic(out);
     assert_eq!(code(out), 0, "{}", stderr(out));
