@@ -5,72 +5,25 @@
 //! telemetry in [`crate::transition`].
 
 use std::collections::VecDeque;
-use std::sync::Arc;
 use std::time::Duration;
 
 use ractor::{Actor, ActorCell, ActorProcessingErr, ActorRef};
 use rand::SeedableRng;
 use rand::rngs::SmallRng;
 use tokio::time::Instant;
-use tokio_util::task::AbortOnDropHandle;
 
-use crate::admission::Admission;
 use crate::error::{ActorError, TurnError};
-use crate::lifecycle::EventBus;
-use crate::notify::Notifier;
-use crate::source::{EventSource, SessionKey};
 use crate::spans::TraceAnchor;
-use crate::store::{Durability, RecordStatus, SessionRecord, SessionStore, StoreError};
+use crate::store::{Durability, RecordStatus, StoreError};
 use crate::stream::{StreamHandle, StreamReport};
 use crate::transition::{At, Incarnation, Parent, Transition};
-use crate::watchdog::WatchdogHandle;
 
-use super::SessionConfig;
 use super::end::{cancel, cancel_turn, deadline, recover};
-use super::escalation::{EscalationSink, Handoff, StopReason};
+use super::escalation::{Handoff, StopReason};
 use super::handle::{SessionHandle, SessionMsg, SessionStatus, TurnEvent, TurnSender};
 use super::run::{on_admitted, on_ended, on_event, start_attempt, start_next_turn};
-use super::state::{Queued, SessionState};
+use super::state::{Next, Queued, SessionArgs, SessionState};
 use super::turn::{Phase, StartMode, reap_due};
-
-/// What a session needs to start.
-#[derive(Clone)]
-pub(crate) struct SessionArgs {
-    /// The session's key.
-    pub(crate) key: SessionKey,
-    /// Its stored record (a new one for a new session).
-    pub(crate) record: SessionRecord,
-    /// Where its turns' streams come from.
-    pub(crate) source: Arc<dyn EventSource>,
-    /// The watchdog its streams register with.
-    pub(crate) watchdog: WatchdogHandle,
-    /// Admits its streams (limits, shared backoff).
-    pub(crate) admission: Admission,
-    /// The admission pool its streams count against.
-    pub(crate) pool: Arc<str>,
-    /// Configuration.
-    pub(crate) config: SessionConfig,
-    /// Where lifecycle events go.
-    pub(crate) bus: EventBus,
-    /// Where records are written.
-    pub(crate) store: Arc<dyn SessionStore>,
-    /// Tells the user about recovered replies.
-    pub(crate) notifier: Arc<dyn Notifier>,
-    /// Where escalations go; without one, a resume failure ends the turn
-    /// with a fatal error.
-    pub(crate) escalate: Option<EscalationSink>,
-    /// Where the turns of messages recovered at start go (their callers
-    /// are gone); without it they are answered through the notifier.
-    pub(crate) recovered: Option<tokio::sync::mpsc::UnboundedSender<crate::RecoveredTurn>>,
-    /// How to start.
-    pub(crate) mode: StartMode,
-    /// The previous incarnation's trace anchor, linked from this one's.
-    pub(crate) previous: Option<TraceAnchor>,
-    /// Cancelled when the supervisor starts stopping its sessions: from
-    /// then on no attempt opens a stream (an attempt admitted during a
-    /// shutdown stays pending, for the next start).
-    pub(crate) closing: tokio_util::sync::CancellationToken,
-}
 
 /// One agent conversation; see the module docs of [`crate::session`].
 #[derive(Debug, Default, Clone, Copy)]
@@ -311,22 +264,6 @@ impl Actor for SessionActor {
     }
 }
 
-pub(super) fn touch(state: &mut SessionState) {
-    state.activity += 1;
-    state.last_active = Instant::now();
-    state.idle_timer = None;
-}
-
-pub(super) fn arm_idle(myself: &ActorRef<SessionMsg>, state: &mut SessionState) {
-    let idle = state.args.config.idle_timeout;
-    if idle.is_zero() || state.turn.is_some() || !state.queue.is_empty() {
-        return;
-    }
-    let activity = state.activity;
-    let timer = myself.send_after(idle, move || SessionMsg::IdleCheck(activity));
-    state.idle_timer = Some(AbortOnDropHandle::new(timer));
-}
-
 async fn reap(
     myself: &ActorRef<SessionMsg>,
     state: &mut SessionState,
@@ -359,7 +296,31 @@ async fn handle_msg(
     if state.escalated {
         return Ok(()); // stopping; the supervisor owns everything now
     }
-    match msg {
+    let next = handle_one(&myself, msg, state).await?;
+    carry_on(&myself, state, next).await
+}
+
+/// Carries out what a handler asked for next: the one place a turn moves
+/// on from (handlers never call the code that starts turns and attempts).
+async fn carry_on(
+    myself: &ActorRef<SessionMsg>,
+    state: &mut SessionState,
+    next: Next,
+) -> Result<(), ActorProcessingErr> {
+    match next {
+        Next::Wait => Ok(()),
+        Next::StartAttempt => start_attempt(myself, state),
+        Next::StartNextTurn => start_next_turn(myself, state).await,
+    }
+}
+
+/// Handles `msg`; what comes next.
+async fn handle_one(
+    myself: &ActorRef<SessionMsg>,
+    msg: SessionMsg,
+    state: &mut SessionState,
+) -> Result<Next, ActorProcessingErr> {
+    Ok(match msg {
         SessionMsg::Submit(text, options, reply) => {
             let id = state.record.accept_with(text, options);
             let message = state
@@ -379,7 +340,7 @@ async fn handle_msg(
                 Transition::StoreFailed { error: &e }
                     .record(state.at(Parent::Anchor(&state.anchor)));
                 let _ = reply.send(Err(e));
-                return Ok(());
+                return Ok(Next::Wait);
             }
             let (tx, handle) = TurnSender::channel(id, myself.clone());
             let ahead = usize::from(state.turn.is_some()) + state.queue.len();
@@ -387,46 +348,48 @@ async fn handle_msg(
                 let _ = tx.send(TurnEvent::Waiting { behind: ahead });
             }
             let _ = reply.send(Ok(handle));
-            touch(state);
+            state.touch();
             state.queue.push_back(Queued {
                 message,
                 reply: Some(tx),
                 continue_from: None,
                 recovered: false,
             });
-            start_next_turn(&myself, state).await?;
+            Next::StartNextTurn
         }
-        SessionMsg::Cancel => cancel(&myself, state).await?,
+        SessionMsg::Cancel => cancel(myself, state).await?,
         SessionMsg::CancelTurn(id, reply) => {
-            let was_live = cancel_turn(&myself, state, id).await?;
+            let (was_live, next) = cancel_turn(myself, state, id).await?;
             let _ = reply.send(was_live);
+            next
         }
         SessionMsg::Report(StreamReport::Event {
             attempt,
             event,
             credit,
-        }) => on_event(&myself, state, attempt, event, credit).await?,
+        }) => on_event(myself, state, attempt, event, credit).await?,
         SessionMsg::Report(StreamReport::Ended {
             attempt, outcome, ..
-        }) => on_ended(&myself, state, attempt, outcome).await?,
+        }) => on_ended(myself, state, attempt, outcome).await?,
         SessionMsg::Retry(next) => {
-            if state
+            match state
                 .turn
                 .as_ref()
                 .is_some_and(|t| t.machine.retry_due(next))
             {
-                start_attempt(&myself, state)?;
+                true => Next::StartAttempt,
+                false => Next::Wait,
             }
         }
         SessionMsg::Admitted(attempt, permit) => {
-            on_admitted(&myself, state, attempt, permit)?;
+            on_admitted(myself, state, attempt, permit)?;
+            Next::Wait
         }
-        SessionMsg::Deadline(turn) => {
-            deadline(&myself, state, turn).await?;
-        }
+        SessionMsg::Deadline(turn) => deadline(myself, state, turn).await?,
         SessionMsg::Recover(how, reply) => {
-            let done = recover(&myself, state, how)?;
+            let (done, next) = recover(myself, state, how);
             let _ = reply.send(done);
+            next
         }
         SessionMsg::IdleCheck(armed) => {
             if reap_due(
@@ -435,15 +398,17 @@ async fn handle_msg(
                 state.turn.is_some(),
                 state.queue.len(),
             ) {
-                reap(&myself, state).await?;
+                reap(myself, state).await?;
             }
+            Next::Wait
         }
         SessionMsg::StopIfIdle(reply) => {
             let idle = state.turn.is_none() && state.queue.is_empty();
             if idle {
-                reap(&myself, state).await?;
+                reap(myself, state).await?;
             }
             let _ = reply.send(idle);
+            Next::Wait
         }
         SessionMsg::Status(reply) => {
             let t = state.turn.as_ref();
@@ -458,10 +423,10 @@ async fn handle_msg(
                 turns_finished: state.turns_finished,
                 record: state.record.clone(),
             });
+            Next::Wait
         }
         SessionMsg::Fail(reason) => return Err(reason.into()),
-    }
-    Ok(())
+    })
 }
 
 /// Cancels the running stream, if any, and waits (bounded) until its

@@ -16,8 +16,7 @@ use crate::transition::{At, Parent, Transition};
 
 use super::escalation::{Escalation, Handoff, ResumeFailure, StopReason};
 use super::handle::{SessionMsg, TurnEvent, TurnSummary, Unstick};
-use super::run::{start_attempt, start_next_turn};
-use super::state::{SessionState, Turn};
+use super::state::{Next, SessionState, Turn};
 use super::turn::{Decision, FreshVerdict, OnCancel, Phase, StartMode};
 
 /// Carries out what the turn machine decided about an ended attempt.
@@ -26,9 +25,9 @@ pub(super) async fn carry_out(
     state: &mut SessionState,
     attempt: AttemptId,
     decision: Decision,
-) -> Result<(), ActorProcessingErr> {
+) -> Result<Next, ActorProcessingErr> {
     let Some(turn) = state.turn.as_mut() else {
-        return Ok(());
+        return Ok(Next::Wait);
     };
     match decision {
         Decision::Retry { next, delay, error } | Decision::Continue { next, delay, error } => {
@@ -72,7 +71,7 @@ pub(super) async fn carry_out(
             turn.send(event);
             let timer = myself.send_after(delay, move || SessionMsg::Retry(next));
             turn.backoff = Some(AbortOnDropHandle::new(timer));
-            Ok(())
+            Ok(Next::Wait)
         }
         Decision::Escalate {
             cause,
@@ -80,7 +79,7 @@ pub(super) async fn carry_out(
             error,
         } => {
             escalate_resume_failure(myself, state, failed_id, cause, error);
-            Ok(())
+            Ok(Next::Wait)
         }
         Decision::Finish(result) => finish_turn(myself, state, result).await,
     }
@@ -131,7 +130,7 @@ fn escalate_resume_failure(
 pub(super) async fn cancel(
     myself: &ActorRef<SessionMsg>,
     state: &mut SessionState,
-) -> Result<(), ActorProcessingErr> {
+) -> Result<Next, ActorProcessingErr> {
     stop_turn(myself, state, TurnError::Cancelled).await
 }
 
@@ -141,14 +140,14 @@ pub(super) async fn deadline(
     myself: &ActorRef<SessionMsg>,
     state: &mut SessionState,
     id: u64,
-) -> Result<(), ActorProcessingErr> {
+) -> Result<Next, ActorProcessingErr> {
     let Some(after) = state.args.config.turn_deadline else {
-        return Ok(());
+        return Ok(Next::Wait);
     };
     if state.turn.as_ref().is_some_and(|t| t.machine.id() == id) {
-        stop_turn(myself, state, TurnError::DeadlineExceeded { after }).await?;
+        return stop_turn(myself, state, TurnError::DeadlineExceeded { after }).await;
     }
-    Ok(())
+    Ok(Next::Wait)
 }
 
 /// The running turn's reply passed `limit` bytes: it is stopped and ends
@@ -157,7 +156,7 @@ pub(super) async fn too_large(
     myself: &ActorRef<SessionMsg>,
     state: &mut SessionState,
     limit: usize,
-) -> Result<(), ActorProcessingErr> {
+) -> Result<Next, ActorProcessingErr> {
     stop_turn(myself, state, TurnError::ReplyTooLarge { limit }).await
 }
 
@@ -167,13 +166,13 @@ async fn stop_turn(
     myself: &ActorRef<SessionMsg>,
     state: &mut SessionState,
     why: TurnError,
-) -> Result<(), ActorProcessingErr> {
+) -> Result<Next, ActorProcessingErr> {
     let Some(turn) = state.turn.as_mut() else {
-        return Ok(());
+        return Ok(Next::Wait);
     };
     let decision = turn.machine.stop(why.clone());
     if decision == OnCancel::AlreadyRequested {
-        return Ok(());
+        return Ok(Next::Wait);
     }
     let id = turn.machine.id();
     let transition = match why {
@@ -193,7 +192,7 @@ async fn stop_turn(
             if let Some(s) = &turn.stream {
                 s.cancel();
             }
-            Ok(())
+            Ok(Next::Wait)
         }
         // Nothing running: drop the pending retry and finish now.
         OnCancel::FinishNow | OnCancel::AlreadyRequested => {
@@ -202,14 +201,15 @@ async fn stop_turn(
     }
 }
 
-/// Unsticks the running turn (see [`Unstick`]); whether anything was done.
+/// Unsticks the running turn (see [`Unstick`]); whether anything was
+/// done, and what comes next.
 pub(super) fn recover(
     myself: &ActorRef<SessionMsg>,
     state: &mut SessionState,
     how: Unstick,
-) -> Result<bool, ActorProcessingErr> {
+) -> (bool, Next) {
     let Some(turn) = state.turn.as_ref() else {
-        return Ok(false);
+        return (false, Next::Wait);
     };
     let phase = turn.machine.phase();
     let fresh = match (how, state.record.agent_session_id.clone()) {
@@ -217,7 +217,7 @@ pub(super) fn recover(
         _ => None,
     };
     match (phase, fresh) {
-        (Phase::Admitting | Phase::Starting, _) => Ok(false),
+        (Phase::Admitting | Phase::Starting, _) => (false, Next::Wait),
         (_, Some(failed_id)) => {
             if let Some(s) = &turn.stream {
                 s.cancel();
@@ -226,18 +226,15 @@ pub(super) fn recover(
                 reason: "the conversation was dropped to recover the session".into(),
             };
             escalate_resume_failure(myself, state, failed_id, ResumeCause::OperatorReset, error);
-            Ok(true)
+            (true, Next::Wait)
         }
         (Phase::Streaming, None) => {
             if let Some(s) = &turn.stream {
                 s.interrupt();
             }
-            Ok(true)
+            (true, Next::Wait)
         }
-        (Phase::BackingOff, None) => {
-            start_attempt(myself, state)?;
-            Ok(true)
-        }
+        (Phase::BackingOff, None) => (true, Next::StartAttempt),
     }
 }
 
@@ -248,16 +245,15 @@ pub(super) async fn cancel_turn(
     myself: &ActorRef<SessionMsg>,
     state: &mut SessionState,
     id: u64,
-) -> Result<bool, ActorProcessingErr> {
+) -> Result<(bool, Next), ActorProcessingErr> {
     if state.turn.as_ref().is_some_and(|t| t.machine.id() == id) {
-        cancel(myself, state).await?;
-        return Ok(true);
+        return Ok((true, cancel(myself, state).await?));
     }
     let Some(pos) = state.queue.iter().position(|q| q.message.id == id) else {
-        return Ok(false); // already answered
+        return Ok((false, Next::Wait)); // already answered
     };
     let Some(queued) = state.queue.remove(pos) else {
-        return Ok(false);
+        return Ok((false, Next::Wait));
     };
     // Answered: no longer pending, not re-delivered after a restart.
     state.record.answered(id);
@@ -270,7 +266,7 @@ pub(super) async fn cancel_turn(
     if let Some(r) = queued.reply {
         r.send(TurnEvent::Finished(Err(TurnError::Cancelled)));
     }
-    Ok(true)
+    Ok((true, Next::Wait))
 }
 
 /// The context report of a finished turn; updates the record's usage.
@@ -303,9 +299,9 @@ async fn finish_turn(
     myself: &ActorRef<SessionMsg>,
     state: &mut SessionState,
     result: Result<(), TurnError>,
-) -> Result<(), ActorProcessingErr> {
+) -> Result<Next, ActorProcessingErr> {
     let Some(turn) = state.turn.take() else {
-        return Ok(());
+        return Ok(Next::Wait);
     };
     state.turns_finished += 1;
     let id = turn.machine.id();
@@ -388,7 +384,7 @@ async fn finish_turn(
             error,
         });
         myself.stop(Some(StopReason::Escalated.as_str().into()));
-        return Ok(());
+        return Ok(Next::Wait);
     }
-    start_next_turn(myself, state).await
+    Ok(Next::StartNextTurn)
 }

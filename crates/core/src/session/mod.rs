@@ -19,10 +19,15 @@
 //! | file | owns | may not |
 //! | --- | --- | --- |
 //! | `turn.rs` | the rules: retry, cancel, escalate, fresh-start verdict, reap | do I/O, read a clock, touch an actor |
-//! | `actor.rs` | the actor: state, mailbox, start, idle reap, stop | decide a rule itself |
-//! | `run.rs` | running a turn: attempts, events, retries, cancel, escalation, the answer; carries out decisions | decide a rule itself |
+//! | `state.rs` | the actor's state and what a handler asks the loop to do next (`Next`) | call a handler |
+//! | `actor.rs` | the actor: mailbox, start, idle reap, stop; the loop that carries out `Next` | decide a rule itself |
+//! | `run.rs` | starting turns and attempts, their events and ends | call back into `actor.rs` |
+//! | `end.rs` | how a turn ends: carrying out a decision, cancel, deadline, the answer | start a turn or an attempt (it returns `Next`) |
 //! | `handle.rs` | the public handles and turn events | hold state |
 //! | `escalation.rs` | the contract with the supervisor (escalations, stop reasons) | — |
+//!
+//! The files form layers: `actor` → `run` → `end` → `state`, and none
+//! calls a file above it (`crates/core/tests/modules_import_only_the_layers_below.rs`).
 
 mod actor;
 mod attempt;
@@ -41,13 +46,14 @@ use crate::context::ContextConfig;
 use crate::policy::RetryPolicy;
 use crate::stream::StreamOptions;
 
-pub(crate) use actor::{SessionActor, SessionArgs, StartError};
+pub(crate) use actor::{SessionActor, StartError};
 pub(crate) use escalation::{Escalation, Handoff, ResumeFailure, StopReason};
 pub use handle::{
     SessionHandle, SessionStatus, SubmitError, TurnCanceller, TurnEvent, TurnHandle, TurnSummary,
     Unstick,
 };
 pub use recovered::{ContinueFrom, RecoveredTurn};
+pub(crate) use state::SessionArgs;
 pub(crate) use turn::StartMode;
 
 pub use view::{TextEdit, TurnText};

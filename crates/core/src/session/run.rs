@@ -18,10 +18,9 @@ use crate::store::Durability;
 use crate::stream::{Credit, StreamArgs, StreamOutcome, StreamTask};
 use crate::transition::{At, Parent, Transition};
 
-use super::actor::{arm_idle, touch};
 use super::attempt::RunningAttempt;
 use super::handle::{SessionMsg, TurnEvent};
-use super::state::{Admitting, SessionState, Turn};
+use super::state::{Admitting, Next, SessionState, Turn};
 use super::turn::{Rules, TurnMachine};
 
 /// Starts the next queued turn when none runs; arms the idle timer when
@@ -34,10 +33,10 @@ pub(super) async fn start_next_turn(
         return Ok(());
     }
     let Some(mut queued) = state.queue.pop_front() else {
-        arm_idle(myself, state);
+        state.arm_idle(myself);
         return Ok(());
     };
-    touch(state);
+    state.touch();
     let id = queued.message.id;
     // A recovered turn whose relay offers the text its callers have (an
     // earlier node's partial reply) continues it instead of starting over.
@@ -49,12 +48,13 @@ pub(super) async fn start_next_turn(
             .flatten(),
         None => None,
     };
-    let (machine, text) = match offered {
+    let (machine, text, complete) = match offered {
         Some(c) => (
             TurnMachine::continuing_from(id, c.broken_attempt),
             c.partial_text,
+            c.complete,
         ),
-        None => (TurnMachine::new(id), String::new()),
+        None => (TurnMachine::new(id), String::new(), false),
     };
     // A trace of its own, linked to the incarnation and the turn before.
     let span = Transition::TurnStarted {
@@ -91,6 +91,7 @@ pub(super) async fn start_next_turn(
         context_window: None,
         reply_bytes: 0,
         text,
+        complete,
     });
     start_attempt(myself, state)
 }
@@ -190,12 +191,13 @@ fn launch(
         return Ok(());
     }
     turn.permit = Some(permit);
-    let continuation = turn
-        .machine
-        .continuing()
-        .then(|| crate::continuation::Continuation::new(turn.text.clone(), attempt.attempt - 1));
+    let continuation = turn.machine.continuing().then(|| {
+        crate::continuation::Continuation::new(turn.text.clone(), attempt.attempt - 1)
+            .with_complete(turn.complete)
+    });
     if continuation.is_none() {
         turn.text.clear(); // a restart: the consumer discards what it had
+        turn.complete = false;
     }
     turn.usage = None;
     turn.context_usage = None;
@@ -254,12 +256,12 @@ pub(super) async fn on_event(
     attempt: AttemptId,
     event: AgentEvent,
     credit: Credit,
-) -> Result<(), ActorProcessingErr> {
+) -> Result<Next, ActorProcessingErr> {
     let Some(turn) = state.turn.as_mut() else {
-        return Ok(());
+        return Ok(Next::Wait);
     };
     if !turn.machine.forwards(attempt) {
-        return Ok(()); // a dead attempt, or the user already pressed Escape
+        return Ok(Next::Wait); // a dead attempt, or the user already pressed Escape
     }
     turn.machine.saw(&event);
     let size = match &event {
@@ -281,7 +283,10 @@ pub(super) async fn on_event(
                 turn.context_usage = Some(*u);
             }
         }
-        AgentEvent::TextDelta(t) => turn.text.push_str(t),
+        AgentEvent::TextDelta(t) => {
+            turn.text.push_str(t);
+            turn.complete = false;
+        }
         AgentEvent::TurnComplete {
             context_window: Some(w),
             ..
@@ -316,7 +321,7 @@ pub(super) async fn on_event(
     if let Some(turn) = state.turn.as_ref() {
         turn.send_with(TurnEvent::Event(event), credit);
     }
-    Ok(())
+    Ok(Next::Wait)
 }
 
 /// An attempt ended: closes its span (recording a watchdog kill under
@@ -326,7 +331,7 @@ pub(super) async fn on_ended(
     state: &mut SessionState,
     attempt: AttemptId,
     outcome: StreamOutcome,
-) -> Result<(), ActorProcessingErr> {
+) -> Result<Next, ActorProcessingErr> {
     let SessionState {
         turn,
         args,
@@ -335,7 +340,7 @@ pub(super) async fn on_ended(
         ..
     } = state;
     let Some(turn) = turn.as_mut().filter(|t| t.machine.is_current(attempt)) else {
-        return Ok(()); // a stale attempt
+        return Ok(Next::Wait); // a stale attempt
     };
     turn.stream = None;
     turn.permit = None;
@@ -387,6 +392,6 @@ pub(super) async fn on_ended(
     };
     match turn.machine.ended(attempt, outcome, rules, rng) {
         Some(decision) => super::end::carry_out(myself, state, attempt, decision).await,
-        None => Ok(()),
+        None => Ok(Next::Wait),
     }
 }

@@ -2,23 +2,82 @@
 //! its resources (stream, timers, spans).
 
 use std::collections::VecDeque;
+use std::sync::Arc;
 
 use opentelemetry::trace::SpanContext;
-use ractor::MessagingErr;
+use ractor::{ActorRef, MessagingErr};
 use rand::rngs::SmallRng;
 use tokio::time::Instant;
 use tokio_util::task::AbortOnDropHandle;
 
-use crate::admission::AdmissionPermit;
+use crate::admission::{Admission, AdmissionPermit};
 use crate::event::Usage;
+use crate::lifecycle::EventBus;
+use crate::notify::Notifier;
+use crate::source::{EventSource, SessionKey};
 use crate::spans::TraceAnchor;
-use crate::store::SessionRecord;
+use crate::store::{SessionRecord, SessionStore};
 use crate::stream::{Credit, StreamHandle};
 use crate::transition::{At, Parent};
+use crate::watchdog::WatchdogHandle;
 
-use super::actor::SessionArgs;
+use super::SessionConfig;
+use super::escalation::EscalationSink;
 use super::handle::{SessionMsg, TurnEvent, TurnSender};
-use super::turn::TurnMachine;
+use super::turn::{StartMode, TurnMachine};
+
+/// What a session needs to start.
+#[derive(Clone)]
+pub(crate) struct SessionArgs {
+    /// The session's key.
+    pub(crate) key: SessionKey,
+    /// Its stored record (a new one for a new session).
+    pub(crate) record: SessionRecord,
+    /// Where its turns' streams come from.
+    pub(crate) source: Arc<dyn EventSource>,
+    /// The watchdog its streams register with.
+    pub(crate) watchdog: WatchdogHandle,
+    /// Admits its streams (limits, shared backoff).
+    pub(crate) admission: Admission,
+    /// The admission pool its streams count against.
+    pub(crate) pool: Arc<str>,
+    /// Configuration.
+    pub(crate) config: SessionConfig,
+    /// Where lifecycle events go.
+    pub(crate) bus: EventBus,
+    /// Where records are written.
+    pub(crate) store: Arc<dyn SessionStore>,
+    /// Tells the user about recovered replies.
+    pub(crate) notifier: Arc<dyn Notifier>,
+    /// Where escalations go; without one, a resume failure ends the turn
+    /// with a fatal error.
+    pub(crate) escalate: Option<EscalationSink>,
+    /// Where the turns of messages recovered at start go (their callers
+    /// are gone); without it they are answered through the notifier.
+    pub(crate) recovered: Option<tokio::sync::mpsc::UnboundedSender<crate::RecoveredTurn>>,
+    /// How to start.
+    pub(crate) mode: StartMode,
+    /// The previous incarnation's trace anchor, linked from this one's.
+    pub(crate) previous: Option<TraceAnchor>,
+    /// Cancelled when the supervisor starts stopping its sessions: from
+    /// then on no attempt opens a stream (an attempt admitted during a
+    /// shutdown stays pending, for the next start).
+    pub(crate) closing: tokio_util::sync::CancellationToken,
+}
+
+/// What the actor's loop does after a handler ran: handlers say it
+/// instead of calling the files that start turns and attempts, so the
+/// loop is the one place a turn moves on from.
+#[must_use]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Next {
+    /// Nothing more now: a message, a timer or a stream report comes next.
+    Wait,
+    /// Begin the running turn's next attempt.
+    StartAttempt,
+    /// The turn ended: start the next queued one, or arm the idle check.
+    StartNextTurn,
+}
 
 /// A timer task that dies with the state that owns it.
 pub(super) type Timer = AbortOnDropHandle<Result<(), MessagingErr<SessionMsg>>>;
@@ -73,6 +132,10 @@ pub(super) struct Turn {
     pub(super) context_usage: Option<Usage>,
     pub(super) context_window: Option<u64>,
     pub(super) text: String,
+    /// Whether `text` is the whole reply (a recovered turn's offered text
+    /// whose upstream had finished it): the next continuation says so
+    /// ([`Continuation::complete`](crate::Continuation::complete)).
+    pub(super) complete: bool,
     /// Bytes of text, thinking and tool input streamed so far, every
     /// attempt counted (for [`SessionConfig::max_reply_bytes`](super::SessionConfig)).
     pub(super) reply_bytes: usize,
@@ -111,6 +174,25 @@ pub(crate) struct SessionState {
 }
 
 impl SessionState {
+    /// Notes activity: the idle clock starts again and an armed idle
+    /// check goes stale.
+    pub(super) fn touch(&mut self) {
+        self.activity += 1;
+        self.last_active = Instant::now();
+        self.idle_timer = None;
+    }
+
+    /// Arms the idle check when nothing runs or waits.
+    pub(super) fn arm_idle(&mut self, myself: &ActorRef<SessionMsg>) {
+        let idle = self.args.config.idle_timeout;
+        if idle.is_zero() || self.turn.is_some() || !self.queue.is_empty() {
+            return;
+        }
+        let activity = self.activity;
+        let timer = myself.send_after(idle, move || SessionMsg::IdleCheck(activity));
+        self.idle_timer = Some(AbortOnDropHandle::new(timer));
+    }
+
     /// Where a transition of this session is recorded.
     pub(super) fn at<'a>(&'a self, parent: Parent<'a>) -> At<'a> {
         At {
