@@ -11,7 +11,7 @@ use crate::spans::TraceAnchor;
 use crate::store::{Durability, RecordStatus};
 use crate::transition::{Parent, Transition};
 
-use super::actor::{SupervisorMsg, SupervisorState};
+use super::state::{SupervisorMsg, SupervisorState};
 
 impl SupervisorState {
     /// A session exited; restart or give up per policy.

@@ -11,7 +11,7 @@ use crate::source::SessionKey;
 use crate::store::{Durability, RecordStatus};
 use crate::transition::{Parent, Transition};
 
-use super::actor::{SupervisorMsg, SupervisorState};
+use super::state::{SupervisorMsg, SupervisorState};
 
 impl SupervisorState {
     /// A session could not resume its stored conversation: clear the id

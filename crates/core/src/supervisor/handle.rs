@@ -20,7 +20,8 @@ use crate::store::{MemoryStore, SessionRecord, SessionStore, StoreError};
 use crate::util::call;
 use crate::watchdog::WatchdogHandle;
 
-use super::actor::{self, SupervisorMsg};
+use super::actor;
+use super::state::SupervisorMsg;
 use super::{SupervisorConfig, SupervisorError};
 
 /// Builds a [`Supervisor`] with a store, a notifier and a bus of your

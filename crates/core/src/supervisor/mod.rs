@@ -40,6 +40,7 @@ mod actor;
 mod exit;
 mod fallback;
 mod handle;
+mod state;
 mod workspace;
 
 use std::path::PathBuf;
