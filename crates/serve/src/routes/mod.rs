@@ -1,6 +1,7 @@
 //! The handlers, one module per resource, and the extractors whose
 //! refusals are typed errors (axum's own answer in `text/plain`).
 
+mod agent_choice;
 pub(crate) mod ops;
 pub(crate) mod sessions;
 pub(crate) mod turns;

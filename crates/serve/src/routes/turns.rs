@@ -194,7 +194,7 @@ async fn new_turn(
     // The session keeps the agent it was started with (bound now, on its
     // first turn, before its message is accepted).
     let existing = async { !matches!(state.supervisor.stored(&key).await, Ok(None)) };
-    crate::agent::agent_for_turn(&state.config, &key, new.agent, existing).await?;
+    super::agent_choice::agent_for_turn(&state.config, &key, new.agent, existing).await?;
     let asked = TurnAsked::new(&new.message).with_model(new.model.clone());
     let handle = target.send(&state.supervisor, new.message, options).await?;
     let asked = asked.with_trace_id(trace_of(&state, &key).await);
