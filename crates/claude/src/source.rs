@@ -2,7 +2,7 @@
 
 use std::collections::HashMap;
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use parking_lot::Mutex;
@@ -16,7 +16,7 @@ use warden_core::{
 use crate::cli::{AgentCli, ProcessLifetime, ProcessSettings, SpawnRequest, TurnParser};
 use crate::lines::{LineParser, clip};
 use crate::process::{ProcessGroup, StderrTail};
-use crate::turn::{AgentProcess, turn_stream};
+use crate::turn::{AgentProcess, Home, turn_stream};
 
 /// Extra time over the grace period to wait for an old process group to be
 /// gone before starting its successor.
@@ -264,7 +264,7 @@ impl<A: AgentCli> Shared<A> {
             };
             p.parser.begin_turn();
             match p.send_user(&self.cli, &request.message, one_per_turn).await {
-                Ok(()) => return Ok(turn_stream(&self, p, &request)),
+                Ok(()) => return Ok(self.stream(p, &request)),
                 Err(e) if attempts_left > 0 && p.reused() => {
                     // The idle process died since its last turn: start anew.
                     tracing::debug!(pid = p.group.pid(), error = %e, "idle agent process is gone; starting a new one");
@@ -276,7 +276,7 @@ impl<A: AgentCli> Shared<A> {
                     // A fresh process that does not take input has exited or
                     // is exiting: its stdout and stderr say why.
                     tracing::debug!(pid = p.group.pid(), error = %e, "could not write the user message");
-                    return Ok(turn_stream(&self, p, &request));
+                    return Ok(self.stream(p, &request));
                 }
             }
         }
@@ -375,8 +375,17 @@ impl<A: AgentCli> Shared<A> {
         })
     }
 
+    /// The stream of `request`'s turn on `process`, which comes back here
+    /// when the turn ends.
+    fn stream(self: &Arc<Self>, process: AgentProcess<A>, request: &TurnRequest) -> EventStream {
+        let home: Weak<dyn Home<A>> = Arc::downgrade(self) as Weak<Self>;
+        turn_stream(home, &self.settings, self.cli.name(), process, request)
+    }
+}
+
+impl<A: AgentCli> Home<A> for Shared<A> {
     /// Puts a process whose turn completed back for the next turn.
-    pub(crate) fn give_back(&self, key: &SessionKey, turn_id: u64, mut process: AgentProcess<A>) {
+    fn give_back(&self, key: &SessionKey, turn_id: u64, mut process: AgentProcess<A>) {
         process.served = true;
         let mut sessions = self.sessions.lock();
         let slot = sessions.entry(key.clone()).or_default();
@@ -395,7 +404,7 @@ impl<A: AgentCli> Shared<A> {
     }
 
     /// Records the id of a process whose turn failed or was dropped.
-    pub(crate) fn note_failed(&self, key: &SessionKey, turn_id: u64, process: &AgentProcess<A>) {
+    fn note_failed(&self, key: &SessionKey, turn_id: u64, process: &AgentProcess<A>) {
         let mut sessions = self.sessions.lock();
         if let Some(slot) = sessions.get_mut(key) {
             note_id(slot, process, turn_id);

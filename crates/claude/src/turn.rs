@@ -11,10 +11,9 @@ use tokio::io::{AsyncWriteExt, BufReader};
 use tokio::task::JoinHandle;
 use warden_core::{EventStream, Frame, SessionKey, StreamError, TurnRequest};
 
-use crate::cli::{AgentCli, Step};
+use crate::cli::{AgentCli, ProcessSettings, Step};
 use crate::lines::LineParser;
 use crate::process::{LineRead, ProcessGroup, StderrTail, read_line_limited};
-use crate::source::Shared;
 
 /// How long to wait for stderr's end after an early exit (the process may
 /// have left a child holding it).
@@ -91,22 +90,37 @@ impl<A: AgentCli> AgentProcess<A> {
     }
 }
 
-/// The stream of one turn on `process`.
+/// Where a turn's process goes when the turn ends: what keeps processes
+/// between turns ([`CliSource`](crate::CliSource)'s per-key slots). The
+/// turn reports to it through this interface, declared here, so this file
+/// names nothing above it.
+pub(crate) trait Home<A: AgentCli>: Send + Sync {
+    /// The turn completed on `process`: keep it for the session's next turn.
+    fn give_back(&self, key: &SessionKey, turn_id: u64, process: AgentProcess<A>);
+
+    /// The turn failed or was dropped on `process`, which goes down now:
+    /// note the conversation id it announced, for the retry to resume.
+    fn note_failed(&self, key: &SessionKey, turn_id: u64, process: &AgentProcess<A>);
+}
+
+/// The stream of one turn on `process` of the agent CLI called `name`.
 pub(crate) fn turn_stream<A: AgentCli>(
-    home: &Arc<Shared<A>>,
+    home: Weak<dyn Home<A>>,
+    settings: &ProcessSettings,
+    name: &str,
     process: AgentProcess<A>,
     request: &TurnRequest,
 ) -> EventStream {
     let turn = Turn {
         process: Some(process),
-        home: Arc::downgrade(home),
+        home,
         key: request.session_key.clone(),
         turn_id: request.turn_id,
         pending: VecDeque::new(),
         finished: false,
-        max_line: home.settings.max_line_bytes,
-        grace: home.settings.grace_period,
-        name: home.cli.name().to_owned(),
+        max_line: settings.max_line_bytes,
+        grace: settings.grace_period,
+        name: name.to_owned(),
     };
     Box::pin(futures_util::stream::unfold(turn, |mut turn| async move {
         turn.next().await.map(|item| (item, turn))
@@ -116,7 +130,7 @@ pub(crate) fn turn_stream<A: AgentCli>(
 /// One turn's stream: owns the process until the turn completes.
 struct Turn<A: AgentCli> {
     process: Option<AgentProcess<A>>,
-    home: Weak<Shared<A>>,
+    home: Weak<dyn Home<A>>,
     key: SessionKey,
     turn_id: u64,
     pending: VecDeque<Result<Frame, StreamError>>,
