@@ -72,54 +72,10 @@ pub async fn turns_per_sec(stores: Vec<Arc<dyn SessionStore>>, turns: usize) -> 
     rate
 }
 
-/// A new empty database on the server of `admin`; its URL.
-pub(crate) async fn fresh_db(admin: &str, tag: &str) -> String {
-    let (client, conn) = tokio_postgres::connect(admin, tokio_postgres::NoTls)
-        .await
-        .expect("connect to WARDEN_PG_URL");
-    let conn = tokio::spawn(conn);
-    let name = format!("warden_bench_{tag}_{}", std::process::id());
-    // One statement each: neither may run inside a transaction block.
-    for sql in [
-        format!("DROP DATABASE IF EXISTS {name}"),
-        format!("CREATE DATABASE {name}"),
-    ] {
-        client.batch_execute(&sql).await.expect("create database");
-    }
-    drop(client);
-    let _ = conn.await;
-    let (base, _) = admin.rsplit_once('/').expect("a URL with a database");
-    format!("{base}/{name}")
-}
-
-/// Transactions committed in `url`'s database so far (the cumulative
-/// statistics' count). A busy backend reports its counts every second, but
-/// one that went idle reports its last second's only 10 s later
-/// (PostgreSQL 15's `PGSTAT_IDLE_INTERVAL`): wait that long first, so a
-/// pool's last commits are not missed (nor counted in the next window).
-pub(crate) async fn commits(url: &str) -> i64 {
-    tokio::time::sleep(Duration::from_millis(11_000)).await;
-    let (client, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls)
-        .await
-        .expect("connect");
-    let conn = tokio::spawn(conn);
-    let n: i64 = client
-        .query_one(
-            "SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()",
-            &[],
-        )
-        .await
-        .expect("pg_stat_database")
-        .get(0);
-    drop(client);
-    let _ = conn.await;
-    n
-}
-
 /// `nodes` cluster nodes on a fresh database: turns/s and transactions
 /// per turn.
 async fn on_postgres(admin: &str, nodes: usize, turns: usize, round: usize) -> (f64, f64) {
-    let url = fresh_db(admin, &format!("{nodes}n{round}")).await;
+    let url = crate::postgres::fresh_db(admin, &format!("{nodes}n{round}")).await;
     let mut stores: Vec<Arc<dyn SessionStore>> = Vec::new();
     let mut renewers = Vec::new();
     for n in 0..nodes {
@@ -131,9 +87,9 @@ async fn on_postgres(admin: &str, nodes: usize, turns: usize, round: usize) -> (
         renewers.push(node.spawn_renewer());
         stores.push(Arc::new(node));
     }
-    let before = commits(&url).await;
+    let before = crate::postgres::commits(&url).await;
     let rate = turns_per_sec(stores, turns).await;
-    let after = commits(&url).await;
+    let after = crate::postgres::commits(&url).await;
     drop(renewers);
     // The two statistics queries are transactions too.
     let per_turn = (after - before - 1).max(0) as f64 / turns as f64;
@@ -226,7 +182,7 @@ fn postgres_cpu_secs() -> f64 {
 /// can be taken: [`warden_pg::cluster::TakeOver::next_scan`]). Measured: kill → the session's re-delivered attempt opening on
 /// the survivor. Sorted, in seconds.
 async fn failovers(admin: &str, kills: usize, ttl: Duration) -> Vec<f64> {
-    let url = fresh_db(admin, "failover").await;
+    let url = crate::postgres::fresh_db(admin, "failover").await;
     let connect = || async {
         warden_pg::low_level::PgStore::connect(&url)
             .await
@@ -407,7 +363,7 @@ pub async fn bench_scale(quick: bool) {
         (10_000, Duration::from_secs(10))
     };
     println!("\n### 11b. {n} sessions across 3 nodes on one PostgreSQL, lease TTL {ttl:?}\n");
-    let url = fresh_db(&admin, "scale").await;
+    let url = crate::postgres::fresh_db(&admin, "scale").await;
     let rss_start = crate::soak::rss_kib();
     // Per session: streams open now, the most ever open at once, and
     // attempts opened after the kill (by whom).
@@ -527,12 +483,12 @@ pub async fn bench_scale(quick: bool) {
         .collect();
     // Idle: what keeps n sessions owned costs the database.
     let idle = if quick { 6 } else { 20 };
-    let before = commits(&url).await;
+    let before = crate::postgres::commits(&url).await;
     let t = Instant::now();
     let pg_cpu = postgres_cpu_secs();
     tokio::time::sleep(Duration::from_secs(idle)).await;
     let pg_busy = (postgres_cpu_secs() - pg_cpu) / t.elapsed().as_secs_f64();
-    let after = commits(&url).await;
+    let after = crate::postgres::commits(&url).await;
     let idle_tx = (after - before - 1).max(0) as f64 / t.elapsed().as_secs_f64();
     // The orphan scan's query against the one before migration 5, which
     // read every record's JSON (same database, same moment).

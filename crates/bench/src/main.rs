@@ -71,6 +71,7 @@ mod console;
 mod continuation;
 mod events;
 mod jaeger;
+mod postgres;
 mod proxy;
 mod soak;
 

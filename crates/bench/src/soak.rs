@@ -547,7 +547,7 @@ pub async fn bench_served_on_postgres(admin: &str, quick: bool) {
         sled.bad_ids,
         sled.bad_text
     );
-    let url = crate::cluster::fresh_db(admin, "served").await;
+    let url = crate::postgres::fresh_db(admin, "served").await;
     let commit = commit_latency(&url).await;
     let mut runs = Vec::new();
     for (grouped, what) in [
@@ -555,11 +555,11 @@ pub async fn bench_served_on_postgres(admin: &str, quick: bool) {
         (true, "group commit"),
     ] {
         let url =
-            crate::cluster::fresh_db(admin, if grouped { "served_g" } else { "served_1" }).await;
-        let before = crate::cluster::commits(&url).await;
+            crate::postgres::fresh_db(admin, if grouped { "served_g" } else { "served_1" }).await;
+        let before = crate::postgres::commits(&url).await;
         let backing = Backing::Postgres(url.clone(), grouped, std::sync::Mutex::new(None));
         let (mut pg, _, pg_t) = soak_on(&backing, clients, secs, keep).await;
-        let after = crate::cluster::commits(&url).await;
+        let after = crate::postgres::commits(&url).await;
         let group = node_of(&backing).turn_commits();
         pg.latencies_us.sort_unstable();
         let (p50, p99) = (
@@ -597,11 +597,11 @@ pub async fn bench_served_on_postgres(admin: &str, quick: bool) {
     // Many turns at once on one node, each way.
     let many = if quick { 300 } else { 1_000 };
     for grouped in [false, true] {
-        let url = crate::cluster::fresh_db(admin, if grouped { "many_g" } else { "many_1" }).await;
-        let before = crate::cluster::commits(&url).await;
+        let url = crate::postgres::fresh_db(admin, if grouped { "many_g" } else { "many_1" }).await;
+        let before = crate::postgres::commits(&url).await;
         let backing = Backing::Postgres(url.clone(), grouped, std::sync::Mutex::new(None));
         let (mut big, _, big_t) = soak_on(&backing, many, secs, keep).await;
-        let after = crate::cluster::commits(&url).await;
+        let after = crate::postgres::commits(&url).await;
         let group = node_of(&backing).turn_commits();
         big.latencies_us.sort_unstable();
         let tx = (after - before - 1).max(0) as f64;
