@@ -22,8 +22,8 @@
 use std::time::Duration;
 
 use warden_proxy::{Proxy, ProxyConfig};
+use warden_serve::Agent;
 
-use crate::chat::Agent;
 use crate::exit::CliError;
 
 /// A running wire layer.
