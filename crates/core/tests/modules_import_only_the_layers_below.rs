@@ -1,9 +1,11 @@
 //! The core's modules form layers with no circle between them: errors,
 //! events, the transitions' names and the source port at the bottom; the watchdog, the stream
 //! task, policies and the stores above them; transitions, then sessions,
-//! then the supervisor on top. Only the session actor's own files
-//! (`session/`) may need each other. Read from the sources, so a new
-//! `use crate::…` that closes a circle fails here, naming it.
+//! then the supervisor on top. Read from the sources, so a new
+//! `use crate::…` that closes a circle fails here, naming it; the files
+//! inside a module (`session/actor.rs`, `session/run.rs`, …) are checked
+//! for circles, `super::` paths included, by the workspace's
+//! `tests/modules_import_only_the_layers_below.rs`.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
