@@ -24,7 +24,7 @@ pub struct Usage {
     pub cache_creation_input_tokens: u64,
     /// Tokens read from the prompt cache.
     pub cache_read_input_tokens: u64,
-    /// Output tokens.
+    /// Tokens the model generated (the reply, thinking and tool input).
     pub output_tokens: u64,
 }
 

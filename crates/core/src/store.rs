@@ -134,7 +134,7 @@ pub struct SessionRecord {
     pub model: Option<String>,
     /// The last usage and context.
     pub usage: Option<StoredUsage>,
-    /// Status.
+    /// Whether it runs, rests, or was given up (and why).
     pub status: RecordStatus,
     /// Restarts by the supervisor after a crash, over the session's life.
     /// Not counted: a fresh start after a resume failure (each one moves
@@ -277,7 +277,7 @@ pub enum StoreError {
     /// silently.
     #[error("session record {key:?} is corrupt: {message}")]
     Corrupt {
-        /// The key.
+        /// The session key whose record it is.
         key: String,
         /// Decoder message.
         message: String,
@@ -287,7 +287,7 @@ pub enum StoreError {
         "session record {key:?} has schema version {found}, newer than the supported {supported}; upgrade warden"
     )]
     NewerSchema {
-        /// The key.
+        /// The session key whose record it is.
         key: String,
         /// Version found.
         found: u16,
@@ -308,7 +308,7 @@ pub enum StoreError {
         "session {key:?} is no longer ours: its lease moved past epoch {epoch} (another node owns it now)"
     )]
     LeaseLost {
-        /// The key.
+        /// The session key another node holds now.
         key: String,
         /// The epoch this process held.
         epoch: u64,

@@ -23,7 +23,7 @@ pub(crate) struct Reply {
     pub(crate) cache_creation_input_tokens: u64,
     /// Cache-read input tokens.
     pub(crate) cache_read_input_tokens: u64,
-    /// Output tokens.
+    /// Tokens of the reply (one per word of the scripted text).
     pub(crate) output_tokens: u64,
     /// Unix seconds, for OpenAI's `created`.
     pub(crate) created: u64,

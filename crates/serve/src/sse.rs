@@ -24,7 +24,7 @@ pub(crate) enum Feed {
     /// A turn in the cluster's store, as whichever node runs it writes it:
     /// polled.
     Stored {
-        /// The store.
+        /// The cluster's turn store, polled for the turn's new events.
         store: Arc<dyn TurnStore>,
         /// The turn.
         id: String,

@@ -107,9 +107,9 @@ pub enum LifecycleEvent {
         key: SessionKey,
         /// Tokens in context.
         tokens: u64,
-        /// The window.
+        /// The model's context window, in tokens.
         window: u64,
-        /// Percent.
+        /// `tokens` as a share of `window`, 0–100.
         percent: u32,
         /// The agent's own estimate, if the self-report track is on.
         self_reported: Option<u32>,
@@ -125,7 +125,7 @@ pub enum LifecycleEvent {
     StoreFailed {
         /// The session.
         key: SessionKey,
-        /// The error.
+        /// What the store said (a corrupt record, I/O, a lost lease).
         error: crate::store::StoreError,
     },
     /// A turn began.
@@ -140,7 +140,7 @@ pub enum LifecycleEvent {
     AttemptQueued {
         /// The session.
         key: SessionKey,
-        /// The attempt.
+        /// Which attempt: its turn and its number within the turn (1 first).
         attempt: AttemptId,
         /// The admission pool it waits in.
         pool: String,
@@ -149,7 +149,7 @@ pub enum LifecycleEvent {
     AttemptAdmitted {
         /// The session.
         key: SessionKey,
-        /// The attempt.
+        /// Which attempt: its turn and its number within the turn (1 first).
         attempt: AttemptId,
         /// How long it waited.
         waited: Duration,
@@ -158,7 +158,7 @@ pub enum LifecycleEvent {
     AttemptStarted {
         /// The session.
         key: SessionKey,
-        /// The attempt.
+        /// Which attempt: its turn and its number within the turn (1 first).
         attempt: AttemptId,
         /// Its silence allowance.
         timeout: Duration,
@@ -167,7 +167,7 @@ pub enum LifecycleEvent {
     StreamTimedOut {
         /// The session.
         key: SessionKey,
-        /// The attempt.
+        /// Which attempt: its turn and its number within the turn (1 first).
         attempt: AttemptId,
         /// Silence observed.
         silent_for: Duration,
@@ -202,7 +202,7 @@ pub enum LifecycleEvent {
     AttemptEnded {
         /// The session.
         key: SessionKey,
-        /// The attempt.
+        /// Which attempt: its turn and its number within the turn (1 first).
         attempt: AttemptId,
         /// How it ended.
         outcome: AttemptOutcome,

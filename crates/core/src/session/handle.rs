@@ -349,7 +349,7 @@ pub enum Unstick {
 #[derive(Debug, Clone, PartialEq)]
 #[non_exhaustive]
 pub struct SessionStatus {
-    /// The key.
+    /// Which session this is.
     pub key: SessionKey,
     /// The running turn, if any.
     pub turn: Option<u64>,
@@ -473,7 +473,7 @@ impl SessionHandle {
         call(&self.actor, "session", SessionMsg::Status).await
     }
 
-    /// The key.
+    /// The key the session was started for (its supervisor's map key).
     pub fn key(&self) -> &SessionKey {
         &self.key
     }

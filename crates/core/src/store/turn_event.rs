@@ -22,7 +22,7 @@ use super::TurnEventKind;
 pub struct EventTime(u64);
 
 impl EventTime {
-    /// Now.
+    /// This clock's time now, to the millisecond.
     pub fn now() -> Self {
         Self::from(SystemTime::now())
     }

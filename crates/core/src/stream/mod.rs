@@ -77,16 +77,16 @@ impl Credit {
 pub enum StreamReport {
     /// A parsed event of the attempt.
     Event {
-        /// The attempt.
+        /// Which attempt: its turn and its number within the turn (1 first).
         attempt: AttemptId,
-        /// The event.
+        /// The event, as the source parsed it.
         event: AgentEvent,
         /// Its flow-control credit: drop it once the event is consumed.
         credit: Credit,
     },
     /// The attempt is over; sent exactly once, after its last event.
     Ended {
-        /// The attempt.
+        /// Which attempt: its turn and its number within the turn (1 first).
         attempt: AttemptId,
         /// How it ended.
         outcome: StreamOutcome,

@@ -52,7 +52,7 @@ impl StreamHandle {
         self.stopper.interrupt();
     }
 
-    /// The attempt.
+    /// Which attempt of which turn this stream is.
     pub fn attempt(&self) -> AttemptId {
         self.attempt
     }

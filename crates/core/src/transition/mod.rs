@@ -89,7 +89,7 @@ pub(crate) enum Transition<'a> {
     },
     /// An attempt's stream started (its span stays open while it runs).
     AttemptStarted {
-        /// The attempt.
+        /// Which attempt: its turn and its number within the turn (1 first).
         attempt: AttemptId,
         /// Its silence allowance.
         timeout: Duration,
@@ -101,7 +101,7 @@ pub(crate) enum Transition<'a> {
     /// An attempt waits for admission (a concurrency limit or a shared
     /// backoff); its span stays open until it is admitted or dropped.
     AttemptQueued {
-        /// The attempt.
+        /// Which attempt: its turn and its number within the turn (1 first).
         attempt: AttemptId,
         /// The admission pool it waits in.
         pool: &'a str,
@@ -109,7 +109,7 @@ pub(crate) enum Transition<'a> {
     /// A queued attempt was admitted; recorded onto its `attempt_queued`
     /// span.
     AttemptAdmitted {
-        /// The attempt.
+        /// Which attempt: its turn and its number within the turn (1 first).
         attempt: AttemptId,
         /// How long it waited.
         waited: Duration,
@@ -125,7 +125,7 @@ pub(crate) enum Transition<'a> {
     },
     /// The session learned its attempt was killed for silence.
     StreamTimedOut {
-        /// The attempt.
+        /// Which attempt: its turn and its number within the turn (1 first).
         attempt: AttemptId,
         /// Where its stream was (`stream.phase`).
         phase: StreamPhase,
@@ -136,7 +136,7 @@ pub(crate) enum Transition<'a> {
     },
     /// An attempt's stream ended; recorded onto its `attempt_started` span.
     AttemptEnded {
-        /// The attempt.
+        /// Which attempt: its turn and its number within the turn (1 first).
         attempt: AttemptId,
         /// How.
         outcome: AttemptOutcome,
@@ -242,7 +242,7 @@ pub(crate) enum Transition<'a> {
         failed_id: &'a str,
         /// Why.
         cause: ResumeCause,
-        /// The error.
+        /// The error the resume ended with (its code is `error.type`).
         error: &'a StreamError,
         /// The agent's working directory.
         workspace: Option<&'a Path>,

@@ -378,7 +378,8 @@ pin_project_lite::pin_project! {
 }
 
 impl<S, T> Watched<S, T> {
-    /// The watch.
+    /// Its watchdog entry: what it was registered with, for a caller
+    /// that also beats or cancels it by hand.
     pub fn watch(&self) -> &Watch {
         &self.watch
     }

@@ -74,7 +74,7 @@ pub enum NodeEvent {
     /// unreachable); tried again every third of the TTL, and reported once
     /// per outage.
     HeartbeatFailed {
-        /// The error.
+        /// The database's answer, as the driver words it.
         error: String,
     },
     /// Heartbeats work again after an outage.
@@ -85,7 +85,7 @@ pub enum NodeEvent {
     /// Old turn event logs (or long-dead nodes) could not be expired;
     /// tried again later.
     ExpireFailed {
-        /// The error.
+        /// The database's answer, as the driver words it.
         error: String,
     },
 }
