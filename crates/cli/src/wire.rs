@@ -12,12 +12,14 @@
 //! see: a CLI that hangs with a healthy upstream, crashes or prints
 //! garbage.
 //!
-//! Codex speaks the Responses API, which the engine watches and retries
-//! until the first byte only: a stall before any byte is retried unseen;
-//! after it the stream ends with a retryable `error` event and closes
-//! before `response.completed`, which Codex retries itself
-//! (`Reconnecting... 1/5`) at once, instead of after its own idle timeout
-//! (300 s) or being killed by the watchdog on its stdout.
+//! Codex speaks the Responses API, which the engine watches and continues
+//! the same way: a stall before any byte is retried unseen, a stall or a
+//! cut mid-text continued with a continuation turn and spliced into the
+//! same response, so Codex never retries it (no `Reconnecting...`). Inside
+//! a reasoning item or a tool call the stream ends with a retryable
+//! `error` event and closes before `response.completed`, which Codex
+//! retries itself (`Reconnecting... 1/5`) at once, instead of after its
+//! own idle timeout (300 s) or being killed by the watchdog on its stdout.
 
 use std::time::Duration;
 

@@ -9,9 +9,9 @@
 //!
 //! `warden chat --agent codex` runs the real Codex the same way (its
 //! provider `base_url` is the wire): a stall before the first byte is
-//! retried unseen inside its request; after it the Responses stream cannot
-//! be continued, so the wire ends it at half the stream timeout and Codex
-//! retries the request itself, never killed.
+//! retried unseen inside its request; a stall or a cut mid-text is
+//! continued and spliced into the same Responses stream, so Codex never
+//! retries it and is never killed.
 //!
 //! The CLIs come from `WARDEN_CLAUDE_BIN` and `WARDEN_CODEX_BIN`
 //! (installed by `.ci/run`); without one its tests print why they are
@@ -348,37 +348,74 @@ async fn a_codex_stream_stalled_before_its_first_byte_is_retried_at_the_wire_uns
     mock.shutdown().await;
 }
 
-/// A Codex stream stalled after its first byte cannot be continued at the
-/// wire (a Responses reply can be re-attached only when its client asked
-/// for `"background": true`): the wire ends it at half the stream timeout,
-/// and Codex, reading a stream closed before `response.completed`,
-/// retries the request itself ("Reconnecting... 1/5"), not killed.
+/// The mock's `/v1/responses` requests: each one's scenario and, for a
+/// continuation of a broken reply, how it continued.
+fn responses_continued(mock: &MockServer) -> Vec<(Option<Scenario>, Option<&'static str>)> {
+    continued(mock, "/v1/responses")
+}
+
+/// The mock's requests to `path`: each one's scenario and, for a
+/// continuation of a broken reply, how it continued.
+fn continued(mock: &MockServer, path: &str) -> Vec<(Option<Scenario>, Option<&'static str>)> {
+    mock.requests()
+        .into_iter()
+        .filter(|r| r.path == path)
+        .map(|r| (r.scenario, r.continuation))
+        .collect()
+}
+
+/// A Codex reply broken by `fault` mid-text (six frames: the response,
+/// its item, its part and two text deltas) is continued at the wire with
+/// a continuation turn and spliced into the same Responses stream: Codex
+/// sees one whole response, so it never retries (no `Reconnecting...`, no
+/// second whole request), is not killed, and the mock saw the broken
+/// request and one continuation of it.
+async fn a_codex_reply_broken_mid_text_is_continued(codex: &str, fault: Scenario) {
+    let mock = responses_mock(fault, 6).await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (out, took) = codex_chat(codex, &mock, dir.path(), &[]).await;
+    eprintln!("Codex, {fault} mid-text, through the wire: {took:?}");
+    assert_one_reply_no_kill(&out);
+    let reply = stdout(&out);
+    assert!(
+        reply.lines().any(
+            |l| l.starts_with("Hello from warden-mock. Your last message had ")
+                && l.ends_with(" characters.")
+        ),
+        "the whole reply, its end included: {reply:?}"
+    );
+    let said = stderr(&out);
+    assert!(
+        said.contains("wire layer: openai /v1/responses") && said.contains("continuing"),
+        "the wire continued it: {said}"
+    );
+    assert!(!said.contains("gave up"), "{said}");
+    assert_eq!(
+        responses_continued(&mock),
+        [(Some(fault), None), (Some(Scenario::Normal), Some("turn"))],
+        "the broken request and one continuation of it, not Codex's own retry"
+    );
+    assert!(
+        took < Duration::from_millis(TIMEOUT_MS) + Duration::from_secs(2),
+        "within the stream timeout and 2 s: {took:?}"
+    );
+    mock.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_codex_stream_stalled_mid_reply_is_ended_at_the_wire_and_retried_by_codex() {
+async fn a_codex_reply_stalled_mid_text_is_continued_at_the_wire_not_rerun() {
     let Some(codex) = codex_bin() else {
         return;
     };
-    // Six frames: the response, its item, its part and two text deltas.
-    let mock = responses_mock(Scenario::Stall, 6).await;
-    let dir = tempfile::tempdir().expect("tempdir");
-    let (out, took) = codex_chat(&codex, &mock, dir.path(), &[]).await;
-    eprintln!("Codex, stalled mid-reply, through the wire: {took:?}");
-    assert_one_reply_no_kill(&out);
-    let said = stderr(&out);
-    assert!(
-        said.contains("wire layer: openai /v1/responses") && said.contains("gave up"),
-        "the wire ended the stream: {said}"
-    );
-    assert_eq!(
-        responses(&mock),
-        [Some(Scenario::Stall), Some(Scenario::Normal)],
-        "the stalled request and Codex's own retry of it"
-    );
-    assert!(
-        took < Duration::from_millis(TIMEOUT_MS) + Duration::from_secs(4),
-        "before the process watchdog's kill would have re-run it: {took:?}"
-    );
-    mock.shutdown().await;
+    a_codex_reply_broken_mid_text_is_continued(&codex, Scenario::Stall).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_codex_reply_cut_mid_text_is_continued_at_the_wire() {
+    let Some(codex) = codex_bin() else {
+        return;
+    };
+    a_codex_reply_broken_mid_text_is_continued(&codex, Scenario::AbruptClose).await;
 }
 
 /// Without the wire the same stalls, before and after the first byte, are

@@ -10,9 +10,10 @@
 //!   model does not support assistant message prefill. The conversation
 //!   must end with a user message.`): model names with `-4-6`, `-4-7`,
 //!   `-4-8`, `-5` after `claude-…`, or containing `no-prefill`.
-//! - **Continuation turn** (also on `/v1/chat/completions`, which has no
-//!   prefill): the partial text as an assistant message, then a
-//!   user message asking to continue (it says "continue" and "cut off").
+//! - **Continuation turn** (also on `/v1/chat/completions` and in a
+//!   Responses request's `input`, which have no prefill): the partial text
+//!   as an assistant message, then a user message asking to continue (it
+//!   says "continue" and "cut off").
 //!   The model repeats the last few words of the partial text, then goes
 //!   on — the overlap a client must trim.
 //!
@@ -49,7 +50,12 @@ impl Continue {
     /// What the request continues, if anything; `Err` with the API's 400
     /// message for a prefill the model refuses.
     pub(crate) fn of(request: &Value) -> Result<Option<Self>, &'static str> {
-        let Some(messages) = request.get("messages").and_then(Value::as_array) else {
+        // A Responses request's messages are items of its `input`.
+        let Some(messages) = request
+            .get("messages")
+            .or_else(|| request.get("input"))
+            .and_then(Value::as_array)
+        else {
             return Ok(None);
         };
         let role = |m: &Value| m.get("role").and_then(Value::as_str).map(str::to_owned);
@@ -80,9 +86,9 @@ impl Continue {
         }
     }
 
-    /// A continuation turn in a chat-completions request (that API has no
-    /// prefill: a request ending with an assistant message is answered as
-    /// any other).
+    /// A continuation turn in a chat-completions or Responses request
+    /// (those APIs have no prefill: a request ending with an assistant
+    /// message is answered as any other).
     pub(crate) fn turn_of(request: &Value) -> Option<Self> {
         match Self::of(request) {
             Ok(Some(turn @ Self::Turn { .. })) => Some(turn),
@@ -240,6 +246,21 @@ mod tests {
             .expect("a continuation turn");
         assert_eq!(c.text(INTENDED), "brown fox jumps over the lazy dog.");
         assert_eq!(c.answered_from_end(), 2);
+    }
+
+    #[test]
+    fn a_responses_input_ending_with_the_ask_is_a_continuation_turn() {
+        let req = json!({"model": "gpt-5", "input": [
+            {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "q"}]},
+            {"type": "message", "role": "assistant",
+             "content": [{"type": "output_text", "text": "The quick brown fox ju"}]},
+            {"type": "message", "role": "user", "content": [{"type": "input_text",
+             "text": "Your reply was cut off. Continue exactly where it stopped."}]}
+        ]});
+        let c = Continue::turn_of(&req).expect("a continuation turn");
+        assert_eq!(c.text(INTENDED), "brown fox jumps over the lazy dog.");
+        let plain = json!({"model": "gpt-5", "input": "q"});
+        assert_eq!(Continue::turn_of(&plain), None);
     }
 
     #[test]

@@ -203,8 +203,8 @@ pub(crate) async fn handle(
     // does (see `continuation`).
     let cont = match api {
         Api::Anthropic => Continue::of(&request),
-        Api::OpenAi => Ok(Continue::turn_of(&request)),
-        Api::Responses | Api::Gemini => Ok(None),
+        Api::OpenAi | Api::Responses => Ok(Continue::turn_of(&request)),
+        Api::Gemini => Ok(None),
     };
     let cont = match cont {
         Ok(c) => c,

@@ -109,7 +109,9 @@
 //! take a *continuation turn* instead — the partial text as an assistant
 //! message, then a user message asking to continue (it must say "continue"
 //! and "cut off") — answered with the partial text's last three words
-//! repeated, then the rest. [`RequestRecord::continuation`] and
+//! repeated, then the rest. The chat-completions and Responses endpoints
+//! (no prefill) take the same continuation turn: in `messages`, and in a
+//! Responses request's `input` items. [`RequestRecord::continuation`] and
 //! [`RequestRecord::output_tokens`] show what each request did and cost.
 //!
 //! # What a test can check

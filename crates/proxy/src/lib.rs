@@ -15,7 +15,7 @@
 //! | `POST /v1/messages` with `"stream": true` | watched; retried, continued and spliced |
 //! | `POST /v1/chat/completions` with `"stream": true` | watched; retried, continued and spliced |
 //! | `POST /v1/messages` or `/v1/chat/completions` without `"stream": true` | sent upstream as a stream, watched, retried and continued like the above; the whole JSON answer assembled from it, within [`ProxyConfig::max_reply_bytes`]; tool input that is not JSON, or an answer that is neither a stream nor JSON, is an error in the provider's shape, never a made-up answer |
-//! | `POST /v1/responses` with `"stream": true` | watched; retried until the first byte |
+//! | `POST /v1/responses` with `"stream": true` | watched; retried, continued mid-text and spliced |
 //! | any other `/v1/…` request | passed through as it is, bodies streamed both ways |
 //! | any other path | sent to [`ProxyConfig::other_upstream`] when set (unwatched); else answered here: `200` for `HEAD /` and `GET /`, `404` otherwise — nothing goes to a host the user did not name |
 //!
@@ -49,7 +49,7 @@
 //!    merged. The client receives one well-formed stream.
 //! 3. **Neither** (inside a thinking block, whose signature only the model
 //!    can write; inside a tool call's input; attempts exhausted; a
-//!    Responses stream): the downstream stream ends with the provider's own
+//!    Responses stream inside a reasoning item or a tool call): the downstream stream ends with the provider's own
 //!    retryable error event (Anthropic `overloaded_error`, OpenAI
 //!    `server_error`), so the client's retry starts now rather than after
 //!    its own 5-minute wait. Never a hang, never a torn event, never a plain
@@ -73,8 +73,13 @@
 //!
 //! A broken chat-completions stream is continued the same way as an
 //! Anthropic one (that API has no resume of its own); the continuation's
-//! chunks carry the first attempt's `id`. A Responses stream is retried
-//! until its first byte and ended with an `error` event after that.
+//! chunks carry the first attempt's `id`. So is a Responses stream broken
+//! mid-text (the request's `input`, the items the client has whole, the
+//! partial text as an assistant message, then the ask): the continuation's
+//! start is dropped, its message joins the open item (its id and output
+//! index), every event is renumbered so `sequence_number` runs on, and
+//! `response.completed` carries the first attempt's id, every item and the
+//! whole text.
 //!
 //! ## Use
 //!

@@ -359,6 +359,89 @@ async fn a_chat_completion_stalled_mid_text_is_continued_with_one_id() {
     assert_eq!(requests[1].continuation, Some("turn"));
 }
 
+/// A Responses stream stalled or cut mid-text (the response, its item, its
+/// part and two text deltas sent) is continued with a continuation turn
+/// and spliced into the same response: one start, one item, sequence
+/// numbers without a gap, the end carrying the whole text and the first id.
+#[tokio::test]
+async fn a_responses_stream_broken_mid_text_is_continued_into_one_response() {
+    for fault in [Scenario::Stall, Scenario::AbruptClose] {
+        let s = setup(
+            mock(&[fault, Scenario::Normal]).with_fault_after_frames(6),
+            |c| c,
+        )
+        .await;
+        let body = serde_json::json!({
+            "model": "gpt-test",
+            "stream": true,
+            "store": false,
+            "input": [{"type": "message", "role": "user",
+                       "content": [{"type": "input_text", "text": "hi"}]}],
+        });
+        let t0 = Instant::now();
+        let response = within(
+            "the answer",
+            s.client
+                .post(format!("{}/v1/responses", s.base))
+                .header("authorization", format!("Bearer {KEY}"))
+                .header("content-type", "application/json")
+                .body(body.to_string())
+                .send(),
+        )
+        .await
+        .expect("answer");
+        assert_eq!(response.status(), 200);
+        let events: Vec<(String, Value)> = read_sse(response)
+            .await
+            .iter()
+            .map(|e| (e.event.clone(), e.json()))
+            .collect();
+        let took = t0.elapsed();
+        for (i, (name, data)) in events.iter().enumerate() {
+            assert_eq!(
+                data["sequence_number"], i,
+                "{fault}: numbered on: {events:?}"
+            );
+            assert_eq!(data["type"].as_str(), Some(name.as_str()));
+        }
+        let count = |kind: &str| events.iter().filter(|(n, _)| n == kind).count();
+        assert_eq!(count("response.created"), 1, "{fault}");
+        assert_eq!(count("response.output_item.added"), 1, "{fault}");
+        let items: std::collections::BTreeSet<&str> = events
+            .iter()
+            .filter_map(|(_, d)| d["item_id"].as_str())
+            .collect();
+        assert_eq!(items.len(), 1, "{fault}: one item: {items:?}");
+        let text: String = events
+            .iter()
+            .filter(|(n, _)| n == "response.output_text.delta")
+            .filter_map(|(_, d)| d["delta"].as_str())
+            .collect();
+        assert_eq!(text, REPLY, "{fault}: the whole reply, once");
+        let (last, completed) = events.last().expect("events");
+        assert_eq!(last, "response.completed", "{fault}");
+        let first_id = &events[0].1["response"]["id"];
+        assert_eq!(&completed["response"]["id"], first_id, "{fault}");
+        assert_eq!(
+            completed.pointer("/response/output/0/content/0/text"),
+            Some(&Value::from(REPLY)),
+            "{fault}"
+        );
+        assert!(
+            took < TIMEOUT + Duration::from_secs(2),
+            "{fault}: took {took:?}"
+        );
+        let requests = s.mock.requests();
+        assert_eq!(requests.len(), 2, "{fault}");
+        assert_eq!(
+            requests[1].continuation,
+            Some("turn"),
+            "{fault}: a continuation turn, not a replay"
+        );
+        s.proxy.stop();
+    }
+}
+
 #[tokio::test]
 async fn other_requests_pass_through_untouched() {
     let s = setup(mock(&[]), |c| c).await;
