@@ -42,21 +42,6 @@ const CLIENTS: usize = 32;
 /// How long an acknowledged turn may take to end.
 const TURN_BOUND: Duration = Duration::from_secs(30);
 
-/// The server's `pg_ctl` command line (it may start with `runuser …`;
-/// its data directory and log given), or `None` (with the reason printed)
-/// when `.ci/postgres` did not export it and CI does not require it.
-fn pg_ctl() -> Option<Vec<String>> {
-    let Ok(ctl) = std::env::var("WARDEN_PG_CTL") else {
-        assert!(
-            std::env::var("WARDEN_REQUIRE_POSTGRES").as_deref() != Ok("1"),
-            "WARDEN_REQUIRE_POSTGRES=1 but WARDEN_PG_CTL is unset (.ci/postgres exports it)"
-        );
-        eprintln!("skipped: set WARDEN_PG_CTL to the server's pg_ctl (source .ci/postgres)");
-        return None;
-    };
-    Some(ctl.split_whitespace().map(str::to_owned).collect())
-}
-
 /// Restarts the database server as an operator does; how long it took.
 fn restart(ctl: &[String]) -> Duration {
     let t0 = Instant::now();

@@ -8,12 +8,23 @@
 //! When the database answers again, each node takes back the sessions it
 //! gave up, before its takeover scan looks at anyone else's, and the
 //! others leave them for the return grace; each stopped turn is continued
-//! on its node from the text that was stored. Before, the first node to
-//! scan took every session and re-ran each reply from scratch.
+//! on its node from the text it had — the stored text and what it held
+//! and could not store — so no text is generated twice (issue 50, item 2:
+//! from the stored text alone, the 48-80 bytes that came during the
+//! outage were generated again for every reply). Before issue 39, the
+//! first node to scan took every session and re-ran each reply from
+//! scratch.
+//!
+//! A reply the upstream finished while the database was away is not asked
+//! for again at all (issue 50, item 2): the node kept what it could not
+//! store, and the session taken back stores it and ends the turn with it.
+//! That test stops the whole database server (`pg_ctl stop`, then
+//! `start`), so the tests here run one at a time.
 //!
 //! Needs `WARDEN_PG_URL` (an admin URL; `.ci/run` starts a throwaway
-//! cluster); without it the test says why and passes, unless
-//! `WARDEN_REQUIRE_POSTGRES=1` (CI) makes it fail.
+//! cluster) and, for the server's stop, `WARDEN_PG_CTL`; without them the
+//! tests say why and pass, unless `WARDEN_REQUIRE_POSTGRES=1` (CI) makes
+//! them fail.
 
 mod common;
 
@@ -36,13 +47,17 @@ const SESSIONS: usize = 20;
 /// room for two loaded cores.
 const TURN_BOUND: Duration = Duration::from_secs(45);
 
+/// Held by each test: one stops the whole database server, which the
+/// other's database is on too.
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 struct Node {
     child: tokio::process::Child,
     base: String,
     stderr: tokio::task::JoinHandle<String>,
 }
 
-async fn start(dir: &Path, id: &str, store: &str, mock: &MockServer) -> Node {
+async fn start(dir: &Path, id: &str, store: &str, mock: &MockServer, ttl: f64) -> Node {
     let token = dir.join("token");
     std::fs::write(&token, TOKEN).expect("token");
     let data = dir.join(id);
@@ -59,7 +74,7 @@ async fn start(dir: &Path, id: &str, store: &str, mock: &MockServer) -> Node {
         "--node-id",
         id,
         "--lease-ttl",
-        &TTL_SECS.to_string(),
+        &ttl.to_string(),
         "--grace",
         "1",
         "--agent",
@@ -216,6 +231,7 @@ async fn owners(pg: &warden_pg::low_level::PgStore, keys: &[String]) -> Vec<Opti
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sessions_go_home_and_replies_continue_after_outages_of_two_and_ten_ttls() {
+    let _alone = ONE_AT_A_TIME.lock().await;
     let Some(url) = fresh_db("warden_home").await else {
         return;
     };
@@ -234,7 +250,7 @@ async fn sessions_go_home_and_replies_continue_after_outages_of_two_and_ten_ttls
     let ids = ["node-a", "node-b", "node-c"];
     let mut nodes = Vec::new();
     for id in ids {
-        nodes.push(start(dir.path(), id, &url, &mock).await);
+        nodes.push(start(dir.path(), id, &url, &mock, TTL_SECS).await);
     }
     let bases: Vec<String> = nodes.iter().map(|n| n.base.clone()).collect();
     let pg = warden_pg::low_level::PgStore::connect(&url)
@@ -335,6 +351,7 @@ async fn sessions_go_home_and_replies_continue_after_outages_of_two_and_ten_ttls
     // most once; the rest are continuations of it.
     let requests = mock.requests();
     let (mut fresh_total, mut continued_total) = (0, 0);
+    let mut twice_total = 0;
     for message in &messages {
         let digest = warden_mock::prompt_digest(message);
         let of: Vec<_> = requests
@@ -342,6 +359,30 @@ async fn sessions_go_home_and_replies_continue_after_outages_of_two_and_ten_ttls
             .filter(|r| r.prompt_digest == Some(digest))
             .collect();
         let fresh = of.iter().filter(|r| r.continuation.is_none()).count();
+        // Text generated twice: what the first request streamed (16-byte
+        // deltas after three frames) plus what the continuations
+        // generated (4 bytes a token), past the 400-byte reply — less 4
+        // bytes a continuation: the space its prefill leaves off and the
+        // rounding of its tokens. Without the text the node held when it
+        // stopped the turn, 48-80 bytes (the deltas that came during the
+        // outage) were generated twice for every message.
+        let streamed: usize = of
+            .iter()
+            .filter(|r| r.continuation.is_none())
+            .map(|r| 16 * r.frames.saturating_sub(3))
+            .sum();
+        let continuations = of.len() - fresh;
+        let rest: u64 = of
+            .iter()
+            .filter(|r| r.continuation.is_some())
+            .filter_map(|r| r.output_tokens)
+            .sum();
+        let twice =
+            (streamed.min(400) as u64 + 4 * rest).saturating_sub(400 + 4 * continuations as u64);
+        if twice > 0 {
+            failures.push(format!("{message:?}: {twice} bytes generated twice"));
+        }
+        twice_total += twice;
         fresh_total += fresh;
         continued_total += of.len() - fresh;
         if fresh != 1 {
@@ -349,7 +390,7 @@ async fn sessions_go_home_and_replies_continue_after_outages_of_two_and_ten_ttls
         }
     }
     eprintln!(
-        "{} messages: {fresh_total} replies generated from scratch, {continued_total} continuations",
+        "{} messages: {fresh_total} replies generated from scratch, {continued_total} continuations, {twice_total} bytes generated twice",
         messages.len()
     );
     for mut n in nodes {
@@ -362,6 +403,144 @@ async fn sessions_go_home_and_replies_continue_after_outages_of_two_and_ten_ttls
                 .rev()
                 .take(400)
                 .collect();
+            eprintln!(
+                "--- {}:\n{}",
+                n.base,
+                tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+            );
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// Replies that the upstream finishes while the database server is down,
+/// before any node gives its leases up: each node held the whole reply
+/// when it stopped the turn (it could not store it, nor record the
+/// conversation), so the session taken back ends the turn with it — the
+/// upstream asked once per turn, never again for a reply it already
+/// gave. Before, each was asked for again as a continuation of what had
+/// been stored before the outage (the tail generated twice).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reply_finished_during_an_outage_is_answered_from_memory_not_asked_for_again() {
+    let _alone = ONE_AT_A_TIME.lock().await;
+    let Some(url) = fresh_db("warden_held").await else {
+        return;
+    };
+    let Some(ctl) = pg_ctl() else {
+        return;
+    };
+    // A lease rides through 2/3 of it at least: 1.3 s, well after every
+    // reply has finished (0.7 s into the outage).
+    let ttl = 2.0;
+    let reply = (0..10)
+        .map(|i| format!("v{i}"))
+        .collect::<Vec<_>>()
+        .join(" ")
+        + ".";
+    let mock = MockServer::start(
+        MockConfig::default()
+            .with_reply(reply.clone())
+            .with_frame_interval(Duration::from_millis(100)),
+    )
+    .await
+    .expect("mock");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let ids = ["node-a", "node-b", "node-c"];
+    let mut nodes = Vec::new();
+    for id in ids {
+        nodes.push(start(dir.path(), id, &url, &mock, ttl).await);
+    }
+    let bases: Vec<String> = nodes.iter().map(|n| n.base.clone()).collect();
+    let keys: Vec<String> = (0..9).map(|i| format!("held-{i}")).collect();
+    let mut messages = Vec::new();
+    let mut failures = Vec::new();
+    for (round, ttls) in [2.0, 10.0].into_iter().enumerate() {
+        let mut clients = Vec::new();
+        for (i, key) in keys.iter().enumerate() {
+            let message = format!("round {round}: a short answer for {key}");
+            let home = i % bases.len();
+            let (id, stream) = stream_turn(&bases[home], key, &message).await;
+            messages.push(message);
+            let mut order = bases.clone();
+            order.rotate_left(home);
+            clients.push((id, stream, order));
+        }
+        // Streaming, part of each reply stored, when the server stops.
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        let down = Duration::from_secs_f64(ttl * ttls);
+        let deadline = tokio::time::Instant::now() + down + TURN_BOUND;
+        let followed: Vec<_> = clients
+            .into_iter()
+            .map(|(id, stream, order)| {
+                let home = order[0].clone();
+                (
+                    id.clone(),
+                    home,
+                    tokio::spawn(follow(stream, id, order, deadline)),
+                )
+            })
+            .collect();
+        let t0 = Instant::now();
+        server_down_for(&ctl, down).await;
+        let mut markers = BTreeMap::<String, usize>::new();
+        for (i, (id, home, client)) in followed.into_iter().enumerate() {
+            let seen = match client.await.expect("client") {
+                Ok(seen) => seen,
+                Err(why) => {
+                    failures.push(format!("round {round}: {} turn {id}: {why}", keys[i]));
+                    continue;
+                }
+            };
+            for (kind, data) in &seen {
+                if kind == "continuing" || kind == "retrying" {
+                    let code = data["code"].as_str().unwrap_or("?");
+                    *markers.entry(format!("{kind} {code}")).or_default() += 1;
+                }
+            }
+            let (last, data) = seen.last().expect("an end");
+            if last != "done" || data["text"].as_str() != Some(reply.as_str()) {
+                failures.push(format!("round {round}: {} ended {last} {data}", keys[i]));
+            }
+            let all = read_all(&home, &id).await;
+            let ends: Vec<&str> = all
+                .iter()
+                .map(|(k, _)| k.as_str())
+                .filter(|k| *k == "done" || *k == "error")
+                .collect();
+            if ends != ["done"] {
+                failures.push(format!("round {round}: {} stored ends {ends:?}", keys[i]));
+            }
+        }
+        eprintln!(
+            "server down {:.1}s ({ttls} TTLs): markers {markers:?}; all ended {:.1}s after it stopped",
+            down.as_secs_f64(),
+            t0.elapsed().as_secs_f64()
+        );
+    }
+    // The upstream was asked once per turn: no continuation of a reply
+    // it had already finished, no reply generated again.
+    let requests = mock.requests();
+    let mut asked = BTreeMap::<usize, usize>::new();
+    for message in &messages {
+        let digest = warden_mock::prompt_digest(message);
+        let n = requests
+            .iter()
+            .filter(|r| r.prompt_digest == Some(digest))
+            .count();
+        *asked.entry(n).or_default() += 1;
+        if n != 1 {
+            failures.push(format!("{message:?}: the upstream asked {n} times"));
+        }
+    }
+    eprintln!(
+        "{} turns, by upstream requests each: {asked:?}",
+        messages.len()
+    );
+    for mut n in nodes {
+        let _ = n.child.kill().await;
+        let log = n.stderr.await.unwrap_or_default();
+        if !failures.is_empty() {
+            let tail: Vec<&str> = log.lines().rev().take(200).collect();
             eprintln!(
                 "--- {}:\n{}",
                 n.base,

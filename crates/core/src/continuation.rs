@@ -29,6 +29,13 @@ pub struct Continuation {
     pub partial_text: String,
     /// The attempt that broke.
     pub broken_attempt: u32,
+    /// Whether `partial_text` is the whole reply: the upstream finished it
+    /// (its stop came) and only the turn's end was lost (its node gave the
+    /// session up for a database outage before it could record it). A
+    /// source may then end the turn with that text without asking the
+    /// upstream again (the HTTP agents record it as the answer and send
+    /// nothing); one that asks anyway gets nothing more to generate.
+    pub complete: bool,
 }
 
 impl Continuation {
@@ -38,7 +45,15 @@ impl Continuation {
         Self {
             partial_text: partial_text.into(),
             broken_attempt,
+            complete: false,
         }
+    }
+
+    /// Says whether the partial text is the whole reply (see
+    /// [`complete`](Self::complete)).
+    pub fn with_complete(mut self, complete: bool) -> Self {
+        self.complete = complete;
+        self
     }
 }
 

@@ -48,8 +48,12 @@
 //!   source does not call the API for it: it replays the stored reply as
 //!   the turn's stream (`SessionStarted`, the reply as one `TextDelta`,
 //!   `Stop { reason: "replayed" }`, `TurnComplete`; no usage, as nothing
-//!   was sent). Same id with a different message (ids reused by a new
-//!   session record) is a new turn.
+//!   was sent; a continuation gets only what follows the text it has).
+//!   Same id with a different message (ids reused by a new session
+//!   record) is a new turn. A re-delivered turn whose continuation says
+//!   its text is the whole reply ([`Continuation::complete`](warden_core::Continuation::complete):
+//!   the upstream had finished it before its node gave the session up) is
+//!   recorded with that text and ends the same way, without a request.
 //!
 //! [`HttpOptions::with_transcripts`]: crate::HttpOptions::with_transcripts
 

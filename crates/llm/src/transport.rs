@@ -108,7 +108,8 @@ pub fn validate_base_url(base_url: &str) -> Result<(), BuildError> {
 pub(crate) enum Begin {
     /// Send the request, continuing this conversation if there is one.
     Send(Option<Conversation>),
-    /// Already answered: this stream replays the stored reply.
+    /// Already answered, or whole: this stream replays the stored reply
+    /// (or ends the turn with the text it has).
     Replayed(EventStream),
 }
 
@@ -222,28 +223,41 @@ impl Endpoint {
     /// kept) to send, or, for a re-delivered message the conversation
     /// already answered, with the stored reply as the stream: no request is
     /// sent, so the message is not answered twice (see the transcript
-    /// module, "Crashes").
+    /// module, "Crashes"); likewise for a re-delivered turn whose reply the
+    /// upstream had finished ([`finished`](Self::finished)).
     pub(crate) async fn begin(
         &self,
         request: &TurnRequest,
         model: &str,
     ) -> Result<Begin, StreamError> {
-        Ok(match self.conversation(request).await? {
-            Some(c) => match self.replay(request, &c) {
-                Some(replayed) => Begin::Replayed(c.record(
+        let conversation = self.conversation(request).await?;
+        let replayed = match &conversation {
+            Some(c) => self.replay(request, c),
+            None => None,
+        };
+        // The text a continuation has: recorded before what is replayed.
+        let partial = request
+            .continuation
+            .as_ref()
+            .map(|c| c.partial_text.clone())
+            .unwrap_or_default();
+        Ok(
+            match (replayed.or_else(|| self.finished(request)), conversation) {
+                (Some(replayed), Some(c)) => Begin::Replayed(c.record(
                     replayed,
                     request.message.clone(),
                     model.to_owned(),
-                    String::new(),
+                    partial,
                 )),
-                None => Begin::Send(Some(c)),
+                (Some(replayed), None) => Begin::Replayed(replayed),
+                (None, c) => Begin::Send(c),
             },
-            None => Begin::Send(None),
-        })
+        )
     }
 
     /// The stored reply of a re-delivered message that `conversation`
-    /// already answered, as a stream.
+    /// already answered, as a stream: what follows the text a
+    /// continuation already has.
     fn replay(&self, request: &TurnRequest, conversation: &Conversation) -> Option<EventStream> {
         let reply = conversation.replay()?;
         tracing::info!(
@@ -254,7 +268,29 @@ impl Endpoint {
             reply_bytes = reply.len(),
             "turn already answered in the transcript; replaying it without a request"
         );
-        Some(replay_stream(reply.to_owned()))
+        let rest = request
+            .continuation
+            .as_ref()
+            .and_then(|c| reply.strip_prefix(c.partial_text.as_str()))
+            .unwrap_or(reply);
+        Some(replay_stream(rest.to_owned()))
+    }
+
+    /// A re-delivered turn whose reply the upstream had finished before
+    /// the turn's end was lost ([`Continuation::complete`](warden_core::Continuation::complete)):
+    /// nothing is left to ask for, so no request is sent; the turn ends
+    /// with the text it has.
+    fn finished(&self, request: &TurnRequest) -> Option<EventStream> {
+        let whole = request.continuation.as_ref().filter(|c| c.complete)?;
+        tracing::info!(
+            event = "llm.replay",
+            provider = self.provider,
+            session.key = %request.session_key,
+            turn = request.turn_id,
+            reply_bytes = whole.partial_text.len(),
+            "the reply was whole when its turn was re-delivered; ending it without a request"
+        );
+        Some(replay_stream(String::new()))
     }
 
     /// Sends `body` and, on a 2xx answer, returns the decoded stream, which

@@ -6,7 +6,7 @@
 
 use futures_util::StreamExt;
 use warden_core::store::Role;
-use warden_core::{AgentEvent, EventSource, Frame, SessionKey, TurnRequest};
+use warden_core::{AgentEvent, Continuation, EventSource, Frame, SessionKey, TurnRequest};
 use warden_llm::transcript::REPLAYED_STOP_REASON;
 use warden_llm::{HttpOptions, OpenAiOptions, OpenAiSource, Transcripts};
 use warden_mock::{MockConfig, MockServer};
@@ -22,6 +22,10 @@ struct Turn {
 async fn run(source: &dyn EventSource, turn: u64, message: &str, resume: Option<&str>) -> Turn {
     let mut request = TurnRequest::new(SessionKey::new("repo"), turn, message);
     request.resume_id = resume.map(str::to_owned);
+    run_request(source, request).await
+}
+
+async fn run_request(source: &dyn EventSource, request: TurnRequest) -> Turn {
     let mut out = Turn::default();
     let mut stream = source.open(request).await.expect("opened");
     while let Some(frame) = stream.next().await {
@@ -78,6 +82,49 @@ async fn an_answered_turn_sent_again_is_replayed_without_a_request_and_recorded_
     assert_eq!(mock.request_count(), 3);
     assert_ne!(other.stop.as_deref(), Some(REPLAYED_STOP_REASON));
     assert_eq!(transcripts.load(&id).expect("load").len(), 6);
+    mock.shutdown().await;
+}
+
+/// A turn re-delivered with the whole reply its node held (the upstream
+/// had finished it; the node gave the session up in a database outage
+/// before it could record it) is recorded as answered without a request;
+/// re-delivered again with part of that text, only the rest is replayed.
+#[tokio::test]
+async fn a_whole_reply_offered_again_is_recorded_without_a_request() {
+    let mock = MockServer::start(MockConfig::default())
+        .await
+        .expect("mock");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let transcripts = Transcripts::open(dir.path()).expect("open");
+    let source = source(&mock, &transcripts);
+    let first = run(&source, 1, "What changed?", None).await;
+    let id = first.session_id.clone().expect("named");
+    assert_eq!(mock.request_count(), 1);
+
+    let whole = "The parser, and its tests.";
+    let mut request = TurnRequest::new(SessionKey::new("repo"), 2, "And the tests?");
+    request.resume_id = Some(id.clone());
+    request.continuation = Some(Continuation::new(whole, 1).with_complete(true));
+    let ended = run_request(&source, request).await;
+    assert_eq!(mock.request_count(), 1, "the upstream is not asked again");
+    assert!(ended.complete);
+    assert_eq!(ended.text, "", "nothing after the whole reply");
+    assert_eq!(ended.stop.as_deref(), Some(REPLAYED_STOP_REASON));
+    let entries = transcripts.load(&id).expect("load");
+    assert_eq!(entries.len(), 4);
+    assert_eq!(
+        (entries[3].turn, entries[3].content.as_str()),
+        (Some(2), whole)
+    );
+
+    // Answered now: a continuation of part of it gets the rest, replayed.
+    let mut request = TurnRequest::new(SessionKey::new("repo"), 2, "And the tests?");
+    request.resume_id = Some(id.clone());
+    request.continuation = Some(Continuation::new("The parser,", 1));
+    let rest = run_request(&source, request).await;
+    assert_eq!(mock.request_count(), 1);
+    assert_eq!(rest.text, " and its tests.");
+    assert_eq!(transcripts.load(&id).expect("load").len(), 4);
     mock.shutdown().await;
 }
 

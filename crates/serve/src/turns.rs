@@ -12,10 +12,11 @@
 //! One file per job: [`log`] a turn's events and its clients (the
 //! backpressure a slow client puts on the turn), this file the registry of
 //! turns and their idempotency claims, `pump` copying a turn's events into
-//! its log (through the store first, retrying it), `encode` the events as
-//! clients see them.
+//! its log (through the store first, retrying it), `held` what a stopped
+//! turn had and could not store, `encode` the events as clients see them.
 
 mod encode;
+mod held;
 pub(crate) mod log;
 mod pump;
 
@@ -33,6 +34,7 @@ use warden_core::store::{
 };
 use warden_core::{ContinueFrom, RecoveredTurn, SessionKey, TurnHandle};
 
+use held::HeldTurns;
 pub(crate) use log::{Reader, TurnLog};
 use pump::{open, pump};
 
@@ -48,6 +50,9 @@ pub(crate) struct Turns {
     claims: Arc<Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>>,
     /// Where the events are stored first, on a cluster node.
     pub(crate) store: Option<Arc<dyn TurnStore>>,
+    /// What turns stopped here had and could not store, for their
+    /// sessions' return.
+    held: HeldTurns,
     /// [`ServeConfig::slow_client_grace`](crate::ServeConfig).
     slow_reader_grace: Duration,
 }
@@ -68,6 +73,7 @@ impl Turns {
             registered: tokio::sync::Notify::new(),
             claims: Arc::default(),
             store,
+            held: HeldTurns::default(),
             slow_reader_grace,
         }
     }
@@ -226,7 +232,15 @@ impl Turns {
             events,
             self.slow_reader_grace,
         ));
-        let mut marker = None;
+        // What this node had of the turn and could not store when it gave
+        // the session up (a database outage): stored first, so the
+        // upstream is not asked for it again.
+        let held = stored.as_ref().and_then(|t| {
+            let stored_last = t.events.last().map_or(0, |e| e.id);
+            self.held.take(&t.id, stored_last).filter(|_| !t.ended)
+        });
+        let complete = held.as_ref().is_some_and(|h| h.complete);
+        let mut first: Vec<ServeEvent> = held.map(|h| h.events).unwrap_or_default();
         // Attempts an earlier node made of this turn: this node's attempts
         // are numbered on from them, so `done.attempts` counts them all.
         let mut prior_attempts = 0;
@@ -241,17 +255,19 @@ impl Turns {
                 let _ = canceller.cancel().await;
             });
         } else if let Some(t) = &stored
-            && let Some(last) = t.events.last()
+            && let Some(last) = first.last().or(t.events.last()).cloned()
         {
-            // An earlier node began it and died. The text its clients have
-            // of the broken attempt is continued if the session can (its
-            // source continues replies), else they discard it, as after
-            // any retry.
-            let (kept, attempt) = kept_text(&t.events);
+            // An earlier node began it and died (or this one stopped it).
+            // The text its clients have of the broken attempt is continued
+            // if the session can (its source continues replies), else they
+            // discard it, as after any retry; a reply the upstream had
+            // finished is said to be whole.
+            let (kept, attempt) = kept_text(t.events.iter().chain(&first));
             let continued = match (continue_from, kept) {
                 (Some(port), Some(text)) => {
                     let broken = u32::try_from(attempt).unwrap_or(u32::MAX);
-                    port.offer(warden_core::Continuation::new(text, broken))
+                    let c = warden_core::Continuation::new(text, broken).with_complete(complete);
+                    port.offer(c)
                 }
                 _ => false,
             };
@@ -274,7 +290,7 @@ impl Turns {
                 (other, _) => other,
             };
             // Stored with the first batch, sent before the new attempt.
-            marker = Some(ServeEvent::new(last.id + 1, failed));
+            first.push(ServeEvent::new(last.id + 1, failed));
         }
         self.lock().insert(id.clone(), log.clone());
         self.by_message
@@ -287,13 +303,15 @@ impl Turns {
         let turn_id = id.clone();
         tokio::spawn(async move {
             if !log.changed.borrow().1 {
+                let held = persist.is_some().then_some(&turns.held);
                 pump(
                     turn,
                     &log,
                     persist.as_deref(),
                     &turn_id,
-                    marker,
+                    first,
                     prior_attempts,
+                    held,
                 )
                 .await;
             }
@@ -417,7 +435,7 @@ impl Drop for Claim {
 /// `restarting`), `continuing` keeping it — if the last of it is text (not
 /// inside thinking or a tool call, which cannot be continued); and the
 /// last attempt started.
-fn kept_text(events: &[ServeEvent]) -> (Option<String>, u64) {
+fn kept_text<'a>(events: impl IntoIterator<Item = &'a ServeEvent>) -> (Option<String>, u64) {
     let mut text = String::new();
     let mut attempt = 0;
     let mut last_is_text = false;

@@ -237,6 +237,69 @@ pub(crate) fn database_back(db: &str) {
     admin_sql(&format!("ALTER DATABASE {db} ALLOW_CONNECTIONS true"));
 }
 
+/// The database server's `pg_ctl` command line (`WARDEN_PG_CTL`: the
+/// user it runs as, its data directory and log given), or `None` (with the
+/// reason printed) when `.ci/postgres` did not export it and CI does not
+/// require it.
+pub(crate) fn pg_ctl() -> Option<Vec<String>> {
+    let Ok(ctl) = std::env::var("WARDEN_PG_CTL") else {
+        assert!(
+            std::env::var("WARDEN_REQUIRE_POSTGRES").as_deref() != Ok("1"),
+            "WARDEN_REQUIRE_POSTGRES=1 but WARDEN_PG_CTL is unset (.ci/postgres exports it)"
+        );
+        eprintln!("skipped: set WARDEN_PG_CTL to the server's pg_ctl (source .ci/postgres)");
+        return None;
+    };
+    Some(ctl.split_whitespace().map(str::to_owned).collect())
+}
+
+/// Runs `pg_ctl` (`ctl`, as [`pg_ctl`] gives it) with `args`, failing the
+/// test if it fails.
+fn run_pg_ctl(ctl: &[String], args: &[&str]) {
+    let out = std::process::Command::new(&ctl[0])
+        .args(&ctl[1..])
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .expect("pg_ctl runs");
+    assert!(
+        out.status.success(),
+        "pg_ctl {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Stops the whole database server as an operator does (`pg_ctl stop -m
+/// fast`: connections cut, new ones refused), keeps it down for `down`,
+/// then starts it again with the options it ran with (its
+/// `postmaster.opts`: `pg_ctl start` does not reuse them as `restart`
+/// does).
+pub(crate) async fn server_down_for(ctl: &[String], down: Duration) {
+    let data = ctl
+        .iter()
+        .position(|a| a == "-D")
+        .and_then(|i| ctl.get(i + 1))
+        .expect("WARDEN_PG_CTL names the data directory (-D)");
+    let opts = std::fs::read_to_string(Path::new(data).join("postmaster.opts"))
+        .expect("the server's postmaster.opts");
+    // The server's binary, then its arguments, each quoted.
+    let args = opts
+        .trim()
+        .split_once(' ')
+        .map(|(_, rest)| rest.to_owned())
+        .unwrap_or_default();
+    let (stop, start) = (ctl.to_vec(), ctl.to_vec());
+    tokio::task::spawn_blocking(move || run_pg_ctl(&stop, &["-m", "fast", "-w", "stop"]))
+        .await
+        .expect("pg_ctl stop");
+    tokio::time::sleep(down).await;
+    tokio::task::spawn_blocking(move || {
+        run_pg_ctl(&start, &["-w", "-t", "30", "-o", &args, "start"])
+    })
+    .await
+    .expect("pg_ctl start");
+}
+
 /// The next SSE event (`id`, `event`, `data`) from `body`, `None` at its
 /// end; keep-alive comments are skipped. Waits at most until `deadline`.
 pub(crate) async fn next_event<B: AsRef<[u8]>>(

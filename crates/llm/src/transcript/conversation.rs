@@ -115,11 +115,12 @@ impl Conversation {
     }
 }
 
-/// The stream of a turn answered before: its stored reply, without calling
-/// the API.
+/// The stream of a turn answered before: its stored reply (or what of it
+/// the caller does not have yet; nothing if it has it all), without
+/// calling the API.
 pub(crate) fn replay_stream(reply: String) -> EventStream {
-    let frames = [
-        AgentEvent::TextDelta(reply),
+    let text = (!reply.is_empty()).then_some(AgentEvent::TextDelta(reply));
+    let frames = text.into_iter().chain([
         AgentEvent::Stop {
             reason: REPLAYED_STOP_REASON.to_owned(),
         },
@@ -127,9 +128,9 @@ pub(crate) fn replay_stream(reply: String) -> EventStream {
             context_window: None,
             duration: None,
         },
-    ];
+    ]);
     Box::pin(futures_util::stream::iter(
-        frames.into_iter().map(|e| Ok(Frame::Event(e))),
+        frames.map(|e| Ok(Frame::Event(e))),
     ))
 }
 

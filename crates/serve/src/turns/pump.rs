@@ -1,7 +1,9 @@
 //! Copying a running turn's events into its log: with a store each batch is
 //! stored before clients see it, a failing store retried
 //! ([`store_retry`], [`append_retry`]); a session that moved away ends the
-//! log here for the node that re-delivers the turn.
+//! log here for the node that re-delivers the turn, and what this node had
+//! of it but could not store is held for the session's return
+//! ([`HeldTurns`]).
 
 use std::time::Duration;
 
@@ -12,6 +14,7 @@ use warden_core::store::{
 use warden_core::{RetryPolicy, Retryable as _, SessionKey, TurnError, TurnEvent, TurnHandle};
 
 use super::encode::describe;
+use super::held::{HeldTurns, Reply};
 use super::log::TurnLog;
 
 /// How a failing turn store is retried: 50 ms doubling to 2 s, jittered
@@ -72,18 +75,22 @@ pub(super) async fn open(
 }
 
 /// Copies the turn's events into its log until it finishes: with a store,
-/// each batch is stored before it is published; a session that moved away
-/// (its lease lost, or it stopped here with the message still pending) ends
-/// the log here without a last event, for the node that re-delivers it.
+/// each batch is stored before it is published (`first`, already numbered,
+/// goes with the first batch); a session that moved away (its lease lost,
+/// or it stopped here with the message still pending) ends the log here
+/// without a last event, for the node that re-delivers it, and the events
+/// not stored go to `held`.
 pub(super) async fn pump(
     mut turn: TurnHandle,
     log: &TurnLog,
     store: Option<&dyn TurnStore>,
     id: &str,
-    marker: Option<ServeEvent>,
+    first: Vec<ServeEvent>,
     prior_attempts: u64,
+    held: Option<&HeldTurns>,
 ) {
-    let mut staged: Vec<ServeEvent> = marker.into_iter().collect();
+    let mut staged = first;
+    let mut reply = Reply::default();
     loop {
         // Backpressure: while a client lags too far, the turn's events are
         // not read, so its source is not either.
@@ -105,6 +112,7 @@ pub(super) async fn pump(
         let mut last = false;
         let mut moved = false;
         for event in events {
+            reply.saw(&event);
             if store.is_some()
                 && matches!(
                     event,
@@ -123,11 +131,13 @@ pub(super) async fn pump(
                 staged.push(ServeEvent::new(next, data));
             }
         }
+        let mut stored = true;
         if !staged.is_empty() || last {
             if let Some(store) = store
                 && !store_batch(store, &log.key, id, &staged, last).await
             {
                 moved = true;
+                stored = false;
             }
             if !moved {
                 log.publish(std::mem::take(&mut staged), last);
@@ -135,6 +145,17 @@ pub(super) async fn pump(
         }
         if moved {
             log.publish(Vec::new(), true);
+            if let Some(held) = held {
+                // The last event stored, and what was not.
+                let after = match (stored, staged.first(), staged.last()) {
+                    (true, _, Some(e)) => e.id,
+                    (false, Some(e), _) => e.id - 1,
+                    _ => log.next_id() - 1,
+                };
+                let unstored = if stored { Vec::new() } else { staged };
+                held.keep(id, after, unstored, reply, turn, prior_attempts)
+                    .await;
+            }
             return;
         }
         if last {
