@@ -277,6 +277,23 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/turns/{id}/trace": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** The turn's trace, read by the server from the Jaeger query API at `--jaeger-url` (the browser never reaches Jaeger): its spans and the spans its links point to, in Jaeger's own JSON */
+        get: operations["turnTrace"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
 }
 export type webhooks = Record<string, never>;
 export interface components {
@@ -697,10 +714,10 @@ export interface components {
             workspace?: string | null;
         };
         /**
-         * @description An error's `type`: what went wrong, and so what a client does. `invalid_request`: Bad JSON, neither or both of `workspace`/`key`, an empty message, an unknown query value, a `Last-Event-ID` that is not a number, a key or id in the path that is not UTF-8. `invalid_idempotency_key`: `Idempotency-Key` empty, over 255 characters, not visible ASCII, or sent more than once. `invalid_workspace`: A workspace that is not absolute, holds a NUL byte, is over 4,096 bytes or is not a directory. `unauthorized`: No token, or the wrong one. `not_found`: An unknown or expired turn, a session never seen, no such route. `method_not_allowed`: A route asked with another method. `request_timeout`: The request body sent nothing for the header timeout; the connection closes. `session_failed`: The session was given up; reset it. `agent_mismatch`: `agent` is not the session's, or not one the server runs; nothing was sent. `turn_recovering`: The Idempotency-Key's message is being re-delivered after a restart; ask again after `Retry-After`. `too_large`: The body is over the server's limit. `unsupported_media_type`: The body is not `application/json`. `invalid_fields`: A field missing, unknown or of the wrong type, or a body that is not a JSON object. `idempotency_key_reused`: The Idempotency-Key named another message; nothing was sent. `internal`: The server failed in a way it did not expect. `too_many_sessions`: Every live session is busy; ask again after `Retry-After`. `too_many_connections`: Past the connection cap, before any routing; ask again after `Retry-After: 1`. `session_elsewhere`: Cluster: another node runs the session; ask it, or again after `Retry-After`. `workspace_unavailable`: Cluster: the session's workspace is on no live node. `database_unreachable`: Cluster: this node cannot reach the cluster's database (to place a turn, list the sessions, read a turn); ask again after `Retry-After`. `node_unreachable`: Cluster: the node keeping the turn or session cannot be reached. `not_ready`: The server is not ready (its supervisor stopped). `turn_moving`: Cluster: the turn is being re-delivered by another node; ask again. `unavailable`: The session's store failed (a full disk); ask again later.
+         * @description An error's `type`: what went wrong, and so what a client does. `invalid_request`: Bad JSON, neither or both of `workspace`/`key`, an empty message, an unknown query value, a `Last-Event-ID` that is not a number, a key or id in the path that is not UTF-8. `invalid_idempotency_key`: `Idempotency-Key` empty, over 255 characters, not visible ASCII, or sent more than once. `invalid_workspace`: A workspace that is not absolute, holds a NUL byte, is over 4,096 bytes or is not a directory. `unauthorized`: No token, or the wrong one. `not_found`: An unknown or expired turn, a session never seen, no such route. `trace_not_found`: The turn has no trace Jaeger returns: not exported yet (a turn's spans are exported when they end), tracing off, or dropped by Jaeger. `method_not_allowed`: A route asked with another method. `request_timeout`: The request body sent nothing for the header timeout; the connection closes. `session_failed`: The session was given up; reset it. `agent_mismatch`: `agent` is not the session's, or not one the server runs; nothing was sent. `turn_recovering`: The Idempotency-Key's message is being re-delivered after a restart; ask again after `Retry-After`. `too_large`: The body is over the server's limit. `unsupported_media_type`: The body is not `application/json`. `invalid_fields`: A field missing, unknown or of the wrong type, or a body that is not a JSON object. `idempotency_key_reused`: The Idempotency-Key named another message; nothing was sent. `internal`: The server failed in a way it did not expect. `no_jaeger_url`: A turn's trace was asked of a server started without `--jaeger-url`: it reads traces from nowhere. `jaeger_unreachable`: The Jaeger query API at `--jaeger-url` did not answer, or answered an error; ask again after `Retry-After`. `too_many_sessions`: Every live session is busy; ask again after `Retry-After`. `too_many_connections`: Past the connection cap, before any routing; ask again after `Retry-After: 1`. `session_elsewhere`: Cluster: another node runs the session; ask it, or again after `Retry-After`. `workspace_unavailable`: Cluster: the session's workspace is on no live node. `database_unreachable`: Cluster: this node cannot reach the cluster's database (to place a turn, list the sessions, read a turn); ask again after `Retry-After`. `node_unreachable`: Cluster: the node keeping the turn or session cannot be reached. `not_ready`: The server is not ready (its supervisor stopped). `turn_moving`: Cluster: the turn is being re-delivered by another node; ask again. `unavailable`: The session's store failed (a full disk); ask again later.
          * @enum {string}
          */
-        ErrorType: "invalid_request" | "invalid_idempotency_key" | "invalid_workspace" | "unauthorized" | "not_found" | "method_not_allowed" | "request_timeout" | "session_failed" | "agent_mismatch" | "turn_recovering" | "too_large" | "unsupported_media_type" | "invalid_fields" | "idempotency_key_reused" | "internal" | "too_many_sessions" | "too_many_connections" | "session_elsewhere" | "workspace_unavailable" | "database_unreachable" | "node_unreachable" | "not_ready" | "turn_moving" | "unavailable";
+        ErrorType: "invalid_request" | "invalid_idempotency_key" | "invalid_workspace" | "unauthorized" | "not_found" | "trace_not_found" | "method_not_allowed" | "request_timeout" | "session_failed" | "agent_mismatch" | "turn_recovering" | "too_large" | "unsupported_media_type" | "invalid_fields" | "idempotency_key_reused" | "internal" | "no_jaeger_url" | "jaeger_unreachable" | "too_many_sessions" | "too_many_connections" | "session_elsewhere" | "workspace_unavailable" | "database_unreachable" | "node_unreachable" | "not_ready" | "turn_moving" | "unavailable";
         /**
          * Format: date-time
          * @description When the event was made, by the server's clock: RFC 3339, UTC, milliseconds
@@ -1271,6 +1288,28 @@ export interface components {
             /** @description Its workspace directory, for a workspace session. */
             workspace?: string | null;
         };
+        /** @description A span event. */
+        SpanLog: {
+            /**
+             * @description Its fields (`event`, `level`, …).
+             * @default []
+             */
+            fields: components["schemas"]["TraceTag"][];
+            /**
+             * Format: uint64
+             * @description When, microseconds since the Unix epoch.
+             */
+            timestamp: number;
+        };
+        /** @description A reference from a span to another. */
+        SpanReference: {
+            /** @description `CHILD_OF` (its parent) or `FOLLOWS_FROM` (a link). */
+            refType: string;
+            /** @description The span referred to. */
+            spanID: string;
+            /** @description The trace referred to. */
+            traceID: string;
+        };
         /** @description An event's fields with the time it was made: what `data:` carries. */
         StartedEvent: {
             /**
@@ -1354,6 +1393,61 @@ export interface components {
          * @enum {string}
          */
         ToolState: "started" | "finished";
+        /** @description One span, in Jaeger's JSON (its query API's field names). */
+        TraceSpan: {
+            /**
+             * Format: uint64
+             * @description How long it lasted, in microseconds.
+             */
+            duration: number;
+            /**
+             * @description Its span events: each transition's log, with its time.
+             * @default []
+             */
+            logs: components["schemas"]["SpanLog"][];
+            /**
+             * @description Its name: a transition's (`turn_started`, `attempt_started`,
+             *     `watchdog_killed`, …).
+             */
+            operationName: string;
+            /**
+             * @description Its parent (`CHILD_OF`) and links (`FOLLOWS_FROM`).
+             * @default []
+             */
+            references: components["schemas"]["SpanReference"][];
+            /** @description The span (hex). */
+            spanID: string;
+            /**
+             * Format: uint64
+             * @description When it started, microseconds since the Unix epoch.
+             */
+            startTime: number;
+            /**
+             * @description Its attributes (`warden.silent_ms`, `error.type`, `error`, …).
+             * @default []
+             */
+            tags: components["schemas"]["TraceTag"][];
+            /** @description Its trace (hex). */
+            traceID: string;
+        };
+        /**
+         * @description An attribute or log field: `{key, type, value}` (`type`: `string`,
+         *     `int64`, `float64`, `bool`).
+         */
+        TraceTag: {
+            /** @description Its name. */
+            key: string;
+            /**
+             * @description Its value's type, as Jaeger names it.
+             * @default
+             */
+            type: string;
+            /**
+             * @description Its value (a number for `int64` and `float64`, a boolean for
+             *     `bool`).
+             */
+            value: unknown;
+        };
         /** @description `GET /v1/turns/{id}`: one turn, as kept. */
         Turn: {
             /**
@@ -1531,6 +1625,26 @@ export interface components {
              *     incarnation's.
              */
             trace_id?: string | null;
+        };
+        /** @description A turn's trace: its spans and the spans its links point to. */
+        TurnTrace: {
+            /** @description The turn. */
+            id: string;
+            /** @description Its session. */
+            key: string;
+            /**
+             * @description The spans in other traces that the trace's spans link to
+             *     (`FOLLOWS_FROM` references: its incarnation's `session_spawned`
+             *     anchor, the turn before it), those Jaeger has.
+             */
+            linked: components["schemas"]["TraceSpan"][];
+            /** @description The trace's spans, as Jaeger returns them. */
+            spans: components["schemas"]["TraceSpan"][];
+            /**
+             * @description The trace it ran in (the turn's `trace_id`), rooted at its
+             *     `turn_started` span.
+             */
+            trace_id: string;
         };
         /** @description An event's fields with the time it was made: what `data:` carries. */
         WorkspaceNormalizedEvent: {
@@ -2294,6 +2408,82 @@ export interface operations {
                 };
             };
             /** @description `node_unreachable`: the cluster node keeping the turn cannot be reached. `database_unreachable` (cluster): this node cannot reach the cluster's database to read the turn; `Retry-After` */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+        };
+    };
+    turnTrace: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The trace */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["TurnTrace"];
+                };
+            };
+            /** @description `invalid_request`: a key or id in the path that is not UTF-8 once percent-decoded (`%FF`) */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description `unauthorized`: no token, or a wrong one (the message says which and where the server's token file is) */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description `not_found`: unknown or expired turn. `trace_not_found`: Jaeger has no trace of it (not yet: a turn's spans are exported when they end; or tracing was off) */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description `no_jaeger_url`: the server was started without `--jaeger-url` */
+            501: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description `jaeger_unreachable`: Jaeger's query API did not answer, or answered an error; `Retry-After` */
+            502: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description `database_unreachable` (cluster): this node cannot reach the cluster's database; `Retry-After`. `node_unreachable`: the cluster node keeping the turn cannot be reached */
             503: {
                 headers: {
                     [name: string]: unknown;

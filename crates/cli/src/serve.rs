@@ -80,8 +80,10 @@ pub(crate) struct ServeArgs {
     /// seconds, or a duration with a unit.
     #[arg(long, env = "WARDEN_KEEP_EVENTS", default_value = "600", value_name = "SECONDS", value_parser = crate::units::seconds)]
     keep_events: Duration,
-    /// A Jaeger UI's base URL (e.g. http://localhost:16686): the console
-    /// (/ui) links each session's turns to their trace there.
+    /// A Jaeger's base URL, its UI and query API (e.g.
+    /// http://localhost:16686): the console (/ui) links each session to its
+    /// trace there and draws each turn's trace, which the server reads from
+    /// Jaeger's query API (GET /v1/turns/{id}/trace).
     #[arg(long, env = "WARDEN_JAEGER_URL", value_name = "URL", value_parser = jaeger_url)]
     jaeger_url: Option<String>,
     /// Serve GET /metrics without the token (for a scraper that cannot

@@ -1172,3 +1172,305 @@ async fn a_jaeger_killed_mid_run_loses_no_turn_and_gets_the_spans_once_back() {
     let _ = collector.start_kill();
     mock.shutdown().await;
 }
+
+/// What the console's trace view drew: `[(span id, name, classes, detail)]`.
+async fn drawn_spans(browser: &warden_browser::Browser) -> Vec<(String, String, String, String)> {
+    let rows = browser
+        .eval(
+            "return [...document.querySelectorAll('#trace-view .span-row')]
+                .map(r => [r.dataset.spanId, r.dataset.name, r.className,
+                    r.querySelector('.bar-label').textContent])",
+        )
+        .await;
+    rows.as_array()
+        .expect("a list")
+        .iter()
+        .map(|r| {
+            let s = |i: usize| r[i].as_str().unwrap_or("").to_owned();
+            (s(0), s(1), s(2), s(3))
+        })
+        .collect()
+}
+
+/// Opens turn `id` of `key` in the console and waits until its trace view
+/// drew every span Jaeger has of the turn's trace (with its root): the
+/// trace's spans, as Jaeger's API returns them.
+async fn console_draws_trace(
+    browser: &warden_browser::Browser,
+    jaeger: &Jaeger,
+    base: &str,
+    token: &str,
+    key: &str,
+    id: &str,
+) -> Vec<Span> {
+    let trace_id = turn_trace_id(base, token, id).await;
+    let spans = until(
+        PATIENCE,
+        &format!("Jaeger has turn {id}'s trace whole"),
+        || async {
+            let spans = spans_of(&[trace(jaeger, &trace_id).await?]);
+            spans
+                .iter()
+                .any(|s| s.is(names::TURN_STARTED) && s.parent.is_none())
+                .then_some(spans)
+        },
+    )
+    .await;
+    browser
+        .client
+        .goto(&format!("{base}/ui#/session/{key}/{id}"))
+        .await
+        .expect("open the turn");
+    browser.client.refresh().await.expect("reload");
+    browser.wait_visible("#session").await;
+    browser.text_until("#turn-id", PATIENCE, |t| t == id).await;
+    let start = Instant::now();
+    loop {
+        let drawn = drawn_spans(browser).await;
+        if drawn.len() == spans.len() {
+            break;
+        }
+        assert!(
+            start.elapsed() < PATIENCE,
+            "the console draws the {} spans Jaeger has of {trace_id}: {drawn:#?}",
+            spans.len()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    browser
+        .text_until("#trace-summary", PATIENCE, |t| t.contains(&trace_id))
+        .await;
+    spans
+}
+
+/// The trace view's link to the anchor of `key`'s running incarnation
+/// (`GET /v1/sessions/{key}`'s `trace_id`): its text.
+async fn anchor_link(
+    browser: &warden_browser::Browser,
+    base: &str,
+    token: &str,
+    key: &str,
+) -> String {
+    let anchor = console_trace_id(base, token, key).await;
+    browser
+        .text_until(
+            &format!("#trace-links li[data-link='session_spawned'][data-trace='{anchor}']"),
+            PATIENCE,
+            |t| t.contains(&anchor[..12]),
+        )
+        .await
+}
+
+/// Scrolls the console's trace view into the window (for a screenshot).
+async fn show_trace(browser: &warden_browser::Browser) {
+    browser
+        .eval("document.getElementById('trace-section').scrollIntoView(); return true")
+        .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_console_draws_a_turns_trace_from_jaeger_through_the_server_stalled_and_after_a_kill_9()
+{
+    let Some(jaeger) = jaeger() else { return };
+    let Some(browser) = common::console::browser().await else {
+        return;
+    };
+    let service = unique_service("jaeger-console");
+    let mock = MockServer::start(
+        MockConfig::default()
+            .with_sequence([
+                Scenario::Stall,         // killed mid-text…
+                Scenario::Normal,        // …then continued
+                Scenario::ThinkingPings, // the server is killed mid-turn
+                Scenario::Normal,        // the restart re-sends it
+            ])
+            .with_frame_interval(Duration::from_millis(40))
+            .with_thinking_pause(Duration::from_secs(120)),
+    )
+    .await
+    .expect("mock");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().join("data");
+    // One address across the restart: the page (and the token it keeps)
+    // stays on one origin.
+    let listen = format!("127.0.0.1:{}", free_port());
+    let mock_url = mock.base_url();
+    let args = [
+        "--agent",
+        "anthropic",
+        "--grace",
+        "1",
+        "--listen",
+        &listen,
+        "--jaeger-url",
+        &jaeger.query,
+    ];
+    let env = [
+        ("WARDEN_STREAM_TIMEOUT", STREAM_TIMEOUT_MS),
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", &jaeger.otlp),
+        ("OTEL_SERVICE_NAME", &service),
+        ("OTEL_BSP_SCHEDULE_DELAY", "100"),
+    ];
+    let start = || serve_logged(&data, &mock_url, &args, &env);
+    let (mut server, base, token, _log) = start().await;
+
+    // A turn that stalls mid-text, is killed by the watchdog and continued.
+    let (stalled, end, data_) = turn(&base, &token, "stalled", "tell me a story").await;
+    assert_eq!(end, "done", "{data_}");
+    browser
+        .client
+        .goto(&format!("{base}/ui"))
+        .await
+        .expect("open /ui");
+    browser.wait_visible("#login").await;
+    common::console::sign_in(&browser, &token).await;
+    browser.wait_visible("#sessions").await;
+    let spans = console_draws_trace(&browser, &jaeger, &base, &token, "stalled", &stalled).await;
+    let drawn = drawn_spans(&browser).await;
+    // Every span Jaeger has, by its id, under its name.
+    for s in &spans {
+        assert!(
+            drawn
+                .iter()
+                .any(|(id, name, _, _)| *id == s.id && *name == s.name),
+            "{} {} drawn: {drawn:#?}",
+            s.name,
+            s.id
+        );
+    }
+    // The kill is marked, with the silence measured and the allowance.
+    let kill = one(&spans, names::WATCHDOG_KILLED, "stalled");
+    let silent = kill.int_tag("warden.silent_ms").expect("warden.silent_ms");
+    let (_, _, classes, label) = drawn
+        .iter()
+        .find(|(id, ..)| *id == kill.id)
+        .expect("the kill drawn");
+    assert!(
+        classes.contains("kill") && classes.contains("error"),
+        "{classes}"
+    );
+    assert!(
+        label.contains(&format!(
+            "silent {:.1} s of 1.0 s allowed",
+            silent as f64 / 1000.0
+        )),
+        "{label}"
+    );
+    assert!(
+        drawn
+            .iter()
+            .any(|(_, name, _, label)| name == names::CONTINUE_SCHEDULED
+                && label.contains("backoff")),
+        "the continuation and its backoff: {drawn:#?}"
+    );
+    // The link to its incarnation's anchor, read from Jaeger too.
+    let spawn_link = anchor_link(&browser, &base, &token, "stalled").await;
+    assert!(
+        spawn_link.starts_with("turn_started → session_spawned (spawn)"),
+        "{spawn_link}"
+    );
+    // A span's tags on click: the kill's, as Jaeger has them.
+    browser
+        .click(&format!(
+            "#trace-view .span-row[data-span-id='{}']",
+            kill.id
+        ))
+        .await;
+    browser
+        .text_until("#trace-tags", PATIENCE, |t| t.contains("warden.silent_ms"))
+        .await;
+    let tags = browser
+        .eval(
+            "return [...document.querySelectorAll('#trace-tags tr')]
+                .map(tr => [tr.cells[0].textContent, tr.cells[1].textContent])",
+        )
+        .await;
+    for (key, value) in [
+        ("warden.silent_ms", silent.to_string()),
+        ("error.type", "ESTREAM_TIMEOUT".to_owned()),
+    ] {
+        assert!(
+            tags.as_array()
+                .expect("rows")
+                .iter()
+                .any(|r| r[0] == key && r[1] == value.as_str()),
+            "{key}={value} among the kill's tags: {tags}"
+        );
+    }
+    show_trace(&browser).await;
+    common::console::screenshot(&browser, "trace-stalled-then-continued").await;
+
+    // A turn that survived a kill -9 of warden serve: re-delivered by the
+    // restart, in a new trace.
+    let crash = console::post_turn(&base, &token, "crash", "survive this").await;
+    requests_seen(&mock, 3).await;
+    server.start_kill().expect("kill -9");
+    let _ = tokio::time::timeout(PATIENCE, server.wait())
+        .await
+        .expect("the killed server is reaped in time");
+    let (mut server, base, token, _log) = start().await;
+    let (end, data_) = finish(&base, &token, &crash).await;
+    assert_eq!(end, "done", "the re-sent turn: {data_}");
+    let spans = console_draws_trace(&browser, &jaeger, &base, &token, "crash", &crash).await;
+    let root = one(&spans, names::TURN_STARTED, "crash");
+    let drawn = drawn_spans(&browser).await;
+    let (_, _, _, label) = drawn
+        .iter()
+        .find(|(id, ..)| *id == root.id)
+        .expect("the root drawn");
+    assert!(label.contains("re-delivered"), "{label}");
+    // Linked to the incarnation the restart started (a resume, or a
+    // spawn when the kill came before the conversation was stored).
+    let link = anchor_link(&browser, &base, &token, "crash").await;
+    assert!(
+        link.starts_with("turn_started → session_spawned ("),
+        "{link}"
+    );
+    show_trace(&browser).await;
+    common::console::screenshot(&browser, "trace-after-kill-9").await;
+    let _ = browser.client.close().await;
+    let _ = server.start_kill();
+    mock.shutdown().await;
+}
+
+/// A turn's trace read through a server whose `--jaeger-url` answers
+/// nothing (its spans go to a real Jaeger, so the turn has a trace id) is
+/// a typed `502 jaeger_unreachable` with `Retry-After`, in time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_turns_trace_from_a_jaeger_that_does_not_answer_is_a_typed_502() {
+    let Some(jaeger) = jaeger() else { return };
+    let mock = MockServer::start(MockConfig::default())
+        .await
+        .expect("mock");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let nowhere = format!("http://127.0.0.1:{}", free_port());
+    let service = unique_service("jaeger-away");
+    let (mut server, base, token, _log) = serve_logged(
+        &dir.path().join("data"),
+        &mock.base_url(),
+        &["--agent", "anthropic", "--jaeger-url", &nowhere],
+        &[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", &jaeger.otlp),
+            ("OTEL_SERVICE_NAME", &service),
+        ],
+    )
+    .await;
+    let (id, end, _) = turn(&base, &token, "away", "hello").await;
+    assert_eq!(end, "done");
+    let r = tokio::time::timeout(
+        PATIENCE,
+        reqwest::Client::new()
+            .get(format!("{base}/v1/turns/{id}/trace"))
+            .bearer_auth(&token)
+            .send(),
+    )
+    .await
+    .expect("answered in time")
+    .expect("an answer");
+    assert_eq!(r.status(), 502);
+    assert!(r.headers().contains_key("retry-after"));
+    let body: Value = serde_json::from_slice(&r.bytes().await.expect("body")).expect("JSON");
+    assert_eq!(body["error"]["type"], "jaeger_unreachable", "{body}");
+    let _ = server.start_kill();
+    mock.shutdown().await;
+}

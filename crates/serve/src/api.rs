@@ -11,12 +11,14 @@ use serde::{Deserialize, Serialize};
 
 mod cluster;
 mod error_type;
+mod trace;
 
 pub use crate::agent::Agent;
 pub use cluster::{
     ClusterNode, ClusterView, FailoverTimings, MemberState, MoveCount, MoveKind, SessionMove,
 };
 pub use error_type::ErrorType;
+pub use trace::{SpanLog, SpanReference, TraceSpan, TraceTag, TurnTrace};
 pub use warden_core::lifecycle::wire::{Lagged, LifecycleData, LifecycleReset, ResetReason};
 pub use warden_core::store::turn_event::{
     AttemptFailed, ContextFill, Delta, Done, EventTime, Failed, Queued, Restarting, Started, Timed,

@@ -134,7 +134,7 @@ fn client() -> reqwest::Client {
 
 /// A reqwest error's text without its URL's query (none is sent, but
 /// keep it short).
-fn without_url(e: &reqwest::Error) -> String {
+pub(crate) fn without_url(e: &reqwest::Error) -> String {
     let mut e = e.to_string();
     if let Some(i) = e.find(" for url") {
         e.truncate(i);

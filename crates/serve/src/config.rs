@@ -56,8 +56,10 @@ pub struct ServeConfig {
     /// so a turn re-delivered elsewhere keeps its id and event numbers.
     /// Default `None`: they live in this process only.
     pub turn_store: Option<Arc<dyn TurnStore>>,
-    /// A Jaeger UI's base URL (`http://jaeger:16686`): the console links
-    /// each session's turns to their trace there. Default `None`: no links.
+    /// A Jaeger's base URL (`http://jaeger:16686`, its UI and query API):
+    /// the console links each session to its trace there, and `GET
+    /// /v1/turns/{id}/trace` reads a turn's trace from its query API
+    /// (server-side) for the console to draw. Default `None`: neither.
     pub jaeger_url: Option<String>,
     /// Where the token is kept on the server's machine, named by `GET
     /// /v1/server` and in a 401's message so a user knows where to find it.

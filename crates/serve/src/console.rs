@@ -30,6 +30,7 @@ const FILES: &[(&str, &str, &str)] = &[
     ("sessions.js", JS, include_str!("console/sessions.js")),
     ("turn.js", JS, include_str!("console/turn.js")),
     ("timeline.js", JS, include_str!("console/timeline.js")),
+    ("trace.js", JS, include_str!("console/trace.js")),
     ("cluster.js", JS, include_str!("console/cluster.js")),
     ("health.js", JS, include_str!("console/health.js")),
     ("console.css", CSS, include_str!("console/console.css")),

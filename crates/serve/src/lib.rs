@@ -9,6 +9,7 @@
 //! | `POST /v1/turns` `{"workspace": PATH \| "key": KEY, "message": TEXT}` | runs a turn: `202 {"id", "key"}`, or with `Accept: text/event-stream` its events as SSE |
 //! | `GET /v1/turns/{id}/events` | the turn's events as SSE, from the first, or after `Last-Event-ID` |
 //! | `DELETE /v1/turns/{id}` | cancels it (queued or running): `{"id", "cancelled"}` |
+//! | `GET /v1/turns/{id}/trace` | its trace, read from the Jaeger query API at [`ServeConfig::jaeger_url`] |
 //! | `GET /v1/sessions` | the running sessions' keys |
 //! | `GET /v1/sessions/{key}` | one session (key percent-encoded): its record, and while it runs its turn |
 //! | `POST /v1/sessions/{key}/reset` | forgets that the session was given up |
@@ -103,6 +104,7 @@ pub fn router(supervisor: Supervisor, config: ServeConfig) -> Router {
             "/v1/turns/{id}",
             get(turn_routes::one_turn).delete(turn_routes::cancel_turn),
         )
+        .route("/v1/turns/{id}/trace", get(routes::trace::turn_trace))
         .route("/v1/sessions", get(sessions::list_sessions))
         .route("/v1/sessions/{key}", get(sessions::one_session))
         .route("/v1/sessions/{key}/reset", post(sessions::reset_session))

@@ -288,6 +288,14 @@ pub(crate) fn document() -> Value {
         .json(200, "The turn", schema::<api::Turn>(&mut g))
         .errors(&error, &[unauthorized, (404, "`not_found`: unknown or expired turn"),
             (503, "`database_unreachable` (cluster): this node cannot reach the cluster's database; `Retry-After`. `node_unreachable`: the cluster node keeping the turn cannot be reached")]);
+    let trace = Op::new("turnTrace", "The turn's trace, read by the server from the Jaeger query API at `--jaeger-url` (the browser never reaches Jaeger): its spans and the spans its links point to, in Jaeger's own JSON")
+        .path_param("id", "")
+        .json(200, "The trace", schema::<api::TurnTrace>(&mut g))
+        .errors(&error, &[unauthorized,
+            (404, "`not_found`: unknown or expired turn. `trace_not_found`: Jaeger has no trace of it (not yet: a turn's spans are exported when they end; or tracing was off)"),
+            (501, "`no_jaeger_url`: the server was started without `--jaeger-url`"),
+            (502, "`jaeger_unreachable`: Jaeger's query API did not answer, or answered an error; `Retry-After`"),
+            (503, "`database_unreachable` (cluster): this node cannot reach the cluster's database; `Retry-After`. `node_unreachable`: the cluster node keeping the turn cannot be reached")]);
     let sessions = Op::new("listSessions", "Running sessions (on a cluster node: every session of the cluster)")
         .param("detail", "query", false, json!({"type": "string", "enum": ["full"]}),
             "`full`: every stored session (running or not), each with its record as getSession shows it")
@@ -435,6 +443,7 @@ pub(crate) fn document() -> Value {
             "/v1/turns": {"post": create_turn.v},
             "/v1/turns/{id}/events": {"get": turn_events_op.v},
             "/v1/turns/{id}": {"get": one_turn.v, "delete": cancel.v},
+            "/v1/turns/{id}/trace": {"get": trace.v},
             "/v1/sessions": {"get": sessions.v},
             "/v1/sessions/{key}": {"get": session.v},
             "/v1/sessions/{key}/turns": {"get": session_turns.v},

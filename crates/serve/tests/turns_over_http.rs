@@ -441,7 +441,7 @@ async fn what_axum_would_refuse_in_plain_text_is_a_typed_error() {
             routes += 1;
         }
     }
-    assert_eq!(routes, 7, "the routes with a key or id");
+    assert_eq!(routes, 8, "the routes with a key or id");
 
     for array in [r#"[null, "k", "hi"]"#, r#"["hi"]"#, "[]"] {
         let response = s.post(array).send().await.expect("post");
@@ -2022,4 +2022,44 @@ fn reset_reasons(doc: &Value) -> Vec<String> {
 async fn served_document() -> Value {
     let s = server().await;
     s.get_json("/openapi.json").await
+}
+
+/// `GET /v1/turns/{id}/trace` reads from `--jaeger-url`: without one it is
+/// `501 no_jaeger_url`; a turn without a trace (no OpenTelemetry layer
+/// here) is `404 trace_not_found`, and an unknown turn `404 not_found` —
+/// typed errors, never a 500 or Jaeger's own answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_turns_trace_without_a_jaeger_or_a_trace_is_a_typed_error() {
+    let trace = |s: &Server, id: &str| {
+        s.client
+            .get(format!("{}/v1/turns/{id}/trace", s.base))
+            .bearer_auth(TOKEN)
+            .send()
+    };
+    let s = server().await;
+    let (id, _) = s.create(r#"{"key": "traced", "message": "hi"}"#).await;
+    let r = trace(&s, &id).await.expect("get");
+    assert_eq!(r.status(), 501);
+    let body = r.json_value().await;
+    assert_eq!(body["error"]["type"], "no_jaeger_url", "{body}");
+
+    // Jaeger would not be asked: nothing listens there.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").expect("a port");
+    let nowhere = format!("http://{}", closed.local_addr().expect("addr"));
+    drop(closed);
+    let s = server_with(ServeConfig::new(TOKEN).with_jaeger_url(nowhere)).await;
+    s.answer("traced", "an answer").await;
+    let list = s.get_json("/v1/sessions/traced/turns").await;
+    let id = list["turns"][0]["id"]
+        .as_str()
+        .expect("the turn")
+        .to_owned();
+    let r = trace(&s, &id).await.expect("get");
+    assert_eq!(r.status(), 404);
+    let body = r.json_value().await;
+    assert_eq!(body["error"]["type"], "trace_not_found", "{body}");
+    let r = trace(&s, "turn_unknown").await.expect("get");
+    assert_eq!(r.status(), 404);
+    let body = r.json_value().await;
+    assert_eq!(body["error"]["type"], "not_found", "{body}");
 }

@@ -54,6 +54,8 @@ error_types! {
     Unauthorized = "unauthorized", 401;
     /// An unknown or expired turn, a session never seen, no such route.
     NotFound = "not_found", 404;
+    /// The turn has no trace Jaeger returns: not exported yet (a turn's spans are exported when they end), tracing off, or dropped by Jaeger.
+    TraceNotFound = "trace_not_found", 404;
     /// A route asked with another method.
     MethodNotAllowed = "method_not_allowed", 405;
     /// The request body sent nothing for the header timeout; the connection closes.
@@ -74,6 +76,10 @@ error_types! {
     IdempotencyKeyReused = "idempotency_key_reused", 422;
     /// The server failed in a way it did not expect.
     Internal = "internal", 500;
+    /// A turn's trace was asked of a server started without `--jaeger-url`: it reads traces from nowhere.
+    NoJaegerUrl = "no_jaeger_url", 501;
+    /// The Jaeger query API at `--jaeger-url` did not answer, or answered an error; ask again after `Retry-After`.
+    JaegerUnreachable = "jaeger_unreachable", 502;
     /// Every live session is busy; ask again after `Retry-After`.
     TooManySessions = "too_many_sessions", 503;
     /// Past the connection cap, before any routing; ask again after `Retry-After: 1`.

@@ -10,6 +10,7 @@ import { watchHealth } from "./health.js";
 import { flushStale, followLifecycle, paint, refreshAll, resort } from "./sessions.js";
 import { $, hooks, state } from "./state.js";
 import { shown } from "./text.js";
+import { wireTrace } from "./trace.js";
 import { openSession, wireTurn } from "./turn.js";
 
 // ---------- sign in ----------
@@ -150,6 +151,7 @@ function wire() {
     if (row) location.hash = `#/session/${encodeURIComponent(row.dataset.key)}`;
   });
   wireTurn();
+  wireTrace();
   window.addEventListener("hashchange", route);
   // "last active" ages: redraw the shown rows' relative times now and then.
   setInterval(() => {

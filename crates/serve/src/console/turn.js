@@ -7,6 +7,7 @@ import { api, Refused, sse } from "./api.js";
 import { $, hooks, state } from "./state.js";
 import { cells, clock, contextText, metaLine, seconds, shown, when } from "./text.js";
 import { cancelled, drawBars, drawList, LIFECYCLE, record, story } from "./timeline.js";
+import { clearTrace, loadTrace } from "./trace.js";
 
 export async function openSession(key, turnId) {
   $("session-key").textContent = shown(key);
@@ -122,6 +123,7 @@ function resetTurn(key, id) {
   $("prompt").hidden = true;
   $("turn-meta").textContent = "";
   $("cancel").disabled = id == null;
+  clearTrace();
   setPhase(id ? "waiting" : "idle");
   return state.turn;
 }
@@ -211,6 +213,7 @@ export async function followTurn(key, id, turns) {
     scheduleDraw(t);
     loadTurns(key);
     showMeta(key);
+    loadTrace(t);
   }
 }
 

@@ -4,6 +4,7 @@
 mod agent_choice;
 pub(crate) mod ops;
 pub(crate) mod sessions;
+pub(crate) mod trace;
 pub(crate) mod turns;
 
 use axum::extract::{FromRequestParts, Path};
