@@ -30,9 +30,9 @@ doc:
 jaeger:
     OTEL_EXPORTER_OTLP_ENDPOINT=${OTEL_EXPORTER_OTLP_ENDPOINT:-http://127.0.0.1:4317} OTEL_SERVICE_NAME=${OTEL_SERVICE_NAME:-warden-demo} cargo run --example jaeger
 
-# Start Jaeger all-in-one in docker (UI on :16686, OTLP/gRPC on :4317).
+# Start Jaeger v2 in docker, the release CI builds from Go (UI and query API on :16686, OTLP/gRPC on :4317).
 jaeger-up:
-    docker run --rm -d --name jaeger -p 16686:16686 -p 4317:4317 jaegertracing/all-in-one:latest
+    docker run --rm -d --name jaeger -p 16686:16686 -p 4317:4317 jaegertracing/jaeger:2.12.0
 
 # Run the benchmarks (quick mode: `just bench --quick`).
 bench *ARGS:

@@ -3,7 +3,7 @@
 //! warden's mock server).
 //!
 //! ```sh
-//! docker run --rm -d --name jaeger -p 16686:16686 -p 4317:4317 jaegertracing/all-in-one:latest
+//! docker run --rm -d --name jaeger -p 16686:16686 -p 4317:4317 jaegertracing/jaeger:2.12.0
 //! OTEL_EXPORTER_OTLP_ENDPOINT=http://127.0.0.1:4317 OTEL_SERVICE_NAME=warden-demo \
 //!     cargo run --example jaeger
 //! # then open http://localhost:16686 and search service `warden-demo`,
