@@ -541,6 +541,14 @@ export interface components {
              */
             returns: number;
             /**
+             * @description `true` while this node cannot reach the database: `nodes` (each
+             *     heartbeat age grown since), the moves and the last hour's counts
+             *     are what it last read, not the database's now; its own figures
+             *     (leases, takeovers, returns, the outage counters, the failover
+             *     timings) are current either way.
+             */
+            stale: boolean;
+            /**
              * Format: uint64
              * @description Sessions of other nodes this node took over since it started
              *     (their leases expired: a node died or was cut off).

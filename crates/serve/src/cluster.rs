@@ -150,6 +150,9 @@ pub(crate) struct ClusterState {
     placement: Option<Arc<dyn Placement>>,
     http: Arc<OnceLock<reqwest::Client>>,
     forwarded: Arc<Forwarded>,
+    /// The last `GET /v1/cluster` read from the database, answered
+    /// (marked stale) while it cannot be read.
+    last_view: Arc<parking_lot::Mutex<Option<crate::api::ClusterView>>>,
 }
 
 /// Requests forwarded to another node, by outcome (for `/metrics`).
@@ -166,6 +169,7 @@ impl ClusterState {
             placement,
             http: Arc::default(),
             forwarded: Arc::default(),
+            last_view: Arc::default(),
         }
     }
 }
@@ -213,6 +217,12 @@ impl Cluster {
 
     fn http(&self) -> &reqwest::Client {
         self.state.http.get_or_init(client)
+    }
+
+    /// The last `GET /v1/cluster` read from the database (see
+    /// `routes::ops::cluster_view`).
+    pub(crate) fn last_view(&self) -> &parking_lot::Mutex<Option<crate::api::ClusterView>> {
+        &self.state.last_view
     }
 
     /// Requests forwarded so far: (answered by their node, unreachable).

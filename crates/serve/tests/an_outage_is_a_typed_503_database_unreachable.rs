@@ -2,14 +2,20 @@
 //! API's typed error, `503 database_unreachable` with `Retry-After` (the
 //! one type of every refusal in an outage) — never the connection pool's
 //! raw text (host names, driver messages) — when it lists the sessions and
-//! when a client re-attaches to a turn it must read from the store.
+//! when a client re-attaches to a turn it must read from the store. `GET
+//! /v1/cluster` is the exception: it answers `200` with what the node
+//! knows (its outage counters, its failover timings, the members and the
+//! moves as it last read them), marked `stale`.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use futures_util::future::BoxFuture;
 use serde_json::Value;
-use warden_core::cluster::{Elsewhere, Placement, SessionPlace};
+use warden_core::cluster::{
+    ClusterStats, Elsewhere, MoveCount, NodeStats, Placement, SessionMove, SessionPlace, Timings,
+};
 use warden_core::store::{StoredEvent, StoredTurn, TurnAsked, TurnStore, TurnStoreError};
 use warden_core::testing::ChannelSource;
 use warden_core::{EventSource, SessionKey, Supervisor};
@@ -90,6 +96,10 @@ impl TurnStore for StoreAway {
 }
 
 async fn serve() -> String {
+    serve_with(Arc::new(DatabaseAway)).await
+}
+
+async fn serve_with(placement: Arc<dyn Placement>) -> String {
     let (source, _ctl) = ChannelSource::new();
     let sup = Supervisor::builder(Arc::new(move |_: &SessionKey| {
         source.clone() as Arc<dyn EventSource>
@@ -98,7 +108,7 @@ async fn serve() -> String {
     .await
     .expect("supervisor");
     let config = ServeConfig::new(TOKEN)
-        .with_placement(Arc::new(DatabaseAway))
+        .with_placement(placement)
         .with_turn_store(Arc::new(StoreAway));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
@@ -160,4 +170,137 @@ async fn re_attaching_to_a_turn_in_an_outage_is_database_unreachable() {
     let base = serve().await;
     assert_database_unreachable(&base, "/v1/turns/turn_0123/events", Some("7")).await;
     assert_database_unreachable(&base, "/v1/turns/turn_0123", None).await;
+}
+
+/// A placement whose database goes away when told: its figures are its
+/// own, the members are as last read (as `warden_pg`'s placement keeps
+/// them), the moves cannot be read.
+#[derive(Default)]
+struct GoesAway {
+    away: AtomicBool,
+}
+
+impl Placement for GoesAway {
+    fn place<'a>(&'a self, _: &'a SessionKey) -> BoxFuture<'a, Result<(), Elsewhere>> {
+        Box::pin(async { Ok(()) })
+    }
+
+    fn node(&self) -> Option<&str> {
+        Some("node-a")
+    }
+
+    fn advertise_of<'a>(&'a self, node: &'a str) -> BoxFuture<'a, Option<String>> {
+        let away = self.away.load(Ordering::SeqCst);
+        Box::pin(async move { (!away).then(|| format!("http://{node}.internal:8700")) })
+    }
+
+    fn stats(&self) -> BoxFuture<'_, Option<ClusterStats>> {
+        let away = self.away.load(Ordering::SeqCst);
+        Box::pin(async move {
+            let mut stats = ClusterStats::default();
+            stats.leases_held = 2;
+            stats.takeovers = 1;
+            stats.lease_ttl = Some(Duration::from_secs(3));
+            let mut failovers = Timings::new(&[1.0, 5.0, 10.0]);
+            failovers.observe(Duration::from_millis(3500));
+            stats.failovers = failovers;
+            stats.nodes = vec![
+                NodeStats::new("node-a", 0.4, 2).with_state("alive"),
+                NodeStats::new("node-b", 30.0, 0).with_state("dead"),
+            ];
+            if away {
+                stats.database_outages = 1;
+                stats.database_outage = Duration::from_millis(4200);
+            } else {
+                stats.database_round_trip = Some(Duration::from_millis(1));
+            }
+            Some(stats)
+        })
+    }
+
+    fn moves(&self, _: usize) -> BoxFuture<'_, Option<Result<Vec<SessionMove>, String>>> {
+        let away = self.away.load(Ordering::SeqCst);
+        Box::pin(async move {
+            Some(match away {
+                true => Err(POOL_TEXT.to_owned()),
+                false => Ok(vec![SessionMove::new(
+                    "s1",
+                    "node-b",
+                    "node-a",
+                    2,
+                    true,
+                    1_700_000_000_000,
+                )]),
+            })
+        })
+    }
+
+    fn move_counts(&self, _: Duration) -> BoxFuture<'_, Option<Result<Vec<MoveCount>, String>>> {
+        let away = self.away.load(Ordering::SeqCst);
+        Box::pin(async move {
+            Some(match away {
+                true => Err(POOL_TEXT.to_owned()),
+                false => Ok(vec![MoveCount::new("node-b", "node-a", true, 1)]),
+            })
+        })
+    }
+}
+
+/// `GET base/v1/cluster`: its status and body.
+async fn cluster_view(base: &str) -> (u16, Value) {
+    let answer = tokio::time::timeout(
+        PATIENCE,
+        reqwest::Client::new()
+            .get(format!("{base}/v1/cluster"))
+            .bearer_auth(TOKEN)
+            .send(),
+    )
+    .await
+    .expect("an answer in time")
+    .expect("an answer");
+    let status = answer.status().as_u16();
+    let text = answer.text().await.expect("a body");
+    assert!(
+        !text.contains("db-7.internal"),
+        "the pool's text reached the client: {text}"
+    );
+    (status, serde_json::from_str(&text).expect("JSON"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cluster_view_in_an_outage_is_what_the_node_knows_marked_stale() {
+    let placement = Arc::new(GoesAway::default());
+    let base = serve_with(placement.clone()).await;
+    let (status, fresh) = cluster_view(&base).await;
+    assert_eq!(status, 200, "{fresh}");
+    assert_eq!(fresh["stale"], false, "{fresh}");
+    assert_eq!(fresh["failovers_last_hour"], 1, "{fresh}");
+
+    placement.away.store(true, Ordering::SeqCst);
+    let (status, view) = cluster_view(&base).await;
+    assert_eq!(status, 200, "mid-outage: {view}");
+    assert_eq!(view["stale"], true, "{view}");
+    // Its own figures, current.
+    assert_eq!(view["database_outages"], 1, "{view}");
+    assert_eq!(view["database_outage_secs"], 4.2, "{view}");
+    assert_eq!(view["failover_seconds"]["count"], 1, "{view}");
+    assert_eq!(view["takeovers"], 1, "{view}");
+    assert_eq!(view["database_round_trip_ms"], Value::Null, "{view}");
+    // The members and the moves as last read.
+    assert_eq!(view["nodes"], fresh["nodes"], "{view}");
+    assert_eq!(view["nodes"][1]["advertise"], "http://node-b.internal:8700");
+    assert_eq!(view["moves"], fresh["moves"], "{view}");
+    assert_eq!(view["moved_last_hour"], fresh["moved_last_hour"], "{view}");
+    assert_eq!(view["failovers_last_hour"], 1, "{view}");
+
+    // A node that never read them mid-outage: the members its placement
+    // knows, no moves, still stale.
+    let base = serve_with(placement).await;
+    let (status, view) = cluster_view(&base).await;
+    assert_eq!(status, 200, "{view}");
+    assert_eq!(view["stale"], true, "{view}");
+    assert_eq!(view["nodes"].as_array().map(Vec::len), Some(2), "{view}");
+    assert_eq!(view["nodes"][1]["advertise"], Value::Null, "{view}");
+    assert_eq!(view["moves"], serde_json::json!([]), "{view}");
+    assert_eq!(view["database_outages"], 1, "{view}");
 }

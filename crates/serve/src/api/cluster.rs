@@ -118,6 +118,12 @@ pub struct ClusterView {
     pub moved_last_hour: Vec<MoveCount>,
     /// The database's round trip now, in milliseconds (`null`: no answer).
     pub database_round_trip_ms: Option<f64>,
+    /// `true` while this node cannot reach the database: `nodes` (each
+    /// heartbeat age grown since), the moves and the last hour's counts
+    /// are what it last read, not the database's now; its own figures
+    /// (leases, takeovers, returns, the outage counters, the failover
+    /// timings) are current either way.
+    pub stale: bool,
     /// The latest move of each session that changed nodes, newest first
     /// (at most 50).
     pub moves: Vec<SessionMove>,

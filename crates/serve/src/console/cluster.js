@@ -7,28 +7,29 @@ import { $, hooks } from "./state.js";
 import { clock } from "./text.js";
 
 export async function openCluster() {
-  let view;
-  let sessions;
-  try {
-    [view, { sessions }] = await Promise.all([api("GET", "/v1/cluster"), api("GET", "/v1/sessions")]);
-  } catch (e) {
-    if (e instanceof Refused) return hooks.signOut("The token was refused.");
+  // In a database outage the cluster view still answers (what this node
+  // last read, `stale`); the sessions' leases do not.
+  const [read, leases] = await Promise.allSettled([api("GET", "/v1/cluster"), api("GET", "/v1/sessions")]);
+  if ([read, leases].some((r) => r.status === "rejected" && r.reason instanceof Refused)) return hooks.signOut("The token was refused.");
+  if (read.status === "rejected") {
     // The banner says the database is away; the rows stay what they were.
-    if (!databaseAway(e)) $("cluster-figures").textContent = e.message;
+    if (!databaseAway(read.reason)) $("cluster-figures").textContent = read.reason.message;
     return;
   }
+  const view = read.value;
   $("cluster-node").textContent = view.node ? `(this node: ${view.node})` : "";
   const rtt = view.database_round_trip_ms;
-  $("cluster-figures").textContent = `this node: leases held ${view.leases_held} · lost ${view.leases_lost} · taken over ${view.takeovers} · database round trip ${rtt == null ? "unreachable" : `${rtt.toFixed(1)} ms`}`;
-  $("cluster-wide").textContent = `cluster, last hour: ${wide(view)}`;
+  $("cluster-figures").textContent = `this node: leases held ${view.leases_held} · lost ${view.leases_lost} · taken over ${view.takeovers} · database outages ${view.database_outages} (${view.database_outage_secs.toFixed(1)} s) · database round trip ${rtt == null ? "unreachable" : `${rtt.toFixed(1)} ms`}`;
+  $("cluster-wide").textContent = `cluster, last hour: ${wide(view)}${view.stale ? " — as last read: the database cannot be reached" : ""}`;
   fill("nodes-table", view.nodes, (n) => [`${n.node}${n.here ? " (here)" : ""}`, n.state || "–", n.advertise || "", `${n.heartbeat_age_secs.toFixed(1)} s`, String(n.sessions)], [3, 4]);
   for (const row of $("nodes-table").tBodies[0].rows) {
     const cell = row.cells[1];
     cell.className = `state-${cell.textContent}`;
   }
   story(view.moves);
-  fill("leases-table", sessions, (s) => [s.key, s.owner || "–", String(s.epoch), s.lease_remaining_secs == null ? "released" : s.lease_remaining_secs < 0 ? `expired ${(-s.lease_remaining_secs).toFixed(1)} s ago` : `${s.lease_remaining_secs.toFixed(1)} s`], [2, 3]);
   fill("moves-table", view.moves, (m) => [clock(m.at_ms), m.key, m.kind, `${m.from} → ${m.to}`, String(m.epoch)], [4]);
+  if (leases.status === "rejected") return; // the leases stay what they were
+  fill("leases-table", leases.value.sessions, (s) => [s.key, s.owner || "–", String(s.epoch), s.lease_remaining_secs == null ? "released" : s.lease_remaining_secs < 0 ? `expired ${(-s.lease_remaining_secs).toFixed(1)} s ago` : `${s.lease_remaining_secs.toFixed(1)} s`], [2, 3]);
 }
 
 /**

@@ -11,11 +11,12 @@ use axum::middleware::Next;
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use subtle::ConstantTimeEq as _;
+use warden_core::cluster::{ClusterStats, Placement};
 
 use crate::api::ErrorType;
 use crate::api::{self, LifecycleReset};
 use crate::cluster::Cluster;
-use crate::error::{ApiError, database_unreachable};
+use crate::error::ApiError;
 use crate::history;
 use crate::metrics::ClusterView;
 use crate::state::AppState;
@@ -198,10 +199,18 @@ fn move_kind(kind: &str) -> api::MoveKind {
     }
 }
 
+/// How long `GET /v1/cluster` waits for each read of the cluster's moves.
+const READ_WITHIN: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// `GET /v1/cluster`: the cluster's members (heartbeat age, sessions held,
 /// address), this node's lease figures, the latest session moves
 /// (failovers and handovers) and the last hour's moves counted cluster
-/// wide, as the database sees them. `404` on a single node.
+/// wide, as the database sees them. `404` on a single node. While the
+/// database cannot be read (its round trip just failed, or a read does)
+/// the node answers what it knows, `stale`: its own figures as ever, the
+/// members and the moves as it last read them (an operator opening it
+/// mid-outage sees the outage counters and the last known members, not a
+/// `503`).
 pub(crate) async fn cluster_view(cluster: Cluster) -> Result<Response, ApiError> {
     let Some(placement) = cluster.placement() else {
         return Err(ApiError::new(
@@ -215,19 +224,45 @@ pub(crate) async fn cluster_view(cluster: Cluster) -> Result<Response, ApiError>
             "this node's placement keeps no cluster figures",
         ));
     };
-    let mut nodes = Vec::new();
+    let read = match stats.database_round_trip {
+        Some(_) => read_cluster(placement, &stats).await,
+        None => Err("no answer to SELECT 1".to_owned()),
+    };
+    let view = match read {
+        Ok(view) => {
+            *cluster.last_view().lock() = Some(view.clone());
+            view
+        }
+        Err(why) => {
+            tracing::debug!(error = %why, "the cluster's database cannot be read: GET /v1/cluster answers what this node last read");
+            let last = cluster.last_view().lock().clone();
+            let nodes = members(placement, &stats, |node| {
+                let known = last.as_ref()?.nodes.iter().find(|n| n.node == node)?;
+                known.advertise.clone()
+            });
+            let (moves, counts) = last
+                .map(|l| (l.moves, l.moved_last_hour))
+                .unwrap_or_default();
+            view_of(placement, &stats, nodes, moves, counts, true)
+        }
+    };
+    Ok(axum::Json(view).into_response())
+}
+
+/// The view read from the database now.
+async fn read_cluster(
+    placement: &dyn Placement,
+    stats: &ClusterStats,
+) -> Result<api::ClusterView, String> {
+    let mut advertised = std::collections::HashMap::new();
     for n in &stats.nodes {
-        nodes.push(api::ClusterNode {
-            node: n.node.clone(),
-            advertise: placement.advertise_of(&n.node).await,
-            heartbeat_age_secs: n.heartbeat_age_secs,
-            sessions: n.sessions,
-            here: placement.node() == Some(n.node.as_str()),
-            state: n.state.and_then(api::MemberState::parse),
-        });
+        advertised.insert(n.node.clone(), placement.advertise_of(&n.node).await);
     }
-    let moves = match placement.moves(RECENT_MOVES).await {
-        Some(Ok(moves)) => moves
+    let nodes = members(placement, stats, |node| {
+        advertised.get(node).cloned().flatten()
+    });
+    let moves = match within(placement.moves(RECENT_MOVES)).await {
+        Some(moves) => moves?
             .into_iter()
             .map(|m| api::SessionMove {
                 kind: move_kind(m.kind),
@@ -238,16 +273,10 @@ pub(crate) async fn cluster_view(cluster: Cluster) -> Result<Response, ApiError>
                 at_ms: m.at_ms,
             })
             .collect(),
-        Some(Err(why)) => {
-            return Err(database_unreachable(
-                "cannot read the cluster's moves",
-                &why,
-            ));
-        }
         None => Vec::new(),
     };
-    let moved_last_hour = match placement.move_counts(MOVES_WITHIN).await {
-        Some(Ok(counts)) => counts
+    let counts = match within(placement.move_counts(MOVES_WITHIN)).await {
+        Some(counts) => counts?
             .into_iter()
             .map(|c| api::MoveCount {
                 kind: move_kind(c.kind),
@@ -256,14 +285,51 @@ pub(crate) async fn cluster_view(cluster: Cluster) -> Result<Response, ApiError>
                 sessions: c.sessions,
             })
             .collect(),
-        Some(Err(why)) => {
-            return Err(database_unreachable(
-                "cannot read the cluster's moves",
-                &why,
-            ));
-        }
         None => Vec::new(),
     };
+    Ok(view_of(placement, stats, nodes, moves, counts, false))
+}
+
+/// A placement's read of the cluster's moves, waited for at most
+/// [`READ_WITHIN`] (a partition drops packets: no answer is an answer).
+async fn within<T>(
+    read: impl std::future::Future<Output = Option<Result<T, String>>>,
+) -> Option<Result<T, String>> {
+    tokio::time::timeout(READ_WITHIN, read)
+        .await
+        .unwrap_or_else(|_| Some(Err("no answer in time".to_owned())))
+}
+
+/// The members as `stats` lists them, each with its address.
+fn members(
+    placement: &dyn Placement,
+    stats: &ClusterStats,
+    advertise: impl Fn(&str) -> Option<String>,
+) -> Vec<api::ClusterNode> {
+    stats
+        .nodes
+        .iter()
+        .map(|n| api::ClusterNode {
+            node: n.node.clone(),
+            advertise: advertise(&n.node),
+            heartbeat_age_secs: n.heartbeat_age_secs,
+            sessions: n.sessions,
+            here: placement.node() == Some(n.node.as_str()),
+            state: n.state.and_then(api::MemberState::parse),
+        })
+        .collect()
+}
+
+/// The view: this node's figures from `stats`, the members, the moves and
+/// the last hour's counts.
+fn view_of(
+    placement: &dyn Placement,
+    stats: &ClusterStats,
+    nodes: Vec<api::ClusterNode>,
+    moves: Vec<api::SessionMove>,
+    moved_last_hour: Vec<api::MoveCount>,
+    stale: bool,
+) -> api::ClusterView {
     let of = |kind| {
         moved_last_hour
             .iter()
@@ -271,7 +337,7 @@ pub(crate) async fn cluster_view(cluster: Cluster) -> Result<Response, ApiError>
             .map(|c| c.sessions)
             .sum()
     };
-    Ok(axum::Json(api::ClusterView {
+    api::ClusterView {
         node: placement.node().map(str::to_owned),
         nodes,
         leases_held: stats.leases_held,
@@ -293,6 +359,6 @@ pub(crate) async fn cluster_view(cluster: Cluster) -> Result<Response, ApiError>
         moved_last_hour,
         database_round_trip_ms: stats.database_round_trip.map(|d| d.as_secs_f64() * 1000.0),
         moves,
-    })
-    .into_response())
+        stale,
+    }
 }
