@@ -14,15 +14,16 @@ use crate::sources::check_url;
 /// Arguments of `warden proxy`.
 #[derive(Debug, clap::Args)]
 #[command(after_help = "\
-Forwards Anthropic Messages and OpenAI chat-completions / Responses requests to the real API
+Forwards Anthropic Messages, OpenAI chat-completions / Responses and Gemini
+(/v1beta/models/<model>:streamGenerateContent, :generateContent) requests to the real API
 and watches every streamed answer: silence past --timeout kills the upstream attempt; a
 request nothing of which reached the client yet is retried (retry-after honoured, backoff
 shared); a reply broken mid-text is continued and spliced into the same response; where
 neither is possible the stream ends with the provider's own retryable error event. A
 request without \"stream\": true is sent upstream as a stream and its JSON answer assembled
 here: tool input that is not JSON, a reply past --max-reply-bytes and an answer that is
-neither a stream nor JSON are errors in the provider's shape (502), never a made-up answer. Other
-/v1/ requests pass through untouched; other paths are answered here (200 for HEAD /, else
+neither a stream nor JSON are errors in the provider's shape (502), never a made-up answer
+(Gemini's :generateContent likewise). Other /v1/ and /v1beta/ requests pass through untouched; other paths are answered here (200 for HEAD /, else
 404) unless --other-upstream names where they go. Each kill, retry, continuation, give-up
 and unreachable upstream is one `warden proxy:` line on stderr (without --json). Headers
 (API keys) are forwarded, never logged. The first line on stdout says where it listens.
@@ -31,7 +32,8 @@ See docs/proxy.md.
 Examples:
   warden proxy &
   ANTHROPIC_BASE_URL=http://127.0.0.1:8787 claude
-  OPENAI_BASE_URL=http://127.0.0.1:8787/v1 python my_agent.py")]
+  OPENAI_BASE_URL=http://127.0.0.1:8787/v1 python my_agent.py
+  GOOGLE_GEMINI_BASE_URL=http://127.0.0.1:8787 gemini")]
 pub(crate) struct ProxyArgs {
     /// Address to listen on (`127.0.0.1:0` picks a free port).
     #[arg(long, default_value = "127.0.0.1:8787", value_name = "ADDR")]
@@ -49,6 +51,10 @@ pub(crate) struct ProxyArgs {
     /// Default `https://api.openai.com`.
     #[arg(long, value_name = "URL")]
     openai_upstream: Option<String>,
+    /// Where Gemini requests go (paths under `/v1beta/`). Default
+    /// `https://generativelanguage.googleapis.com`.
+    #[arg(long, value_name = "URL")]
+    gemini_upstream: Option<String>,
     /// Where requests for other paths (not `/v1/…`) go, unwatched. Without
     /// it the proxy answers them itself (200 for `HEAD /`, else 404).
     #[arg(long, value_name = "URL")]
@@ -135,8 +141,13 @@ pub(crate) async fn run(args: ProxyArgs) -> Result<Exit, CliError> {
         .openai_upstream
         .clone()
         .unwrap_or_else(|| warden_proxy::OPENAI_API.to_owned());
+    let gemini = args
+        .gemini_upstream
+        .clone()
+        .unwrap_or_else(|| warden_proxy::GEMINI_API.to_owned());
     check_url(&anthropic)?;
     check_url(&openai)?;
+    check_url(&gemini)?;
     if let Some(url) = &args.other_upstream {
         check_url(url)?;
     }
@@ -149,6 +160,7 @@ pub(crate) async fn run(args: ProxyArgs) -> Result<Exit, CliError> {
     let mut config = base
         .with_anthropic_upstream(&anthropic)
         .with_openai_upstream(&openai)
+        .with_gemini_upstream(&gemini)
         .with_max_reply_bytes(usize::try_from(args.max_reply_bytes).unwrap_or(usize::MAX));
     if let Some(url) = &args.other_upstream {
         config = config.with_other_upstream(url);
@@ -227,7 +239,7 @@ pub(crate) async fn run(args: ProxyArgs) -> Result<Exit, CliError> {
     // Where it listens and how it judges streams, in one line.
     let secs = |d: Duration| format!("{}s", d.as_secs_f64());
     eprintln!(
-        "warden proxy: listening on http://{addr}; anthropic -> {anthropic}, openai -> {openai}{}; timeout {}, progress allowance {}, circuit {}",
+        "warden proxy: listening on http://{addr}; anthropic -> {anthropic}, openai -> {openai}, gemini -> {gemini}{}; timeout {}, progress allowance {}, circuit {}",
         args.other_upstream
             .as_deref()
             .map(|u| format!(", other paths -> {u}"))
@@ -255,6 +267,9 @@ pub(crate) async fn run(args: ProxyArgs) -> Result<Exit, CliError> {
     }
     if let Some(url) = &args.openai_upstream {
         upstreams.push(("OpenAI", url.clone()));
+    }
+    if let Some(url) = &args.gemini_upstream {
+        upstreams.push(("Gemini", url.clone()));
     }
     if let Some(url) = &args.other_upstream {
         upstreams.push(("other", url.clone()));

@@ -7,6 +7,7 @@
 //! the only place that picks a protocol's module.
 
 mod anthropic;
+pub mod gemini;
 mod openai;
 pub(crate) mod responses;
 

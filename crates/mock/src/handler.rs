@@ -203,8 +203,9 @@ pub(crate) async fn handle(
     // does (see `continuation`).
     let cont = match api {
         Api::Anthropic => Continue::of(&request),
-        Api::OpenAi | Api::Responses => Ok(Continue::turn_of(&request)),
-        Api::Gemini => Ok(None),
+        // Gemini has no prefill either: its `contents` are read as
+        // messages, a `model` turn as the assistant's.
+        Api::OpenAi | Api::Responses | Api::Gemini => Ok(Continue::turn_of(&request)),
     };
     let cont = match cont {
         Ok(c) => c,

@@ -8,7 +8,10 @@
 //! message with its content blocks (text, thinking with its signature,
 //! tool use with its input parsed) and the `message_delta`'s stop reason
 //! and usage; for chat completions a `chat.completion` with each choice's
-//! message (content, tool calls) and finish reason, and the usage chunk.
+//! message (content, tool calls) and finish reason, and the usage chunk;
+//! for Gemini one `GenerateContentResponse` with the first candidate's
+//! parts (consecutive text of one kind joined), its finish reason and the
+//! last usage.
 //!
 //! Nothing the upstream did not say is made up: tool input that is not a
 //! JSON object is an [`AssemblyError`], and what is assembled is charged
@@ -18,6 +21,7 @@
 //! answers the client.
 
 mod chat;
+mod gemini;
 mod messages;
 #[cfg(test)]
 mod tests;
@@ -26,6 +30,7 @@ use serde_json::{Map, Value, json};
 use warden_llm::sse::SseEvent;
 
 pub(crate) use chat::ChatCompletions;
+pub(crate) use gemini::Gemini;
 pub(crate) use messages::Messages;
 
 /// What the assembled stream came to.
@@ -153,6 +158,8 @@ pub(crate) enum Whole {
     Messages(Messages),
     /// A chat completion.
     Chat(ChatCompletions),
+    /// A Gemini `GenerateContentResponse`.
+    Gemini(Gemini),
 }
 
 impl Whole {
@@ -165,6 +172,7 @@ impl Whole {
         match self {
             Self::Messages(m) => m.event(event, budget),
             Self::Chat(c) => c.event(event, budget),
+            Self::Gemini(g) => g.event(event, budget),
         }
     }
 
@@ -173,6 +181,7 @@ impl Whole {
         match self {
             Self::Messages(m) => m.finish(),
             Self::Chat(c) => c.finish(),
+            Self::Gemini(g) => g.finish(),
         }
     }
 }

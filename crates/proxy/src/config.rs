@@ -13,6 +13,8 @@ use crate::circuit::CircuitConfig;
 pub const ANTHROPIC_API: &str = "https://api.anthropic.com";
 /// Where the proxy sends OpenAI requests by default.
 pub const OPENAI_API: &str = "https://api.openai.com";
+/// Where the proxy sends Gemini requests by default.
+pub const GEMINI_API: &str = "https://generativelanguage.googleapis.com";
 /// Largest request body of a watched route: 32 MiB (Claude Code's requests
 /// are ~100 KB; the API's own limit is 32 MB).
 pub const DEFAULT_MAX_BODY_BYTES: usize = 32 * 1024 * 1024;
@@ -39,6 +41,9 @@ pub struct ProxyConfig {
     pub anthropic_upstream: String,
     /// Base URL of the OpenAI API. Default [`OPENAI_API`].
     pub openai_upstream: String,
+    /// Base URL of Google's Gemini API (requests under `/v1beta/`).
+    /// Default [`GEMINI_API`].
+    pub gemini_upstream: String,
     /// Where requests for paths outside the APIs (`/v1/…`) go, unwatched.
     /// Default `None`: the proxy answers them itself (`200` for `HEAD /`,
     /// else `404`), so nothing reaches a host the user did not name for it.
@@ -99,6 +104,13 @@ pub struct ProxyConfig {
     /// block at once when it ends); the text after it is not delayed.
     /// Default off.
     pub hold_thinking: bool,
+    /// Whether the Gemini API's clients retry an overloaded answer (429,
+    /// 503, 529) on their own, as the Gemini CLI does unless its
+    /// `general.maxAttempts` is 1: then the proxy hands it back before any
+    /// byte, as it does for the other APIs. When `false` (warden's wire
+    /// layer, under a Gemini CLI whose retries warden turns off) the proxy
+    /// retries it itself per the shared backoff. Default `true`.
+    pub gemini_client_retries: bool,
 }
 
 /// The default progress allowance: 180 s without content. Claude Code
@@ -114,6 +126,7 @@ impl std::fmt::Debug for ProxyConfig {
         f.debug_struct("ProxyConfig")
             .field("anthropic_upstream", &self.anthropic_upstream)
             .field("openai_upstream", &self.openai_upstream)
+            .field("gemini_upstream", &self.gemini_upstream)
             .field("other_upstream", &self.other_upstream)
             .field("timeout", &self.timeout)
             .field("progress_timeout", &self.progress_timeout)
@@ -127,6 +140,7 @@ impl std::fmt::Debug for ProxyConfig {
             .field("recovery_log", &self.recovery_log.is_some())
             .field("circuit", &self.circuit)
             .field("hold_thinking", &self.hold_thinking)
+            .field("gemini_client_retries", &self.gemini_client_retries)
             .finish()
     }
 }
@@ -138,6 +152,7 @@ impl Default for ProxyConfig {
         Self {
             anthropic_upstream: ANTHROPIC_API.to_owned(),
             openai_upstream: OPENAI_API.to_owned(),
+            gemini_upstream: GEMINI_API.to_owned(),
             other_upstream: None,
             timeout: WatchdogConfig::default().default_timeout,
             progress_timeout: Some(DEFAULT_PROGRESS_TIMEOUT),
@@ -153,6 +168,7 @@ impl Default for ProxyConfig {
             recovery_log: None,
             circuit: Some(CircuitConfig::default()),
             hold_thinking: false,
+            gemini_client_retries: true,
         }
     }
 }
@@ -178,6 +194,12 @@ impl ProxyConfig {
     /// Sets [`openai_upstream`](Self::openai_upstream).
     pub fn with_openai_upstream(mut self, url: impl Into<String>) -> Self {
         self.openai_upstream = url.into();
+        self
+    }
+
+    /// Sets [`gemini_upstream`](Self::gemini_upstream).
+    pub fn with_gemini_upstream(mut self, url: impl Into<String>) -> Self {
+        self.gemini_upstream = url.into();
         self
     }
 
@@ -218,6 +240,12 @@ impl ProxyConfig {
         self
     }
 
+    /// Sets [`gemini_client_retries`](Self::gemini_client_retries).
+    pub fn with_gemini_client_retries(mut self, retries: bool) -> Self {
+        self.gemini_client_retries = retries;
+        self
+    }
+
     /// Sets [`deadline`](Self::deadline).
     pub fn with_deadline(mut self, deadline: Duration) -> Self {
         self.deadline = Some(deadline);
@@ -247,7 +275,7 @@ impl ProxyConfig {
     }
 
     /// The engine as the wire layer under an agent CLI (Claude Code,
-    /// Codex), whose process a session watches with `stream_timeout`: an
+    /// Codex, Gemini CLI), whose process a session watches with `stream_timeout`: an
     /// upstream stream may be silent for half of it (at least 500 ms), so a
     /// stall is continued here well before the process watchdog would kill
     /// the CLI waiting on it; thinking is held back (no human watches these

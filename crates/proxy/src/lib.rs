@@ -15,13 +15,16 @@
 //! | `POST /v1/messages` with `"stream": true` | watched; retried, continued and spliced |
 //! | `POST /v1/chat/completions` with `"stream": true` | watched; retried, continued and spliced |
 //! | `POST /v1/messages` or `/v1/chat/completions` without `"stream": true` | sent upstream as a stream, watched, retried and continued like the above; the whole JSON answer assembled from it, within [`ProxyConfig::max_reply_bytes`]; tool input that is not JSON, or an answer that is neither a stream nor JSON, is an error in the provider's shape, never a made-up answer |
+//! | `POST /v1beta/models/<model>:streamGenerateContent?alt=sse` (Gemini) | watched; retried, continued and spliced |
+//! | `POST /v1beta/models/<model>:generateContent` | sent upstream as `:streamGenerateContent?alt=sse`, watched, retried and continued like the above; one `GenerateContentResponse` assembled from it |
 //! | `POST /v1/responses` with `"stream": true` | watched; retried, continued mid-text and spliced |
-//! | any other `/v1/…` request | passed through as it is, bodies streamed both ways |
+//! | any other `/v1/…` or `/v1beta/…` request | passed through as it is, bodies streamed both ways |
 //! | any other path | sent to [`ProxyConfig::other_upstream`] when set (unwatched); else answered here: `200` for `HEAD /` and `GET /`, `404` otherwise — nothing goes to a host the user did not name |
 //!
-//! A request goes to the Anthropic upstream when it carries an
-//! `anthropic-version` header (every Anthropic client sends one), else to
-//! the OpenAI upstream.
+//! A request goes to the Gemini upstream when its path is under
+//! `/v1beta/` (Gemini's, its key in `x-goog-api-key`), to the Anthropic
+//! upstream when it carries an `anthropic-version` header (every Anthropic
+//! client sends one), else to the OpenAI upstream.
 //!
 //! ## What happens when an upstream stream breaks
 //!
@@ -51,9 +54,10 @@
 //!    can write; inside a tool call's input; attempts exhausted; a
 //!    Responses stream inside a reasoning item or a tool call): the downstream stream ends with the provider's own
 //!    retryable error event (Anthropic `overloaded_error`, OpenAI
-//!    `server_error`), so the client's retry starts now rather than after
-//!    its own 5-minute wait. Never a hang, never a torn event, never a plain
-//!    close (which Claude Code takes as an empty success).
+//!    `server_error`, Gemini `UNAVAILABLE`), so the client's retry starts
+//!    now rather than after its own 5-minute wait. Never a hang, never a
+//!    torn event, never a plain close (which Claude Code takes as an empty
+//!    success).
 //!
 //! ## Privacy and safety
 //!
@@ -116,7 +120,7 @@ pub use access::{AccessLog, AccessRecord, Outcome, RecoveryEvent, RecoveryLog};
 pub use circuit::CircuitConfig;
 pub use config::{
     ANTHROPIC_API, DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_FRAME_BYTES, DEFAULT_MAX_REPLY_BYTES,
-    DEFAULT_PROGRESS_TIMEOUT, OPENAI_API, ProxyConfig,
+    DEFAULT_PROGRESS_TIMEOUT, GEMINI_API, OPENAI_API, ProxyConfig,
 };
 use run::Inner;
 use upstream::{Protocol, Upstream};
@@ -162,9 +166,13 @@ impl Proxy {
     /// Starts the proxy's watchdog and HTTP client.
     pub async fn start(config: ProxyConfig) -> Result<Self, ProxyError> {
         let other = config.other_upstream.iter();
-        for url in [&config.anthropic_upstream, &config.openai_upstream]
-            .into_iter()
-            .chain(other)
+        for url in [
+            &config.anthropic_upstream,
+            &config.openai_upstream,
+            &config.gemini_upstream,
+        ]
+        .into_iter()
+        .chain(other)
         {
             warden_llm::validate_base_url(url).map_err(|e| ProxyError::Upstream {
                 url: url.clone(),
@@ -195,6 +203,7 @@ impl Proxy {
         let circuits = [
             circuit::Circuit::new(config.circuit),
             circuit::Circuit::new(config.circuit),
+            circuit::Circuit::new(config.circuit),
         ];
         Ok(Self {
             inner: Arc::new(Inner {
@@ -209,8 +218,8 @@ impl Proxy {
         })
     }
 
-    /// The proxy as an axum [`Router`]: the three streaming routes
-    /// watched, every other path and method passed through.
+    /// The proxy as an axum [`Router`]: the streaming routes watched,
+    /// every other path and method passed through.
     pub fn router(&self) -> Router {
         Router::new()
             .route("/v1/messages", post(messages).fallback(passthrough))
@@ -219,6 +228,7 @@ impl Proxy {
                 post(chat_completions).fallback(passthrough),
             )
             .route("/v1/responses", post(responses).fallback(passthrough))
+            .route("/v1beta/models/{call}", post(gemini).fallback(passthrough))
             .fallback(passthrough)
             .with_state(self.clone())
     }
@@ -270,12 +280,22 @@ async fn responses(State(proxy): State<Proxy>, request: Request) -> Response {
     watched(proxy, Protocol::Responses, request).await
 }
 
+/// `POST /v1beta/models/<model>:<action>`: watched when it generates
+/// content (`:streamGenerateContent?alt=sse`, `:generateContent`), else
+/// passed through.
+async fn gemini(state: State<Proxy>, request: Request) -> Response {
+    if upstream::GeminiCall::of(request.uri()) == upstream::GeminiCall::Other {
+        return passthrough(state, request).await;
+    }
+    watched(state.0, Protocol::Gemini, request).await
+}
+
 /// A request on a watched route: watched when it goes to the upstream that
 /// speaks the route's protocol, else passed through (an OpenAI-compatible
 /// server may serve `/v1/messages` too).
 async fn watched(proxy: Proxy, protocol: Protocol, request: Request) -> Response {
     let started = Instant::now();
-    let upstream = Upstream::of(request.headers());
+    let upstream = Upstream::of(request.uri().path(), request.headers());
     let record = run::new_record(upstream, &request);
     if upstream == protocol.upstream() {
         run::watched(proxy.inner, protocol, request, record, started).await
@@ -290,7 +310,7 @@ async fn watched(proxy: Proxy, protocol: Protocol, request: Request) -> Response
 /// else answered here.
 async fn passthrough(State(proxy): State<Proxy>, request: Request) -> Response {
     let started = Instant::now();
-    let upstream = Upstream::of(request.headers());
+    let upstream = Upstream::of(request.uri().path(), request.headers());
     let record = run::new_record(upstream, &request);
     let base = if upstream::is_api_path(request.uri().path()) {
         run::base_of(&proxy.inner, upstream).to_owned()

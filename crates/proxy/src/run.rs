@@ -36,8 +36,8 @@ pub(crate) struct Inner {
     pub(crate) admission: warden_core::Admission,
     /// Cancelled when the proxy ends its open responses (shutdown).
     pub(crate) stopping: tokio_util::sync::CancellationToken,
-    /// Each upstream's circuit: Anthropic's, then OpenAI's.
-    pub(crate) circuits: [crate::circuit::Circuit; 2],
+    /// Each upstream's circuit: Anthropic's, OpenAI's, Gemini's.
+    pub(crate) circuits: [crate::circuit::Circuit; 3],
 }
 
 impl Inner {
@@ -46,6 +46,7 @@ impl Inner {
         match upstream {
             Upstream::Anthropic => &self.circuits[0],
             Upstream::OpenAi => &self.circuits[1],
+            Upstream::Gemini => &self.circuits[2],
         }
     }
 
@@ -163,6 +164,7 @@ pub(crate) fn base_of(inner: &Inner, upstream: Upstream) -> &str {
     match upstream {
         Upstream::Anthropic => &inner.config.anthropic_upstream,
         Upstream::OpenAi => &inner.config.openai_upstream,
+        Upstream::Gemini => &inner.config.gemini_upstream,
     }
 }
 

@@ -14,6 +14,8 @@ pub(crate) enum Upstream {
     Anthropic,
     /// The OpenAI API.
     OpenAi,
+    /// Google's Gemini API.
+    Gemini,
 }
 
 impl Upstream {
@@ -22,26 +24,76 @@ impl Upstream {
         match self {
             Self::Anthropic => "anthropic",
             Self::OpenAi => "openai",
+            Self::Gemini => "gemini",
         }
     }
 }
 
-/// Whether `path` is an API path (`/v1/…`), which goes to an upstream;
-/// other paths go to [`ProxyConfig::other_upstream`](crate::ProxyConfig::other_upstream)
-/// if set, else are answered by the proxy.
+/// Whether `path` is an API path (`/v1/…`, Gemini's `/v1beta/…`), which
+/// goes to an upstream; other paths go to
+/// [`ProxyConfig::other_upstream`](crate::ProxyConfig::other_upstream) if
+/// set, else are answered by the proxy.
 pub(crate) fn is_api_path(path: &str) -> bool {
-    path == "/v1" || path.starts_with("/v1/")
+    path == "/v1" || path.starts_with("/v1/") || is_gemini_path(path)
+}
+
+/// Whether `path` is one of Gemini's (`/v1beta/…`).
+fn is_gemini_path(path: &str) -> bool {
+    path == "/v1beta" || path.starts_with("/v1beta/")
 }
 
 impl Upstream {
-    /// The upstream of a request: Anthropic when it carries an
-    /// `anthropic-version` header (every Anthropic client sends one), else
+    /// The upstream of a request: Gemini for a `/v1beta/…` path (its
+    /// API's; no other provider's has it); Anthropic when it carries an
+    /// `anthropic-version` header (every Anthropic client sends one); else
     /// OpenAI.
-    pub(crate) fn of(headers: &HeaderMap) -> Self {
-        if headers.contains_key("anthropic-version") {
+    pub(crate) fn of(path: &str, headers: &HeaderMap) -> Self {
+        if is_gemini_path(path) {
+            Self::Gemini
+        } else if headers.contains_key("anthropic-version") {
             Self::Anthropic
         } else {
             Self::OpenAi
+        }
+    }
+}
+
+/// What a Gemini request asks for, from its path and query.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum GeminiCall {
+    /// `…:streamGenerateContent?alt=sse`: an event stream.
+    Stream,
+    /// `…:generateContent`: the whole answer.
+    Whole,
+    /// Anything else (`countTokens`, a stream without `alt=sse`, which is
+    /// a JSON array): passed through.
+    Other,
+}
+
+impl GeminiCall {
+    /// The call of `uri`.
+    pub(crate) fn of(uri: &axum::http::Uri) -> Self {
+        let path = uri.path();
+        let sse = uri
+            .query()
+            .is_some_and(|q| q.split('&').any(|pair| pair == "alt=sse"));
+        if path.ends_with(":streamGenerateContent") && sse {
+            Self::Stream
+        } else if path.ends_with(":generateContent") {
+            Self::Whole
+        } else {
+            Self::Other
+        }
+    }
+
+    /// The path and query a whole answer is asked for as a stream with:
+    /// `:streamGenerateContent`, its query kept, `alt=sse` added.
+    pub(crate) fn as_stream(uri: &axum::http::Uri) -> String {
+        let path = uri.path();
+        let path = path.strip_suffix(":generateContent").unwrap_or(path);
+        match uri.query() {
+            Some(q) if !q.is_empty() => format!("{path}:streamGenerateContent?{q}&alt=sse"),
+            _ => format!("{path}:streamGenerateContent?alt=sse"),
         }
     }
 }
@@ -55,6 +107,9 @@ pub(crate) enum Protocol {
     ChatCompletions,
     /// OpenAI Responses, `POST /v1/responses`.
     Responses,
+    /// Gemini, `POST /v1beta/models/<model>:streamGenerateContent?alt=sse`
+    /// (and `:generateContent`).
+    Gemini,
 }
 
 impl Protocol {
@@ -63,7 +118,7 @@ impl Protocol {
     /// through: a background response is the API's own way to outlive a
     /// connection).
     pub(crate) fn assembles(self) -> bool {
-        matches!(self, Self::Messages | Self::ChatCompletions)
+        matches!(self, Self::Messages | Self::ChatCompletions | Self::Gemini)
     }
 
     /// The upstream that speaks it.
@@ -71,6 +126,7 @@ impl Protocol {
         match self {
             Self::Messages => Upstream::Anthropic,
             Self::ChatCompletions | Self::Responses => Upstream::OpenAi,
+            Self::Gemini => Upstream::Gemini,
         }
     }
 }
@@ -81,7 +137,8 @@ pub(crate) fn error_response(upstream: Upstream, status: StatusCode, message: &s
 }
 
 /// A JSON error answer in the provider's shape, with a `code` for the
-/// OpenAI shape (the Anthropic shape has none: the message names it).
+/// OpenAI shape (the Anthropic shape has none: the message names it;
+/// Gemini's `code` is the HTTP status, its `status` the gRPC one).
 pub(crate) fn error_response_coded(
     upstream: Upstream,
     status: StatusCode,
@@ -96,6 +153,7 @@ pub(crate) fn error_response_coded(
         Upstream::OpenAi => serde_json::json!({
             "error": {"message": message, "type": openai_error_type(status), "param": null, "code": code},
         }),
+        Upstream::Gemini => gemini_error(status, message),
     };
     let mut response = (status, Body::from(body.to_string())).into_response();
     response.headers_mut().insert(
@@ -155,6 +213,22 @@ fn anthropic_error_type(status: StatusCode) -> &'static str {
         500 | 502 | 504 => "api_error",
         _ => "overloaded_error",
     }
+}
+
+/// Gemini's error object for `status`: `{"error":{"code","message",
+/// "status"}}`.
+pub(crate) fn gemini_error(status: StatusCode, message: &str) -> serde_json::Value {
+    let grpc = match status.as_u16() {
+        400 => "INVALID_ARGUMENT",
+        401 => "UNAUTHENTICATED",
+        403 => "PERMISSION_DENIED",
+        404 => "NOT_FOUND",
+        413 => "INVALID_ARGUMENT",
+        429 => "RESOURCE_EXHAUSTED",
+        502..=504 | 529 => "UNAVAILABLE",
+        _ => "INTERNAL",
+    };
+    serde_json::json!({"error": {"code": status.as_u16(), "message": message, "status": grpc}})
 }
 
 fn openai_error_type(status: StatusCode) -> &'static str {

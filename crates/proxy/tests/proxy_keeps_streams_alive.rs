@@ -1025,3 +1025,114 @@ async fn a_stream_of_empty_deltas_is_ended_by_the_progress_allowance() {
         heard.all()
     );
 }
+
+/// A Gemini request of `path` with a user turn, its key in `x-goog-api-key`.
+fn gemini(s: &Setup, path: &str) -> reqwest::RequestBuilder {
+    let body = serde_json::json!({"contents": [{"role": "user", "parts": [{"text": "hi"}]}]});
+    s.client
+        .post(format!("{}{path}", s.base))
+        .header("x-goog-api-key", KEY)
+        .header("content-type", "application/json")
+        .body(body.to_string())
+}
+
+/// A Gemini stream stalled or cut mid-text is continued with a
+/// continuation turn (the request's `contents`, the text so far as a
+/// `model` turn, the ask to go on) and spliced into the same stream: the
+/// whole reply once, one `responseId`, the last frame with `STOP`, within
+/// the timeout and 2 s.
+#[tokio::test]
+async fn a_gemini_stream_broken_mid_text_is_continued_into_one_reply() {
+    const STREAM: &str = "/v1beta/models/gemini-2.5-pro:streamGenerateContent?alt=sse";
+    for fault in [Scenario::Stall, Scenario::AbruptClose] {
+        let s = setup(
+            mock(&[fault, Scenario::Normal]).with_fault_after_frames(6),
+            |c| c,
+        )
+        .await;
+        let t0 = Instant::now();
+        let response = within("the answer", gemini(&s, STREAM).send())
+            .await
+            .expect("answer");
+        assert_eq!(response.status(), 200, "{fault}");
+        let frames: Vec<Value> = read_sse(response).await.iter().map(Sse::json).collect();
+        let took = t0.elapsed();
+        let ids: std::collections::BTreeSet<&str> = frames
+            .iter()
+            .filter_map(|f| f["responseId"].as_str())
+            .collect();
+        assert_eq!(ids.len(), 1, "{fault}: {ids:?}");
+        let text: String = frames
+            .iter()
+            .flat_map(|f| {
+                f.pointer("/candidates/0/content/parts")
+                    .and_then(Value::as_array)
+                    .into_iter()
+                    .flatten()
+            })
+            .filter_map(|p| p["text"].as_str())
+            .collect();
+        assert_eq!(text, REPLY, "{fault}: the whole reply, once");
+        let last = frames.last().expect("frames");
+        assert_eq!(last["candidates"][0]["finishReason"], "STOP", "{fault}");
+        assert!(
+            took < TIMEOUT + Duration::from_secs(2),
+            "{fault}: took {took:?}"
+        );
+        let requests = s.mock.requests();
+        assert_eq!(requests.len(), 2, "{fault}");
+        assert_eq!(
+            requests[1].continuation,
+            Some("turn"),
+            "{fault}: a continuation turn, not a replay"
+        );
+        s.proxy.stop();
+    }
+}
+
+/// `:generateContent` is asked upstream as a watched stream and answered
+/// whole: stalled mid-text, continued, the one `GenerateContentResponse`
+/// holds the whole reply once. An overloaded answer before any byte goes
+/// back to the client at once in Gemini's error shape.
+#[tokio::test]
+async fn a_gemini_whole_answer_is_watched_and_an_overload_handed_back() {
+    let s = setup(
+        mock(&[Scenario::Stall, Scenario::Normal]).with_fault_after_frames(6),
+        |c| c,
+    )
+    .await;
+    let response = within(
+        "the answer",
+        gemini(&s, "/v1beta/models/gemini-2.5-pro:generateContent").send(),
+    )
+    .await
+    .expect("answer");
+    assert_eq!(response.status(), 200);
+    let answer: Value = response.json_value().await;
+    assert_eq!(
+        answer.pointer("/candidates/0/content/parts/0/text"),
+        Some(&Value::from(REPLY)),
+        "{answer}"
+    );
+    assert_eq!(answer["candidates"][0]["finishReason"], "STOP");
+    let requests = s.mock.requests();
+    assert_eq!(requests.len(), 2, "{requests:?}");
+    assert!(requests.iter().all(|r| r.stream), "asked as a stream");
+    assert_eq!(requests[1].continuation, Some("turn"));
+
+    let s = setup(mock(&[Scenario::Overloaded, Scenario::Normal]), |c| c).await;
+    let response = within(
+        "the answer",
+        gemini(
+            &s,
+            "/v1beta/models/gemini-2.5-pro:streamGenerateContent?alt=sse",
+        )
+        .send(),
+    )
+    .await
+    .expect("answer");
+    assert_eq!(response.status(), 529);
+    let error: Value = response.json_value().await;
+    assert_eq!(error["error"]["status"], "UNAVAILABLE", "{error}");
+    assert_eq!(s.mock.requests().len(), 1, "the client's to retry");
+}

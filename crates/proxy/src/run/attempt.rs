@@ -175,7 +175,12 @@ impl Pump {
             }
             Err(failure) => {
                 span.record("warden.outcome", failure.error.code());
-                if fresh && failure.answer.as_ref().is_some_and(|a| overloaded(a.0)) {
+                let client_retries = self.upstream != crate::upstream::Upstream::Gemini
+                    || self.inner.config.gemini_client_retries;
+                if fresh
+                    && client_retries
+                    && failure.answer.as_ref().is_some_and(|a| overloaded(a.0))
+                {
                     return Err(self.hand_back(failure));
                 }
                 match self.failed(failure).await {

@@ -105,8 +105,9 @@ pub(crate) fn local(
             upstream,
             StatusCode::NOT_FOUND,
             &format!(
-                "warden proxy: {path} is not an Anthropic or OpenAI API path (those start with \
-                 /v1/), and no upstream is configured for other paths; nothing was forwarded"
+                "warden proxy: {path} is not an Anthropic, OpenAI or Gemini API path (those start \
+                 with /v1/ or /v1beta/), and no upstream is configured for other paths; nothing \
+                 was forwarded"
             ),
         )
     };

@@ -22,7 +22,7 @@ use crate::access::{AccessRecord, Outcome};
 use crate::circuit::{Pass, Probe};
 use crate::headers;
 use crate::splice::{self, Splice};
-use crate::upstream::{Protocol, Upstream, error_response};
+use crate::upstream::{GeminiCall, Protocol, Upstream, error_response};
 
 /// A watched request: buffered, then sent in attempts until its stream is
 /// complete, continued where it broke.
@@ -58,15 +58,30 @@ pub(crate) async fn watched(
     // buffer alive while hyper allocates another to watch the connection.
     let mut bytes = Bytes::copy_from_slice(&bytes);
     let mut json: Option<Value> = serde_json::from_slice(&bytes).ok();
-    let streamed = json
-        .as_ref()
-        .map(|v| v.get("stream").and_then(Value::as_bool));
+    // Gemini says in its path whether it streams, the others in the body.
+    let gemini = (protocol == Protocol::Gemini).then(|| GeminiCall::of(&parts.uri));
+    let streamed = match gemini {
+        Some(call) => json.as_ref().map(|_| match call {
+            GeminiCall::Stream => Some(true),
+            GeminiCall::Whole => Some(false),
+            GeminiCall::Other => None,
+        }),
+        None => json
+            .as_ref()
+            .map(|v| v.get("stream").and_then(Value::as_bool)),
+    };
     // A whole answer asked for: sent upstream as a stream (watched like
     // any other) and assembled here.
     let whole = matches!(streamed, Some(None | Some(false)))
+        && gemini != Some(GeminiCall::Other)
         && protocol.assembles()
         && json.as_ref().is_some_and(Value::is_object);
-    if whole && let Some(v) = json.as_mut() {
+    // (Gemini's stream of the same request is another path, the body as
+    // it is.)
+    if whole
+        && gemini.is_none()
+        && let Some(v) = json.as_mut()
+    {
         v["stream"] = Value::Bool(true);
         if protocol == Protocol::ChatCompletions && v.get("stream_options").is_none() {
             // The usage of the whole answer arrives in a last chunk only
@@ -102,7 +117,14 @@ pub(crate) async fn watched(
         .instrument(span)
         .await;
     };
-    let url = upstream_url(base_of(&inner, upstream), &parts.uri);
+    let url = match gemini {
+        Some(GeminiCall::Whole) => format!(
+            "{}{}",
+            base_of(&inner, upstream).trim_end_matches('/'),
+            GeminiCall::as_stream(&parts.uri)
+        ),
+        _ => upstream_url(base_of(&inner, upstream), &parts.uri),
+    };
     let mut record = record;
     // Until the stream ends one way or another, the client left.
     record.outcome = Outcome::ClientGone;

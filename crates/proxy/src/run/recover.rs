@@ -213,7 +213,9 @@ impl Pump {
             let line = match (self.assembled, self.upstream) {
                 // Assembled into the provider's error answer (`whole`).
                 (Some(_), Upstream::Anthropic) => ended(StatusCode::from_u16(529).ok()),
-                (Some(_), Upstream::OpenAi) => ended(Some(StatusCode::SERVICE_UNAVAILABLE)),
+                (Some(_), Upstream::OpenAi | Upstream::Gemini) => {
+                    ended(Some(StatusCode::SERVICE_UNAVAILABLE))
+                }
                 // A stream its client starts over: not the end either.
                 (None, _) if self.splice.error_is_retried() => RecoveryEvent::HandedBackMidStream {
                     upstream,
@@ -241,7 +243,7 @@ impl Pump {
                     // as a pass-through request gets, which every client
                     // retries as it would a 529.
                     (_, StreamError::Connection { .. }) => StatusCode::BAD_GATEWAY,
-                    (Upstream::OpenAi, _) => StatusCode::SERVICE_UNAVAILABLE,
+                    (Upstream::OpenAi | Upstream::Gemini, _) => StatusCode::SERVICE_UNAVAILABLE,
                     (Upstream::Anthropic, _) => {
                         StatusCode::from_u16(529).unwrap_or(StatusCode::SERVICE_UNAVAILABLE)
                     }

@@ -14,7 +14,7 @@ use warden_llm::sse::{Parsed, SseParser};
 
 use super::{Pump, Step, report};
 use crate::access::{Outcome, RecoveryEvent};
-use crate::assemble::{Assembled, AssemblyError, Budget, ChatCompletions, Messages, Whole};
+use crate::assemble::{Assembled, AssemblyError, Budget, ChatCompletions, Gemini, Messages, Whole};
 use crate::upstream::{Protocol, Upstream, error_response, error_response_coded};
 
 /// The spliced stream's events may be a little larger than the upstream's
@@ -43,6 +43,7 @@ pub(crate) async fn answer(mut pump: Pump, protocol: Protocol) -> Response {
     let mut frames = VecDeque::new();
     let fresh = || match protocol {
         Protocol::ChatCompletions => Whole::Chat(ChatCompletions::default()),
+        Protocol::Gemini => Whole::Gemini(Gemini::default()),
         _ => Whole::Messages(Messages::default()),
     };
     let mut whole = fresh();
@@ -90,11 +91,11 @@ pub(crate) async fn answer(mut pump: Pump, protocol: Protocol) -> Response {
                 Upstream::Anthropic => {
                     StatusCode::from_u16(529).unwrap_or(StatusCode::SERVICE_UNAVAILABLE)
                 }
-                Upstream::OpenAi => StatusCode::SERVICE_UNAVAILABLE,
+                Upstream::OpenAi | Upstream::Gemini => StatusCode::SERVICE_UNAVAILABLE,
             };
             let body = match upstream {
                 Upstream::Anthropic => json!({"type": "error", "error": error}),
-                Upstream::OpenAi => json!({"error": error}),
+                Upstream::OpenAi | Upstream::Gemini => json!({"error": error}),
             };
             (status, body)
         }

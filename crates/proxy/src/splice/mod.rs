@@ -5,6 +5,7 @@
 
 mod anthropic;
 mod chat;
+mod gemini;
 mod responses;
 
 use serde_json::Value;
@@ -59,5 +60,6 @@ pub(crate) fn for_protocol(protocol: Protocol, hold_thinking: bool) -> Box<dyn S
         Protocol::Messages => Box::new(anthropic::Anthropic::new(hold_thinking)),
         Protocol::ChatCompletions => Box::new(chat::Chat::default()),
         Protocol::Responses => Box::new(responses::Responses::default()),
+        Protocol::Gemini => Box::new(gemini::Gemini::default()),
     }
 }

@@ -34,6 +34,7 @@ pub fn config_for(mock: &MockServer) -> ProxyConfig {
     ProxyConfig::default()
         .with_anthropic_upstream(mock.base_url())
         .with_openai_upstream(mock.base_url())
+        .with_gemini_upstream(mock.base_url())
         .with_timeout(TIMEOUT)
         .with_retry(
             RetryPolicy::default()
