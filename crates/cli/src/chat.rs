@@ -65,11 +65,10 @@ pub(crate) struct ChatArgs {
     /// The Claude Code binary. Default WARDEN_CLAUDE_BIN, else `claude` on PATH.
     #[arg(long, value_name = "PATH")]
     claude_bin: Option<PathBuf>,
-    /// Let Claude Code and Codex reach their APIs directly, without
-    /// warden's wire layer (by default their model streams go through
-    /// warden's watched engine in this process, which continues a stalled
-    /// or cut Claude Code reply inside the CLI's own request and retries a
-    /// Codex stream that stalls before its first byte).
+    /// Let Claude Code, Codex and Gemini CLI reach their APIs directly,
+    /// without warden's wire layer (by default their model streams go
+    /// through warden's watched engine in this process, which continues a
+    /// stalled or cut reply inside the CLI's own request).
     #[arg(long)]
     no_wire_watch: bool,
     /// Forget that this workspace's session was given up before sending.

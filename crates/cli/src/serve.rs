@@ -67,9 +67,9 @@ pub(crate) struct ServeArgs {
     /// The Claude Code binary. Default: `claude` on PATH.
     #[arg(long, env = "WARDEN_CLAUDE_BIN", value_name = "PATH")]
     claude_bin: Option<PathBuf>,
-    /// Let Claude Code and Codex reach their APIs directly, without
-    /// warden's wire layer (by default their model streams go through
-    /// warden's watched engine in this process; see `warden chat`).
+    /// Let Claude Code, Codex and Gemini CLI reach their APIs directly,
+    /// without warden's wire layer (by default their model streams go
+    /// through warden's watched engine in this process; see `warden chat`).
     #[arg(long, env = "WARDEN_NO_WIRE_WATCH")]
     no_wire_watch: bool,
     /// How long running turns may take to finish after SIGTERM: seconds,

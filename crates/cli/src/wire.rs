@@ -20,6 +20,14 @@
 //! `error` event and closes before `response.completed`, which Codex
 //! retries itself (`Reconnecting... 1/5`) at once, instead of after its
 //! own idle timeout (300 s) or being killed by the watchdog on its stdout.
+//!
+//! Gemini CLI reaches the wire through `GOOGLE_GEMINI_BASE_URL` (the
+//! engine knows its `/v1beta/` paths): a stall or a cut mid-text is
+//! continued with a continuation turn and spliced into the same stream,
+//! as for Claude Code. warden turns the CLI's own retries off
+//! (`general.maxAttempts` 1: they re-send the partial text as new text),
+//! so the wire retries an overloaded answer before any byte itself, per
+//! the shared backoff, instead of handing it back.
 
 use std::time::Duration;
 
@@ -39,7 +47,8 @@ pub(crate) struct Wire {
 
 impl Wire {
     /// The wire layer under those of `agents` whose model traffic it can
-    /// carry (none when `off`, `--no-wire-watch`): Claude Code always;
+    /// carry (none when `off`, `--no-wire-watch`): Claude Code and Gemini
+    /// CLI always;
     /// Codex when warden names its provider anyway (`base_url`, the
     /// user's `--base-url`) or it would use an API key (`OPENAI_API_KEY`),
     /// not a ChatGPT sign-in, whose backend the engine does not speak.
@@ -55,7 +64,7 @@ impl Wire {
             .iter()
             .copied()
             .filter(|agent| match agent {
-                Agent::ClaudeCode => true,
+                Agent::ClaudeCode | Agent::Gemini => true,
                 Agent::Codex => codex_by_key,
                 _ => false,
             })
@@ -65,7 +74,10 @@ impl Wire {
         }
         let config = ProxyConfig::under_agent_cli(stream_timeout)
             .with_anthropic_upstream(anthropic_upstream(base_url))
-            .with_openai_upstream(openai_upstream(base_url));
+            .with_openai_upstream(openai_upstream(base_url))
+            .with_gemini_upstream(gemini_upstream(base_url))
+            // Its CLI's retries are off (`GeminiOptions::max_attempts`).
+            .with_gemini_client_retries(false);
         Self::start(config, wired).await.map(Some)
     }
 
@@ -132,6 +144,17 @@ fn anthropic_upstream(base_url: Option<&str>) -> String {
         .map(str::to_owned)
         .or_else(|| env("ANTHROPIC_BASE_URL"))
         .unwrap_or_else(|| warden_proxy::ANTHROPIC_API.to_owned())
+}
+
+/// The Gemini API a Gemini CLI session would reach without warden:
+/// `--base-url` when given (its `GOOGLE_GEMINI_BASE_URL`), else the CLI's
+/// own `GOOGLE_GEMINI_BASE_URL`, else Google's.
+fn gemini_upstream(base_url: Option<&str>) -> String {
+    base_url
+        .map(str::to_owned)
+        .or_else(|| env("GOOGLE_GEMINI_BASE_URL"))
+        .map(|url| url.trim_end_matches('/').to_owned())
+        .unwrap_or_else(|| warden_proxy::GEMINI_API.to_owned())
 }
 
 /// The OpenAI API a Codex session would reach without warden, as the

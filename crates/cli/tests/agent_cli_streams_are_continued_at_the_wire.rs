@@ -499,3 +499,185 @@ async fn a_codex_reaching_openai_base_url_is_watched_in_front_of_it() {
     );
     mock.shutdown().await;
 }
+
+fn gemini_bin() -> Option<String> {
+    match std::env::var("WARDEN_GEMINI_BIN")
+        .ok()
+        .filter(|v| !v.is_empty())
+    {
+        Some(bin) => Some(bin),
+        None => {
+            assert_ne!(
+                std::env::var("WARDEN_REQUIRE_GEMINI").as_deref(),
+                Ok("1"),
+                "WARDEN_REQUIRE_GEMINI=1 but WARDEN_GEMINI_BIN is unset"
+            );
+            eprintln!("SKIPPED: set WARDEN_GEMINI_BIN to the gemini binary to run it");
+            None
+        }
+    }
+}
+
+/// The mock's Gemini endpoint playing `first` (after two of its three
+/// frames: "Hello from warden-mock. Your last message " and no finish
+/// reason), then a normal reply.
+async fn gemini_mock(first: Scenario) -> MockServer {
+    MockServer::start(
+        MockConfig::default()
+            .with_fault_after_frames(2)
+            .with_sequence([first, Scenario::Normal]),
+    )
+    .await
+    .expect("mock")
+}
+
+/// `warden chat --agent gemini` of `hello` against `mock`, with `extra`
+/// flags.
+async fn gemini_chat(
+    gemini: &str,
+    mock: &MockServer,
+    dir: &Path,
+    extra: &[&str],
+) -> (std::process::Output, Duration) {
+    let env = [("WARDEN_GEMINI_BIN", gemini), ("GEMINI_API_KEY", "dummy")];
+    let base = mock.base_url();
+    let agent = ["--agent", "gemini", "--base-url", &base];
+    chat_with(&agent, &env, dir, extra).await
+}
+
+/// The mock's Gemini stream requests: each one's scenario and, for a
+/// continuation of a broken reply, how it continued.
+fn gemini_requests(mock: &MockServer) -> Vec<(Option<Scenario>, Option<&'static str>)> {
+    mock.requests()
+        .into_iter()
+        .filter(|r| r.path.ends_with(":streamGenerateContent"))
+        .map(|r| (r.scenario, r.continuation))
+        .collect()
+}
+
+/// Gemini CLI's reply whole and once, the CLI started once for the turn:
+/// no kill, and no turn re-run by warden (whose retries say `warden: …
+/// retrying`; the wire's lines say `warden: wire layer:`).
+fn assert_one_gemini_reply_not_rerun(out: &std::process::Output) {
+    assert_one_reply_no_kill(out);
+    let text = stdout(out);
+    assert_eq!(
+        text.matches("characters.").count(),
+        1,
+        "the reply's end, once: {text:?}"
+    );
+    let said = stderr(out);
+    assert!(
+        !said
+            .lines()
+            .any(|l| l.contains("retrying") && !l.starts_with("warden: wire layer:")),
+        "the turn was not run again: {said}"
+    );
+}
+
+/// A Gemini reply broken by `fault` mid-text is continued at the wire with
+/// a continuation turn (the request's `contents`, the text so far as a
+/// `model` turn, the ask to go on) and spliced into the same stream: the
+/// CLI sees one whole reply, is neither killed nor run again, and the mock
+/// saw the broken request and one continuation of it.
+async fn a_gemini_reply_broken_mid_text_is_continued(gemini: &str, fault: Scenario) {
+    let mock = gemini_mock(fault).await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (out, took) = gemini_chat(gemini, &mock, dir.path(), &[]).await;
+    eprintln!("Gemini CLI, {fault} mid-text, through the wire: {took:?}");
+    assert_one_gemini_reply_not_rerun(&out);
+    let said = stderr(&out);
+    assert!(
+        said.contains("wire layer: gemini /v1beta/models/") && said.contains("continuing"),
+        "the wire continued it: {said}"
+    );
+    assert_eq!(
+        gemini_requests(&mock),
+        [(Some(fault), None), (Some(Scenario::Normal), Some("turn"))],
+        "the broken request and one continuation of it, not a second whole one"
+    );
+    assert!(
+        took < Duration::from_millis(TIMEOUT_MS) + Duration::from_secs(2),
+        "within the stream timeout and 2 s: {took:?}"
+    );
+    mock.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gemini_reply_stalled_mid_text_is_continued_at_the_wire_not_rerun() {
+    let Some(gemini) = gemini_bin() else {
+        return;
+    };
+    a_gemini_reply_broken_mid_text_is_continued(&gemini, Scenario::Stall).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gemini_reply_cut_mid_text_is_continued_at_the_wire() {
+    let Some(gemini) = gemini_bin() else {
+        return;
+    };
+    a_gemini_reply_broken_mid_text_is_continued(&gemini, Scenario::AbruptClose).await;
+}
+
+/// Without the wire the same stall costs the process watchdog's kill at
+/// the stream timeout and a re-run of the turn.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_the_wire_a_gemini_stall_costs_a_kill_and_a_rerun() {
+    let Some(gemini) = gemini_bin() else {
+        return;
+    };
+    let mock = gemini_mock(Scenario::Stall).await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (out, took) = gemini_chat(&gemini, &mock, dir.path(), &["--no-wire-watch"]).await;
+    eprintln!("Gemini CLI, stalled mid-text, without the wire: {took:?}");
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains(KILLED),
+        "the process watchdog killed the stalled CLI: {}",
+        stderr(&out)
+    );
+    assert_eq!(
+        gemini_requests(&mock),
+        [
+            (Some(Scenario::Stall), None),
+            (Some(Scenario::Normal), None)
+        ],
+        "the stalled request and a second whole one"
+    );
+    assert!(took >= Duration::from_millis(TIMEOUT_MS), "{took:?}");
+    mock.shutdown().await;
+}
+
+/// An overloaded answer (529, `UNAVAILABLE`) before any byte is retried by
+/// the wire itself for Gemini CLI, whose own retries warden turns off: the
+/// CLI sees one later, whole stream and is not run again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_529_before_any_byte_is_retried_by_the_wire_under_gemini_cli() {
+    let Some(gemini) = gemini_bin() else {
+        return;
+    };
+    let mock = gemini_mock(Scenario::Overloaded).await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (out, took) = gemini_chat(&gemini, &mock, dir.path(), &[]).await;
+    eprintln!("Gemini CLI, 529 then a reply, through the wire: {took:?}");
+    assert_one_gemini_reply_not_rerun(&out);
+    assert!(
+        stderr(&out).contains("wire layer: gemini /v1beta/models/")
+            && stderr(&out).contains("retrying"),
+        "the wire retried it: {}",
+        stderr(&out)
+    );
+    assert_eq!(
+        gemini_requests(&mock),
+        [
+            (Some(Scenario::Overloaded), None),
+            (Some(Scenario::Normal), None)
+        ],
+        "the 529 and the wire's one retry"
+    );
+    assert!(
+        took < Duration::from_millis(TIMEOUT_MS) + Duration::from_secs(2),
+        "within the stream timeout and 2 s: {took:?}"
+    );
+    mock.shutdown().await;
+}
