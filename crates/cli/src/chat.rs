@@ -345,6 +345,16 @@ pub(crate) async fn run(args: ChatArgs) -> Result<Exit, CliError> {
     if let Some(claude) = claude {
         claude.shutdown().await;
     }
+    // A failed turn says which layer gave up, after what.
+    let result = result.map_err(|e| {
+        if let Some(why) = wire
+            .as_ref()
+            .and_then(crate::wire::Wire::every_request_stalled)
+        {
+            eprintln!("warden: {why}");
+        }
+        process_layer_gave_up(args.agent, e)
+    });
     drop(wire);
     let relayed = result?;
     if relayed.line_open {
@@ -354,6 +364,22 @@ pub(crate) async fn run(args: ChatArgs) -> Result<Exit, CliError> {
         println!("{}", context::indicator(ctx.percent));
     }
     Ok(Exit::Ok)
+}
+
+/// `error` of a turn that ran `agent`, naming the process layer when it
+/// gave up: a CLI silent on stdout for the stream timeout on every run of
+/// the turn (`ESTREAM_TIMEOUT`, what the process watchdog watches).
+fn process_layer_gave_up(agent: Agent, error: CliError) -> CliError {
+    if error.exit != Exit::Timeout || !agent.runs_in_workspace() {
+        return error;
+    }
+    let message = format!(
+        "the process layer gave up: {} printed nothing on stdout for the stream timeout on \
+         every run ({})",
+        agent.as_str(),
+        error.message
+    );
+    CliError::new(error.exit, message)
 }
 
 #[cfg(test)]

@@ -29,9 +29,12 @@
 //! so the wire retries an overloaded answer before any byte itself, per
 //! the shared backoff, instead of handing it back.
 
+use std::collections::HashSet;
+use std::sync::Arc;
 use std::time::Duration;
 
-use warden_proxy::{Proxy, ProxyConfig};
+use parking_lot::Mutex;
+use warden_proxy::{Outcome, Proxy, ProxyConfig, RecoveryEvent};
 use warden_serve::Agent;
 
 use crate::exit::CliError;
@@ -39,6 +42,10 @@ use crate::exit::CliError;
 /// A running wire layer.
 pub(crate) struct Wire {
     proxy: Proxy,
+    /// What it saw of the model requests it carried.
+    seen: Arc<Mutex<Seen>>,
+    /// Its silence allowance per attempt.
+    allowance: Duration,
     agents: Vec<Agent>,
     url: String,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
@@ -83,10 +90,25 @@ impl Wire {
 
     /// Starts the engine of `config` on loopback.
     async fn start(config: ProxyConfig, agents: Vec<Agent>) -> Result<Self, CliError> {
+        let seen = Arc::new(Mutex::new(Seen::default()));
+        let (killed, ended) = (Arc::clone(&seen), Arc::clone(&seen));
+        let allowance = config.timeout;
         let config = config
             // What it did, as `warden proxy` says it: the CLI never sees
             // it, so this line is the only trace of it on the terminal.
-            .with_recovery_log(|recovery| eprintln!("warden: wire layer: {recovery}"));
+            .with_recovery_log(move |recovery| {
+                if let RecoveryEvent::Killed { request, .. } = recovery {
+                    let mut seen = killed.lock();
+                    seen.stalled.insert(*request);
+                    seen.kills += 1;
+                }
+                eprintln!("warden: wire layer: {recovery}");
+            })
+            .with_access_log(move |record| {
+                if record.outcome == Outcome::Complete {
+                    ended.lock().completed += 1;
+                }
+            });
         let proxy = Proxy::start(config)
             .await
             .map_err(|e| CliError::usage(format!("the wire layer: {e}")))?;
@@ -108,6 +130,8 @@ impl Wire {
         });
         Ok(Self {
             proxy,
+            seen,
+            allowance,
             agents,
             url,
             stop: Some(stop),
@@ -120,6 +144,38 @@ impl Wire {
     /// `--base-url`).
     pub(crate) fn base_url(&self, agent: Agent) -> Option<String> {
         self.agents.contains(&agent).then(|| self.url.clone())
+    }
+    /// Why nothing it carried could save a failed turn, when every model
+    /// request stalled: how many, how many silent attempts it killed and
+    /// after how long; `None` when one completed or none stalled.
+    pub(crate) fn every_request_stalled(&self) -> Option<String> {
+        self.seen.lock().every_request_stalled(self.allowance)
+    }
+}
+
+/// What the wire layer saw of the model requests it carried.
+#[derive(Debug, Default)]
+struct Seen {
+    /// Requests with an attempt killed for silence.
+    stalled: HashSet<u64>,
+    /// Attempts killed for silence.
+    kills: u32,
+    /// Requests whose reply was whole.
+    completed: u32,
+}
+
+impl Seen {
+    fn every_request_stalled(&self, allowance: Duration) -> Option<String> {
+        (self.completed == 0 && !self.stalled.is_empty()).then(|| {
+            format!(
+                "wire layer: the model stream stalled on every request of this turn: {} \
+                 request(s), {} attempt(s) silent for {:.1}s, each killed and retried or \
+                 continued, none completed",
+                self.stalled.len(),
+                self.kills,
+                allowance.as_secs_f64()
+            )
+        })
     }
 }
 

@@ -197,6 +197,43 @@ async fn a_claude_code_reply_cut_mid_text_is_continued_at_the_wire() {
     mock.shutdown().await;
 }
 
+/// When every model request stalls (the upstream takes each one and never
+/// finishes it, streamed or not), the turn ends after the process layer's
+/// attempts (4 runs, each killed when Claude Code's stdout stayed silent
+/// for the stream timeout) and says which layer gave up after what: the
+/// wire saw every request stall, none complete; the process layer found
+/// the CLI silent on every run. Claude Code alone waits out each stall
+/// (300 s, or `CLAUDE_BYTE_STREAM_IDLE_TIMEOUT_MS`), then re-sends without
+/// streaming, which stalls too (`docs/agents.md` has what it measured).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn when_every_stream_stalls_the_turn_ends_and_says_which_layer_gave_up() {
+    let Some(claude) = claude_bin() else {
+        return;
+    };
+    let mock = MockServer::start(MockConfig::default().with_default_scenario(Scenario::Stall))
+        .await
+        .expect("mock");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (out, took) = chat(&claude, &mock, dir.path(), &[]).await;
+    eprintln!("every stream stalled, through the wire: {took:?}");
+    check_no_panic(&out);
+    let said = stderr(&out);
+    assert_eq!(code(&out), 4, "a stream timeout (exit 4): {said}");
+    assert!(
+        said.contains("wire layer: the model stream stalled on every request of this turn"),
+        "the wire says what it saw: {said}"
+    );
+    assert!(
+        said.contains("the process layer gave up: claude-code printed nothing on stdout"),
+        "the error names the layer that gave up: {said}"
+    );
+    assert!(
+        took < Duration::from_millis(4 * TIMEOUT_MS) + Duration::from_secs(24),
+        "four runs of the stream timeout and their restarts: {took:?}"
+    );
+    mock.shutdown().await;
+}
+
 /// A stall inside a thinking block cannot be continued (only the model can
 /// sign a thinking block): the wire holds thinking back, so it retries the
 /// request from scratch unseen — the CLI sees one whole answer.
