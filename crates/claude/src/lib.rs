@@ -6,8 +6,9 @@
 //! guarantees (watchdog-fed frames, resume by the agent's own id, typed
 //! resume failures, cancel that ends the group, garbage-line limits). The
 //! adapters here: Claude Code ([`ClaudeOptions`], [`ClaudeSource`]), the
-//! Codex CLI ([`CodexOptions`], [`CodexSource`]) and the Gemini CLI
-//! ([`GeminiOptions`], [`GeminiSource`]). Adding
+//! Codex CLI ([`CodexOptions`], [`CodexSource`]), the Gemini CLI
+//! ([`GeminiOptions`], [`GeminiSource`]), and OpenCode and its fork Kilo
+//! Code ([`OpenCodeOptions`], [`OpenCodeSource`]). Adding
 //! a CLI is one file: see [`cli`] and `examples/third_agent.rs`, and
 //! `docs/agents.md` for what each agent's tests show.
 //!
@@ -180,6 +181,7 @@ pub mod cli;
 mod codex;
 mod gemini;
 mod lines;
+mod opencode;
 mod options;
 mod process;
 mod source;
@@ -203,5 +205,9 @@ pub use gemini::{
     GeminiApproval, GeminiOptions, GeminiParser, GeminiSource, GeminiSourceFactory,
 };
 pub use lines::{clip, stderr_summary};
+pub use opencode::{
+    OPENCODE_CONTEXT_WINDOW, OPENCODE_DEFAULT_MODEL, OPENCODE_FRESH_START_NOTE, OPENCODE_PROVIDER,
+    OpenCodeFlavor, OpenCodeOptions, OpenCodeParser, OpenCodeSource, OpenCodeSourceFactory,
+};
 pub use options::{ClaudeOptions, PermissionMode};
 pub use source::{CliSource, CliSourceFactory};

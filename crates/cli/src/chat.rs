@@ -3,7 +3,10 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use warden_claude::{ClaudeOptions, ClaudeSource, CodexOptions, CodexSource, GeminiSource};
+use warden_claude::{
+    ClaudeOptions, ClaudeSource, CodexOptions, CodexSource, GeminiSource, OpenCodeFlavor,
+    OpenCodeSource,
+};
 use warden_core::{
     EventSource, Notice, Notifier, SessionKey, Supervisor, SupervisorConfig, context,
 };
@@ -14,8 +17,8 @@ use crate::input::{MAX_INPUT_BYTES, read_bounded};
 use crate::paths;
 use crate::relay::relay;
 use crate::sources::{
-    HttpSettings, HttpSource, Provider, check_url, claude_binary, codex_base_url, codex_binary,
-    gemini_options,
+    HttpSettings, HttpSource, Provider, check_url, claude_binary, codex_binary, gemini_options,
+    opencode_options, v1_base_url,
 };
 
 /// The agent behind a workspace's session: the API's one list of agent
@@ -135,6 +138,8 @@ pub(crate) enum CliChildren {
     Codex(Arc<CodexSource>),
     /// Gemini's.
     Gemini(Arc<GeminiSource>),
+    /// OpenCode's or Kilo Code's.
+    OpenCode(Arc<OpenCodeSource>),
 }
 
 impl CliChildren {
@@ -144,6 +149,7 @@ impl CliChildren {
             Self::Claude(source) => source.shutdown().await,
             Self::Codex(source) => source.shutdown().await,
             Self::Gemini(source) => source.shutdown().await,
+            Self::OpenCode(source) => source.shutdown().await,
         }
     }
 }
@@ -152,7 +158,8 @@ impl CliChildren {
 /// shut its children down at the end).
 pub(crate) type AgentSource = (Arc<dyn EventSource>, Option<CliChildren>);
 
-/// The process settings of a CLI run per turn (Codex, Gemini): each
+/// The process settings of a CLI run per turn (Codex, Gemini, OpenCode,
+/// Kilo Code): each
 /// process recorded under `DATA_DIR/children` while it runs, after the
 /// groups a crashed warden left there are ended — a `kill -9` of warden
 /// mid-turn leaves such a process running (its stdin is already closed),
@@ -207,7 +214,7 @@ pub(crate) fn agent_source(
                 options = options.with_model(model);
             }
             if let Some(url) = base_url {
-                options = options.with_base_url(codex_base_url(&url));
+                options = options.with_base_url(v1_base_url(&url));
             }
             let source = Arc::new(CodexSource::new(options));
             (source.clone(), Some(CliChildren::Codex(source)))
@@ -217,6 +224,17 @@ pub(crate) fn agent_source(
                 .with_settings(children_settings(data_dir));
             let source = Arc::new(GeminiSource::new(options));
             (source.clone(), Some(CliChildren::Gemini(source)))
+        }
+        Agent::OpenCode | Agent::KiloCode => {
+            let flavor = if agent == Agent::KiloCode {
+                OpenCodeFlavor::Kilo
+            } else {
+                OpenCodeFlavor::OpenCode
+            };
+            let options = opencode_options(flavor, model, base_url)?
+                .with_settings(children_settings(data_dir));
+            let source = Arc::new(OpenCodeSource::new(options));
+            (source.clone(), Some(CliChildren::OpenCode(source)))
         }
         Agent::Anthropic | Agent::Openai => {
             let provider = if agent == Agent::Anthropic {

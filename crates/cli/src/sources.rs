@@ -12,6 +12,8 @@ use warden_llm::{
     OpenAiResponsesSource, OpenAiSource, SourceOptions, Transcripts,
 };
 
+use warden_claude::{OpenCodeFlavor, OpenCodeOptions};
+
 use crate::exit::CliError;
 
 /// The wire protocol of an HTTP endpoint.
@@ -247,6 +249,44 @@ pub(crate) fn gemini_binary() -> Result<PathBuf, CliError> {
     })
 }
 
+/// The binary of OpenCode (`WARDEN_OPENCODE_BIN`, else `opencode` on
+/// `PATH`) or Kilo Code (`WARDEN_KILO_BIN`, else `kilo`).
+pub(crate) fn opencode_binary(flavor: OpenCodeFlavor) -> Result<PathBuf, CliError> {
+    let (var, package) = match flavor {
+        OpenCodeFlavor::Kilo => ("WARDEN_KILO_BIN", "@kilocode/cli"),
+        _ => ("WARDEN_OPENCODE_BIN", "opencode-ai"),
+    };
+    let wanted = std::env::var_os(var)
+        .filter(|v| !v.is_empty())
+        .map_or_else(|| PathBuf::from(flavor.binary()), PathBuf::from);
+    which::which(&wanted).map_err(|_| {
+        CliError::usage(format!(
+            "the {} CLI ({}) was not found; install it (npm install -g {package}) or set {var}",
+            flavor.name(),
+            wanted.display()
+        ))
+    })
+}
+
+/// How `--agent opencode|kilo-code` runs the CLI: its binary, `--base-url`
+/// (plus `/v1`) as the `baseURL` of a provider `warden` whose key is
+/// `OPENAI_API_KEY`, and the model (that provider's, default `gpt-4.1`;
+/// without a base URL the CLI's own `provider/model`).
+pub(crate) fn opencode_options(
+    flavor: OpenCodeFlavor,
+    model: Option<String>,
+    base_url: Option<String>,
+) -> Result<OpenCodeOptions, CliError> {
+    let mut options = OpenCodeOptions::new(flavor).with_binary(opencode_binary(flavor)?);
+    if let Some(model) = model {
+        options = options.with_model(model);
+    }
+    if let Some(url) = base_url {
+        options = options.with_base_url(v1_base_url(&url));
+    }
+    Ok(options)
+}
+
 /// The directory under the data directory that is the Gemini CLI's
 /// `GEMINI_CLI_HOME`: its `.gemini/settings.json` (written by warden) and
 /// its sessions; the user's own `~/.gemini` is never used.
@@ -280,9 +320,10 @@ pub(crate) fn gemini_options(
     Ok(options)
 }
 
-/// Codex's provider base URL for `url`: Codex posts to `{base}/responses`,
-/// so `/v1` is added unless the URL already ends with it.
-pub(crate) fn codex_base_url(url: &str) -> String {
+/// The provider base URL of Codex and OpenCode for `url`: they post to
+/// `{base}/responses` and `{base}/chat/completions`, so `/v1` is added
+/// unless the URL already ends with it.
+pub(crate) fn v1_base_url(url: &str) -> String {
     let url = url.trim_end_matches('/');
     if url.ends_with("/v1") {
         url.to_owned()
@@ -297,9 +338,9 @@ mod tests {
 
     #[test]
     fn codex_base_urls_end_in_v1_once() {
-        assert_eq!(codex_base_url("http://h:1"), "http://h:1/v1");
-        assert_eq!(codex_base_url("http://h:1/v1/"), "http://h:1/v1");
-        assert_eq!(codex_base_url("http://h:1/p"), "http://h:1/p/v1");
+        assert_eq!(v1_base_url("http://h:1"), "http://h:1/v1");
+        assert_eq!(v1_base_url("http://h:1/v1/"), "http://h:1/v1");
+        assert_eq!(v1_base_url("http://h:1/p"), "http://h:1/p/v1");
     }
 
     #[test]

@@ -28,6 +28,13 @@
 //! (`general.maxAttempts` 1: they re-send the partial text as new text),
 //! so the wire retries an overloaded answer before any byte itself, per
 //! the shared backoff, instead of handing it back.
+//!
+//! OpenCode and Kilo Code speak OpenAI chat completions (a provider
+//! `warden` whose `baseURL` is the engine plus `/v1`), whose streams the
+//! engine continues as Claude Code's: a stall or a cut mid-text is
+//! continued with a continuation turn, the repeat trimmed, and spliced
+//! into the same completion, so the CLI sees one whole reply (and never
+//! runs its own re-send, or its request loop on a cut stream).
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -58,7 +65,9 @@ impl Wire {
     /// CLI always;
     /// Codex when warden names its provider anyway (`base_url`, the
     /// user's `--base-url`) or it would use an API key (`OPENAI_API_KEY`),
-    /// not a ChatGPT sign-in, whose backend the engine does not speak.
+    /// not a ChatGPT sign-in, whose backend the engine does not speak;
+    /// OpenCode and Kilo Code when warden names their provider
+    /// (`--base-url`; without it they use the user's own providers).
     /// Its upstreams are what each CLI would reach without warden.
     pub(crate) async fn for_agents(
         agents: &[Agent],
@@ -73,6 +82,7 @@ impl Wire {
             .filter(|agent| match agent {
                 Agent::ClaudeCode | Agent::Gemini => true,
                 Agent::Codex => codex_by_key,
+                Agent::OpenCode | Agent::KiloCode => base_url.is_some(),
                 _ => false,
             })
             .collect();
@@ -140,8 +150,8 @@ impl Wire {
     }
 
     /// Where `agent` sends its model requests: the wire, when it carries
-    /// that agent's traffic (Codex adds `/v1` to it, as to any
-    /// `--base-url`).
+    /// that agent's traffic (Codex and OpenCode add `/v1` to it, as to
+    /// any `--base-url`).
     pub(crate) fn base_url(&self, agent: Agent) -> Option<String> {
         self.agents.contains(&agent).then(|| self.url.clone())
     }
@@ -216,7 +226,7 @@ fn gemini_upstream(base_url: Option<&str>) -> String {
 /// The OpenAI API a Codex session would reach without warden, as the
 /// engine's base (its requests' paths start with `/v1`): `--base-url`
 /// when given (Codex's provider is that URL with `/v1` added,
-/// [`codex_base_url`](crate::sources::codex_base_url)), else
+/// [`v1_base_url`](crate::sources::v1_base_url)), else
 /// `OPENAI_BASE_URL` (which ends in `/v1`), else the provider's.
 fn openai_upstream(base_url: Option<&str>) -> String {
     base_url
@@ -248,7 +258,7 @@ mod tests {
             "http://h:1/p/",
             "http://h:1/p/v1/",
         ] {
-            let codex = format!("{}/responses", crate::sources::codex_base_url(url));
+            let codex = format!("{}/responses", crate::sources::v1_base_url(url));
             let wire = format!("{}/v1/responses", openai_upstream(Some(url)));
             assert_eq!(wire, codex, "{url}");
         }

@@ -13,9 +13,18 @@
 //! continued and spliced into the same Responses stream, so Codex never
 //! retries it and is never killed.
 //!
-//! The CLIs come from `WARDEN_CLAUDE_BIN` and `WARDEN_CODEX_BIN`
-//! (installed by `.ci/run`); without one its tests print why they are
-//! skipped, unless `WARDEN_REQUIRE_CLAUDE=1` / `WARDEN_REQUIRE_CODEX=1`.
+//! `warden chat --agent opencode` runs the real OpenCode with its
+//! provider's `baseURL` at the wire (chat completions): a stall or a cut
+//! mid-text is continued and spliced into the same completion, so OpenCode
+//! neither re-sends the request (after its own stall timeout) nor loops
+//! asking the model to go on. Without the wire, a stream that ends without
+//! a finish reason is failed at OpenCode's `step_finish` (reason
+//! `unknown`) and retried by warden: the reply once, no loop.
+//!
+//! The CLIs come from `WARDEN_CLAUDE_BIN`, `WARDEN_CODEX_BIN` and
+//! `WARDEN_OPENCODE_BIN` (installed by `.ci/run`); without one its tests
+//! print why they are skipped, unless `WARDEN_REQUIRE_CLAUDE=1` /
+//! `WARDEN_REQUIRE_CODEX=1` / `WARDEN_REQUIRE_OPENCODE=1`.
 
 mod common;
 
@@ -349,7 +358,7 @@ fn assert_one_reply_no_kill(out: &std::process::Output) {
     );
     assert!(
         !stderr(out).contains(KILLED),
-        "Codex was not killed and re-run: {}",
+        "the CLI was not killed and re-run: {}",
         stderr(out)
     );
 }
@@ -715,6 +724,132 @@ async fn a_529_before_any_byte_is_retried_by_the_wire_under_gemini_cli() {
     assert!(
         took < Duration::from_millis(TIMEOUT_MS) + Duration::from_secs(2),
         "within the stream timeout and 2 s: {took:?}"
+    );
+    mock.shutdown().await;
+}
+
+fn opencode_bin() -> Option<String> {
+    match std::env::var("WARDEN_OPENCODE_BIN")
+        .ok()
+        .filter(|v| !v.is_empty())
+    {
+        Some(bin) => Some(bin),
+        None => {
+            assert_ne!(
+                std::env::var("WARDEN_REQUIRE_OPENCODE").as_deref(),
+                Ok("1"),
+                "WARDEN_REQUIRE_OPENCODE=1 but WARDEN_OPENCODE_BIN is unset"
+            );
+            eprintln!("SKIPPED: set WARDEN_OPENCODE_BIN to the opencode binary to run it");
+            None
+        }
+    }
+}
+
+/// The stream timeout of the OpenCode tests: OpenCode prints nothing
+/// until a text part is whole, so its stdout is silent for its start-up
+/// (3-4 s idle, up to 15 s measured on a loaded CI machine's fresh home),
+/// the request and the wire's recovery (half this).
+const OPENCODE_TIMEOUT_MS: u64 = 20_000;
+
+/// `warden chat --agent opencode` of `hello` against `mock` (its chat
+/// completions endpoint), with `extra` flags.
+async fn opencode_chat(
+    opencode: &str,
+    mock: &MockServer,
+    dir: &Path,
+    extra: &[&str],
+) -> (std::process::Output, Duration) {
+    let timeout = OPENCODE_TIMEOUT_MS.to_string();
+    let env = [
+        ("WARDEN_OPENCODE_BIN", opencode),
+        ("WARDEN_STREAM_TIMEOUT", &timeout),
+    ];
+    let base = mock.base_url();
+    let agent = ["--agent", "opencode", "--base-url", &base];
+    chat_with(&agent, &env, dir, extra).await
+}
+
+/// An OpenCode reply broken by `fault` mid-text is continued at the wire
+/// and spliced into the same completion: OpenCode sees one whole stream
+/// (no re-send of its own, no `unknown` step), is started once and not
+/// killed, and the mock saw the broken request and one continuation.
+async fn an_opencode_reply_broken_mid_text_is_continued(opencode: &str, fault: Scenario) {
+    let mock = responses_mock(fault, 3).await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (out, took) = opencode_chat(opencode, &mock, dir.path(), &[]).await;
+    eprintln!("OpenCode, {fault} mid-text, through the wire: {took:?}");
+    assert_one_reply_no_kill(&out);
+    let reply = stdout(&out);
+    assert!(
+        reply.contains("Hello from warden-mock. Your last message had ")
+            && reply.contains(" characters."),
+        "the whole reply, its end included: {reply:?}"
+    );
+    let said = stderr(&out);
+    assert!(
+        said.contains("wire layer: openai /v1/chat/completions") && said.contains("continuing"),
+        "the wire continued it: {said}"
+    );
+    assert_eq!(
+        continued(&mock, "/v1/chat/completions"),
+        [(Some(fault), None), (Some(Scenario::Normal), Some("turn"))],
+        "the broken request and one continuation of it, not OpenCode's own re-send"
+    );
+    assert!(
+        took < Duration::from_millis(OPENCODE_TIMEOUT_MS / 2) + Duration::from_secs(20),
+        "the wire's allowance, OpenCode's start-up and a few seconds: {took:?}"
+    );
+    mock.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_opencode_reply_stalled_mid_text_is_continued_at_the_wire_not_rerun() {
+    let Some(opencode) = opencode_bin() else {
+        return;
+    };
+    an_opencode_reply_broken_mid_text_is_continued(&opencode, Scenario::Stall).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_opencode_reply_cut_mid_text_is_continued_at_the_wire() {
+    let Some(opencode) = opencode_bin() else {
+        return;
+    };
+    an_opencode_reply_broken_mid_text_is_continued(&opencode, Scenario::AbruptClose).await;
+}
+
+/// Without the wire, a stream that ends cleanly without a finish reason
+/// (mock `early-end`) makes OpenCode ask the model to go on from the
+/// partial text, again and again while it keeps being cut; warden fails
+/// the turn at its `step_finish` with reason `unknown` and runs it again
+/// on the same session: the whole reply once, two or three requests (the
+/// cut one, maybe OpenCode's first go-on, warden's retry), not a loop.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_the_wire_an_opencode_stream_cut_without_a_finish_reason_is_retried_not_looped() {
+    let Some(opencode) = opencode_bin() else {
+        return;
+    };
+    let mock = responses_mock(Scenario::EarlyEnd, 3).await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (out, took) = opencode_chat(&opencode, &mock, dir.path(), &["--no-wire-watch"]).await;
+    eprintln!(
+        "OpenCode, early end, no wire: {took:?}; stderr: {}",
+        stderr(&out)
+    );
+    check_no_panic(&out);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let reply = stdout(&out);
+    assert_eq!(
+        reply.matches("Hello from").count(),
+        1,
+        "the whole reply once, the partial one not kept: {reply:?}"
+    );
+    assert!(reply.contains(" characters."), "{reply:?}");
+    let requests = continued(&mock, "/v1/chat/completions");
+    assert!(
+        (2..=3).contains(&requests.len()) && requests[0].0 == Some(Scenario::EarlyEnd),
+        "the cut request, then at most OpenCode's one go-on and warden's retry: {requests:?}"
     );
     mock.shutdown().await;
 }

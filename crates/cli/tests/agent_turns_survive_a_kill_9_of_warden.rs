@@ -1,4 +1,4 @@
-//! `kill -9` of `warden serve --agent codex|gemini|claude-code` mid-turn (the real
+//! `kill -9` of `warden serve --agent codex|gemini|claude-code|opencode` mid-turn (the real
 //! CLI stalled on the mock), then a restart on the same data directory:
 //! the pending message is re-delivered once and answered once (the mock's
 //! journal counts the stalled request and the re-delivered one, nothing
@@ -15,10 +15,14 @@
 //! next warden resumed, losing the turn before it (measured twice); its
 //! process is recorded and ended the same way.
 //!
+//! OpenCode's `run` has its stdin closed too and, stalled, would wait for
+//! ever (warden turns its own stall timeout off); it is ended the same way.
+//!
 //! The CLIs come from `WARDEN_CODEX_BIN` / `WARDEN_GEMINI_BIN` /
-//! `WARDEN_CLAUDE_BIN` (installed by `.ci/run`); without one its test
-//! prints why it is skipped, unless `WARDEN_REQUIRE_CODEX=1` /
-//! `WARDEN_REQUIRE_GEMINI=1` / `WARDEN_REQUIRE_CLAUDE=1`.
+//! `WARDEN_CLAUDE_BIN` / `WARDEN_OPENCODE_BIN` (installed by `.ci/run`);
+//! without one its test prints why it is skipped, unless
+//! `WARDEN_REQUIRE_CODEX=1` / `WARDEN_REQUIRE_GEMINI=1` /
+//! `WARDEN_REQUIRE_CLAUDE=1` / `WARDEN_REQUIRE_OPENCODE=1`.
 
 mod common;
 
@@ -315,4 +319,19 @@ async fn a_claude_code_turn_killed_with_warden_is_redelivered_once_and_its_cli_e
         ("CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "1"),
     ];
     kill_9_mid_turn("claude-code", "/v1/messages", &env).await;
+}
+
+/// OpenCode: re-delivered once on its session (`-s`, the id its first
+/// line announced), answered once, the orphan gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_opencode_turn_killed_with_warden_is_redelivered_once_and_its_cli_ended() {
+    let Some(bin) = cli_bin(
+        "WARDEN_OPENCODE_BIN",
+        "WARDEN_REQUIRE_OPENCODE",
+        "an_opencode_turn_killed_with_warden",
+    ) else {
+        return;
+    };
+    let env = [("WARDEN_OPENCODE_BIN", bin.as_str())];
+    kill_9_mid_turn("opencode", "/v1/chat/completions", &env).await;
 }

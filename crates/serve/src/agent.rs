@@ -34,6 +34,14 @@ pub enum Agent {
     /// The Gemini CLI (`gemini`), one child process per turn; it keeps its
     /// own sessions.
     Gemini,
+    /// OpenCode (`opencode run`), one child process per turn; it keeps its
+    /// own sessions.
+    #[serde(rename = "opencode")]
+    #[cfg_attr(feature = "clap", value(name = "opencode"))]
+    OpenCode,
+    /// Kilo Code CLI (`kilo run`, an OpenCode fork), one child process per
+    /// turn; it keeps its own sessions.
+    KiloCode,
     /// The Anthropic Messages API; warden keeps the transcript.
     Anthropic,
     /// An OpenAI-compatible chat completions API; warden keeps the
@@ -43,10 +51,12 @@ pub enum Agent {
 
 impl Agent {
     /// Every agent kind.
-    pub const ALL: [Agent; 5] = [
+    pub const ALL: [Agent; 7] = [
         Agent::ClaudeCode,
         Agent::Codex,
         Agent::Gemini,
+        Agent::OpenCode,
+        Agent::KiloCode,
         Agent::Anthropic,
         Agent::Openai,
     ];
@@ -57,6 +67,8 @@ impl Agent {
             Agent::ClaudeCode => "claude-code",
             Agent::Codex => "codex",
             Agent::Gemini => "gemini",
+            Agent::OpenCode => "opencode",
+            Agent::KiloCode => "kilo-code",
             Agent::Anthropic => "anthropic",
             Agent::Openai => "openai",
         }
@@ -70,7 +82,10 @@ impl Agent {
     /// Whether it runs in its session's workspace directory (the agent
     /// CLIs), which must then exist.
     pub fn runs_in_workspace(self) -> bool {
-        matches!(self, Agent::ClaudeCode | Agent::Codex | Agent::Gemini)
+        matches!(
+            self,
+            Agent::ClaudeCode | Agent::Codex | Agent::Gemini | Agent::OpenCode | Agent::KiloCode
+        )
     }
 }
 

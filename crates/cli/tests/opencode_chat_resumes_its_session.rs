@@ -1,0 +1,167 @@
+//! `warden chat --agent opencode`: the real OpenCode (`WARDEN_OPENCODE_BIN`,
+//! installed by `.ci/run`) against the mock's chat-completions endpoint,
+//! through the wire layer. Two invocations, one OpenCode session (`-s`),
+//! one model request and one CLI run per turn (no title request), the
+//! context indicator, nothing fetched from the npm registry; a session
+//! OpenCode no longer has ("Session not found") falls back to a fresh one
+//! with the message re-delivered and a notice. Skipped with a printed
+//! reason when the binary is not there, unless `WARDEN_REQUIRE_OPENCODE=1`.
+
+mod common;
+
+use std::path::Path;
+use std::time::Duration;
+
+use common::*;
+use serde_json::Value;
+use warden_mock::{MockConfig, MockServer};
+
+const CHAT: &str = "/v1/chat/completions";
+
+fn opencode_bin() -> Option<std::ffi::OsString> {
+    let bin = std::env::var_os("WARDEN_OPENCODE_BIN").filter(|v| !v.is_empty());
+    if bin.is_none() {
+        assert_ne!(
+            std::env::var("WARDEN_REQUIRE_OPENCODE").as_deref(),
+            Ok("1"),
+            "WARDEN_REQUIRE_OPENCODE=1 but WARDEN_OPENCODE_BIN is unset"
+        );
+        eprintln!("skipped: set WARDEN_OPENCODE_BIN to the opencode binary to run this test");
+    }
+    bin
+}
+
+async fn session_id(data: &Path) -> String {
+    let out = run(&["sessions", "--json", "--data-dir", arg(data)]).await;
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let sessions: Vec<Value> = serde_json::from_str(&stdout(&out)).expect("JSON array");
+    sessions[0]["agent_session_id"]
+        .as_str()
+        .expect("OpenCode's session id")
+        .to_owned()
+}
+
+/// A test's mock, directories and `warden chat` of one message.
+struct Fixture {
+    bin: std::ffi::OsString,
+    mock: MockServer,
+    dir: tempfile::TempDir,
+}
+
+impl Fixture {
+    async fn new(bin: std::ffi::OsString) -> Self {
+        let mock = MockServer::start(MockConfig::default())
+            .await
+            .expect("mock");
+        let dir = tempfile::tempdir().expect("tempdir");
+        for d in ["repo", "home"] {
+            std::fs::create_dir_all(dir.path().join(d)).expect("mkdir");
+        }
+        Self { bin, mock, dir }
+    }
+
+    fn path(&self, name: &str) -> std::path::PathBuf {
+        self.dir.path().join(name)
+    }
+
+    async fn chat(&self, message: &str) -> std::process::Output {
+        let (workspace, data) = (self.path("repo"), self.path("data"));
+        let base_url = self.mock.base_url();
+        let mut cmd = command(&[
+            "chat",
+            "--workspace",
+            arg(&workspace),
+            "--data-dir",
+            arg(&data),
+            "--agent",
+            "opencode",
+            "--base-url",
+            &base_url,
+            message,
+        ]);
+        cmd.env("WARDEN_OPENCODE_BIN", &self.bin)
+            .env("HOME", self.path("home"));
+        let out = output(cmd, Duration::from_secs(120)).await;
+        check_no_panic(&out);
+        assert_eq!(code(&out), 0, "{}", stderr(&out));
+        let reply = stdout(&out);
+        assert_eq!(
+            reply.matches("Hello from warden-mock.").count(),
+            1,
+            "the reply, once: {reply}"
+        );
+        assert!(reply.contains("[ctx: "), "{reply}");
+        out
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn opencode_chats_resume_the_same_session_one_request_and_one_run_per_turn() {
+    let Some(bin) = opencode_bin() else {
+        return;
+    };
+    let fx = Fixture::new(bin).await;
+    let first = fx.chat("Say hello.").await;
+    let id = session_id(&fx.path("data")).await;
+    assert!(id.starts_with("ses_"), "{id}");
+    assert_eq!(
+        fx.mock.requests_to(CHAT),
+        1,
+        "one request, no title request"
+    );
+
+    let second = fx.chat("Again.").await;
+    assert_eq!(session_id(&fx.path("data")).await, id, "the same session");
+    for out in [&first, &second] {
+        let said = stderr(out);
+        assert!(
+            !said.contains("starting fresh") && !said.contains("Retrying"),
+            "one run per turn: {said}"
+        );
+    }
+    assert_eq!(fx.mock.requests_to(CHAT), 2, "one request per turn");
+    assert!(
+        !fx.path("home/.npm").exists(),
+        "no plugin install reached the npm registry"
+    );
+    fx.mock.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_opencode_no_longer_has_falls_back_to_a_fresh_one_with_the_message() {
+    let Some(bin) = opencode_bin() else {
+        return;
+    };
+    let fx = Fixture::new(bin).await;
+    fx.chat("Say hello.").await;
+    let id = session_id(&fx.path("data")).await;
+    // OpenCode's whole store gone: its `-s <id>` is "Session not found".
+    let store = fx.path("home/.local/share/opencode");
+    for entry in std::fs::read_dir(&store)
+        .expect("OpenCode's store")
+        .flatten()
+    {
+        if entry
+            .file_name()
+            .to_string_lossy()
+            .starts_with("opencode.db")
+        {
+            std::fs::remove_file(entry.path()).expect("rm");
+        }
+    }
+
+    let out = fx.chat("Still there?").await;
+    let said = stderr(&out);
+    assert!(
+        said.contains("could not be found — starting fresh"),
+        "the user is told: {said}"
+    );
+    let fresh = session_id(&fx.path("data")).await;
+    assert!(fresh.starts_with("ses_") && fresh != id, "{fresh}");
+    assert_eq!(
+        fx.mock.requests_to(CHAT),
+        2,
+        "the failed resume sent nothing; the message once, fresh"
+    );
+    fx.mock.shutdown().await;
+}
