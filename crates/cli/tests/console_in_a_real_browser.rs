@@ -470,6 +470,18 @@ async fn the_console_shows_the_clusters_nodes_leases_and_a_failover() {
         browser.visible("#cluster").await,
         "the cluster view, not sign-in"
     );
+    // The cluster view still fills in: what the node knows, marked as
+    // last read (`GET /v1/cluster` answers `stale`), its outage counted.
+    browser
+        .text_until("#cluster-wide", PATIENCE, |t| {
+            t.contains("1 failover") && t.contains("as last read")
+        })
+        .await;
+    browser
+        .text_until("#cluster-figures", PATIENCE, |t| {
+            t.contains("database outages 1")
+        })
+        .await;
     // Its requests refused meanwhile (every 2 s) are not shown raw.
     tokio::time::sleep(Duration::from_millis(2500)).await;
     let figures = browser
