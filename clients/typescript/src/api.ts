@@ -1500,6 +1500,16 @@ export interface components {
              *     incarnation's.
              */
             trace_id?: string | null;
+            /**
+             * @description Every trace it ran in, oldest first, while the node running it
+             *     keeps it: one, or two when it started again in a fresh session
+             *     after a resume failure (the first holds its failed start);
+             *     `trace_id` is the last. Left out before it starts and for a turn
+             *     read from the store (its `trace_id` then names where it was
+             *     accepted or ran). A turn re-delivered after a crash runs in one new
+             *     trace, whose `turn_redelivered` span links to where it was accepted.
+             */
+            trace_ids?: string[];
         };
         /** @description The answer to `DELETE /v1/turns/{id}`. */
         TurnCancelled: {
@@ -1633,6 +1643,16 @@ export interface components {
              *     incarnation's.
              */
             trace_id?: string | null;
+            /**
+             * @description Every trace it ran in, oldest first, while the node running it
+             *     keeps it: one, or two when it started again in a fresh session
+             *     after a resume failure (the first holds its failed start);
+             *     `trace_id` is the last. Left out before it starts and for a turn
+             *     read from the store (its `trace_id` then names where it was
+             *     accepted or ran). A turn re-delivered after a crash runs in one new
+             *     trace, whose `turn_redelivered` span links to where it was accepted.
+             */
+            trace_ids?: string[];
         };
         /** @description A turn's trace: its spans and the spans its links point to. */
         TurnTrace: {
@@ -1646,7 +1666,11 @@ export interface components {
              *     anchor, the turn before it), those Jaeger has.
              */
             linked: components["schemas"]["TraceSpan"][];
-            /** @description The trace's spans, as Jaeger returns them. */
+            /**
+             * @description The trace's spans, as Jaeger returns them, and those of the trace
+             *     it ran in before when it started again in a fresh session (its
+             *     `trace_ids`): each span names its trace.
+             */
             spans: components["schemas"]["TraceSpan"][];
             /**
              * @description The trace it ran in (the turn's `trace_id`), rooted at its

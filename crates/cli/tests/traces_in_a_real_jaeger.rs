@@ -310,6 +310,15 @@ async fn serve(
 /// Turn `id`'s events to its last one (bounded): the last event's type
 /// (`done` or `error`) and data.
 async fn finish(base: &str, token: &str, id: &str) -> (String, Value) {
+    let (_, kind, data) = events_to_end(base, token, id)
+        .await
+        .pop()
+        .unwrap_or_else(|| panic!("turn {id} has no event"));
+    (kind, data)
+}
+
+/// Turn `id`'s events to its last one (bounded): `(id, type, data)`.
+async fn events_to_end(base: &str, token: &str, id: &str) -> Vec<(u64, String, Value)> {
     let read = async {
         let r = reqwest::Client::new()
             .get(format!("{base}/v1/turns/{id}/events"))
@@ -323,25 +332,29 @@ async fn finish(base: &str, token: &str, id: &str) -> (String, Value) {
     let text = tokio::time::timeout(PATIENCE, read)
         .await
         .unwrap_or_else(|_| panic!("turn {id} did not end within {PATIENCE:?}"));
-    let mut last = (String::new(), Value::Null);
+    let mut events = Vec::new();
     for block in text.split("\n\n") {
-        let (mut kind, mut data) = (None, String::new());
+        let (mut n, mut kind, mut data) = (0, None, String::new());
         for line in block.lines() {
             if let Some(v) = line.strip_prefix("event: ") {
                 kind = Some(v.to_owned());
             } else if let Some(v) = line.strip_prefix("data: ") {
                 data.push_str(v);
+            } else if let Some(v) = line.strip_prefix("id: ") {
+                n = v.parse().unwrap_or(0);
             }
         }
         if let Some(kind) = kind {
-            last = (kind, serde_json::from_str(&data).unwrap_or(Value::Null));
+            events.push((n, kind, serde_json::from_str(&data).unwrap_or(Value::Null)));
         }
     }
     assert!(
-        last.0 == "done" || last.0 == "error",
+        events
+            .last()
+            .is_some_and(|(_, kind, _)| kind == "done" || kind == "error"),
         "turn {id} ended without done or error: {text}"
     );
-    last
+    events
 }
 
 /// Posts a turn and waits for its end: its id, last event and data.
@@ -482,8 +495,26 @@ async fn jaeger_shows_every_incarnation_attempt_link_and_tag_the_docs_promise() 
     assert_eq!(end, "done", "{data_}");
     let (_, end, _) = turn(&base, &token, "resumed", &message(4)).await;
     assert_eq!(end, "done");
-    let (_, end, data_) = turn(&base, &token, "resumed", &message(5)).await;
+    let (twice, end, data_) = turn(&base, &token, "resumed", &message(5)).await;
     assert_eq!(end, "done", "the fresh session answers: {data_}");
+    // It ran in two traces: its failed start, then the fresh session's
+    // run; `trace_ids` lists both, `trace_id` is the last, and Jaeger has
+    // each, rooted at the turn.
+    let shown = turn_shown(&base, &token, &twice).await;
+    let ids: Vec<&str> = shown["trace_ids"]
+        .as_array()
+        .unwrap_or_else(|| panic!("trace_ids of a turn that ran twice: {shown}"))
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    assert_eq!(ids.len(), 2, "{shown}");
+    assert_eq!(shown["trace_id"], ids[1], "{shown}");
+    let first = link_is_found(&jaeger, ids[0], "resumed", names::TURN_STARTED).await;
+    assert_eq!(
+        one(&first, names::TURN_STARTED, "the failed start").str_tag("error.type"),
+        "ECONTEXT_OVERFLOW"
+    );
+    link_is_found(&jaeger, ids[1], "resumed", names::TURN_STARTED).await;
     assert_eq!(mock.requests_to("/v1/messages"), 8);
 
     // A cancel mid-turn.
@@ -537,6 +568,11 @@ async fn jaeger_shows_every_incarnation_attempt_link_and_tag_the_docs_promise() 
     // Its trace_id is now the trace where it ran again, which Jaeger has.
     let recovered = turn_trace_id(&base, &token, &crash).await;
     assert_ne!(recovered, before_crash, "the re-delivered turn's new trace");
+    assert_eq!(
+        turn_shown(&base, &token, &crash).await["trace_ids"],
+        json!([recovered]),
+        "one trace in this process: where it was accepted is its turn_redelivered's link"
+    );
     let spans = link_is_found(&jaeger, &recovered, "crash", names::TURN_STARTED).await;
     let root = one(&spans, names::TURN_STARTED, "the re-sent turn's trace");
     assert_eq!(
@@ -544,6 +580,28 @@ async fn jaeger_shows_every_incarnation_attempt_link_and_tag_the_docs_promise() 
         Some(&json!(true)),
         "the re-sent turn says it was recovered: {:?}",
         root.tags
+    );
+    // And what happened before, under its root: the cause its client was
+    // told, the trace it was accepted in (linked: the killed incarnation's
+    // anchor) and the events the client had before the marker.
+    let events = events_to_end(&base, &token, &crash).await;
+    let (marker, _, told) = events
+        .iter()
+        .find(|(_, kind, _)| kind == "retrying" || kind == "continuing")
+        .unwrap_or_else(|| panic!("the re-delivery's marker: {events:?}"));
+    let before = one(&spans, names::TURN_REDELIVERED, "the re-sent turn's trace");
+    assert!(before.child_of(root), "under the turn's root: {before:?}");
+    assert_eq!(before.str_tag("warden.cause"), "ENODE_LOST");
+    assert_eq!(told["code"], "ENODE_LOST", "{told}");
+    assert_eq!(before.str_tag("warden.previous_trace"), live);
+    assert!(
+        before.follows.iter().any(|(t, _)| *t == live),
+        "linked to the killed incarnation's anchor: {before:?}"
+    );
+    assert_eq!(
+        before.int_tag("warden.events_delivered"),
+        i64::try_from(*marker).ok().map(|id| id - 1),
+        "the events the client had: {before:?}"
     );
 
     // A graceful stop flushes what is left.
@@ -952,6 +1010,14 @@ async fn check_traces(jaeger: &Jaeger, service: &str) {
             && !t.is_error()),
         "the re-sent turn, linked to the restart's anchor and tagged recovered: {:?}",
         names_of(&spans)
+    );
+    // A search by the cause finds what happened before it.
+    let redelivered = one(&spans, names::TURN_REDELIVERED, "crash");
+    let found = spans_of(&search(jaeger, service, &[("warden.cause", "ENODE_LOST")]).await);
+    assert!(
+        found.iter().any(|s| s.id == redelivered.id),
+        "warden.cause=ENODE_LOST finds the turn_redelivered span: {:?}",
+        names_of(&found)
     );
     seen_names.extend(spans.iter().map(|s| s.name.clone()));
 
@@ -1404,6 +1470,9 @@ async fn the_console_draws_a_turns_trace_from_jaeger_through_the_server_stalled_
     // restart, in a new trace.
     let crash = console::post_turn(&base, &token, "crash", "survive this").await;
     requests_seen(&mock, 3).await;
+    let killed_anchor = console_trace_id(&base, &token, "crash").await;
+    // (Exported at once: Jaeger has it before the kill.)
+    link_is_found(&jaeger, &killed_anchor, "crash", SPAWN).await;
     server.start_kill().expect("kill -9");
     let _ = tokio::time::timeout(PATIENCE, server.wait())
         .await
@@ -1419,6 +1488,25 @@ async fn the_console_draws_a_turns_trace_from_jaeger_through_the_server_stalled_
         .find(|(id, ..)| *id == root.id)
         .expect("the root drawn");
     assert!(label.contains("re-delivered"), "{label}");
+    // What happened before: the cause, the events the client had, and the
+    // link to the killed incarnation.
+    let before = one(&spans, names::TURN_REDELIVERED, "crash");
+    let (_, _, _, label) = drawn
+        .iter()
+        .find(|(id, ..)| *id == before.id)
+        .expect("turn_redelivered drawn");
+    assert!(
+        label.contains("ENODE_LOST") && label.contains("the client had"),
+        "{label}"
+    );
+    let link = browser
+        .text_until(
+            &format!("#trace-links li[data-trace='{killed_anchor}']"),
+            PATIENCE,
+            |t| t.starts_with("turn_redelivered → session_spawned (spawn)"),
+        )
+        .await;
+    assert!(link.contains(&killed_anchor[..12]), "{link}");
     // Linked to the incarnation the restart started (a resume, or a
     // spawn when the kill came before the conversation was stored).
     let link = anchor_link(&browser, &base, &token, "crash").await;

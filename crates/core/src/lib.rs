@@ -117,8 +117,9 @@ mod workspace;
 // The supervisor and what configures it.
 pub use context::ContextConfig;
 pub use session::{
-    ContinueFrom, RecoveredTurn, SendOptions, SessionConfig, SessionHandle, SessionStatus,
-    SubmitError, TextEdit, TurnCanceller, TurnEvent, TurnHandle, TurnSummary, TurnText, Unstick,
+    ContinueFrom, RecoveredTurn, Redelivery, SendOptions, SessionConfig, SessionHandle,
+    SessionStatus, SubmitError, TextEdit, TurnCanceller, TurnEvent, TurnHandle, TurnSummary,
+    TurnText, Unstick,
 };
 pub use stream::StreamOptions;
 pub use supervisor::{

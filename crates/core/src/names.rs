@@ -82,6 +82,8 @@ transitions! {
     AGENT_SESSION_ID = "agent_session_id", Event, true;
     /// A turn began; its span, the root of a trace of its own linked to its incarnation's anchor and to the turn before it, lasts until the turn ends.
     TURN_STARTED = "turn_started", Lasting, true;
+    /// A turn re-delivered after its session stopped without answering it (a crash, a node lost or drained, a database outage): a span under the root of its new trace saying what happened before — the cause (`warden.cause`, e.g. `ENODE_LOST`), the trace it was accepted in (`warden.previous_trace`, linked: the earlier incarnation's anchor), the events its clients already had (`warden.events_delivered`).
+    TURN_REDELIVERED = "turn_redelivered", Span, false;
     /// An attempt waits for admission (a concurrency limit or a shared backoff); its span lasts until it is admitted.
     ATTEMPT_QUEUED = "attempt_queued", Lasting, true;
     /// A queued attempt was admitted, after waiting `warden.wait_ms`.

@@ -53,6 +53,11 @@ impl TraceAnchor {
         Self(span.context())
     }
 
+    /// An anchor at `span` (a turn's root, to hang a span under it).
+    pub(crate) fn under(span: SpanContext) -> Self {
+        Self(opentelemetry::Context::new().with_remote_span_context(span))
+    }
+
     /// Makes `span` a child of this anchor, or a root when the anchor is
     /// unknown (never a child of whatever span is current). Call before
     /// entering `span`.

@@ -285,6 +285,15 @@ pub struct TurnSummary {
     /// incarnation's.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub trace_id: Option<String>,
+    /// Every trace it ran in, oldest first, while the node running it
+    /// keeps it: one, or two when it started again in a fresh session
+    /// after a resume failure (the first holds its failed start);
+    /// `trace_id` is the last. Left out before it starts and for a turn
+    /// read from the store (its `trace_id` then names where it was
+    /// accepted or ran). A turn re-delivered after a crash runs in one new
+    /// trace, whose `turn_redelivered` span links to where it was accepted.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub trace_ids: Vec<String>,
 }
 
 /// `GET /v1/turns/{id}`: one turn, as kept.

@@ -19,6 +19,7 @@ mod encode;
 mod held;
 pub(crate) mod log;
 mod pump;
+mod redelivered;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -142,8 +143,9 @@ impl Turns {
             let mut turns = store.recent(key, limit).await?;
             // The trace each ran in, where this process knows it.
             for t in &mut turns {
-                if let Some(trace) = self.get(&t.id).and_then(|l| l.canceller.trace_id()) {
-                    t.asked.trace_id = Some(trace);
+                if let Some(log) = self.get(&t.id) {
+                    let live = asked_of(&log);
+                    (t.asked.trace_id, t.asked.trace_ids) = (live.trace_id, live.trace_ids);
                 }
             }
             return Ok(turns);
@@ -207,6 +209,9 @@ impl Turns {
             None => (crate::ids::turn_id(node), None),
         };
         let message_id = turn.canceller().turn();
+        // Re-delivered after its session stopped (a recovered turn has
+        // the port).
+        let redelivery = continue_from.is_some();
         let stored = match &self.store {
             Some(store) => {
                 let fp = fingerprint.as_deref();
@@ -291,6 +296,9 @@ impl Turns {
             };
             // Stored with the first batch, sent before the new attempt.
             first.push(ServeEvent::new(last.id + 1, failed));
+        }
+        if let Some(t) = stored.as_ref().filter(|t| redelivery && !t.ended) {
+            redelivered::say(t, &first, &turn, arrival, node);
         }
         self.lock().insert(id.clone(), log.clone());
         self.by_message
@@ -465,6 +473,7 @@ fn asked_of(log: &TurnLog) -> TurnAsked {
     let mut asked = log.asked.clone();
     if let Some(trace) = log.canceller.trace_id() {
         asked.trace_id = Some(trace);
+        asked.trace_ids = log.canceller.trace_ids();
     }
     asked
 }

@@ -29,10 +29,8 @@ pub(crate) struct TurnSender {
     trace: RanIn,
 }
 
-/// The trace a turn runs in (its `turn_started` span's), once it started:
-/// a turn is a trace of its own, and one handed to a fresh session starts
-/// again in a new one.
-type RanIn = Arc<Mutex<Option<opentelemetry::trace::TraceId>>>;
+/// The traces a turn runs in, once it started ([`super::ran_in`]).
+type RanIn = Arc<super::ran_in::RanIn>;
 
 /// The session that runs a turn now. A turn handed to a fresh session
 /// (resume failure) moves its owner with it, so the caller's
@@ -45,7 +43,7 @@ impl TurnSender {
     pub(crate) fn channel(turn: u64, session: ActorRef<SessionMsg>) -> (Self, TurnHandle) {
         let (tx, rx) = mpsc::unbounded_channel();
         let owner = Arc::new(Mutex::new(session));
-        let trace = RanIn::default();
+        let trace = RanIn::new(super::ran_in::RanIn::new());
         let handle = TurnHandle {
             rx,
             done: false,
@@ -61,9 +59,7 @@ impl TurnSender {
 
     /// The turn runs in the trace of `span` (its `turn_started` span).
     pub(crate) fn runs_in(&self, span: &opentelemetry::trace::SpanContext) {
-        if span.is_valid() {
-            *self.trace.lock() = Some(span.trace_id());
-        }
+        self.trace.set(span);
     }
 
     /// The turn now runs in `session`.
@@ -194,7 +190,19 @@ impl TurnCanceller {
     /// in a fresh session. `None` before it starts, or without an
     /// OpenTelemetry layer.
     pub fn trace_id(&self) -> Option<String> {
-        self.trace.lock().map(|t| t.to_string())
+        self.trace.trace_id()
+    }
+
+    /// Every trace the turn ran in, oldest first (two when it started
+    /// again in a fresh session); empty before it starts.
+    pub fn trace_ids(&self) -> Vec<String> {
+        self.trace.trace_ids()
+    }
+
+    /// Says in its trace (a `turn_redelivered` span under the root) what
+    /// happened to the turn before its re-delivery to `key`, once it starts.
+    pub async fn record_redelivery(&self, key: &SessionKey, before: &super::Redelivery) {
+        self.trace.record(key, self.turn, before).await;
     }
 
     /// Cancels this turn, and only this one: if it runs, as the Escape key

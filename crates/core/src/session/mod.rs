@@ -34,6 +34,7 @@ mod attempt;
 mod end;
 mod escalation;
 mod handle;
+mod ran_in;
 mod recovered;
 mod run;
 mod state;
@@ -52,6 +53,7 @@ pub use handle::{
     SessionHandle, SessionStatus, SubmitError, TurnCanceller, TurnEvent, TurnHandle, TurnSummary,
     Unstick,
 };
+pub use ran_in::Redelivery;
 pub use recovered::{ContinueFrom, RecoveredTurn};
 pub(crate) use state::SessionArgs;
 pub(crate) use turn::StartMode;

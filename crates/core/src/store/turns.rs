@@ -217,9 +217,19 @@ pub struct TurnAsked {
     /// When its log was opened (the message accepted, or re-delivered).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub opened_at: Option<EventTime>,
-    /// The trace (its session incarnation's) the turn's spans are in.
+    /// The trace the turn was accepted in (its session incarnation's;
+    /// the turn's own trace once it runs, where the node running it says).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub trace_id: Option<String>,
+    /// The span of that trace the turn was accepted under: its
+    /// incarnation's anchor (hex), which a re-delivery links to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub span_id: Option<String>,
+    /// Every trace the turn ran in, oldest first (two when it started
+    /// again in a fresh session), as the node running it knows them (not
+    /// stored: empty in a turn read from a store).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub trace_ids: Vec<String>,
 }
 
 impl TurnAsked {
@@ -234,6 +244,8 @@ impl TurnAsked {
             model: None,
             opened_at: Some(EventTime::now()),
             trace_id: None,
+            span_id: None,
+            trace_ids: Vec::new(),
         }
     }
 
@@ -246,6 +258,12 @@ impl TurnAsked {
     /// The same, in trace `trace_id`.
     pub fn with_trace_id(mut self, trace_id: Option<String>) -> Self {
         self.trace_id = trace_id;
+        self
+    }
+
+    /// The same, under span `span_id` of its trace.
+    pub fn with_span_id(mut self, span_id: Option<String>) -> Self {
+        self.span_id = span_id;
         self
     }
 

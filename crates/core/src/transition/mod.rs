@@ -87,6 +87,23 @@ pub(crate) enum Transition<'a> {
         /// The previous incarnation's anchor, linked when recovered.
         previous: Option<&'a TraceAnchor>,
     },
+    /// A re-delivered turn's story before this run, under its new trace's
+    /// root.
+    TurnRedelivered {
+        /// Turn number.
+        turn: u64,
+        /// Why it was re-delivered (`ENODE_LOST`, `ENODE_DRAINED`,
+        /// `ESTORE_UNREACHABLE`).
+        cause: &'a str,
+        /// The trace it was accepted in (hex): its earlier incarnation's.
+        previous_trace: Option<&'a str>,
+        /// The span there it hung from (the anchor), linked.
+        previous: Option<&'a SpanContext>,
+        /// The events its clients already had.
+        events_delivered: u64,
+        /// The node that re-delivers it, on a cluster.
+        node: Option<&'a str>,
+    },
     /// An attempt's stream started (its span stays open while it runs).
     AttemptStarted {
         /// Which attempt: its turn and its number within the turn (1 first).
@@ -306,6 +323,7 @@ impl Transition<'_> {
         match self {
             Self::Incarnated { .. } => names::SESSION_SPAWNED,
             Self::TurnStarted { .. } => names::TURN_STARTED,
+            Self::TurnRedelivered { .. } => names::TURN_REDELIVERED,
             Self::AttemptStarted { .. } => names::ATTEMPT_STARTED,
             Self::AttemptQueued { .. } => names::ATTEMPT_QUEUED,
             Self::AttemptAdmitted { .. } => names::ATTEMPT_ADMITTED,

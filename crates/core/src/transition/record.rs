@@ -38,6 +38,16 @@ impl Transition<'_> {
             Self::TurnStarted { turn, .. } => {
                 tracing::info!(event, session.key = %key, turn = int(turn), "turn started")
             }
+            Self::TurnRedelivered {
+                turn,
+                cause,
+                events_delivered,
+                ..
+            } => tracing::info!(
+                event, session.key = %key, turn = int(turn), cause,
+                events_delivered = int(events_delivered),
+                "turn re-delivered after its session stopped without answering it"
+            ),
             Self::AttemptStarted {
                 attempt, timeout, ..
             } => tracing::debug!(
@@ -344,6 +354,7 @@ impl Transition<'_> {
                 normalized: normalized.to_path_buf(),
             },
             Self::WatchdogKill { .. }
+            | Self::TurnRedelivered { .. }
             | Self::TurnCancelled { .. }
             | Self::TurnDeadline { .. }
             | Self::TurnTooLarge { .. } => {

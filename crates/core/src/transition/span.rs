@@ -186,6 +186,28 @@ impl Transition<'_> {
                 }
                 span
             }
+            Self::TurnRedelivered {
+                turn,
+                cause,
+                previous_trace,
+                previous,
+                events_delivered,
+                node,
+            } => {
+                let span = tracing::info_span!(
+                    names::TURN_REDELIVERED,
+                    warden.session.key = key,
+                    warden.turn = int(turn),
+                    warden.cause = cause,
+                    warden.events_delivered = int(events_delivered),
+                    warden.previous_trace = previous_trace,
+                    warden.node = node,
+                );
+                if let Some(p) = previous {
+                    spans::link(&span, p);
+                }
+                span
+            }
             Self::TurnCancelled { turn } => tracing::info_span!(
                 names::TURN_CANCELLED,
                 warden.session.key = key,

@@ -96,6 +96,14 @@ fn all<'a>(
             recovered: true,
             previous: Some(anchor),
         },
+        Transition::TurnRedelivered {
+            turn: 1,
+            cause: "ENODE_LOST",
+            previous_trace: None,
+            previous: None,
+            events_delivered: 3,
+            node: None,
+        },
         Transition::AttemptStarted {
             attempt,
             timeout: d,

@@ -19,7 +19,9 @@ pub struct TurnTrace {
     /// The trace it ran in (the turn's `trace_id`), rooted at its
     /// `turn_started` span.
     pub trace_id: String,
-    /// The trace's spans, as Jaeger returns them.
+    /// The trace's spans, as Jaeger returns them, and those of the trace
+    /// it ran in before when it started again in a fresh session (its
+    /// `trace_ids`): each span names its trace.
     pub spans: Vec<TraceSpan>,
     /// The spans in other traces that the trace's spans link to
     /// (`FOLLOWS_FROM` references: its incarnation's `session_spawned`

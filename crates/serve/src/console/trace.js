@@ -59,10 +59,13 @@ export function detail(span) {
       parts.push(`backoff ${seconds(t("warden.delay_ms") || 0)} → attempt ${t("warden.attempt")}`);
       if (t("warden.kept_bytes") != null) parts.push(`${t("warden.kept_bytes")} bytes kept`);
       break;
+    case "turn_redelivered":
+      parts.push(`${t("warden.cause")}: its session stopped without answering it`);
+      parts.push(`the client had ${t("warden.events_delivered")} event(s)`);
+      if (t("warden.previous_trace")) parts.push(`accepted in trace ${String(t("warden.previous_trace")).slice(0, 12)}…`);
+      break;
     default:
-      for (const k of ["warden.incarnation", "warden.previous_trace", "warden.events_delivered"]) {
-        if (t(k) != null) parts.push(`${k.replace("warden.", "")} ${t(k)}`);
-      }
+      if (t("warden.incarnation") != null) parts.push(String(t("warden.incarnation")));
   }
   if (t("error.type")) parts.push(String(t("error.type")));
   return parts.join(" · ");
@@ -149,11 +152,12 @@ export function drawTrace(trace) {
   // The links out of this trace: its incarnation, the turn before, an
   // earlier incarnation's trace.
   const linked = new Map((trace.linked || []).map((s) => [`${s.traceID}/${s.spanID}`, s]));
+  const own = new Set(spans.map((s) => s.traceID));
   const links = document.createElement("ul");
   links.id = "trace-links";
   for (const s of spans) {
     for (const r of s.references || []) {
-      if (r.traceID === trace.trace_id) continue;
+      if (own.has(r.traceID)) continue;
       const li = document.createElement("li");
       const target = linked.get(`${r.traceID}/${r.spanID}`);
       li.dataset.link = target ? target.operationName : "";

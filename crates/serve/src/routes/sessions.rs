@@ -378,6 +378,7 @@ pub(crate) fn summarize(t: &StoredTurn) -> TurnSummary {
         prompt: t.asked.prompt.clone(),
         model: t.asked.model.clone(),
         trace_id: t.asked.trace_id.clone(),
+        trace_ids: t.asked.trace_ids.clone(),
     };
     match last {
         Some(

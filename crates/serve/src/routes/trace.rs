@@ -49,15 +49,25 @@ pub(crate) async fn turn_trace(
             "it has no trace: tracing was off when it ran",
         ));
     };
-    let Some(spans) = read(jaeger, &trace_id).await? else {
+    // Every trace it ran in (two when it started again in a fresh
+    // session), the one it ends in last.
+    let mut traces = turn.asked.trace_ids.clone();
+    if traces.last() != Some(&trace_id) {
+        traces.push(trace_id.clone());
+    }
+    let mut spans = Vec::new();
+    for found in futures_util::future::join_all(traces.iter().map(|t| read(jaeger, t))).await {
+        spans.extend(found?.into_iter().flatten());
+    }
+    if !spans.iter().any(|s| s.trace_id == trace_id) {
         return Err(not_in_jaeger(
             &id,
             &format!(
                 "Jaeger has no trace {trace_id} (yet: a turn's spans are exported when they end)"
             ),
         ));
-    };
-    let linked = linked(jaeger, &trace_id, &spans).await?;
+    }
+    let linked = linked(jaeger, &traces, &spans).await?;
     Ok(Json(TurnTrace {
         id,
         key: turn.key.as_str().to_owned(),
@@ -76,16 +86,16 @@ fn not_in_jaeger(id: &str, why: &str) -> ApiError {
 }
 
 /// The spans the links of `spans` point to in other traces than
-/// `trace_id` (each trace read once, concurrently), those Jaeger has.
+/// `traces` (each trace read once, concurrently), those Jaeger has.
 async fn linked(
     jaeger: &str,
-    trace_id: &str,
+    traces: &[String],
     spans: &[TraceSpan],
 ) -> Result<Vec<TraceSpan>, ApiError> {
     let wanted: BTreeSet<(&str, &str)> = spans
         .iter()
         .flat_map(|s| &s.references)
-        .filter(|r| r.trace_id != trace_id)
+        .filter(|r| !traces.contains(&r.trace_id))
         .map(|r| (r.trace_id.as_str(), r.span_id.as_str()))
         .collect();
     let traces: BTreeSet<&str> = wanted.iter().map(|(t, _)| *t).collect();

@@ -197,7 +197,8 @@ async fn new_turn(
     super::agent_choice::agent_for_turn(&state.config, &key, new.agent, existing).await?;
     let asked = TurnAsked::new(&new.message).with_model(new.model.clone());
     let handle = target.send(&state.supervisor, new.message, options).await?;
-    let asked = asked.with_trace_id(trace_of(&state, &key).await);
+    let (trace, anchor) = trace_of(&state, &key).await.unzip();
+    let asked = asked.with_trace_id(trace).with_span_id(anchor);
     let id = state
         .turns
         .start(
@@ -336,12 +337,16 @@ async fn accepted_not_relayed(
     }))
 }
 
-/// The trace of `key`'s running incarnation (its turns' spans are in it),
-/// with tracing on.
-pub(crate) async fn trace_of(state: &AppState, key: &SessionKey) -> Option<String> {
+/// The trace of `key`'s running incarnation and its anchor span (hex),
+/// which its turns link to, with tracing on.
+pub(crate) async fn trace_of(state: &AppState, key: &SessionKey) -> Option<(String, String)> {
     let handle = state.supervisor.running(key.clone()).await.ok()??;
     let context = handle.anchor().span_context();
-    context.is_valid().then(|| context.trace_id().to_string())
+    let ids = (
+        context.trace_id().to_string(),
+        context.span_id().to_string(),
+    );
+    context.is_valid().then_some(ids)
 }
 
 fn wants_events(headers: &HeaderMap) -> bool {
