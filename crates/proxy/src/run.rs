@@ -9,20 +9,23 @@ mod attempt;
 mod passthrough;
 mod pump;
 mod recover;
+mod state;
+mod watched;
 mod whole;
 
 use axum::extract::Request;
+use axum::response::Response;
 use tokio::time::Instant;
 use warden_core::StreamError;
 
 use crate::access::{AccessRecord, Outcome, RecoveryEvent};
+use crate::circuit::{Pass, Probe};
 use crate::config::ProxyConfig;
 use crate::spans::PROXY_REQUEST;
 use crate::upstream::Upstream;
 
 pub(crate) use passthrough::{local, passthrough};
-pub(crate) use pump::watched;
-use pump::{Pump, Step};
+pub(crate) use watched::watched;
 
 /// What every request of a running proxy shares.
 pub(crate) struct Inner {
@@ -227,4 +230,31 @@ fn reason(e: &reqwest::Error) -> String {
         Some(source) => format!("{kind}: {}", warden_llm::error_chain(source)),
         None => kind.to_owned(),
     }
+}
+
+/// The answer to a request while `upstream`'s circuit is open (a copy of
+/// its access `record` written), or `Ok` when it may go — with the
+/// circuit's probe when it goes as one, to hold until it ends: nothing is
+/// copied for a request that goes.
+fn refuse(
+    inner: &Inner,
+    upstream: Upstream,
+    record: &AccessRecord,
+    started: Instant,
+) -> Result<Option<Probe>, Box<Response>> {
+    let (cause, next_probe_in) = match inner.circuit(upstream).pass() {
+        Pass::Go => return Ok(None),
+        Pass::Probe(probe) => return Ok(Some(probe)),
+        Pass::Refuse {
+            cause,
+            next_probe_in,
+        } => (cause, next_probe_in),
+    };
+    let response = inner.refused(upstream, &cause, next_probe_in);
+    let mut record = record.clone();
+    record.status = response.status().as_u16();
+    record.outcome = Outcome::UpstreamError;
+    record.code = Some(UNREACHABLE);
+    finish(inner, record, started);
+    Err(Box::new(response))
 }

@@ -5,126 +5,23 @@
 //! says which events are content, which is progress; the proxy's shutdown
 //! token and the request's deadline stop it in the same typed way.
 
-use std::collections::VecDeque;
-use std::pin::Pin;
-use std::task::{Context, Poll};
-
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::StatusCode;
 use axum::response::Response;
 use bytes::Bytes;
-use futures_util::{Stream, StreamExt as _};
+use futures_util::StreamExt as _;
 use tracing::Instrument as _;
 use warden_core::StreamError;
-use warden_core::watchdog::{Stopped, Watch, WatchError, WatchOptions, Watched};
-use warden_llm::sse::{Parsed, SseParser};
+use warden_core::watchdog::{Watch, WatchOptions};
+use warden_llm::sse::Parsed;
 
 use super::recover::answer;
-use super::{Pump, Step, past_deadline, shutting_down};
+use super::shutting_down;
+use super::state::{Current, Failure, Frames, Pump, Step};
 use crate::access::Outcome;
 use crate::circuit::Pass;
 use crate::headers;
 use crate::spans::PROXY_ATTEMPT;
 use crate::upstream;
-
-/// Why an attempt broke.
-pub(super) struct Failure {
-    pub(super) error: StreamError,
-    /// The watchdog killed it (silence or no progress).
-    pub(super) killed: bool,
-    /// The upstream's own error answer, if it gave one.
-    pub(super) answer: Option<Box<(StatusCode, HeaderMap, Bytes)>>,
-    /// The upstream could not be reached and its circuit is open: the
-    /// request ends now, naming the cause.
-    pub(super) circuit_open: bool,
-}
-
-impl Failure {
-    pub(super) fn of(error: StreamError) -> Self {
-        Self {
-            error,
-            killed: false,
-            answer: None,
-            circuit_open: false,
-        }
-    }
-
-    /// The watch stopped the attempt.
-    fn stopped(stop: Stopped) -> Self {
-        match stop {
-            Stopped::Expired(_) | Stopped::NoProgress(_) => Self {
-                error: stop.error().unwrap_or_else(shutting_down),
-                killed: true,
-                answer: None,
-                circuit_open: false,
-            },
-            Stopped::Deadline => Self::of(past_deadline()),
-            // The proxy's token: it is shutting down.
-            Stopped::Cancelled => Self::of(shutting_down()),
-            other => Self::of(other.error().unwrap_or_else(shutting_down)),
-        }
-    }
-
-    fn watch(error: WatchError) -> Self {
-        match error {
-            WatchError::Source(e) => Self::of(e),
-            WatchError::Stopped(stop) => Self::stopped(stop),
-        }
-    }
-}
-
-/// An upstream body as SSE frames: the parser fed chunk by chunk, frames
-/// completed before a break still given, then the break.
-pub(super) struct Frames {
-    body: crate::client::UpstreamBody,
-    parser: SseParser,
-    parsed: VecDeque<Parsed>,
-    error: Option<StreamError>,
-}
-
-impl Frames {
-    /// Frames already parsed and not yet given.
-    fn buffered(&self) -> usize {
-        self.parsed.len()
-    }
-}
-
-impl Stream for Frames {
-    type Item = Result<Parsed, StreamError>;
-
-    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
-        let this = &mut *self;
-        loop {
-            if let Some(frame) = this.parsed.pop_front() {
-                return Poll::Ready(Some(Ok(frame)));
-            }
-            if let Some(error) = this.error.take() {
-                return Poll::Ready(Some(Err(error)));
-            }
-            match std::task::ready!(this.body.poll_next_unpin(cx)) {
-                Some(Ok(bytes)) => {
-                    if let Err(e) = this.parser.feed(&bytes, &mut this.parsed) {
-                        this.error = Some(e);
-                    }
-                }
-                Some(Err(why)) => {
-                    this.error = Some(StreamError::Connection { message: why });
-                }
-                None => {
-                    this.error = Some(StreamError::Truncated {
-                        message: "the upstream closed the stream before its last event".to_owned(),
-                    });
-                }
-            }
-        }
-    }
-}
-
-/// The attempt being read.
-pub(super) struct Current {
-    pub(super) frames: Watched<Frames, Parsed>,
-    pub(super) headers: HeaderMap,
-    pub(super) span: tracing::Span,
-}
 
 impl Pump {
     /// Starts an attempt: `Ok(Some)` streaming, `Ok(None)` broke (already
@@ -287,12 +184,7 @@ impl Pump {
         if let Some(progress) = watch.progress() {
             progress.beat();
         }
-        let frames = Frames {
-            body,
-            parser: SseParser::new(self.inner.config.max_frame_bytes),
-            parsed: VecDeque::new(),
-            error: None,
-        };
+        let frames = Frames::new(body, self.inner.config.max_frame_bytes);
         Ok(Ok(Current {
             // Progress is judged per event by the splice, which decodes it.
             frames: watch.stream(frames, None),

@@ -12,8 +12,9 @@ use futures_util::{StreamExt as _, TryStreamExt as _};
 use tokio::time::Instant;
 use tracing::Instrument as _;
 
-use super::pump::refuse;
-use super::{Inner, UNREACHABLE, base_of, finish, reason, report, request_span, upstream_url};
+use super::{
+    Inner, UNREACHABLE, base_of, finish, reason, refuse, report, request_span, upstream_url,
+};
 use crate::access::{AccessRecord, Outcome, RecoveryEvent};
 use crate::circuit::Probe;
 use crate::headers;

@@ -11,8 +11,8 @@ use tokio::time::Instant;
 use warden_core::StreamError;
 use warden_core::policy::{Broken, Next, Shown, decide};
 
-use super::attempt::Failure;
-use super::{Pump, Step, UNREACHABLE, past_deadline, report, shutting_down, until};
+use super::state::{Failure, Pump, Step};
+use super::{UNREACHABLE, past_deadline, report, shutting_down, until};
 use crate::access::{Outcome, RecoveryEvent};
 use crate::headers;
 use crate::spans::{PROXY_CONTINUE, PROXY_KILL};

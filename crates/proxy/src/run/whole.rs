@@ -12,7 +12,8 @@ use axum::response::{IntoResponse as _, Response};
 use serde_json::json;
 use warden_llm::sse::{Parsed, SseParser};
 
-use super::{Pump, Step, report};
+use super::report;
+use super::state::{Pump, Step};
 use crate::access::{Outcome, RecoveryEvent};
 use crate::assemble::{Assembled, AssemblyError, Budget, ChatCompletions, Gemini, Messages, Whole};
 use crate::upstream::{Protocol, Upstream, error_response, error_response_coded};
