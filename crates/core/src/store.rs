@@ -29,14 +29,13 @@ use crate::source::SessionKey;
 
 mod conversations;
 pub mod turn_event;
+mod turn_kind;
 mod turns;
 
 pub use conversations::{ConversationStore, Entry, Role, unknown_conversation};
 pub use turn_event::{EventTime, TurnEventData};
-pub use turns::{
-    PROMPT_HEAD_BYTES, StoredEvent, StoredTurn, TurnAsked, TurnEventKind, TurnStore,
-    TurnStoreError, UnknownEventKind,
-};
+pub use turn_kind::{TurnEventKind, UnknownEventKind};
+pub use turns::{PROMPT_HEAD_BYTES, StoredEvent, StoredTurn, TurnAsked, TurnStore, TurnStoreError};
 
 /// The schema version this build writes and the newest it reads. 2 added
 /// [`PendingMessage::model`], 3 [`PendingMessage::idempotency_key`]; older
