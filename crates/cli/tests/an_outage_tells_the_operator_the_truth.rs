@@ -15,6 +15,8 @@
 //!   `node_sessions` through an outage (last known, the age growing);
 //! - a node taking back its own sessions after an outage counts them as
 //!   `returns`, not `takeovers`;
+//! - `GET /v1/cluster` answers mid-outage too (`stale`: the outage
+//!   counted, the members as last read);
 //! - `GET /v1/cluster` carries the outage counters and the failover
 //!   timings, and `failovers_last_hour` counts every failover, as many as
 //!   the takeovers the nodes counted;
@@ -202,17 +204,34 @@ fn logged_at(node: &Node, from: usize, level: &str) -> Vec<String> {
         .collect()
 }
 
+/// What every node said during an outage: its `/metrics` scrapes, the
+/// refusals of its sessions' list, and its `GET /v1/cluster` answers from
+/// half a second in (status, body).
+type Said = (Vec<String>, Vec<Refusal>, Vec<(u16, String)>);
+
 /// Database `db` goes away (new connections refused, the open ones cut)
 /// for `down`, scraping every node's `/metrics` and asking for its
-/// sessions meanwhile: the scrapes, and the refusals of the sessions'
-/// list.
-async fn outage(db: &str, down: Duration, bases: &[String]) -> (Vec<String>, Vec<Refusal>) {
+/// sessions and its cluster view meanwhile.
+async fn outage(db: &str, down: Duration, bases: &[String]) -> Said {
     database_away(db);
+    let settled = tokio::time::Instant::now() + Duration::from_millis(500);
     let until = tokio::time::Instant::now() + down;
-    let (mut scrapes, mut refused) = (Vec::new(), Vec::new());
+    let (mut scrapes, mut refused, mut views) = (Vec::new(), Vec::new(), Vec::new());
     while tokio::time::Instant::now() < until {
         for base in bases {
             scrapes.extend(scrape(base).await);
+            if tokio::time::Instant::now() >= settled {
+                let view = reqwest::Client::new()
+                    .get(format!("{base}/v1/cluster"))
+                    .bearer_auth(TOKEN)
+                    .timeout(Duration::from_secs(5))
+                    .send()
+                    .await;
+                if let Ok(r) = view {
+                    let status = r.status().as_u16();
+                    views.push((status, r.text().await.unwrap_or_default()));
+                }
+            }
             let listed = reqwest::Client::new()
                 .get(format!("{base}/v1/sessions"))
                 .bearer_auth(TOKEN)
@@ -234,7 +253,7 @@ async fn outage(db: &str, down: Duration, bases: &[String]) -> (Vec<String>, Vec
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     database_back(db);
-    (scrapes, refused)
+    (scrapes, refused, views)
 }
 
 /// The alert thresholds `docs/cluster.md` gives, parsed from its example
@@ -301,7 +320,7 @@ async fn outages_and_a_kill_are_told_as_they_happened() {
     ] {
         let marks: Vec<usize> = nodes.iter().map(|n| n.log.lock().len()).collect();
         refused.lock().clear();
-        let (scrapes, listing) = outage(&db, down, &bases).await;
+        let (scrapes, listing, views) = outage(&db, down, &bases).await;
         // Back, and the sessions home again.
         tokio::time::sleep(Duration::from_secs_f64(TTL_SECS * 3.0 + 5.0)).await;
         // Series present through the outage: every member, in every scrape.
@@ -370,9 +389,32 @@ async fn outages_and_a_kill_are_told_as_they_happened() {
                 ));
             }
         }
+        // The cluster view mid-outage: what the node knows, stale, its
+        // outage counted, every member as last read, no driver text.
+        let mut stale = 0;
+        for (status, body) in &views {
+            let v: Value = serde_json::from_str(body).unwrap_or(Value::Null);
+            let members = v["nodes"].as_array().map_or(0, Vec::len);
+            if *status != 200
+                || v["stale"] != true
+                || v["database_outages"].as_u64().is_none_or(|n| n == 0)
+                || members != nodes.len()
+                || body.contains("db error")
+            {
+                failures.push(format!(
+                    "{name} outage: GET /v1/cluster answered {status} {body}"
+                ));
+            } else {
+                stale += 1;
+            }
+        }
+        if views.is_empty() {
+            failures.push(format!("{name} outage: no cluster view asked for"));
+        }
         eprintln!(
-            "{name} outage ({:.2}s): refusals {kinds:?}",
-            down.as_secs_f64()
+            "{name} outage ({:.2}s): refusals {kinds:?}; cluster views {stale} of {} stale with the outage counted",
+            down.as_secs_f64(),
+            views.len()
         );
     }
     // The outages moved nothing to another node: no takeover counted, and
