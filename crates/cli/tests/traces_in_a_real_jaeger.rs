@@ -5,9 +5,12 @@
 //! fresh session, a cancel, and a `kill -9` of the server mid-turn then a
 //! restart; then Jaeger's query API (not what warden thinks it sent) is
 //! asked for the traces, links, tags and span events. The console's
-//! "trace ↗" link names a trace Jaeger returns, live and finished. And a
-//! Jaeger killed mid-run and restarted loses no turn, is reported once,
-//! and receives the spans after it is back.
+//! "trace ↗" link names a trace Jaeger returns, live and finished, and its
+//! trace view draws what Jaeger has (headless Chromium). A turn re-delivered
+//! after a `kill -9`, or on a cluster after its node died, says what
+//! happened before in its new trace. And a Jaeger killed mid-run and
+//! restarted loses no turn, is reported once, and receives the spans after
+//! it is back.
 //!
 //! Without `WARDEN_JAEGER_QUERY` (and `WARDEN_JAEGER_OTLP`) each test
 //! skips with the reason printed, unless `WARDEN_REQUIRE_JAEGER=1` (CI).
@@ -1560,5 +1563,135 @@ async fn a_turns_trace_from_a_jaeger_that_does_not_answer_is_a_typed_502() {
     let body: Value = serde_json::from_slice(&r.bytes().await.expect("body")).expect("JSON");
     assert_eq!(body["error"]["type"], "jaeger_unreachable", "{body}");
     let _ = server.start_kill();
+    mock.shutdown().await;
+}
+
+/// A cluster node (`warden serve --store postgres://…`) exporting to
+/// `jaeger` as `service`, with the token in `token` (shared by the nodes):
+/// the child and its base URL.
+async fn cluster_node(
+    dir: &std::path::Path,
+    id: &str,
+    db: &str,
+    mock: &MockServer,
+    jaeger: &Jaeger,
+    service: &str,
+) -> (tokio::process::Child, String) {
+    let data = dir.join(id);
+    let token = dir.join("token");
+    let mut cmd = command(&[
+        "serve",
+        "--listen",
+        "127.0.0.1:0",
+        "--data-dir",
+        data.to_str().expect("utf-8"),
+        "--token-file",
+        token.to_str().expect("utf-8"),
+        "--store",
+        db,
+        "--node-id",
+        id,
+        "--lease-ttl",
+        "1.5",
+        "--grace",
+        "1",
+        "--agent",
+        "anthropic",
+        "--base-url",
+        &mock.base_url(),
+    ]);
+    // The stalled stream is held, not killed: its node dies first.
+    cmd.env("WARDEN_STREAM_TIMEOUT", "120000")
+        .env("OTEL_EXPORTER_OTLP_ENDPOINT", &jaeger.otlp)
+        .env("OTEL_SERVICE_NAME", service)
+        .env("OTEL_BSP_SCHEDULE_DELAY", "100")
+        .stderr(std::process::Stdio::null());
+    let (child, base, _stdout) = spawn_listening(cmd, PATIENCE).await;
+    (child, base)
+}
+
+/// A node lost mid-turn (`kill -9`): the node that takes the session over
+/// continues the turn, and the turn's new trace, exported by that node,
+/// says what happened before — `ENODE_LOST`, the node that re-delivered
+/// it, the events its client had, and a link to the dead node's
+/// incarnation, where the turn was accepted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_turn_whose_node_died_says_so_in_its_trace_on_the_node_that_took_it_over() {
+    let Some(jaeger) = jaeger() else { return };
+    let Some(db) = fresh_db("warden_jaeger_failover").await else {
+        return;
+    };
+    let service = unique_service("jaeger-failover");
+    let mock = MockServer::start(
+        MockConfig::default()
+            .with_sequence([Scenario::Stall, Scenario::Normal])
+            .with_frame_interval(Duration::from_millis(2)),
+    )
+    .await
+    .expect("mock");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let token = "jaeger-failover-token";
+    std::fs::write(dir.path().join("token"), token).expect("token");
+    let (mut a, base_a) = cluster_node(dir.path(), "node-a", &db, &mock, &jaeger, &service).await;
+    let (mut b, base_b) = cluster_node(dir.path(), "node-b", &db, &mock, &jaeger, &service).await;
+
+    // A runs the turn until its stream stalls mid-text; Jaeger has A's
+    // incarnation (its anchor is exported at once).
+    let key = "failover";
+    let id = console::post_turn(&base_a, token, key, "hello").await;
+    requests_seen(&mock, 1).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let anchor = console_trace_id(&base_a, token, key).await;
+    link_is_found(&jaeger, &anchor, key, SPAWN).await;
+
+    // A dies; B takes the session over and continues the turn.
+    a.start_kill().expect("kill -9");
+    let _ = tokio::time::timeout(PATIENCE, a.wait())
+        .await
+        .expect("A is reaped in time");
+    let events = events_to_end(&base_b, token, &id).await;
+    assert_eq!(
+        events.last().map(|(_, kind, _)| kind.as_str()),
+        Some("done"),
+        "{events:?}"
+    );
+    let (marker, _, told) = events
+        .iter()
+        .find(|(_, kind, _)| kind == "continuing" || kind == "retrying")
+        .unwrap_or_else(|| panic!("the take-over's marker: {events:?}"));
+    assert_eq!(told["code"], "ENODE_LOST", "{told}");
+
+    // B's trace of the turn says what happened on A.
+    let trace_id = turn_trace_id(&base_b, token, &id).await;
+    assert_ne!(trace_id, anchor);
+    let spans = until(
+        PATIENCE,
+        "Jaeger has the turn's trace on B whole",
+        || async {
+            let spans = spans_of(&[trace(&jaeger, &trace_id).await?]);
+            let whole = spans.iter().any(|s| s.is(names::TURN_STARTED))
+                && spans.iter().any(|s| s.is(names::TURN_REDELIVERED));
+            whole.then_some(spans)
+        },
+    )
+    .await;
+    let root = one(&spans, names::TURN_STARTED, "the turn on B");
+    let before = one(&spans, names::TURN_REDELIVERED, "the turn on B");
+    assert!(before.child_of(root), "{before:?}");
+    assert_eq!(before.str_tag("warden.cause"), "ENODE_LOST");
+    assert_eq!(before.str_tag("warden.node"), "node-b");
+    assert_eq!(before.str_tag("warden.previous_trace"), anchor);
+    let dead = spans_of(&[trace(&jaeger, &anchor).await.expect("A's anchor")]);
+    let dead = one(&dead, SPAWN, "A's incarnation");
+    assert!(
+        before.refers_to(dead),
+        "linked to A's incarnation: {before:?}"
+    );
+    assert_eq!(
+        before.int_tag("warden.events_delivered"),
+        i64::try_from(*marker).ok().map(|n| n - 1),
+        "the events the client had from A: {before:?}"
+    );
+    let _ = b.start_kill();
     mock.shutdown().await;
 }
