@@ -164,7 +164,7 @@ pub use provider::{Anthropic, Api, OpenAi, OpenAiResponses, Protocol, Provider};
 pub use source::{AnthropicSource, HttpSource, OpenAiResponsesSource, OpenAiSource};
 pub use transcript::{TornTail, Transcript, Transcripts};
 pub use transport::{BuildError, validate_base_url};
-pub use wire::{ANTHROPIC_VERSION, gemini};
+pub use wire::{ANTHROPIC_VERSION, Progress, gemini};
 
 /// Locks `m`, ignoring poison (each value is changed in one step).
 fn util_lock<T>(m: &parking_lot::Mutex<T>) -> parking_lot::MutexGuard<'_, T> {

@@ -14,7 +14,7 @@ pub(crate) mod responses;
 use std::collections::VecDeque;
 
 use serde::Serialize;
-use warden_core::{Frame, StreamError};
+use warden_core::{AgentEvent, Frame, StreamError};
 
 use crate::provider::Protocol;
 use crate::sse::SseEvent;
@@ -48,6 +48,72 @@ pub(crate) fn mapper(protocol: Protocol) -> Box<dyn EventMapper> {
         Protocol::Anthropic => Box::<anthropic::AnthropicMapper>::default(),
         Protocol::OpenAi => Box::<openai::OpenAiMapper>::default(),
         Protocol::OpenAiResponses => Box::<responses::ResponsesMapper>::default(),
+    }
+}
+
+/// The progress rule of a watched stream (`docs/runtime-semantics.md`,
+/// "Progress") applied to one stream's raw SSE events: an event is
+/// progress when what a session's decoder maps it to is
+/// ([`AgentEvent::is_progress`]: text, thinking or tool input that is not
+/// empty, a tool call's start or end, the reply's end). `warden proxy`
+/// judges the streams it splices with it, so the proxy and the sessions
+/// have one rule, decoded one way.
+pub struct Progress {
+    judge: Judge,
+}
+
+enum Judge {
+    /// The protocol's mapper, as [`decode`](crate::decode) runs it.
+    Mapped {
+        mapper: Box<dyn EventMapper>,
+        frames: VecDeque<Frame>,
+    },
+    /// Gemini's `streamGenerateContent` chunks ([`gemini::decode_chunk`]).
+    Gemini,
+}
+
+impl Progress {
+    /// For one stream of `protocol`.
+    pub fn of(protocol: Protocol) -> Self {
+        Self {
+            judge: Judge::Mapped {
+                mapper: mapper(protocol),
+                frames: VecDeque::new(),
+            },
+        }
+    }
+
+    /// For one stream of the Gemini API (`:streamGenerateContent?alt=sse`).
+    pub fn gemini() -> Self {
+        Self {
+            judge: Judge::Gemini,
+        }
+    }
+
+    /// Whether `event`, the stream's next, is progress. One the decoder
+    /// cannot read is not (whoever reads the stream reports it).
+    pub fn judge(&mut self, event: &SseEvent) -> bool {
+        match &mut self.judge {
+            Judge::Mapped { mapper, frames } => {
+                frames.clear();
+                let _ = mapper.map(event, frames);
+                frames
+                    .iter()
+                    .any(|f| matches!(f, Frame::Event(e) if e.is_progress()))
+            }
+            Judge::Gemini => gemini::decode_chunk(&event.data)
+                .is_ok_and(|c| c.finished || c.events.iter().any(AgentEvent::is_progress)),
+        }
+    }
+}
+
+impl std::fmt::Debug for Progress {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let kind = match self.judge {
+            Judge::Mapped { .. } => "mapped",
+            Judge::Gemini => "gemini",
+        };
+        f.debug_struct("Progress").field("judge", &kind).finish()
     }
 }
 

@@ -186,7 +186,8 @@ impl Pump {
         }
         let frames = Frames::new(body, self.inner.config.max_frame_bytes);
         Ok(Ok(Current {
-            // Progress is judged per event by the splice, which decodes it.
+            progress: crate::splice::progress_of(self.protocol),
+            // Progress is judged per event by llm's decoder (`progress`).
             frames: watch.stream(frames, None),
             headers: headers::watched_response(&response_headers),
             span: tracing::Span::none(),
@@ -218,7 +219,7 @@ impl Pump {
                     if let Err(e) = self.splice.event(&event, &mut out) {
                         return (out, Some(Failure::of(e)));
                     }
-                    if self.splice.was_content() {
+                    if current.progress.judge(&event) {
                         current.frames.progressed();
                     }
                 }

@@ -50,6 +50,8 @@ pub(super) struct Pump {
     /// The next attempt's request body.
     pub(super) body: Bytes,
     pub(super) splice: Box<dyn Splice>,
+    /// Its API, whose decoder judges each attempt's progress.
+    pub(super) protocol: Protocol,
     /// The client has bytes of the stream (and its head).
     pub(super) sent: bool,
     pub(super) done: bool,
@@ -104,6 +106,8 @@ impl Pump {
 /// The attempt being read.
 pub(super) struct Current {
     pub(super) frames: Watched<Frames, Parsed>,
+    /// The progress rule, as a session's decoder judges this stream.
+    pub(super) progress: warden_llm::Progress,
     pub(super) headers: HeaderMap,
     pub(super) span: tracing::Span,
 }

@@ -146,6 +146,7 @@ pub(crate) async fn watched(
         body: bytes.clone(),
         original_bytes: bytes,
         splice,
+        protocol,
         sent: false,
         done: false,
         attempts: 0,

@@ -49,8 +49,6 @@ pub(crate) struct Anthropic {
     held_stop: Option<(u64, String)>,
     /// Thinking held until its block is whole (`--hold-thinking`).
     hold: Hold,
-    /// The last event was content (see [`Splice::was_content`]).
-    content: bool,
     done: bool,
 }
 
@@ -126,15 +124,6 @@ impl Anthropic {
         };
         let Some(index) = target else { return Ok(()) };
         let delta = event.delta;
-        // Progress as `AgentEvent::is_progress` has it: a delta with
-        // nothing in it (an upstream keeping a block open empty) is not.
-        let piece = match &*delta.kind {
-            "text_delta" => delta.text.as_deref(),
-            "thinking_delta" => delta.thinking.as_deref(),
-            "input_json_delta" => delta.partial_json.as_deref(),
-            _ => Some("signature"),
-        };
-        self.content = piece.is_some_and(|p| !p.is_empty());
         if delta.kind == "text_delta" {
             let text = delta.text.as_deref().unwrap_or("");
             self.attempt_text_bytes += text.len();
@@ -207,7 +196,6 @@ impl Anthropic {
     }
 
     fn splice_event(&mut self, event: &SseEvent, out: &mut String) -> Result<(), StreamError> {
-        self.content = false;
         if let Some((index, raw)) = self.held_stop.take() {
             if self.open.as_ref().is_some_and(|o| o.index == index) {
                 self.close_open();
@@ -219,14 +207,6 @@ impl Anthropic {
                 "an event whose data is not a typed JSON object ({e})"
             ))
         })?;
-        self.content = matches!(
-            &*typed.kind,
-            "content_block_start"
-                | "content_block_delta"
-                | "content_block_stop"
-                | "message_delta"
-                | "message_stop"
-        );
         if typed.kind == "content_block_delta" {
             return self.on_delta(&event.data, out);
         }
@@ -338,10 +318,6 @@ impl Anthropic {
 impl Splice for Anthropic {
     fn event(&mut self, event: &SseEvent, out: &mut String) -> Result<(), StreamError> {
         self.apply(event, out)
-    }
-
-    fn was_content(&self) -> bool {
-        self.content
     }
 
     fn done(&self) -> bool {

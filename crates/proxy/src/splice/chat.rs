@@ -23,8 +23,6 @@ pub(crate) struct Chat {
     in_tool: bool,
     /// While a continuation's start is being stitched on.
     join: Option<Stitcher>,
-    /// The last event was content (see [`Splice::was_content`]).
-    content: bool,
     done: bool,
 }
 
@@ -48,9 +46,7 @@ impl Chat {
 
 impl Splice for Chat {
     fn event(&mut self, event: &SseEvent, out: &mut String) -> Result<(), StreamError> {
-        self.content = false;
         if event.data.trim() == "[DONE]" {
-            self.content = true;
             self.done = true;
             chunk(out, "[DONE]");
             return Ok(());
@@ -90,16 +86,6 @@ impl Splice for Chat {
         let finish = data
             .pointer("/choices/0/finish_reason")
             .is_some_and(|f| !f.is_null());
-        self.content = finish
-            || delta.get("tool_calls").is_some()
-            || ["content", "reasoning_content", "reasoning"]
-                .iter()
-                .any(|k| {
-                    delta
-                        .get(k)
-                        .and_then(Value::as_str)
-                        .is_some_and(|t| !t.is_empty())
-                });
         if let Some(content) = delta.get("content").and_then(Value::as_str) {
             if let Some(stitcher) = self.join.as_mut() {
                 let shown =
@@ -140,10 +126,6 @@ impl Splice for Chat {
             chunk(out, &event.data);
         }
         Ok(())
-    }
-
-    fn was_content(&self) -> bool {
-        self.content
     }
 
     fn done(&self) -> bool {

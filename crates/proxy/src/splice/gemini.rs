@@ -31,8 +31,6 @@ pub(crate) struct Gemini {
     in_tool: bool,
     /// While a continuation's start is being stitched on.
     join: Option<Stitcher>,
-    /// The last event was content (see [`Splice::was_content`]).
-    content: bool,
     done: bool,
 }
 
@@ -70,7 +68,6 @@ impl Gemini {
 
 impl Splice for Gemini {
     fn event(&mut self, event: &SseEvent, out: &mut String) -> Result<(), StreamError> {
-        self.content = false;
         let chunk = match decode_chunk(&event.data) {
             Ok(chunk) => chunk,
             // Not retryable: the client gets it as the upstream sent it,
@@ -84,7 +81,6 @@ impl Splice for Gemini {
             }
             Err(e) => return Err(e),
         };
-        self.content = chunk.finished || chunk.events.iter().any(AgentEvent::is_progress);
         self.in_tool |= chunk.has_tool_call();
         let mut text = String::new();
         for e in &chunk.events {
@@ -138,10 +134,6 @@ impl Splice for Gemini {
             self.done = true;
         }
         Ok(())
-    }
-
-    fn was_content(&self) -> bool {
-        self.content
     }
 
     fn done(&self) -> bool {
@@ -253,14 +245,15 @@ mod tests {
     #[test]
     fn an_empty_part_is_no_progress_and_a_function_call_cannot_be_continued() {
         let mut s = Gemini::default();
+        let mut progress = crate::splice::progress_of(crate::upstream::Protocol::Gemini);
         let mut out = String::new();
-        s.event(&ev(&text("a", "", false)), &mut out)
-            .expect("frame");
-        assert!(!s.was_content());
+        let empty = ev(&text("a", "", false));
+        s.event(&empty, &mut out).expect("frame");
+        assert!(!progress.judge(&empty));
         assert!(matches!(s.resume(&json!({"contents": []})), Resume::Again));
         let call = json!({"candidates": [{"content": {"parts": [{"functionCall": {"name": "ls", "args": {}}}]}, "index": 0}]});
         s.event(&ev(&call), &mut out).expect("frame");
-        assert!(s.was_content());
+        assert!(progress.judge(&ev(&call)));
         assert!(matches!(s.resume(&json!({"contents": []})), Resume::GiveUp));
         assert!(s.error_event("x").contains("UNAVAILABLE"));
     }

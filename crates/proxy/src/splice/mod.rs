@@ -8,6 +8,9 @@ mod chat;
 mod gemini;
 mod responses;
 
+#[cfg(test)]
+mod agree_tests;
+
 use serde_json::Value;
 use warden_core::StreamError;
 use warden_llm::sse::SseEvent;
@@ -31,13 +34,6 @@ pub(crate) trait Splice: Send + 'static {
     /// error breaks the attempt (a retryable error event, a frame that is
     /// not the protocol's JSON, a continuation that does not fit).
     fn event(&mut self, event: &SseEvent, out: &mut String) -> Result<(), StreamError>;
-    /// Whether the last event given to [`event`](Self::event) was content
-    /// the model produced (text, thinking, a tool call or its input, or
-    /// the reply's end): the progress rule of every watched stream
-    /// (`docs/runtime-semantics.md`, "Progress"), as warden_core's
-    /// sessions judge their events. Pings, a message's start and errors
-    /// are not.
-    fn was_content(&self) -> bool;
     /// The terminal event has been forwarded: the response is complete.
     fn done(&self) -> bool;
     /// After a broken attempt whose stream the client has part of.
@@ -50,6 +46,19 @@ pub(crate) trait Splice: Send + 'static {
     /// block closed (`docs/wire-formats.md`); the SDKs raise it.
     fn error_is_retried(&self) -> bool {
         false
+    }
+}
+
+/// The progress rule for one upstream stream of `protocol`
+/// (`docs/runtime-semantics.md`, "Progress"): llm's, the decoder a
+/// session's stream is judged by, so the proxy's allowance and a
+/// session's count the same events (`agree_tests.rs` holds them to it).
+pub(crate) fn progress_of(protocol: Protocol) -> warden_llm::Progress {
+    match protocol {
+        Protocol::Messages => warden_llm::Progress::of(warden_llm::Protocol::Anthropic),
+        Protocol::ChatCompletions => warden_llm::Progress::of(warden_llm::Protocol::OpenAi),
+        Protocol::Responses => warden_llm::Progress::of(warden_llm::Protocol::OpenAiResponses),
+        Protocol::Gemini => warden_llm::Progress::gemini(),
     }
 }
 

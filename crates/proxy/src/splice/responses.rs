@@ -63,8 +63,6 @@ pub(crate) struct Responses {
     attempt_text_bytes: usize,
     /// Output tokens of the attempts before this one.
     prior_output: u64,
-    /// The last event was content (see [`Splice::was_content`]).
-    content: bool,
     done: bool,
 }
 
@@ -363,7 +361,6 @@ fn output_index(data: &Value) -> Result<u64, StreamError> {
 
 impl Splice for Responses {
     fn event(&mut self, event: &SseEvent, out: &mut String) -> Result<(), StreamError> {
-        self.content = false;
         let data: Value = serde_json::from_str(&event.data)
             .map_err(|e| malformed(format!("an event whose data is not JSON ({e})")))?;
         let kind = data
@@ -371,13 +368,6 @@ impl Splice for Responses {
             .and_then(Value::as_str)
             .unwrap_or(&event.event)
             .to_owned();
-        // The reply's start and its failures are not content; its output
-        // items, deltas and its end are.
-        self.content = kind.starts_with("response.")
-            && !matches!(
-                kind.as_str(),
-                "response.created" | "response.in_progress" | "response.queued" | "response.failed"
-            );
         match kind.as_str() {
             "error" | "response.failed" => {
                 let error = reported_error(&data, &kind);
@@ -405,10 +395,6 @@ impl Splice for Responses {
             _ => self.emit(out, &event.event, data, &event.data, false),
         }
         Ok(())
-    }
-
-    fn was_content(&self) -> bool {
-        self.content
     }
 
     fn done(&self) -> bool {
