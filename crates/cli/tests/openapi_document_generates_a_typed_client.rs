@@ -28,6 +28,7 @@ const TYPED: &[(&str, &str)] = &[
     ("create_turn", "TurnCreated"),
     ("cancel_turn", "TurnCancelled"),
     ("get_turn", "Turn"),
+    ("turn_trace", "TurnTrace"),
     ("list_sessions", "SessionList"),
     ("get_session", "Session"),
     ("reset_session", "SessionReset"),
