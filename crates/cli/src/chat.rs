@@ -340,6 +340,11 @@ pub(crate) async fn run(args: ChatArgs) -> Result<Exit, CliError> {
     )?;
     let store = Arc::new(paths::open_store(&data_dir)?);
 
+    // Its one session's CLI is live while the wire sends it its stream.
+    let source = match &wire {
+        Some(wire) => wire.live(source),
+        None => source,
+    };
     let factory = move |_: &SessionKey| source.clone();
     let supervisor = Supervisor::builder(Arc::new(factory))
         .config(config)

@@ -10,7 +10,9 @@
 //! for it, and the reply is not generated twice. The process layer (the
 //! session's watchdog on the CLI's stdout) stays for what the wire cannot
 //! see: a CLI that hangs with a healthy upstream, crashes or prints
-//! garbage.
+//! garbage. Under one session (`warden chat`, [`Wire::live`]) its
+//! allowance counts the model stream the wire sends the CLI too, so a
+//! long thinking stream is not taken for a silent CLI.
 //!
 //! Codex speaks the Responses API, which the engine watches and continues
 //! the same way: a stall before any byte is retried unseen, a stall or a
@@ -40,7 +42,11 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures_util::StreamExt as _;
+use futures_util::future::BoxFuture;
 use parking_lot::Mutex;
+use tokio::sync::watch;
+use warden_core::{Diagnostics, EventSource, EventStream, Frame, StreamError, TurnRequest};
 use warden_proxy::{Outcome, Proxy, ProxyConfig, RecoveryEvent};
 use warden_serve::Agent;
 
@@ -53,6 +59,8 @@ pub(crate) struct Wire {
     seen: Arc<Mutex<Seen>>,
     /// Its silence allowance per attempt.
     allowance: Duration,
+    /// Counts the chunks of model streams it sent its CLIs.
+    sent: Arc<watch::Sender<u64>>,
     agents: Vec<Agent>,
     url: String,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
@@ -103,6 +111,7 @@ impl Wire {
         let seen = Arc::new(Mutex::new(Seen::default()));
         let (killed, ended) = (Arc::clone(&seen), Arc::clone(&seen));
         let allowance = config.timeout;
+        let limits = config.connections.clone();
         let config = config
             // What it did, as `warden proxy` says it: the CLI never sees
             // it, so this line is the only trace of it on the terminal.
@@ -111,12 +120,15 @@ impl Wire {
                     let mut seen = killed.lock();
                     seen.stalled.insert(*request);
                     seen.kills += 1;
+                    seen.stalling = true;
                 }
                 eprintln!("warden: wire layer: {recovery}");
             })
             .with_access_log(move |record| {
                 if record.outcome == Outcome::Complete {
-                    ended.lock().completed += 1;
+                    let mut seen = ended.lock();
+                    seen.completed += 1;
+                    seen.stalling = false;
                 }
             });
         let proxy = Proxy::start(config)
@@ -130,18 +142,38 @@ impl Wire {
             Err(e) => return Err(CliError::failure(format!("the wire layer: {e}"))),
         };
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let serving = proxy.clone();
+        let sent = Arc::new(watch::Sender::new(0_u64));
+        let (counted, live) = (Arc::clone(&sent), Arc::clone(&seen));
+        // Every chunk a CLI is sent of its model stream is counted (as
+        // `Proxy::serve` serves it, within its connection limits), unless
+        // an attempt went silent since the last whole reply: a stream the
+        // wire is recovering is not live, so the process layer's clock
+        // runs (a turn whose every stream stalls still ends on time).
+        let app = proxy.router().layer(axum::middleware::map_response(
+            move |response: axum::response::Response| {
+                let (counted, live) = (Arc::clone(&counted), Arc::clone(&live));
+                async move {
+                    let (parts, body) = response.into_parts();
+                    let body = body.into_data_stream().inspect(move |_| {
+                        if !live.lock().stalling {
+                            counted.send_modify(|n| *n = n.wrapping_add(1));
+                        }
+                    });
+                    axum::response::Response::from_parts(parts, axum::body::Body::from_stream(body))
+                }
+            },
+        ));
         let task = tokio::spawn(async move {
-            serving
-                .serve(listener, async move {
-                    let _ = stopped.await;
-                })
-                .await
+            warden_http::serve(listener, app, limits, async move {
+                let _ = stopped.await;
+            })
+            .await
         });
         Ok(Self {
             proxy,
             seen,
             allowance,
+            sent,
             agents,
             url,
             stop: Some(stop),
@@ -155,12 +187,104 @@ impl Wire {
     pub(crate) fn base_url(&self, agent: Agent) -> Option<String> {
         self.agents.contains(&agent).then(|| self.url.clone())
     }
+
     /// Why nothing it carried could save a failed turn, when every model
     /// request stalled: how many, how many silent attempts it killed and
     /// after how long; `None` when one completed or none stalled.
     pub(crate) fn every_request_stalled(&self) -> Option<String> {
         self.seen.lock().every_request_stalled(self.allowance)
     }
+
+    /// `source`, whose attempts are also live while this wire sends their
+    /// CLI its model stream: the process layer's silence allowance is then
+    /// measured against the CLI's output and its model stream, so a CLI
+    /// reading a long reply, or waiting on thinking the wire holds back
+    /// (the wire keeps that stream live with a comment per held event),
+    /// is not killed as silent. A CLI that hangs on a healthy stream is
+    /// still killed once the stream ends. For a wire under one session
+    /// (`warden chat`): every chunk counts for it.
+    pub(crate) fn live(&self, source: Arc<dyn EventSource>) -> Arc<dyn EventSource> {
+        Arc::new(Live {
+            inner: source,
+            sent: self.sent.subscribe(),
+        })
+    }
+}
+
+/// A CLI's source whose streams also yield liveness
+/// ([`Frame::KeepAlive`]) for each chunk the wire sends the CLI.
+struct Live {
+    inner: Arc<dyn EventSource>,
+    sent: watch::Receiver<u64>,
+}
+
+impl EventSource for Live {
+    fn open(&self, request: TurnRequest) -> BoxFuture<'static, Result<EventStream, StreamError>> {
+        let opening = self.inner.open(request);
+        let mut sent = self.sent.clone();
+        Box::pin(async move {
+            let stream = opening.await?;
+            sent.mark_unchanged();
+            Ok(Box::pin(with_liveness(stream, sent)) as EventStream)
+        })
+    }
+
+    fn continues(&self) -> bool {
+        self.inner.continues()
+    }
+
+    fn tools_run_in_stream(&self) -> bool {
+        self.inner.tools_run_in_stream()
+    }
+
+    fn restarts_repeat_tool_calls(&self) -> bool {
+        self.inner.restarts_repeat_tool_calls()
+    }
+
+    fn runs_in_workspace(&self) -> bool {
+        self.inner.runs_in_workspace()
+    }
+
+    fn provider(&self) -> &str {
+        self.inner.provider()
+    }
+
+    fn context_window(&self, model: Option<&str>) -> Option<u64> {
+        self.inner.context_window(model)
+    }
+
+    fn fresh_start_note(&self) -> Option<String> {
+        self.inner.fresh_start_note()
+    }
+
+    fn diagnostics(&self, session_id: &str, workspace: Option<&std::path::Path>) -> Diagnostics {
+        self.inner.diagnostics(session_id, workspace)
+    }
+}
+
+/// `stream`'s items, and a [`Frame::KeepAlive`] whenever `sent` changes,
+/// until `stream` ends.
+fn with_liveness(
+    stream: EventStream,
+    sent: watch::Receiver<u64>,
+) -> impl futures_util::Stream<Item = Result<Frame, StreamError>> + Send {
+    futures_util::stream::unfold((stream, Some(sent)), |(mut stream, mut sent)| async move {
+        loop {
+            let Some(watching) = sent.as_mut() else {
+                let item = stream.next().await?;
+                return Some((item, (stream, sent)));
+            };
+            tokio::select! {
+                biased;
+                item = stream.next() => return item.map(|item| (item, (stream, sent))),
+                changed = watching.changed() => match changed {
+                    Ok(()) => return Some((Ok(Frame::KeepAlive), (stream, sent))),
+                    // The wire is gone: the CLI's own output only.
+                    Err(_) => sent = None,
+                },
+            }
+        }
+    })
 }
 
 /// What the wire layer saw of the model requests it carried.
@@ -172,6 +296,8 @@ struct Seen {
     kills: u32,
     /// Requests whose reply was whole.
     completed: u32,
+    /// An attempt went silent since the last whole reply.
+    stalling: bool,
 }
 
 impl Seen {

@@ -243,6 +243,39 @@ async fn when_every_stream_stalls_the_turn_ends_and_says_which_layer_gave_up() {
     mock.shutdown().await;
 }
 
+/// A model that thinks past the stream timeout (its stream kept live with
+/// pings, Claude Code printing nothing meanwhile) is not killed by the
+/// process layer: the CLI's silence allowance counts the model stream the
+/// wire sends it, so one run and one request answer the turn.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claude_code_turn_thinking_past_the_stream_timeout_is_not_killed() {
+    let Some(claude) = claude_bin() else {
+        return;
+    };
+    let thinking = Duration::from_millis(TIMEOUT_MS + 3000);
+    let mock = MockServer::start(
+        MockConfig::default()
+            .with_default_scenario(Scenario::ThinkingPings)
+            .with_thinking_pause(thinking),
+    )
+    .await
+    .expect("mock");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (out, took) = chat(&claude, &mock, dir.path(), &[]).await;
+    eprintln!("thinking {thinking:?}, through the wire: {took:?}");
+    assert_one_reply_no_kill(&out);
+    assert_eq!(
+        mock.requests_to("/v1/messages"),
+        1,
+        "one request: the CLI was not killed and re-run"
+    );
+    assert!(
+        took > thinking && took < thinking + Duration::from_secs(6),
+        "the thinking and a few seconds: {took:?}"
+    );
+    mock.shutdown().await;
+}
+
 /// A stall inside a thinking block cannot be continued (only the model can
 /// sign a thinking block): the wire holds thinking back, so it retries the
 /// request from scratch unseen — the CLI sees one whole answer.

@@ -188,6 +188,13 @@ impl Anthropic {
                 self.hold.drop_held();
             } else if self.open.as_ref().is_some_and(|o| o.index == index) {
                 self.hold.divert(out, mark);
+                if out.len() == mark {
+                    // Held, the thinking still keeps the client's stream
+                    // live: a comment for each event of it, which the
+                    // client ignores but its idle timer (and warden's
+                    // watch on an agent CLI) counts.
+                    out.push_str(":\n\n");
+                }
             } else {
                 self.hold.release(out, mark);
             }
@@ -481,6 +488,30 @@ mod tests {
             ),
             ev("message_stop", json!({"type": "message_stop"})),
         ]
+    }
+
+    #[test]
+    fn held_thinking_keeps_the_clients_stream_live_with_a_comment_per_event() {
+        let mut s = Anthropic::new(true);
+        let mut out = String::new();
+        s.event(&start(), &mut out).expect("start");
+        let started = out.len();
+        let thinking = ev(
+            "content_block_delta",
+            json!({"type": "content_block_delta", "index": 0, "delta": {"type": "thinking_delta", "thinking": "hmm"}}),
+        );
+        s.event(&block(0, "thinking"), &mut out).expect("block");
+        s.event(&thinking, &mut out).expect("delta");
+        assert_eq!(
+            &out[started..],
+            ":\n\n:\n\n",
+            "none of the thinking yet, a comment for each of its events"
+        );
+        s.event(&stop(0), &mut out).expect("stop");
+        assert!(
+            out[started..].contains("\"thinking\":\"hmm\""),
+            "the block whole at its end: {out}"
+        );
     }
 
     #[test]
