@@ -67,7 +67,7 @@ mod takeover;
 use takeover::take_over;
 
 pub use crate::node::{NodeInfo, NodeState, TakeOver};
-pub use balance::{Balance, Spread, idle_first, plan};
+pub use balance::{Balance, Spread, handover_order, plan};
 pub use event::NodeEvent;
 use event::report;
 

@@ -30,7 +30,9 @@
 pub use crate::group::{GroupStats, TurnBatch};
 pub use crate::lease::{Lease, LeaseInfo, Patience, TAKEOVER_GRACE};
 pub use crate::migrate::MIGRATIONS;
-pub use crate::node::{DEAD_AFTER_UNKNOWN_TTL, DEFAULT_RETURN_GRACE, NodeStore, RETAKE_COOLDOWN};
+pub use crate::node::{
+    DEAD_AFTER_UNKNOWN_TTL, DEFAULT_RETURN_GRACE, NodeStore, RETAKE_COOLDOWN, TURN_BOUNDARY_WAIT,
+};
 pub use crate::node_turns::NodeTurns;
 pub use crate::orphans::Orphans;
 pub use crate::store::PgStore;

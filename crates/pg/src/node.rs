@@ -20,6 +20,7 @@ mod renew;
 mod takeover;
 mod turn_logs;
 
+pub use handover::TURN_BOUNDARY_WAIT;
 pub use home::DEFAULT_RETURN_GRACE;
 pub use members::{DEAD_AFTER_UNKNOWN_TTL, NodeInfo, NodeState};
 pub use takeover::TakeOver;
@@ -94,6 +95,13 @@ pub struct NodeStore {
     came_home: Arc<Mutex<HashMap<String, u64>>>,
     /// Sessions being handed to another node now (`hand_over`).
     handing: Arc<Mutex<std::collections::HashSet<String>>>,
+    /// Busy sessions to hand over at their next turn boundary, with the
+    /// taker (see [`mark_moving`](Self::mark_moving)), and what wakes the
+    /// requests held for them.
+    moving: Arc<Mutex<HashMap<String, String>>>,
+    moved: Arc<tokio::sync::Notify>,
+    /// Orphans this node's scans have seen, with when first.
+    orphans_seen: Arc<Mutex<HashMap<String, tokio::time::Instant>>>,
 }
 
 impl std::fmt::Debug for NodeStore {
@@ -127,6 +135,9 @@ impl NodeStore {
             homes: Arc::default(),
             came_home: Arc::default(),
             handing: Arc::default(),
+            moving: Arc::default(),
+            moved: Arc::default(),
+            orphans_seen: Arc::default(),
         }
     }
 

@@ -23,7 +23,7 @@ use tokio_util::task::AbortOnDropHandle;
 use warden_core::{SessionKey, Supervisor};
 
 use super::Node;
-use crate::{Lease, NodeState, NodeStore};
+use crate::{Lease, NodeState, NodeStore, TURN_BOUNDARY_WAIT};
 
 /// How a node spreads the load with the others (`warden serve
 /// --rebalance-interval`, `--rebalance-limit`, `--rebalance-threshold`).
@@ -194,16 +194,31 @@ pub fn plan(me: &str, members: &[(String, u64)], balance: &Balance) -> Vec<(Stri
         .collect()
 }
 
-/// Which of `held` to hand over first: those not running here (`running`
-/// lists the sessions running, with whether a turn runs or a message is
-/// queued), then the idle running ones; never a busy one.
-pub fn idle_first(held: Vec<Lease>, running: &[(SessionKey, bool)]) -> Vec<Lease> {
-    let busy = |l: &Lease| running.iter().any(|(k, b)| *b && k.as_str() == l.key);
-    let runs = |l: &Lease| running.iter().any(|(k, _)| k.as_str() == l.key);
-    let (mut idle, mut asleep): (Vec<Lease>, Vec<Lease>) =
-        held.into_iter().filter(|l| !busy(l)).partition(runs);
+/// Which of `held` to hand over first, each with whether it is busy:
+/// those not running here, then the idle running ones, then the busy ones
+/// (a turn running or a message waiting), the turn that has run longest
+/// first (the likeliest to end soon). `running` lists the sessions running
+/// here, each with how long its turn has run if it is busy (`None`: idle).
+/// A busy one is handed over at its next turn boundary
+/// ([`NodeStore::mark_moving`]).
+pub fn handover_order(
+    held: Vec<Lease>,
+    running: &[(SessionKey, Option<Duration>)],
+) -> Vec<(Lease, bool)> {
+    let of = |l: &Lease| running.iter().find(|(k, _)| k.as_str() == l.key);
+    let (mut asleep, mut idle, mut busy) = (Vec::new(), Vec::new(), Vec::new());
+    for lease in held {
+        match of(&lease) {
+            None => asleep.push(lease),
+            Some((_, None)) => idle.push(lease),
+            Some((_, Some(ran))) => busy.push((*ran, lease)),
+        }
+    }
+    busy.sort_by(|a, b| b.0.cmp(&a.0).then_with(|| a.1.key.cmp(&b.1.key)));
     asleep.append(&mut idle);
-    asleep
+    let mut order: Vec<(Lease, bool)> = asleep.into_iter().map(|l| (l, false)).collect();
+    order.extend(busy.into_iter().map(|(_, l)| (l, true)));
+    order
 }
 
 impl Node {
@@ -272,36 +287,131 @@ async fn round(store: &NodeStore, supervisor: &Supervisor, balance: &Balance) ->
     let Ok(statuses) = supervisor.statuses().await else {
         return 0;
     };
-    let running: Vec<(SessionKey, bool)> = statuses
+    let running: Vec<(SessionKey, Option<Duration>)> = statuses
         .into_iter()
         .map(|s| {
             let busy = s.turn.is_some() || s.queued > 0 || !s.record.pending.is_empty();
-            (s.key, busy)
+            (s.key, busy.then(|| s.turn_running_for.unwrap_or_default()))
         })
         .collect();
-    let mut candidates = idle_first(store.held(), &running).into_iter();
+    let mut candidates = handover_order(store.held(), &running).into_iter();
     let mut handed = 0;
+    let mut busy = Vec::new();
     for (to, n) in plan {
-        let batch: Vec<Lease> = candidates.by_ref().take(n).collect();
+        let batch: Vec<(Lease, bool)> = candidates.by_ref().take(n).collect();
         if batch.is_empty() {
             break;
         }
-        let given = match store.hand_over(&to, &batch).await {
-            Ok(given) => given,
-            Err(e) => {
-                tracing::debug!(target: "warden_pg::cluster", event = "cluster.handover_failed", to = %to, error = %e, "cannot hand sessions over");
-                continue;
-            }
-        };
-        for lease in &given {
-            let _ = supervisor.evict(SessionKey::new(&lease.key)).await;
-        }
-        handed += given.len();
-        if !given.is_empty() {
-            tracing::info!(target: "warden_pg::cluster", event = "cluster.rebalanced", to = %to, sessions = given.len(), "handed {} idle sessions to {to} (this node held more than its share)", given.len());
+        let (idle, later): (Vec<_>, Vec<_>) = batch.into_iter().partition(|(_, b)| !b);
+        busy.extend(later.into_iter().map(|(l, _)| (to.clone(), l)));
+        let idle: Vec<Lease> = idle.into_iter().map(|(l, _)| l).collect();
+        if !idle.is_empty() {
+            handed += give(store, supervisor, &to, &idle, "idle").await.len();
         }
     }
+    if !busy.is_empty() {
+        handed += at_turn_boundaries(store, supervisor, busy).await;
+    }
     handed
+}
+
+/// Hands `leases` (idle now) to `to` and stops their copies here: the
+/// leases handed.
+async fn give(
+    store: &NodeStore,
+    supervisor: &Supervisor,
+    to: &str,
+    leases: &[Lease],
+    how: &str,
+) -> Vec<Lease> {
+    let given = match store.hand_over(to, leases).await {
+        Ok(given) => given,
+        Err(e) => {
+            tracing::debug!(target: "warden_pg::cluster", event = "cluster.handover_failed", to = %to, error = %e, "cannot hand sessions over");
+            return Vec::new();
+        }
+    };
+    for lease in &given {
+        let _ = supervisor.evict(SessionKey::new(&lease.key)).await;
+    }
+    if !given.is_empty() {
+        tracing::info!(target: "warden_pg::cluster", event = "cluster.rebalanced", to = %to, sessions = given.len(), kind = how, "handed {} {how} sessions to {to} (this node held more than its share)", given.len());
+    }
+    given
+}
+
+/// How often a node looks whether the busy sessions it hands over have
+/// reached their turn boundary.
+const BOUNDARY_POLL: Duration = Duration::from_millis(20);
+
+/// Hands each of `busy` (the taker, the lease of a session with a turn
+/// running or a message waiting) over at its next turn boundary: marks it
+/// ([`NodeStore::mark_moving`]: its new turns wait), and once its turn in
+/// flight and the messages already acknowledged are done here, hands it
+/// over as an idle one (the statement still refuses it while a message
+/// waits or a turn's end is not stored). A session not at a boundary
+/// within [`TURN_BOUNDARY_WAIT`] stays here for this round; its turns go
+/// on here. How many were handed over.
+async fn at_turn_boundaries(
+    store: &NodeStore,
+    supervisor: &Supervisor,
+    mut busy: Vec<(String, Lease)>,
+) -> usize {
+    /// Unmarks what is left however the round ends (the task aborted at
+    /// shutdown included), so no turn waits for a move that is not coming.
+    struct Marks<'a>(&'a NodeStore, Vec<String>);
+    impl Drop for Marks<'_> {
+        fn drop(&mut self) {
+            self.0.unmark_moving(self.1.iter().map(String::as_str));
+        }
+    }
+    for (to, lease) in &busy {
+        store.mark_moving(&lease.key, to);
+    }
+    let _marks = Marks(store, busy.iter().map(|(_, l)| l.key.clone()).collect());
+    let until = tokio::time::Instant::now() + TURN_BOUNDARY_WAIT;
+    let mut handed = 0;
+    loop {
+        // Still this node's at the epoch chosen (not lost meanwhile).
+        busy.retain(|(_, l)| {
+            store
+                .lease_of(&SessionKey::new(&l.key))
+                .is_some_and(|h| h.epoch == l.epoch)
+        });
+        let mut ready: std::collections::BTreeMap<String, Vec<Lease>> = Default::default();
+        for (to, lease) in &busy {
+            if at_boundary(supervisor, &lease.key).await {
+                ready.entry(to.clone()).or_default().push(lease.clone());
+            }
+        }
+        for (to, leases) in ready {
+            let given = give(store, supervisor, &to, &leases, "busy").await;
+            store.unmark_moving(given.iter().map(|l| l.key.as_str()));
+            busy.retain(|(_, l)| !given.iter().any(|g| g.key == l.key));
+            handed += given.len();
+        }
+        if busy.is_empty() || tokio::time::Instant::now() >= until {
+            break;
+        }
+        tokio::time::sleep(BOUNDARY_POLL).await;
+    }
+    if !busy.is_empty() {
+        tracing::debug!(target: "warden_pg::cluster", event = "cluster.handover_deferred", sessions = busy.len(), "busy sessions reached no turn boundary in time; they stay for now");
+    }
+    handed
+}
+
+/// Whether session `key` is at a turn boundary here: not running, or
+/// running with no turn, nothing queued and no message waiting.
+async fn at_boundary(supervisor: &Supervisor, key: &str) -> bool {
+    match supervisor.running(SessionKey::new(key)).await {
+        Ok(None) => true,
+        Ok(Some(session)) => session
+            .status()
+            .await
+            .is_ok_and(|s| s.turn.is_none() && s.queued == 0 && s.record.pending.is_empty()),
+        Err(_) => false,
+    }
 }
 
 #[cfg(test)]

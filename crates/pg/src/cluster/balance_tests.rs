@@ -136,20 +136,36 @@ fn the_spread_says_how_far_from_the_mean_each_member_is() {
 }
 
 #[test]
-fn a_busy_session_is_never_a_candidate_and_sleeping_ones_go_first() {
+fn sleeping_sessions_go_first_then_idle_ones_then_busy_ones_longest_turn_first() {
     let lease = |k: &str| Lease {
         key: k.into(),
         node: "a".into(),
         epoch: 1,
     };
-    let held = vec![lease("busy"), lease("idle"), lease("asleep")];
-    let running = vec![
-        (SessionKey::new("busy"), true),
-        (SessionKey::new("idle"), false),
+    let held = vec![
+        lease("busy-new"),
+        lease("idle"),
+        lease("busy-old"),
+        lease("asleep"),
     ];
-    let order: Vec<String> = idle_first(held, &running)
+    let running = vec![
+        (SessionKey::new("busy-new"), Some(Duration::from_millis(10))),
+        (SessionKey::new("idle"), None),
+        (SessionKey::new("busy-old"), Some(Duration::from_secs(2))),
+    ];
+    let order: Vec<(String, bool)> = handover_order(held, &running)
         .into_iter()
-        .map(|l| l.key)
+        .map(|(l, busy)| (l.key, busy))
         .collect();
-    assert_eq!(order, vec!["asleep", "idle"]);
+    let want = [
+        ("asleep", false),
+        ("idle", false),
+        ("busy-old", true),
+        ("busy-new", true),
+    ];
+    assert_eq!(
+        order,
+        want.map(|(k, b)| (k.to_owned(), b)).to_vec(),
+        "busy sessions are candidates too, last, the one nearest its turn's end first"
+    );
 }

@@ -35,6 +35,9 @@ impl LeasePlacement {
 impl Placement for LeasePlacement {
     fn place<'a>(&'a self, key: &'a SessionKey) -> BoxFuture<'a, Result<(), Elsewhere>> {
         Box::pin(async move {
+            // A busy session moving at its next turn boundary: its new
+            // turn waits for the move, then goes to the new owner.
+            self.node.wait_while_moving(key).await;
             if self.node.lease_of(key).is_some() {
                 return Ok(()); // ours (the fence still guards every write)
             }

@@ -2,16 +2,66 @@
 //! moves the lease to the taker in one fenced statement that refuses a
 //! session with a turn running or messages waiting, and the taker adopts
 //! the leases handed to it on its next look (see
-//! [`cluster::Balance`](crate::cluster::Balance)).
+//! [`cluster::Balance`](crate::cluster::Balance)). A busy session is
+//! handed over at its next turn boundary: [marked](NodeStore::mark_moving),
+//! its new turns wait ([`NodeStore::wait_while_moving`]) while the turn in
+//! flight (and any message already acknowledged) finishes here, then it is
+//! idle and moves as any idle session does.
 
 use std::time::Duration;
 
-use warden_core::StoreError;
+use warden_core::{SessionKey, StoreError};
 
 use super::NodeStore;
 use crate::{Lease, PgStore, backend, from_db, secs, to_db};
 
+/// How long a busy session chosen for a handover may take to reach a turn
+/// boundary (its turn in flight and the messages already acknowledged
+/// done here) before the move is given up for that round: 3 s. The new
+/// turns for it wait meanwhile, so this is also the longest a `POST` waits
+/// for a move; under the 5 s a forwarding node waits for the owner's
+/// answer.
+pub const TURN_BOUNDARY_WAIT: Duration = Duration::from_secs(3);
+
 impl NodeStore {
+    /// Marks `key` (a busy session held here) to be handed to `to` at its
+    /// next turn boundary: until [`unmark_moving`](Self::unmark_moving),
+    /// new turns placed here for it wait
+    /// ([`wait_while_moving`](Self::wait_while_moving)), so the turn in flight
+    /// ends, no new one starts, and the session becomes idle for
+    /// [`hand_over`](Self::hand_over).
+    pub fn mark_moving(&self, key: &str, to: &str) {
+        self.moving.lock().insert(key.to_owned(), to.to_owned());
+    }
+
+    /// Ends the marks of `keys` (handed over, or the move given up) and
+    /// lets the turns waiting for them go on: to the new owner, or here.
+    pub fn unmark_moving<'a>(&self, keys: impl IntoIterator<Item = &'a str>) {
+        let mut moving = self.moving.lock();
+        for key in keys {
+            moving.remove(key);
+        }
+        drop(moving);
+        self.moved.notify_waiters();
+    }
+
+    /// Waits while `key` is [marked](Self::mark_moving) to move at its
+    /// next turn boundary (at most [`TURN_BOUNDARY_WAIT`] and a second):
+    /// what placing a new turn here does first, so the turn goes to the
+    /// node the session moved to rather than keeping it busy here.
+    pub async fn wait_while_moving(&self, key: &SessionKey) {
+        let until = tokio::time::Instant::now() + TURN_BOUNDARY_WAIT + Duration::from_secs(1);
+        loop {
+            let woken = self.moved.notified();
+            if !self.moving.lock().contains_key(key.as_str()) {
+                return;
+            }
+            if tokio::time::timeout_at(until, woken).await.is_err() {
+                return;
+            }
+        }
+    }
+
     /// Hands `leases` (held here) to live node `to`, in one statement: each
     /// session moves (epoch + 1, owner `to`, a lease of this node's TTL,
     /// recorded as a `handover`) only while this node still holds it at that
@@ -59,19 +109,25 @@ impl NodeStore {
     /// renews each at the epoch handed (so it is this node's from then
     /// on, as if it had taken it) and holds it. The session is not started:
     /// it is idle, and a turn placed here starts it. A lease this node gave
-    /// up itself since is not adopted (its copy may still be stopping).
+    /// up itself within [`RETAKE_COOLDOWN`](crate::RETAKE_COOLDOWN) is not
+    /// adopted yet (its copy may still be stopping); one it gave up longer
+    /// ago is (a session handed away and back, as the counts moved).
     /// Returns the leases adopted.
     pub async fn adopt_handed(&self) -> Result<Vec<Lease>, StoreError> {
         let found = self.pg.handed_to(&self.node, self.ttl * 2).await;
         self.reached(&found);
+        let found = found?;
         let candidates: Vec<Lease> = {
             let leases = self.leases();
-            let given_up = self.given_up.lock();
-            found?
+            found
                 .into_iter()
-                .filter(|l| !leases.contains_key(&l.key) && !given_up.contains_key(&l.key))
+                .filter(|l| !leases.contains_key(&l.key))
                 .collect()
         };
+        let candidates: Vec<Lease> = candidates
+            .into_iter()
+            .filter(|l| self.cooling_down(&SessionKey::new(&l.key)).is_none())
+            .collect();
         if candidates.is_empty() {
             return Ok(Vec::new());
         }
@@ -81,7 +137,8 @@ impl NodeStore {
         let renewed = renewed?;
         let mut adopted = Vec::new();
         for lease in candidates {
-            if renewed.contains(&lease.key) && !self.given_up.lock().contains_key(&lease.key) {
+            let key = SessionKey::new(&lease.key);
+            if renewed.contains(&lease.key) && self.cooling_down(&key).is_none() {
                 self.hold(&lease, sent);
                 adopted.push(lease);
             }

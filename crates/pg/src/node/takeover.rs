@@ -62,7 +62,79 @@ const TAKEOVER_BATCH: usize = 64;
 /// session's once a minute, for the sessions of nodes that died.)
 const LOST_END_WATCH: Duration = Duration::from_secs(60);
 
+/// Which of `takeable` (the orphans this node can run, in the order it
+/// would take them) node `me` takes in one scan, given every live member's
+/// count of sessions held (`live`, `me` among them), every orphan the scan
+/// saw (`all`), and those of them this node has seen wait for
+/// [`orphan_overdue`] or longer (`overdue`). Its fair share: as many as
+/// bring it up to the mean the live members would hold with the orphans
+/// shared out (rounded up), none once it is there — so the survivors of a
+/// dead node split its sessions whichever looks first and however often,
+/// and a less loaded one takes more. Within the share, first the orphans
+/// dealt to it (the orphans in key order dealt round the live members in
+/// id order, every `k`-th to each of `k`), so survivors looking at the
+/// same moment take disjoint ones. An overdue orphan is taken whatever the
+/// share: the node it fell to did not take it (slow, or without its
+/// workspace).
+pub(crate) fn orphans_to_take(
+    me: &str,
+    live: &[(String, u64)],
+    all: &[SessionKey],
+    overdue: &HashSet<SessionKey>,
+    takeable: Vec<SessionKey>,
+) -> Vec<SessionKey> {
+    let mut ids: Vec<&str> = live.iter().map(|(id, _)| id.as_str()).collect();
+    ids.sort_unstable();
+    let nodes = ids.len().max(1);
+    let rank = ids.iter().position(|id| *id == me);
+    let mut keys: Vec<&str> = all.iter().map(SessionKey::as_str).collect();
+    keys.sort_unstable();
+    let dealt_here = |k: &SessionKey| {
+        rank.is_some_and(|r| {
+            keys.binary_search(&k.as_str())
+                .is_ok_and(|i| i % nodes == r)
+        })
+    };
+    let (late, fresh): (Vec<SessionKey>, Vec<SessionKey>) =
+        takeable.into_iter().partition(|k| overdue.contains(k));
+    let (mut order, rest): (Vec<SessionKey>, Vec<SessionKey>) =
+        fresh.into_iter().partition(dealt_here);
+    order.extend(rest);
+    let held: u64 = live.iter().map(|(_, c)| c).sum();
+    let mine = live.iter().find(|(id, _)| id == me).map_or(0, |(_, c)| *c);
+    let mean = (held + all.len() as u64).div_ceil(nodes as u64);
+    let share = (mean.saturating_sub(mine) as usize).saturating_sub(late.len());
+    order.truncate(share);
+    let mut take = late;
+    take.extend(order);
+    take
+}
+
+/// How long an orphan may wait, seen by a node's scans, before that node
+/// takes it whatever its share ([`orphans_to_take`]): two scan intervals,
+/// time for the node it fell to to take it.
+fn orphan_overdue(scan_interval: Duration) -> Duration {
+    scan_interval * 2
+}
+
 impl NodeStore {
+    /// Of `all` (the orphans a scan saw), those this node's scans have seen
+    /// waiting for [`orphan_overdue`] or longer; the others are noted as
+    /// seen now (and those no longer orphans forgotten).
+    fn overdue_orphans(&self, all: &[SessionKey]) -> HashSet<SessionKey> {
+        let now = tokio::time::Instant::now();
+        let after = orphan_overdue(self.scan_interval());
+        let mut seen = self.orphans_seen.lock();
+        seen.retain(|k, _| all.iter().any(|a| a.as_str() == k));
+        all.iter()
+            .filter(|k| {
+                let since = *seen.entry(k.as_str().to_owned()).or_insert(now);
+                now.duration_since(since) >= after
+            })
+            .cloned()
+            .collect()
+    }
+
     /// How often to scan for orphans: a quarter of the
     /// lease TTL, at most 500 ms, so a dead node's sessions are taken over
     /// within the TTL plus half a second of its last renewal.
@@ -137,6 +209,7 @@ impl NodeStore {
             }
         }
         let mut outcomes = Vec::new();
+        let all: Vec<SessionKey> = found.sessions.iter().map(|(k, _)| k.clone()).collect();
         let mut orphans: Vec<SessionKey> = found
             .sessions
             .into_iter()
@@ -158,6 +231,28 @@ impl NodeStore {
         // survivors split them rather than race for each; each batch's
         // sessions are started several at a time.
         orphans.shuffle(&mut rand::rng());
+        // Only this node's share of them this scan, so the survivors of a
+        // dead node split its sessions instead of the first to look taking
+        // them all; the rest are left to the others' scans.
+        let overdue = self.overdue_orphans(&all);
+        if !orphans.is_empty()
+            && let Ok(nodes) = self.pg.nodes().await
+        {
+            // Beaten within half its TTL (it beats every third): a node
+            // that died a moment ago is not alive yet by its TTL, but it
+            // takes nothing.
+            let beating = |n: &super::NodeInfo| {
+                n.state == super::NodeState::Alive
+                    && n.ttl
+                        .is_none_or(|ttl| n.heartbeat_age_secs < ttl.as_secs_f64() / 2.0)
+            };
+            let live: Vec<(String, u64)> = nodes
+                .into_iter()
+                .filter(beating)
+                .map(|n| (n.node_id, n.sessions))
+                .collect();
+            orphans = orphans_to_take(&self.node, &live, &all, &overdue, orphans);
+        }
         let mut starting = futures_util::stream::FuturesUnordered::new();
         for batch in orphans.chunks(TAKEOVER_BATCH) {
             // The sessions already taken go on starting meanwhile.
@@ -196,6 +291,13 @@ impl NodeStore {
         let key = SessionKey::new(&lease.key);
         match supervisor.session(key.clone()).await {
             Ok(_) => Ok((key, lease.epoch)),
+            // A turn placed here claimed it again while this start was on
+            // its way (the scan's epoch is stale, not the node's): that
+            // claim runs it. Releasing it would give a failover's turns
+            // away as if handed over.
+            Err(_) if let Some(newer) = self.lease_of(&key).filter(|l| l.epoch > lease.epoch) => {
+                Ok((key, newer.epoch))
+            }
             Err(e) => {
                 // Not runnable here: let another node have it rather than
                 // hold its lease with nothing running.
@@ -237,5 +339,83 @@ impl NodeStore {
             Ok(Some(record)) => record.workspace.filter(|w| !w.is_dir()),
             Ok(None) | Err(_) => None,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashSet;
+
+    use warden_core::SessionKey;
+
+    use super::orphans_to_take;
+
+    fn live(counts: &[(&str, u64)]) -> Vec<(String, u64)> {
+        counts.iter().map(|(id, c)| (id.to_string(), *c)).collect()
+    }
+
+    fn keys(n: usize) -> Vec<SessionKey> {
+        (0..n)
+            .map(|i| SessionKey::new(format!("s{i:02}")))
+            .collect()
+    }
+
+    fn take(
+        me: &str,
+        counts: &[(&str, u64)],
+        all: &[SessionKey],
+        takeable: &[SessionKey],
+    ) -> Vec<SessionKey> {
+        orphans_to_take(me, &live(counts), all, &HashSet::new(), takeable.to_vec())
+    }
+
+    #[test]
+    fn survivors_of_equal_load_looking_together_take_disjoint_halves() {
+        let all = keys(10);
+        let counts = [("a", 10), ("c", 10)];
+        // Each in its own order, as the scan shuffles them.
+        let mut reversed = all.clone();
+        reversed.reverse();
+        let a = take("a", &counts, &all, &all);
+        let c = take("c", &counts, &all, &reversed);
+        assert_eq!((a.len(), c.len()), (5, 5), "{a:?} {c:?}");
+        assert!(a.iter().all(|k| !c.contains(k)), "{a:?} {c:?}");
+    }
+
+    #[test]
+    fn the_first_to_look_takes_its_share_however_often_and_the_next_the_rest() {
+        let all = keys(10);
+        let a = take("a", &[("a", 10), ("c", 10)], &all, &all);
+        assert_eq!(a.len(), 5);
+        let left: Vec<SessionKey> = all.iter().filter(|k| !a.contains(k)).cloned().collect();
+        let again = take("a", &[("a", 15), ("c", 10)], &left, &left);
+        assert!(
+            again.is_empty(),
+            "at the mean, a looks again and takes none: {again:?}"
+        );
+        let c = take("c", &[("a", 15), ("c", 10)], &left, &left);
+        assert_eq!(c.len(), 5, "c takes the rest: {c:?}");
+    }
+
+    #[test]
+    fn a_less_loaded_survivor_takes_more_and_an_overdue_orphan_is_anyones() {
+        let all = keys(10);
+        assert_eq!(take("c", &[("a", 20), ("c", 0)], &all, &all).len(), 10);
+        assert!(take("a", &[("a", 20), ("c", 0)], &all, &all).is_empty());
+        let overdue: HashSet<SessionKey> = all[..2].iter().cloned().collect();
+        let late = orphans_to_take(
+            "a",
+            &live(&[("a", 20), ("c", 0)]),
+            &all,
+            &overdue,
+            all.clone(),
+        );
+        assert_eq!(late, all[..2].to_vec(), "the two c did not take");
+        assert_eq!(
+            take("a", &[("a", 0)], &all, &all[..2]).len(),
+            2,
+            "alone: all"
+        );
+        assert_eq!(take("a", &[], &all, &all).len(), 10, "no members read: all");
     }
 }
