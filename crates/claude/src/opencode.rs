@@ -53,10 +53,11 @@
 //! | `step_start` | liveness; a second one before a `step_finish` is the CLI's own retry of the request → `ProviderRetry` |
 //! | `text` / `reasoning` | `TextDelta` / `ThinkingDelta` (the whole part) |
 //! | `tool_use` (printed once the tool ran) | `ToolUseStarted` and `ToolUseFinished` |
-//! | `step_finish` | `Usage` of the step's request (`part.tokens`: `input`, `cache.read`, `cache.write`, `output`); reason `tool-calls`: another step follows; `unknown` (the model stream ended without a finish reason) → `Truncated`; any other reason ends the turn: `TurnComplete` |
+//! | `step_finish` | `Usage` of the step's request (`part.tokens`: `input`, `cache.read`, `cache.write`, `output`); reason `tool-calls`: another step follows; `unknown` (the model stream ended without a finish reason; Kilo says `other`) → `Truncated`; any other reason ends the turn: `TurnComplete` |
 //! | `error` | `ContextOverflowError` → `ContextOverflow`; an HTTP 401/403 → `Unauthorized`; another 4xx but 408/409/429 → `Api` (fatal); anything else → `Api` (retryable) |
 //!
-//! `Truncated` on `reason:"unknown"` is what keeps a cut stream from
+//! `Truncated` on `reason:"unknown"` (Kilo: `"other"`, which it also
+//! gives a finish reason it does not know) is what keeps a cut stream from
 //! reaching the user: OpenCode would ask the model to go on from the
 //! partial text, again and again while the stream keeps being cut (357
 //! requests in 180 s, measured); Kilo would end the turn with the partial
@@ -145,6 +146,15 @@ impl OpenCodeFlavor {
         match self {
             Self::OpenCode => "OPENCODE",
             Self::Kilo => "KILO",
+        }
+    }
+
+    /// The `step_finish` reasons of a model stream that ended without a
+    /// finish reason (`unknown`; Kilo says `other`).
+    fn cut_reasons(self) -> &'static [&'static str] {
+        match self {
+            Self::OpenCode => &parse::CUT_STREAM,
+            Self::Kilo => &parse::KILO_CUT_STREAM,
         }
     }
 
@@ -378,6 +388,7 @@ impl AgentCli for OpenCodeOptions {
     fn parser(&self, spawn: &SpawnRequest<'_>) -> OpenCodeParser {
         OpenCodeParser::new(
             self.flavor.name(),
+            self.flavor.cut_reasons(),
             spawn.resume_id.map(str::to_owned),
             self.model_arg(spawn.model),
         )

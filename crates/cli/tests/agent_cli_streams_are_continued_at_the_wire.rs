@@ -19,12 +19,15 @@
 //! neither re-sends the request (after its own stall timeout) nor loops
 //! asking the model to go on. Without the wire, a stream that ends without
 //! a finish reason is failed at OpenCode's `step_finish` (reason
-//! `unknown`) and retried by warden: the reply once, no loop.
+//! `unknown`) and retried by warden: the reply once, no loop. Kilo Code,
+//! on the same adapter, the same (Kilo alone returns the partial text as
+//! the reply).
 //!
-//! The CLIs come from `WARDEN_CLAUDE_BIN`, `WARDEN_CODEX_BIN` and
-//! `WARDEN_OPENCODE_BIN` (installed by `.ci/run`); without one its tests
-//! print why they are skipped, unless `WARDEN_REQUIRE_CLAUDE=1` /
-//! `WARDEN_REQUIRE_CODEX=1` / `WARDEN_REQUIRE_OPENCODE=1`.
+//! The CLIs come from `WARDEN_CLAUDE_BIN`, `WARDEN_CODEX_BIN`,
+//! `WARDEN_OPENCODE_BIN` and `WARDEN_KILO_BIN` (installed by `.ci/run`);
+//! without one its tests print why they are skipped, unless
+//! `WARDEN_REQUIRE_CLAUDE=1` / `WARDEN_REQUIRE_CODEX=1` /
+//! `WARDEN_REQUIRE_OPENCODE=1` / `WARDEN_REQUIRE_KILO=1`.
 
 mod common;
 
@@ -761,57 +764,84 @@ async fn a_529_before_any_byte_is_retried_by_the_wire_under_gemini_cli() {
     mock.shutdown().await;
 }
 
-fn opencode_bin() -> Option<String> {
-    match std::env::var("WARDEN_OPENCODE_BIN")
-        .ok()
-        .filter(|v| !v.is_empty())
-    {
+/// OpenCode or its fork Kilo Code CLI (one adapter).
+#[derive(Clone, Copy)]
+struct Family {
+    /// Its `--agent`.
+    agent: &'static str,
+    /// The variable naming its binary, and the one requiring it.
+    bin: &'static str,
+    require: &'static str,
+    /// The stream timeout of its tests, in ms: it prints nothing until a
+    /// text part is whole, so its stdout is silent for its start-up, the
+    /// request and the wire's recovery (half this). OpenCode starts in
+    /// 3-4 s idle, up to 15 s seen on a loaded machine's fresh home; Kilo
+    /// in about 9 s idle, over 20 s with another Kilo starting beside it.
+    timeout_ms: u64,
+}
+
+const OPENCODE: Family = Family {
+    agent: "opencode",
+    bin: "WARDEN_OPENCODE_BIN",
+    require: "WARDEN_REQUIRE_OPENCODE",
+    timeout_ms: 20_000,
+};
+
+const KILO: Family = Family {
+    agent: "kilo-code",
+    bin: "WARDEN_KILO_BIN",
+    require: "WARDEN_REQUIRE_KILO",
+    timeout_ms: 45_000,
+};
+
+fn family_bin(cli: Family) -> Option<String> {
+    match std::env::var(cli.bin).ok().filter(|v| !v.is_empty()) {
         Some(bin) => Some(bin),
         None => {
             assert_ne!(
-                std::env::var("WARDEN_REQUIRE_OPENCODE").as_deref(),
+                std::env::var(cli.require).as_deref(),
                 Ok("1"),
-                "WARDEN_REQUIRE_OPENCODE=1 but WARDEN_OPENCODE_BIN is unset"
+                "{}=1 but {} is unset",
+                cli.require,
+                cli.bin
             );
-            eprintln!("SKIPPED: set WARDEN_OPENCODE_BIN to the opencode binary to run it");
+            eprintln!("SKIPPED: set {} to the CLI's binary to run it", cli.bin);
             None
         }
     }
 }
 
-/// The stream timeout of the OpenCode tests: OpenCode prints nothing
-/// until a text part is whole, so its stdout is silent for its start-up
-/// (3-4 s idle, up to 15 s measured on a loaded CI machine's fresh home),
-/// the request and the wire's recovery (half this).
-const OPENCODE_TIMEOUT_MS: u64 = 20_000;
-
-/// `warden chat --agent opencode` of `hello` against `mock` (its chat
-/// completions endpoint), with `extra` flags.
-async fn opencode_chat(
-    opencode: &str,
+/// `warden chat --agent opencode|kilo-code` of `hello` against `mock`
+/// (its chat completions endpoint), with `extra` flags.
+async fn family_chat(
+    cli: Family,
+    bin: &str,
     mock: &MockServer,
     dir: &Path,
     extra: &[&str],
 ) -> (std::process::Output, Duration) {
-    let timeout = OPENCODE_TIMEOUT_MS.to_string();
-    let env = [
-        ("WARDEN_OPENCODE_BIN", opencode),
-        ("WARDEN_STREAM_TIMEOUT", &timeout),
-    ];
+    let timeout = cli.timeout_ms.to_string();
+    let env = [(cli.bin, bin), ("WARDEN_STREAM_TIMEOUT", &timeout)];
     let base = mock.base_url();
-    let agent = ["--agent", "opencode", "--base-url", &base];
+    let agent = ["--agent", cli.agent, "--base-url", &base];
     chat_with(&agent, &env, dir, extra).await
 }
 
-/// An OpenCode reply broken by `fault` mid-text is continued at the wire
-/// and spliced into the same completion: OpenCode sees one whole stream
-/// (no re-send of its own, no `unknown` step), is started once and not
+/// A reply broken by `fault` mid-text is continued at the wire and spliced
+/// into the same completion: the CLI sees one whole stream (no re-send of
+/// its own, no step without a finish reason), is started once and not
 /// killed, and the mock saw the broken request and one continuation.
-async fn an_opencode_reply_broken_mid_text_is_continued(opencode: &str, fault: Scenario) {
+async fn a_family_reply_broken_mid_text_is_continued(cli: Family, fault: Scenario) {
+    let Some(bin) = family_bin(cli) else {
+        return;
+    };
     let mock = responses_mock(fault, 3).await;
     let dir = tempfile::tempdir().expect("tempdir");
-    let (out, took) = opencode_chat(opencode, &mock, dir.path(), &[]).await;
-    eprintln!("OpenCode, {fault} mid-text, through the wire: {took:?}");
+    let (out, took) = family_chat(cli, &bin, &mock, dir.path(), &[]).await;
+    eprintln!(
+        "{}, {fault} mid-text, through the wire: {took:?}",
+        cli.agent
+    );
     assert_one_reply_no_kill(&out);
     let reply = stdout(&out);
     assert!(
@@ -827,47 +857,47 @@ async fn an_opencode_reply_broken_mid_text_is_continued(opencode: &str, fault: S
     assert_eq!(
         continued(&mock, "/v1/chat/completions"),
         [(Some(fault), None), (Some(Scenario::Normal), Some("turn"))],
-        "the broken request and one continuation of it, not OpenCode's own re-send"
+        "the broken request and one continuation of it, not the CLI's own re-send"
     );
     assert!(
-        took < Duration::from_millis(OPENCODE_TIMEOUT_MS / 2) + Duration::from_secs(20),
-        "the wire's allowance, OpenCode's start-up and a few seconds: {took:?}"
+        took < Duration::from_millis(cli.timeout_ms / 2) + Duration::from_secs(45),
+        "the wire's allowance, the CLI's start-up and a few seconds: {took:?}"
     );
     mock.shutdown().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_opencode_reply_stalled_mid_text_is_continued_at_the_wire_not_rerun() {
-    let Some(opencode) = opencode_bin() else {
-        return;
-    };
-    an_opencode_reply_broken_mid_text_is_continued(&opencode, Scenario::Stall).await;
+    a_family_reply_broken_mid_text_is_continued(OPENCODE, Scenario::Stall).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_opencode_reply_cut_mid_text_is_continued_at_the_wire() {
-    let Some(opencode) = opencode_bin() else {
-        return;
-    };
-    an_opencode_reply_broken_mid_text_is_continued(&opencode, Scenario::AbruptClose).await;
+    a_family_reply_broken_mid_text_is_continued(OPENCODE, Scenario::AbruptClose).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kilo_reply_stalled_mid_text_is_continued_at_the_wire_not_rerun() {
+    a_family_reply_broken_mid_text_is_continued(KILO, Scenario::Stall).await;
 }
 
 /// Without the wire, a stream that ends cleanly without a finish reason
-/// (mock `early-end`) makes OpenCode ask the model to go on from the
-/// partial text, again and again while it keeps being cut; warden fails
-/// the turn at its `step_finish` with reason `unknown` and runs it again
-/// on the same session: the whole reply once, two or three requests (the
-/// cut one, maybe OpenCode's first go-on, warden's retry), not a loop.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn without_the_wire_an_opencode_stream_cut_without_a_finish_reason_is_retried_not_looped() {
-    let Some(opencode) = opencode_bin() else {
+/// (mock `early-end`): OpenCode asks the model to go on from the partial
+/// text, again and again while it keeps being cut; Kilo ends the turn with
+/// the partial text as the reply (exit 0). warden fails the turn at the
+/// step that ended so and runs it again on the same session: the whole
+/// reply once, two or three requests (the cut one, maybe OpenCode's first
+/// go-on, warden's retry), neither a loop nor a truncated reply.
+async fn without_the_wire_a_cut_without_a_finish_reason_is_retried(cli: Family) {
+    let Some(bin) = family_bin(cli) else {
         return;
     };
     let mock = responses_mock(Scenario::EarlyEnd, 3).await;
     let dir = tempfile::tempdir().expect("tempdir");
-    let (out, took) = opencode_chat(&opencode, &mock, dir.path(), &["--no-wire-watch"]).await;
+    let (out, took) = family_chat(cli, &bin, &mock, dir.path(), &["--no-wire-watch"]).await;
     eprintln!(
-        "OpenCode, early end, no wire: {took:?}; stderr: {}",
+        "{}, early end, no wire: {took:?}; stderr: {}",
+        cli.agent,
         stderr(&out)
     );
     check_no_panic(&out);
@@ -882,7 +912,17 @@ async fn without_the_wire_an_opencode_stream_cut_without_a_finish_reason_is_retr
     let requests = continued(&mock, "/v1/chat/completions");
     assert!(
         (2..=3).contains(&requests.len()) && requests[0].0 == Some(Scenario::EarlyEnd),
-        "the cut request, then at most OpenCode's one go-on and warden's retry: {requests:?}"
+        "the cut request, then at most the CLI's one go-on and warden's retry: {requests:?}"
     );
     mock.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_the_wire_an_opencode_stream_cut_without_a_finish_reason_is_retried_not_looped() {
+    without_the_wire_a_cut_without_a_finish_reason_is_retried(OPENCODE).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_the_wire_a_kilo_stream_cut_without_a_finish_reason_is_retried_not_returned() {
+    without_the_wire_a_cut_without_a_finish_reason_is_retried(KILO).await;
 }

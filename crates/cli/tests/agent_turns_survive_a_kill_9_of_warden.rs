@@ -1,5 +1,5 @@
-//! `kill -9` of `warden serve --agent codex|gemini|claude-code|opencode` mid-turn (the real
-//! CLI stalled on the mock), then a restart on the same data directory:
+//! `kill -9` of `warden serve --agent codex|gemini|claude-code|opencode|kilo-code`
+//! mid-turn (the real CLI stalled on the mock), then a restart on the same data directory:
 //! the pending message is re-delivered once and answered once (the mock's
 //! journal counts the stalled request and the re-delivered one, nothing
 //! else), and the CLI's process group the dead warden left running is
@@ -16,13 +16,15 @@
 //! process is recorded and ended the same way.
 //!
 //! OpenCode's `run` has its stdin closed too and, stalled, would wait for
-//! ever (warden turns its own stall timeout off); it is ended the same way.
+//! ever (warden turns its own stall timeout off); it is ended the same way,
+//! and so is Kilo Code's (a node wrapper and its native child: the group).
 //!
 //! The CLIs come from `WARDEN_CODEX_BIN` / `WARDEN_GEMINI_BIN` /
-//! `WARDEN_CLAUDE_BIN` / `WARDEN_OPENCODE_BIN` (installed by `.ci/run`);
-//! without one its test prints why it is skipped, unless
-//! `WARDEN_REQUIRE_CODEX=1` / `WARDEN_REQUIRE_GEMINI=1` /
-//! `WARDEN_REQUIRE_CLAUDE=1` / `WARDEN_REQUIRE_OPENCODE=1`.
+//! `WARDEN_CLAUDE_BIN` / `WARDEN_OPENCODE_BIN` / `WARDEN_KILO_BIN`
+//! (installed by `.ci/run`); without one its test prints why it is
+//! skipped, unless `WARDEN_REQUIRE_CODEX=1` / `WARDEN_REQUIRE_GEMINI=1` /
+//! `WARDEN_REQUIRE_CLAUDE=1` / `WARDEN_REQUIRE_OPENCODE=1` /
+//! `WARDEN_REQUIRE_KILO=1`.
 
 mod common;
 
@@ -334,4 +336,18 @@ async fn an_opencode_turn_killed_with_warden_is_redelivered_once_and_its_cli_end
     };
     let env = [("WARDEN_OPENCODE_BIN", bin.as_str())];
     kill_9_mid_turn("opencode", "/v1/chat/completions", &env).await;
+}
+
+/// Kilo Code: the same, its node wrapper's whole group ended.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kilo_turn_killed_with_warden_is_redelivered_once_and_its_cli_ended() {
+    let Some(bin) = cli_bin(
+        "WARDEN_KILO_BIN",
+        "WARDEN_REQUIRE_KILO",
+        "a_kilo_turn_killed_with_warden",
+    ) else {
+        return;
+    };
+    let env = [("WARDEN_KILO_BIN", bin.as_str())];
+    kill_9_mid_turn("kilo-code", "/v1/chat/completions", &env).await;
 }

@@ -4,8 +4,10 @@
 //! one model request and one CLI run per turn (no title request), the
 //! context indicator, nothing fetched from the npm registry; a session
 //! OpenCode no longer has ("Session not found") falls back to a fresh one
-//! with the message re-delivered and a notice. Skipped with a printed
-//! reason when the binary is not there, unless `WARDEN_REQUIRE_OPENCODE=1`.
+//! with the message re-delivered and a notice. The same for its fork Kilo
+//! Code CLI (`--agent kilo-code`, `WARDEN_KILO_BIN`). Skipped with a
+//! printed reason when the binary is not there, unless
+//! `WARDEN_REQUIRE_OPENCODE=1` / `WARDEN_REQUIRE_KILO=1`.
 
 mod common;
 
@@ -18,15 +20,46 @@ use warden_mock::{MockConfig, MockServer};
 
 const CHAT: &str = "/v1/chat/completions";
 
-fn opencode_bin() -> Option<std::ffi::OsString> {
-    let bin = std::env::var_os("WARDEN_OPENCODE_BIN").filter(|v| !v.is_empty());
+/// One CLI of the OpenCode family.
+#[derive(Clone, Copy)]
+struct Cli {
+    /// Its `--agent`.
+    agent: &'static str,
+    /// The variable naming its binary, and the one requiring it.
+    bin: &'static str,
+    require: &'static str,
+    /// Its store under `~/.local/share`, and the database's name there.
+    store: &'static str,
+}
+
+const OPENCODE: Cli = Cli {
+    agent: "opencode",
+    bin: "WARDEN_OPENCODE_BIN",
+    require: "WARDEN_REQUIRE_OPENCODE",
+    store: "opencode",
+};
+
+const KILO: Cli = Cli {
+    agent: "kilo-code",
+    bin: "WARDEN_KILO_BIN",
+    require: "WARDEN_REQUIRE_KILO",
+    store: "kilo",
+};
+
+fn cli_bin(cli: Cli) -> Option<std::ffi::OsString> {
+    let bin = std::env::var_os(cli.bin).filter(|v| !v.is_empty());
     if bin.is_none() {
         assert_ne!(
-            std::env::var("WARDEN_REQUIRE_OPENCODE").as_deref(),
+            std::env::var(cli.require).as_deref(),
             Ok("1"),
-            "WARDEN_REQUIRE_OPENCODE=1 but WARDEN_OPENCODE_BIN is unset"
+            "{}=1 but {} is unset",
+            cli.require,
+            cli.bin
         );
-        eprintln!("skipped: set WARDEN_OPENCODE_BIN to the opencode binary to run this test");
+        eprintln!(
+            "skipped: set {} to the CLI's binary to run this test",
+            cli.bin
+        );
     }
     bin
 }
@@ -37,19 +70,20 @@ async fn session_id(data: &Path) -> String {
     let sessions: Vec<Value> = serde_json::from_str(&stdout(&out)).expect("JSON array");
     sessions[0]["agent_session_id"]
         .as_str()
-        .expect("OpenCode's session id")
+        .expect("the CLI's session id")
         .to_owned()
 }
 
 /// A test's mock, directories and `warden chat` of one message.
 struct Fixture {
+    cli: Cli,
     bin: std::ffi::OsString,
     mock: MockServer,
     dir: tempfile::TempDir,
 }
 
 impl Fixture {
-    async fn new(bin: std::ffi::OsString) -> Self {
+    async fn new(cli: Cli, bin: std::ffi::OsString) -> Self {
         let mock = MockServer::start(MockConfig::default())
             .await
             .expect("mock");
@@ -57,7 +91,12 @@ impl Fixture {
         for d in ["repo", "home"] {
             std::fs::create_dir_all(dir.path().join(d)).expect("mkdir");
         }
-        Self { bin, mock, dir }
+        Self {
+            cli,
+            bin,
+            mock,
+            dir,
+        }
     }
 
     fn path(&self, name: &str) -> std::path::PathBuf {
@@ -74,12 +113,12 @@ impl Fixture {
             "--data-dir",
             arg(&data),
             "--agent",
-            "opencode",
+            self.cli.agent,
             "--base-url",
             &base_url,
             message,
         ]);
-        cmd.env("WARDEN_OPENCODE_BIN", &self.bin)
+        cmd.env(self.cli.bin, &self.bin)
             .env("HOME", self.path("home"));
         let out = output(cmd, Duration::from_secs(120)).await;
         check_no_panic(&out);
@@ -95,12 +134,12 @@ impl Fixture {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn opencode_chats_resume_the_same_session_one_request_and_one_run_per_turn() {
-    let Some(bin) = opencode_bin() else {
+/// Two chats: one session, one request and one run per turn.
+async fn chats_resume_the_same_session(cli: Cli) {
+    let Some(bin) = cli_bin(cli) else {
         return;
     };
-    let fx = Fixture::new(bin).await;
+    let fx = Fixture::new(cli, bin).await;
     let first = fx.chat("Say hello.").await;
     let id = session_id(&fx.path("data")).await;
     assert!(id.starts_with("ses_"), "{id}");
@@ -127,25 +166,22 @@ async fn opencode_chats_resume_the_same_session_one_request_and_one_run_per_turn
     fx.mock.shutdown().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_session_opencode_no_longer_has_falls_back_to_a_fresh_one_with_the_message() {
-    let Some(bin) = opencode_bin() else {
+/// The CLI's whole store lost: a fresh session, the message once.
+async fn a_lost_session_falls_back_to_a_fresh_one(cli: Cli) {
+    let Some(bin) = cli_bin(cli) else {
         return;
     };
-    let fx = Fixture::new(bin).await;
+    let fx = Fixture::new(cli, bin).await;
     fx.chat("Say hello.").await;
     let id = session_id(&fx.path("data")).await;
-    // OpenCode's whole store gone: its `-s <id>` is "Session not found".
-    let store = fx.path("home/.local/share/opencode");
+    // The CLI's whole store gone: its `-s <id>` is "Session not found".
+    let store = fx.path(&format!("home/.local/share/{}", cli.store));
+    let db = format!("{}.db", cli.store);
     for entry in std::fs::read_dir(&store)
-        .expect("OpenCode's store")
+        .expect("the CLI's store")
         .flatten()
     {
-        if entry
-            .file_name()
-            .to_string_lossy()
-            .starts_with("opencode.db")
-        {
+        if entry.file_name().to_string_lossy().starts_with(&db) {
             std::fs::remove_file(entry.path()).expect("rm");
         }
     }
@@ -164,4 +200,24 @@ async fn a_session_opencode_no_longer_has_falls_back_to_a_fresh_one_with_the_mes
         "the failed resume sent nothing; the message once, fresh"
     );
     fx.mock.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn opencode_chats_resume_the_same_session_one_request_and_one_run_per_turn() {
+    chats_resume_the_same_session(OPENCODE).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_opencode_no_longer_has_falls_back_to_a_fresh_one_with_the_message() {
+    a_lost_session_falls_back_to_a_fresh_one(OPENCODE).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kilo_chats_resume_the_same_session_one_request_and_one_run_per_turn() {
+    chats_resume_the_same_session(KILO).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_kilo_no_longer_has_falls_back_to_a_fresh_one_with_the_message() {
+    a_lost_session_falls_back_to_a_fresh_one(KILO).await;
 }

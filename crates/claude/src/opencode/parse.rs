@@ -10,10 +10,13 @@ use crate::lines::{clip, stderr_summary};
 /// stderr (exit 1) of a resume whose session the CLI does not have.
 const SESSION_NOT_FOUND: &str = "Session not found";
 
-/// The `step_finish` reason of a model stream that ended without a finish
-/// reason: the CLI would ask the model to go on from the partial reply,
-/// without limit (OpenCode) or end the turn with it as the reply (Kilo).
-const CUT_STREAM: &str = "unknown";
+/// The `step_finish` reasons of a model stream that ended without a
+/// finish reason: OpenCode's `unknown` (it would ask the model to go on
+/// from the partial reply, without limit); Kilo says `other` (and would
+/// end the turn with the partial reply as the reply).
+pub(crate) const CUT_STREAM: [&str; 1] = ["unknown"];
+/// Kilo's, `other` too.
+pub(crate) const KILO_CUT_STREAM: [&str; 2] = ["unknown", "other"];
 
 /// The `step_finish` reasons after which the CLI runs another step (the
 /// tools the model called, then the model again).
@@ -23,6 +26,8 @@ const NEXT_STEP: &str = "tool-calls";
 #[derive(Debug)]
 pub struct OpenCodeParser {
     name: &'static str,
+    /// The `step_finish` reasons of a cut stream.
+    cut: &'static [&'static str],
     resume_id: Option<String>,
     model: Option<String>,
     /// The id the lines carry.
@@ -34,10 +39,17 @@ pub struct OpenCodeParser {
 
 impl OpenCodeParser {
     /// A parser for a process of the CLI `name` resuming `resume_id` (if
-    /// any) with `model`.
-    pub fn new(name: &'static str, resume_id: Option<String>, model: Option<String>) -> Self {
+    /// any) with `model`, whose `step_finish` reasons in `cut` mean the
+    /// model stream ended without a finish reason.
+    pub fn new(
+        name: &'static str,
+        cut: &'static [&'static str],
+        resume_id: Option<String>,
+        model: Option<String>,
+    ) -> Self {
         Self {
             name,
+            cut,
             resume_id,
             model,
             announced: None,
@@ -90,9 +102,9 @@ impl OpenCodeParser {
             .collect();
         match part.get("reason").and_then(Value::as_str) {
             Some(NEXT_STEP) => Step::Frames(frames),
-            Some(CUT_STREAM) => Step::Fail(StreamError::Truncated {
+            Some(reason) if self.cut.contains(&reason) => Step::Fail(StreamError::Truncated {
                 message: format!(
-                    "{}'s model stream ended without a finish reason (step_finish reason \"unknown\")",
+                    "{}'s model stream ended without a finish reason (step_finish reason {reason:?})",
                     self.name
                 ),
             }),

@@ -34,6 +34,7 @@ fn line(p: &mut OpenCodeParser, text: &str) -> Step {
 fn parser(resume: Option<&str>) -> OpenCodeParser {
     OpenCodeParser::new(
         "opencode",
+        &super::CUT_STREAM,
         resume.map(str::to_owned),
         Some("warden/m".to_owned()),
     )
@@ -88,6 +89,22 @@ fn a_stream_ended_without_a_finish_reason_fails_the_turn_instead_of_looping_or_t
         Step::Fail(e @ StreamError::Truncated { .. }) => assert!(e.is_retryable()),
         other => panic!("expected Truncated, got {other:?}"),
     }
+}
+
+#[test]
+fn kilo_says_other_for_a_cut_stream_and_opencode_unknown() {
+    let mut kilo = OpenCodeParser::new("kilo-code", &super::KILO_CUT_STREAM, None, None);
+    line(&mut kilo, &start(ID));
+    assert!(matches!(
+        line(&mut kilo, &finish("other")),
+        Step::Fail(StreamError::Truncated { .. })
+    ));
+    let mut opencode = parser(None);
+    line(&mut opencode, &start(ID));
+    assert!(matches!(
+        line(&mut opencode, &finish("other")),
+        Step::Complete(_)
+    ));
 }
 
 #[test]
