@@ -116,13 +116,15 @@ pub(crate) struct ServeArgs {
     #[arg(long, env = "WARDEN_RETURN_GRACE", value_name = "SECONDS", requires = "store", default_value = "5", value_parser = crate::units::seconds)]
     return_grace: Duration,
     /// How often each node compares the sessions it holds with the other
-    /// live nodes' and, holding more than its share, hands idle sessions
-    /// (no turn running, no message waiting) to the nodes below the mean:
+    /// live nodes' and, holding more than its share, hands sessions to the
+    /// nodes below the mean — idle ones at once, busy ones at their next
+    /// turn boundary (their new turns wait for the turn in flight, at most
+    /// 3 s, then go to the new node; no turn is moved while it runs):
     /// seconds, or a duration with a unit; 0 never gives (sessions handed
     /// to it are still taken).
     #[arg(long, env = "WARDEN_REBALANCE_INTERVAL", value_name = "SECONDS", requires = "store", default_value = "10", value_parser = crate::units::seconds)]
     rebalance_interval: Duration,
-    /// Most idle sessions a node hands to others per --rebalance-interval.
+    /// Most sessions a node hands to others per --rebalance-interval.
     #[arg(
         long,
         env = "WARDEN_REBALANCE_LIMIT",
@@ -132,7 +134,7 @@ pub(crate) struct ServeArgs {
     )]
     rebalance_limit: usize,
     /// How far apart the most and the least loaded live nodes may be before
-    /// the nodes above the mean give idle sessions away: a fraction of the
+    /// the nodes above the mean give sessions away: a fraction of the
     /// mean (0.1) or a percentage (10%); at least one session.
     #[arg(long, env = "WARDEN_REBALANCE_THRESHOLD", value_name = "FRACTION", requires = "store", default_value = "10%", value_parser = fraction)]
     rebalance_threshold: f64,

@@ -2,9 +2,13 @@
 //! sessions it holds with the live members' and, when it holds more than
 //! the mean and the spread to the least loaded exceeds the
 //! [threshold](Balance::threshold), hands
-//! idle sessions (no turn running, no message waiting) to the nodes below
-//! the mean — at most [`Balance::limit`] a round — in the spirit of Akka
-//! Cluster Sharding's least-shard allocation with its rebalance threshold.
+//! sessions to the nodes below the mean — at most [`Balance::limit`] a
+//! round — in the spirit of Akka Cluster Sharding's least-shard allocation
+//! with its rebalance threshold: idle ones (no turn running, no message
+//! waiting) at once, then busy ones at their next turn boundary (marked,
+//! their new turns wait while the turn in flight and the messages already
+//! acknowledged finish here, at most [`TURN_BOUNDARY_WAIT`]; then they are
+//! idle and move as such).
 //!
 //! Who acts: only a node that holds too many, and only on its own
 //! sessions. It alone knows which of them are idle (its supervisor says
@@ -39,7 +43,7 @@ pub struct Balance {
     pub limit: usize,
     /// How far apart the most and the least loaded live members may be, as
     /// a fraction of the mean (and at least one session), before the nodes
-    /// above the mean give idle sessions away (down to the mean); once
+    /// above the mean give sessions away (down to the mean); once
     /// settled, every member is within about this fraction of the mean.
     /// Default 0.1 (10 %).
     pub threshold: f64,
@@ -117,7 +121,7 @@ impl Spread {
     }
 }
 
-/// How many idle sessions node `me` hands to each other live member this
+/// How many sessions node `me` hands to each other live member this
 /// round, given every live member's count (`members`, `me` among them):
 /// nothing unless `me` holds more than the mean and more than the least
 /// loaded member by more than the threshold (a fraction of the mean, at
@@ -232,7 +236,8 @@ impl Node {
 
 /// The node's balancing: adopts the leases handed to it every scan
 /// interval, and every [`Balance::interval`] (± a quarter, at random) hands
-/// its share of idle sessions to the members below the mean.
+/// its share of sessions to the members below the mean (busy ones at their
+/// next turn boundary).
 pub(super) fn spawn(
     store: NodeStore,
     supervisor: Supervisor,
