@@ -250,10 +250,12 @@ impl TurnParser for OpenCodeParser {
                 message: clip(strip_ansi(line).trim()),
             };
         }
+        // Its errors are ANSI-coloured even on a pipe.
+        let stderr: Vec<String> = stderr.iter().map(|l| strip_ansi(l)).collect();
         let message = format!(
             "{} ended before its last step ({exit}); stderr: {}",
             self.name,
-            stderr_summary(stderr)
+            stderr_summary(&stderr)
         );
         if saw_json {
             StreamError::Truncated { message }

@@ -138,10 +138,13 @@ fn resume_failures_are_unknown_session_silent_or_on_stderr() {
         other => panic!("expected UnknownSession, got {other:?}"),
     }
     let mut p = parser(None);
-    assert!(matches!(
-        p.ended_early(ExitInfo::Code(1), &stderr, false),
-        StreamError::Connection { .. }
-    ));
+    match p.ended_early(ExitInfo::Code(1), &stderr, false) {
+        StreamError::Connection { message } => assert!(
+            message.ends_with("stderr: Error: Session not found"),
+            "no colour codes: {message:?}"
+        ),
+        other => panic!("expected Connection, got {other:?}"),
+    }
     assert!(matches!(
         p.ended_early(ExitInfo::Signal(15), &[], true),
         StreamError::Truncated { .. }
