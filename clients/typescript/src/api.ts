@@ -312,7 +312,7 @@ export interface components {
             at?: components["schemas"]["EventTime"] | null;
             /** @description The conversation id. */
             conversation: string;
-            /** @description The session. */
+            /** @description The session's key. */
             key: string;
         };
         /** @description An event's fields with the time it was made: what `data:` carries. */
@@ -324,14 +324,14 @@ export interface components {
             at?: components["schemas"]["EventTime"] | null;
             /**
              * Format: uint32
-             * @description The attempt.
+             * @description Which attempt of the turn (1 first; a retry or a continuation counts).
              */
             attempt: number;
-            /** @description The session. */
+            /** @description The session's key. */
             key: string;
             /**
              * Format: uint64
-             * @description The turn.
+             * @description Which turn of the session (its message's number, from 1).
              */
             turn: number;
             /** @description The turn's id on a `warden serve` server, once it knows it. */
@@ -351,18 +351,18 @@ export interface components {
             at?: components["schemas"]["EventTime"] | null;
             /**
              * Format: uint32
-             * @description The attempt.
+             * @description Which attempt of the turn (1 first; a retry or a continuation counts).
              */
             attempt: number;
             /** @description The error's code when it failed. */
             code: string | null;
-            /** @description The session. */
+            /** @description The session's key. */
             key: string;
             /** @description How it ended. */
             outcome: components["schemas"]["AttemptOutcome"];
             /**
              * Format: uint64
-             * @description The turn.
+             * @description Which turn of the session (its message's number, from 1).
              */
             turn: number;
             /** @description The turn's id on a `warden serve` server, once it knows it. */
@@ -406,16 +406,16 @@ export interface components {
             at?: components["schemas"]["EventTime"] | null;
             /**
              * Format: uint32
-             * @description The attempt.
+             * @description Which attempt of the turn (1 first; a retry or a continuation counts).
              */
             attempt: number;
-            /** @description The session. */
+            /** @description The session's key. */
             key: string;
             /** @description The pool it waits in. */
             pool: string;
             /**
              * Format: uint64
-             * @description The turn.
+             * @description Which turn of the session (its message's number, from 1).
              */
             turn: number;
             /** @description The turn's id on a `warden serve` server, once it knows it. */
@@ -430,10 +430,10 @@ export interface components {
             at?: components["schemas"]["EventTime"] | null;
             /**
              * Format: uint32
-             * @description The attempt.
+             * @description Which attempt of the turn (1 first; a retry or a continuation counts).
              */
             attempt: number;
-            /** @description The session. */
+            /** @description The session's key. */
             key: string;
             /**
              * Format: uint64
@@ -442,7 +442,7 @@ export interface components {
             timeout_ms: number;
             /**
              * Format: uint64
-             * @description The turn.
+             * @description Which turn of the session (its message's number, from 1).
              */
             turn: number;
             /** @description The turn's id on a `warden serve` server, once it knows it. */
@@ -569,7 +569,7 @@ export interface components {
             tokens: number;
             /**
              * Format: uint64
-             * @description The window.
+             * @description The model's context window, in tokens.
              */
             window: number;
         };
@@ -580,7 +580,7 @@ export interface components {
              *     older than this field.
              */
             at?: components["schemas"]["EventTime"] | null;
-            /** @description The session. */
+            /** @description The session's key. */
             key: string;
             /**
              * Format: uint32
@@ -599,7 +599,7 @@ export interface components {
             tokens: number;
             /**
              * Format: uint64
-             * @description The window.
+             * @description The model's context window, in tokens.
              */
             window: number;
         };
@@ -627,11 +627,11 @@ export interface components {
              * @description Bytes of reply kept.
              */
             kept_bytes: number;
-            /** @description The session. */
+            /** @description The session's key. */
             key: string;
             /**
              * Format: uint64
-             * @description The turn.
+             * @description Which turn of the session (its message's number, from 1).
              */
             turn: number;
             /** @description The turn's id on a `warden serve` server, once it knows it. */
@@ -792,7 +792,7 @@ export interface components {
             at?: components["schemas"]["EventTime"] | null;
             /** @description The conversation left behind. */
             conversation: string;
-            /** @description The session. */
+            /** @description The session's key. */
             key: string;
             /**
              * Format: uint64
@@ -958,7 +958,7 @@ export interface components {
             cause: string;
             /** @description The conversation that failed. */
             conversation: string;
-            /** @description The session. */
+            /** @description The session's key. */
             key: string;
         };
         /** @description An event's fields with the time it was made: what `data:` carries. */
@@ -980,11 +980,11 @@ export interface components {
              * @description The attempt that failed.
              */
             failed_attempt: number;
-            /** @description The session. */
+            /** @description The session's key. */
             key: string;
             /**
              * Format: uint64
-             * @description The turn.
+             * @description Which turn of the session (its message's number, from 1).
              */
             turn: number;
             /** @description The turn's id on a `warden serve` server, once it knows it. */
@@ -1106,7 +1106,7 @@ export interface components {
              *     older than this field.
              */
             at?: components["schemas"]["EventTime"] | null;
-            /** @description The session. */
+            /** @description The session's key. */
             key: string;
             /** @description Why. */
             reason: string;
@@ -1154,14 +1154,17 @@ export interface components {
              * @description How long it was idle, in milliseconds.
              */
             idle_ms: number;
-            /** @description The session. */
+            /** @description The session's key. */
             key: string;
         };
         /** @description The answer to `POST /v1/sessions/{key}/recover`. */
         SessionRecovered: {
-            /** @description How. */
+            /**
+             * @description The way asked for: the running attempt retried, or the session
+             *     restarted fresh.
+             */
             how: components["schemas"]["RecoverHow"];
-            /** @description The session. */
+            /** @description The session's key, as the path gave it. */
             key: string;
             /**
              * @description False: nothing was stuck (no turn running, or one waiting for
@@ -1171,7 +1174,7 @@ export interface components {
         };
         /** @description The answer to `POST /v1/sessions/{key}/reset`. */
         SessionReset: {
-            /** @description The session. */
+            /** @description The session's key, as the path gave it. */
             key: string;
             /** @description Always true. */
             reset: boolean;
@@ -1185,7 +1188,7 @@ export interface components {
             at?: components["schemas"]["EventTime"] | null;
             /** @description The failure that caused it. */
             cause: string;
-            /** @description The session. */
+            /** @description The session's key. */
             key: string;
             /**
              * Format: uint32
@@ -1200,7 +1203,7 @@ export interface components {
              *     older than this field.
              */
             at?: components["schemas"]["EventTime"] | null;
-            /** @description The session. */
+            /** @description The session's key. */
             key: string;
         };
         /**
@@ -1217,7 +1220,7 @@ export interface components {
              *     older than this field.
              */
             at?: components["schemas"]["EventTime"] | null;
-            /** @description The session. */
+            /** @description The session's key. */
             key: string;
             /** @description Why, when known. */
             reason: string | null;
@@ -1340,7 +1343,7 @@ export interface components {
             at?: components["schemas"]["EventTime"] | null;
             /** @description The store's error. */
             error: string;
-            /** @description The session. */
+            /** @description The session's key. */
             key: string;
         };
         /** @description An event's fields with the time it was made: what `data:` carries. */
@@ -1352,10 +1355,10 @@ export interface components {
             at?: components["schemas"]["EventTime"] | null;
             /**
              * Format: uint32
-             * @description The attempt.
+             * @description Which attempt of the turn (1 first; a retry or a continuation counts).
              */
             attempt: number;
-            /** @description The session. */
+            /** @description The session's key. */
             key: string;
             /**
              * Format: uint64
@@ -1364,7 +1367,7 @@ export interface components {
             silent_ms: number;
             /**
              * Format: uint64
-             * @description The turn.
+             * @description Which turn of the session (its message's number, from 1).
              */
             turn: number;
             /** @description The turn's id on a `warden serve` server, once it knows it. */
@@ -1379,7 +1382,7 @@ export interface components {
             at?: components["schemas"]["EventTime"] | null;
             /** @description The original failure. */
             cause: string;
-            /** @description The session. */
+            /** @description The session's key. */
             key: string;
         };
         /** @description An event's fields with the time it was made: what `data:` carries. */
@@ -1515,7 +1518,7 @@ export interface components {
         TurnCancelled: {
             /** @description Whether it was still queued or running (false: it had ended). */
             cancelled: boolean;
-            /** @description The turn. */
+            /** @description The turn's id (`t_…`), as `POST /v1/turns` gave it. */
             id: string;
             /** @description Its session. */
             key: string;
@@ -1562,11 +1565,11 @@ export interface components {
             attempts: number;
             /** @description The error code when it failed. */
             code: string | null;
-            /** @description The session. */
+            /** @description The session's key. */
             key: string;
             /**
              * Format: uint64
-             * @description The turn.
+             * @description Which turn of the session (its message's number, from 1).
              */
             turn: number;
             /** @description The turn's id on a `warden serve` server, once it knows it. */
@@ -1574,7 +1577,7 @@ export interface components {
         };
         /** @description `GET /v1/sessions/{key}/turns`. */
         TurnList: {
-            /** @description The session. */
+            /** @description The session's key, as the path gave it. */
             key: string;
             /** @description Its turns still kept, newest first. */
             turns: components["schemas"]["TurnSummary"][];
@@ -1591,7 +1594,7 @@ export interface components {
              *     older than this field.
              */
             at?: components["schemas"]["EventTime"] | null;
-            /** @description The session. */
+            /** @description The session's key. */
             key: string;
             /**
              * Format: uint64

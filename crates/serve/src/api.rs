@@ -65,7 +65,7 @@ pub struct TurnCreated {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[non_exhaustive]
 pub struct TurnCancelled {
-    /// The turn.
+    /// The turn's id (`t_…`), as `POST /v1/turns` gave it.
     pub id: String,
     /// Its session.
     pub key: String,
@@ -302,7 +302,7 @@ pub struct TurnSummary {
 pub struct Turn {
     /// Its session.
     pub key: String,
-    /// The turn.
+    /// Its id, state, answer and traces.
     #[serde(flatten)]
     pub turn: TurnSummary,
 }
@@ -311,7 +311,7 @@ pub struct Turn {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[non_exhaustive]
 pub struct TurnList {
-    /// The session.
+    /// The session's key, as the path gave it.
     pub key: String,
     /// Its turns still kept, newest first.
     pub turns: Vec<TurnSummary>,
@@ -333,9 +333,10 @@ pub enum RecoverHow {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[non_exhaustive]
 pub struct SessionRecovered {
-    /// The session.
+    /// The session's key, as the path gave it.
     pub key: String,
-    /// How.
+    /// The way asked for: the running attempt retried, or the session
+    /// restarted fresh.
     pub how: RecoverHow,
     /// False: nothing was stuck (no turn running, or one waiting for
     /// admission or its stream).
@@ -346,7 +347,7 @@ pub struct SessionRecovered {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[non_exhaustive]
 pub struct SessionReset {
-    /// The session.
+    /// The session's key, as the path gave it.
     pub key: String,
     /// Always true.
     pub reset: bool,

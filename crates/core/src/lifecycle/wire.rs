@@ -24,7 +24,7 @@ macro_rules! events {
         #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
         #[non_exhaustive]
         pub struct $name {
-            /// The session.
+            /// The session's key.
             pub key: String,
             $( $(#[$fdoc])* pub $field: $ty, )*
         }
@@ -91,7 +91,7 @@ events! {
     ContextUsage {
         /// Tokens in context.
         tokens: u64,
-        /// The window.
+        /// The model's context window, in tokens.
         window: u64,
         /// Percent, rounded (over 100 past the window).
         percent: u32,
@@ -116,9 +116,9 @@ events! {
         /// The turn's id on a `warden serve` server, once it knows it.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         turn_id: Option<String>,
-        /// The turn.
+        /// Which turn of the session (its message's number, from 1).
         turn: u64,
-        /// The attempt.
+        /// Which attempt of the turn (1 first; a retry or a continuation counts).
         attempt: u32,
         /// The pool it waits in.
         pool: String,
@@ -128,9 +128,9 @@ events! {
         /// The turn's id on a `warden serve` server, once it knows it.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         turn_id: Option<String>,
-        /// The turn.
+        /// Which turn of the session (its message's number, from 1).
         turn: u64,
-        /// The attempt.
+        /// Which attempt of the turn (1 first; a retry or a continuation counts).
         attempt: u32,
         /// How long it waited, in milliseconds.
         waited_ms: u64,
@@ -140,9 +140,9 @@ events! {
         /// The turn's id on a `warden serve` server, once it knows it.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         turn_id: Option<String>,
-        /// The turn.
+        /// Which turn of the session (its message's number, from 1).
         turn: u64,
-        /// The attempt.
+        /// Which attempt of the turn (1 first; a retry or a continuation counts).
         attempt: u32,
         /// The watchdog's silence allowance for it, in milliseconds.
         timeout_ms: u64,
@@ -152,9 +152,9 @@ events! {
         /// The turn's id on a `warden serve` server, once it knows it.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         turn_id: Option<String>,
-        /// The turn.
+        /// Which turn of the session (its message's number, from 1).
         turn: u64,
-        /// The attempt.
+        /// Which attempt of the turn (1 first; a retry or a continuation counts).
         attempt: u32,
         /// How long it had been silent, in milliseconds.
         silent_ms: u64,
@@ -164,7 +164,7 @@ events! {
         /// The turn's id on a `warden serve` server, once it knows it.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         turn_id: Option<String>,
-        /// The turn.
+        /// Which turn of the session (its message's number, from 1).
         turn: u64,
         /// The attempt that failed.
         failed_attempt: u32,
@@ -178,7 +178,7 @@ events! {
         /// The turn's id on a `warden serve` server, once it knows it.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         turn_id: Option<String>,
-        /// The turn.
+        /// Which turn of the session (its message's number, from 1).
         turn: u64,
         /// The attempt that broke.
         failed_attempt: u32,
@@ -195,9 +195,9 @@ events! {
         /// The turn's id on a `warden serve` server, once it knows it.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         turn_id: Option<String>,
-        /// The turn.
+        /// Which turn of the session (its message's number, from 1).
         turn: u64,
-        /// The attempt.
+        /// Which attempt of the turn (1 first; a retry or a continuation counts).
         attempt: u32,
         /// How it ended.
         outcome: AttemptOutcome,
@@ -209,7 +209,7 @@ events! {
         /// The turn's id on a `warden serve` server, once it knows it.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         turn_id: Option<String>,
-        /// The turn.
+        /// Which turn of the session (its message's number, from 1).
         turn: u64,
         /// Attempts used.
         attempts: u32,

@@ -192,7 +192,7 @@ pub struct Restarting {
 pub struct ContextFill {
     /// Tokens in context.
     pub tokens: u64,
-    /// The window.
+    /// The model's context window, in tokens.
     pub window: u64,
     /// `tokens` in percent of `window`, rounded (over 100 past the window).
     pub percent: u64,
