@@ -14,7 +14,7 @@ use crate::source::{CliSource, CliSourceFactory};
 use crate::transcript;
 
 mod errors;
-mod parse;
+pub(crate) mod parse;
 #[cfg(test)]
 mod parse_tests;
 

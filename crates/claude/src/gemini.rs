@@ -279,21 +279,7 @@ impl GeminiOptions {
         let Some(home) = &self.gemini_home else {
             return Ok(());
         };
-        let dir = home.join(".gemini");
-        let path = dir.join("settings.json");
-        let old = std::fs::read(&path)
-            .ok()
-            .and_then(|b| serde_json::from_slice::<Value>(&b).ok())
-            .filter(Value::is_object);
-        let mut merged = old.clone().unwrap_or_else(|| json!({}));
-        merge(&mut merged, &self.settings_json());
-        if old.as_ref() == Some(&merged) {
-            return Ok(());
-        }
-        std::fs::create_dir_all(&dir)?;
-        let tmp = dir.join("settings.json.warden-tmp");
-        std::fs::write(&tmp, serde_json::to_vec_pretty(&merged)?)?;
-        std::fs::rename(&tmp, &path)
+        merge_settings_file(&home.join(".gemini"), &self.settings_json())
     }
 
     /// Where Gemini keeps its state: `$GEMINI_CLI_HOME/.gemini`, else
@@ -315,6 +301,26 @@ impl GeminiOptions {
             .or_else(|| var("HOME").map(PathBuf::from))
             .map(|h| h.join(".gemini"))
     }
+}
+
+/// Merges `patch` into `<dir>/settings.json` (other keys kept), writing
+/// only when something changes (through a temporary file renamed over
+/// it): the settings file of Gemini CLI and of its fork Qwen Code.
+pub(crate) fn merge_settings_file(dir: &Path, patch: &Value) -> std::io::Result<()> {
+    let path = dir.join("settings.json");
+    let old = std::fs::read(&path)
+        .ok()
+        .and_then(|b| serde_json::from_slice::<Value>(&b).ok())
+        .filter(Value::is_object);
+    let mut merged = old.clone().unwrap_or_else(|| json!({}));
+    merge(&mut merged, patch);
+    if old.as_ref() == Some(&merged) {
+        return Ok(());
+    }
+    std::fs::create_dir_all(dir)?;
+    let tmp = dir.join("settings.json.warden-tmp");
+    std::fs::write(&tmp, serde_json::to_vec_pretty(&merged)?)?;
+    std::fs::rename(&tmp, &path)
 }
 
 /// Sets every leaf of `patch` in `target`, keeping the rest.

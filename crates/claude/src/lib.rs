@@ -8,7 +8,8 @@
 //! adapters here: Claude Code ([`ClaudeOptions`], [`ClaudeSource`]), the
 //! Codex CLI ([`CodexOptions`], [`CodexSource`]), the Gemini CLI
 //! ([`GeminiOptions`], [`GeminiSource`]), and OpenCode and its fork Kilo
-//! Code ([`OpenCodeOptions`], [`OpenCodeSource`]). Adding
+//! Code ([`OpenCodeOptions`], [`OpenCodeSource`]), and Qwen Code
+//! ([`QwenOptions`], [`QwenSource`]). Adding
 //! a CLI is one file: see [`cli`] and `examples/third_agent.rs`, and
 //! `docs/agents.md` for what each agent's tests show.
 //!
@@ -184,6 +185,7 @@ mod lines;
 mod opencode;
 mod options;
 mod process;
+mod qwen;
 mod source;
 pub mod transcript;
 mod turn;
@@ -210,4 +212,8 @@ pub use opencode::{
     OpenCodeFlavor, OpenCodeOptions, OpenCodeParser, OpenCodeSource, OpenCodeSourceFactory,
 };
 pub use options::{ClaudeOptions, PermissionMode};
+pub use qwen::{
+    QWEN_CONTEXT_WINDOW, QWEN_FRESH_START_NOTE, QwenOptions, QwenParser, QwenSource,
+    QwenSourceFactory,
+};
 pub use source::{CliSource, CliSourceFactory};

@@ -82,30 +82,7 @@ impl ClaudeParser {
             // Partial messages are on: the deltas already said all of it.
             return Vec::new();
         }
-        let mut frames = Vec::new();
-        for block in content_blocks(message) {
-            match block.get("type").and_then(Value::as_str) {
-                Some("text") => push_text(&mut frames, block, "text", AgentEvent::TextDelta),
-                Some("thinking") => {
-                    push_text(&mut frames, block, "thinking", AgentEvent::ThinkingDelta)
-                }
-                Some(kind) if is_tool_use(kind) => {
-                    if let Some(event) = tool_started(block) {
-                        frames.push(Frame::Event(event));
-                    }
-                }
-                _ => {}
-            }
-        }
-        if let Some(usage) = message.get("usage").and_then(usage_from) {
-            frames.push(Frame::Event(AgentEvent::Usage(usage)));
-        }
-        if let Some(reason) = message.get("stop_reason").and_then(Value::as_str) {
-            frames.push(Frame::Event(AgentEvent::Stop {
-                reason: reason.to_owned(),
-            }));
-        }
-        frames
+        assistant_frames(message)
     }
 
     fn stream_event(&mut self, v: &Value) -> Vec<Frame> {
@@ -260,6 +237,36 @@ impl TurnParser for ClaudeParser {
     }
 }
 
+/// The frames of an `assistant` line's message (Claude Code's, and the
+/// CLIs that print its lines: Qwen Code): its text, thinking and tool
+/// calls in order, then its usage and stop reason.
+pub(crate) fn assistant_frames(message: &Value) -> Vec<Frame> {
+    let mut frames = Vec::new();
+    for block in content_blocks(message) {
+        match block.get("type").and_then(Value::as_str) {
+            Some("text") => push_text(&mut frames, block, "text", AgentEvent::TextDelta),
+            Some("thinking") => {
+                push_text(&mut frames, block, "thinking", AgentEvent::ThinkingDelta)
+            }
+            Some(kind) if is_tool_use(kind) => {
+                if let Some(event) = tool_started(block) {
+                    frames.push(Frame::Event(event));
+                }
+            }
+            _ => {}
+        }
+    }
+    if let Some(usage) = message.get("usage").and_then(usage_from) {
+        frames.push(Frame::Event(AgentEvent::Usage(usage)));
+    }
+    if let Some(reason) = message.get("stop_reason").and_then(Value::as_str) {
+        frames.push(Frame::Event(AgentEvent::Stop {
+            reason: reason.to_owned(),
+        }));
+    }
+    frames
+}
+
 fn content_blocks(message: &Value) -> &[Value] {
     message
         .get("content")
@@ -290,7 +297,7 @@ fn push_text(frames: &mut Vec<Frame>, v: &Value, field: &str, make: fn(String) -
 }
 
 /// `tool_result` blocks of a `user` line end their tool calls.
-fn user(v: &Value) -> Vec<Frame> {
+pub(crate) fn user(v: &Value) -> Vec<Frame> {
     let Some(message) = v.get("message") else {
         return Vec::new();
     };
