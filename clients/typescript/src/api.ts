@@ -299,10 +299,10 @@ export type webhooks = Record<string, never>;
 export interface components {
     schemas: {
         /**
-         * @description The agent a session runs: an agent CLI warden drives in the session's workspace, or an HTTP API whose transcript warden keeps. `claude-code`: The Claude Code CLI (`claude`), one child process per session; it keeps its own transcripts. `codex`: The Codex CLI (`codex exec`), one child process per turn, read-only sandbox; it keeps its own threads. `gemini`: The Gemini CLI (`gemini`), one child process per turn; it keeps its own sessions. `opencode`: OpenCode (`opencode run`), one child process per turn; it keeps its own sessions. `kilo-code`: Kilo Code CLI (`kilo run`, an OpenCode fork), one child process per turn; it keeps its own sessions. `anthropic`: The Anthropic Messages API; warden keeps the transcript. `openai`: An OpenAI-compatible chat completions API; warden keeps the transcript.
+         * @description The agent a session runs: an agent CLI warden drives in the session's workspace, or an HTTP API whose transcript warden keeps. `claude-code`: The Claude Code CLI (`claude`), one child process per session; it keeps its own transcripts. `codex`: The Codex CLI (`codex exec`), one child process per turn, read-only sandbox; it keeps its own threads. `gemini`: The Gemini CLI (`gemini`), one child process per turn; it keeps its own sessions. `opencode`: OpenCode (`opencode run`), one child process per turn; it keeps its own sessions. `kilo-code`: Kilo Code CLI (`kilo run`, an OpenCode fork), one child process per turn; it keeps its own sessions. `qwen-code`: Qwen Code (`qwen`, a Gemini CLI fork speaking OpenAI chat completions), one child process per turn; it keeps its own sessions. `anthropic`: The Anthropic Messages API; warden keeps the transcript. `openai`: An OpenAI-compatible chat completions API; warden keeps the transcript.
          * @enum {string}
          */
-        Agent: "claude-code" | "codex" | "gemini" | "opencode" | "kilo-code" | "anthropic" | "openai";
+        Agent: "claude-code" | "codex" | "gemini" | "opencode" | "kilo-code" | "qwen-code" | "anthropic" | "openai";
         /** @description An event's fields with the time it was made: what `data:` carries. */
         AgentSessionIdEvent: {
             /**

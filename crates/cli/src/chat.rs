@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use warden_claude::{
     ClaudeOptions, ClaudeSource, CodexOptions, CodexSource, GeminiSource, OpenCodeFlavor,
-    OpenCodeSource,
+    OpenCodeSource, QwenSource,
 };
 use warden_core::{
     EventSource, Notice, Notifier, SessionKey, Supervisor, SupervisorConfig, context,
@@ -18,7 +18,7 @@ use crate::paths;
 use crate::relay::relay;
 use crate::sources::{
     HttpSettings, HttpSource, Provider, check_url, claude_binary, codex_binary, gemini_options,
-    opencode_options, v1_base_url,
+    opencode_options, qwen_options, v1_base_url,
 };
 
 /// The agent behind a workspace's session: the API's one list of agent
@@ -140,6 +140,8 @@ pub(crate) enum CliChildren {
     Gemini(Arc<GeminiSource>),
     /// OpenCode's or Kilo Code's.
     OpenCode(Arc<OpenCodeSource>),
+    /// Qwen Code's.
+    Qwen(Arc<QwenSource>),
 }
 
 impl CliChildren {
@@ -150,6 +152,7 @@ impl CliChildren {
             Self::Codex(source) => source.shutdown().await,
             Self::Gemini(source) => source.shutdown().await,
             Self::OpenCode(source) => source.shutdown().await,
+            Self::Qwen(source) => source.shutdown().await,
         }
     }
 }
@@ -235,6 +238,12 @@ pub(crate) fn agent_source(
                 .with_settings(children_settings(data_dir));
             let source = Arc::new(OpenCodeSource::new(options));
             (source.clone(), Some(CliChildren::OpenCode(source)))
+        }
+        Agent::QwenCode => {
+            let options =
+                qwen_options(data_dir, model, base_url)?.with_settings(children_settings(data_dir));
+            let source = Arc::new(QwenSource::new(options));
+            (source.clone(), Some(CliChildren::Qwen(source)))
         }
         Agent::Anthropic | Agent::Openai => {
             let provider = if agent == Agent::Anthropic {

@@ -320,6 +320,53 @@ pub(crate) fn gemini_options(
     Ok(options)
 }
 
+/// The directory under the data directory that is Qwen Code's
+/// `QWEN_HOME`: its `settings.json` (written by warden), its sessions and
+/// memories; the user's own `~/.qwen` is never used.
+pub(crate) const QWEN_HOME: &str = "qwen";
+
+/// The binary of Qwen Code (`WARDEN_QWEN_BIN`, else `qwen` on `PATH`).
+pub(crate) fn qwen_binary() -> Result<PathBuf, CliError> {
+    let wanted = std::env::var_os("WARDEN_QWEN_BIN")
+        .filter(|v| !v.is_empty())
+        .map_or_else(|| PathBuf::from("qwen"), PathBuf::from);
+    which::which(&wanted).map_err(|_| {
+        CliError::usage(format!(
+            "Qwen Code ({}) was not found; install it (npm install -g @qwen-code/qwen-code) or set WARDEN_QWEN_BIN",
+            wanted.display()
+        ))
+    })
+}
+
+/// How `--agent qwen-code` runs the CLI: its binary, its own home under
+/// `data_dir` ([`QWEN_HOME`]), `--base-url` (plus `/v1`) as
+/// `OPENAI_BASE_URL` (the key is `OPENAI_API_KEY`), and the model
+/// (default: the CLI's).
+pub(crate) fn qwen_options(
+    data_dir: &std::path::Path,
+    model: Option<String>,
+    base_url: Option<String>,
+) -> Result<warden_claude::QwenOptions, CliError> {
+    let mut options = warden_claude::QwenOptions::default()
+        .with_binary(qwen_binary()?)
+        .with_qwen_home(data_dir.join(QWEN_HOME));
+    if let Some(model) = model {
+        options = options.with_model(model);
+    }
+    if let Some(url) = base_url {
+        options = options.with_base_url(v1_base_url(&url));
+    }
+    // Written now, so that a broken data directory is an error here, not
+    // at the first turn.
+    options.write_settings().map_err(|e| {
+        CliError::failure(format!(
+            "cannot write the Qwen Code settings under {}: {e}",
+            data_dir.join(QWEN_HOME).display()
+        ))
+    })?;
+    Ok(options)
+}
+
 /// The provider base URL of Codex and OpenCode for `url`: they post to
 /// `{base}/responses` and `{base}/chat/completions`, so `/v1` is added
 /// unless the URL already ends with it.

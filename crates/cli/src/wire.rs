@@ -36,7 +36,9 @@
 //! engine continues as Claude Code's: a stall or a cut mid-text is
 //! continued with a continuation turn, the repeat trimmed, and spliced
 //! into the same completion, so the CLI sees one whole reply (and never
-//! runs its own re-send, or its request loop on a cut stream).
+//! runs its own re-send, or its request loop on a cut stream). So does
+//! Qwen Code (`OPENAI_BASE_URL`, the engine plus `/v1`), whose own
+//! continuation would print the partial text again.
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -74,7 +76,7 @@ impl Wire {
     /// Codex when warden names its provider anyway (`base_url`, the
     /// user's `--base-url`) or it would use an API key (`OPENAI_API_KEY`),
     /// not a ChatGPT sign-in, whose backend the engine does not speak;
-    /// OpenCode and Kilo Code when warden names their provider
+    /// OpenCode, Kilo Code and Qwen Code when warden names their provider
     /// (`--base-url`; without it they use the user's own providers).
     /// Its upstreams are what each CLI would reach without warden.
     pub(crate) async fn for_agents(
@@ -90,7 +92,7 @@ impl Wire {
             .filter(|agent| match agent {
                 Agent::ClaudeCode | Agent::Gemini => true,
                 Agent::Codex => codex_by_key,
-                Agent::OpenCode | Agent::KiloCode => base_url.is_some(),
+                Agent::OpenCode | Agent::KiloCode | Agent::QwenCode => base_url.is_some(),
                 _ => false,
             })
             .collect();

@@ -42,6 +42,10 @@ pub enum Agent {
     /// Kilo Code CLI (`kilo run`, an OpenCode fork), one child process per
     /// turn; it keeps its own sessions.
     KiloCode,
+    /// Qwen Code (`qwen`, a Gemini CLI fork speaking OpenAI chat
+    /// completions), one child process per turn; it keeps its own
+    /// sessions.
+    QwenCode,
     /// The Anthropic Messages API; warden keeps the transcript.
     Anthropic,
     /// An OpenAI-compatible chat completions API; warden keeps the
@@ -51,12 +55,13 @@ pub enum Agent {
 
 impl Agent {
     /// Every agent kind.
-    pub const ALL: [Agent; 7] = [
+    pub const ALL: [Agent; 8] = [
         Agent::ClaudeCode,
         Agent::Codex,
         Agent::Gemini,
         Agent::OpenCode,
         Agent::KiloCode,
+        Agent::QwenCode,
         Agent::Anthropic,
         Agent::Openai,
     ];
@@ -69,6 +74,7 @@ impl Agent {
             Agent::Gemini => "gemini",
             Agent::OpenCode => "opencode",
             Agent::KiloCode => "kilo-code",
+            Agent::QwenCode => "qwen-code",
             Agent::Anthropic => "anthropic",
             Agent::Openai => "openai",
         }
@@ -84,7 +90,12 @@ impl Agent {
     pub fn runs_in_workspace(self) -> bool {
         matches!(
             self,
-            Agent::ClaudeCode | Agent::Codex | Agent::Gemini | Agent::OpenCode | Agent::KiloCode
+            Agent::ClaudeCode
+                | Agent::Codex
+                | Agent::Gemini
+                | Agent::OpenCode
+                | Agent::KiloCode
+                | Agent::QwenCode
         )
     }
 }
