@@ -59,8 +59,10 @@
 //!     against no exporter (issue #43); see [`jaeger`].
 //! 14. `agents`: per-turn wall time of Claude Code, Codex and Gemini
 //!     through warden against the mock, each against Claude Code's (issue
-//!     #41; the CLIs from `WARDEN_*_BIN`, skipped with a reason when
-//!     missing); see [`agents`].
+//!     #41), and through the wire layer against each CLI straight; a turn
+//!     stalled mid-text through each with the wire and without it: time
+//!     and tokens as ratios (issue #47; the CLIs from `WARDEN_*_BIN`,
+//!     skipped with a reason when missing); see [`agents`].
 #![allow(unsafe_code)] // the counting global allocator below
 #![allow(missing_docs, unreachable_pub)]
 
