@@ -224,6 +224,14 @@ pub trait TurnParser: std::fmt::Debug + Send + 'static {
     /// up to [`ProcessSettings::max_garbage_lines`] in a row).
     fn line(&mut self, line: &Value) -> Step;
 
+    /// Maps one stdout line (without its newline, blank ones included)
+    /// of a CLI that prints plain text instead of JSON lines (Aider):
+    /// `Some` takes the line, and [`line`](Self::line) never sees it.
+    /// Default `None`: every line is read as JSON.
+    fn text(&mut self, _line: &str) -> Option<Step> {
+        None
+    }
+
     /// The newest agent conversation id this process announced: the one
     /// the next turn resumes.
     fn session_id(&self) -> Option<&str>;

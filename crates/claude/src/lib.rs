@@ -8,8 +8,9 @@
 //! adapters here: Claude Code ([`ClaudeOptions`], [`ClaudeSource`]), the
 //! Codex CLI ([`CodexOptions`], [`CodexSource`]), the Gemini CLI
 //! ([`GeminiOptions`], [`GeminiSource`]), and OpenCode and its fork Kilo
-//! Code ([`OpenCodeOptions`], [`OpenCodeSource`]), and Qwen Code
-//! ([`QwenOptions`], [`QwenSource`]). Adding
+//! Code ([`OpenCodeOptions`], [`OpenCodeSource`]), Qwen Code
+//! ([`QwenOptions`], [`QwenSource`]), and Aider ([`AiderOptions`],
+//! [`AiderSource`], plain text instead of JSON lines). Adding
 //! a CLI is one file: see [`cli`] and `examples/third_agent.rs`, and
 //! `docs/agents.md` for what each agent's tests show.
 //!
@@ -176,6 +177,7 @@
 //! crate's own tests) replays scripted stream-json lines in place of the
 //! real CLI; see its source, `src/bin/fake-claude.rs`.
 
+mod aider;
 mod children;
 mod claude_code;
 pub mod cli;
@@ -190,6 +192,10 @@ mod source;
 pub mod transcript;
 mod turn;
 
+pub use aider::{
+    AIDER_CONTEXT_WINDOW, AIDER_FRESH_START_NOTE, AIDER_TIMEOUT_SECS, AiderOptions, AiderParser,
+    AiderSource, AiderSourceFactory, is_aider_id,
+};
 pub use children::end_orphaned_children;
 pub use claude_code::{
     ClaudeParser, ClaudeSource, ClaudeSourceFactory, FRESH_START_NOTE, window_for_model,

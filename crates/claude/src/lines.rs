@@ -42,7 +42,8 @@ pub(crate) struct LineParser<P> {
     name: String,
     max_garbage: u32,
     garbage_run: u32,
-    /// Whether a JSON line was read in this turn.
+    /// Whether a JSON line (or a line a plain-text parser took) was read
+    /// in this turn.
     saw_json: bool,
 }
 
@@ -79,6 +80,11 @@ impl<P: TurnParser> LineParser<P> {
 
     /// Maps one line (without its newline).
     pub(crate) fn line(&mut self, line: &[u8]) -> Step {
+        if let Some(step) = self.inner.text(&String::from_utf8_lossy(line)) {
+            self.garbage_run = 0;
+            self.saw_json = true;
+            return self.mapped(step);
+        }
         if line.iter().all(u8::is_ascii_whitespace) {
             return Step::Frames(vec![Frame::KeepAlive]);
         }
@@ -89,7 +95,13 @@ impl<P: TurnParser> LineParser<P> {
         };
         self.garbage_run = 0;
         self.saw_json = true;
-        match self.inner.line(&value) {
+        let step = self.inner.line(&value);
+        self.mapped(step)
+    }
+
+    /// `step` with an empty list as a `KeepAlive` and its ids checked.
+    fn mapped(&self, step: Step) -> Step {
+        match step {
             Step::Frames(frames) if frames.is_empty() => Step::Frames(vec![Frame::KeepAlive]),
             Step::Frames(frames) => Step::Frames(self.checked(frames)),
             Step::Complete(frames) => Step::Complete(self.checked(frames)),
