@@ -1,4 +1,4 @@
-//! `kill -9` of `warden serve --agent codex|gemini|claude-code|opencode|kilo-code`
+//! `kill -9` of `warden serve --agent codex|gemini|claude-code|opencode|kilo-code|qwen-code`
 //! mid-turn (the real CLI stalled on the mock), then a restart on the same data directory:
 //! the pending message is re-delivered once and answered once (the mock's
 //! journal counts the stalled request and the re-delivered one, nothing
@@ -18,13 +18,16 @@
 //! OpenCode's `run` has its stdin closed too and, stalled, would wait for
 //! ever (warden turns its own stall timeout off); it is ended the same way,
 //! and so is Kilo Code's (a node wrapper and its native child: the group).
+//! Qwen Code's entry script and its `cli.js` child likewise: signalling the
+//! entry alone would leave the child holding the model stream.
 //!
 //! The CLIs come from `WARDEN_CODEX_BIN` / `WARDEN_GEMINI_BIN` /
-//! `WARDEN_CLAUDE_BIN` / `WARDEN_OPENCODE_BIN` / `WARDEN_KILO_BIN`
-//! (installed by `.ci/run`); without one its test prints why it is
-//! skipped, unless `WARDEN_REQUIRE_CODEX=1` / `WARDEN_REQUIRE_GEMINI=1` /
-//! `WARDEN_REQUIRE_CLAUDE=1` / `WARDEN_REQUIRE_OPENCODE=1` /
-//! `WARDEN_REQUIRE_KILO=1`.
+//! `WARDEN_CLAUDE_BIN` / `WARDEN_OPENCODE_BIN` / `WARDEN_KILO_BIN` /
+//! `WARDEN_QWEN_BIN` (installed by `.ci/run`); without one its test prints
+//! why it is skipped, unless `WARDEN_REQUIRE_CODEX=1` /
+//! `WARDEN_REQUIRE_GEMINI=1` / `WARDEN_REQUIRE_CLAUDE=1` /
+//! `WARDEN_REQUIRE_OPENCODE=1` / `WARDEN_REQUIRE_KILO=1` /
+//! `WARDEN_REQUIRE_QWEN=1`.
 
 mod common;
 
@@ -350,4 +353,23 @@ async fn a_kilo_turn_killed_with_warden_is_redelivered_once_and_its_cli_ended() 
     };
     let env = [("WARDEN_KILO_BIN", bin.as_str())];
     kill_9_mid_turn("kilo-code", "/v1/chat/completions", &env).await;
+}
+
+/// Qwen Code: re-delivered once on its session (`--resume`, the id of its
+/// `init` line), answered once, its entry and `cli.js` child (one group)
+/// gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_qwen_code_turn_killed_with_warden_is_redelivered_once_and_its_cli_ended() {
+    let Some(bin) = cli_bin(
+        "WARDEN_QWEN_BIN",
+        "WARDEN_REQUIRE_QWEN",
+        "a_qwen_code_turn_killed_with_warden",
+    ) else {
+        return;
+    };
+    let env = [
+        ("WARDEN_QWEN_BIN", bin.as_str()),
+        ("OPENAI_API_KEY", "dummy"),
+    ];
+    kill_9_mid_turn("qwen-code", "/v1/chat/completions", &env).await;
 }
