@@ -2,6 +2,15 @@
 
 use std::sync::Arc;
 
+/// A request extension for a server that hands requests to
+/// [`Proxy::router`](crate::Proxy::router) after rewriting their path (a
+/// route prefix of its own stripped, say): the path its client asked
+/// for, which the request's [`AccessRecord::path`] and
+/// [`RecoveryEvent`]s then name, so the server can tell its requests
+/// apart in them. The request still goes upstream by its rewritten path.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClientPath(pub String);
+
 /// One proxied request, as the access log reports it (no headers, no
 /// bodies).
 #[derive(Debug, Clone, serde::Serialize)]
@@ -14,7 +23,8 @@ pub struct AccessRecord {
     pub upstream: &'static str,
     /// The request method.
     pub method: String,
-    /// The request path (no query string).
+    /// The request path (no query string): the client's, [`ClientPath`],
+    /// when a server in front rewrote it.
     pub path: String,
     /// The status the client got.
     pub status: u16,
@@ -319,6 +329,23 @@ impl std::fmt::Display for RecoveryEvent {
                 f,
                 "{upstream} {path} #{request}: the upstream cannot be reached ({reason})"
             ),
+        }
+    }
+}
+
+impl RecoveryEvent {
+    /// The path of the request it is about (as its
+    /// [`AccessRecord::path`]); `None` for an upstream's circuit.
+    pub fn path(&self) -> Option<&str> {
+        match self {
+            Self::Killed { path, .. }
+            | Self::Retrying { path, .. }
+            | Self::Continuing { path, .. }
+            | Self::GaveUp { path, .. }
+            | Self::HandedBack { path, .. }
+            | Self::HandedBackMidStream { path, .. }
+            | Self::Unreachable { path, .. } => Some(path),
+            Self::CircuitOpened { .. } | Self::CircuitClosed { .. } => None,
         }
     }
 }

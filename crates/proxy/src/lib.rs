@@ -116,7 +116,7 @@ use axum::routing::post;
 use tokio::time::Instant;
 use warden_core::{Admission, AdmissionConfig, WatchdogActor, WatchdogConfig};
 
-pub use access::{AccessLog, AccessRecord, Outcome, RecoveryEvent, RecoveryLog};
+pub use access::{AccessLog, AccessRecord, ClientPath, Outcome, RecoveryEvent, RecoveryLog};
 pub use circuit::CircuitConfig;
 pub use config::{
     ANTHROPIC_API, DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_FRAME_BYTES, DEFAULT_MAX_REPLY_BYTES,

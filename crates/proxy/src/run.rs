@@ -151,7 +151,10 @@ pub(crate) fn new_record(upstream: Upstream, request: &Request) -> AccessRecord 
         id: crate::access::next_request_id(),
         upstream: upstream.name(),
         method: request.method().to_string(),
-        path: request.uri().path().to_owned(),
+        path: request
+            .extensions()
+            .get::<crate::access::ClientPath>()
+            .map_or_else(|| request.uri().path().to_owned(), |p| p.0.clone()),
         status: 0,
         duration_ms: 0,
         attempts: 1,
