@@ -13,7 +13,9 @@ use warden_core::{
     Diagnostics, EventSource, EventStream, SessionKey, SourceFactory, StreamError, TurnRequest,
 };
 
-use crate::cli::{AgentCli, ProcessLifetime, ProcessSettings, SpawnRequest, TurnParser};
+use crate::cli::{
+    AgentCli, CliCommand, ProcessLifetime, ProcessSettings, SpawnRequest, TurnParser,
+};
 use crate::lines::{LineParser, clip};
 use crate::process::{ProcessGroup, StderrTail};
 use crate::turn::{AgentProcess, Home, turn_stream};
@@ -38,6 +40,20 @@ pub(crate) struct Shared<A: AgentCli> {
     pub(crate) settings: ProcessSettings,
     sessions: Mutex<HashMap<SessionKey, Slot<A>>>,
     last_stderr: Mutex<Option<Arc<StderrTail>>>,
+    /// What each session's processes' command gets of their own.
+    per_session: std::sync::OnceLock<PerSession>,
+}
+
+/// A session's own part of its processes' command
+/// ([`CliSource::set_per_session`]).
+type PerSessionFn = dyn Fn(&SessionKey, &mut CliCommand) + Send + Sync;
+
+struct PerSession(Box<PerSessionFn>);
+
+impl std::fmt::Debug for PerSession {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("PerSession")
+    }
 }
 
 /// What the source keeps per session key.
@@ -72,8 +88,24 @@ impl<A: AgentCli> CliSource<A> {
                 settings,
                 sessions: Mutex::new(HashMap::new()),
                 last_stderr: Mutex::new(None),
+                per_session: std::sync::OnceLock::new(),
             }),
         }
+    }
+
+    /// Gives each session's processes something of their own: `edit` is
+    /// called with the session's key on the command the adapter made,
+    /// before each process of the session starts (`warden serve` points
+    /// each session's CLI at a route of its own on its wire layer). Set
+    /// once, before the first process; `false` when it was set already.
+    pub fn set_per_session(
+        &self,
+        edit: impl Fn(&SessionKey, &mut CliCommand) + Send + Sync + 'static,
+    ) -> bool {
+        self.shared
+            .per_session
+            .set(PerSession(Box::new(edit)))
+            .is_ok()
     }
 
     /// The adapter (for Claude Code, its options).
@@ -311,7 +343,10 @@ impl<A: AgentCli> Shared<A> {
             }
             self.cli.before_resume(id, request.workspace.as_deref());
         }
-        let command = self.cli.command(&spawn)?;
+        let mut command = self.cli.command(&spawn)?;
+        if let Some(PerSession(edit)) = self.per_session.get() {
+            edit(&request.session_key, &mut command);
+        }
         let mut cmd = std::process::Command::new(&command.program);
         cmd.args(&command.args).envs(command.env.iter().cloned());
         if let Some(dir) = &request.workspace {
