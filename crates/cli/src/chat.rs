@@ -155,6 +155,22 @@ impl CliChildren {
             Self::Qwen(source) => source.shutdown().await,
         }
     }
+
+    /// Gives each session's processes a part of their command of their
+    /// own (`CliSource::set_per_session`): their route on the wire layer.
+    pub(crate) fn set_per_session(
+        &self,
+        edit: impl Fn(&SessionKey, &mut warden_claude::CliCommand) + Send + Sync + 'static,
+    ) {
+        let set = match self {
+            Self::Claude(source) => source.set_per_session(edit),
+            Self::Codex(source) => source.set_per_session(edit),
+            Self::Gemini(source) => source.set_per_session(edit),
+            Self::OpenCode(source) => source.set_per_session(edit),
+            Self::Qwen(source) => source.set_per_session(edit),
+        };
+        debug_assert!(set, "set once, as the source is made");
+    }
 }
 
 /// A session source, and the agent CLI source again when it is one (to

@@ -10,6 +10,11 @@
 //! sessions`) is unchanged. The supervisor makes each session's source by
 //! its key from that binding, so a session started again after a restart
 //! (its pending messages re-sent) runs its own agent.
+//!
+//! Under the wire layer each session's CLI reaches it on a route of its
+//! own ([`Wire::per_session`](crate::wire::Wire::per_session)), so the
+//! model stream sent on it is that session's liveness alone
+//! ([`Wire::live_sessions`](crate::wire::Wire::live_sessions)).
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -32,10 +37,16 @@ pub(crate) struct Agents {
     list: Vec<Agent>,
     /// Their sources, in the same order.
     sources: Vec<Arc<dyn EventSource>>,
+    /// Per agent the wire carries, its sessions' sources made live while
+    /// the wire sends their CLIs their model streams.
+    live: Vec<Option<Arc<LiveOnRoute>>>,
     children: Vec<CliChildren>,
     /// Each session's agent (several agents only).
     bindings: Option<Arc<Bindings>>,
 }
+
+/// A session's source made live on its wire route.
+type LiveOnRoute = dyn Fn(&SessionKey, Arc<dyn EventSource>) -> Arc<dyn EventSource> + Send + Sync;
 
 /// How the agents' sources are made (the flags they share).
 pub(crate) struct AgentSettings<'a> {
@@ -76,7 +87,9 @@ impl Agents {
         };
         let mut sources = Vec::new();
         let mut children = Vec::new();
+        let mut live = Vec::new();
         for agent in &list {
+            let wire = settings.wire.filter(|wire| wire.base_url(*agent).is_some());
             let base_url = settings
                 .wire
                 .and_then(|wire| wire.base_url(*agent))
@@ -89,12 +102,17 @@ impl Agents {
                 settings.data_dir,
                 settings.conversations.clone(),
             )?;
+            if let (Some(wire), Some(child)) = (wire, &child) {
+                child.set_per_session(wire.per_session());
+            }
+            live.push(wire.map(|wire| Arc::new(wire.live_sessions()) as Arc<LiveOnRoute>));
             sources.push(source);
             children.extend(child);
         }
         Ok(Self {
             list,
             sources,
+            live,
             children,
             bindings,
         })
@@ -105,11 +123,16 @@ impl Agents {
         let default = self.list[0];
         let list = self.list.clone();
         let sources = self.sources.clone();
+        let live = self.live.clone();
         let bindings = self.bindings.clone();
         move |key: &SessionKey| {
             let agent = bindings.as_ref().map_or(default, |b| b.agent_to_start(key));
             let at = list.iter().position(|a| *a == agent).unwrap_or(0);
-            Arc::clone(&sources[at])
+            let source = Arc::clone(&sources[at]);
+            match &live[at] {
+                Some(live) => live(key, source),
+                None => source,
+            }
         }
     }
 

@@ -10,9 +10,13 @@
 //! for it, and the reply is not generated twice. The process layer (the
 //! session's watchdog on the CLI's stdout) stays for what the wire cannot
 //! see: a CLI that hangs with a healthy upstream, crashes or prints
-//! garbage. Under one session (`warden chat`, [`Wire::live`]) its
-//! allowance counts the model stream the wire sends the CLI too, so a
-//! long thinking stream is not taken for a silent CLI.
+//! garbage. Its allowance counts the model stream the wire sends the CLI
+//! too, so a long thinking stream is not taken for a silent CLI: under
+//! one session (`warden chat`, [`Wire::live`]) every stream the wire
+//! carries; under many (`warden serve`, [`Wire::live_sessions`]) each
+//! session's CLI reaches the wire on a route of its own, its base URL
+//! with `/s/<id>` after it ([`Wire::per_session`]), which the wire strips,
+//! and the streams sent on that route count for that session alone.
 //!
 //! Codex speaks the Responses API, which the engine watches and continues
 //! the same way: a stall before any byte is retried unseen, a stall or a
@@ -40,29 +44,29 @@
 //! Qwen Code (`OPENAI_BASE_URL`, the engine plus `/v1`), whose own
 //! continuation would print the partial text again.
 
-use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures_util::StreamExt as _;
-use futures_util::future::BoxFuture;
-use parking_lot::Mutex;
-use tokio::sync::watch;
-use warden_core::{Diagnostics, EventSource, EventStream, Frame, StreamError, TurnRequest};
+use warden_claude::CliCommand;
+use warden_core::{EventSource, SessionKey};
 use warden_proxy::{Outcome, Proxy, ProxyConfig, RecoveryEvent};
 use warden_serve::Agent;
+
+use live::Live;
+use routes::{Routes, routed};
+
+mod live;
+mod routes;
 
 use crate::exit::CliError;
 
 /// A running wire layer.
 pub(crate) struct Wire {
     proxy: Proxy,
-    /// What it saw of the model requests it carried.
-    seen: Arc<Mutex<Seen>>,
+    /// What it carried, route by route.
+    routes: Arc<Routes>,
     /// Its silence allowance per attempt.
     allowance: Duration,
-    /// Counts the chunks of model streams it sent its CLIs.
-    sent: Arc<watch::Sender<u64>>,
     agents: Vec<Agent>,
     url: String,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
@@ -110,25 +114,30 @@ impl Wire {
 
     /// Starts the engine of `config` on loopback.
     async fn start(config: ProxyConfig, agents: Vec<Agent>) -> Result<Self, CliError> {
-        let seen = Arc::new(Mutex::new(Seen::default()));
-        let (killed, ended) = (Arc::clone(&seen), Arc::clone(&seen));
+        let routes = Arc::new(Routes::default());
+        let (killed, ended) = (Arc::clone(&routes), Arc::clone(&routes));
         let allowance = config.timeout;
         let limits = config.connections.clone();
         let config = config
             // What it did, as `warden proxy` says it: the CLI never sees
-            // it, so this line is the only trace of it on the terminal.
+            // it, so this line is the only trace of it (naming the
+            // session whose route it came on).
             .with_recovery_log(move |recovery| {
+                let route = recovery
+                    .path()
+                    .map_or_else(|| Arc::clone(&killed.root), |path| killed.of_path(path).0);
                 if let RecoveryEvent::Killed { request, .. } = recovery {
-                    let mut seen = killed.lock();
+                    let mut seen = route.seen.lock();
                     seen.stalled.insert(*request);
                     seen.kills += 1;
                     seen.stalling = true;
                 }
-                eprintln!("warden: wire layer: {recovery}");
+                eprintln!("{}", Routes::line(&route, recovery));
             })
             .with_access_log(move |record| {
                 if record.outcome == Outcome::Complete {
-                    let mut seen = ended.lock();
+                    let route = ended.of_path(&record.path).0;
+                    let mut seen = route.seen.lock();
                     seen.completed += 1;
                     seen.stalling = false;
                 }
@@ -144,27 +153,11 @@ impl Wire {
             Err(e) => return Err(CliError::failure(format!("the wire layer: {e}"))),
         };
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let sent = Arc::new(watch::Sender::new(0_u64));
-        let (counted, live) = (Arc::clone(&sent), Arc::clone(&seen));
-        // Every chunk a CLI is sent of its model stream is counted (as
-        // `Proxy::serve` serves it, within its connection limits), unless
-        // an attempt went silent since the last whole reply: a stream the
-        // wire is recovering is not live, so the process layer's clock
-        // runs (a turn whose every stream stalls still ends on time).
-        let app = proxy.router().layer(axum::middleware::map_response(
-            move |response: axum::response::Response| {
-                let (counted, live) = (Arc::clone(&counted), Arc::clone(&live));
-                async move {
-                    let (parts, body) = response.into_parts();
-                    let body = body.into_data_stream().inspect(move |_| {
-                        if !live.lock().stalling {
-                            counted.send_modify(|n| *n = n.wrapping_add(1));
-                        }
-                    });
-                    axum::response::Response::from_parts(parts, axum::body::Body::from_stream(body))
-                }
-            },
-        ));
+        // Served as `Proxy::serve` serves it, within its connection
+        // limits, each request first taken off its route ([`routed`]).
+        let app = axum::Router::new().fallback_service(proxy.router()).layer(
+            axum::middleware::from_fn_with_state(Arc::clone(&routes), routed),
+        );
         let task = tokio::spawn(async move {
             warden_http::serve(listener, app, limits, async move {
                 let _ = stopped.await;
@@ -173,9 +166,8 @@ impl Wire {
         });
         Ok(Self {
             proxy,
-            seen,
+            routes,
             allowance,
-            sent,
             agents,
             url,
             stop: Some(stop),
@@ -194,7 +186,11 @@ impl Wire {
     /// request stalled: how many, how many silent attempts it killed and
     /// after how long; `None` when one completed or none stalled.
     pub(crate) fn every_request_stalled(&self) -> Option<String> {
-        self.seen.lock().every_request_stalled(self.allowance)
+        self.routes
+            .root
+            .seen
+            .lock()
+            .every_request_stalled(self.allowance)
     }
 
     /// `source`, whose attempts are also live while this wire sends their
@@ -204,116 +200,42 @@ impl Wire {
     /// (the wire keeps that stream live with a comment per held event),
     /// is not killed as silent. A CLI that hangs on a healthy stream is
     /// still killed once the stream ends. For a wire under one session
-    /// (`warden chat`): every chunk counts for it.
+    /// (`warden chat`): every chunk sent without a route counts for it.
     pub(crate) fn live(&self, source: Arc<dyn EventSource>) -> Arc<dyn EventSource> {
         Arc::new(Live {
             inner: source,
-            sent: self.sent.subscribe(),
-        })
-    }
-}
-
-/// A CLI's source whose streams also yield liveness
-/// ([`Frame::KeepAlive`]) for each chunk the wire sends the CLI.
-struct Live {
-    inner: Arc<dyn EventSource>,
-    sent: watch::Receiver<u64>,
-}
-
-impl EventSource for Live {
-    fn open(&self, request: TurnRequest) -> BoxFuture<'static, Result<EventStream, StreamError>> {
-        let opening = self.inner.open(request);
-        let mut sent = self.sent.clone();
-        Box::pin(async move {
-            let stream = opening.await?;
-            sent.mark_unchanged();
-            Ok(Box::pin(with_liveness(stream, sent)) as EventStream)
+            sent: self.routes.root.sent.subscribe(),
         })
     }
 
-    fn continues(&self) -> bool {
-        self.inner.continues()
-    }
-
-    fn tools_run_in_stream(&self) -> bool {
-        self.inner.tools_run_in_stream()
-    }
-
-    fn restarts_repeat_tool_calls(&self) -> bool {
-        self.inner.restarts_repeat_tool_calls()
-    }
-
-    fn runs_in_workspace(&self) -> bool {
-        self.inner.runs_in_workspace()
-    }
-
-    fn provider(&self) -> &str {
-        self.inner.provider()
-    }
-
-    fn context_window(&self, model: Option<&str>) -> Option<u64> {
-        self.inner.context_window(model)
-    }
-
-    fn fresh_start_note(&self) -> Option<String> {
-        self.inner.fresh_start_note()
-    }
-
-    fn diagnostics(&self, session_id: &str, workspace: Option<&std::path::Path>) -> Diagnostics {
-        self.inner.diagnostics(session_id, workspace)
-    }
-}
-
-/// `stream`'s items, and a [`Frame::KeepAlive`] whenever `sent` changes,
-/// until `stream` ends.
-fn with_liveness(
-    stream: EventStream,
-    sent: watch::Receiver<u64>,
-) -> impl futures_util::Stream<Item = Result<Frame, StreamError>> + Send {
-    futures_util::stream::unfold((stream, Some(sent)), |(mut stream, mut sent)| async move {
-        loop {
-            let Some(watching) = sent.as_mut() else {
-                let item = stream.next().await?;
-                return Some((item, (stream, sent)));
-            };
-            tokio::select! {
-                biased;
-                item = stream.next() => return item.map(|item| (item, (stream, sent))),
-                changed = watching.changed() => match changed {
-                    Ok(()) => return Some((Ok(Frame::KeepAlive), (stream, sent))),
-                    // The wire is gone: the CLI's own output only.
-                    Err(_) => sent = None,
-                },
-            }
+    /// [`live`](Self::live) for a wire under many sessions (`warden
+    /// serve`): session `key`'s source, live while the wire sends its
+    /// CLI's model stream on the session's own route (its CLI's command
+    /// edited by [`per_session`](Self::per_session)), not another's.
+    pub(crate) fn live_sessions(
+        &self,
+    ) -> impl Fn(&SessionKey, Arc<dyn EventSource>) -> Arc<dyn EventSource> + Send + Sync + 'static
+    {
+        let routes = Arc::clone(&self.routes);
+        move |key, source| {
+            Arc::new(Live {
+                inner: source,
+                sent: routes.of_session(key).1.sent.subscribe(),
+            })
         }
-    })
-}
+    }
 
-/// What the wire layer saw of the model requests it carried.
-#[derive(Debug, Default)]
-struct Seen {
-    /// Requests with an attempt killed for silence.
-    stalled: HashSet<u64>,
-    /// Attempts killed for silence.
-    kills: u32,
-    /// Requests whose reply was whole.
-    completed: u32,
-    /// An attempt went silent since the last whole reply.
-    stalling: bool,
-}
-
-impl Seen {
-    fn every_request_stalled(&self, allowance: Duration) -> Option<String> {
-        (self.completed == 0 && !self.stalled.is_empty()).then(|| {
-            format!(
-                "wire layer: the model stream stalled on every request of this turn: {} \
-                 request(s), {} attempt(s) silent for {:.1}s, each killed and retried or \
-                 continued, none completed",
-                self.stalled.len(),
-                self.kills,
-                allowance.as_secs_f64()
-            )
-        })
+    /// The edit each process of session `key` gets
+    /// (`CliSource::set_per_session`): wherever its command names the
+    /// wire (an environment variable, an argument, a configuration in
+    /// one), the session's route after it: `http://127.0.0.1:P/s/<id>`,
+    /// which every CLI the wire carries keeps as a path prefix (the
+    /// Anthropic, OpenAI and Gemini SDKs add their paths to it).
+    pub(crate) fn per_session(
+        &self,
+    ) -> impl Fn(&SessionKey, &mut CliCommand) + Send + Sync + 'static {
+        let (routes, url) = (Arc::clone(&self.routes), self.url.clone());
+        move |key, command| routes.put_on_route(&url, key, command)
     }
 }
 

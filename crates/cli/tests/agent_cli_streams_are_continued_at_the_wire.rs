@@ -279,6 +279,161 @@ async fn a_claude_code_turn_thinking_past_the_stream_timeout_is_not_killed() {
     mock.shutdown().await;
 }
 
+/// `warden serve` runs many sessions behind one wire, each session's
+/// Claude Code on a route of its own: the model stream sent on a route is
+/// liveness for that session alone. Three sessions at once: one whose
+/// model thinks past the stream timeout (pings only, Claude Code silent)
+/// is answered once by one run and one request; a healthy one is answered
+/// meanwhile; one whose CLI hangs (it never calls the model) is still
+/// killed at the stream timeout while the thinking session's stream runs
+/// on the same wire, not kept alive by it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn under_serve_each_sessions_model_stream_keeps_only_that_session_alive() {
+    use futures_util::StreamExt as _;
+
+    let Some(claude) = claude_bin() else {
+        return;
+    };
+    let thinking = Duration::from_millis(TIMEOUT_MS + 6000);
+    // The first model request thinks; the rest answer at once.
+    let mock = MockServer::start(
+        MockConfig::default()
+            .with_sequence([Scenario::ThinkingPings, Scenario::Normal])
+            .with_thinking_pause(thinking),
+    )
+    .await
+    .expect("mock");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (data, home, starts) = (
+        dir.path().join("data"),
+        dir.path().join("home"),
+        dir.path().join("starts"),
+    );
+    let workspaces = ["thinks", "healthy", "hangs"].map(|name| dir.path().join(name));
+    for d in workspaces.iter().chain([&home, &starts]) {
+        std::fs::create_dir_all(d).expect("mkdir");
+    }
+    // Claude Code, each start noted per workspace; in `hangs` a CLI that
+    // never says or asks anything.
+    let wrapper = dir.path().join("claude");
+    std::fs::write(
+        &wrapper,
+        "#!/bin/sh\n\
+         date +%s.%N >> \"$WARDEN_TEST_STARTS/$(basename \"$PWD\")\"\n\
+         case \"$PWD\" in *hangs) exec sleep 600;; esac\n\
+         exec \"$WARDEN_TEST_CLAUDE\" \"$@\"\n",
+    )
+    .expect("wrapper");
+    std::fs::set_permissions(
+        &wrapper,
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .expect("chmod");
+    let timeout = TIMEOUT_MS.to_string();
+    let env = [
+        ("HOME", arg(&home)),
+        ("WARDEN_STREAM_TIMEOUT", timeout.as_str()),
+        ("WARDEN_TEST_STARTS", arg(&starts)),
+        ("WARDEN_TEST_CLAUDE", claude.as_str()),
+        ("ANTHROPIC_API_KEY", "dummy"),
+        ("DISABLE_TELEMETRY", "1"),
+        ("DISABLE_AUTOUPDATER", "1"),
+        ("CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "1"),
+    ];
+    let flags = ["--agent", "claude-code", "--claude-bin", arg(&wrapper)];
+    let (mut server, base, token, logged) =
+        serve_logged(&data, &mock.base_url(), &flags, &env).await;
+    let turn = |workspace: &std::path::Path| {
+        let body = serde_json::json!({"workspace": arg(workspace), "message": "hello"});
+        let (base, token) = (base.clone(), token.clone());
+        async move {
+            let started = Instant::now();
+            let response = reqwest::Client::new()
+                .post(format!("{base}/v1/turns"))
+                .bearer_auth(token)
+                .header("accept", "text/event-stream")
+                .header("content-type", "application/json")
+                .body(body.to_string())
+                .send()
+                .await
+                .expect("post");
+            let status = response.status().as_u16();
+            let mut stream = response.bytes_stream();
+            let mut text = String::new();
+            while let Some(chunk) = tokio::time::timeout(Duration::from_secs(120), stream.next())
+                .await
+                .expect("the turn's events in time")
+            {
+                text.push_str(&String::from_utf8_lossy(&chunk.expect("chunk")));
+            }
+            (status, text, started.elapsed())
+        }
+    };
+    let started = |name: &str| -> Vec<f64> {
+        std::fs::read_to_string(starts.join(name))
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| l.trim().parse().ok())
+            .collect()
+    };
+
+    let thinks = tokio::spawn(turn(&workspaces[0]));
+    // Its request is the mock's first, the thinking one.
+    let asked = Instant::now();
+    while mock.requests_to("/v1/messages") == 0 {
+        assert!(
+            asked.elapsed() < Duration::from_secs(60),
+            "the thinking session reached the model"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let hangs = tokio::spawn(turn(&workspaces[2]));
+    let (status, healthy, took) = turn(&workspaces[1]).await;
+    assert_eq!(status, 200, "{healthy}");
+    assert_eq!(answered_once(&healthy), Ok(()), "answered: {healthy}");
+    assert!(took < thinking, "while the other thinks: {took:?}");
+
+    let (status, answered, took) = tokio::time::timeout(Duration::from_secs(120), thinks)
+        .await
+        .expect("the thinking turn ends in time")
+        .expect("its task");
+    eprintln!("thinking {thinking:?} under serve: answered in {took:?}");
+    let said = logged.lock().join("\n");
+    assert_eq!(status, 200, "{answered}");
+    assert_eq!(
+        answered_once(&answered),
+        Ok(()),
+        "the whole reply, once: {answered}\n{said}"
+    );
+    assert_eq!(started("thinks").len(), 1, "one run of its CLI: {said}");
+    assert_eq!(
+        mock.requests_to("/v1/messages"),
+        2,
+        "one request each for the thinking and the healthy session"
+    );
+    assert!(
+        took > thinking && took < thinking + Duration::from_secs(8),
+        "the thinking and a few seconds: {took:?}"
+    );
+    // The hanging CLI's silence was not covered by the thinking stream:
+    // killed at the stream timeout (and started again) while it ran.
+    let hung = started("hangs");
+    assert!(
+        hung.len() >= 2 && hung[1] - hung[0] < thinking.as_secs_f64(),
+        "the hanging CLI was killed at the stream timeout, not kept alive by another \
+         session's stream: started at {hung:?}\n{said}"
+    );
+    hangs.abort();
+    // Stopped as an operator would: its CLIs' groups end with it.
+    let pid = nix::unistd::Pid::from_raw(server.id().expect("pid") as i32);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).expect("SIGTERM");
+    tokio::time::timeout(Duration::from_secs(60), server.wait())
+        .await
+        .expect("serve stops in time")
+        .expect("wait");
+    mock.shutdown().await;
+}
+
 /// A stall inside a thinking block cannot be continued (only the model can
 /// sign a thinking block): the wire holds thinking back, so it retries the
 /// request from scratch unseen — the CLI sees one whole answer.
@@ -380,6 +535,22 @@ async fn responses_mock(first: Scenario, frames: usize) -> MockServer {
 /// What warden chat says when the process watchdog kills a silent CLI to
 /// run the turn again (the wire's own lines name the same error, not the
 /// retry).
+/// The mock's reply.
+const REPLY: &str = "Hello from warden-mock.";
+
+/// A turn's events (`warden serve`'s SSE) end with `done`, the reply in
+/// its text once and in `done` once.
+fn answered_once(events: &str) -> Result<(), String> {
+    let (done, replies) = (
+        events.matches("event: done").count(),
+        events.matches(REPLY).count(),
+    );
+    match (done, replies) {
+        (1, 2) => Ok(()),
+        _ => Err(format!("{done} done, the reply {replies} times")),
+    }
+}
+
 const KILLED: &str = "Connection lost during streaming. Retrying...";
 
 /// The CLI's reply, whole and once, and no process watchdog's kill.
