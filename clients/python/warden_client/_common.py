@@ -50,7 +50,7 @@ def q(part: str) -> str:
 
 #: The agents a ``warden serve`` session may run: the contract's ``Agent``
 #: enum (``clients/openapi.json``; the suite checks they are the same).
-Agent = Literal["claude-code", "codex", "gemini", "opencode", "kilo-code", "qwen-code", "anthropic", "openai"]
+Agent = Literal["claude-code", "codex", "gemini", "opencode", "kilo-code", "qwen-code", "aider", "anthropic", "openai"]
 
 #: :data:`Agent`'s values.
 AGENTS = get_args(Agent)

@@ -142,6 +142,8 @@ pub(crate) enum CliChildren {
     OpenCode(Arc<OpenCodeSource>),
     /// Qwen Code's.
     Qwen(Arc<QwenSource>),
+    /// Aider's.
+    Aider(Arc<warden_claude::AiderSource>),
 }
 
 impl CliChildren {
@@ -153,6 +155,7 @@ impl CliChildren {
             Self::Gemini(source) => source.shutdown().await,
             Self::OpenCode(source) => source.shutdown().await,
             Self::Qwen(source) => source.shutdown().await,
+            Self::Aider(source) => source.shutdown().await,
         }
     }
 
@@ -168,6 +171,7 @@ impl CliChildren {
             Self::Gemini(source) => source.set_per_session(edit),
             Self::OpenCode(source) => source.set_per_session(edit),
             Self::Qwen(source) => source.set_per_session(edit),
+            Self::Aider(source) => source.set_per_session(edit),
         };
         debug_assert!(set, "set once, as the source is made");
     }
@@ -260,6 +264,12 @@ pub(crate) fn agent_source(
                 qwen_options(data_dir, model, base_url)?.with_settings(children_settings(data_dir));
             let source = Arc::new(QwenSource::new(options));
             (source.clone(), Some(CliChildren::Qwen(source)))
+        }
+        Agent::Aider => {
+            let options = crate::sources::aider_options(data_dir, model, base_url)?
+                .with_settings(children_settings(data_dir));
+            let source = Arc::new(warden_claude::AiderSource::new(options));
+            (source.clone(), Some(CliChildren::Aider(source)))
         }
         Agent::Anthropic | Agent::Openai => {
             let provider = if agent == Agent::Anthropic {

@@ -367,6 +367,44 @@ pub(crate) fn qwen_options(
     Ok(options)
 }
 
+/// The directory under the data directory where Aider's conversations
+/// (their chat-history files) are kept; never the workspace.
+pub(crate) const AIDER_HISTORY: &str = "aider";
+
+/// The binary of Aider (`WARDEN_AIDER_BIN`, else `aider` on `PATH`).
+pub(crate) fn aider_binary() -> Result<PathBuf, CliError> {
+    let wanted = std::env::var_os("WARDEN_AIDER_BIN")
+        .filter(|v| !v.is_empty())
+        .map_or_else(|| PathBuf::from("aider"), PathBuf::from);
+    which::which(&wanted).map_err(|_| {
+        CliError::usage(format!(
+            "Aider ({}) was not found; install it (pip install aider-chat) or set WARDEN_AIDER_BIN",
+            wanted.display()
+        ))
+    })
+}
+
+/// How `--agent aider` runs the CLI: its binary, its conversations under
+/// `data_dir` ([`AIDER_HISTORY`]), `--base-url` (plus `/v1`) as
+/// `OPENAI_API_BASE` (the key is `OPENAI_API_KEY`), and the model
+/// (`openai/<model>` under a base URL; default: Aider's).
+pub(crate) fn aider_options(
+    data_dir: &std::path::Path,
+    model: Option<String>,
+    base_url: Option<String>,
+) -> Result<warden_claude::AiderOptions, CliError> {
+    let mut options = warden_claude::AiderOptions::default()
+        .with_binary(aider_binary()?)
+        .with_history_dir(data_dir.join(AIDER_HISTORY));
+    if let Some(model) = model {
+        options = options.with_model(model);
+    }
+    if let Some(url) = base_url {
+        options = options.with_base_url(v1_base_url(&url));
+    }
+    Ok(options)
+}
+
 /// The provider base URL of Codex and OpenCode for `url`: they post to
 /// `{base}/responses` and `{base}/chat/completions`, so `/v1` is added
 /// unless the URL already ends with it.

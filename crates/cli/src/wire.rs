@@ -42,7 +42,9 @@
 //! into the same completion, so the CLI sees one whole reply (and never
 //! runs its own re-send, or its request loop on a cut stream). So does
 //! Qwen Code (`OPENAI_BASE_URL`, the engine plus `/v1`), whose own
-//! continuation would print the partial text again.
+//! continuation would print the partial text again, and Aider
+//! (`OPENAI_API_BASE`), which would print a cut stream's half reply as
+//! its answer (exit 0), or retry it and print the partial text again.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -80,7 +82,7 @@ impl Wire {
     /// Codex when warden names its provider anyway (`base_url`, the
     /// user's `--base-url`) or it would use an API key (`OPENAI_API_KEY`),
     /// not a ChatGPT sign-in, whose backend the engine does not speak;
-    /// OpenCode, Kilo Code and Qwen Code when warden names their provider
+    /// OpenCode, Kilo Code, Qwen Code and Aider when warden names their provider
     /// (`--base-url`; without it they use the user's own providers).
     /// Its upstreams are what each CLI would reach without warden.
     pub(crate) async fn for_agents(
@@ -96,7 +98,9 @@ impl Wire {
             .filter(|agent| match agent {
                 Agent::ClaudeCode | Agent::Gemini => true,
                 Agent::Codex => codex_by_key,
-                Agent::OpenCode | Agent::KiloCode | Agent::QwenCode => base_url.is_some(),
+                Agent::OpenCode | Agent::KiloCode | Agent::QwenCode | Agent::Aider => {
+                    base_url.is_some()
+                }
                 _ => false,
             })
             .collect();

@@ -21,7 +21,8 @@
 //! a finish reason is failed at OpenCode's `step_finish` (reason
 //! `unknown`) and retried by warden: the reply once, no loop. Kilo Code,
 //! on the same adapter, the same (Kilo alone returns the partial text as
-//! the reply).
+//! the reply). Aider (`WARDEN_AIDER_BIN`, `WARDEN_REQUIRE_AIDER=1`) the
+//! same: alone it prints a cut stream's half reply as its answer, exit 0.
 //!
 //! The CLIs come from `WARDEN_CLAUDE_BIN`, `WARDEN_CODEX_BIN`,
 //! `WARDEN_OPENCODE_BIN` and `WARDEN_KILO_BIN` (installed by `.ci/run`);
@@ -1096,4 +1097,76 @@ async fn without_the_wire_an_opencode_stream_cut_without_a_finish_reason_is_retr
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_the_wire_a_kilo_stream_cut_without_a_finish_reason_is_retried_not_returned() {
     without_the_wire_a_cut_without_a_finish_reason_is_retried(KILO).await;
+}
+
+/// Aider (`WARDEN_AIDER_BIN`): it prints plain text and exits 0 on every
+/// fault, a cut stream's half reply as its answer. Its stdout is silent
+/// from its banner to the reply, so its stream timeout is OpenCode's.
+const AIDER: Family = Family {
+    agent: "aider",
+    bin: "WARDEN_AIDER_BIN",
+    require: "WARDEN_REQUIRE_AIDER",
+    timeout_ms: 20_000,
+};
+
+/// An Aider reply broken by `fault` mid-text is continued at the wire and
+/// spliced into the same completion: Aider sees one whole stream (no
+/// `litellm` error, no retry of its own printing the partial text again),
+/// is started once and not killed, and the mock saw the broken request and
+/// one continuation.
+async fn an_aider_reply_broken_mid_text_is_continued(fault: Scenario) {
+    let Some(bin) = family_bin(AIDER) else {
+        return;
+    };
+    let mock = responses_mock(fault, 3).await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let timeout = AIDER.timeout_ms.to_string();
+    let env = [
+        (AIDER.bin, bin.as_str()),
+        ("WARDEN_STREAM_TIMEOUT", &timeout),
+        ("OPENAI_API_KEY", "dummy"),
+    ];
+    let base = mock.base_url();
+    let agent = [
+        "--agent",
+        "aider",
+        "--base-url",
+        &base,
+        "--model",
+        "mock-model",
+    ];
+    let (out, took) = chat_with(&agent, &env, dir.path(), &[]).await;
+    eprintln!("aider, {fault} mid-text, through the wire: {took:?}");
+    assert_one_reply_no_kill(&out);
+    let reply = stdout(&out);
+    assert!(
+        reply.contains("Hello from warden-mock. Your last message had ")
+            && reply.contains(" characters."),
+        "the whole reply, its end included: {reply:?}"
+    );
+    let said = stderr(&out);
+    assert!(
+        said.contains("wire layer: openai /v1/chat/completions") && said.contains("continuing"),
+        "the wire continued it: {said}"
+    );
+    assert!(
+        !said.contains("litellm") && !said.contains("retrying"),
+        "Aider saw no fault and warden ran it once: {said}"
+    );
+    assert_eq!(
+        continued(&mock, "/v1/chat/completions"),
+        [(Some(fault), None), (Some(Scenario::Normal), Some("turn"))],
+        "the broken request and one continuation of it, not Aider's own re-send"
+    );
+    mock.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_aider_reply_stalled_mid_text_is_continued_at_the_wire_not_rerun() {
+    an_aider_reply_broken_mid_text_is_continued(Scenario::Stall).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_aider_reply_cut_mid_text_is_continued_at_the_wire_not_returned_half() {
+    an_aider_reply_broken_mid_text_is_continued(Scenario::AbruptClose).await;
 }

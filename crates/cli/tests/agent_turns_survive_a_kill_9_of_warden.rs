@@ -1,4 +1,4 @@
-//! `kill -9` of `warden serve --agent codex|gemini|claude-code|opencode|kilo-code|qwen-code`
+//! `kill -9` of `warden serve --agent codex|gemini|claude-code|opencode|kilo-code|qwen-code|aider`
 //! mid-turn (the real CLI stalled on the mock), then a restart on the same data directory:
 //! the pending message is re-delivered once and answered once (the mock's
 //! journal counts the stalled request and the re-delivered one, nothing
@@ -19,7 +19,9 @@
 //! ever (warden turns its own stall timeout off); it is ended the same way,
 //! and so is Kilo Code's (a node wrapper and its native child: the group).
 //! Qwen Code's entry script and its `cli.js` child likewise: signalling the
-//! entry alone would leave the child holding the model stream.
+//! entry alone would leave the child holding the model stream. Aider's
+//! (one Python process, `WARDEN_AIDER_BIN`, `WARDEN_REQUIRE_AIDER=1`)
+//! the same.
 //!
 //! The CLIs come from `WARDEN_CODEX_BIN` / `WARDEN_GEMINI_BIN` /
 //! `WARDEN_CLAUDE_BIN` / `WARDEN_OPENCODE_BIN` / `WARDEN_KILO_BIN` /
@@ -372,4 +374,23 @@ async fn a_qwen_code_turn_killed_with_warden_is_redelivered_once_and_its_cli_end
         ("OPENAI_API_KEY", "dummy"),
     ];
     kill_9_mid_turn("qwen-code", "/v1/chat/completions", &env).await;
+}
+
+/// Aider: one Python process, its stdin closed and `--timeout` a day, so
+/// stalled it would wait on; re-delivered once on its conversation (its
+/// chat-history file), answered once, its process gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_aider_turn_killed_with_warden_is_redelivered_once_and_its_cli_ended() {
+    let Some(bin) = cli_bin(
+        "WARDEN_AIDER_BIN",
+        "WARDEN_REQUIRE_AIDER",
+        "an_aider_turn_killed_with_warden",
+    ) else {
+        return;
+    };
+    let env = [
+        ("WARDEN_AIDER_BIN", bin.as_str()),
+        ("OPENAI_API_KEY", "dummy"),
+    ];
+    kill_9_mid_turn("aider", "/v1/chat/completions", &env).await;
 }

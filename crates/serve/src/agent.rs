@@ -46,6 +46,9 @@ pub enum Agent {
     /// completions), one child process per turn; it keeps its own
     /// sessions.
     QwenCode,
+    /// Aider (`aider --message-file`, Python, speaking OpenAI chat completions),
+    /// one child process per turn; warden keeps its chat-history file.
+    Aider,
     /// The Anthropic Messages API; warden keeps the transcript.
     Anthropic,
     /// An OpenAI-compatible chat completions API; warden keeps the
@@ -55,13 +58,14 @@ pub enum Agent {
 
 impl Agent {
     /// Every agent kind.
-    pub const ALL: [Agent; 8] = [
+    pub const ALL: [Agent; 9] = [
         Agent::ClaudeCode,
         Agent::Codex,
         Agent::Gemini,
         Agent::OpenCode,
         Agent::KiloCode,
         Agent::QwenCode,
+        Agent::Aider,
         Agent::Anthropic,
         Agent::Openai,
     ];
@@ -75,6 +79,7 @@ impl Agent {
             Agent::OpenCode => "opencode",
             Agent::KiloCode => "kilo-code",
             Agent::QwenCode => "qwen-code",
+            Agent::Aider => "aider",
             Agent::Anthropic => "anthropic",
             Agent::Openai => "openai",
         }
@@ -96,6 +101,7 @@ impl Agent {
                 | Agent::OpenCode
                 | Agent::KiloCode
                 | Agent::QwenCode
+                | Agent::Aider
         )
     }
 }
