@@ -13,7 +13,7 @@
 //!     --no-show-model-warnings --no-show-release-notes
 //!     --chat-history-file <dir>/<id>.md --input-history-file <dir>/<id>.input
 //!     --restore-chat-history --timeout 86400
-//!     [--model-metadata-file <dir>/models.json] [--model openai/<model>]
+//!     [--model-metadata-file <dir>/<id>.models.json] [--model openai/<model>]
 //!     [--yes-always] [extra args…]
 //! ```
 //!
@@ -266,7 +266,7 @@ impl AiderOptions {
         if let Some(model) = self.aider_model(model) {
             args.extend([
                 "--model-metadata-file".into(),
-                dir.join("models.json").into_os_string(),
+                file("models.json"),
                 "--model".into(),
                 model.into(),
             ]);
@@ -309,12 +309,9 @@ impl AiderOptions {
                 "litellm_provider": "openai",
                 "mode": "chat",
             }});
-            let path = dir.join("models.json");
-            if std::fs::read(&path).ok().as_deref() != Some(metadata.to_string().as_bytes()) {
-                let tmp = dir.join(format!("models.json.{id}"));
-                std::fs::write(&tmp, metadata.to_string())?;
-                std::fs::rename(&tmp, &path)?;
-            }
+            // The conversation's own: sessions running other models at
+            // once do not overwrite it.
+            std::fs::write(dir.join(format!("{id}.models.json")), metadata.to_string())?;
         }
         Ok(())
     }

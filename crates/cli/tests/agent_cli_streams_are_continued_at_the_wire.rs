@@ -1170,3 +1170,55 @@ async fn an_aider_reply_stalled_mid_text_is_continued_at_the_wire_not_rerun() {
 async fn an_aider_reply_cut_mid_text_is_continued_at_the_wire_not_returned_half() {
     an_aider_reply_broken_mid_text_is_continued(Scenario::AbruptClose).await;
 }
+
+/// Without the wire, a connection cut mid-text reaches Aider, which prints
+/// the partial text and `litellm.APIConnectionError` on one line, then
+/// would retry and print the partial text again, exiting 0 whatever
+/// happens. warden fails the run at that line and retries the turn on the
+/// same conversation, discarding the text shown: the whole reply once, two
+/// requests (the cut one and warden's retry), not Aider's own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_the_wire_an_aider_cut_is_retried_by_warden_not_returned_half() {
+    let Some(bin) = family_bin(AIDER) else {
+        return;
+    };
+    let mock = responses_mock(Scenario::AbruptClose, 3).await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let timeout = AIDER.timeout_ms.to_string();
+    let env = [
+        (AIDER.bin, bin.as_str()),
+        ("WARDEN_STREAM_TIMEOUT", &timeout),
+        ("OPENAI_API_KEY", "dummy"),
+    ];
+    let base = mock.base_url();
+    let agent = [
+        "--agent",
+        "aider",
+        "--base-url",
+        &base,
+        "--model",
+        "mock-model",
+    ];
+    let (out, took) = chat_with(&agent, &env, dir.path(), &["--no-wire-watch"]).await;
+    eprintln!("aider, a cut mid-text, no wire: {took:?}");
+    check_no_panic(&out);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let reply = stdout(&out);
+    assert_eq!(
+        reply.matches("Hello from").count(),
+        1,
+        "the whole reply once, the partial one not kept: {reply:?}"
+    );
+    assert!(reply.contains(" characters."), "{reply:?}");
+    assert!(
+        stderr(&out).contains("APIConnectionError"),
+        "warden saw Aider's error line: {}",
+        stderr(&out)
+    );
+    assert_eq!(
+        mock.requests_to("/v1/chat/completions"),
+        2,
+        "the cut request and warden's retry, not Aider's own"
+    );
+    mock.shutdown().await;
+}
