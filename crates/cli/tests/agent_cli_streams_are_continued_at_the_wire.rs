@@ -873,6 +873,37 @@ async fn a_gemini_reply_cut_mid_text_is_continued_at_the_wire() {
     a_gemini_reply_broken_mid_text_is_continued(&gemini, Scenario::AbruptClose).await;
 }
 
+/// A Gemini reply that stalls among its thought parts, before any text, is
+/// sent again from scratch at the wire: its thoughts were held back (with
+/// a blank line to the CLI for each), so the CLI saw none of them, and
+/// gets the whole reply once from the one request it made, neither killed
+/// nor run again. Shown, thought text could not be taken back: the wire
+/// would have ended the stream with an error and warden re-run the turn.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gemini_reply_stalled_in_thinking_is_retried_unseen_at_the_wire() {
+    let Some(gemini) = gemini_bin() else {
+        return;
+    };
+    let mock = gemini_mock(Scenario::StallInThinking).await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (out, took) = gemini_chat(&gemini, &mock, dir.path(), &[]).await;
+    eprintln!("Gemini CLI, stalled in thinking, through the wire: {took:?}");
+    assert_one_gemini_reply_not_rerun(&out);
+    assert_eq!(
+        gemini_requests(&mock),
+        [
+            (Some(Scenario::StallInThinking), None),
+            (Some(Scenario::Normal), None)
+        ],
+        "the stalled request, then one whole retry at the wire"
+    );
+    assert!(
+        took < Duration::from_millis(TIMEOUT_MS) + Duration::from_secs(2),
+        "within the stream timeout and 2 s: {took:?}"
+    );
+    mock.shutdown().await;
+}
+
 /// Without the wire the same stall costs the process watchdog's kill at
 /// the stream timeout and a re-run of the turn.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -108,6 +108,20 @@ pub(crate) fn frames(reply: &Reply) -> Frames {
     }
 }
 
+/// The frames before a stall among a reply's thought parts (`thought:
+/// true`, as a thinking model streams them before its text); the stream
+/// then goes silent, before any text.
+pub(crate) fn frames_until_thinking_stall(reply: &Reply) -> Vec<Bytes> {
+    ["Let me look at ", "the failing test ", "before answering."]
+        .into_iter()
+        .map(|t| {
+            let mut c = chunk(reply, "", false);
+            c["candidates"][0]["content"]["parts"] = json!([{"text": t, "thought": true}]);
+            data(&c)
+        })
+        .collect()
+}
+
 /// The complete response as JSON (`generateContent`).
 pub(crate) fn response_json(reply: &Reply) -> Value {
     chunk(reply, &reply.text, true)

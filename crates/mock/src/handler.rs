@@ -358,6 +358,9 @@ pub(crate) async fn handle(
             let before =
                 anthropic::frames_until_phase_stall(&reply, scenario == Scenario::StallInToolInput);
             script::held(before, config.frame_interval)
+        } else if scenario == Scenario::StallInThinking && api == Api::Gemini {
+            let before = gemini::frames_until_thinking_stall(&reply);
+            script::held(before, config.frame_interval)
         } else if in_phase {
             script::stream_steps(Scenario::Stall, frames, extras, config)
         } else {

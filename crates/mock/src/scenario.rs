@@ -70,6 +70,7 @@ pub enum Scenario {
     PromptTooLong,
     /// A stall inside a thinking block (Anthropic endpoint: a few
     /// `thinking_delta`s, no signature, then silence with the socket open;
+    /// Gemini endpoint: a few `thought: true` parts, no text, then silence;
     /// elsewhere like [`Stall`](Self::Stall)).
     StallInThinking,
     /// A stall inside a tool call's input (Anthropic endpoint: some text, a

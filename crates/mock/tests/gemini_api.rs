@@ -125,6 +125,35 @@ async fn an_abrupt_close_leaves_partial_text_without_a_finish_reason() -> TestRe
     Ok(())
 }
 
+/// `stall-in-thinking`: thought parts (`thought: true`) and no text, then
+/// silence with the socket open.
+#[tokio::test]
+async fn a_stall_in_thinking_is_thought_parts_then_silence() -> TestResult {
+    let server = MockServer::start(
+        MockConfig::default()
+            .with_reply(REPLY)
+            .with_sequence([Scenario::StallInThinking]),
+    )
+    .await?;
+    let mut resp = post(&server, "gemini-2.5-pro", "streamGenerateContent").await;
+    let mut raw = Vec::new();
+    // The stream never ends: read until it has been silent a while.
+    while let Ok(Ok(Some(piece))) =
+        tokio::time::timeout(Duration::from_millis(500), resp.chunk()).await
+    {
+        raw.extend_from_slice(&piece);
+    }
+    let chunks = chunks(&String::from_utf8_lossy(&raw));
+    assert_eq!(chunks.len(), 3, "{chunks:?}");
+    for c in &chunks {
+        let part = &c["candidates"][0]["content"]["parts"][0];
+        assert_eq!(part["thought"], true, "{c}");
+        assert!(c["candidates"][0].get("finishReason").is_none());
+    }
+    server.shutdown().await;
+    Ok(())
+}
+
 async fn chunks_of(resp: reqwest::Response) -> Result<Vec<Value>, reqwest::Error> {
     Ok(chunks(&resp.text().await?))
 }

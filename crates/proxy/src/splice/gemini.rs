@@ -7,6 +7,16 @@
 //! `user` turn — what the model repeats trimmed by the [`Stitcher`], and
 //! the continuation's frames carry the first attempt's `responseId`, so
 //! the client sees one reply.
+//!
+//! With `--hold-thinking` (the wire layer's default under an agent CLI) the
+//! frames before the reply's first text, tool call or finish — its thought
+//! parts — are held back: a break among them drops them and the request is
+//! sent again ([`Resume::Again`]), the client having seen none of it (shown,
+//! thought text could neither be continued nor taken back). Meanwhile each
+//! held frame is replaced by a blank line, which keeps the client's stream
+//! live: an SSE comment would not do, the Gemini SDK (`@google/genai`, under
+//! the Gemini CLI) reads only `data:` lines after optional whitespace, and
+//! a comment at the head of its buffer would block every frame after it.
 
 use serde_json::{Value, json};
 use warden_core::continuation::Stitcher;
@@ -32,7 +42,22 @@ pub(crate) struct Gemini {
     /// While a continuation's start is being stitched on.
     join: Option<Stitcher>,
     done: bool,
+    /// Frames held back until the reply's text starts (`--hold-thinking`);
+    /// `None` when not holding (off, or released).
+    held: Option<Held>,
 }
+
+/// The frames held back before the reply's first text.
+#[derive(Debug, Default)]
+struct Held {
+    frames: String,
+    /// Whether they carry thought text.
+    thought: bool,
+}
+
+/// What a held frame is replaced by: a blank line, which ends no event
+/// (the SSE rule for an empty data buffer) and which the Gemini SDK skips.
+const KEEP_ALIVE: &str = "\n";
 
 fn frame(out: &mut String, data: &str) {
     out.push_str("data: ");
@@ -47,6 +72,36 @@ fn stitch_failed(e: impl std::fmt::Display) -> StreamError {
 }
 
 impl Gemini {
+    /// A splice that holds the frames before the reply's text back when
+    /// `hold` (see the module docs).
+    pub(crate) fn new(hold: bool) -> Self {
+        Self {
+            held: hold.then(Held::default),
+            ..Self::default()
+        }
+    }
+
+    /// After one event wrote `out[mark..]`: held while the reply has only
+    /// thought (or nothing) so far, else what was held goes out before it.
+    fn hold(&mut self, out: &mut String, mark: usize, only_thought: bool, thought: bool) {
+        let Some(held) = self.held.as_mut() else {
+            self.thought |= thought;
+            return;
+        };
+        if only_thought {
+            held.frames.push_str(&out[mark..]);
+            held.thought |= thought;
+            out.truncate(mark);
+            out.push_str(KEEP_ALIVE);
+            return;
+        }
+        let tail = out.split_off(mark);
+        out.push_str(&held.frames);
+        out.push_str(&tail);
+        self.thought |= held.thought || thought;
+        self.held = None;
+    }
+
     /// `data` with its first candidate's text parts (not thought) replaced
     /// by one holding `text`, or left out when `text` is empty; `None`
     /// when nothing is left to send (no other part, no finish reason).
@@ -83,13 +138,16 @@ impl Splice for Gemini {
         };
         self.in_tool |= chunk.has_tool_call();
         let mut text = String::new();
+        let mut thought = false;
         for e in &chunk.events {
             match e {
                 AgentEvent::TextDelta(t) => text.push_str(t),
-                AgentEvent::ThinkingDelta(t) if !t.is_empty() => self.thought = true,
+                AgentEvent::ThinkingDelta(t) if !t.is_empty() => thought = true,
                 _ => {}
             }
         }
+        let only_thought = text.is_empty() && !chunk.has_tool_call() && !chunk.finished;
+        let mark = out.len();
         let mut data: Option<Value> = None;
         let parse = |raw: &str| {
             serde_json::from_str::<Value>(raw).map_err(|e| StreamError::Malformed {
@@ -133,6 +191,7 @@ impl Splice for Gemini {
         if chunk.finished {
             self.done = true;
         }
+        self.hold(out, mark, only_thought, thought);
         Ok(())
     }
 
@@ -141,6 +200,13 @@ impl Splice for Gemini {
     }
 
     fn resume(&mut self, original: &Value) -> Resume {
+        if let Some(held) = self.held.as_mut() {
+            // Nothing of this reply reached the client: as if it never began.
+            *held = Held::default();
+            self.response_id = None;
+            self.join = None;
+            return Resume::Again;
+        }
         if self.in_tool {
             return Resume::GiveUp;
         }
@@ -200,7 +266,7 @@ mod tests {
 
     fn frames(out: &str) -> Vec<Value> {
         out.split("\n\n")
-            .filter_map(|b| b.strip_prefix("data: "))
+            .filter_map(|b| b.trim_start().strip_prefix("data: "))
             .map(|d| serde_json::from_str(d).expect("json"))
             .collect()
     }
@@ -256,6 +322,36 @@ mod tests {
         assert!(progress.judge(&ev(&call)));
         assert!(matches!(s.resume(&json!({"contents": []})), Resume::GiveUp));
         assert!(s.error_event("x").contains("UNAVAILABLE"));
+    }
+
+    fn thought(id: &str, text: &str) -> Value {
+        json!({"candidates": [{"content": {"parts": [{"text": text, "thought": true}], "role": "model"}, "index": 0}], "responseId": id})
+    }
+
+    #[test]
+    fn held_thoughts_broken_before_the_text_are_sent_again_unseen() {
+        let original = json!({"contents": [{"role": "user", "parts": [{"text": "hi"}]}]});
+        let mut s = Gemini::new(true);
+        let mut out = String::new();
+        for d in [thought("a", "Let me look "), thought("a", "at it.")] {
+            s.event(&ev(&d), &mut out).expect("frame");
+        }
+        assert_eq!(out, "\n\n", "a blank line for each held frame, no frame");
+        assert!(matches!(s.resume(&original), Resume::Again));
+        out.clear();
+        s.event(&ev(&thought("b", "Looked.")), &mut out)
+            .expect("frame");
+        assert_eq!(out, "\n");
+        s.event(&ev(&text("b", "Hello", true)), &mut out)
+            .expect("frame");
+        let frames = frames(&out);
+        assert_eq!(frames, [thought("b", "Looked."), text("b", "Hello", true)]);
+        assert!(s.done());
+        // Without the hold, shown thought text cannot be taken back.
+        let mut s = Gemini::new(false);
+        s.event(&ev(&thought("a", "Let me look ")), &mut out)
+            .expect("frame");
+        assert!(matches!(s.resume(&original), Resume::GiveUp));
     }
 
     #[test]

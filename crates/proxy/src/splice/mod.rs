@@ -63,12 +63,13 @@ pub(crate) fn progress_of(protocol: Protocol) -> warden_llm::Progress {
 }
 
 /// A fresh splice for a stream of `protocol`; `hold_thinking` holds an
-/// Anthropic thinking block back until it is whole (`--hold-thinking`).
+/// Anthropic thinking block back until it is whole, and a Gemini reply's
+/// thought parts until its text starts (`--hold-thinking`).
 pub(crate) fn for_protocol(protocol: Protocol, hold_thinking: bool) -> Box<dyn Splice> {
     match protocol {
         Protocol::Messages => Box::new(anthropic::Anthropic::new(hold_thinking)),
         Protocol::ChatCompletions => Box::new(chat::Chat::default()),
         Protocol::Responses => Box::new(responses::Responses::default()),
-        Protocol::Gemini => Box::new(gemini::Gemini::default()),
+        Protocol::Gemini => Box::new(gemini::Gemini::new(hold_thinking)),
     }
 }
