@@ -672,6 +672,47 @@ async fn a_codex_reply_cut_mid_text_is_continued_at_the_wire() {
     a_codex_reply_broken_mid_text_is_continued(&codex, Scenario::AbruptClose).await;
 }
 
+/// A Codex reply that stalls inside a reasoning item (its summary
+/// streaming, before any message) is sent again from scratch at the wire:
+/// the item was held back (an SSE comment to Codex for each of its
+/// events), so Codex saw none of it and gets the whole reply once from the
+/// one request it made, not killed. Shown, the item could not be taken
+/// back: the wire would give up, ending the stream with the `error` event,
+/// and Codex re-send the whole request itself (its `Reconnecting...`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_codex_reply_stalled_in_thinking_is_retried_unseen_at_the_wire() {
+    let Some(codex) = codex_bin() else {
+        return;
+    };
+    let mock = responses_mock(Scenario::StallInThinking, 0).await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (out, took) = codex_chat(&codex, &mock, dir.path(), &[]).await;
+    eprintln!("Codex, stalled in thinking, through the wire: {took:?}");
+    assert_one_reply_no_kill(&out);
+    let said = stderr(&out);
+    assert!(
+        said.contains("wire layer: openai /v1/responses") && said.contains("retrying"),
+        "the wire sent it again: {said}"
+    );
+    assert!(
+        !said.contains("gave up"),
+        "not handed to Codex to retry: {said}"
+    );
+    assert_eq!(
+        responses_continued(&mock),
+        [
+            (Some(Scenario::StallInThinking), None),
+            (Some(Scenario::Normal), None)
+        ],
+        "the stalled request, then one whole retry at the wire"
+    );
+    assert!(
+        took < Duration::from_millis(TIMEOUT_MS) + Duration::from_secs(2),
+        "within the stream timeout and 2 s: {took:?}"
+    );
+    mock.shutdown().await;
+}
+
 /// Without the wire the same stalls, before and after the first byte, are
 /// ended by the process watchdog: Codex killed at the stream timeout and
 /// the turn run again.

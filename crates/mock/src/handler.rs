@@ -361,6 +361,9 @@ pub(crate) async fn handle(
         } else if scenario == Scenario::StallInThinking && api == Api::Gemini {
             let before = gemini::frames_until_thinking_stall(&reply);
             script::held(before, config.frame_interval)
+        } else if scenario == Scenario::StallInThinking && api == Api::Responses {
+            let before = responses::frames_until_reasoning_stall(&reply);
+            script::held(before, config.frame_interval)
         } else if in_phase {
             script::stream_steps(Scenario::Stall, frames, extras, config)
         } else {

@@ -109,6 +109,31 @@ pub(crate) fn frames(reply: &Reply) -> Frames {
     }
 }
 
+/// The frames before a stall inside a reasoning item (a reasoning model's
+/// thinking: its summary streaming, no `output_item.done`); the stream then
+/// goes silent, before any message.
+pub(crate) fn frames_until_reasoning_stall(reply: &Reply) -> Vec<Bytes> {
+    let item = format!("rs_{}", reply.id.trim_start_matches("resp_"));
+    let mut data = vec![
+        json!({"type": "response.created", "response": response(reply, "in_progress", false)}),
+        json!({"type": "response.in_progress", "response": response(reply, "in_progress", false)}),
+        json!({"type": "response.output_item.added", "output_index": 0,
+               "item": {"id": item, "type": "reasoning", "summary": []}}),
+        json!({"type": "response.reasoning_summary_part.added", "item_id": item, "output_index": 0,
+               "summary_index": 0, "part": {"type": "summary_text", "text": ""}}),
+    ];
+    data.extend(
+        ["**Looking** at ", "the failing test ", "before answering."].map(|d| {
+            json!({"type": "response.reasoning_summary_text.delta", "item_id": item,
+                   "output_index": 0, "summary_index": 0, "delta": d})
+        }),
+    );
+    data.into_iter()
+        .enumerate()
+        .map(|(i, d)| event(i, d))
+        .collect()
+}
+
 /// The complete response as JSON (non-streaming, and `GET` of a kept one).
 pub(crate) fn response_json(reply: &Reply) -> Value {
     response(reply, "completed", true)

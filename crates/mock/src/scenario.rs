@@ -71,6 +71,8 @@ pub enum Scenario {
     /// A stall inside a thinking block (Anthropic endpoint: a few
     /// `thinking_delta`s, no signature, then silence with the socket open;
     /// Gemini endpoint: a few `thought: true` parts, no text, then silence;
+    /// Responses endpoint: a reasoning item whose summary streams, then
+    /// silence before the item's end;
     /// elsewhere like [`Stall`](Self::Stall)).
     StallInThinking,
     /// A stall inside a tool call's input (Anthropic endpoint: some text, a

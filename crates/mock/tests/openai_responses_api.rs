@@ -131,3 +131,34 @@ async fn a_stalled_background_response_is_reattached_after_the_last_event_seen()
     server.shutdown().await;
     Ok(())
 }
+
+/// `stall-in-thinking`: a reasoning item whose summary streams, then
+/// silence with the socket open, before the item's end or any message.
+#[tokio::test]
+async fn a_stall_in_thinking_is_a_reasoning_item_left_open() -> TestResult {
+    let server =
+        MockServer::start(MockConfig::default().with_sequence([Scenario::StallInThinking])).await?;
+    let mut resp = post(&server, &body(false)).await;
+    let mut raw = Vec::new();
+    // The stream never ends: read until it has been silent a while.
+    while let Ok(Ok(Some(piece))) =
+        tokio::time::timeout(Duration::from_millis(500), resp.chunk()).await
+    {
+        raw.extend_from_slice(&piece);
+    }
+    let frames = parse_sse(&String::from_utf8_lossy(&raw));
+    let n = names(&frames);
+    assert_eq!(n[2], "response.output_item.added", "{n:?}");
+    assert_eq!(frames[2].json()["item"]["type"], "reasoning");
+    assert_eq!(
+        n.last().map(String::as_str),
+        Some("response.reasoning_summary_text.delta"),
+        "{n:?}"
+    );
+    assert!(
+        !n.iter()
+            .any(|e| e.contains("output_text") || e.contains(".done"))
+    );
+    server.shutdown().await;
+    Ok(())
+}

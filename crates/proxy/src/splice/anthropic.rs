@@ -12,7 +12,6 @@
 //! downstream index.
 
 mod block;
-mod hold;
 
 use std::collections::HashMap;
 
@@ -22,9 +21,9 @@ use warden_core::continuation::Stitcher;
 use warden_llm::CONTINUE_ASK;
 use warden_llm::sse::SseEvent;
 
+use super::hold::Hold;
 use super::{Resume, Splice};
 use block::{DeltaEvent, Join, Open, Typed, frame, malformed};
-use hold::Hold;
 
 #[derive(Debug, Default)]
 pub(crate) struct Anthropic {
@@ -177,28 +176,12 @@ impl Anthropic {
         splice
     }
 
-    /// One upstream event's output, held or not (see [`hold`]).
+    /// One upstream event's output, held or not (`hold.rs`).
     fn apply(&mut self, event: &SseEvent, out: &mut String) -> Result<(), StreamError> {
         let mark = out.len();
         let result = self.splice_event(event, out);
-        if let Some(index) = self.hold.block() {
-            if self.done {
-                // The stream ended inside the block (an error event): what
-                // was held never goes out.
-                self.hold.drop_held();
-            } else if self.open.as_ref().is_some_and(|o| o.index == index) {
-                self.hold.divert(out, mark);
-                if out.len() == mark {
-                    // Held, the thinking still keeps the client's stream
-                    // live: a comment for each event of it, which the
-                    // client ignores but its idle timer (and warden's
-                    // watch on an agent CLI) counts.
-                    out.push_str(":\n\n");
-                }
-            } else {
-                self.hold.release(out, mark);
-            }
-        }
+        let open = self.open.as_ref().map(|o| o.index);
+        self.hold.settle(out, mark, self.done, open);
         result
     }
 

@@ -6,6 +6,7 @@
 mod anthropic;
 mod chat;
 mod gemini;
+mod hold;
 mod responses;
 
 #[cfg(test)]
@@ -63,13 +64,14 @@ pub(crate) fn progress_of(protocol: Protocol) -> warden_llm::Progress {
 }
 
 /// A fresh splice for a stream of `protocol`; `hold_thinking` holds an
-/// Anthropic thinking block back until it is whole, and a Gemini reply's
-/// thought parts until its text starts (`--hold-thinking`).
+/// Anthropic thinking block or a Responses reasoning item back until it is
+/// whole, and a Gemini reply's thought parts until its text starts
+/// (`--hold-thinking`).
 pub(crate) fn for_protocol(protocol: Protocol, hold_thinking: bool) -> Box<dyn Splice> {
     match protocol {
         Protocol::Messages => Box::new(anthropic::Anthropic::new(hold_thinking)),
         Protocol::ChatCompletions => Box::new(chat::Chat::default()),
-        Protocol::Responses => Box::new(responses::Responses::default()),
+        Protocol::Responses => Box::new(responses::Responses::new(hold_thinking)),
         Protocol::Gemini => Box::new(gemini::Gemini::new(hold_thinking)),
     }
 }

@@ -25,7 +25,8 @@
 //! Inside a reasoning item or a tool call, or between items, nothing can
 //! continue the reply: the stream ends with the API's `error` event (a
 //! reply can be re-attached only when it was started with
-//! `"background": true`, which the client chose, not the proxy).
+//! `"background": true`, which the client chose, not the proxy); with
+//! `--hold-thinking` one inside a reasoning item, held, is sent again unseen.
 
 mod shown;
 
@@ -36,6 +37,7 @@ use warden_core::StreamError;
 use warden_core::continuation::Stitcher;
 use warden_llm::sse::SseEvent;
 
+use super::hold::Hold;
 use super::{Resume, Splice};
 use shown::{Open, continuation};
 
@@ -64,6 +66,9 @@ pub(crate) struct Responses {
     /// Output tokens of the attempts before this one.
     prior_output: u64,
     done: bool,
+    /// A reasoning item held until whole, and its first sequence number.
+    hold: Hold,
+    held_seq: u64,
 }
 
 /// A later attempt's message, joined onto the open item.
@@ -106,6 +111,13 @@ fn reported_error(data: &Value, kind: &str) -> StreamError {
 }
 
 impl Responses {
+    /// A splice that holds reasoning items back until whole when `hold`.
+    pub(crate) fn new(on: bool) -> Self {
+        let mut splice = Self::default();
+        splice.hold.on = on;
+        splice
+    }
+
     /// Writes one event, numbered next; `changed` (or a renumbering)
     /// writes `data` instead of the upstream's `raw` text.
     fn emit(&mut self, out: &mut String, name: &str, mut data: Value, raw: &str, changed: bool) {
@@ -172,6 +184,10 @@ impl Responses {
         let changed = index != upstream;
         if changed {
             data["output_index"] = json!(index);
+        }
+        if kind == "reasoning" {
+            self.hold.begin(index, out.len());
+            self.held_seq = self.next_seq;
         }
         self.emit(out, &event.event, data, &event.data, changed);
         Ok(())
@@ -361,40 +377,11 @@ fn output_index(data: &Value) -> Result<u64, StreamError> {
 
 impl Splice for Responses {
     fn event(&mut self, event: &SseEvent, out: &mut String) -> Result<(), StreamError> {
-        let data: Value = serde_json::from_str(&event.data)
-            .map_err(|e| malformed(format!("an event whose data is not JSON ({e})")))?;
-        let kind = data
-            .get("type")
-            .and_then(Value::as_str)
-            .unwrap_or(&event.event)
-            .to_owned();
-        match kind.as_str() {
-            "error" | "response.failed" => {
-                let error = reported_error(&data, &kind);
-                if error.is_retryable() {
-                    return Err(error);
-                }
-                // Not retryable: the client gets it, and the stream ends.
-                self.done = true;
-                self.emit(out, &event.event, data, &event.data, false);
-            }
-            "response.created" | "response.in_progress" | "response.queued" => {
-                if !self.spliced {
-                    if kind == "response.created" {
-                        self.first_id = data
-                            .pointer("/response/id")
-                            .and_then(Value::as_str)
-                            .map(str::to_owned);
-                    }
-                    self.emit(out, &event.event, data, &event.data, false);
-                }
-            }
-            "response.output_item.added" => self.item_added(event, data, out)?,
-            "response.completed" | "response.incomplete" => self.end(event, data, out)?,
-            _ if data.get("output_index").is_some() => self.item_event(&kind, event, data, out)?,
-            _ => self.emit(out, &event.event, data, &event.data, false),
-        }
-        Ok(())
+        let mark = out.len();
+        let result = self.splice_event(event, out);
+        let open = self.open.as_ref().map(|o| o.index);
+        self.hold.settle(out, mark, self.done, open);
+        result
     }
 
     fn done(&self) -> bool {
@@ -402,6 +389,11 @@ impl Splice for Responses {
     }
 
     fn resume(&mut self, original: &Value) -> Resume {
+        // A held item never reached the client: as if it never began.
+        if let Some(index) = self.hold.drop_held() {
+            self.open = self.open.take().filter(|o| o.index != index);
+            (self.next_index, self.next_seq) = (index, self.held_seq);
+        }
         // This attempt's tokens count even though it broke.
         self.prior_output += self.attempt_text_bytes.div_ceil(4) as u64;
         self.attempt_text_bytes = 0;
@@ -461,6 +453,45 @@ impl Splice for Responses {
             "sequence_number": self.next_seq,
         });
         format!("event: error\ndata: {data}\n\n")
+    }
+}
+
+impl Responses {
+    fn splice_event(&mut self, event: &SseEvent, out: &mut String) -> Result<(), StreamError> {
+        let data: Value = serde_json::from_str(&event.data)
+            .map_err(|e| malformed(format!("an event whose data is not JSON ({e})")))?;
+        let kind = data
+            .get("type")
+            .and_then(Value::as_str)
+            .unwrap_or(&event.event)
+            .to_owned();
+        match kind.as_str() {
+            "error" | "response.failed" => {
+                let error = reported_error(&data, &kind);
+                if error.is_retryable() {
+                    return Err(error);
+                }
+                // Not retryable: the client gets it, and the stream ends.
+                self.done = true;
+                self.emit(out, &event.event, data, &event.data, false);
+            }
+            "response.created" | "response.in_progress" | "response.queued" => {
+                if !self.spliced {
+                    if kind == "response.created" {
+                        self.first_id = data
+                            .pointer("/response/id")
+                            .and_then(Value::as_str)
+                            .map(str::to_owned);
+                    }
+                    self.emit(out, &event.event, data, &event.data, false);
+                }
+            }
+            "response.output_item.added" => self.item_added(event, data, out)?,
+            "response.completed" | "response.incomplete" => self.end(event, data, out)?,
+            _ if data.get("output_index").is_some() => self.item_event(&kind, event, data, out)?,
+            _ => self.emit(out, &event.event, data, &event.data, false),
+        }
+        Ok(())
     }
 }
 

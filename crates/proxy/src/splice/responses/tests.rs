@@ -264,3 +264,65 @@ fn error_events_follow_the_shared_retry_rule() {
     assert!(s.done());
     assert_eq!(out, format!("event: error\ndata: {}\n\n", invalid.data));
 }
+
+/// A reasoning item's events from `at` (its output index 0): added, one
+/// summary delta, and with `whole` its end.
+fn reasoning(at: u64, item: &str, whole: bool) -> Vec<SseEvent> {
+    let mut data = vec![
+        json!({"type": "response.output_item.added", "output_index": 0,
+               "item": {"id": item, "type": "reasoning", "summary": []}}),
+        json!({"type": "response.reasoning_summary_text.delta", "item_id": item,
+               "output_index": 0, "summary_index": 0, "delta": "Looking"}),
+    ];
+    if whole {
+        data.push(
+            json!({"type": "response.output_item.done", "output_index": 0,
+                         "item": {"id": item, "type": "reasoning", "summary": []}}),
+        );
+    }
+    data.into_iter().zip(at..).map(|(d, i)| ev(i, d)).collect()
+}
+
+#[test]
+fn a_held_reasoning_item_broken_inside_is_sent_again_unseen() {
+    let original: Value = serde_json::from_str(ORIGINAL).expect("json");
+    let mut s = Responses::new(true);
+    let mut out = String::new();
+    feed(
+        &mut s,
+        &attempt("resp_a", "msg_a", &[], false)[..2],
+        &mut out,
+    );
+    feed(&mut s, &reasoning(2, "rs_a", false), &mut out);
+    assert!(
+        out.ends_with("\n\n:\n\n:\n\n"),
+        "a comment per held event: {out:?}"
+    );
+    assert!(matches!(s.resume(&original), Resume::Again));
+    feed(
+        &mut s,
+        &attempt("resp_b", "msg_b", &[], false)[..2],
+        &mut out,
+    );
+    feed(&mut s, &reasoning(2, "rs_b", true), &mut out);
+    let events: Vec<(String, Value)> = sent(&out.replace(":\n\n", ""));
+    let numbers: Vec<u64> = events
+        .iter()
+        .filter_map(|(_, d)| d["sequence_number"].as_u64())
+        .collect();
+    assert_eq!(numbers, [0, 1, 2, 3, 4], "{events:?}");
+    assert_eq!(
+        events[2].1["item"]["id"], "rs_b",
+        "only the retry's reasoning"
+    );
+    assert_eq!(events[2].1["output_index"], 0);
+    // Without the hold, shown reasoning cannot be taken back.
+    let mut s = Responses::new(false);
+    feed(
+        &mut s,
+        &attempt("resp_a", "msg_a", &[], false)[..2],
+        &mut out,
+    );
+    feed(&mut s, &reasoning(2, "rs_a", false), &mut out);
+    assert!(matches!(s.resume(&original), Resume::GiveUp));
+}

@@ -1,16 +1,18 @@
-//! `--hold-thinking`: a thinking block reaches the client only whole.
+//! `--hold-thinking`: thinking reaches the client only whole — an
+//! Anthropic thinking block, a Responses reasoning item.
 //!
-//! A thinking block's signature comes at its end, so a stream that breaks
-//! inside one cannot be continued, and once the client has part of it, it
-//! cannot be taken back either: the proxy must end the stream with an
-//! error event (which a streaming SDK raises, not retries). Held, the
-//! block's frames wait here until its `content_block_stop`; a break inside
-//! it drops them, and the client, which saw none of it, gets the reply
-//! again from scratch. The text after the block is not delayed: the block
-//! is released the moment it ends, before any text. What the client waits
-//! for is the thinking itself, shown at once instead of as it streams.
+//! Thinking cannot be continued (an Anthropic block's signature comes at
+//! its end; a reasoning item is the model's own), and once the client has
+//! part of it, it cannot be taken back either: the proxy must end the
+//! stream with an error event (which a streaming SDK raises, not retries).
+//! Held, its frames wait here until it ends; a break inside it drops them,
+//! and the client, which saw none of it, gets the reply again from
+//! scratch. The text after it is not delayed: the thinking is released the
+//! moment it ends, before any text. What the client waits for is the
+//! thinking itself, shown at once instead of as it streams. (Gemini's
+//! thought parts are held in `gemini.rs`: they have no end of their own.)
 
-/// Thinking held back from the client until its block is whole.
+/// Thinking held back from the client until it is whole.
 #[derive(Debug, Default)]
 pub(super) struct Hold {
     /// Whether thinking blocks are held at all.
@@ -33,11 +35,6 @@ impl Hold {
         }
     }
 
-    /// The block held, if any.
-    pub(super) fn block(&self) -> Option<u64> {
-        self.block
-    }
-
     /// After one event wrote `out[mark..]`: what belongs to the held block
     /// is kept back.
     pub(super) fn divert(&mut self, out: &mut String, mark: usize) {
@@ -57,6 +54,26 @@ impl Hold {
         out.push_str(&tail);
         self.held.clear();
         self.block = None;
+    }
+
+    /// After one event wrote `out[mark..]`, with `open` the item the
+    /// client has open: while the held one is, its frames are kept back
+    /// (the client's stream kept live meanwhile by a comment for each
+    /// event, which the client ignores but its idle timer, and warden's
+    /// watch on an agent CLI, counts); once it is whole they go out; a
+    /// stream that ended inside it (an error event) never shows them.
+    pub(super) fn settle(&mut self, out: &mut String, mark: usize, done: bool, open: Option<u64>) {
+        let Some(index) = self.block else { return };
+        if done {
+            self.drop_held();
+        } else if open == Some(index) {
+            self.divert(out, mark);
+            if out.len() == mark {
+                out.push_str(":\n\n");
+            }
+        } else {
+            self.release(out, mark);
+        }
     }
 
     /// The attempt broke (or ended) while holding: the held frames, which
@@ -97,7 +114,7 @@ mod tests {
         out.push_str("[stop]");
         hold.release(&mut out, 0);
         assert_eq!(out, "[thinking start][delta][stop]");
-        assert_eq!(hold.block(), None);
+        assert_eq!(hold.block, None);
     }
 
     #[test]
@@ -110,9 +127,9 @@ mod tests {
         hold.begin(3, 0);
         hold.divert(&mut out, 0);
         assert_eq!(hold.drop_held(), Some(3));
-        assert_eq!(hold.block(), None);
+        assert_eq!(hold.block, None);
         let mut off = Hold::default();
         off.begin(0, 0);
-        assert_eq!(off.block(), None);
+        assert_eq!(off.block, None);
     }
 }
