@@ -76,11 +76,12 @@ pub(crate) struct ProxyArgs {
     /// Turns the content allowance off: pings alone keep a stream alive.
     #[arg(long)]
     no_progress_timeout: bool,
-    /// Holds an Anthropic thinking block back until it is whole, so a
-    /// stream that breaks inside it is retried from scratch unseen instead
-    /// of ending with an error event (which a streaming SDK raises). The
-    /// client gets the thinking at once when it ends; the text after it is
-    /// not delayed.
+    /// Holds thinking back until it is whole (an Anthropic thinking block,
+    /// a Responses reasoning item, a Gemini reply's thought parts before
+    /// its text), so a stream that breaks inside it is retried from
+    /// scratch unseen instead of ending with an error event (which a
+    /// streaming SDK raises). The client gets the thinking at once when it
+    /// ends; the text after it is not delayed.
     #[arg(long)]
     hold_thinking: bool,
     /// Consecutive attempts that could not reach an upstream (refused,

@@ -97,8 +97,10 @@ pub struct ProxyConfig {
     /// ([`CircuitConfig`]); `None` never. Default: after 2 consecutive
     /// unreachable attempts, a probe every 5 s.
     pub circuit: Option<CircuitConfig>,
-    /// Hold an Anthropic thinking block back from the client until it is
-    /// whole (its signature and stop arrived), so a stream that breaks
+    /// Hold thinking back from the client until it is whole: an Anthropic
+    /// thinking block (its signature and stop arrived), a Responses
+    /// reasoning item (its `output_item.done`), a Gemini reply's thought
+    /// parts (until its text starts); so a stream that breaks
     /// inside it is retried from scratch unseen instead of ending with an
     /// error event. Costs the client the thinking's streaming (it gets the
     /// block at once when it ends); the text after it is not delayed.
