@@ -17,6 +17,7 @@ mod common;
 use std::path::Path;
 use std::time::Duration;
 
+use common::agent_chat::AgentChat;
 use common::*;
 use serde_json::Value;
 use warden_mock::{MockConfig, MockServer, Scenario};
@@ -44,60 +45,35 @@ async fn session(data: &Path) -> Value {
 }
 
 /// A test's mock, directories and `warden chat` of one message.
-struct Fixture {
-    bin: std::ffi::OsString,
-    mock: MockServer,
-    dir: tempfile::TempDir,
+struct Fixture(AgentChat);
+
+impl std::ops::Deref for Fixture {
+    type Target = AgentChat;
+    fn deref(&self) -> &AgentChat {
+        &self.0
+    }
 }
 
 impl Fixture {
     async fn new(bin: std::ffi::OsString) -> Self {
-        let mock = MockServer::start(MockConfig::default())
-            .await
-            .expect("mock");
-        let dir = tempfile::tempdir().expect("tempdir");
-        for d in ["repo", "home"] {
-            std::fs::create_dir_all(dir.path().join(d)).expect("mkdir");
-        }
-        Self { bin, mock, dir }
+        Self(AgentChat::new("aider", "WARDEN_AIDER_BIN", bin).await)
     }
 
-    fn path(&self, name: &str) -> std::path::PathBuf {
-        self.dir.path().join(name)
-    }
-
+    /// One turn, the model named (its price map then not fetched); only
+    /// the reply on stdout, none of Aider's banner.
     async fn chat(&self, message: &str) -> std::process::Output {
-        let (workspace, data) = (self.path("repo"), self.path("data"));
-        let base_url = self.mock.base_url();
-        let mut cmd = command(&[
-            "chat",
-            "--workspace",
-            arg(&workspace),
-            "--data-dir",
-            arg(&data),
-            "--agent",
-            "aider",
-            "--base-url",
-            &base_url,
-            "--model",
-            "mock-model",
-            message,
-        ]);
-        cmd.env("WARDEN_AIDER_BIN", &self.bin)
-            .env("OPENAI_API_KEY", "dummy")
-            .env("HOME", self.path("home"));
-        let out = output(cmd, Duration::from_secs(120)).await;
-        assert_eq!(code(&out), 0, "{}", stderr(&out));
+        let out = self
+            .0
+            .chat(
+                message,
+                &["--model", "mock-model"],
+                &[("OPENAI_API_KEY", "dummy")],
+            )
+            .await;
         let reply = stdout(&out);
-        assert_eq!(
-            reply.matches("Hello from warden-mock.").count(),
-            1,
-            "the reply, once: {reply}"
-        );
         for banner in ["Aider v", "Tokens:", "Repo-map:", "HTTPSConnectionPool"] {
             assert!(!reply.contains(banner), "only the reply: {reply}");
         }
-        assert!(reply.contains("[ctx: "), "{reply}");
         out
     }
 }
@@ -149,7 +125,7 @@ async fn aider_chats_restore_the_same_conversation_one_request_and_one_run_per_t
         saved.contains("Say hello.") && saved.contains("Again."),
         "both turns in the one conversation"
     );
-    fx.mock.shutdown().await;
+    fx.0.mock.shutdown().await;
 }
 
 /// Its chat history lost: a fresh conversation, the message once, the
@@ -183,7 +159,7 @@ async fn a_conversation_whose_history_is_gone_falls_back_to_a_fresh_one_with_the
         2,
         "the failed resume sent nothing; the message once, fresh"
     );
-    fx.mock.shutdown().await;
+    fx.0.mock.shutdown().await;
 }
 
 /// The processes whose command line names `dir` (Aider's, whose files are

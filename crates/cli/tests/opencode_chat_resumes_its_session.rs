@@ -12,11 +12,10 @@
 mod common;
 
 use std::path::Path;
-use std::time::Duration;
 
+use common::agent_chat::AgentChat;
 use common::*;
 use serde_json::Value;
-use warden_mock::{MockConfig, MockServer};
 
 const CHAT: &str = "/v1/chat/completions";
 
@@ -75,62 +74,22 @@ async fn session_id(data: &Path) -> String {
 }
 
 /// A test's mock, directories and `warden chat` of one message.
-struct Fixture {
-    cli: Cli,
-    bin: std::ffi::OsString,
-    mock: MockServer,
-    dir: tempfile::TempDir,
+struct Fixture(AgentChat);
+
+impl std::ops::Deref for Fixture {
+    type Target = AgentChat;
+    fn deref(&self) -> &AgentChat {
+        &self.0
+    }
 }
 
 impl Fixture {
     async fn new(cli: Cli, bin: std::ffi::OsString) -> Self {
-        let mock = MockServer::start(MockConfig::default())
-            .await
-            .expect("mock");
-        let dir = tempfile::tempdir().expect("tempdir");
-        for d in ["repo", "home"] {
-            std::fs::create_dir_all(dir.path().join(d)).expect("mkdir");
-        }
-        Self {
-            cli,
-            bin,
-            mock,
-            dir,
-        }
-    }
-
-    fn path(&self, name: &str) -> std::path::PathBuf {
-        self.dir.path().join(name)
+        Self(AgentChat::new(cli.agent, cli.bin, bin).await)
     }
 
     async fn chat(&self, message: &str) -> std::process::Output {
-        let (workspace, data) = (self.path("repo"), self.path("data"));
-        let base_url = self.mock.base_url();
-        let mut cmd = command(&[
-            "chat",
-            "--workspace",
-            arg(&workspace),
-            "--data-dir",
-            arg(&data),
-            "--agent",
-            self.cli.agent,
-            "--base-url",
-            &base_url,
-            message,
-        ]);
-        cmd.env(self.cli.bin, &self.bin)
-            .env("HOME", self.path("home"));
-        let out = output(cmd, Duration::from_secs(120)).await;
-        check_no_panic(&out);
-        assert_eq!(code(&out), 0, "{}", stderr(&out));
-        let reply = stdout(&out);
-        assert_eq!(
-            reply.matches("Hello from warden-mock.").count(),
-            1,
-            "the reply, once: {reply}"
-        );
-        assert!(reply.contains("[ctx: "), "{reply}");
-        out
+        self.0.chat(message, &[], &[]).await
     }
 }
 
@@ -163,7 +122,7 @@ async fn chats_resume_the_same_session(cli: Cli) {
         !fx.path("home/.npm").exists(),
         "no plugin install reached the npm registry"
     );
-    fx.mock.shutdown().await;
+    fx.0.mock.shutdown().await;
 }
 
 /// The CLI's whole store lost: a fresh session, the message once.
@@ -199,7 +158,7 @@ async fn a_lost_session_falls_back_to_a_fresh_one(cli: Cli) {
         2,
         "the failed resume sent nothing; the message once, fresh"
     );
-    fx.mock.shutdown().await;
+    fx.0.mock.shutdown().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -23,6 +23,7 @@ mod common;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+use common::agent_chat::AgentChat;
 use common::*;
 use serde_json::Value;
 use warden_mock::{MockConfig, MockServer, Scenario};
@@ -53,56 +54,24 @@ async fn session_id(data: &Path) -> String {
 }
 
 /// A test's mock, directories and `warden chat` of one message.
-struct Fixture {
-    bin: std::ffi::OsString,
-    mock: MockServer,
-    dir: tempfile::TempDir,
+struct Fixture(AgentChat);
+
+impl std::ops::Deref for Fixture {
+    type Target = AgentChat;
+    fn deref(&self) -> &AgentChat {
+        &self.0
+    }
 }
 
 impl Fixture {
     async fn new(bin: std::ffi::OsString) -> Self {
-        let mock = MockServer::start(MockConfig::default())
-            .await
-            .expect("mock");
-        let dir = tempfile::tempdir().expect("tempdir");
-        for d in ["repo", "home"] {
-            std::fs::create_dir_all(dir.path().join(d)).expect("mkdir");
-        }
-        Self { bin, mock, dir }
-    }
-
-    fn path(&self, name: &str) -> std::path::PathBuf {
-        self.dir.path().join(name)
+        Self(AgentChat::new("qwen-code", "WARDEN_QWEN_BIN", bin).await)
     }
 
     async fn chat(&self, message: &str) -> std::process::Output {
-        let (workspace, data) = (self.path("repo"), self.path("data"));
-        let base_url = self.mock.base_url();
-        let mut cmd = command(&[
-            "chat",
-            "--workspace",
-            arg(&workspace),
-            "--data-dir",
-            arg(&data),
-            "--agent",
-            "qwen-code",
-            "--base-url",
-            &base_url,
-            message,
-        ]);
-        cmd.env("WARDEN_QWEN_BIN", &self.bin)
-            .env("OPENAI_API_KEY", "dummy")
-            .env("HOME", self.path("home"));
-        let out = output(cmd, Duration::from_secs(120)).await;
-        assert_eq!(code(&out), 0, "{}", stderr(&out));
-        let reply = stdout(&out);
-        assert_eq!(
-            reply.matches("Hello from warden-mock.").count(),
-            1,
-            "the reply, once: {reply}"
-        );
-        assert!(reply.contains("[ctx: "), "{reply}");
-        out
+        self.0
+            .chat(message, &[], &[("OPENAI_API_KEY", "dummy")])
+            .await
     }
 
     /// Qwen Code's saved chats of the workspace's project (its one
@@ -157,7 +126,7 @@ async fn qwen_code_chats_resume_the_same_session_one_request_and_one_run_per_tur
         saved.contains("Say hello.") && saved.contains("Again."),
         "both turns in the one session"
     );
-    fx.mock.shutdown().await;
+    fx.0.mock.shutdown().await;
 }
 
 /// Its saved chats lost: a fresh session, the message once, the user told.
@@ -184,7 +153,7 @@ async fn a_session_qwen_code_no_longer_has_falls_back_to_a_fresh_one_with_the_me
         2,
         "the failed resume sent nothing; the message once, fresh"
     );
-    fx.mock.shutdown().await;
+    fx.0.mock.shutdown().await;
 }
 
 /// The stream timeout of the fault tests, in ms: Qwen Code prints nothing

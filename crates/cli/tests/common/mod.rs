@@ -2,6 +2,7 @@
 
 #![allow(dead_code)]
 
+pub(crate) mod agent_chat;
 pub(crate) mod console;
 
 use std::path::Path;
