@@ -248,5 +248,5 @@ pub async fn bench_console(quick: bool) {
         percentile(&big.latency, 0.99) / percentile(&base.latency, 0.99),
         big.busy_ms / base.busy_ms,
     );
-    let _ = browser.client.close().await;
+    browser.close().await;
 }

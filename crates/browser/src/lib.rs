@@ -43,12 +43,26 @@ pub fn programs() -> Result<(PathBuf, PathBuf), String> {
     }
 }
 
-/// A headless Chromium driven over WebDriver; chromedriver (and with it
-/// the browser) is killed when this is dropped.
+/// A headless Chromium driven over WebDriver; chromedriver and every
+/// browser process it started are killed when this is dropped.
 pub struct Browser {
     /// The WebDriver session.
     pub client: Client,
     _driver: tokio::process::Child,
+    /// chromedriver's process group, which the browser it starts joins.
+    group: Option<nix::unistd::Pid>,
+}
+
+impl Drop for Browser {
+    /// Kills chromedriver's whole process group: killing chromedriver
+    /// alone (its `kill_on_drop`) left Chromium running, re-parented to
+    /// init, after a test that ended without closing its session (a
+    /// failed assertion, a panic).
+    fn drop(&mut self) {
+        if let Some(group) = self.group {
+            let _ = nix::sys::signal::killpg(group, nix::sys::signal::Signal::SIGKILL);
+        }
+    }
 }
 
 impl Browser {
@@ -60,8 +74,14 @@ impl Browser {
             .stdout(std::process::Stdio::piped())
             .stderr(std::process::Stdio::null())
             .kill_on_drop(true)
+            // A group of its own, which Chromium joins: ended as one.
+            .process_group(0)
             .spawn()
             .map_err(|e| format!("chromedriver: {e}"))?;
+        let group = driver
+            .id()
+            .and_then(|pid| i32::try_from(pid).ok())
+            .map(nix::unistd::Pid::from_raw);
         let stdout = driver.stdout.take().ok_or("chromedriver's stdout")?;
         let mut lines = tokio::io::BufReader::new(stdout).lines();
         let port = tokio::time::timeout(PATIENCE, async {
@@ -101,7 +121,20 @@ impl Browser {
         Ok(Self {
             client,
             _driver: driver,
+            group,
         })
+    }
+
+    /// chromedriver's process group (its pid), which the browser's
+    /// processes join.
+    pub fn group(&self) -> Option<u32> {
+        self.group.and_then(|g| u32::try_from(g.as_raw()).ok())
+    }
+
+    /// Ends the WebDriver session (the browser closes its windows), then
+    /// the browser's processes (see [`Drop`](#impl-Drop-for-Browser)).
+    pub async fn close(self) {
+        let _ = tokio::time::timeout(PATIENCE, self.client.clone().close()).await;
     }
 
     /// The text of the element `css` once `ok` accepts it, within `limit`;

@@ -439,7 +439,7 @@ async fn a_reopened_turn_shows_its_real_times_and_draws_the_watchdogs_kill() {
         assert!(row.contains("cancelled"), "{row}");
     }
     screenshot(&browser, "turn-cancelled").await;
-    let _ = browser.client.close().await;
+    browser.close().await;
     let _ = server.start_kill();
 }
 
@@ -478,6 +478,6 @@ async fn a_context_past_its_window_is_shown_as_over_the_window_with_its_numbers(
         meta.contains("over the window") && meta.contains("250,000 / 200,000 tokens"),
         "{meta}"
     );
-    let _ = browser.client.close().await;
+    browser.close().await;
     let _ = server.start_kill();
 }

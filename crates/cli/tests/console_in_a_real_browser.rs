@@ -321,7 +321,7 @@ async fn the_console_signs_in_and_shows_a_turn_live_with_its_kill_continuation_a
             .await,
         Value::Null
     );
-    let _ = browser.client.close().await;
+    browser.close().await;
     let _ = server.start_kill();
 }
 
@@ -507,6 +507,6 @@ async fn the_console_shows_the_clusters_nodes_leases_and_a_failover() {
             t.contains("node-a · 2") || t.contains("node-a · 3")
         })
         .await;
-    let _ = browser.client.close().await;
+    browser.close().await;
     let _ = a.start_kill();
 }

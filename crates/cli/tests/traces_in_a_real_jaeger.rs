@@ -1519,7 +1519,7 @@ async fn the_console_draws_a_turns_trace_from_jaeger_through_the_server_stalled_
     );
     show_trace(&browser).await;
     common::console::screenshot(&browser, "trace-after-kill-9").await;
-    let _ = browser.client.close().await;
+    browser.close().await;
     let _ = server.start_kill();
     mock.shutdown().await;
 }
