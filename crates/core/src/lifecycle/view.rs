@@ -6,68 +6,55 @@ use super::LifecycleEvent;
 use crate::names;
 use crate::source::SessionKey;
 
+/// The session of a variant that has one; `None` of the one marked
+/// `before_session`.
+macro_rules! key_of {
+    ($e:expr, $event:ident) => {
+        match $e {
+            LifecycleEvent::$event { key, .. } => Some(key),
+            _ => None,
+        }
+    };
+    ($e:expr, $event:ident $before_session:ident) => {
+        None
+    };
+}
+
+/// `name` and `key`, from the one table (`names::table!`): a variant
+/// without a row does not compile.
+macro_rules! event_names {
+    ($(
+        #[doc = $doc:literal]
+        $konst:ident = $name:literal, $traced:ident, $transition:ident
+        $(=> $event:ident $($before_session:ident)?)?;
+    )*) => {
+        impl LifecycleEvent {
+            /// The event's name on the wire: its transition's one name (see
+            /// [`crate::names`]), the snake case of its variant. The SSE event
+            /// type of `warden serve`'s `GET /v1/events`, the `event` of the
+            /// demo's `--json` lines, its span's name. Stable: a client may
+            /// match on it.
+            pub fn name(&self) -> &'static str {
+                match self {
+                    $($(Self::$event { .. } => names::$konst,)?)*
+                }
+            }
+
+            /// The session the event is about; `None` for
+            /// [`WorkspaceNormalized`](Self::WorkspaceNormalized), which comes
+            /// before there is one.
+            pub fn key(&self) -> Option<&SessionKey> {
+                match self {
+                    $($(Self::$event { .. } => key_of!(self, $event $($before_session)?),)?)*
+                }
+            }
+        }
+    };
+}
+
+names::table!(event_names);
+
 impl LifecycleEvent {
-    /// The event's name on the wire: its transition's one name (see
-    /// [`crate::names`]), the snake case of its variant. The SSE event type
-    /// of `warden serve`'s `GET /v1/events`, the `event` of the demo's
-    /// `--json` lines, its span's name. Stable: a client may match on it.
-    pub fn name(&self) -> &'static str {
-        use LifecycleEvent as L;
-        match self {
-            L::SessionSpawned { .. } => names::SESSION_SPAWNED,
-            L::SessionStopped { .. } => names::SESSION_STOPPED,
-            L::SessionRestarted { .. } => names::SESSION_RESTARTED,
-            L::SupervisorEscalated { .. } => names::SUPERVISOR_ESCALATED,
-            L::AgentSessionId { .. } => names::AGENT_SESSION_ID,
-            L::ResumeFailed { .. } => names::RESUME_FAILED,
-            L::FreshFallback { .. } => names::FRESH_FALLBACK,
-            L::SessionFailed { .. } => names::SESSION_FAILED,
-            L::SessionReaped { .. } => names::SESSION_REAPED,
-            L::ContextUsage { .. } => names::CONTEXT_USAGE,
-            L::WorkspaceNormalized { .. } => names::WORKSPACE_NORMALIZED,
-            L::StoreFailed { .. } => names::STORE_FAILED,
-            L::TurnStarted { .. } => names::TURN_STARTED,
-            L::AttemptQueued { .. } => names::ATTEMPT_QUEUED,
-            L::AttemptAdmitted { .. } => names::ATTEMPT_ADMITTED,
-            L::AttemptStarted { .. } => names::ATTEMPT_STARTED,
-            L::StreamTimedOut { .. } => names::STREAM_TIMED_OUT,
-            L::RetryScheduled { .. } => names::RETRY_SCHEDULED,
-            L::ContinueScheduled { .. } => names::CONTINUE_SCHEDULED,
-            L::AttemptEnded { .. } => names::ATTEMPT_ENDED,
-            L::TurnFinished { .. } => names::TURN_FINISHED,
-        }
-    }
-
-    /// The session the event is about; `None` for
-    /// [`WorkspaceNormalized`](Self::WorkspaceNormalized), which comes
-    /// before there is one.
-    pub fn key(&self) -> Option<&SessionKey> {
-        use LifecycleEvent as L;
-        match self {
-            L::WorkspaceNormalized { .. } => None,
-            L::SessionSpawned { key }
-            | L::SessionStopped { key, .. }
-            | L::SessionRestarted { key, .. }
-            | L::SupervisorEscalated { key, .. }
-            | L::AgentSessionId { key, .. }
-            | L::ResumeFailed { key, .. }
-            | L::FreshFallback { key, .. }
-            | L::SessionFailed { key, .. }
-            | L::SessionReaped { key, .. }
-            | L::ContextUsage { key, .. }
-            | L::StoreFailed { key, .. }
-            | L::TurnStarted { key, .. }
-            | L::AttemptQueued { key, .. }
-            | L::AttemptAdmitted { key, .. }
-            | L::AttemptStarted { key, .. }
-            | L::StreamTimedOut { key, .. }
-            | L::RetryScheduled { key, .. }
-            | L::ContinueScheduled { key, .. }
-            | L::AttemptEnded { key, .. }
-            | L::TurnFinished { key, .. } => Some(key),
-        }
-    }
-
     /// The event as a JSON object: its [wire fields](Self::to_wire) (`key`
     /// when there is a session, and the event's fields). Carries no prompt
     /// or reply text.
@@ -212,6 +199,50 @@ mod tests {
                 Some(_) => assert_eq!(v["key"], "k", "{}", e.name()),
                 None => assert!(v.get("key").is_none(), "{}", e.name()),
             }
+        }
+    }
+
+    /// Every published row of the one table has an event here, converted
+    /// to the wire type of its own name, with its session unless it comes
+    /// before one, and a turn (and the server's turn id once set) exactly
+    /// when its wire type is a turn's.
+    #[test]
+    fn every_published_transition_reaches_the_wire_as_its_own_type() {
+        let events = every_event();
+        let published: HashSet<&str> = names::TRANSITIONS
+            .iter()
+            .filter(|t| t.published)
+            .map(|t| t.name)
+            .collect();
+        let here: HashSet<&str> = events.iter().map(LifecycleEvent::name).collect();
+        assert_eq!(
+            here, published,
+            "every_event() is every published transition"
+        );
+        for e in &events {
+            let mut wire = e.to_wire();
+            assert_eq!(wire.name(), e.name(), "{e:?} converts to another type");
+            assert_eq!(
+                e.key().is_none(),
+                e.name() == names::WORKSPACE_NORMALIZED,
+                "{} has a session unless it comes before one",
+                e.name()
+            );
+            let of_turn = wire.turn().is_some();
+            wire.set_turn_id("t_1".into());
+            let json = serde_json::to_value(&wire).expect("serialises");
+            assert_eq!(
+                json.get("turn_id").is_some(),
+                of_turn,
+                "{}: a turn id exactly on a turn's event: {json}",
+                e.name()
+            );
+            assert_eq!(
+                json.get("turn").is_some(),
+                of_turn,
+                "{}: a turn exactly on a turn's event: {json}",
+                e.name()
+            );
         }
     }
 

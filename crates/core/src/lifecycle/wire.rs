@@ -14,12 +14,55 @@ use crate::store::turn_event::Timed;
 
 mod convert;
 
-/// Declares the wire struct of each event, with `key` first.
+/// The turn an event is about, for the events of a turn (`of_turn` in
+/// `events!`).
+trait OfTurn {
+    /// Its turn's number.
+    fn turn(&self) -> Option<u64>;
+    /// Where its turn's id goes.
+    fn turn_id_mut(&mut self) -> Option<&mut Option<String>>;
+}
+
+/// Declares the wire struct of each event, with `key` first; one marked
+/// `of_turn` is an event of a turn: `turn_id` (the server's id of the turn,
+/// set by `LifecycleData::set_turn_id`) comes next, and it declares its
+/// `turn` itself.
 macro_rules! events {
-    ($(
+    () => {};
+    (
+        $(#[$doc:meta])*
+        $name:ident of_turn { $( $(#[$fdoc:meta])* $field:ident : $ty:ty ),* $(,)? }
+        $($rest:tt)*
+    ) => {
+        $(#[$doc])*
+        #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+        #[non_exhaustive]
+        pub struct $name {
+            /// The session's key.
+            pub key: String,
+            /// The turn's id on a `warden serve` server, once it knows it.
+            #[serde(default, skip_serializing_if = "Option::is_none")]
+            pub turn_id: Option<String>,
+            $( $(#[$fdoc])* pub $field: $ty, )*
+        }
+
+        impl OfTurn for $name {
+            fn turn(&self) -> Option<u64> {
+                Some(self.turn)
+            }
+
+            fn turn_id_mut(&mut self) -> Option<&mut Option<String>> {
+                Some(&mut self.turn_id)
+            }
+        }
+
+        events! { $($rest)* }
+    };
+    (
         $(#[$doc:meta])*
         $name:ident { $( $(#[$fdoc:meta])* $field:ident : $ty:ty ),* $(,)? }
-    )*) => {$(
+        $($rest:tt)*
+    ) => {
         $(#[$doc])*
         #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
         #[non_exhaustive]
@@ -28,7 +71,19 @@ macro_rules! events {
             pub key: String,
             $( $(#[$fdoc])* pub $field: $ty, )*
         }
-    )*};
+
+        impl OfTurn for $name {
+            fn turn(&self) -> Option<u64> {
+                None
+            }
+
+            fn turn_id_mut(&mut self) -> Option<&mut Option<String>> {
+                None
+            }
+        }
+
+        events! { $($rest)* }
+    };
 }
 
 events! {
@@ -104,18 +159,12 @@ events! {
         error: String,
     }
     /// `turn_started`: a turn began.
-    TurnStarted {
-        /// The turn's id on a `warden serve` server, once it knows it.
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        turn_id: Option<String>,
+    TurnStarted of_turn {
         /// The turn's number in the session.
         turn: u64,
     }
     /// `attempt_queued`: an attempt waits for a stream slot.
-    AttemptQueued {
-        /// The turn's id on a `warden serve` server, once it knows it.
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        turn_id: Option<String>,
+    AttemptQueued of_turn {
         /// Which turn of the session (its message's number, from 1).
         turn: u64,
         /// Which attempt of the turn (1 first; a retry or a continuation counts).
@@ -124,10 +173,7 @@ events! {
         pool: String,
     }
     /// `attempt_admitted`: it got its slot.
-    AttemptAdmitted {
-        /// The turn's id on a `warden serve` server, once it knows it.
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        turn_id: Option<String>,
+    AttemptAdmitted of_turn {
         /// Which turn of the session (its message's number, from 1).
         turn: u64,
         /// Which attempt of the turn (1 first; a retry or a continuation counts).
@@ -136,10 +182,7 @@ events! {
         waited_ms: u64,
     }
     /// `attempt_started`: an attempt began streaming.
-    AttemptStarted {
-        /// The turn's id on a `warden serve` server, once it knows it.
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        turn_id: Option<String>,
+    AttemptStarted of_turn {
         /// Which turn of the session (its message's number, from 1).
         turn: u64,
         /// Which attempt of the turn (1 first; a retry or a continuation counts).
@@ -148,10 +191,7 @@ events! {
         timeout_ms: u64,
     }
     /// `stream_timed_out`: the watchdog killed a silent stream.
-    StreamTimedOut {
-        /// The turn's id on a `warden serve` server, once it knows it.
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        turn_id: Option<String>,
+    StreamTimedOut of_turn {
         /// Which turn of the session (its message's number, from 1).
         turn: u64,
         /// Which attempt of the turn (1 first; a retry or a continuation counts).
@@ -160,10 +200,7 @@ events! {
         silent_ms: u64,
     }
     /// `retry_scheduled`: a failed attempt is retried from the start.
-    RetryScheduled {
-        /// The turn's id on a `warden serve` server, once it knows it.
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        turn_id: Option<String>,
+    RetryScheduled of_turn {
         /// Which turn of the session (its message's number, from 1).
         turn: u64,
         /// The attempt that failed.
@@ -174,10 +211,7 @@ events! {
         code: String,
     }
     /// `continue_scheduled`: a broken reply is continued by the next attempt.
-    ContinueScheduled {
-        /// The turn's id on a `warden serve` server, once it knows it.
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        turn_id: Option<String>,
+    ContinueScheduled of_turn {
         /// Which turn of the session (its message's number, from 1).
         turn: u64,
         /// The attempt that broke.
@@ -191,10 +225,7 @@ events! {
     }
     /// `attempt_ended`: an attempt's stream ended (one per
     /// `attempt_started`).
-    AttemptEnded {
-        /// The turn's id on a `warden serve` server, once it knows it.
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        turn_id: Option<String>,
+    AttemptEnded of_turn {
         /// Which turn of the session (its message's number, from 1).
         turn: u64,
         /// Which attempt of the turn (1 first; a retry or a continuation counts).
@@ -205,10 +236,7 @@ events! {
         code: Option<String>,
     }
     /// `turn_finished`: a turn ended (`code` set when it failed).
-    TurnFinished {
-        /// The turn's id on a `warden serve` server, once it knows it.
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        turn_id: Option<String>,
+    TurnFinished of_turn {
         /// Which turn of the session (its message's number, from 1).
         turn: u64,
         /// Attempts used.
@@ -227,6 +255,16 @@ pub struct WorkspaceNormalized {
     pub original: String,
     /// The path its session is keyed by.
     pub normalized: String,
+}
+
+impl OfTurn for WorkspaceNormalized {
+    fn turn(&self) -> Option<u64> {
+        None
+    }
+
+    fn turn_id_mut(&mut self) -> Option<&mut Option<String>> {
+        None
+    }
 }
 
 /// `reset` (first on a `/v1/events` stream that cannot replay from the
@@ -273,101 +311,59 @@ impl Lagged {
     }
 }
 
-/// One lifecycle event's fields, by type.
-#[derive(Debug, Clone, PartialEq, Serialize, JsonSchema)]
-#[serde(untagged)]
-#[non_exhaustive]
-#[allow(missing_docs)] // each variant is its type, documented there
-pub enum LifecycleData {
-    SessionSpawned(SessionSpawned),
-    SessionStopped(SessionStopped),
-    SessionRestarted(SessionRestarted),
-    SupervisorEscalated(SupervisorEscalated),
-    AgentSessionId(AgentSessionId),
-    ResumeFailed(ResumeFailed),
-    FreshFallback(FreshFallback),
-    SessionFailed(SessionFailed),
-    SessionReaped(SessionReaped),
-    ContextUsage(ContextUsage),
-    WorkspaceNormalized(WorkspaceNormalized),
-    StoreFailed(StoreFailed),
-    TurnStarted(TurnStarted),
-    AttemptQueued(AttemptQueued),
-    AttemptAdmitted(AttemptAdmitted),
-    AttemptStarted(AttemptStarted),
-    StreamTimedOut(StreamTimedOut),
-    RetryScheduled(RetryScheduled),
-    ContinueScheduled(ContinueScheduled),
-    AttemptEnded(AttemptEnded),
-    TurnFinished(TurnFinished),
+/// `LifecycleData` (a variant per published row, of the wire type of its
+/// name), its schemas and its turn accessors, from the one table
+/// (`names::table!`).
+macro_rules! lifecycle_data {
+    ($(
+        #[doc = $doc:literal]
+        $konst:ident = $name:literal, $traced:ident, $transition:ident
+        $(=> $event:ident $($before_session:ident)?)?;
+    )*) => {
+        /// One lifecycle event's fields, by type.
+        #[derive(Debug, Clone, PartialEq, Serialize, JsonSchema)]
+        #[serde(untagged)]
+        #[non_exhaustive]
+        #[allow(missing_docs)] // each variant is its type, documented there
+        pub enum LifecycleData {
+            $($($event($event),)?)*
+        }
+
+        impl LifecycleData {
+            /// The schema of each event's fields, by its name, the
+            /// definitions added to `generator`: for an API document.
+            pub fn schemas(
+                generator: &mut schemars::SchemaGenerator,
+            ) -> Vec<(&'static str, schemars::Schema)> {
+                vec![$($((names::$konst, generator.subschema_for::<Timed<$event>>()),)?)*]
+            }
+
+            /// Sets the turn's id (`warden serve`'s) on the events of a turn.
+            pub fn set_turn_id(&mut self, id: String) {
+                let slot = match self {
+                    $($(Self::$event(e) => e.turn_id_mut(),)?)*
+                };
+                if let Some(slot) = slot {
+                    *slot = Some(id);
+                }
+            }
+
+            /// The turn it is about, for the events of a turn.
+            pub fn turn(&self) -> Option<u64> {
+                match self {
+                    $($(Self::$event(e) => e.turn(),)?)*
+                }
+            }
+
+            /// Its event's name (the transition's one name).
+            #[cfg(test)]
+            pub(crate) fn name(&self) -> &'static str {
+                match self {
+                    $($(Self::$event(_) => names::$konst,)?)*
+                }
+            }
+        }
+    };
 }
 
-impl LifecycleData {
-    /// The schema of each event's fields, by its name, the definitions
-    /// added to `generator`: for an API document.
-    pub fn schemas(
-        generator: &mut schemars::SchemaGenerator,
-    ) -> Vec<(&'static str, schemars::Schema)> {
-        macro_rules! each {
-            ($($name:expr => $ty:ty),* $(,)?) => {
-                vec![$(($name, generator.subschema_for::<Timed<$ty>>())),*]
-            };
-        }
-        each! {
-            names::SESSION_SPAWNED => SessionSpawned,
-            names::SESSION_STOPPED => SessionStopped,
-            names::SESSION_RESTARTED => SessionRestarted,
-            names::SUPERVISOR_ESCALATED => SupervisorEscalated,
-            names::AGENT_SESSION_ID => AgentSessionId,
-            names::RESUME_FAILED => ResumeFailed,
-            names::FRESH_FALLBACK => FreshFallback,
-            names::SESSION_FAILED => SessionFailed,
-            names::SESSION_REAPED => SessionReaped,
-            names::CONTEXT_USAGE => ContextUsage,
-            names::WORKSPACE_NORMALIZED => WorkspaceNormalized,
-            names::STORE_FAILED => StoreFailed,
-            names::TURN_STARTED => TurnStarted,
-            names::ATTEMPT_QUEUED => AttemptQueued,
-            names::ATTEMPT_ADMITTED => AttemptAdmitted,
-            names::ATTEMPT_STARTED => AttemptStarted,
-            names::STREAM_TIMED_OUT => StreamTimedOut,
-            names::RETRY_SCHEDULED => RetryScheduled,
-            names::CONTINUE_SCHEDULED => ContinueScheduled,
-            names::ATTEMPT_ENDED => AttemptEnded,
-            names::TURN_FINISHED => TurnFinished,
-        }
-    }
-
-    /// Sets the turn's id (`warden serve`'s) on the events of a turn.
-    pub fn set_turn_id(&mut self, id: String) {
-        let slot = match self {
-            Self::TurnStarted(e) => &mut e.turn_id,
-            Self::AttemptQueued(e) => &mut e.turn_id,
-            Self::AttemptAdmitted(e) => &mut e.turn_id,
-            Self::AttemptStarted(e) => &mut e.turn_id,
-            Self::StreamTimedOut(e) => &mut e.turn_id,
-            Self::RetryScheduled(e) => &mut e.turn_id,
-            Self::ContinueScheduled(e) => &mut e.turn_id,
-            Self::AttemptEnded(e) => &mut e.turn_id,
-            Self::TurnFinished(e) => &mut e.turn_id,
-            _ => return,
-        };
-        *slot = Some(id);
-    }
-
-    /// The turn it is about, for the events of a turn.
-    pub fn turn(&self) -> Option<u64> {
-        match self {
-            Self::TurnStarted(e) => Some(e.turn),
-            Self::AttemptQueued(e) => Some(e.turn),
-            Self::AttemptAdmitted(e) => Some(e.turn),
-            Self::AttemptStarted(e) => Some(e.turn),
-            Self::StreamTimedOut(e) => Some(e.turn),
-            Self::RetryScheduled(e) => Some(e.turn),
-            Self::ContinueScheduled(e) => Some(e.turn),
-            Self::AttemptEnded(e) => Some(e.turn),
-            Self::TurnFinished(e) => Some(e.turn),
-            _ => None,
-        }
-    }
-}
+names::table!(lifecycle_data);

@@ -316,40 +316,29 @@ pub(crate) struct At<'a> {
     pub(crate) bus: Option<&'a EventBus>,
 }
 
-impl Transition<'_> {
-    /// Its one name (see [`crate::names`]): the span's name, the log
-    /// event's `event` field, and the lifecycle event's name.
-    pub(crate) fn name(&self) -> &'static str {
-        match self {
-            Self::Incarnated { .. } => names::SESSION_SPAWNED,
-            Self::TurnStarted { .. } => names::TURN_STARTED,
-            Self::TurnRedelivered { .. } => names::TURN_REDELIVERED,
-            Self::AttemptStarted { .. } => names::ATTEMPT_STARTED,
-            Self::AttemptQueued { .. } => names::ATTEMPT_QUEUED,
-            Self::AttemptAdmitted { .. } => names::ATTEMPT_ADMITTED,
-            Self::WatchdogKill { .. } => names::WATCHDOG_KILLED,
-            Self::StreamTimedOut { .. } => names::STREAM_TIMED_OUT,
-            Self::AttemptEnded { .. } => names::ATTEMPT_ENDED,
-            Self::RetryScheduled { .. } => names::RETRY_SCHEDULED,
-            Self::ContinueScheduled { .. } => names::CONTINUE_SCHEDULED,
-            Self::TurnCancelled { .. } => names::TURN_CANCELLED,
-            Self::TurnDeadline { .. } => names::TURN_DEADLINE_EXCEEDED,
-            Self::TurnTooLarge { .. } => names::REPLY_TOO_LARGE,
-            Self::AgentSessionId { .. } => names::AGENT_SESSION_ID,
-            Self::ContextUsage(_) => names::CONTEXT_USAGE,
-            Self::TurnFinished { .. } => names::TURN_FINISHED,
-            Self::Reaped { .. } => names::SESSION_REAPED,
-            Self::SessionStopped { .. } => names::SESSION_STOPPED,
-            Self::Restarted { .. } => names::SESSION_RESTARTED,
-            Self::GivenUp { .. } => names::SUPERVISOR_ESCALATED,
-            Self::ResumeFailed { .. } => names::RESUME_FAILED,
-            Self::FreshFallback { .. } => names::FRESH_FALLBACK,
-            Self::SessionFailed { .. } => names::SESSION_FAILED,
-            Self::StoreFailed { .. } => names::STORE_FAILED,
-            Self::WorkspaceNormalized { .. } => names::WORKSPACE_NORMALIZED,
+/// `Transition::name`, from the one table (`names::table!`): a variant
+/// without a row does not compile.
+macro_rules! transition_names {
+    ($(
+        #[doc = $doc:literal]
+        $konst:ident = $name:literal, $traced:ident, $transition:ident
+        $(=> $event:ident $($before_session:ident)?)?;
+    )*) => {
+        impl Transition<'_> {
+            /// Its one name (see [`crate::names`]): the span's name, the log
+            /// event's `event` field, and the lifecycle event's name.
+            pub(crate) fn name(&self) -> &'static str {
+                match self {
+                    $(Self::$transition { .. } => names::$konst,)*
+                }
+            }
         }
-    }
+    };
+}
 
+names::table!(transition_names);
+
+impl Transition<'_> {
     /// Emits the span, the log event and the lifecycle event. Returns the
     /// span (open until dropped; `Span::none()` for transitions that are
     /// not spans). The log event is emitted inside the transition's span,
