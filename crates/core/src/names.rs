@@ -91,7 +91,7 @@ pub struct Transition {
 /// purpose (the borrowed `Transition` variant, its span, log and lifecycle
 /// arms; the owned `LifecycleEvent` variant; the wire type in milliseconds
 /// and strings; its `to_wire` arm), and the docs row, which
-/// `one_name_per_transition.rs` prints to paste. A missing piece fails to
+/// `one_name_per_transition.rs` writes (`WARDEN_BLESS=1`) or prints to paste. A missing piece fails to
 /// compile (every derived `match` is exhaustive) or fails a test: the
 /// transition tests record every variant, the lifecycle view's tests convert
 /// every published event.
