@@ -14,6 +14,13 @@
 //! a CLI is one file: see [`cli`] and `examples/third_agent.rs`, and
 //! `docs/agents.md` for what each agent's tests show.
 //!
+//! The wire layer (warden's watched proxy engine under a CLI's model
+//! traffic, a stalled reply continued inside the CLI's own request) is the
+//! crate `warden-wire`: `WiredSourceFactory::start(options, wire_options)`
+//! runs these sources under it, each session on a route of its own
+//! ([`CliSource::set_per_session`], [`CliSource::end_session`]). It is a
+//! crate of its own so that this one needs `warden-core` alone.
+//!
 //! The rest of this page is Claude Code's adapter: [`ClaudeSource`] runs
 //! the real `claude` binary and turns its stream-json output into
 //! [`Frame`](warden_core::Frame)s.

@@ -368,6 +368,28 @@ pub(crate) async fn read_line_limited<R: AsyncBufRead + Unpin>(
     }
 }
 
+/// Extra time over the grace period to wait for an old process group to be
+/// gone before starting its successor.
+const GONE_MARGIN: Duration = Duration::from_secs(1);
+
+/// Waits (bounded) until an old process group is gone, so that its
+/// successor never finds the conversation "already in use".
+pub(crate) async fn wait_gone(group: Option<&Arc<ProcessGroup>>, grace: Duration) {
+    let Some(group) = group else { return };
+    if group.is_gone() {
+        return;
+    }
+    if tokio::time::timeout(grace + GONE_MARGIN, group.wait_gone())
+        .await
+        .is_err()
+    {
+        tracing::warn!(
+            pid = group.pid(),
+            "previous agent process still running; starting a new one anyway"
+        );
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

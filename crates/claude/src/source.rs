@@ -3,7 +3,6 @@
 use std::collections::HashMap;
 use std::path::Path;
 use std::sync::{Arc, Weak};
-use std::time::Duration;
 
 use parking_lot::Mutex;
 
@@ -17,12 +16,8 @@ use crate::cli::{
     AgentCli, CliCommand, ProcessLifetime, ProcessSettings, SpawnRequest, TurnParser,
 };
 use crate::lines::{LineParser, clip};
-use crate::process::{ProcessGroup, StderrTail};
+use crate::process::{ProcessGroup, StderrTail, wait_gone};
 use crate::turn::{AgentProcess, Home, turn_stream};
-
-/// Extra time over the grace period to wait for an old process group to be
-/// gone before starting its successor.
-const GONE_MARGIN: Duration = Duration::from_secs(1);
 
 /// An [`EventSource`] that runs the agent CLI `A` as child processes, one
 /// process group per session key at a time.
@@ -141,6 +136,21 @@ impl<A: AgentCli> CliSource<A> {
         let slot = self.shared.sessions.lock().remove(key);
         if let Some(slot) = slot {
             shut(vec![slot]).await;
+        }
+    }
+
+    /// Ends the session `key` without waiting: forgets it and starts
+    /// terminating its process (idle or busy), as dropping a
+    /// [`CliSourceFactory`]'s source does. For a caller that cannot wait
+    /// (a drop: `warden_wire` ends a session's CLI when the session's
+    /// source goes, before it removes the session's route).
+    pub fn end_session(&self, key: &SessionKey) {
+        let slot = self.shared.sessions.lock().remove(key);
+        if let Some(mut slot) = slot {
+            drop(slot.idle.take());
+            if let Some(group) = slot.last_group.take() {
+                group.terminate();
+            }
         }
     }
 
@@ -450,24 +460,6 @@ impl<A: AgentCli> Home<A> for Shared<A> {
 fn note_id<A: AgentCli>(slot: &mut Slot<A>, process: &AgentProcess<A>, turn_id: u64) {
     if let Some(id) = process.parser.session_id() {
         slot.newest = Some((id.to_owned(), turn_id));
-    }
-}
-
-/// Waits (bounded) until an old process group is gone, so that its
-/// successor never finds the conversation "already in use".
-async fn wait_gone(group: Option<&Arc<ProcessGroup>>, grace: Duration) {
-    let Some(group) = group else { return };
-    if group.is_gone() {
-        return;
-    }
-    if tokio::time::timeout(grace + GONE_MARGIN, group.wait_gone())
-        .await
-        .is_err()
-    {
-        tracing::warn!(
-            pid = group.pid(),
-            "previous agent process still running; starting a new one anyway"
-        );
     }
 }
 

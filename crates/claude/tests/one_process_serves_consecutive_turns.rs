@@ -157,6 +157,24 @@ async fn shutdown_and_close_session_wait_until_the_process_group_is_gone() {
 }
 
 #[tokio::test]
+async fn end_session_ends_that_sessions_idle_process_at_once_and_forgets_it() {
+    let fx = Fixture::new();
+    let source = ClaudeSource::new(fx.options(echo_script()));
+    let (_, error) = run(source.open(fx.request(1, "one", None)).await.expect("open")).await;
+    assert_eq!(error, None);
+    let pid = fx.agent_pids()[0];
+    let key = SessionKey::new("ws");
+    source.end_session(&SessionKey::new("another"));
+    assert!(!dead(pid), "another session's end leaves it");
+    source.end_session(&key);
+    assert_eq!(source.pid(&key), None, "the session is forgotten");
+    assert!(
+        eventually(GRACE + Duration::from_secs(2), || reaped(pid)).await,
+        "its process terminated and reaped while its source lives"
+    );
+}
+
+#[tokio::test]
 async fn the_factory_gives_each_session_its_own_source_and_process() {
     let fx = Fixture::new();
     let factory = ClaudeSourceFactory::new(fx.options(echo_script()));
