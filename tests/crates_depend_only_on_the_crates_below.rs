@@ -25,6 +25,16 @@ const ALLOWED: &[(&str, &[&str])] = &[
         "warden-proxy",
         &["warden-core", "warden-llm", "warden-http"],
     ),
+    // The wire layer under an agent CLI: the engine under the CLI adapters.
+    (
+        "warden-wire",
+        &[
+            "warden-core",
+            "warden-claude",
+            "warden-proxy",
+            "warden-http",
+        ],
+    ),
     ("warden-suite", &["warden-core", "warden-store"]),
     // The binary and the benchmarks put the pieces together.
     (
@@ -40,6 +50,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
             "warden-proxy",
             "warden-pg",
             "warden-http",
+            "warden-wire",
         ],
     ),
     (

@@ -131,6 +131,7 @@ fn claude_options(
 }
 
 /// An agent CLI source kept to shut its children down at the end.
+#[derive(Clone)]
 pub(crate) enum CliChildren {
     /// Claude Code's.
     Claude(Arc<ClaudeSource>),
@@ -156,6 +157,19 @@ impl CliChildren {
             Self::OpenCode(source) => source.shutdown().await,
             Self::Qwen(source) => source.shutdown().await,
             Self::Aider(source) => source.shutdown().await,
+        }
+    }
+
+    /// Ends session `key`'s process without waiting
+    /// (`CliSource::end_session`): its source is gone.
+    pub(crate) fn end_session(&self, key: &SessionKey) {
+        match self {
+            Self::Claude(source) => source.end_session(key),
+            Self::Codex(source) => source.end_session(key),
+            Self::Gemini(source) => source.end_session(key),
+            Self::OpenCode(source) => source.end_session(key),
+            Self::Qwen(source) => source.end_session(key),
+            Self::Aider(source) => source.end_session(key),
         }
     }
 

@@ -14,7 +14,9 @@
 //! Under the wire layer each session's CLI reaches it on a route of its
 //! own ([`Wire::per_session`](crate::wire::Wire::per_session)), so the
 //! model stream sent on it is that session's liveness alone
-//! ([`Wire::live_sessions`](crate::wire::Wire::live_sessions)).
+//! ([`Wire::live_sessions`](crate::wire::Wire::live_sessions)). When a
+//! session's source goes (the session stopped: idle, evicted, shut down)
+//! its CLI's process is ended and its route removed.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -102,10 +104,14 @@ impl Agents {
                 settings.data_dir,
                 settings.conversations.clone(),
             )?;
-            if let (Some(wire), Some(child)) = (wire, &child) {
+            let mut on_route = None;
+            if let (Some(wire), Some(child)) = (wire, child.clone()) {
                 child.set_per_session(wire.per_session());
+                // A session's route goes with its source, its process first.
+                let end = Arc::new(move |key: &SessionKey| child.end_session(key));
+                on_route = Some(Arc::new(wire.live_sessions(end)) as Arc<LiveOnRoute>);
             }
-            live.push(wire.map(|wire| Arc::new(wire.live_sessions()) as Arc<LiveOnRoute>));
+            live.push(on_route);
             sources.push(source);
             children.extend(child);
         }

@@ -45,34 +45,26 @@
 //! continuation would print the partial text again, and Aider
 //! (`OPENAI_API_BASE`), which would print a cut stream's half reply as
 //! its answer (exit 0), or retry it and print the partial text again.
+//!
+//! The layer itself is the library's ([`warden_wire::WireLayer`], the one
+//! implementation library users get too); this module says which agents
+//! it carries and where their requests go on.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use warden_claude::CliCommand;
 use warden_core::{EventSource, SessionKey};
-use warden_proxy::{Outcome, Proxy, ProxyConfig, RecoveryEvent};
+use warden_proxy::ProxyConfig;
 use warden_serve::Agent;
-
-use live::Live;
-use routes::{Routes, routed};
-
-mod live;
-mod routes;
+use warden_wire::{WireError, WireLayer};
 
 use crate::exit::CliError;
 
-/// A running wire layer.
+/// A running wire layer and the agents whose traffic it carries.
 pub(crate) struct Wire {
-    proxy: Proxy,
-    /// What it carried, route by route.
-    routes: Arc<Routes>,
-    /// Its silence allowance per attempt.
-    allowance: Duration,
+    layer: WireLayer,
     agents: Vec<Agent>,
-    url: String,
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
-    task: tokio::task::JoinHandle<std::io::Result<()>>,
 }
 
 impl Wire {
@@ -91,7 +83,8 @@ impl Wire {
         off: bool,
         stream_timeout: Duration,
     ) -> Result<Option<Self>, CliError> {
-        let codex_by_key = base_url.is_some() || env("OPENAI_API_KEY").is_some();
+        let codex_by_key = base_url.is_some()
+            || std::env::var("OPENAI_API_KEY").is_ok_and(|key| !key.trim().is_empty());
         let wired: Vec<Agent> = agents
             .iter()
             .copied()
@@ -108,9 +101,9 @@ impl Wire {
             return Ok(None);
         }
         let config = ProxyConfig::under_agent_cli(stream_timeout)
-            .with_anthropic_upstream(anthropic_upstream(base_url))
-            .with_openai_upstream(openai_upstream(base_url))
-            .with_gemini_upstream(gemini_upstream(base_url))
+            .with_anthropic_upstream(warden_wire::anthropic_upstream(base_url))
+            .with_openai_upstream(warden_wire::openai_upstream(base_url))
+            .with_gemini_upstream(warden_wire::gemini_upstream(base_url))
             // Its CLI's retries are off (`GeminiOptions::max_attempts`).
             .with_gemini_client_retries(false);
         Self::start(config, wired).await.map(Some)
@@ -118,190 +111,57 @@ impl Wire {
 
     /// Starts the engine of `config` on loopback.
     async fn start(config: ProxyConfig, agents: Vec<Agent>) -> Result<Self, CliError> {
-        let routes = Arc::new(Routes::default());
-        let (killed, ended) = (Arc::clone(&routes), Arc::clone(&routes));
-        let allowance = config.timeout;
-        let limits = config.connections.clone();
-        let config = config
-            // What it did, as `warden proxy` says it: the CLI never sees
-            // it, so this line is the only trace of it (naming the
-            // session whose route it came on).
-            .with_recovery_log(move |recovery| {
-                let route = recovery
-                    .path()
-                    .map_or_else(|| Arc::clone(&killed.root), |path| killed.of_path(path).0);
-                if let RecoveryEvent::Killed { request, .. } = recovery {
-                    let mut seen = route.seen.lock();
-                    seen.stalled.insert(*request);
-                    seen.kills += 1;
-                    seen.stalling = true;
-                }
-                eprintln!("{}", Routes::line(&route, recovery));
-            })
-            .with_access_log(move |record| {
-                if record.outcome == Outcome::Complete {
-                    let route = ended.of_path(&record.path).0;
-                    let mut seen = route.seen.lock();
-                    seen.completed += 1;
-                    seen.stalling = false;
-                }
-            });
-        let proxy = Proxy::start(config)
-            .await
-            .map_err(|e| CliError::usage(format!("the wire layer: {e}")))?;
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .map_err(|e| CliError::failure(format!("the wire layer cannot listen: {e}")))?;
-        let url = match listener.local_addr() {
-            Ok(addr) => format!("http://{addr}"),
-            Err(e) => return Err(CliError::failure(format!("the wire layer: {e}"))),
-        };
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        // Served as `Proxy::serve` serves it, within its connection
-        // limits, each request first taken off its route ([`routed`]).
-        let app = axum::Router::new().fallback_service(proxy.router()).layer(
-            axum::middleware::from_fn_with_state(Arc::clone(&routes), routed),
-        );
-        let task = tokio::spawn(async move {
-            warden_http::serve(listener, app, limits, async move {
-                let _ = stopped.await;
-            })
-            .await
-        });
-        Ok(Self {
-            proxy,
-            routes,
-            allowance,
-            agents,
-            url,
-            stop: Some(stop),
-            task,
-        })
+        let layer = WireLayer::start(config).await.map_err(|e| match e {
+            WireError::Config(_) => CliError::usage(e.to_string()),
+            _ => CliError::failure(e.to_string()),
+        })?;
+        Ok(Self { layer, agents })
     }
 
     /// Where `agent` sends its model requests: the wire, when it carries
     /// that agent's traffic (Codex and OpenCode add `/v1` to it, as to
     /// any `--base-url`).
     pub(crate) fn base_url(&self, agent: Agent) -> Option<String> {
-        self.agents.contains(&agent).then(|| self.url.clone())
+        self.agents
+            .contains(&agent)
+            .then(|| self.layer.url().to_owned())
     }
 
     /// Why nothing it carried could save a failed turn, when every model
-    /// request stalled: how many, how many silent attempts it killed and
-    /// after how long; `None` when one completed or none stalled.
+    /// request stalled ([`WireLayer::every_request_stalled`]).
     pub(crate) fn every_request_stalled(&self) -> Option<String> {
-        self.routes
-            .root
-            .seen
-            .lock()
-            .every_request_stalled(self.allowance)
+        self.layer.every_request_stalled()
     }
 
-    /// `source`, whose attempts are also live while this wire sends their
-    /// CLI its model stream: the process layer's silence allowance is then
-    /// measured against the CLI's output and its model stream, so a CLI
-    /// reading a long reply, or waiting on thinking the wire holds back
-    /// (the wire keeps that stream live with a comment per held event),
-    /// is not killed as silent. A CLI that hangs on a healthy stream is
-    /// still killed once the stream ends. For a wire under one session
-    /// (`warden chat`): every chunk sent without a route counts for it.
+    /// `source`, live while this wire sends its one session's CLI its
+    /// model stream (`warden chat`, [`WireLayer::live`]).
     pub(crate) fn live(&self, source: Arc<dyn EventSource>) -> Arc<dyn EventSource> {
-        Arc::new(Live {
-            inner: source,
-            sent: self.routes.root.sent.subscribe(),
-        })
+        self.layer.live(source)
     }
 
-    /// [`live`](Self::live) for a wire under many sessions (`warden
-    /// serve`): session `key`'s source, live while the wire sends its
-    /// CLI's model stream on the session's own route (its CLI's command
-    /// edited by [`per_session`](Self::per_session)), not another's.
+    /// Session `key`'s source on its own route (`warden serve`,
+    /// [`WireLayer::session_source`]): when the session's last source is
+    /// dropped, `end` ends its CLI's process and the route is removed.
     pub(crate) fn live_sessions(
         &self,
+        end: Arc<dyn Fn(&SessionKey) + Send + Sync>,
     ) -> impl Fn(&SessionKey, Arc<dyn EventSource>) -> Arc<dyn EventSource> + Send + Sync + 'static
     {
-        let routes = Arc::clone(&self.routes);
-        move |key, source| {
-            Arc::new(Live {
-                inner: source,
-                sent: routes.of_session(key).1.sent.subscribe(),
-            })
-        }
+        let layer = self.layer.clone();
+        move |key, source| layer.session_source(key, source, Arc::clone(&end))
     }
 
     /// The edit each process of session `key` gets
-    /// (`CliSource::set_per_session`): wherever its command names the
-    /// wire (an environment variable, an argument, a configuration in
-    /// one), the session's route after it: `http://127.0.0.1:P/s/<id>`,
-    /// which every CLI the wire carries keeps as a path prefix (the
-    /// Anthropic, OpenAI and Gemini SDKs add their paths to it).
+    /// (`CliSource::set_per_session`, [`WireLayer::per_session`]).
     pub(crate) fn per_session(
         &self,
     ) -> impl Fn(&SessionKey, &mut CliCommand) + Send + Sync + 'static {
-        let (routes, url) = (Arc::clone(&self.routes), self.url.clone());
-        move |key, command| routes.put_on_route(&url, key, command)
+        self.layer.per_session()
     }
-}
-
-impl Drop for Wire {
-    fn drop(&mut self) {
-        // The CLIs are gone by now (their sources shut down first): end
-        // what is still open at once.
-        self.proxy.end_open_responses();
-        self.proxy.stop();
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
-        self.task.abort();
-    }
-}
-
-/// The Anthropic API a Claude Code session would reach without warden:
-/// `--base-url` when given, else the CLI's own `ANTHROPIC_BASE_URL`, else
-/// the provider's.
-fn anthropic_upstream(base_url: Option<&str>) -> String {
-    base_url
-        .map(str::to_owned)
-        .or_else(|| env("ANTHROPIC_BASE_URL"))
-        .unwrap_or_else(|| warden_proxy::ANTHROPIC_API.to_owned())
-}
-
-/// The Gemini API a Gemini CLI session would reach without warden:
-/// `--base-url` when given (its `GOOGLE_GEMINI_BASE_URL`), else the CLI's
-/// own `GOOGLE_GEMINI_BASE_URL`, else Google's.
-fn gemini_upstream(base_url: Option<&str>) -> String {
-    base_url
-        .map(str::to_owned)
-        .or_else(|| env("GOOGLE_GEMINI_BASE_URL"))
-        .map(|url| url.trim_end_matches('/').to_owned())
-        .unwrap_or_else(|| warden_proxy::GEMINI_API.to_owned())
-}
-
-/// The OpenAI API a Codex session would reach without warden, as the
-/// engine's base (its requests' paths start with `/v1`): `--base-url`
-/// when given (Codex's provider is that URL with `/v1` added,
-/// [`v1_base_url`](crate::sources::v1_base_url)), else
-/// `OPENAI_BASE_URL` (which ends in `/v1`), else the provider's.
-fn openai_upstream(base_url: Option<&str>) -> String {
-    base_url
-        .map(str::to_owned)
-        .or_else(|| env("OPENAI_BASE_URL"))
-        .map(|url| {
-            let url = url.trim_end_matches('/');
-            url.strip_suffix("/v1").unwrap_or(url).to_owned()
-        })
-        .unwrap_or_else(|| warden_proxy::OPENAI_API.to_owned())
-}
-
-/// A variable of this process's environment, when set and not blank.
-fn env(name: &str) -> Option<String> {
-    std::env::var(name).ok().filter(|v| !v.trim().is_empty())
 }
 
 #[cfg(test)]
 mod tests {
-    use super::*;
-
     #[test]
     fn codex_reaches_through_the_wire_the_url_it_would_reach_without_it() {
         // Codex posts to {its base_url}/responses, the engine to
@@ -313,7 +173,7 @@ mod tests {
             "http://h:1/p/v1/",
         ] {
             let codex = format!("{}/responses", crate::sources::v1_base_url(url));
-            let wire = format!("{}/v1/responses", openai_upstream(Some(url)));
+            let wire = format!("{}/v1/responses", warden_wire::openai_upstream(Some(url)));
             assert_eq!(wire, codex, "{url}");
         }
     }

@@ -57,8 +57,9 @@ impl Route {
     }
 }
 
-/// A wire's routes: each session's, made when its first process starts
-/// (kept while the wire runs: a few bytes per session), and the root.
+/// A wire's routes: each session's, made when its first source or process
+/// needs it and removed when the last source held for it
+/// ([`Routes::hold`]) is dropped, and the root.
 #[derive(Debug)]
 pub(super) struct Routes {
     /// The traffic without a route.
@@ -70,10 +71,55 @@ pub(super) struct Routes {
 /// The sessions' routes, by id and by session.
 #[derive(Debug, Default)]
 struct Table {
-    /// Route `n` at `n - 1`.
-    by_id: Vec<Arc<Route>>,
-    /// Each session's route's id.
-    by_key: HashMap<SessionKey, usize>,
+    /// The routes by id.
+    by_id: HashMap<usize, Arc<Route>>,
+    /// Each session's route's id, and how many of its sources hold it.
+    by_key: HashMap<SessionKey, (usize, usize)>,
+    /// The last id given: ids are never given twice, so a process started
+    /// on a removed route never reaches another session's.
+    last: usize,
+}
+
+/// Session `key`'s route held by one of its sources: the route is removed
+/// when the last hold is dropped, after `end` ended the session's CLI.
+pub(super) struct RouteHold {
+    routes: Arc<Routes>,
+    key: SessionKey,
+    route: Arc<Route>,
+    end: Arc<dyn Fn(&SessionKey) + Send + Sync>,
+}
+
+impl RouteHold {
+    /// The held route.
+    pub(super) fn route(&self) -> &Route {
+        &self.route
+    }
+}
+
+impl Drop for RouteHold {
+    fn drop(&mut self) {
+        let last = {
+            let mut sessions = self.routes.sessions.lock();
+            match sessions.by_key.get_mut(&self.key) {
+                Some((_, holders)) => {
+                    *holders = holders.saturating_sub(1);
+                    *holders == 0
+                }
+                None => false,
+            }
+        };
+        if !last {
+            return;
+        }
+        // Its process first, so none keeps the route it is removing.
+        (self.end)(&self.key);
+        let mut sessions = self.routes.sessions.lock();
+        let Table { by_id, by_key, .. } = &mut *sessions;
+        if let Some((id, 0)) = by_key.get(&self.key).copied() {
+            by_key.remove(&self.key);
+            by_id.remove(&id);
+        }
+    }
 }
 
 impl Default for Routes {
@@ -88,16 +134,47 @@ impl Default for Routes {
 impl Routes {
     /// Session `key`'s route and its id, made on first use.
     pub(super) fn of_session(&self, key: &SessionKey) -> (usize, Arc<Route>) {
+        self.of_session_held(key, 0)
+    }
+
+    /// [`of_session`](Self::of_session), with `holds` more holders.
+    fn of_session_held(&self, key: &SessionKey, holds: usize) -> (usize, Arc<Route>) {
         let mut sessions = self.sessions.lock();
-        let Table { by_id, by_key } = &mut *sessions;
-        let id = *by_key.entry(key.clone()).or_insert_with(|| {
-            by_id.push(Route::new(Some(key.clone())));
-            by_id.len()
+        let Table {
+            by_id,
+            by_key,
+            last,
+        } = &mut *sessions;
+        let (id, holders) = by_key.entry(key.clone()).or_insert_with(|| {
+            *last += 1;
+            by_id.insert(*last, Route::new(Some(key.clone())));
+            (*last, 0)
         });
-        let route = by_id
-            .get(id - 1)
-            .map_or_else(|| Route::new(None), Arc::clone);
-        (id, route)
+        *holders += holds;
+        let route = by_id.get(id).map_or_else(|| Route::new(None), Arc::clone);
+        (*id, route)
+    }
+
+    /// Session `key`'s route, held until the hold is dropped; `end` is
+    /// called with `key` when the last hold goes, before the route is
+    /// removed.
+    pub(super) fn hold(
+        self: &Arc<Self>,
+        key: &SessionKey,
+        end: Arc<dyn Fn(&SessionKey) + Send + Sync>,
+    ) -> RouteHold {
+        let route = self.of_session_held(key, 1).1;
+        RouteHold {
+            routes: Arc::clone(self),
+            key: key.clone(),
+            route,
+            end,
+        }
+    }
+
+    /// How many sessions have a route.
+    pub(super) fn len(&self) -> usize {
+        self.sessions.lock().by_id.len()
     }
 
     /// `command` of session `key` reaching the wire at `url` on the
@@ -129,8 +206,8 @@ impl Routes {
     pub(super) fn of_path<'p>(&self, path: &'p str) -> (Arc<Route>, Option<&'p str>) {
         let on_route = path.strip_prefix(ROUTE_PREFIX).and_then(|rest| {
             let (id, _) = rest.split_once('/')?;
-            let n = id.parse::<usize>().ok()?.checked_sub(1)?;
-            let route = self.sessions.lock().by_id.get(n).cloned()?;
+            let n = id.parse::<usize>().ok()?;
+            let route = self.sessions.lock().by_id.get(&n).cloned()?;
             Some((route, &rest[id.len()..]))
         });
         match on_route {
@@ -264,5 +341,51 @@ mod tests {
             "warden: wire layer: session /work/a: anthropic /s/1/v1/messages #7: attempt 1 went silent; killed it"
         );
         assert!(Routes::line(&routes.root, &killed).starts_with("warden: wire layer: anthropic"));
+    }
+
+    #[test]
+    fn a_sessions_route_is_removed_when_its_last_source_goes_its_process_ended_first() {
+        let routes = Arc::new(Routes::default());
+        let key = SessionKey::new("/work/a");
+        let ended = Arc::new(Mutex::new(Vec::new()));
+        let end: Arc<dyn Fn(&SessionKey) + Send + Sync> = {
+            let (ended, routes) = (Arc::clone(&ended), Arc::clone(&routes));
+            Arc::new(move |key: &SessionKey| {
+                // Called while the route is still there.
+                ended.lock().push((key.clone(), routes.len()));
+            })
+        };
+        let first = routes.hold(&key, Arc::clone(&end));
+        let id = routes.of_session(&key).0;
+        let second = routes.hold(&key, Arc::clone(&end));
+        assert_eq!(routes.of_session(&key).0, id, "one route per session");
+        drop(first);
+        assert_eq!(routes.len(), 1, "a source of the session still holds it");
+        assert!(ended.lock().is_empty(), "its process is not ended yet");
+        drop(second);
+        assert_eq!(
+            routes.len(),
+            0,
+            "the route went with the session's last source"
+        );
+        assert_eq!(
+            *ended.lock(),
+            vec![(key.clone(), 1)],
+            "its process ended first"
+        );
+        let path = format!("/s/{id}/v1/messages");
+        let (route, rest) = routes.of_path(&path);
+        assert!(
+            route.session.is_none() && rest.is_none(),
+            "the old route is gone"
+        );
+        let again = routes.hold(&key, end);
+        assert_ne!(
+            routes.of_session(&key).0,
+            id,
+            "a new route, never the old id"
+        );
+        drop(again);
+        assert_eq!(routes.len(), 0);
     }
 }

@@ -7,11 +7,17 @@ use std::sync::Arc;
 use tokio::sync::watch;
 use warden_core::{Diagnostics, EventSource, EventStream, Frame, StreamError, TurnRequest};
 
+use crate::routes::RouteHold;
+
 /// A CLI's source whose streams also yield liveness
 /// ([`Frame::KeepAlive`]) for each chunk the wire sends the CLI.
 pub(super) struct Live {
     pub(super) inner: Arc<dyn EventSource>,
     pub(super) sent: watch::Receiver<u64>,
+    /// The session's route, removed when its last source goes.
+    pub(super) _hold: Option<RouteHold>,
+    /// The wire, kept running while a source made from it is.
+    pub(super) _wire: Arc<dyn std::any::Any + Send + Sync>,
 }
 
 impl EventSource for Live {
