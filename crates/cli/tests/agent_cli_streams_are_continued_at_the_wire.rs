@@ -1294,3 +1294,83 @@ async fn without_the_wire_an_aider_cut_is_retried_by_warden_not_returned_half() 
     );
     mock.shutdown().await;
 }
+
+/// The 503s of a storm: the wire's attempts (4) take it up whole.
+const STORM: usize = 3;
+
+/// A 503 storm before any byte (the mock answers [`STORM`] requests 503,
+/// then replies) is retried by the wire itself, per the shared backoff,
+/// inside the CLI's one request: the CLI sees one later, whole stream, is
+/// started once and not killed, exits 0, and the mock saw the 503s and
+/// one request more — neither the CLI's own retries (OpenCode's silent
+/// backoff, Qwen Code's `retry` line, Aider's `Retrying in …`, their SDKs'
+/// re-sends) nor warden's re-run of the turn.
+async fn a_503_storm_is_retried_at_the_wire(cli: Family) {
+    let Some(bin) = family_bin(cli) else {
+        return;
+    };
+    let mut script = vec![Scenario::Unavailable; STORM];
+    script.push(Scenario::Normal);
+    let mock = MockServer::start(MockConfig::default().with_sequence(script.clone()))
+        .await
+        .expect("mock");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let timeout = cli.timeout_ms.to_string();
+    let env = [
+        (cli.bin, bin.as_str()),
+        ("WARDEN_STREAM_TIMEOUT", &timeout),
+        ("OPENAI_API_KEY", "dummy"),
+    ];
+    let base = mock.base_url();
+    let mut agent = vec!["--agent", cli.agent, "--base-url", &base];
+    if cli.agent == AIDER.agent {
+        agent.extend(["--model", "mock-model"]);
+    }
+    let (out, took) = chat_with(&agent, &env, dir.path(), &[]).await;
+    eprintln!(
+        "{}, {STORM} 503s then a reply, through the wire: {took:?}",
+        cli.agent
+    );
+    assert_one_reply_no_kill(&out);
+    let reply = stdout(&out);
+    assert!(reply.contains(" characters."), "the whole reply: {reply:?}");
+    let said = stderr(&out);
+    assert_eq!(
+        said.lines()
+            .filter(
+                |l| l.contains("wire layer: openai /v1/chat/completions") && l.contains("retrying")
+            )
+            .count(),
+        STORM,
+        "the wire retried each 503: {said}"
+    );
+    let requests: Vec<_> = continued(&mock, "/v1/chat/completions")
+        .into_iter()
+        .map(|(scenario, _)| scenario)
+        .collect();
+    assert_eq!(
+        requests,
+        script.into_iter().map(Some).collect::<Vec<_>>(),
+        "the 503s and one request more: the wire's retries, not the CLI's or a re-run"
+    );
+    assert!(
+        took < Duration::from_secs(60),
+        "the backoff (0.5 + 1 + 2 s, jittered) and the CLI's start-up: {took:?}"
+    );
+    mock.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_503_storm_under_opencode_is_retried_at_the_wire_not_by_opencode() {
+    a_503_storm_is_retried_at_the_wire(OPENCODE).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_503_storm_under_kilo_is_retried_at_the_wire_not_by_kilo() {
+    a_503_storm_is_retried_at_the_wire(KILO).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_503_storm_under_aider_is_retried_at_the_wire_not_by_aider() {
+    a_503_storm_is_retried_at_the_wire(AIDER).await;
+}

@@ -179,10 +179,23 @@ async fn chat_through_a_fault(
     Duration,
     Vec<(Option<Scenario>, Option<&'static str>)>,
 ) {
+    chat_through_a_script(bin, &[fault, Scenario::Normal], extra).await
+}
+
+/// The same against a mock playing `script`, one scenario per request.
+async fn chat_through_a_script(
+    bin: &std::ffi::OsStr,
+    script: &[Scenario],
+    extra: &[&str],
+) -> (
+    std::process::Output,
+    Duration,
+    Vec<(Option<Scenario>, Option<&'static str>)>,
+) {
     let mock = MockServer::start(
         MockConfig::default()
             .with_fault_after_frames(3)
-            .with_sequence([fault, Scenario::Normal]),
+            .with_sequence(script.iter().copied()),
     )
     .await
     .expect("mock");
@@ -303,6 +316,52 @@ async fn without_the_wire_its_own_retry_of_a_cut_is_replaced_by_wardens_and_the_
     assert!(
         (2..=3).contains(&requests.len()),
         "the cut one, maybe the CLI's own continuation, warden's one retry: {requests:?}"
+    );
+}
+
+/// A 503 storm before any byte (three 503s, then the reply) is retried by
+/// the wire itself, per the shared backoff, inside Qwen Code's one
+/// request: Qwen Code sees one later, whole stream (none of its three
+/// layers of retry — its SDK's re-sends, its silent inner loop, its
+/// `retry` line warden would fail the run at — takes part), is started
+/// once, exits 0, and the mock saw the three 503s and one request more.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_503_storm_under_qwen_code_is_retried_at_the_wire_not_by_qwen_code() {
+    let Some(bin) = qwen_bin() else {
+        return;
+    };
+    let script = [
+        Scenario::Unavailable,
+        Scenario::Unavailable,
+        Scenario::Unavailable,
+        Scenario::Normal,
+    ];
+    let (out, took, requests) = chat_through_a_script(&bin, &script, &[]).await;
+    eprintln!("qwen-code, three 503s then a reply, through the wire: {took:?}");
+    assert_one_whole_reply(&out);
+    let said = stderr(&out);
+    assert!(!said.contains(KILLED), "not killed and re-run: {said}");
+    assert!(
+        !said.contains("retried its model request on its own"),
+        "Qwen Code did not retry: {said}"
+    );
+    assert_eq!(
+        said.lines()
+            .filter(
+                |l| l.contains("wire layer: openai /v1/chat/completions") && l.contains("retrying")
+            )
+            .count(),
+        3,
+        "the wire retried each 503: {said}"
+    );
+    assert_eq!(
+        requests,
+        script.map(|s| (Some(s), None)),
+        "the 503s and one request more: the wire's retries, not Qwen Code's or a re-run"
+    );
+    assert!(
+        took < Duration::from_secs(60),
+        "the backoff (0.5 + 1 + 2 s, jittered) and the CLI's start-up: {took:?}"
     );
 }
 

@@ -234,6 +234,16 @@ pub(crate) async fn handle(
             ));
         }
         Scenario::Overloaded => return Ok(answer.overloaded(&mut tracker, api)),
+        Scenario::Unavailable => {
+            return Ok(answer.error(
+                &mut tracker,
+                api,
+                503,
+                "api_error",
+                "The service is temporarily unavailable.",
+                &[],
+            ));
+        }
         Scenario::RateLimited => {
             let wait = config.retry_after;
             let secs = wait.as_millis().div_ceil(1000);

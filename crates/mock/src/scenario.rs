@@ -13,6 +13,7 @@
 //! | `early-end` | 200 | [`fault_after_frames`] frames, then the body ends cleanly, without the terminal frame |
 //! | `server-error` | 500 | `api_error` JSON body |
 //! | `overloaded` | 529 | `overloaded_error` JSON body |
+//! | `unavailable` | 503 | `api_error` JSON body (OpenAI `server_error`, Gemini `UNAVAILABLE`) |
 //! | `rate-limited` | 429 | `rate_limit_error` plus `retry-after` and `retry-after-ms` |
 //! | `midstream-error` | 200 | [`fault_after_frames`] frames, then an `overloaded_error` event |
 //! | `malformed` | 200 | one frame whose data is not JSON, then the rest of the reply |
@@ -55,6 +56,10 @@ pub enum Scenario {
     ServerError,
     /// HTTP 529 with an `overloaded_error` body.
     Overloaded,
+    /// HTTP 503 with an `api_error` body (OpenAI: `server_error`; Gemini:
+    /// `UNAVAILABLE`): a provider or gateway that is down for a while.
+    /// Script a run of them (`with_sequence`) for a 503 storm.
+    Unavailable,
     /// HTTP 429 with a `rate_limit_error` body and `retry-after` /
     /// `retry-after-ms` headers.
     RateLimited,
@@ -92,6 +97,7 @@ impl Scenario {
             Scenario::EarlyEnd,
             Scenario::ServerError,
             Scenario::Overloaded,
+            Scenario::Unavailable,
             Scenario::RateLimited,
             Scenario::MidstreamError,
             Scenario::Malformed,
@@ -112,6 +118,7 @@ impl Scenario {
             Scenario::EarlyEnd => "early-end",
             Scenario::ServerError => "server-error",
             Scenario::Overloaded => "overloaded",
+            Scenario::Unavailable => "unavailable",
             Scenario::RateLimited => "rate-limited",
             Scenario::MidstreamError => "midstream-error",
             Scenario::Malformed => "malformed",
@@ -134,6 +141,7 @@ impl Scenario {
             }
             Scenario::ServerError => "HTTP 500 api_error",
             Scenario::Overloaded => "HTTP 529 overloaded_error",
+            Scenario::Unavailable => "HTTP 503 api_error (the service is unavailable)",
             Scenario::RateLimited => "HTTP 429 rate_limit_error with retry-after headers",
             Scenario::MidstreamError => "the stream starts, then an overloaded_error event",
             Scenario::Malformed => "one frame whose data is not valid JSON",
@@ -149,6 +157,7 @@ impl Scenario {
         match self {
             Scenario::ServerError => 500,
             Scenario::Overloaded => 529,
+            Scenario::Unavailable => 503,
             Scenario::RateLimited => 429,
             Scenario::PromptTooLong => 400,
             _ => 200,

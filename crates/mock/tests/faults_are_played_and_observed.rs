@@ -237,6 +237,7 @@ async fn http_error_scenarios_answer_with_anthropic_error_bodies() -> TestResult
     let cases = [
         (Scenario::ServerError, 500, "api_error", None),
         (Scenario::Overloaded, 529, "overloaded_error", None),
+        (Scenario::Unavailable, 503, "api_error", None),
         (
             Scenario::PromptTooLong,
             400,

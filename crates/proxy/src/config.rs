@@ -113,6 +113,14 @@ pub struct ProxyConfig {
     /// layer, under a Gemini CLI whose retries warden turns off) the proxy
     /// retries it itself per the shared backoff. Default `true`.
     pub gemini_client_retries: bool,
+    /// Whether the clients of OpenAI chat completions retry an overloaded
+    /// answer (429, 503, 529) on their own, as the OpenAI SDKs do: then
+    /// the proxy hands it back before any byte. When `false` (warden's
+    /// wire layer, under OpenCode, Kilo Code, Qwen Code and Aider, whose
+    /// own retries warden's adapters take for a broken turn, or which
+    /// retry silently at a backoff of their own) the proxy retries it
+    /// itself per the shared backoff, as for Gemini CLI. Default `true`.
+    pub chat_client_retries: bool,
 }
 
 /// The default progress allowance: 180 s without content. Claude Code
@@ -143,6 +151,7 @@ impl std::fmt::Debug for ProxyConfig {
             .field("circuit", &self.circuit)
             .field("hold_thinking", &self.hold_thinking)
             .field("gemini_client_retries", &self.gemini_client_retries)
+            .field("chat_client_retries", &self.chat_client_retries)
             .finish()
     }
 }
@@ -171,6 +180,7 @@ impl Default for ProxyConfig {
             circuit: Some(CircuitConfig::default()),
             hold_thinking: false,
             gemini_client_retries: true,
+            chat_client_retries: true,
         }
     }
 }
@@ -248,6 +258,12 @@ impl ProxyConfig {
         self
     }
 
+    /// Sets [`chat_client_retries`](Self::chat_client_retries).
+    pub fn with_chat_client_retries(mut self, retries: bool) -> Self {
+        self.chat_client_retries = retries;
+        self
+    }
+
     /// Sets [`deadline`](Self::deadline).
     pub fn with_deadline(mut self, deadline: Duration) -> Self {
         self.deadline = Some(deadline);
@@ -277,16 +293,22 @@ impl ProxyConfig {
     }
 
     /// The engine as the wire layer under an agent CLI (Claude Code,
-    /// Codex, Gemini CLI), whose process a session watches with `stream_timeout`: an
+    /// Codex, Gemini CLI, and the chat-completions CLIs: OpenCode, Kilo
+    /// Code, Qwen Code, Aider), whose process a session watches with
+    /// `stream_timeout`: an
     /// upstream stream may be silent for half of it (at least 500 ms), so a
     /// stall is continued here well before the process watchdog would kill
     /// the CLI waiting on it; thinking is held back (no human watches these
-    /// streams, and a stall inside it is then retried unseen). The
+    /// streams, and a stall inside it is then retried unseen); an
+    /// overloaded chat-completions answer is retried here
+    /// ([`chat_client_retries`](Self::chat_client_retries) off), since
+    /// warden takes those CLIs' own retries for a broken turn. The
     /// upstreams are the defaults until set.
     pub fn under_agent_cli(stream_timeout: Duration) -> Self {
         Self::default()
             .with_timeout((stream_timeout / 2).max(Duration::from_millis(500)))
             .with_hold_thinking(true)
+            .with_chat_client_retries(false)
     }
 
     /// Sets [`max_frame_bytes`](Self::max_frame_bytes).

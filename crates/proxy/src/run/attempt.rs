@@ -72,8 +72,13 @@ impl Pump {
             }
             Err(failure) => {
                 span.record("warden.outcome", failure.error.code());
-                let client_retries = self.upstream != crate::upstream::Upstream::Gemini
-                    || self.inner.config.gemini_client_retries;
+                let config = &self.inner.config;
+                let client_retries = match self.protocol {
+                    upstream::Protocol::ChatCompletions => config.chat_client_retries,
+                    _ => {
+                        self.upstream != upstream::Upstream::Gemini || config.gemini_client_retries
+                    }
+                };
                 if fresh
                     && client_retries
                     && failure.answer.as_ref().is_some_and(|a| overloaded(a.0))
