@@ -6,7 +6,10 @@
 use std::ffi::OsString;
 use std::sync::Arc;
 
-use warden_claude::{AgentCli, ClaudeOptions, CliSource, CodexOptions, GeminiOptions};
+use warden_claude::{
+    AgentCli, AiderOptions, ClaudeOptions, CliSource, CodexOptions, GeminiOptions, OpenCodeOptions,
+    QwenOptions,
+};
 use warden_core::{EventSource, SessionKey, SourceFactory};
 use warden_proxy::ProxyConfig;
 
@@ -85,6 +88,27 @@ impl WireAdapter for GeminiOptions {
     }
 }
 
+/// The chat-completions CLIs (OpenCode and Kilo Code, Qwen Code, Aider)
+/// reach the wire through the provider warden names for them, their
+/// `base_url` (which ends in `/v1`): the wire plus `/v1`. Without one they
+/// use the user's own providers, which the wire does not carry.
+macro_rules! chat_completions_adapter {
+    ($($options:ty),+) => {$(
+        impl WireAdapter for $options {
+            fn upstream(&self, config: ProxyConfig) -> Option<ProxyConfig> {
+                let url = self.base_url.as_deref()?;
+                Some(config.with_openai_upstream(openai_upstream(Some(url))))
+            }
+
+            fn through_wire(self, url: &str) -> Self {
+                self.with_base_url(format!("{url}/v1"))
+            }
+        }
+    )+};
+}
+
+chat_completions_adapter!(OpenCodeOptions, QwenOptions, AiderOptions);
+
 /// A [`SourceFactory`] running the CLI `A` under a wire layer of its own:
 /// one [`CliSource`] pointed at the wire, and for each session that source
 /// on the session's own route ([`WireLayer::session_source`]), whose
@@ -138,5 +162,67 @@ impl<A: WireAdapter> SourceFactory for WiredSourceFactory<A> {
             }
             None => Arc::new(CliSource::new(self.cli.clone())),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn base() -> ProxyConfig {
+        ProxyConfig::default()
+    }
+
+    #[test]
+    fn each_adapter_reaches_the_wire_where_the_binary_points_it_and_goes_on_to_its_own_upstream() {
+        let wire = "http://127.0.0.1:4000";
+        let claude = ClaudeOptions::default().with_env("ANTHROPIC_BASE_URL", "http://mock:1");
+        let config = claude.upstream(base()).expect("always carried");
+        assert_eq!(config.anthropic_upstream, "http://mock:1");
+        let claude = claude.through_wire(wire);
+        assert_eq!(
+            env_value(&claude.env, ANTHROPIC_BASE_URL).as_deref(),
+            Some(wire)
+        );
+        assert_eq!(
+            claude
+                .env
+                .iter()
+                .filter(|(k, _)| k == ANTHROPIC_BASE_URL)
+                .count(),
+            1,
+            "the user's value replaced, not shadowed"
+        );
+
+        let codex = CodexOptions::default().with_base_url("http://mock:1/v1");
+        let config = codex.upstream(base()).expect("a provider named");
+        assert_eq!(config.openai_upstream, "http://mock:1");
+        assert_eq!(
+            codex.through_wire(wire).base_url.as_deref(),
+            Some("http://127.0.0.1:4000/v1")
+        );
+        let signed_in = CodexOptions::default().with_api_key_env("WARDEN_WIRE_TEST_NO_SUCH_KEY");
+        assert!(
+            signed_in.upstream(base()).is_none(),
+            "a ChatGPT sign-in is not carried"
+        );
+
+        let gemini = GeminiOptions::default().with_base_url("http://mock:2/");
+        let config = gemini.upstream(base()).expect("always carried");
+        assert_eq!(config.gemini_upstream, "http://mock:2");
+        assert!(!config.gemini_client_retries, "its own retries are off");
+        assert_eq!(gemini.through_wire(wire).base_url.as_deref(), Some(wire));
+
+        let qwen = QwenOptions::default();
+        assert!(qwen.upstream(base()).is_none(), "the user's own providers");
+        let qwen = qwen.with_base_url("http://mock:3/v1");
+        assert_eq!(
+            qwen.upstream(base()).expect("named").openai_upstream,
+            "http://mock:3"
+        );
+        assert_eq!(
+            qwen.through_wire(wire).base_url.as_deref(),
+            Some("http://127.0.0.1:4000/v1")
+        );
     }
 }

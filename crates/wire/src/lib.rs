@@ -24,7 +24,8 @@
 //! ## In a line or two
 //!
 //! [`WiredSourceFactory::start`] takes an adapter's options (Claude Code,
-//! Codex, Gemini CLI: [`WireAdapter`]), starts the wire with the upstream
+//! Codex, Gemini CLI; OpenCode and Kilo Code, Qwen Code and Aider when
+//! their provider is named: [`WireAdapter`]), starts the wire with the upstream
 //! those options (else the CLI's environment, else the provider) name,
 //! points the CLI's base URL at it, and gives each session the shared
 //! source on a route of its own:
