@@ -374,6 +374,13 @@ pub(crate) async fn handle(
         } else if scenario == Scenario::StallInThinking && api == Api::Responses {
             let before = responses::frames_until_reasoning_stall(&reply);
             script::held(before, config.frame_interval)
+        } else if scenario == Scenario::StallStreamed {
+            // The stream's start, none of the reply, then silence.
+            let start = frames.pause_at.min(frames.text_at);
+            script::held(
+                frames.frames.into_iter().take(start).collect(),
+                config.frame_interval,
+            )
         } else if in_phase {
             script::stream_steps(Scenario::Stall, frames, extras, config)
         } else {

@@ -19,6 +19,7 @@
 //! | `malformed` | 200 | one frame whose data is not JSON, then the rest of the reply |
 //! | `oversized` | 200 | one text frame of about [`oversized_bytes`] bytes, then the rest |
 //! | `prompt-too-long` | 400 | `invalid_request_error`: prompt is too long |
+//! | `stall-streamed` | 200 | a streamed request: the stream's start (none of the reply), then silence; a non-streaming one: the whole reply |
 //!
 //! [`thinking_pause`]: crate::MockConfig::thinking_pause
 //! [`fault_after_frames`]: crate::MockConfig::fault_after_frames
@@ -84,6 +85,15 @@ pub enum Scenario {
     /// `tool_use` block and part of its `input_json_delta`, then silence;
     /// elsewhere like [`Stall`](Self::Stall)).
     StallInToolInput,
+    /// Only streamed requests stall: a middlebox that buffers or kills
+    /// SSE, an upstream whose streaming path is broken. A streamed request
+    /// gets its stream's start — the frames before the reply's first
+    /// content (Anthropic: `message_start`; chat completions and
+    /// Responses: the first chunk or event; Gemini: nothing but the
+    /// head) — then silence with the socket open; a non-streaming request
+    /// (`"stream": false`, Gemini's `:generateContent`) gets the whole
+    /// reply as [`Normal`](Self::Normal) does.
+    StallStreamed,
 }
 
 impl Scenario {
@@ -105,6 +115,7 @@ impl Scenario {
             Scenario::PromptTooLong,
             Scenario::StallInThinking,
             Scenario::StallInToolInput,
+            Scenario::StallStreamed,
         ]
     }
 
@@ -126,6 +137,7 @@ impl Scenario {
             Scenario::PromptTooLong => "prompt-too-long",
             Scenario::StallInThinking => "stall-in-thinking",
             Scenario::StallInToolInput => "stall-in-tool-input",
+            Scenario::StallStreamed => "stall-streamed",
         }
     }
 
@@ -149,6 +161,9 @@ impl Scenario {
             Scenario::PromptTooLong => "HTTP 400 invalid_request_error: prompt is too long",
             Scenario::StallInThinking => "silence inside a thinking block (no signature yet)",
             Scenario::StallInToolInput => "silence inside a tool call's partial input JSON",
+            Scenario::StallStreamed => {
+                "streamed requests stall before any content; non-streaming ones are answered"
+            }
         }
     }
 
