@@ -75,8 +75,8 @@ const SERVE: Table = &[
 ];
 
 /// `warden-proxy`: records, configuration, headers and the upstreams at
-/// the bottom; the splice strategies (one per protocol) above them; the
-/// driver (`run`) that sends attempts and uses a strategy; `lib.rs` with
+/// the bottom; the splice strategies (one per protocol) and the replay of
+/// a whole answer as a stream above them; the driver (`run`) that sends attempts and uses a strategy; `lib.rs` with
 /// the routes on top.
 const PROXY: Table = &[
     ("access", &[]),
@@ -89,10 +89,12 @@ const PROXY: Table = &[
     ("splice/anthropic", &[]),
     ("splice/chat", &[]),
     ("splice/responses", &[]),
+    // (its tests assemble what it replays)
+    ("replay", &["upstream", "assemble"]),
     (
         "run",
         &[
-            "access", "assemble", "config", "headers", "spans", "splice", "upstream",
+            "access", "assemble", "config", "headers", "replay", "spans", "splice", "upstream",
         ],
     ),
 ];

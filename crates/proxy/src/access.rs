@@ -147,6 +147,22 @@ pub enum RecoveryEvent {
         /// The backoff before the continuation.
         delay: std::time::Duration,
     },
+    /// Every streamed attempt so far went silent before any of the reply's
+    /// content: the whole answer is asked for once, without a stream, and
+    /// given to the client as it asked for it
+    /// ([`WholeFallback`](crate::WholeFallback)).
+    AskingWhole {
+        /// `anthropic`, `openai` or `gemini`.
+        upstream: &'static str,
+        /// The request path.
+        path: String,
+        /// The request's [`AccessRecord::id`].
+        request: u64,
+        /// The streamed attempts that went silent.
+        silent: u32,
+        /// How long the whole answer may take.
+        within: std::time::Duration,
+    },
     /// Nothing more could be done: the response ended with the provider's
     /// error event mid-stream, an error answer a client does not retry, or
     /// a whole answer that cannot be assembled (an error answer a client
@@ -271,6 +287,17 @@ impl std::fmt::Display for RecoveryEvent {
                 "{upstream} {path} #{request}: attempt {attempt} broke mid-reply ({code}); continuing it in {:.1}s",
                 secs(delay)
             ),
+            Self::AskingWhole {
+                upstream,
+                path,
+                request,
+                silent,
+                within,
+            } => write!(
+                f,
+                "{upstream} {path} #{request}: {silent} streamed attempt(s) went silent before any content; asking once for the whole answer without a stream (within {:.0}s)",
+                secs(within)
+            ),
             Self::GaveUp {
                 upstream,
                 path,
@@ -341,6 +368,7 @@ impl RecoveryEvent {
             Self::Killed { path, .. }
             | Self::Retrying { path, .. }
             | Self::Continuing { path, .. }
+            | Self::AskingWhole { path, .. }
             | Self::GaveUp { path, .. }
             | Self::HandedBack { path, .. }
             | Self::HandedBackMidStream { path, .. }

@@ -121,6 +121,64 @@ pub struct ProxyConfig {
     /// retry silently at a backoff of their own) the proxy retries it
     /// itself per the shared backoff, as for Gemini CLI. Default `true`.
     pub chat_client_retries: bool,
+    /// The last resort of a request whose streamed attempts all went
+    /// silent before any content (an upstream or a middlebox whose
+    /// streaming path is broken): one request for the whole answer
+    /// without a stream ([`WholeFallback`]). `None` never. Default
+    /// [`WholeFallback::default`]: once the attempts of
+    /// [`retry`](Self::retry) are spent.
+    pub whole_fallback: Option<WholeFallback>,
+}
+
+/// When and for how long a request whose streamed attempts went silent
+/// after their head, before any of the reply's content, is asked once
+/// more, for its whole
+/// answer without a stream (`"stream": false`, Gemini's
+/// `:generateContent`), the answer given to its client as it asked for it
+/// (a stream: the whole message as the provider's events). Not for the
+/// Responses API, whose non-streaming answer is not re-encoded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct WholeFallback {
+    /// Streamed attempts gone silent after their head, before any content
+    /// (all of the request's attempts so far), after which the whole
+    /// answer is asked for. `None`: once every attempt of
+    /// [`ProxyConfig::retry`] has (the last resort of the shared
+    /// backoff). Default `None`.
+    pub after: Option<u32>,
+    /// How long the request for the whole answer may take, its answer
+    /// read to the end (within the request's own
+    /// [`deadline`](ProxyConfig::deadline)); past it the request ends with
+    /// the provider's error. Default [`WHOLE_FALLBACK_DEADLINE`].
+    pub deadline: Duration,
+}
+
+/// How long the request for a whole answer may take by default: 600 s,
+/// the time Claude Code gives a request of its own (`API_TIMEOUT_MS`'s
+/// default), its non-streaming fallback included.
+pub const WHOLE_FALLBACK_DEADLINE: Duration = Duration::from_secs(600);
+
+impl Default for WholeFallback {
+    fn default() -> Self {
+        Self {
+            after: None,
+            deadline: WHOLE_FALLBACK_DEADLINE,
+        }
+    }
+}
+
+impl WholeFallback {
+    /// Sets [`after`](Self::after).
+    pub fn after(mut self, silent_attempts: u32) -> Self {
+        self.after = Some(silent_attempts);
+        self
+    }
+
+    /// Sets [`deadline`](Self::deadline).
+    pub fn within(mut self, deadline: Duration) -> Self {
+        self.deadline = deadline;
+        self
+    }
 }
 
 /// The default progress allowance: 180 s without content. Claude Code
@@ -152,6 +210,7 @@ impl std::fmt::Debug for ProxyConfig {
             .field("hold_thinking", &self.hold_thinking)
             .field("gemini_client_retries", &self.gemini_client_retries)
             .field("chat_client_retries", &self.chat_client_retries)
+            .field("whole_fallback", &self.whole_fallback)
             .finish()
     }
 }
@@ -181,6 +240,7 @@ impl Default for ProxyConfig {
             hold_thinking: false,
             gemini_client_retries: true,
             chat_client_retries: true,
+            whole_fallback: Some(WholeFallback::default()),
         }
     }
 }
@@ -264,6 +324,12 @@ impl ProxyConfig {
         self
     }
 
+    /// Sets [`whole_fallback`](Self::whole_fallback) (`None`: never).
+    pub fn with_whole_fallback(mut self, fallback: Option<WholeFallback>) -> Self {
+        self.whole_fallback = fallback;
+        self
+    }
+
     /// Sets [`deadline`](Self::deadline).
     pub fn with_deadline(mut self, deadline: Duration) -> Self {
         self.deadline = Some(deadline);
@@ -302,13 +368,19 @@ impl ProxyConfig {
     /// streams, and a stall inside it is then retried unseen); an
     /// overloaded chat-completions answer is retried here
     /// ([`chat_client_retries`](Self::chat_client_retries) off), since
-    /// warden takes those CLIs' own retries for a broken turn. The
-    /// upstreams are the defaults until set.
+    /// warden takes those CLIs' own retries for a broken turn; a request
+    /// whose first streamed attempt went silent before any content is
+    /// asked at once for its whole answer without a stream
+    /// ([`WholeFallback::after`] 1): the process watchdog gives the CLI
+    /// two such silences, so a second streamed attempt would end after it
+    /// had killed the CLI, and where only streams stall no turn would be
+    /// answered. The upstreams are the defaults until set.
     pub fn under_agent_cli(stream_timeout: Duration) -> Self {
         Self::default()
             .with_timeout((stream_timeout / 2).max(Duration::from_millis(500)))
             .with_hold_thinking(true)
             .with_chat_client_retries(false)
+            .with_whole_fallback(Some(WholeFallback::default().after(1)))
     }
 
     /// Sets [`max_frame_bytes`](Self::max_frame_bytes).

@@ -102,6 +102,7 @@ mod circuit;
 mod client;
 mod config;
 mod headers;
+mod replay;
 mod run;
 pub mod spans;
 mod splice;
@@ -120,7 +121,8 @@ pub use access::{AccessLog, AccessRecord, ClientPath, Outcome, RecoveryEvent, Re
 pub use circuit::CircuitConfig;
 pub use config::{
     ANTHROPIC_API, DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_FRAME_BYTES, DEFAULT_MAX_REPLY_BYTES,
-    DEFAULT_PROGRESS_TIMEOUT, GEMINI_API, OPENAI_API, ProxyConfig,
+    DEFAULT_PROGRESS_TIMEOUT, GEMINI_API, OPENAI_API, ProxyConfig, WHOLE_FALLBACK_DEADLINE,
+    WholeFallback,
 };
 use run::Inner;
 use upstream::{Protocol, Upstream};

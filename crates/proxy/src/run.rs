@@ -2,10 +2,12 @@
 //! ([`passthrough`]), a watched request's entry and its pull loop
 //! ([`pump`]), one attempt's I/O on warden_core's watched stream
 //! ([`attempt`]), what follows a broken attempt by warden_core's one
-//! decision ([`recover`]), and a whole answer assembled from the stream
-//! ([`whole`]).
+//! decision ([`recover`]), the whole answer asked for without a stream
+//! when every streamed attempt went silent ([`fallback`]), and a whole
+//! answer assembled from the stream ([`whole`]).
 
 mod attempt;
+mod fallback;
 mod passthrough;
 mod pump;
 mod recover;

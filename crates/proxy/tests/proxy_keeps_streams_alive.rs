@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use common::*;
 use serde_json::Value;
 use warden_mock::{MockConfig, Outcome, Scenario};
-use warden_proxy::RecoveryEvent;
+use warden_proxy::{RecoveryEvent, WholeFallback};
 
 /// What a proxy's recovery log reported, in order.
 #[derive(Clone, Default)]
@@ -1135,4 +1135,144 @@ async fn a_gemini_whole_answer_is_watched_and_an_overload_handed_back() {
     let error: Value = response.json_value().await;
     assert_eq!(error["error"]["status"], "UNAVAILABLE", "{error}");
     assert_eq!(s.mock.requests().len(), 1, "the client's to retry");
+}
+
+/// The journal of a request whose streamed attempts all stalled: `silent`
+/// streamed requests, then one without a stream, which answered.
+fn stalled_streams_then_one_whole(s: &Setup, silent: usize) {
+    let requests = s.mock.requests();
+    let kinds: Vec<bool> = requests.iter().map(|r| r.stream).collect();
+    let mut expected = vec![true; silent];
+    expected.push(false);
+    assert_eq!(kinds, expected, "streamed attempts, then one whole request");
+    assert!(
+        requests[..silent]
+            .iter()
+            .all(|r| r.outcome == Outcome::ClientClosed),
+        "the proxy closed each silent stream: {requests:?}"
+    );
+    assert_eq!(requests[silent].status, Some(200));
+}
+
+/// What the proxy told its recovery log of a request whose streams all
+/// stalled: a kill per streamed attempt, then the whole answer asked for
+/// once, and no give-up.
+fn heard_asking_whole(heard: &Heard, silent: u32) {
+    let all = heard.all();
+    let kills = all
+        .iter()
+        .filter(|r| matches!(r, RecoveryEvent::Killed { .. }))
+        .count();
+    assert_eq!(kills, silent as usize, "{all:?}");
+    let asked: Vec<_> = all
+        .iter()
+        .filter(|r| matches!(r, RecoveryEvent::AskingWhole { .. }))
+        .collect();
+    assert!(
+        matches!(asked.as_slice(), [RecoveryEvent::AskingWhole { silent: n, .. }] if *n == silent),
+        "{all:?}"
+    );
+    let line = asked[0].to_string();
+    assert!(
+        line.contains("went silent before any content; asking once for the whole answer"),
+        "{line}"
+    );
+    assert!(
+        !all.iter().any(|r| matches!(
+            r,
+            RecoveryEvent::GaveUp { .. } | RecoveryEvent::HandedBack { .. }
+        )),
+        "{all:?}"
+    );
+}
+
+#[tokio::test]
+async fn when_only_streams_stall_a_streaming_client_gets_the_whole_reply_asked_for_without_a_stream()
+ {
+    let heard = Heard::default();
+    let log = heard.log();
+    let s = setup(mock(&[Scenario::StallStreamed]), move |c| {
+        c.with_recovery_log(log)
+    })
+    .await;
+    let response = within(
+        "the answer",
+        s.messages(messages_body("claude-test", "hi")).send(),
+    )
+    .await
+    .expect("answer");
+    assert_eq!(response.status(), 200);
+    assert_eq!(
+        response.headers()["content-type"].to_str().ok(),
+        Some("text/event-stream")
+    );
+    let events = within("the stream", read_sse(response)).await;
+    assert_eq!(
+        well_formed_anthropic(&events),
+        REPLY,
+        "the whole reply, once, as one stream"
+    );
+    // The default rule: once the retry policy's 4 streamed attempts are
+    // spent.
+    stalled_streams_then_one_whole(&s, 4);
+    heard_asking_whole(&heard, 4);
+}
+
+#[tokio::test]
+async fn when_only_streams_stall_a_client_that_asked_for_no_stream_gets_the_whole_answer() {
+    let heard = Heard::default();
+    let log = heard.log();
+    let s = setup(mock(&[Scenario::StallStreamed]), move |c| {
+        c.with_recovery_log(log)
+            .with_whole_fallback(Some(WholeFallback::default().after(1)))
+    })
+    .await;
+    let body = serde_json::json!({
+        "model": "claude-test",
+        "max_tokens": 1024,
+        "stream": false,
+        "messages": [{"role": "user", "content": "hi"}],
+    });
+    let response = within("the answer", s.messages(body.to_string()).send())
+        .await
+        .expect("answer");
+    assert_eq!(response.status(), 200);
+    let answer = within("the body", response.bytes()).await.expect("body");
+    let answer: Value = serde_json::from_slice(&answer).expect("JSON");
+    assert_eq!(answer["type"], "message");
+    assert_eq!(answer["content"][0]["text"], REPLY, "{answer}");
+    assert_eq!(answer["stop_reason"], "end_turn");
+    // `after(1)`: the whole answer asked for after the first silence.
+    stalled_streams_then_one_whole(&s, 1);
+    heard_asking_whole(&heard, 1);
+}
+
+#[tokio::test]
+async fn when_only_streams_stall_a_chat_completions_stream_gets_the_whole_reply() {
+    let heard = Heard::default();
+    let log = heard.log();
+    let s = setup(mock(&[Scenario::StallStreamed]), move |c| {
+        c.with_recovery_log(log)
+            .with_whole_fallback(Some(WholeFallback::default().after(2)))
+    })
+    .await;
+    let response = within("the answer", s.chat("hi").send())
+        .await
+        .expect("answer");
+    assert_eq!(response.status(), 200);
+    let events = within("the stream", read_sse(response)).await;
+    assert_eq!(events.last().map(|e| e.data.as_str()), Some("[DONE]"));
+    let text: String = events
+        .iter()
+        .filter(|e| e.data != "[DONE]")
+        .filter_map(|e| {
+            e.json()
+                .pointer("/choices/0/delta/content")
+                .and_then(Value::as_str)
+                .map(str::to_owned)
+        })
+        .collect();
+    assert_eq!(text, REPLY);
+    stalled_streams_then_one_whole(&s, 2);
+    heard_asking_whole(&heard, 2);
 }

@@ -226,6 +226,7 @@ impl Pump {
                     }
                     if current.progress.judge(&event) {
                         current.frames.progressed();
+                        self.content = true;
                     }
                 }
                 Parsed::KeepAlive => {

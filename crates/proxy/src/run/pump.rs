@@ -60,7 +60,10 @@ impl Pump {
             }
             if self.current.is_none() {
                 match self.open().await {
-                    Ok(Some(current)) => self.current = Some(current),
+                    Ok(Some(current)) => {
+                        self.headed = true;
+                        self.current = Some(current);
+                    }
                     Ok(None) => continue,
                     Err(answer) => return answer,
                 }

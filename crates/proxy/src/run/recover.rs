@@ -45,6 +45,17 @@ impl Pump {
             };
             report(&self.inner, killed);
         }
+        // Gone silent after its head, before any content: what a broken
+        // streaming path (the upstream's, a middlebox's) looks like. (An
+        // upstream silent before its head answers nothing; pings without
+        // content are a stream that gets through: neither is counted.)
+        let (headed, content) = (
+            std::mem::take(&mut self.headed),
+            std::mem::take(&mut self.content),
+        );
+        if matches!(error, StreamError::InactivityTimeout { .. }) && headed && !content {
+            self.silent += 1;
+        }
         if circuit_open {
             // The upstream cannot be reached: its circuit is open, and
             // this request ends now with the cause, as the next ones will.
@@ -98,6 +109,12 @@ impl Pump {
         }
         if self.deadline.is_some_and(|d| Instant::now() >= d) {
             return Some(self.give_up(&past_deadline(), answer));
+        }
+        if self.whole_is_due() {
+            return Some(match self.ask_whole().await {
+                Ok(step) => step,
+                Err(failure) => self.give_up(&failure.error, failure.answer),
+            });
         }
         let (path, id) = (self.record().path.clone(), self.record().id);
         let delay = match (verdict.next, resume) {

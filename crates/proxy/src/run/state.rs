@@ -72,6 +72,15 @@ pub(super) struct Pump {
     /// no stream): the client sees none of it until it is whole, so a
     /// stream that cannot be continued is started over unseen.
     pub(super) assembled: Option<Protocol>,
+    /// The current attempt's response head came (an event stream).
+    pub(super) headed: bool,
+    /// The current attempt carried content (the progress rule's: text,
+    /// thinking, a tool call, the reply's end).
+    pub(super) content: bool,
+    /// Attempts killed for silence after their head, before any content:
+    /// when they are all of them, the whole answer may be asked for
+    /// without a stream (`fallback`).
+    pub(super) silent: u32,
     pub(super) logged: Logged,
 }
 

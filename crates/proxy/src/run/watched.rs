@@ -157,6 +157,9 @@ pub(crate) async fn watched(
         deadline: inner_deadline.map(|d| started + d),
         continuing: false,
         assembled: whole.then_some(protocol),
+        headed: false,
+        content: false,
+        silent: 0,
         logged,
     };
     if whole {
