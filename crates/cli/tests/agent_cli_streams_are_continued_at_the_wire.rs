@@ -480,6 +480,53 @@ async fn a_529_before_any_byte_is_retried_by_claude_code_itself_once() {
     mock.shutdown().await;
 }
 
+/// Where only streamed requests stall (a middlebox that buffers SSE, an
+/// upstream whose streaming path is broken: the mock's `stall-streamed`),
+/// the wire asks for the whole answer without a stream once the first
+/// streamed attempt has gone silent before any content, and gives it to
+/// Claude Code as the stream it asked for: the whole reply once, the CLI
+/// started once, exit 0, well inside the process layer's allowance.
+/// Before, the streamed retries stalled too, the process layer killed the
+/// CLI on every run and the turn failed (exit 4, 37-39 s), where Claude
+/// Code alone answers by its own non-streaming fallback at ~305 s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn when_only_streams_stall_claude_code_gets_the_whole_reply_asked_for_without_a_stream() {
+    let Some(claude) = claude_bin() else {
+        return;
+    };
+    let mock =
+        MockServer::start(MockConfig::default().with_default_scenario(Scenario::StallStreamed))
+            .await
+            .expect("mock");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (out, took) = chat(&claude, &mock, dir.path(), &[]).await;
+    let said = stderr(&out);
+    eprintln!("only streams stalled, through the wire: {took:?}; stderr: {said}");
+    assert_one_reply_no_kill(&out);
+    assert!(stdout(&out).starts_with(REPLY), "{}", stdout(&out));
+    assert!(
+        said.contains("asking once for the whole answer without a stream"),
+        "the wire says what it did: {said}"
+    );
+    assert!(!said.contains("retrying"), "the CLI was not re-run: {said}");
+    let streamed: Vec<bool> = mock
+        .requests()
+        .into_iter()
+        .filter(|r| r.path == "/v1/messages")
+        .map(|r| r.stream)
+        .collect();
+    assert_eq!(
+        streamed,
+        [true, false],
+        "one stalled stream, then one request for the whole answer"
+    );
+    assert!(
+        took < Duration::from_millis(TIMEOUT_MS) + Duration::from_secs(4),
+        "before the process layer's allowance and the CLI's start: {took:?}"
+    );
+    mock.shutdown().await;
+}
+
 fn codex_bin() -> Option<String> {
     match std::env::var("WARDEN_CODEX_BIN")
         .ok()
@@ -1123,6 +1170,13 @@ async fn an_opencode_reply_cut_mid_text_is_continued_at_the_wire() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_kilo_reply_stalled_mid_text_is_continued_at_the_wire_not_rerun() {
     a_family_reply_broken_mid_text_is_continued(KILO, Scenario::Stall).await;
+}
+
+/// Kilo alone ends a cut stream with exit 0 and the partial text as the
+/// reply (silent truncation): under the wire it never sees the cut.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kilo_reply_cut_mid_text_is_continued_at_the_wire_not_returned_half() {
+    a_family_reply_broken_mid_text_is_continued(KILO, Scenario::AbruptClose).await;
 }
 
 /// Without the wire, a stream that ends cleanly without a finish reason
