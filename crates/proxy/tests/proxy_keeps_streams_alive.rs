@@ -1276,3 +1276,51 @@ async fn when_only_streams_stall_a_chat_completions_stream_gets_the_whole_reply(
     stalled_streams_then_one_whole(&s, 2);
     heard_asking_whole(&heard, 2);
 }
+
+#[tokio::test]
+async fn when_only_streams_stall_a_gemini_stream_gets_the_whole_reply_as_one_frame() {
+    let heard = Heard::default();
+    let log = heard.log();
+    let s = setup(mock(&[Scenario::StallStreamed]), move |c| {
+        c.with_recovery_log(log)
+            .with_whole_fallback(Some(WholeFallback::default().after(1)))
+    })
+    .await;
+    let response = within(
+        "the answer",
+        gemini(
+            &s,
+            "/v1beta/models/gemini-2.5-pro:streamGenerateContent?alt=sse",
+        )
+        .send(),
+    )
+    .await
+    .expect("answer");
+    assert_eq!(response.status(), 200);
+    let frames: Vec<Value> = within("the stream", read_sse(response))
+        .await
+        .iter()
+        .map(Sse::json)
+        .collect();
+    let [frame] = frames.as_slice() else {
+        panic!("one frame, the whole response: {frames:?}");
+    };
+    let text: String = frame
+        .pointer("/candidates/0/content/parts")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter_map(|p| p["text"].as_str())
+        .collect();
+    assert_eq!(text, REPLY);
+    assert_eq!(frame["candidates"][0]["finishReason"], "STOP");
+    stalled_streams_then_one_whole(&s, 1);
+    let whole = &s.mock.requests()[1];
+    assert!(
+        whole.path.ends_with(":generateContent") && whole.query.is_none(),
+        "asked at :generateContent, alt=sse dropped: {} {:?}",
+        whole.path,
+        whole.query
+    );
+    heard_asking_whole(&heard, 1);
+}
