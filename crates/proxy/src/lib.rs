@@ -58,6 +58,12 @@
 //!    now rather than after its own 5-minute wait. Never a hang, never a
 //!    torn event, never a plain close (which Claude Code takes as an empty
 //!    success).
+//! 4. **Only streams stall** (every attempt went silent after its head,
+//!    before any content: a broken streaming path): the last resort is one
+//!    request for the whole answer without a stream, given to the client
+//!    as it asked for it — replayed as the provider's events to a stream
+//!    ([`WholeFallback`]; by default once the [`RetryPolicy`]'s attempts
+//!    are spent, under an agent CLI after the first).
 //!
 //! ## Privacy and safety
 //!
