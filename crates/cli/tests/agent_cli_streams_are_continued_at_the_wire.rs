@@ -1172,6 +1172,13 @@ async fn a_kilo_reply_stalled_mid_text_is_continued_at_the_wire_not_rerun() {
     a_family_reply_broken_mid_text_is_continued(KILO, Scenario::Stall).await;
 }
 
+/// Kilo alone ends a cut stream with exit 0 and the partial text as the
+/// reply (silent truncation): under the wire it never sees the cut.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kilo_reply_cut_mid_text_is_continued_at_the_wire_not_returned_half() {
+    a_family_reply_broken_mid_text_is_continued(KILO, Scenario::AbruptClose).await;
+}
+
 /// Without the wire, a stream that ends cleanly without a finish reason
 /// (mock `early-end`): OpenCode asks the model to go on from the partial
 /// text, again and again while it keeps being cut; Kilo ends the turn with
