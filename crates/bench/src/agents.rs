@@ -1,7 +1,9 @@
 //! Section 14, `agents`: the per-turn cost of each agent CLI through warden
-//! (issue #41) and of the wire layer under it (issue #47). Claude Code
+//! (issue #41) and of the wire layer under it (issue #47, and for OpenCode,
+//! Kilo Code, Qwen Code and Aider issue #51). Claude Code
 //! keeps one process per session and takes every turn over its stdin;
-//! Codex (`codex exec`) and Gemini start a process per turn. N trivial
+//! Codex (`codex exec`), Gemini and the chat-completions CLIs start a
+//! process per turn. N trivial
 //! turns per agent against an in-process `warden mock`, through a
 //! supervisor, twice side by side: straight to the mock, and through the
 //! wire layer (`warden_proxy` configured as `ProxyConfig::under_agent_cli`,
@@ -10,9 +12,11 @@
 //! the later ones, straight against Claude Code's and through the wire
 //! against the same CLI straight (issue #47: within 5 %). Then a turn
 //! whose stream stalls mid-text, with the wire and without it
-//! ([`stalled`]). An agent whose binary is not configured
-//! (`WARDEN_CLAUDE_BIN`, `WARDEN_CODEX_BIN`, `WARDEN_GEMINI_BIN`) is
-//! skipped with the reason printed.
+//! ([`stalled`], Claude Code, Codex and Gemini). An agent whose binary is
+//! not configured (`WARDEN_CLAUDE_BIN`, `WARDEN_CODEX_BIN`,
+//! `WARDEN_GEMINI_BIN`, `WARDEN_OPENCODE_BIN`, `WARDEN_KILO_BIN`,
+//! `WARDEN_QWEN_BIN`, `WARDEN_AIDER_BIN`) is skipped with the reason
+//! printed. The chat-completions CLIs run fewer turns (`Cli::turns`).
 
 mod setup;
 mod stalled;
@@ -133,7 +137,7 @@ pub(crate) async fn bench_agents(quick: bool) {
     let mut rows = Vec::new();
     for cli in Cli::ALL {
         let base = dir.path().join(cli.name());
-        let figures = side_by_side(cli, &mock.base_url(), &wired, &base, turns).await;
+        let figures = side_by_side(cli, &mock.base_url(), &wired, &base, cli.turns(turns)).await;
         rows.push((cli, figures));
     }
     mock.shutdown().await;
@@ -151,14 +155,17 @@ pub(crate) async fn bench_agents(quick: bool) {
     );
     println!("| --- | --- | --- | --- | --- | --- |");
     for (cli, figures) in &rows {
+        let name = match cli.turns(turns) {
+            n if n == turns => cli.name().to_owned(),
+            n => format!("{} ({n} turns)", cli.name()),
+        };
         match figures {
             Ok((straight, wire)) => {
                 let against_claude = claude.map_or("n/a (no Claude Code run)".to_owned(), |c| {
                     ratio(straight.median().as_secs_f64(), c.as_secs_f64())
                 });
                 println!(
-                    "| {} | {} / {} | {} / {} | {} / {} | {against_claude} | {} |",
-                    cli.name(),
+                    "| {name} | {} / {} | {} / {} | {} / {} | {against_claude} | {} |",
                     ms(straight.first),
                     ms(wire.first),
                     ms(straight.median()),
@@ -168,7 +175,7 @@ pub(crate) async fn bench_agents(quick: bool) {
                     ratio(wire.median().as_secs_f64(), straight.median().as_secs_f64()),
                 );
             }
-            Err(why) => println!("| {} | skipped: {why} | | | | |", cli.name()),
+            Err(why) => println!("| {name} | skipped: {why} | | | | |"),
         }
     }
     let reps = if quick { 3 } else { 5 };

@@ -58,11 +58,12 @@
 //!     exported to a real Jaeger (`.ci/jaeger`'s, `WARDEN_JAEGER_OTLP`)
 //!     against no exporter (issue #43); see [`jaeger`].
 //! 14. `agents`: per-turn wall time of Claude Code, Codex and Gemini
-//!     through warden against the mock, each against Claude Code's (issue
-//!     #41), and through the wire layer against each CLI straight; a turn
-//!     stalled mid-text through each with the wire and without it: time
-//!     and tokens as ratios (issue #47; the CLIs from `WARDEN_*_BIN`,
-//!     skipped with a reason when missing); see [`agents`].
+//!     (and OpenCode, Kilo Code, Qwen Code and Aider, fewer turns: issue
+//!     #51) through warden against the mock, each against Claude Code's
+//!     (issue #41), and through the wire layer against each CLI straight;
+//!     a turn stalled mid-text through the first three with the wire and
+//!     without it: time and tokens as ratios (issue #47; the CLIs from
+//!     `WARDEN_*_BIN`, skipped with a reason when missing); see [`agents`].
 #![allow(unsafe_code)] // the counting global allocator below
 #![allow(missing_docs, unreachable_pub)]
 

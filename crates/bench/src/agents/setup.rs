@@ -8,8 +8,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use warden_claude::{
-    ClaudeOptions, ClaudeSourceFactory, CodexOptions, CodexSourceFactory, GeminiOptions,
-    GeminiSourceFactory,
+    AiderOptions, AiderSourceFactory, ClaudeOptions, ClaudeSourceFactory, CodexOptions,
+    CodexSourceFactory, GeminiOptions, GeminiSourceFactory, OpenCodeFlavor, OpenCodeOptions,
+    OpenCodeSourceFactory, QwenOptions, QwenSourceFactory,
 };
 use warden_core::{MemoryStore, SourceFactory, Supervisor, SupervisorConfig, WatchdogConfig};
 use warden_proxy::{Proxy, ProxyConfig};
@@ -20,11 +21,38 @@ pub(super) enum Cli {
     ClaudeCode,
     Codex,
     Gemini,
+    OpenCode,
+    Kilo,
+    Qwen,
+    Aider,
 }
 
 impl Cli {
     /// Every one, in the order the tables list them.
-    pub(super) const ALL: [Self; 3] = [Self::ClaudeCode, Self::Codex, Self::Gemini];
+    pub(super) const ALL: [Self; 7] = [
+        Self::ClaudeCode,
+        Self::Codex,
+        Self::Gemini,
+        Self::OpenCode,
+        Self::Kilo,
+        Self::Qwen,
+        Self::Aider,
+    ];
+
+    /// Those whose stalled turns are measured ([`super::stalled`]).
+    pub(super) const STALLED: [Self; 3] = [Self::ClaudeCode, Self::Codex, Self::Gemini];
+
+    /// How many of `turns` it runs each way: the chat-completions CLIs'
+    /// turns are slower (a process start each, 3-20 s), so fewer of them
+    /// keep each CLI's part to a minute or two (Kilo Code's, 9-20 s a
+    /// turn, fewest).
+    pub(super) fn turns(self, turns: usize) -> usize {
+        match self {
+            Self::ClaudeCode | Self::Codex | Self::Gemini => turns,
+            Self::OpenCode | Self::Qwen | Self::Aider => turns.min(6),
+            Self::Kilo => turns.min(4),
+        }
+    }
 
     /// Its name in the tables.
     pub(super) fn name(self) -> &'static str {
@@ -32,6 +60,10 @@ impl Cli {
             Self::ClaudeCode => "claude-code",
             Self::Codex => "codex",
             Self::Gemini => "gemini",
+            Self::OpenCode => "opencode",
+            Self::Kilo => "kilo-code",
+            Self::Qwen => "qwen-code",
+            Self::Aider => "aider",
         }
     }
 
@@ -41,6 +73,10 @@ impl Cli {
             Self::ClaudeCode => "WARDEN_CLAUDE_BIN",
             Self::Codex => "WARDEN_CODEX_BIN",
             Self::Gemini => "WARDEN_GEMINI_BIN",
+            Self::OpenCode => "WARDEN_OPENCODE_BIN",
+            Self::Kilo => "WARDEN_KILO_BIN",
+            Self::Qwen => "WARDEN_QWEN_BIN",
+            Self::Aider => "WARDEN_AIDER_BIN",
         }
     }
 
@@ -58,7 +94,9 @@ impl Cli {
     /// base URL, or the wire layer's in front of it), each in a home of
     /// its own under `base`, as `warden chat --agent` runs them against
     /// `--base-url` (Codex's provider is the URL plus `/v1`; Gemini CLI's
-    /// own retries off, `GeminiOptions::max_attempts` 1 by default).
+    /// own retries off, `GeminiOptions::max_attempts` 1 by default; the
+    /// chat-completions CLIs' provider the URL plus `/v1`, Aider's model
+    /// named so it skips its price-map download).
     pub(super) fn factory(
         self,
         bin: &Path,
@@ -95,6 +133,40 @@ impl Cli {
                     .with_base_url(api)
                     .with_gemini_home(base.join("gemini-home"))
                     .with_env("GEMINI_API_KEY", "dummy")
+                    .with_env("HOME", &home),
+            )),
+            Self::OpenCode | Self::Kilo => {
+                let flavor = if self == Self::Kilo {
+                    OpenCodeFlavor::Kilo
+                } else {
+                    OpenCodeFlavor::OpenCode
+                };
+                Arc::new(OpenCodeSourceFactory::new(
+                    OpenCodeOptions::new(flavor)
+                        .with_binary(bin)
+                        .with_base_url(format!("{api}/v1"))
+                        .with_api_key_env("WARDEN_BENCH_KEY")
+                        .with_env("WARDEN_BENCH_KEY", "dummy")
+                        .with_env("HOME", &home),
+                ))
+            }
+            Self::Qwen => {
+                let options = QwenOptions::default()
+                    .with_binary(bin)
+                    .with_base_url(format!("{api}/v1"))
+                    .with_qwen_home(base.join("qwen-home"))
+                    .with_env("OPENAI_API_KEY", "dummy")
+                    .with_env("HOME", &home);
+                options.write_settings().map_err(|e| e.to_string())?;
+                Arc::new(QwenSourceFactory::new(options))
+            }
+            Self::Aider => Arc::new(AiderSourceFactory::new(
+                AiderOptions::default()
+                    .with_binary(bin)
+                    .with_base_url(format!("{api}/v1"))
+                    .with_model("mock-model")
+                    .with_history_dir(base.join("aider"))
+                    .with_env("OPENAI_API_KEY", "dummy")
                     .with_env("HOME", &home),
             )),
         })

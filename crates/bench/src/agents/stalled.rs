@@ -39,6 +39,7 @@ fn frames_before_the_stall(cli: Cli) -> Option<usize> {
         Cli::ClaudeCode => None,
         Cli::Codex => Some(6),
         Cli::Gemini => Some(2),
+        Cli::OpenCode | Cli::Kilo | Cli::Qwen | Cli::Aider => Some(3),
     }
 }
 
@@ -114,7 +115,7 @@ pub(super) async fn stalled_through_the_wire(dir: &Path, reps: usize) {
          | time wire ÷ without | tokens wire ÷ without |"
     );
     println!("| --- | --- | --- | --- | --- | --- | --- |");
-    for cli in Cli::ALL {
+    for cli in Cli::STALLED {
         let bin = match cli.binary() {
             Ok(bin) => bin,
             Err(why) => {
