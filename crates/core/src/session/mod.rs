@@ -27,7 +27,7 @@
 //! | `escalation.rs` | the contract with the supervisor (escalations, stop reasons) | — |
 //!
 //! The files form layers: `actor` → `run` → `end` → `state`, and none
-//! calls a file above it (`crates/core/tests/modules_import_only_the_layers_below.rs`).
+//! calls a file above it (`crates/core/tests/it/modules_import_only_the_layers_below.rs`).
 
 mod actor;
 mod attempt;

@@ -8,7 +8,7 @@
 
 use warden_core::names::TRANSITIONS;
 
-const DOC: &str = include_str!("../../../docs/runtime-semantics.md");
+const DOC: &str = include_str!("../../../../docs/runtime-semantics.md");
 const HEADER: &str = "| name | in a trace | on `/v1/events`, in `/metrics` | what happened |";
 
 fn expected() -> Vec<String> {
