@@ -63,11 +63,13 @@ use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use derive_setters::Setters;
 use serde_json::json;
 use warden_core::StreamError;
 
 use crate::cli::{
-    AgentCli, CliCommand, ProcessLifetime, ProcessSettings, SpawnRequest, TranscriptInfo,
+    AgentCli, CliCommand, CliProcess, ProcessLifetime, ProcessSettings, SpawnRequest,
+    TranscriptInfo, cli_process_builders,
 };
 use crate::source::{CliSource, CliSourceFactory};
 
@@ -130,21 +132,27 @@ fn new_id() -> String {
 /// How [`AiderSource`] runs Aider: `aider --message-file … --no-pretty
 /// --chat-history-file … --restore-chat-history …`, one process per turn,
 /// never through a shell. `docs/agents.md` has how it takes faults.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Setters)]
+#[setters(prefix = "with_", strip_option)]
 #[non_exhaustive]
 pub struct AiderOptions {
-    /// The binary. Default `aider` on `PATH`; executed directly.
-    pub binary: PathBuf,
+    /// The binary (default `aider`), its more arguments (after warden's), environment and
+    /// limits, shared by every adapter ([`CliProcess`]).
+    #[setters(skip)]
+    pub process: CliProcess,
     /// `--model`, when the turn names no model (`openai/` is put before a
     /// name without a provider when [`base_url`](Self::base_url) is set).
     /// Default `None`: Aider's.
+    #[setters(into)]
     pub model: Option<String>,
     /// `OPENAI_API_BASE`: an OpenAI chat-completions base URL (ending in
     /// `/v1`). Default `None`: the child's own.
+    #[setters(into)]
     pub base_url: Option<String>,
     /// Where the conversations' chat-history files (and each run's
     /// message file) are kept. Default `aider` (relative to warden's
     /// working directory; `warden chat|serve` use `DATA_DIR/aider`).
+    #[setters(into)]
     pub history_dir: PathBuf,
     /// `--yes-always`: answer every question Aider asks yes. Default
     /// `false`: its headless default.
@@ -152,77 +160,24 @@ pub struct AiderOptions {
     /// The context window reported (and written in the model metadata).
     /// Default [`AIDER_CONTEXT_WINDOW`].
     pub context_window: u64,
-    /// More arguments, after warden's. Default empty.
-    pub extra_args: Vec<OsString>,
-    /// More environment variables for the child. Default empty.
-    pub env: Vec<(OsString, OsString)>,
-    /// Process limits. Default [`ProcessSettings::default`].
-    pub settings: ProcessSettings,
 }
 
 impl Default for AiderOptions {
     fn default() -> Self {
         Self {
-            binary: PathBuf::from("aider"),
+            process: CliProcess::new("aider"),
             model: None,
             base_url: None,
             history_dir: PathBuf::from("aider"),
             yes_always: false,
             context_window: AIDER_CONTEXT_WINDOW,
-            extra_args: Vec::new(),
-            env: Vec::new(),
-            settings: ProcessSettings::default(),
         }
     }
 }
 
-impl AiderOptions {
-    /// Sets [`binary`](Self::binary).
-    pub fn with_binary(mut self, binary: impl Into<PathBuf>) -> Self {
-        self.binary = binary.into();
-        self
-    }
-    /// Sets [`model`](Self::model).
-    pub fn with_model(mut self, model: impl Into<String>) -> Self {
-        self.model = Some(model.into());
-        self
-    }
-    /// Sets [`base_url`](Self::base_url).
-    pub fn with_base_url(mut self, url: impl Into<String>) -> Self {
-        self.base_url = Some(url.into());
-        self
-    }
-    /// Sets [`history_dir`](Self::history_dir).
-    pub fn with_history_dir(mut self, dir: impl Into<PathBuf>) -> Self {
-        self.history_dir = dir.into();
-        self
-    }
-    /// Sets [`yes_always`](Self::yes_always).
-    pub fn with_yes_always(mut self, yes: bool) -> Self {
-        self.yes_always = yes;
-        self
-    }
-    /// Sets [`context_window`](Self::context_window).
-    pub fn with_context_window(mut self, tokens: u64) -> Self {
-        self.context_window = tokens;
-        self
-    }
-    /// Appends one of [`extra_args`](Self::extra_args).
-    pub fn with_arg(mut self, arg: impl Into<OsString>) -> Self {
-        self.extra_args.push(arg.into());
-        self
-    }
-    /// Adds one variable to [`env`](Self::env).
-    pub fn with_env(mut self, key: impl Into<OsString>, value: impl Into<OsString>) -> Self {
-        self.env.push((key.into(), value.into()));
-        self
-    }
-    /// Sets [`settings`](Self::settings).
-    pub fn with_settings(mut self, settings: ProcessSettings) -> Self {
-        self.settings = settings;
-        self
-    }
+cli_process_builders!(AiderOptions);
 
+impl AiderOptions {
     /// The chat-history file of conversation `id`.
     pub fn history_file(&self, id: &str) -> PathBuf {
         self.history_dir.join(format!("{id}.md"))
@@ -274,7 +229,7 @@ impl AiderOptions {
         if self.yes_always {
             args.push("--yes-always".into());
         }
-        args.extend(self.extra_args.iter().cloned());
+        args.extend(self.process.extra_args.iter().cloned());
         args
     }
 
@@ -353,14 +308,14 @@ impl AgentCli for AiderOptions {
         };
         self.write_run_files(&dir, &id, spawn.message.unwrap_or_default(), spawn.model)
             .map_err(|e| failed("write the message file", e))?;
-        let mut command = CliCommand::new(&self.binary)
+        let mut command = CliCommand::new(&self.process.binary)
             .args(self.args(&dir, &id, spawn.model))
             // Its error lines are wrapped at 80 columns on a pipe.
             .env("COLUMNS", "10000");
         if let Some(url) = &self.base_url {
             command = command.env("OPENAI_API_BASE", url);
         }
-        command.env.extend(self.env.iter().cloned());
+        command.env.extend(self.process.env.iter().cloned());
         Ok(command)
     }
 
@@ -378,7 +333,7 @@ impl AgentCli for AiderOptions {
     }
 
     fn settings(&self) -> ProcessSettings {
-        self.settings.clone()
+        self.process.settings.clone()
     }
 
     fn system_prompt(&self, _request: Option<&str>) -> Option<String> {

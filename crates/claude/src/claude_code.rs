@@ -64,7 +64,7 @@ impl AgentCli for ClaudeOptions {
         {
             tracing::warn!(dir = %dir.display(), error = %e, "could not create the scratch directory");
         }
-        let mut command = CliCommand::new(&self.binary).args(self.args_for_model(
+        let mut command = CliCommand::new(&self.process.binary).args(self.args_for_model(
             spawn.resume_id,
             spawn.system_prompt,
             spawn.model,
@@ -88,13 +88,7 @@ impl AgentCli for ClaudeOptions {
     }
 
     fn settings(&self) -> ProcessSettings {
-        ProcessSettings {
-            grace_period: self.grace_period,
-            max_line_bytes: self.max_line_bytes,
-            max_garbage_lines: self.max_garbage_lines,
-            stderr_tail_lines: self.stderr_tail_lines,
-            children_dir: self.children_dir.clone(),
-        }
+        self.process.settings.clone()
     }
 
     fn system_prompt(&self, request: Option<&str>) -> Option<String> {

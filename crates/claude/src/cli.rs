@@ -27,6 +27,7 @@ use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use derive_setters::Setters;
 use serde_json::Value;
 use warden_core::{Frame, StreamError};
 
@@ -107,7 +108,8 @@ impl CliCommand {
 }
 
 /// Limits shared by every CLI's process.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Setters)]
+#[setters(prefix = "with_", strip_option)]
 #[non_exhaustive]
 pub struct ProcessSettings {
     /// How long a process group has after `SIGTERM` before `SIGKILL`.
@@ -127,7 +129,8 @@ pub struct ProcessSettings {
     /// that the next warden ends the ones a crash of this one left
     /// running ([`end_orphaned_children`](crate::end_orphaned_children)).
     /// Default none: nothing recorded.
-    pub children_dir: Option<std::path::PathBuf>,
+    #[setters(into)]
+    pub children_dir: Option<PathBuf>,
 }
 
 impl Default for ProcessSettings {
@@ -142,37 +145,102 @@ impl Default for ProcessSettings {
     }
 }
 
-impl ProcessSettings {
-    /// Sets [`grace_period`](Self::grace_period).
-    pub fn with_grace_period(mut self, grace: Duration) -> Self {
-        self.grace_period = grace;
+/// What every adapter's options share: which binary runs, with which more
+/// arguments and environment, under which limits. Each adapter's options
+/// embed it as `process` and get its builder methods (`with_binary`,
+/// `with_arg`, `with_env`, `with_settings`) from one macro, so a new
+/// adapter declares none of them.
+#[derive(Debug, Clone, PartialEq, Setters)]
+#[setters(prefix = "with_")]
+#[non_exhaustive]
+pub struct CliProcess {
+    /// The binary to run: a path, or a name found on `PATH` (each
+    /// adapter's default is its CLI's name). It is executed directly,
+    /// never through a shell.
+    #[setters(into)]
+    pub binary: PathBuf,
+    /// More arguments, added where the adapter says (after its own).
+    /// Default empty.
+    #[setters(skip)]
+    pub extra_args: Vec<OsString>,
+    /// More environment variables for the child, on top of this process's
+    /// environment. Default empty. `HOME` or the CLI's own home variable
+    /// set here are also where diagnostics look for its transcripts.
+    #[setters(skip)]
+    pub env: Vec<(OsString, OsString)>,
+    /// Process limits. Default [`ProcessSettings::default`].
+    pub settings: ProcessSettings,
+}
+
+impl CliProcess {
+    /// `binary` with no more arguments or environment and the default
+    /// limits.
+    pub fn new(binary: impl Into<PathBuf>) -> Self {
+        Self {
+            binary: binary.into(),
+            extra_args: Vec::new(),
+            env: Vec::new(),
+            settings: ProcessSettings::default(),
+        }
+    }
+
+    /// Appends one argument to [`extra_args`](Self::extra_args) (not a
+    /// setter: each call adds one).
+    pub fn with_arg(mut self, arg: impl Into<OsString>) -> Self {
+        self.extra_args.push(arg.into());
         self
     }
 
-    /// Sets [`max_line_bytes`](Self::max_line_bytes).
-    pub fn with_max_line_bytes(mut self, limit: usize) -> Self {
-        self.max_line_bytes = limit;
-        self
-    }
-
-    /// Sets [`max_garbage_lines`](Self::max_garbage_lines).
-    pub fn with_max_garbage_lines(mut self, lines: u32) -> Self {
-        self.max_garbage_lines = lines;
-        self
-    }
-
-    /// Sets [`children_dir`](Self::children_dir).
-    pub fn with_children_dir(mut self, dir: impl Into<std::path::PathBuf>) -> Self {
-        self.children_dir = Some(dir.into());
-        self
-    }
-
-    /// Sets [`stderr_tail_lines`](Self::stderr_tail_lines).
-    pub fn with_stderr_tail_lines(mut self, lines: usize) -> Self {
-        self.stderr_tail_lines = lines;
+    /// Adds one variable to [`env`](Self::env) (not a setter: each call
+    /// adds one; a later value of the same name wins in the child).
+    pub fn with_env(mut self, key: impl Into<OsString>, value: impl Into<OsString>) -> Self {
+        self.env.push((key.into(), value.into()));
         self
     }
 }
+
+/// The builder methods of [`CliProcess`] on an adapter's options that
+/// embed it as `process`, written once here for every adapter: inherent
+/// methods, so callers need no trait in scope (a `Deref` to the shared
+/// part would hand back a `CliProcess`, not the adapter's options).
+macro_rules! cli_process_builders {
+    ($($options:ty),+ $(,)?) => {$(
+        impl $options {
+            /// Sets [`CliProcess::binary`](crate::CliProcess::binary): the
+            /// binary to run, executed directly, never through a shell.
+            pub fn with_binary(mut self, binary: impl Into<std::path::PathBuf>) -> Self {
+                self.process = self.process.with_binary(binary);
+                self
+            }
+
+            /// Appends one argument to
+            /// [`CliProcess::extra_args`](crate::CliProcess::extra_args).
+            pub fn with_arg(mut self, arg: impl Into<std::ffi::OsString>) -> Self {
+                self.process = self.process.with_arg(arg);
+                self
+            }
+
+            /// Adds one variable to the child's environment,
+            /// [`CliProcess::env`](crate::CliProcess::env).
+            pub fn with_env(
+                mut self,
+                key: impl Into<std::ffi::OsString>,
+                value: impl Into<std::ffi::OsString>,
+            ) -> Self {
+                self.process = self.process.with_env(key, value);
+                self
+            }
+
+            /// Sets [`CliProcess::settings`](crate::CliProcess::settings):
+            /// the process limits.
+            pub fn with_settings(mut self, settings: crate::ProcessSettings) -> Self {
+                self.process = self.process.with_settings(settings);
+                self
+            }
+        }
+    )+};
+}
+pub(crate) use cli_process_builders;
 
 /// What one stdout line means for the turn.
 #[derive(Debug, PartialEq)]
@@ -367,6 +435,60 @@ impl TranscriptInfo {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_adapters_options_take_the_shared_process_builders_and_its_derived_setters() {
+        let limits = ProcessSettings::default()
+            .with_grace_period(Duration::from_millis(7))
+            .with_children_dir("/run/kids");
+        assert_eq!(limits.children_dir, Some(PathBuf::from("/run/kids")));
+        let want = CliProcess::new("/bin/x")
+            .with_arg("--a")
+            .with_arg("--b")
+            .with_env("K", "1")
+            .with_env("K", "2")
+            .with_settings(limits.clone());
+        assert_eq!(want.extra_args, ["--a", "--b"].map(OsString::from));
+        assert_eq!(want.env.len(), 2, "each with_env adds one");
+        macro_rules! shared {
+            ($options:expr) => {
+                $options
+                    .with_binary("/bin/x")
+                    .with_arg("--a")
+                    .with_arg("--b")
+                    .with_env("K", "1")
+                    .with_env("K", "2")
+                    .with_settings(limits.clone())
+                    .process
+            };
+        }
+        let got = [
+            shared!(crate::ClaudeOptions::default()),
+            shared!(crate::CodexOptions::default()),
+            shared!(crate::GeminiOptions::default()),
+            shared!(crate::OpenCodeOptions::kilo()),
+            shared!(crate::QwenOptions::default()),
+            shared!(crate::AiderOptions::default()),
+        ];
+        for process in got {
+            assert_eq!(process, want);
+        }
+        let codex = crate::CodexOptions::default()
+            .with_model("m")
+            .with_stream_idle_timeout_ms(5);
+        assert_eq!(codex.model.as_deref(), Some("m"));
+        assert_eq!(codex.stream_idle_timeout_ms, Some(5));
+        let claude = crate::ClaudeOptions::default()
+            .with_partial_messages(true)
+            .with_grace_period(Duration::from_millis(7));
+        assert!(claude.include_partial_messages);
+        assert_eq!(
+            claude.process.settings.grace_period,
+            Duration::from_millis(7)
+        );
+        let gemini = crate::GeminiOptions::default().with_max_attempts(0);
+        assert_eq!(gemini.max_attempts, 1, "with_max_attempts raises a 0 to 1");
+    }
 
     #[test]
     fn a_uuid_is_an_id_and_a_nul_a_path_a_list_index_or_latest_are_not() {

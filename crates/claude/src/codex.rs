@@ -51,7 +51,7 @@
 //! the context in use is read from the session file
 //! (`$CODEX_HOME/sessions/YYYY/MM/DD/rollout-…-<thread_id>.jsonl`,
 //! `CODEX_HOME` defaulting to `$HOME/.codex`, both looked up in
-//! [`CodexOptions::env`] first): the last `token_count` event's
+//! [`CliProcess::env`] first): the last `token_count` event's
 //! `last_token_usage` and `model_context_window`. Without that file the
 //! turn reports no usage (never the cumulative sum).
 //!
@@ -61,9 +61,13 @@
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 
+use derive_setters::Setters;
 use warden_core::StreamError;
 
-use crate::cli::{AgentCli, CliCommand, ProcessLifetime, ProcessSettings, SpawnRequest};
+use crate::cli::{
+    AgentCli, CliCommand, CliProcess, ProcessLifetime, ProcessSettings, SpawnRequest,
+    cli_process_builders,
+};
 use crate::source::{CliSource, CliSourceFactory};
 
 mod parse;
@@ -107,99 +111,54 @@ impl CodexSandbox {
 }
 
 /// How [`CodexSource`] runs `codex`.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Setters)]
+#[setters(prefix = "with_", strip_option)]
 #[non_exhaustive]
 pub struct CodexOptions {
-    /// The binary. Default `codex` on `PATH`; executed directly.
-    pub binary: PathBuf,
+    /// The binary (default `codex`), its more arguments (before the
+    /// prompt), environment and limits, shared by every adapter
+    /// ([`CliProcess`]). `HOME` or `CODEX_HOME` in its environment are
+    /// where the session files are looked for.
+    #[setters(skip)]
+    pub process: CliProcess,
     /// `-m`. Default `None` (Codex's default model).
+    #[setters(into)]
     pub model: Option<String>,
     /// `sandbox_mode`. Default [`CodexSandbox::ReadOnly`].
     pub sandbox: CodexSandbox,
     /// A Responses API base URL (ending in `/v1`) for a model provider
     /// named `warden`. Default `None` (Codex's configured provider).
+    #[setters(into)]
     pub base_url: Option<String>,
     /// The variable holding that provider's key. Default `OPENAI_API_KEY`.
+    #[setters(into)]
     pub api_key_env: String,
     /// That provider's `stream_idle_timeout_ms` (Codex's own stall
     /// timeout, 300 s by default, retried 5 times). Default `None`.
     pub stream_idle_timeout_ms: Option<u64>,
     /// Turn off Codex's analytics and plugin/app fetches (it otherwise
     /// calls github.com and chatgpt.com). Default `true`.
+    #[setters(skip)]
     pub quiet: bool,
-    /// More arguments, before the prompt. Default empty.
-    pub extra_args: Vec<OsString>,
-    /// More environment variables for the child. Default empty. `HOME` or
-    /// `CODEX_HOME` set here are where the session files are looked for.
-    pub env: Vec<(OsString, OsString)>,
-    /// Process limits. Default [`ProcessSettings::default`].
-    pub settings: ProcessSettings,
 }
 
 impl Default for CodexOptions {
     fn default() -> Self {
         Self {
-            binary: PathBuf::from("codex"),
+            process: CliProcess::new("codex"),
             model: None,
             sandbox: CodexSandbox::default(),
             base_url: None,
             api_key_env: "OPENAI_API_KEY".to_owned(),
             stream_idle_timeout_ms: None,
             quiet: true,
-            extra_args: Vec::new(),
-            env: Vec::new(),
-            settings: ProcessSettings::default(),
         }
     }
 }
 
-impl CodexOptions {
-    /// Sets [`binary`](Self::binary).
-    pub fn with_binary(mut self, binary: impl Into<PathBuf>) -> Self {
-        self.binary = binary.into();
-        self
-    }
-    /// Sets [`model`](Self::model).
-    pub fn with_model(mut self, model: impl Into<String>) -> Self {
-        self.model = Some(model.into());
-        self
-    }
-    /// Sets [`sandbox`](Self::sandbox).
-    pub fn with_sandbox(mut self, sandbox: CodexSandbox) -> Self {
-        self.sandbox = sandbox;
-        self
-    }
-    /// Sets [`base_url`](Self::base_url).
-    pub fn with_base_url(mut self, url: impl Into<String>) -> Self {
-        self.base_url = Some(url.into());
-        self
-    }
-    /// Sets [`api_key_env`](Self::api_key_env).
-    pub fn with_api_key_env(mut self, name: impl Into<String>) -> Self {
-        self.api_key_env = name.into();
-        self
-    }
-    /// Sets [`stream_idle_timeout_ms`](Self::stream_idle_timeout_ms).
-    pub fn with_stream_idle_timeout_ms(mut self, ms: u64) -> Self {
-        self.stream_idle_timeout_ms = Some(ms);
-        self
-    }
-    /// Appends one of [`extra_args`](Self::extra_args).
-    pub fn with_arg(mut self, arg: impl Into<OsString>) -> Self {
-        self.extra_args.push(arg.into());
-        self
-    }
-    /// Adds one variable to [`env`](Self::env).
-    pub fn with_env(mut self, key: impl Into<OsString>, value: impl Into<OsString>) -> Self {
-        self.env.push((key.into(), value.into()));
-        self
-    }
-    /// Sets [`settings`](Self::settings).
-    pub fn with_settings(mut self, settings: ProcessSettings) -> Self {
-        self.settings = settings;
-        self
-    }
+cli_process_builders!(CodexOptions);
 
+impl CodexOptions {
     /// The arguments of one run (without the binary).
     pub fn args(&self, resume_id: Option<&str>, model: Option<&str>) -> Vec<OsString> {
         let mut args: Vec<OsString> = vec!["exec".into()];
@@ -241,16 +200,17 @@ impl CodexOptions {
                 .map(OsString::from),
             );
         }
-        args.extend(self.extra_args.iter().cloned());
+        args.extend(self.process.extra_args.iter().cloned());
         args.push("-".into());
         args
     }
 
     /// Where Codex keeps its state: `CODEX_HOME`, else `$HOME/.codex`
-    /// ([`env`](Self::env) first, then this process's environment).
+    /// ([`env`](CliProcess::env) first, then this process's environment).
     pub fn codex_home(&self) -> Option<PathBuf> {
         let var = |name: &str| {
-            self.env
+            self.process
+                .env
                 .iter()
                 .rev()
                 .find(|(k, _)| k == name)
@@ -282,8 +242,8 @@ impl AgentCli for CodexOptions {
 
     fn command(&self, spawn: &SpawnRequest<'_>) -> Result<CliCommand, StreamError> {
         let mut command =
-            CliCommand::new(&self.binary).args(self.args(spawn.resume_id, spawn.model));
-        command.env = self.env.clone();
+            CliCommand::new(&self.process.binary).args(self.args(spawn.resume_id, spawn.model));
+        command.env = self.process.env.clone();
         Ok(command)
     }
 
@@ -300,7 +260,7 @@ impl AgentCli for CodexOptions {
     }
 
     fn settings(&self) -> ProcessSettings {
-        self.settings.clone()
+        self.process.settings.clone()
     }
 
     fn system_prompt(&self, _request: Option<&str>) -> Option<String> {

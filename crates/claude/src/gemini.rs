@@ -74,7 +74,7 @@
 //! context in use is read from the session file
 //! (`<gemini dir>/tmp/<project>/chats/session-<time>-<id8>.jsonl`, the
 //! newest one holding the id; `<gemini dir>` is `$GEMINI_CLI_HOME/.gemini`,
-//! else `$HOME/.gemini`, looked up in [`GeminiOptions::env`] first): the
+//! else `$HOME/.gemini`, looked up in [`CliProcess::env`] first): the
 //! last `"type":"gemini"` record's `tokens.input` (with `tokens.cached`
 //! as the cached part). The window is [`GEMINI_CONTEXT_WINDOW`] (the CLI's
 //! own `tokenLimit()`; it prints none).
@@ -85,11 +85,13 @@
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 
+use derive_setters::Setters;
 use serde_json::{Value, json};
 use warden_core::StreamError;
 
 use crate::cli::{
-    AgentCli, CliCommand, ProcessLifetime, ProcessSettings, SpawnRequest, TranscriptInfo,
+    AgentCli, CliCommand, CliProcess, ProcessLifetime, ProcessSettings, SpawnRequest,
+    TranscriptInfo, cli_process_builders,
 };
 use crate::source::{CliSource, CliSourceFactory};
 
@@ -149,97 +151,57 @@ impl GeminiApproval {
 /// <uuid>] --prompt=<message>` with `GEMINI_CLI_NO_RELAUNCH=true`, one
 /// process per turn, never through a shell. `docs/agents.md` has how
 /// Gemini takes each fault.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Setters)]
+#[setters(prefix = "with_", strip_option)]
 #[non_exhaustive]
 pub struct GeminiOptions {
-    /// The binary. Default `gemini` on `PATH`; executed directly.
-    pub binary: PathBuf,
+    /// The binary (default `gemini`), its more arguments (before the prompt), environment and
+    /// limits, shared by every adapter ([`CliProcess`]).
+    #[setters(skip)]
+    pub process: CliProcess,
     /// `-m`, when the turn names no model. Default [`GEMINI_DEFAULT_MODEL`].
+    #[setters(into)]
     pub model: String,
     /// `GOOGLE_GEMINI_BASE_URL` (e.g. `warden mock`'s URL). Default `None`.
+    #[setters(into)]
     pub base_url: Option<String>,
     /// `GEMINI_CLI_HOME` for the child, where warden writes the settings
     /// file ([`write_settings`](Self::write_settings)) and Gemini keeps its
     /// sessions. Default `None`: the child's own `~/.gemini`, untouched
     /// (it must then select API-key auth itself).
+    #[setters(into)]
     pub gemini_home: Option<PathBuf>,
     /// `--approval-mode`. Default [`GeminiApproval::Default`].
     pub approval: GeminiApproval,
     /// `general.maxAttempts` in the settings file. Default 1: Gemini's own
     /// retries re-send partial text with no marker on stdout, so warden
     /// retries instead and discards the text shown (`docs/agents.md`).
+    #[setters(skip)]
     pub max_attempts: u32,
-    /// More arguments, before the prompt. Default empty.
-    pub extra_args: Vec<OsString>,
-    /// More environment variables for the child. Default empty.
-    pub env: Vec<(OsString, OsString)>,
-    /// Process limits. Default [`ProcessSettings::default`].
-    pub settings: ProcessSettings,
 }
 
 impl Default for GeminiOptions {
     fn default() -> Self {
         Self {
-            binary: PathBuf::from("gemini"),
+            process: CliProcess::new("gemini"),
             model: GEMINI_DEFAULT_MODEL.to_owned(),
             base_url: None,
             gemini_home: None,
             approval: GeminiApproval::default(),
             max_attempts: 1,
-            extra_args: Vec::new(),
-            env: Vec::new(),
-            settings: ProcessSettings::default(),
         }
     }
 }
 
+cli_process_builders!(GeminiOptions);
+
 impl GeminiOptions {
-    /// Sets [`binary`](Self::binary).
-    pub fn with_binary(mut self, binary: impl Into<PathBuf>) -> Self {
-        self.binary = binary.into();
-        self
-    }
-    /// Sets [`model`](Self::model).
-    pub fn with_model(mut self, model: impl Into<String>) -> Self {
-        self.model = model.into();
-        self
-    }
-    /// Sets [`base_url`](Self::base_url).
-    pub fn with_base_url(mut self, url: impl Into<String>) -> Self {
-        self.base_url = Some(url.into());
-        self
-    }
-    /// Sets [`gemini_home`](Self::gemini_home).
-    pub fn with_gemini_home(mut self, dir: impl Into<PathBuf>) -> Self {
-        self.gemini_home = Some(dir.into());
-        self
-    }
-    /// Sets [`approval`](Self::approval).
-    pub fn with_approval(mut self, approval: GeminiApproval) -> Self {
-        self.approval = approval;
-        self
-    }
-    /// Sets [`max_attempts`](Self::max_attempts) (at least 1).
+    /// Sets [`max_attempts`](Self::max_attempts), raising a 0 to 1 (a
+    /// check, so written out rather than derived).
     pub fn with_max_attempts(mut self, attempts: u32) -> Self {
         self.max_attempts = attempts.max(1);
         self
     }
-    /// Appends one of [`extra_args`](Self::extra_args).
-    pub fn with_arg(mut self, arg: impl Into<OsString>) -> Self {
-        self.extra_args.push(arg.into());
-        self
-    }
-    /// Adds one variable to [`env`](Self::env).
-    pub fn with_env(mut self, key: impl Into<OsString>, value: impl Into<OsString>) -> Self {
-        self.env.push((key.into(), value.into()));
-        self
-    }
-    /// Sets [`settings`](Self::settings).
-    pub fn with_settings(mut self, settings: ProcessSettings) -> Self {
-        self.settings = settings;
-        self
-    }
-
     /// The arguments of one run (without the binary).
     pub fn args(
         &self,
@@ -257,7 +219,7 @@ impl GeminiOptions {
         if let Some(id) = resume_id {
             args.extend(["--resume".into(), id.into()]);
         }
-        args.extend(self.extra_args.iter().cloned());
+        args.extend(self.process.extra_args.iter().cloned());
         args.push(format!("--prompt={message}").into());
         args
     }
@@ -284,10 +246,11 @@ impl GeminiOptions {
 
     /// Where Gemini keeps its state: `$GEMINI_CLI_HOME/.gemini`, else
     /// `$HOME/.gemini` ([`gemini_home`](Self::gemini_home) and
-    /// [`env`](Self::env) first, then this process's environment).
+    /// [`env`](CliProcess::env) first, then this process's environment).
     pub fn gemini_dir(&self) -> Option<PathBuf> {
         let var = |name: &str| {
-            self.env
+            self.process
+                .env
                 .iter()
                 .rev()
                 .find(|(k, _)| k == name)
@@ -368,7 +331,7 @@ impl AgentCli for GeminiOptions {
         self.write_settings().map_err(|e| StreamError::Connection {
             message: format!("could not write the Gemini CLI settings file: {e}"),
         })?;
-        let mut command = CliCommand::new(&self.binary)
+        let mut command = CliCommand::new(&self.process.binary)
             .args(self.args(spawn.resume_id, spawn.model, message))
             .env("GEMINI_CLI_NO_RELAUNCH", "true");
         if let Some(home) = &self.gemini_home {
@@ -377,7 +340,7 @@ impl AgentCli for GeminiOptions {
         if let Some(url) = &self.base_url {
             command = command.env("GOOGLE_GEMINI_BASE_URL", url);
         }
-        command.env.extend(self.env.iter().cloned());
+        command.env.extend(self.process.env.iter().cloned());
         Ok(command)
     }
 
@@ -395,7 +358,7 @@ impl AgentCli for GeminiOptions {
     }
 
     fn settings(&self) -> ProcessSettings {
-        self.settings.clone()
+        self.process.settings.clone()
     }
 
     fn system_prompt(&self, _request: Option<&str>) -> Option<String> {

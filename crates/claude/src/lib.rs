@@ -52,7 +52,7 @@
 //!
 //! # The process
 //!
-//! The binary ([`ClaudeOptions::binary`], default `claude` on `PATH`) is
+//! The binary ([`CliProcess::binary`], default `claude` on `PATH`) is
 //! executed directly, never through a shell, in the request's workspace
 //! (warden has already normalized it), as
 //!
@@ -62,7 +62,7 @@
 //!        [--include-partial-messages] [--append-system-prompt <text>] [extra args…]
 //! ```
 //!
-//! with [`ClaudeOptions::env`] added to its environment. Each user turn is
+//! with [`CliProcess::env`] added to its environment. Each user turn is
 //! one line on its stdin, `{"type":"user","message":{"role":"user",
 //! "content":"…"}}`. `--dangerously-skip-permissions` is never used (Claude
 //! Code refuses it as root, and CI runs as root); the default permission
@@ -91,7 +91,7 @@
 //! [`open`](warden_core::EventSource::open) owns the process until the
 //! turn's `result` line; dropping it earlier (the watchdog's kill, a
 //! cancel, a failure) terminates the group: `SIGTERM` to the group, up to
-//! [`ClaudeOptions::grace_period`] (default 2 s) for the leader to exit and
+//! [`ProcessSettings::grace_period`] (default 2 s) for the leader to exit and
 //! the group to empty, then `SIGKILL` to the group. A keeper thread per
 //! process reaps the leader as soon as it exits (no zombie), and a leader
 //! that exits on its own takes its group with it (no orphan). Dropping the
@@ -122,17 +122,17 @@
 //! **Garbage lines.** A line that is not a JSON object (a CLI or a wrapper
 //! may print noise) counts as liveness (`KeepAlive`) and is logged as a
 //! warning with its length, never its text. More than
-//! [`ClaudeOptions::max_garbage_lines`] (default 20) such lines *in a row*
+//! [`ProcessSettings::max_garbage_lines`] (default 20) such lines *in a row*
 //! fail the turn with `Malformed` (fatal): a process that only prints noise
 //! does not keep the watchdog fed for ever. A line longer than
-//! [`ClaudeOptions::max_line_bytes`] (default 16 MiB) fails the turn with
+//! [`ProcessSettings::max_line_bytes`] (default 16 MiB) fails the turn with
 //! `FrameTooLarge`.
 //!
 //! # Errors
 //!
 //! Resume failures arrive after the process started: as a `result` line
 //! (check `is_error`, not `subtype`), or as an exit before any result with
-//! the reason on stderr. The last [`ClaudeOptions::stderr_tail_lines`]
+//! the reason on stderr. The last [`ProcessSettings::stderr_tail_lines`]
 //! (default 50) stderr lines of the source's most recently started process
 //! are kept for [`diagnostics`](warden_core::EventSource::diagnostics).
 //! Error messages carry the exit status and at most the last five stderr
@@ -155,7 +155,7 @@
 //!
 //! Before a resume the source computes the transcript path,
 //! `${CLAUDE_CONFIG_DIR:-$HOME/.claude}/projects/<key>/<id>.jsonl` (both
-//! variables looked up in [`ClaudeOptions::env`] first), and logs a debug
+//! variables looked up in [`CliProcess::env`] first), and logs a debug
 //! event with whether it exists and its size;
 //! [`diagnostics`](warden_core::EventSource::diagnostics) reports the same.
 //! The key rule is [`transcript::project_key`].
@@ -208,8 +208,8 @@ pub use claude_code::{
     ClaudeParser, ClaudeSource, ClaudeSourceFactory, FRESH_START_NOTE, window_for_model,
 };
 pub use cli::{
-    AgentCli, CliCommand, ExitInfo, ProcessLifetime, ProcessSettings, SpawnRequest, Step,
-    TranscriptInfo, TurnParser, is_plain_id, is_uuid,
+    AgentCli, CliCommand, CliProcess, ExitInfo, ProcessLifetime, ProcessSettings, SpawnRequest,
+    Step, TranscriptInfo, TurnParser, is_plain_id, is_uuid,
 };
 pub use codex::{
     CODEX_FRESH_START_NOTE, CodexOptions, CodexParser, CodexSandbox, CodexSource,

@@ -79,13 +79,16 @@
 //! `AGENTS.md`, which also survives a fresh start.
 
 use std::ffi::OsString;
-use std::path::PathBuf;
 use std::time::Duration;
 
+use derive_setters::Setters;
 use serde_json::{Value, json};
 use warden_core::StreamError;
 
-use crate::cli::{AgentCli, CliCommand, ProcessLifetime, ProcessSettings, SpawnRequest};
+use crate::cli::{
+    AgentCli, CliCommand, CliProcess, ProcessLifetime, ProcessSettings, SpawnRequest,
+    cli_process_builders,
+};
 use crate::source::{CliSource, CliSourceFactory};
 
 mod parse;
@@ -179,23 +182,30 @@ impl OpenCodeFlavor {
 /// [-m …] --dir <workspace> [-s <id>]`, the prompt on stdin, one process
 /// per turn, never through a shell. `docs/agents.md` has how each takes
 /// faults.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Setters)]
+#[setters(prefix = "with_", strip_option)]
 #[non_exhaustive]
 pub struct OpenCodeOptions {
     /// Which CLI. Default [`OpenCodeFlavor::OpenCode`].
+    #[setters(skip)]
     pub flavor: OpenCodeFlavor,
-    /// The binary. Default the flavor's (`opencode`, `kilo`) on `PATH`.
-    pub binary: PathBuf,
+    /// The binary (default the flavor's: `opencode`, `kilo`), its more arguments (after warden's), environment and
+    /// limits, shared by every adapter ([`CliProcess`]).
+    #[setters(skip)]
+    pub process: CliProcess,
     /// The model: with [`base_url`](Self::base_url) a model of the
     /// `warden` provider (default [`OPENCODE_DEFAULT_MODEL`]), else
     /// `provider/model` as the CLI takes it (default: the CLI's).
+    #[setters(into)]
     pub model: Option<String>,
     /// An OpenAI chat-completions base URL (ending in `/v1`: the CLI posts
     /// to `{base_url}/chat/completions`) for a provider `warden`. Default
     /// `None`: the user's own providers.
+    #[setters(into)]
     pub base_url: Option<String>,
     /// The variable holding that provider's API key. Default
     /// `OPENAI_API_KEY` (unset: no key, as a local server needs none).
+    #[setters(into)]
     pub api_key_env: String,
     /// The provider's `chunkTimeout`. Default `None`: no stall timeout of
     /// the CLI's own (warden's layers decide): `false` for OpenCode, none
@@ -203,12 +213,6 @@ pub struct OpenCodeOptions {
     pub chunk_timeout: Option<Duration>,
     /// The context window reported. Default [`OPENCODE_CONTEXT_WINDOW`].
     pub context_window: u64,
-    /// More arguments, after warden's. Default empty.
-    pub extra_args: Vec<OsString>,
-    /// More environment variables for the child. Default empty.
-    pub env: Vec<(OsString, OsString)>,
-    /// Process limits. Default [`ProcessSettings::default`].
-    pub settings: ProcessSettings,
 }
 
 impl Default for OpenCodeOptions {
@@ -217,72 +221,25 @@ impl Default for OpenCodeOptions {
     }
 }
 
+cli_process_builders!(OpenCodeOptions);
+
 impl OpenCodeOptions {
     /// The defaults for `flavor`.
     pub fn new(flavor: OpenCodeFlavor) -> Self {
         Self {
             flavor,
-            binary: PathBuf::from(flavor.binary()),
+            process: CliProcess::new(flavor.binary()),
             model: None,
             base_url: None,
             api_key_env: "OPENAI_API_KEY".to_owned(),
             chunk_timeout: None,
             context_window: OPENCODE_CONTEXT_WINDOW,
-            extra_args: Vec::new(),
-            env: Vec::new(),
-            settings: ProcessSettings::default(),
         }
     }
 
     /// The defaults for Kilo Code.
     pub fn kilo() -> Self {
         Self::new(OpenCodeFlavor::Kilo)
-    }
-
-    /// Sets [`binary`](Self::binary).
-    pub fn with_binary(mut self, binary: impl Into<PathBuf>) -> Self {
-        self.binary = binary.into();
-        self
-    }
-    /// Sets [`model`](Self::model).
-    pub fn with_model(mut self, model: impl Into<String>) -> Self {
-        self.model = Some(model.into());
-        self
-    }
-    /// Sets [`base_url`](Self::base_url).
-    pub fn with_base_url(mut self, url: impl Into<String>) -> Self {
-        self.base_url = Some(url.into());
-        self
-    }
-    /// Sets [`api_key_env`](Self::api_key_env).
-    pub fn with_api_key_env(mut self, name: impl Into<String>) -> Self {
-        self.api_key_env = name.into();
-        self
-    }
-    /// Sets [`chunk_timeout`](Self::chunk_timeout).
-    pub fn with_chunk_timeout(mut self, timeout: Duration) -> Self {
-        self.chunk_timeout = Some(timeout);
-        self
-    }
-    /// Sets [`context_window`](Self::context_window).
-    pub fn with_context_window(mut self, tokens: u64) -> Self {
-        self.context_window = tokens;
-        self
-    }
-    /// Appends one of [`extra_args`](Self::extra_args).
-    pub fn with_arg(mut self, arg: impl Into<OsString>) -> Self {
-        self.extra_args.push(arg.into());
-        self
-    }
-    /// Adds one variable to [`env`](Self::env).
-    pub fn with_env(mut self, key: impl Into<OsString>, value: impl Into<OsString>) -> Self {
-        self.env.push((key.into(), value.into()));
-        self
-    }
-    /// Sets [`settings`](Self::settings).
-    pub fn with_settings(mut self, settings: ProcessSettings) -> Self {
-        self.settings = settings;
-        self
     }
 
     /// The `-m` value for a turn asking for `model`, if any.
@@ -314,7 +271,7 @@ impl OpenCodeOptions {
         if let Some(id) = resume_id {
             args.extend(["-s".into(), id.into()]);
         }
-        args.extend(self.extra_args.iter().cloned());
+        args.extend(self.process.extra_args.iter().cloned());
         args
     }
 
@@ -368,7 +325,7 @@ impl AgentCli for OpenCodeOptions {
     }
 
     fn command(&self, spawn: &SpawnRequest<'_>) -> Result<CliCommand, StreamError> {
-        let mut command = CliCommand::new(&self.binary)
+        let mut command = CliCommand::new(&self.process.binary)
             .args(self.args(spawn.resume_id, spawn.model, spawn.workspace))
             .env(
                 format!("{}_CONFIG_CONTENT", self.flavor.prefix()),
@@ -377,7 +334,7 @@ impl AgentCli for OpenCodeOptions {
         for (key, value) in self.flavor.quiet_env() {
             command = command.env(key, value);
         }
-        command.env.extend(self.env.iter().cloned());
+        command.env.extend(self.process.env.iter().cloned());
         Ok(command)
     }
 
@@ -395,7 +352,7 @@ impl AgentCli for OpenCodeOptions {
     }
 
     fn settings(&self) -> ProcessSettings {
-        self.settings.clone()
+        self.process.settings.clone()
     }
 
     fn system_prompt(&self, _request: Option<&str>) -> Option<String> {
@@ -418,6 +375,7 @@ impl AgentCli for OpenCodeOptions {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::path::PathBuf;
 
     fn text(args: &[OsString]) -> Vec<String> {
         args.iter()
@@ -461,7 +419,7 @@ mod tests {
     #[test]
     fn kilo_is_the_same_command_with_its_own_names_and_telemetry_off() {
         let o = OpenCodeOptions::kilo();
-        assert_eq!(o.binary, PathBuf::from("kilo"));
+        assert_eq!(o.process.binary, PathBuf::from("kilo"));
         let spawn = SpawnRequest {
             resume_id: None,
             model: None,

@@ -4,6 +4,10 @@ use std::ffi::OsString;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use derive_setters::Setters;
+
+use crate::cli::{CliProcess, cli_process_builders};
+
 /// Claude Code's `--permission-mode`.
 ///
 /// The default is [`PermissionMode::Default`]: it works as root (CI runs as
@@ -47,165 +51,115 @@ impl PermissionMode {
 ///
 /// Every run has `--output-format stream-json --input-format stream-json
 /// --verbose`, then `--resume <id>` when the turn resumes a conversation,
-/// then the options below, then [`extra_args`](Self::extra_args).
-#[derive(Debug, Clone, PartialEq)]
+/// then the options below, then [`extra_args`](CliProcess::extra_args).
+#[derive(Debug, Clone, PartialEq, Setters)]
+#[setters(prefix = "with_", strip_option)]
 #[non_exhaustive]
 pub struct ClaudeOptions {
-    /// The binary to run. Default `claude`, found on `PATH`. It is executed
-    /// directly, never through a shell.
-    pub binary: PathBuf,
+    /// The binary (default `claude`, found on `PATH`), its more arguments
+    /// (appended last), environment and limits, shared by every adapter
+    /// ([`CliProcess`]). `HOME` or `CLAUDE_CONFIG_DIR` in its environment
+    /// are also where [`diagnostics`](warden_core::EventSource::diagnostics)
+    /// looks for transcripts. Its
+    /// [`children_dir`](crate::ProcessSettings::children_dir) records each
+    /// running process, so that after a `kill -9` of this process the next
+    /// one ends it with [`end_orphaned_children`](crate::end_orphaned_children):
+    /// a Claude Code process killed warden's way keeps its turn going,
+    /// re-sends the message on its own and writes the conversation the
+    /// next warden resumes.
+    #[setters(skip)]
+    pub process: CliProcess,
     /// `--model`. Default `None` (Claude Code's own default).
+    #[setters(into)]
     pub model: Option<String>,
     /// `--permission-mode`. Default [`PermissionMode::Default`].
     pub permission_mode: PermissionMode,
     /// Text for `--append-system-prompt`. Default `None`. When the turn
     /// request carries its own text too, both are passed, this one first,
     /// separated by a blank line.
+    #[setters(into)]
     pub append_system_prompt: Option<String>,
     /// `--include-partial-messages`: text arrives as Anthropic deltas
     /// (`stream_event` lines) instead of one block at a time. Default
     /// `false`.
+    #[setters(rename = "with_partial_messages")]
     pub include_partial_messages: bool,
-    /// More arguments, appended last. Default empty.
-    pub extra_args: Vec<OsString>,
-    /// More environment variables for the child, on top of this process's
-    /// environment. Default empty. `HOME` or `CLAUDE_CONFIG_DIR` set here
-    /// are also where [`diagnostics`](warden_core::EventSource::diagnostics)
-    /// looks for transcripts.
-    pub env: Vec<(OsString, OsString)>,
     /// A scratch directory for Claude Code's temporary files and sockets:
     /// when set, it is created and passed as `CLAUDE_CODE_TMPDIR` and
     /// `XDG_RUNTIME_DIR`, so nothing is left under `/tmp`. Default `None`
     /// (the child inherits both variables).
+    #[setters(into)]
     pub scratch_dir: Option<PathBuf>,
-    /// How long a process group has after `SIGTERM` before `SIGKILL`.
-    /// Default 2 s.
-    pub grace_period: Duration,
-    /// Longest stdout line accepted; a longer one fails the turn with
-    /// `FrameTooLarge`. Default 16 MiB (tool results carrying whole files
-    /// make long lines).
-    pub max_line_bytes: usize,
-    /// How many stdout lines in a row may fail to parse as JSON before the
-    /// turn fails with `Malformed`. Each such line counts as liveness and is
-    /// logged as a warning (its length, never its text). Default 20; `0`
-    /// fails on the first one.
-    pub max_garbage_lines: u32,
-    /// How many stderr lines are kept for diagnostics. Default 50.
-    pub stderr_tail_lines: usize,
-    /// Where each running process is recorded (see
-    /// [`ProcessSettings::children_dir`](crate::ProcessSettings::children_dir)),
-    /// so that after a `kill -9` of this process the next one ends it with
-    /// [`end_orphaned_children`](crate::end_orphaned_children): a Claude
-    /// Code process killed warden's way keeps its turn going, re-sends the
-    /// message on its own and writes the conversation the next warden
-    /// resumes. Default `None` (not recorded).
-    pub children_dir: Option<PathBuf>,
 }
 
 impl Default for ClaudeOptions {
     fn default() -> Self {
         Self {
-            binary: PathBuf::from("claude"),
+            process: CliProcess::new("claude"),
             model: None,
             permission_mode: PermissionMode::Default,
             append_system_prompt: None,
             include_partial_messages: false,
-            extra_args: Vec::new(),
-            env: Vec::new(),
             scratch_dir: None,
-            grace_period: Duration::from_secs(2),
-            max_line_bytes: 16 * 1024 * 1024,
-            max_garbage_lines: 20,
-            stderr_tail_lines: 50,
-            children_dir: None,
         }
     }
 }
 
+cli_process_builders!(ClaudeOptions);
+
+/// The process limits of [`ProcessSettings`](crate::ProcessSettings) one
+/// at a time, as Claude Code's options had them before the limits were
+/// shared: each sets that field of the embedded
+/// [`settings`](CliProcess::settings), a field of a field, which the
+/// derive does not reach.
 impl ClaudeOptions {
-    /// Sets [`binary`](Self::binary).
-    pub fn with_binary(mut self, binary: impl Into<PathBuf>) -> Self {
-        self.binary = binary.into();
-        self
-    }
-
-    /// Sets [`model`](Self::model).
-    pub fn with_model(mut self, model: impl Into<String>) -> Self {
-        self.model = Some(model.into());
-        self
-    }
-
-    /// Sets [`permission_mode`](Self::permission_mode).
-    pub fn with_permission_mode(mut self, mode: PermissionMode) -> Self {
-        self.permission_mode = mode;
-        self
-    }
-
-    /// Sets [`append_system_prompt`](Self::append_system_prompt).
-    pub fn with_append_system_prompt(mut self, text: impl Into<String>) -> Self {
-        self.append_system_prompt = Some(text.into());
-        self
-    }
-
-    /// Sets [`include_partial_messages`](Self::include_partial_messages).
-    pub fn with_partial_messages(mut self, on: bool) -> Self {
-        self.include_partial_messages = on;
-        self
-    }
-
-    /// Appends one of [`extra_args`](Self::extra_args).
-    pub fn with_arg(mut self, arg: impl Into<OsString>) -> Self {
-        self.extra_args.push(arg.into());
-        self
-    }
-
-    /// Adds one variable to [`env`](Self::env).
-    pub fn with_env(mut self, key: impl Into<OsString>, value: impl Into<OsString>) -> Self {
-        self.env.push((key.into(), value.into()));
-        self
-    }
-
-    /// Sets [`scratch_dir`](Self::scratch_dir).
-    pub fn with_scratch_dir(mut self, dir: impl Into<PathBuf>) -> Self {
-        self.scratch_dir = Some(dir.into());
-        self
-    }
-
-    /// Sets [`grace_period`](Self::grace_period).
+    /// Sets how long a process group has after `SIGTERM` before `SIGKILL`
+    /// ([`ProcessSettings::grace_period`](crate::ProcessSettings::grace_period),
+    /// default 2 s).
     pub fn with_grace_period(mut self, grace: Duration) -> Self {
-        self.grace_period = grace;
+        self.process.settings.grace_period = grace;
         self
     }
 
-    /// Sets [`children_dir`](Self::children_dir).
+    /// Sets where each running process is recorded
+    /// ([`ProcessSettings::children_dir`](crate::ProcessSettings::children_dir)).
     pub fn with_children_dir(mut self, dir: impl Into<PathBuf>) -> Self {
-        self.children_dir = Some(dir.into());
+        self.process.settings.children_dir = Some(dir.into());
         self
     }
 
-    /// Sets [`max_line_bytes`](Self::max_line_bytes).
+    /// Sets the longest stdout line accepted
+    /// ([`ProcessSettings::max_line_bytes`](crate::ProcessSettings::max_line_bytes),
+    /// default 16 MiB: tool results carrying whole files make long lines).
     pub fn with_max_line_bytes(mut self, limit: usize) -> Self {
-        self.max_line_bytes = limit;
+        self.process.settings.max_line_bytes = limit;
         self
     }
 
-    /// Sets [`max_garbage_lines`](Self::max_garbage_lines).
+    /// Sets how many stdout lines in a row may fail to parse before the
+    /// turn fails with `Malformed`
+    /// ([`ProcessSettings::max_garbage_lines`](crate::ProcessSettings::max_garbage_lines),
+    /// default 20; `0` fails on the first one).
     pub fn with_max_garbage_lines(mut self, lines: u32) -> Self {
-        self.max_garbage_lines = lines;
+        self.process.settings.max_garbage_lines = lines;
         self
     }
 
-    /// Sets [`stderr_tail_lines`](Self::stderr_tail_lines).
+    /// Sets how many stderr lines are kept for diagnostics
+    /// ([`ProcessSettings::stderr_tail_lines`](crate::ProcessSettings::stderr_tail_lines),
+    /// default 50).
     pub fn with_stderr_tail_lines(mut self, lines: usize) -> Self {
-        self.stderr_tail_lines = lines;
+        self.process.settings.stderr_tail_lines = lines;
         self
     }
+}
 
-    /// The child's extra environment as it will be set: [`env`](Self::env),
+impl ClaudeOptions {
+    /// The child's extra environment as it will be set: [`env`](CliProcess::env),
     /// then the scratch directory variables, then `IS_SANDBOX=1` for
     /// [`PermissionMode::BypassPermissions`] unless `IS_SANDBOX` is set.
     pub fn child_env(&self) -> Vec<(OsString, OsString)> {
-        let mut env = self.env.clone();
+        let mut env = self.process.env.clone();
         if let Some(dir) = &self.scratch_dir {
             env.push(("CLAUDE_CODE_TMPDIR".into(), dir.clone().into_os_string()));
             env.push(("XDG_RUNTIME_DIR".into(), dir.clone().into_os_string()));
@@ -262,7 +216,7 @@ impl ClaudeOptions {
             args.push("--append-system-prompt".into());
             args.push(text.into());
         }
-        args.extend(self.extra_args.iter().cloned());
+        args.extend(self.process.extra_args.iter().cloned());
         args
     }
 

@@ -71,10 +71,14 @@
 use std::ffi::OsString;
 use std::path::PathBuf;
 
+use derive_setters::Setters;
 use serde_json::{Value, json};
 use warden_core::StreamError;
 
-use crate::cli::{AgentCli, CliCommand, ProcessLifetime, ProcessSettings, SpawnRequest};
+use crate::cli::{
+    AgentCli, CliCommand, CliProcess, ProcessLifetime, ProcessSettings, SpawnRequest,
+    cli_process_builders,
+};
 use crate::gemini::merge_settings_file;
 use crate::source::{CliSource, CliSourceFactory};
 
@@ -100,88 +104,46 @@ pub const QWEN_CONTEXT_WINDOW: u64 = 131_072;
 /// --output-format stream-json [-m …] [--resume <uuid>]`, the prompt on
 /// stdin, one process per turn, never through a shell. `docs/agents.md`
 /// has how it takes faults.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Setters)]
+#[setters(prefix = "with_", strip_option)]
 #[non_exhaustive]
 pub struct QwenOptions {
-    /// The binary. Default `qwen` on `PATH`; executed directly.
-    pub binary: PathBuf,
+    /// The binary (default `qwen`), its more arguments (after warden's), environment and
+    /// limits, shared by every adapter ([`CliProcess`]).
+    #[setters(skip)]
+    pub process: CliProcess,
     /// `-m`, when the turn names no model. Default `None`: the CLI's.
+    #[setters(into)]
     pub model: Option<String>,
     /// `OPENAI_BASE_URL`: an OpenAI chat-completions base URL (ending in
     /// `/v1`; the CLI posts to `{base_url}/chat/completions`). Default
     /// `None`: the child's own.
+    #[setters(into)]
     pub base_url: Option<String>,
     /// `QWEN_HOME` for the child, where warden writes the settings file
     /// ([`write_settings`](Self::write_settings)) and Qwen Code keeps its
     /// sessions. Default `None`: the child's own `~/.qwen`, untouched.
+    #[setters(into)]
     pub qwen_home: Option<PathBuf>,
     /// The context window reported. Default [`QWEN_CONTEXT_WINDOW`].
     pub context_window: u64,
-    /// More arguments, after warden's. Default empty.
-    pub extra_args: Vec<OsString>,
-    /// More environment variables for the child. Default empty.
-    pub env: Vec<(OsString, OsString)>,
-    /// Process limits. Default [`ProcessSettings::default`].
-    pub settings: ProcessSettings,
 }
 
 impl Default for QwenOptions {
     fn default() -> Self {
         Self {
-            binary: PathBuf::from("qwen"),
+            process: CliProcess::new("qwen"),
             model: None,
             base_url: None,
             qwen_home: None,
             context_window: QWEN_CONTEXT_WINDOW,
-            extra_args: Vec::new(),
-            env: Vec::new(),
-            settings: ProcessSettings::default(),
         }
     }
 }
 
-impl QwenOptions {
-    /// Sets [`binary`](Self::binary).
-    pub fn with_binary(mut self, binary: impl Into<PathBuf>) -> Self {
-        self.binary = binary.into();
-        self
-    }
-    /// Sets [`model`](Self::model).
-    pub fn with_model(mut self, model: impl Into<String>) -> Self {
-        self.model = Some(model.into());
-        self
-    }
-    /// Sets [`base_url`](Self::base_url).
-    pub fn with_base_url(mut self, url: impl Into<String>) -> Self {
-        self.base_url = Some(url.into());
-        self
-    }
-    /// Sets [`qwen_home`](Self::qwen_home).
-    pub fn with_qwen_home(mut self, dir: impl Into<PathBuf>) -> Self {
-        self.qwen_home = Some(dir.into());
-        self
-    }
-    /// Sets [`context_window`](Self::context_window).
-    pub fn with_context_window(mut self, tokens: u64) -> Self {
-        self.context_window = tokens;
-        self
-    }
-    /// Appends one of [`extra_args`](Self::extra_args).
-    pub fn with_arg(mut self, arg: impl Into<OsString>) -> Self {
-        self.extra_args.push(arg.into());
-        self
-    }
-    /// Adds one variable to [`env`](Self::env).
-    pub fn with_env(mut self, key: impl Into<OsString>, value: impl Into<OsString>) -> Self {
-        self.env.push((key.into(), value.into()));
-        self
-    }
-    /// Sets [`settings`](Self::settings).
-    pub fn with_settings(mut self, settings: ProcessSettings) -> Self {
-        self.settings = settings;
-        self
-    }
+cli_process_builders!(QwenOptions);
 
+impl QwenOptions {
     /// The arguments of one run (without the binary).
     pub fn args(&self, resume_id: Option<&str>, model: Option<&str>) -> Vec<OsString> {
         let mut args: Vec<OsString> = ["--auth-type", "openai", "--output-format", "stream-json"]
@@ -193,7 +155,7 @@ impl QwenOptions {
         if let Some(id) = resume_id {
             args.extend(["--resume".into(), id.into()]);
         }
-        args.extend(self.extra_args.iter().cloned());
+        args.extend(self.process.extra_args.iter().cloned());
         args
     }
 
@@ -235,7 +197,7 @@ impl AgentCli for QwenOptions {
         self.write_settings().map_err(|e| StreamError::Connection {
             message: format!("could not write the Qwen Code settings file: {e}"),
         })?;
-        let mut command = CliCommand::new(&self.binary)
+        let mut command = CliCommand::new(&self.process.binary)
             .args(self.args(spawn.resume_id, spawn.model))
             .env("QWEN_CODE_NO_RELAUNCH", "true")
             .env("QWEN_STREAM_IDLE_TIMEOUT_MS", "0");
@@ -250,7 +212,7 @@ impl AgentCli for QwenOptions {
         if let Some(url) = &self.base_url {
             command = command.env("OPENAI_BASE_URL", url);
         }
-        command.env.extend(self.env.iter().cloned());
+        command.env.extend(self.process.env.iter().cloned());
         Ok(command)
     }
 
@@ -266,7 +228,7 @@ impl AgentCli for QwenOptions {
     }
 
     fn settings(&self) -> ProcessSettings {
-        self.settings.clone()
+        self.process.settings.clone()
     }
 
     fn system_prompt(&self, _request: Option<&str>) -> Option<String> {

@@ -238,7 +238,7 @@ pub(crate) fn agent_source(
     Ok(match agent {
         Agent::ClaudeCode => {
             let options = claude_options(claude_binary(claude_bin)?, model, base_url);
-            let children = children_dir(data_dir, options.grace_period);
+            let children = children_dir(data_dir, options.process.settings.grace_period);
             let options = options.with_children_dir(children);
             let source = Arc::new(ClaudeSource::new(options));
             (source.clone(), Some(CliChildren::Claude(source)))

@@ -45,12 +45,12 @@ const ANTHROPIC_BASE_URL: &str = "ANTHROPIC_BASE_URL";
 /// Claude Code reaches the wire through `ANTHROPIC_BASE_URL`.
 impl WireAdapter for ClaudeOptions {
     fn upstream(&self, config: ProxyConfig) -> Option<ProxyConfig> {
-        let configured = env_value(&self.env, ANTHROPIC_BASE_URL);
+        let configured = env_value(&self.process.env, ANTHROPIC_BASE_URL);
         Some(config.with_anthropic_upstream(anthropic_upstream(configured.as_deref())))
     }
 
     fn through_wire(mut self, url: &str) -> Self {
-        self.env.retain(|(k, _)| k != ANTHROPIC_BASE_URL);
+        self.process.env.retain(|(k, _)| k != ANTHROPIC_BASE_URL);
         self.with_env(ANTHROPIC_BASE_URL, url)
     }
 }
@@ -61,7 +61,7 @@ impl WireAdapter for ClaudeOptions {
 impl WireAdapter for CodexOptions {
     fn upstream(&self, config: ProxyConfig) -> Option<ProxyConfig> {
         let by_key = self.base_url.is_some()
-            || env_value(&self.env, &self.api_key_env).is_some()
+            || env_value(&self.process.env, &self.api_key_env).is_some()
             || std::env::var_os(&self.api_key_env).is_some_and(|v| !v.is_empty());
         by_key.then(|| config.with_openai_upstream(openai_upstream(self.base_url.as_deref())))
     }
@@ -181,11 +181,12 @@ mod tests {
         assert_eq!(config.anthropic_upstream, "http://mock:1");
         let claude = claude.through_wire(wire);
         assert_eq!(
-            env_value(&claude.env, ANTHROPIC_BASE_URL).as_deref(),
+            env_value(&claude.process.env, ANTHROPIC_BASE_URL).as_deref(),
             Some(wire)
         );
         assert_eq!(
             claude
+                .process
                 .env
                 .iter()
                 .filter(|(k, _)| k == ANTHROPIC_BASE_URL)
