@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::provider::{Anthropic, Api, OpenAi, OpenAiResponses};
+use derive_setters::Setters;
 use warden_core::store::ConversationStore;
 
 use crate::transcript::Transcripts;
@@ -26,7 +27,8 @@ pub type OpenAiResponsesOptions = SourceOptions<OpenAiResponses>;
 ///
 /// The defaults are the API's [`Provider`](crate::Provider) ones. `Debug`
 /// redacts the API key.
-#[derive(Clone, PartialEq, Eq)]
+#[derive(Clone, PartialEq, Eq, Setters)]
+#[setters(prefix = "with_", strip_option)]
 #[non_exhaustive]
 pub struct SourceOptions<P: Api> {
     /// The API's base URL, without the endpoint
@@ -34,22 +36,27 @@ pub struct SourceOptions<P: Api> {
     /// `/v1/chat/completions`); a path prefix is kept. Default
     /// [`Provider::default_base_url`](crate::Provider::default_base_url):
     /// `https://api.anthropic.com`, `https://api.openai.com`.
+    #[setters(into)]
     pub base_url: String,
     /// The API key, sent as `x-api-key` (Anthropic) or `Authorization: Bearer
     /// <key>` (OpenAI); left out when empty (local servers). Never logged.
     /// Default empty.
+    #[setters(into)]
     pub api_key: String,
     /// The model. Default
     /// [`Provider::default_model`](crate::Provider::default_model):
     /// `claude-sonnet-4-5`, `gpt-4o-mini`.
+    #[setters(into)]
     pub model: String,
     /// `max_tokens` of each request ([`Api::MaxTokens`]): for Anthropic a
     /// `u32`, default 8192; for OpenAI an `Option<u32>`, not sent when
     /// `None`, default `None`.
+    #[setters(skip)]
     pub max_tokens: P::MaxTokens,
     /// Timeouts, limits, extra headers and transcripts. Default
     /// [`HttpOptions::default`].
     pub http: HttpOptions,
+    #[setters(skip)]
     api: PhantomData<fn() -> P>,
 }
 
@@ -81,33 +88,9 @@ impl<P: Api> fmt::Debug for SourceOptions<P> {
 }
 
 impl<P: Api> SourceOptions<P> {
-    /// Sets [`base_url`](Self::base_url).
-    pub fn with_base_url(mut self, url: impl Into<String>) -> Self {
-        self.base_url = url.into();
-        self
-    }
-
-    /// Sets [`api_key`](Self::api_key).
-    pub fn with_api_key(mut self, key: impl Into<String>) -> Self {
-        self.api_key = key.into();
-        self
-    }
-
-    /// Sets [`model`](Self::model).
-    pub fn with_model(mut self, model: impl Into<String>) -> Self {
-        self.model = model.into();
-        self
-    }
-
     /// Sets [`max_tokens`](Self::max_tokens).
     pub fn with_max_tokens(mut self, max_tokens: u32) -> Self {
         self.max_tokens = P::MaxTokens::from(max_tokens);
-        self
-    }
-
-    /// Sets all of [`http`](Self::http).
-    pub fn with_http(mut self, http: HttpOptions) -> Self {
-        self.http = http;
         self
     }
 
@@ -141,7 +124,8 @@ impl<P: Api> SourceOptions<P> {
 /// HTTP settings shared by [`AnthropicOptions`] and [`OpenAiOptions`].
 ///
 /// `Debug` prints the names of the extra headers, never their values.
-#[derive(Clone, PartialEq, Eq)]
+#[derive(Clone, PartialEq, Eq, Setters)]
+#[setters(prefix = "with_", strip_option)]
 #[non_exhaustive]
 pub struct HttpOptions {
     /// How long establishing the TCP (and TLS) connection may take. Default
@@ -159,6 +143,7 @@ pub struct HttpOptions {
     /// Headers added to every request, after the provider's own (a header of
     /// the same name replaces the default one, e.g. `anthropic-version`).
     /// Values are marked sensitive. Default none.
+    #[setters(skip)]
     pub extra_headers: Vec<(String, String)>,
     /// Where conversations are kept, making the source resumable (see
     /// [`Transcripts`]). Default `None`: every turn is a one-message
@@ -167,6 +152,7 @@ pub struct HttpOptions {
     /// Where conversations are kept instead of [`transcripts`](Self::transcripts):
     /// any [`ConversationStore`], e.g. a database the nodes of a cluster
     /// share. Default `None`. Takes precedence over `transcripts`.
+    #[setters(skip)]
     pub conversation_store: Option<SharedConversationStore>,
 }
 
@@ -211,24 +197,6 @@ impl fmt::Debug for HttpOptions {
 }
 
 impl HttpOptions {
-    /// Sets [`connect_timeout`](Self::connect_timeout).
-    pub fn with_connect_timeout(mut self, timeout: Duration) -> Self {
-        self.connect_timeout = timeout;
-        self
-    }
-
-    /// Sets [`max_frame_bytes`](Self::max_frame_bytes).
-    pub fn with_max_frame_bytes(mut self, bytes: usize) -> Self {
-        self.max_frame_bytes = bytes;
-        self
-    }
-
-    /// Sets [`max_retry_after`](Self::max_retry_after).
-    pub fn with_max_retry_after(mut self, cap: Duration) -> Self {
-        self.max_retry_after = cap;
-        self
-    }
-
     /// Adds one of the [`extra_headers`](Self::extra_headers).
     pub fn with_header(mut self, name: impl Into<String>, value: impl Into<String>) -> Self {
         self.extra_headers.push((name.into(), value.into()));
@@ -239,12 +207,6 @@ impl HttpOptions {
     /// conversations there.
     pub fn with_conversation_store(mut self, store: Arc<dyn ConversationStore>) -> Self {
         self.conversation_store = Some(SharedConversationStore(store));
-        self
-    }
-
-    /// Sets [`transcripts`](Self::transcripts): keep conversations there.
-    pub fn with_transcripts(mut self, transcripts: Transcripts) -> Self {
-        self.transcripts = Some(transcripts);
         self
     }
 }
