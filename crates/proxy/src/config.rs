@@ -3,6 +3,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use derive_setters::Setters;
 use warden_core::{ConfigError, RetryPolicy, WatchdogConfig};
 use warden_http::Limits;
 
@@ -34,19 +35,24 @@ const BUSY_BODY: &str = r#"{"type":"error","error":{"type":"overloaded_error","m
 const STALLED_BODY: &str = r#"{"type":"error","error":{"type":"timeout_error","message":"warden proxy: the request body sent nothing for the header timeout (--header-timeout); send it again"}}"#;
 
 /// How the proxy behaves.
-#[derive(Clone)]
+#[derive(Clone, Setters)]
+#[setters(prefix = "with_", strip_option)]
 #[non_exhaustive]
 pub struct ProxyConfig {
     /// Base URL of the Anthropic API. Default [`ANTHROPIC_API`].
+    #[setters(into)]
     pub anthropic_upstream: String,
     /// Base URL of the OpenAI API. Default [`OPENAI_API`].
+    #[setters(into)]
     pub openai_upstream: String,
     /// Base URL of Google's Gemini API (requests under `/v1beta/`).
     /// Default [`GEMINI_API`].
+    #[setters(into)]
     pub gemini_upstream: String,
     /// Where requests for paths outside the APIs (`/v1/…`) go, unwatched.
     /// Default `None`: the proxy answers them itself (`200` for `HEAD /`,
     /// else `404`), so nothing reaches a host the user did not name for it.
+    #[setters(into)]
     pub other_upstream: Option<String>,
     /// Silence allowed on an upstream stream (and before its first byte)
     /// before the attempt is killed. Default 45 s; [`ProxyConfig::from_env`]
@@ -70,6 +76,7 @@ pub struct ProxyConfig {
     pub retry: RetryPolicy,
     /// Largest request body of a watched route. Default
     /// [`DEFAULT_MAX_BODY_BYTES`].
+    #[setters(skip)]
     pub max_body_bytes: usize,
     /// Largest SSE event accepted from an upstream. Default
     /// [`DEFAULT_MAX_FRAME_BYTES`].
@@ -87,15 +94,19 @@ pub struct ProxyConfig {
     /// The downstream connections' limits: the header-read (and idle)
     /// timeout and the connection cap, past which a connection gets a
     /// `503` the SDKs retry. Default [`Limits::default`] (30 s, 4,096).
+    #[setters(skip)]
     pub connections: Limits,
     /// Called once per request with its [`AccessRecord`]. Default none.
+    #[setters(skip)]
     pub access_log: Option<AccessLog>,
     /// Called once per kill, retry, continuation, give-up and unreachable
     /// upstream ([`RecoveryEvent`]). Default none.
+    #[setters(skip)]
     pub recovery_log: Option<RecoveryLog>,
     /// When an unreachable upstream's requests are answered at once
     /// ([`CircuitConfig`]); `None` never. Default: after 2 consecutive
     /// unreachable attempts, a probe every 5 s.
+    #[setters(strip_option = false)]
     pub circuit: Option<CircuitConfig>,
     /// Hold thinking back from the client until it is whole: an Anthropic
     /// thinking block (its signature and stop arrived), a Responses
@@ -127,6 +138,7 @@ pub struct ProxyConfig {
     /// without a stream ([`WholeFallback`]). `None` never. Default
     /// [`WholeFallback::default`]: once the attempts of
     /// [`retry`](Self::retry) are spent.
+    #[setters(strip_option = false)]
     pub whole_fallback: Option<WholeFallback>,
 }
 
@@ -257,88 +269,9 @@ impl ProxyConfig {
         })
     }
 
-    /// Sets [`anthropic_upstream`](Self::anthropic_upstream).
-    pub fn with_anthropic_upstream(mut self, url: impl Into<String>) -> Self {
-        self.anthropic_upstream = url.into();
-        self
-    }
-
-    /// Sets [`openai_upstream`](Self::openai_upstream).
-    pub fn with_openai_upstream(mut self, url: impl Into<String>) -> Self {
-        self.openai_upstream = url.into();
-        self
-    }
-
-    /// Sets [`gemini_upstream`](Self::gemini_upstream).
-    pub fn with_gemini_upstream(mut self, url: impl Into<String>) -> Self {
-        self.gemini_upstream = url.into();
-        self
-    }
-
-    /// Sets [`other_upstream`](Self::other_upstream).
-    pub fn with_other_upstream(mut self, url: impl Into<String>) -> Self {
-        self.other_upstream = Some(url.into());
-        self
-    }
-
-    /// Sets [`timeout`](Self::timeout).
-    pub fn with_timeout(mut self, timeout: Duration) -> Self {
-        self.timeout = timeout;
-        self
-    }
-
-    /// Sets [`progress_timeout`](Self::progress_timeout).
-    pub fn with_progress_timeout(mut self, allowance: Duration) -> Self {
-        self.progress_timeout = Some(allowance);
-        self
-    }
-
     /// Turns the progress allowance off: pings alone keep a stream alive.
     pub fn without_progress_timeout(mut self) -> Self {
         self.progress_timeout = None;
-        self
-    }
-
-    /// Sets [`circuit`](Self::circuit) (`None`: requests always go to the
-    /// upstream, reachable or not).
-    pub fn with_circuit(mut self, circuit: Option<CircuitConfig>) -> Self {
-        self.circuit = circuit;
-        self
-    }
-
-    /// Sets [`hold_thinking`](Self::hold_thinking).
-    pub fn with_hold_thinking(mut self, hold: bool) -> Self {
-        self.hold_thinking = hold;
-        self
-    }
-
-    /// Sets [`gemini_client_retries`](Self::gemini_client_retries).
-    pub fn with_gemini_client_retries(mut self, retries: bool) -> Self {
-        self.gemini_client_retries = retries;
-        self
-    }
-
-    /// Sets [`chat_client_retries`](Self::chat_client_retries).
-    pub fn with_chat_client_retries(mut self, retries: bool) -> Self {
-        self.chat_client_retries = retries;
-        self
-    }
-
-    /// Sets [`whole_fallback`](Self::whole_fallback) (`None`: never).
-    pub fn with_whole_fallback(mut self, fallback: Option<WholeFallback>) -> Self {
-        self.whole_fallback = fallback;
-        self
-    }
-
-    /// Sets [`deadline`](Self::deadline).
-    pub fn with_deadline(mut self, deadline: Duration) -> Self {
-        self.deadline = Some(deadline);
-        self
-    }
-
-    /// Sets [`retry`](Self::retry).
-    pub fn with_retry(mut self, retry: RetryPolicy) -> Self {
-        self.retry = retry;
         self
     }
 
@@ -381,18 +314,6 @@ impl ProxyConfig {
             .with_hold_thinking(true)
             .with_chat_client_retries(false)
             .with_whole_fallback(Some(WholeFallback::default().after(1)))
-    }
-
-    /// Sets [`max_frame_bytes`](Self::max_frame_bytes).
-    pub fn with_max_frame_bytes(mut self, bytes: usize) -> Self {
-        self.max_frame_bytes = bytes;
-        self
-    }
-
-    /// Sets [`max_reply_bytes`](Self::max_reply_bytes).
-    pub fn with_max_reply_bytes(mut self, bytes: usize) -> Self {
-        self.max_reply_bytes = bytes;
-        self
     }
 
     /// Sets [`access_log`](Self::access_log).
