@@ -40,7 +40,7 @@ bench *ARGS:
 
 # Fuzz the SSE decoder, the Claude JSONL parser and the store's record decoder with long proptest runs (not in CI); e.g. `just fuzz 50000`.
 fuzz CASES="200000":
-    PROPTEST_CASES={{CASES}} cargo test --release -p warden-llm --test fuzz_sse_decoder -- fuzz_
+    PROPTEST_CASES={{CASES}} cargo test --release -p warden-llm --test it -- fuzz_sse_decoder::fuzz_
     PROPTEST_CASES={{CASES}} cargo test --release -p warden-claude --lib -- fuzz_
     PROPTEST_CASES={{CASES}} cargo test --release -p warden-suite --test fuzz_store_records_decode_or_fail_typed -- fuzz_
 

@@ -1,9 +1,7 @@
 //! Pings, `:` comments and data-less events each yield a `KeepAlive`, so the
 //! watchdog is fed from raw frames.
 
-mod support;
-
-use support::*;
+use crate::support::*;
 use warden_core::{AgentEvent, EventSource, Frame};
 
 #[tokio::test]

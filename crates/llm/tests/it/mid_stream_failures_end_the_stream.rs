@@ -2,11 +2,9 @@
 //! malformed JSON and oversized frames each end the stream with the right
 //! error, after the events that came before.
 
-mod support;
-
 use std::time::Duration;
 
-use support::*;
+use crate::support::*;
 use warden_core::{AgentEvent, EventSource, StreamError};
 
 fn started_text() -> Vec<Vec<u8>> {

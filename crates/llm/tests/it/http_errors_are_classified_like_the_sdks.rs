@@ -3,11 +3,9 @@
 //! capped; 401/403 are `Unauthorized`; 400 "prompt is too long" is a
 //! `ContextOverflow`.
 
-mod support;
-
 use std::time::{Duration, SystemTime};
 
-use support::*;
+use crate::support::*;
 use warden_core::{EventSource, ResumeCause, StreamError};
 
 const OVERLOADED: &str =

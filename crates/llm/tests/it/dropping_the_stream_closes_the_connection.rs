@@ -1,10 +1,8 @@
 //! The returned stream owns the response body: dropping it, or reaching
 //! the end of the turn, closes the connection.
 
-mod support;
-
+use crate::support::*;
 use futures_util::StreamExt;
-use support::*;
 use warden_core::{AgentEvent, EventSource, Frame};
 
 #[tokio::test]

@@ -3,11 +3,9 @@
 //! back, instead of a retried "stream ended before message_stop" or
 //! "invalid UTF-8". Redirects are still not followed.
 
-mod support;
-
 use std::time::Duration;
 
-use support::*;
+use crate::support::*;
 use warden_core::{EventSource, StreamError};
 use warden_llm::NOT_AN_EVENT_STREAM;
 

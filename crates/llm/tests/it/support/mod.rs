@@ -2,6 +2,8 @@
 //! responses, SSE fixtures and stream collectors.
 #![allow(dead_code, unreachable_pub)]
 
+pub mod memory;
+
 use std::net::SocketAddr;
 use std::time::Duration;
 

@@ -2,9 +2,7 @@
 //! ends are valid SSE: both providers take them over real HTTP, without a
 //! panic and without holding back the last event.
 
-mod support;
-
-use support::*;
+use crate::support::*;
 use warden_core::{AgentEvent, EventSource, Frame};
 
 const BOM: &[u8] = b"\xEF\xBB\xBF";

@@ -10,9 +10,7 @@ use proptest::prelude::*;
 use warden_core::{AgentEvent, Frame, StreamError};
 use warden_llm::decode::{Protocol, decode_frames};
 
-#[path = "support/memory.rs"]
-mod memory;
-use memory::{decode, drain, split};
+use crate::support::memory::{decode, drain, split};
 
 fn events(frames: &[Frame]) -> Vec<AgentEvent> {
     frames

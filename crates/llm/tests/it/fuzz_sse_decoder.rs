@@ -10,9 +10,7 @@ use proptest::test_runner::FileFailurePersistence;
 use warden_core::{AgentEvent, Frame, StreamError};
 use warden_llm::decode::Protocol;
 
-#[path = "support/memory.rs"]
-mod memory;
-use memory::{decode, split};
+use crate::support::memory::{decode, split};
 
 fn protocol() -> impl Strategy<Value = Protocol> {
     prop_oneof![Just(Protocol::Anthropic), Just(Protocol::OpenAi)]

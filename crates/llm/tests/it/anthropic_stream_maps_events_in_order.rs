@@ -1,8 +1,6 @@
 //! A full Anthropic Messages stream becomes the right events, in order.
 
-mod support;
-
-use support::*;
+use crate::support::*;
 use warden_core::{AgentEvent, EventSource, Usage};
 
 fn block(event: &str, json: &str) -> Vec<u8> {

@@ -1,9 +1,7 @@
 //! An OpenAI-compatible stream: text, tool calls, the usage chunk and
 //! `[DONE]`.
 
-mod support;
-
-use support::*;
+use crate::support::*;
 use warden_core::{AgentEvent, EventSource, Usage};
 
 fn chunk(choices: &str) -> Vec<u8> {
