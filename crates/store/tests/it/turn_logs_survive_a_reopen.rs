@@ -178,14 +178,15 @@ async fn events_acknowledged_just_before_a_crash_are_there_after_it() {
         std::process::abort();
     }
     let dir = tempfile::tempdir().expect("tempdir");
+    // libtest names this test by its path without the crate's name.
+    let test = concat!(
+        module_path!(),
+        "::events_acknowledged_just_before_a_crash_are_there_after_it"
+    );
+    let test = test.split_once("::").map_or(test, |(_, name)| name);
     let mut child = std::process::Command::new(std::env::current_exe().expect("exe"));
     child
-        .args([
-            "--exact",
-            "events_acknowledged_just_before_a_crash_are_there_after_it",
-            "--nocapture",
-            "--test-threads=1",
-        ])
+        .args(["--exact", test, "--nocapture", "--test-threads=1"])
         .env(CRASH_CHILD, dir.path())
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::null());
