@@ -3,6 +3,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use derive_setters::Setters;
 use warden_core::cluster::Placement;
 use warden_core::store::TurnStore;
 
@@ -12,12 +13,14 @@ use crate::agent::{Agent, SessionAgents};
 pub const DEFAULT_MAX_BODY_BYTES: usize = 10 * 1024 * 1024;
 
 /// How the server behaves.
-#[derive(Clone)]
+#[derive(Clone, Setters)]
+#[setters(prefix = "with_", strip_option)]
 #[non_exhaustive]
 pub struct ServeConfig {
     /// The bearer token every route requires but the probes (`/healthz`,
     /// `/readyz`), the document, the console's files and, when
     /// [`public_metrics`](Self::public_metrics), `/metrics`.
+    #[setters(skip)]
     pub token: String,
     /// Whether `GET /metrics` answers without the token (for a scraper
     /// that cannot send one). Default `false`.
@@ -31,10 +34,12 @@ pub struct ServeConfig {
     /// session keeps the one its first turn asked for (else the default),
     /// and a turn asking for another `agent` is refused with `409
     /// agent_mismatch`. Default empty: not checked.
+    #[setters(skip)]
     pub agents: Vec<Agent>,
     /// Which agent each session runs, kept durably; needed with more than
     /// one of [`agents`](Self::agents) (without it every session runs the
     /// first). Default `None`.
+    #[setters(skip)]
     pub session_agents: Option<Arc<dyn SessionAgents>>,
     /// Whether a session's workspace must be an existing directory when a
     /// turn names it: set it for agents that run in their workspace
@@ -60,13 +65,16 @@ pub struct ServeConfig {
     /// the console links each session to its trace there, and `GET
     /// /v1/turns/{id}/trace` reads a turn's trace from its query API
     /// (server-side) for the console to draw. Default `None`: neither.
+    #[setters(skip)]
     pub jaeger_url: Option<String>,
     /// Where the token is kept on the server's machine, named by `GET
     /// /v1/server` and in a 401's message so a user knows where to find it.
     /// Default `None`: not said.
+    #[setters(into)]
     pub token_file: Option<std::path::PathBuf>,
     /// The supervisor's re-delivered turns, relayed as turns of this
     /// server (see [`with_recovered_turns`](Self::with_recovered_turns)).
+    #[setters(skip)]
     pub(crate) recovered: Option<Arc<parking_lot::Mutex<Option<RecoveredRx>>>>,
 }
 
@@ -118,30 +126,6 @@ impl ServeConfig {
         self
     }
 
-    /// Sets [`public_metrics`](Self::public_metrics).
-    pub fn with_public_metrics(mut self, public: bool) -> Self {
-        self.public_metrics = public;
-        self
-    }
-
-    /// Sets [`max_body_bytes`](Self::max_body_bytes).
-    pub fn with_max_body_bytes(mut self, bytes: usize) -> Self {
-        self.max_body_bytes = bytes;
-        self
-    }
-
-    /// Sets [`token_file`](Self::token_file).
-    pub fn with_token_file(mut self, path: impl Into<std::path::PathBuf>) -> Self {
-        self.token_file = Some(path.into());
-        self
-    }
-
-    /// Sets [`turn_store`](Self::turn_store).
-    pub fn with_turn_store(mut self, store: Arc<dyn TurnStore>) -> Self {
-        self.turn_store = Some(store);
-        self
-    }
-
     /// Relays the turns the supervisor re-delivers (give it the sender with
     /// [`SupervisorBuilder::recovered_turns`](warden_core::SupervisorBuilder::recovered_turns)):
     /// each becomes a turn of this server, and with a
@@ -149,12 +133,6 @@ impl ServeConfig {
     /// message had on the node that died, so its clients re-attach to it.
     pub fn with_recovered_turns(mut self, rx: RecoveredRx) -> Self {
         self.recovered = Some(Arc::new(parking_lot::Mutex::new(Some(rx))));
-        self
-    }
-
-    /// Sets [`placement`](Self::placement).
-    pub fn with_placement(mut self, placement: Arc<dyn Placement>) -> Self {
-        self.placement = Some(placement);
         self
     }
 
@@ -170,24 +148,6 @@ impl ServeConfig {
     pub fn with_agents(mut self, agents: Vec<Agent>, sessions: Arc<dyn SessionAgents>) -> Self {
         self.agents = agents;
         self.session_agents = Some(sessions);
-        self
-    }
-
-    /// Sets [`workspaces_must_exist`](Self::workspaces_must_exist).
-    pub fn with_workspaces_must_exist(mut self, must: bool) -> Self {
-        self.workspaces_must_exist = must;
-        self
-    }
-
-    /// Sets [`slow_client_grace`](Self::slow_client_grace).
-    pub fn with_slow_client_grace(mut self, grace: Duration) -> Self {
-        self.slow_client_grace = grace;
-        self
-    }
-
-    /// Sets [`keep_finished`](Self::keep_finished).
-    pub fn with_keep_finished(mut self, keep: Duration) -> Self {
-        self.keep_finished = keep;
         self
     }
 }
