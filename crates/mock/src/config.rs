@@ -7,6 +7,8 @@
 
 use std::time::Duration;
 
+use derive_setters::Setters;
+
 use crate::Scenario;
 
 /// Default pause between two frames: 10 ms.
@@ -35,7 +37,8 @@ pub const DEFAULT_RETRY_AFTER: Duration = Duration::from_millis(100);
 ///     .with_frame_interval(Duration::from_millis(5));
 /// assert_eq!(config.sequence, vec![Scenario::Stall, Scenario::Normal]);
 /// ```
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Setters)]
+#[setters(prefix = "with_", strip_option)]
 #[non_exhaustive]
 pub struct MockConfig {
     /// Port to bind on 127.0.0.1. Default `None`: a free port chosen by the
@@ -50,6 +53,7 @@ pub struct MockConfig {
     /// `sequence[1]`, and every request after the end plays the *last*
     /// entry. Default empty (every such request plays
     /// [`default_scenario`](Self::default_scenario)).
+    #[setters(skip)]
     pub sequence: Vec<Scenario>,
     /// Scripts per session, as [`sequence`](Self::sequence) is for all:
     /// the requests of session `KEY` — those under a `/session/KEY/` path
@@ -59,6 +63,7 @@ pub struct MockConfig {
     /// comes first. A `/session/` request with no script here, or a
     /// request that selects a scenario itself (header, model, `/scenario/`
     /// prefix), plays as if it had no `/session/` prefix. Default empty.
+    #[setters(skip)]
     pub scripts: std::collections::HashMap<String, Vec<Scenario>>,
     /// Pause between two consecutive frames of a stream. Default 10 ms
     /// ([`DEFAULT_FRAME_INTERVAL`]); zero sends frames back to back.
@@ -86,6 +91,7 @@ pub struct MockConfig {
     pub retry_after: Duration,
     /// Fixed reply text. Default `None`: a deterministic sentence that
     /// states the length of the last user message (never its content).
+    #[setters(into)]
     pub reply: Option<String>,
     /// Token usage reported in replies. Default [`TokenUsage::default`]:
     /// input tokens estimated from the request size, no cache tokens.
@@ -118,18 +124,6 @@ impl MockConfig {
         Self::default().with_default_scenario(scenario)
     }
 
-    /// Binds this port instead of a free one.
-    pub fn with_port(mut self, port: u16) -> Self {
-        self.port = Some(port);
-        self
-    }
-
-    /// Sets [`default_scenario`](Self::default_scenario).
-    pub fn with_default_scenario(mut self, scenario: Scenario) -> Self {
-        self.default_scenario = scenario;
-        self
-    }
-
     /// Sets the [`sequence`](Self::sequence) script, e.g. `[Stall, Normal]`
     /// for "the first attempt stalls, every retry succeeds".
     pub fn with_sequence(mut self, sequence: impl IntoIterator<Item = Scenario>) -> Self {
@@ -146,54 +140,6 @@ impl MockConfig {
     ) -> Self {
         self.scripts
             .insert(key.into(), script.into_iter().collect());
-        self
-    }
-
-    /// Sets [`frame_interval`](Self::frame_interval).
-    pub fn with_frame_interval(mut self, interval: Duration) -> Self {
-        self.frame_interval = interval;
-        self
-    }
-
-    /// Sets [`thinking_pause`](Self::thinking_pause).
-    pub fn with_thinking_pause(mut self, pause: Duration) -> Self {
-        self.thinking_pause = pause;
-        self
-    }
-
-    /// Sets [`ping_interval`](Self::ping_interval).
-    pub fn with_ping_interval(mut self, interval: Duration) -> Self {
-        self.ping_interval = interval;
-        self
-    }
-
-    /// Sets [`fault_after_frames`](Self::fault_after_frames).
-    pub fn with_fault_after_frames(mut self, frames: usize) -> Self {
-        self.fault_after_frames = frames;
-        self
-    }
-
-    /// Sets [`oversized_bytes`](Self::oversized_bytes).
-    pub fn with_oversized_bytes(mut self, bytes: usize) -> Self {
-        self.oversized_bytes = bytes;
-        self
-    }
-
-    /// Sets [`retry_after`](Self::retry_after).
-    pub fn with_retry_after(mut self, wait: Duration) -> Self {
-        self.retry_after = wait;
-        self
-    }
-
-    /// Sets a fixed [`reply`](Self::reply) text.
-    pub fn with_reply(mut self, text: impl Into<String>) -> Self {
-        self.reply = Some(text.into());
-        self
-    }
-
-    /// Sets the reported [`usage`](Self::usage).
-    pub fn with_usage(mut self, usage: TokenUsage) -> Self {
-        self.usage = usage;
         self
     }
 }
