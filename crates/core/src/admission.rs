@@ -30,6 +30,7 @@ use std::sync::{Arc, Weak};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use derive_setters::Setters;
 use parking_lot::Mutex;
 
 use rand::rngs::SmallRng;
@@ -41,12 +42,15 @@ use tokio::time::Instant;
 pub const DEFAULT_RELEASE_JITTER: Duration = Duration::from_millis(500);
 
 /// Limits and backoff of an [`Admission`].
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Setters)]
+#[setters(prefix = "with_", strip_option)]
 #[non_exhaustive]
 pub struct AdmissionConfig {
     /// Streams running at once over every pool; `None` (default): no limit.
+    #[setters(skip)]
     pub max_streams: Option<usize>,
     /// Streams running at once per pool, for the pools named here.
+    #[setters(skip)]
     pub pool_limits: HashMap<String, usize>,
     /// Whether a server `retry-after` holds the whole pool (default `true`).
     /// Off, every session honours its own `retry-after` independently.
@@ -78,18 +82,6 @@ impl AdmissionConfig {
     /// At most `n` streams at once in pool `pool` (0 is taken as 1).
     pub fn with_pool_limit(mut self, pool: impl Into<String>, n: usize) -> Self {
         self.pool_limits.insert(pool.into(), n.max(1));
-        self
-    }
-
-    /// Turns shared backoff on or off.
-    pub fn with_shared_backoff(mut self, on: bool) -> Self {
-        self.shared_backoff = on;
-        self
-    }
-
-    /// Sets the release jitter.
-    pub fn with_release_jitter(mut self, jitter: Duration) -> Self {
-        self.release_jitter = jitter;
         self
     }
 

@@ -8,6 +8,7 @@
 
 use std::time::Duration;
 
+use derive_setters::Setters;
 use futures_util::future::BoxFuture;
 use serde::Serialize;
 
@@ -303,14 +304,18 @@ pub struct ClusterStats {
 }
 
 /// One member of a cluster, as the database sees it.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Setters)]
+#[setters(prefix = "with_", strip_option)]
 #[non_exhaustive]
 pub struct NodeStats {
     /// Its id.
+    #[setters(skip)]
     pub node: String,
     /// Seconds since its last heartbeat.
+    #[setters(skip)]
     pub heartbeat_age_secs: f64,
     /// Sessions whose lease it holds now.
+    #[setters(skip)]
     pub sessions: u64,
     /// What it is now, as the placement sees it (`alive`, `dead`, `left`);
     /// `None` when the placement does not say.
@@ -326,12 +331,6 @@ impl NodeStats {
             sessions,
             state: None,
         }
-    }
-
-    /// Says what it is now ([`state`](Self::state)).
-    pub fn with_state(mut self, state: &'static str) -> Self {
-        self.state = Some(state);
-        self
     }
 }
 

@@ -9,6 +9,8 @@
 //! Claude Code's `[1m]` names are 1,000,000), else [`DEFAULT_WINDOW`];
 //! [`ContextConfig::window`] overrides all of them.
 
+use derive_setters::Setters;
+
 /// Context window when neither the agent nor its source says otherwise.
 pub const DEFAULT_WINDOW: u64 = 200_000;
 
@@ -30,7 +32,8 @@ pub struct ContextReport {
 }
 
 /// Context indicator settings.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Setters)]
+#[setters(prefix = "with_", strip_option)]
 #[non_exhaustive]
 pub struct ContextConfig {
     /// Append `[ctx: NN%]` to relayed text. Default `true`.
@@ -50,26 +53,6 @@ impl Default for ContextConfig {
             window: None,
             self_report: false,
         }
-    }
-}
-
-impl ContextConfig {
-    /// Turns the `[ctx: NN%]` indicator on or off.
-    pub fn with_indicator(mut self, on: bool) -> Self {
-        self.indicator = on;
-        self
-    }
-
-    /// Fixes the context window, overriding the agent's and the model's.
-    pub fn with_window(mut self, window: u64) -> Self {
-        self.window = Some(window);
-        self
-    }
-
-    /// Turns the self-report track on or off.
-    pub fn with_self_report(mut self, on: bool) -> Self {
-        self.self_report = on;
-        self
     }
 }
 

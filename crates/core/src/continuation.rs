@@ -18,16 +18,21 @@
 //! [`StitchError::Restarted`], and the turn then restarts from scratch
 //! (the consumer is told to discard). Pure functions, no I/O.
 
+use derive_setters::Setters;
+
 use crate::event::AgentEvent;
 
 /// What a continuation attempt continues.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Setters)]
+#[setters(prefix = "with_", strip_option)]
 #[non_exhaustive]
 pub struct Continuation {
     /// The reply text the consumer already has, in full (every earlier
     /// attempt of the chain).
+    #[setters(skip)]
     pub partial_text: String,
     /// The attempt that broke.
+    #[setters(skip)]
     pub broken_attempt: u32,
     /// Whether `partial_text` is the whole reply: the upstream finished it
     /// (its stop came) and only the turn's end was lost (its node gave the
@@ -47,13 +52,6 @@ impl Continuation {
             broken_attempt,
             complete: false,
         }
-    }
-
-    /// Says whether the partial text is the whole reply (see
-    /// [`complete`](Self::complete)).
-    pub fn with_complete(mut self, complete: bool) -> Self {
-        self.complete = complete;
-        self
     }
 }
 

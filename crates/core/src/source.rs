@@ -15,6 +15,7 @@ use std::path::PathBuf;
 use std::pin::Pin;
 use std::sync::Arc;
 
+use derive_setters::Setters;
 use futures_util::Stream;
 use futures_util::future::BoxFuture;
 
@@ -204,10 +205,12 @@ pub struct Diagnostics {
 /// settings in which it differs from its supervisor's (a planner that
 /// retries more than its workers, a worker that is never restarted). Every
 /// setting left `None` is the supervisor's.
-#[derive(Clone)]
+#[derive(Clone, Setters)]
+#[setters(prefix = "with_", strip_option)]
 #[non_exhaustive]
 pub struct SessionSpec {
     /// The session's source.
+    #[setters(skip)]
     pub source: Arc<dyn EventSource>,
     /// Its session configuration (retries, timeouts, idle reap, context),
     /// instead of [`SupervisorConfig::session`](crate::SupervisorConfig).
@@ -220,9 +223,11 @@ pub struct SessionSpec {
     /// backoff), instead of its source's
     /// [`provider`](EventSource::provider). Give sessions that use
     /// different API keys different pools.
+    #[setters(into)]
     pub pool: Option<String>,
     /// The directory the session's agent works in, when the session's key
     /// and its first send name none (normalized when the session starts).
+    #[setters(into)]
     pub workspace: Option<std::path::PathBuf>,
 }
 
@@ -261,37 +266,6 @@ impl SessionSpec {
             && self.intensity == other.intensity
             && self.pool == other.pool
             && self.workspace == other.workspace
-    }
-
-    /// Gives the session its own configuration.
-    pub fn with_config(mut self, config: crate::SessionConfig) -> Self {
-        self.config = Some(config);
-        self
-    }
-
-    /// Gives the session its own restart kind.
-    pub fn with_restart(mut self, restart: crate::Restart) -> Self {
-        self.restart = Some(restart);
-        self
-    }
-
-    /// Counts the session's streams against admission pool `pool`.
-    pub fn with_pool(mut self, pool: impl Into<String>) -> Self {
-        self.pool = Some(pool.into());
-        self
-    }
-
-    /// Gives the session its own restart intensity.
-    pub fn with_intensity(mut self, intensity: crate::RestartIntensity) -> Self {
-        self.intensity = Some(intensity);
-        self
-    }
-
-    /// Runs the session's agent in `dir` (see
-    /// [`workspace`](Self::workspace)).
-    pub fn with_workspace(mut self, dir: impl Into<std::path::PathBuf>) -> Self {
-        self.workspace = Some(dir.into());
-        self
     }
 }
 

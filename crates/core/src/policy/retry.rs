@@ -11,6 +11,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
+use derive_setters::Setters;
 use rand::Rng;
 
 use crate::error::StreamError;
@@ -20,25 +21,33 @@ use crate::store::TurnStoreError;
 ///
 /// Every attempt is retried *from scratch* (a new request, a new stream);
 /// partial output of a failed attempt is discarded.
-#[derive(Clone)]
+#[derive(Clone, Setters)]
+#[setters(prefix = "with_", strip_option)]
 #[non_exhaustive]
 pub struct RetryPolicy {
     /// Attempts per turn, the first included. Default `4` (three retries).
     /// `1` disables retries.
+    #[setters(skip)]
     pub max_attempts: u32,
     /// Delay before the first retry. Default 500 ms.
+    #[setters(skip)]
     pub initial_backoff: Duration,
     /// Cap of the exponential delay. Default 8 s.
+    #[setters(skip)]
     pub max_backoff: Duration,
     /// Growth factor per retry. Default `2.0`.
+    #[setters(skip)]
     pub multiplier: f64,
     /// Fraction of the delay that may be subtracted at random, `0.0..=1.0`.
     /// Default `0.25`. Spreads simultaneous retries of many sessions.
+    #[setters(skip)]
     pub jitter: f64,
     /// Upper bound on a server-requested `retry-after`. Default 60 s.
+    #[setters(skip)]
     pub max_retry_after: Duration,
     /// Your own rule, asked first about every failed attempt (see
     /// [`with_hook`](Self::with_hook)). Default none.
+    #[setters(skip)]
     pub hook: Option<RetryHook>,
     /// Whether a restart may repeat tool calls the failed attempt already
     /// delivered complete (your code may have run them). Default `false`:
@@ -126,14 +135,6 @@ impl RetryPolicy {
             max_attempts: 1,
             ..Self::default()
         }
-    }
-
-    /// Lets a restart repeat tool calls already delivered (see
-    /// [`repeat_tool_calls`](Self::repeat_tool_calls)): your code runs
-    /// each tool call idempotently, or not at all before the turn ends.
-    pub fn with_repeat_tool_calls(mut self, allow: bool) -> Self {
-        self.repeat_tool_calls = allow;
-        self
     }
 
     /// Sets [`max_attempts`](Self::max_attempts) (at least 1).

@@ -43,6 +43,8 @@ mod view;
 
 use std::time::Duration;
 
+use derive_setters::Setters;
+
 use crate::context::ContextConfig;
 use crate::policy::RetryPolicy;
 use crate::stream::StreamOptions;
@@ -61,7 +63,8 @@ pub(crate) use turn::StartMode;
 pub use view::{TextEdit, TurnText};
 
 /// Configuration of a session.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Setters)]
+#[setters(prefix = "with_", strip_option)]
 #[non_exhaustive]
 pub struct SessionConfig {
     /// How failed attempts are retried. Default: [`RetryPolicy::default`].
@@ -105,78 +108,22 @@ impl Default for SessionConfig {
     }
 }
 
-impl SessionConfig {
-    /// Sets the retry policy.
-    pub fn with_retry(mut self, retry: RetryPolicy) -> Self {
-        self.retry = retry;
-        self
-    }
-
-    /// Sets the stream options.
-    pub fn with_stream(mut self, stream: StreamOptions) -> Self {
-        self.stream = stream;
-        self
-    }
-
-    /// Sets the idle timeout (`Duration::ZERO` disables reaping).
-    pub fn with_idle_timeout(mut self, idle: Duration) -> Self {
-        self.idle_timeout = idle;
-        self
-    }
-
-    /// Sets how long a stopping session waits for its stream to release.
-    pub fn with_stream_stop_timeout(mut self, wait: Duration) -> Self {
-        self.stream_stop_timeout = wait;
-        self
-    }
-
-    /// Caps every turn at `deadline` of wall-clock time.
-    pub fn with_turn_deadline(mut self, deadline: Duration) -> Self {
-        self.turn_deadline = Some(deadline);
-        self
-    }
-
-    /// Caps every turn's reply at `bytes` (see
-    /// [`max_reply_bytes`](Self::max_reply_bytes)).
-    pub fn with_max_reply_bytes(mut self, bytes: usize) -> Self {
-        self.max_reply_bytes = Some(bytes);
-        self
-    }
-
-    /// Sets the context indicator configuration.
-    pub fn with_context(mut self, context: ContextConfig) -> Self {
-        self.context = context;
-        self
-    }
-}
-
 /// Options of one message's turn, stored with the message (a re-delivered
 /// message keeps them).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Setters)]
+#[setters(prefix = "with_", strip_option)]
 #[non_exhaustive]
 pub struct SendOptions {
     /// The model this turn asks for (`TurnRequest::model`); `None`: the
     /// source's own. A session's turns may each ask for another; the
     /// record keeps the last one the agent announced.
+    #[setters(into)]
     pub model: Option<String>,
     /// A key the caller chose for this message, so that a retried send can
     /// be recognised: it is stored with the message and handed back with a
     /// re-delivered one ([`RecoveredTurn::idempotency_key`](crate::RecoveredTurn)).
     /// The session does not compare keys; whoever relays turns (`warden
     /// serve`) looks them up before sending.
+    #[setters(into)]
     pub idempotency_key: Option<String>,
-}
-
-impl SendOptions {
-    /// Asks for `model`.
-    pub fn with_model(mut self, model: impl Into<String>) -> Self {
-        self.model = Some(model.into());
-        self
-    }
-
-    /// Stores `key` with the message ([`idempotency_key`](Self::idempotency_key)).
-    pub fn with_idempotency_key(mut self, key: impl Into<String>) -> Self {
-        self.idempotency_key = Some(key.into());
-        self
-    }
 }

@@ -8,6 +8,7 @@
 //! stores every batch of events before any client sees it; `warden-pg`'s
 //! `NodeTurns` keeps them in PostgreSQL, fenced like the session's record.
 
+use derive_setters::Setters;
 use futures_util::future::BoxFuture;
 use serde::Serialize;
 use serde_json::Value;
@@ -82,18 +83,24 @@ impl Serialize for StoredEvent {
 }
 
 /// A turn's log as a [`TurnStore`] keeps it.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Setters)]
+#[setters(prefix = "with_", strip_option)]
 #[non_exhaustive]
 pub struct StoredTurn {
     /// The turn's id.
+    #[setters(skip)]
     pub id: String,
     /// Its session.
+    #[setters(skip)]
     pub key: SessionKey,
     /// The id of the session's message it answers (one turn per message).
+    #[setters(skip)]
     pub message_id: u64,
     /// Its events (all, or those after the number asked for).
+    #[setters(skip)]
     pub events: Vec<StoredEvent>,
     /// Whether its last event is among the stored ones.
+    #[setters(skip)]
     pub ended: bool,
     /// The fingerprint of the request that sent the turn's message (a
     /// digest `warden-serve` makes of a keyed request's message, model and
@@ -101,6 +108,7 @@ pub struct StoredTurn {
     /// idempotency key with another body is refused. `None`: unknown (a
     /// turn sent without a key, re-delivered before its log was opened, or
     /// stored by a warden that did not keep it).
+    #[setters(strip_option = false)]
     pub fingerprint: Option<String>,
     /// What it was asked and when (its prompt's head, model, when it was
     /// opened, its trace): kept with the log when the node that opened it
@@ -115,31 +123,38 @@ pub const PROMPT_HEAD_BYTES: usize = 2048;
 /// What a turn was asked, kept with its log for the people looking at it
 /// later (the console, `GET /v1/sessions/{key}/turns`): the head of its
 /// prompt, its model, when it was opened and the trace it runs in.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, serde::Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, serde::Deserialize, Setters)]
+#[setters(prefix = "with_", strip_option)]
 #[non_exhaustive]
 pub struct TurnAsked {
     /// The message's first [`PROMPT_HEAD_BYTES`] bytes (cut at a
     /// character boundary).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[setters(skip)]
     pub prompt: Option<String>,
     /// The model the turn asked for, if it named one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[setters(strip_option = false)]
     pub model: Option<String>,
     /// When its log was opened (the message accepted, or re-delivered).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[setters(skip)]
     pub opened_at: Option<EventTime>,
     /// The trace the turn was accepted in (its session incarnation's;
     /// the turn's own trace once it runs, where the node running it says).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[setters(strip_option = false)]
     pub trace_id: Option<String>,
     /// The span of that trace the turn was accepted under: its
     /// incarnation's anchor (hex), which a re-delivery links to.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[setters(strip_option = false)]
     pub span_id: Option<String>,
     /// Every trace the turn ran in, oldest first (two when it started
     /// again in a fresh session), as the node running it knows them (not
     /// stored: empty in a turn read from a store).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[setters(skip)]
     pub trace_ids: Vec<String>,
 }
 
@@ -158,24 +173,6 @@ impl TurnAsked {
             span_id: None,
             trace_ids: Vec::new(),
         }
-    }
-
-    /// The same, asking for `model`.
-    pub fn with_model(mut self, model: Option<String>) -> Self {
-        self.model = model;
-        self
-    }
-
-    /// The same, in trace `trace_id`.
-    pub fn with_trace_id(mut self, trace_id: Option<String>) -> Self {
-        self.trace_id = trace_id;
-        self
-    }
-
-    /// The same, under span `span_id` of its trace.
-    pub fn with_span_id(mut self, span_id: Option<String>) -> Self {
-        self.span_id = span_id;
-        self
     }
 
     /// Whether nothing is known.
@@ -203,19 +200,6 @@ impl StoredTurn {
             fingerprint: None,
             asked: TurnAsked::default(),
         }
-    }
-
-    /// The same, with what it was asked ([`asked`](Self::asked)).
-    pub fn with_asked(mut self, asked: TurnAsked) -> Self {
-        self.asked = asked;
-        self
-    }
-
-    /// The same, with the fingerprint of the request that sent it
-    /// ([`fingerprint`](Self::fingerprint)).
-    pub fn with_fingerprint(mut self, fingerprint: Option<String>) -> Self {
-        self.fingerprint = fingerprint;
-        self
     }
 }
 

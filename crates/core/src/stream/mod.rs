@@ -39,6 +39,7 @@ mod task;
 use std::sync::Arc;
 use std::time::Duration;
 
+use derive_setters::Setters;
 use tokio::sync::OwnedSemaphorePermit;
 
 use crate::error::StreamError;
@@ -100,7 +101,8 @@ pub enum StreamReport {
 pub type ReportSink = Arc<dyn Fn(StreamReport) + Send + Sync + 'static>;
 
 /// Per-stream options.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Setters)]
+#[setters(prefix = "with_", strip_option)]
 #[non_exhaustive]
 pub struct StreamOptions {
     /// Silence allowance for this stream; `None` uses the watchdog's default
@@ -134,33 +136,6 @@ impl Default for StreamOptions {
             progress_timeout: None,
             max_in_flight: 256,
         }
-    }
-}
-
-impl StreamOptions {
-    /// Sets the per-stream timeout override.
-    pub fn with_timeout(mut self, timeout: Duration) -> Self {
-        self.timeout = Some(timeout);
-        self
-    }
-
-    /// Sets the tool allowance.
-    pub fn with_tool_timeout(mut self, timeout: Duration) -> Self {
-        self.tool_timeout = timeout;
-        self
-    }
-
-    /// Sets the progress allowance (see
-    /// [`progress_timeout`](Self::progress_timeout)).
-    pub fn with_progress_timeout(mut self, allowance: Duration) -> Self {
-        self.progress_timeout = Some(allowance);
-        self
-    }
-
-    /// Sets [`max_in_flight`](Self::max_in_flight).
-    pub fn with_max_in_flight(mut self, events: usize) -> Self {
-        self.max_in_flight = events;
-        self
     }
 }
 

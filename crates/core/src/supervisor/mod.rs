@@ -46,6 +46,8 @@ mod workspace;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use derive_setters::Setters;
+
 use crate::error::{ActorError, ConfigError};
 use crate::policy::{Restart, RestartIntensity};
 use crate::session::{SessionConfig, SubmitError};
@@ -56,7 +58,8 @@ use crate::watchdog::WatchdogConfig;
 pub use handle::{Supervisor, SupervisorBuilder};
 
 /// Configuration of a supervisor tree.
-#[derive(Debug, Clone, Default, PartialEq)]
+#[derive(Debug, Clone, Default, PartialEq, Setters)]
+#[setters(prefix = "with_", strip_option)]
 #[non_exhaustive]
 pub struct SupervisorConfig {
     /// Which session exits are restarted. Default [`Restart::Transient`].
@@ -76,13 +79,15 @@ pub struct SupervisorConfig {
     /// [`SupervisorError::TooManySessions`]. Default `None`: no bound
     /// (idle sessions are still reaped after
     /// [`SessionConfig::idle_timeout`](crate::SessionConfig)).
+    #[setters(skip)]
     pub max_sessions: Option<usize>,
 }
 
 /// How long each step of a supervisor's shutdown may take before it is cut
 /// short (the actor is then dropped; a stream's source is released when
 /// its task is dropped).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Setters)]
+#[setters(prefix = "with_", strip_option)]
 #[non_exhaustive]
 pub struct ShutdownTimeouts {
     /// The whole tree, [`Supervisor::shutdown`]. Default 30 s.
@@ -105,26 +110,6 @@ impl Default for ShutdownTimeouts {
     }
 }
 
-impl ShutdownTimeouts {
-    /// Sets the wait for the whole tree.
-    pub fn with_tree(mut self, wait: Duration) -> Self {
-        self.tree = wait;
-        self
-    }
-
-    /// Sets the wait for each session.
-    pub fn with_session(mut self, wait: Duration) -> Self {
-        self.session = wait;
-        self
-    }
-
-    /// Sets the wait for the watchdog.
-    pub fn with_watchdog(mut self, wait: Duration) -> Self {
-        self.watchdog = wait;
-        self
-    }
-}
-
 impl SupervisorConfig {
     /// The defaults with `WARDEN_STREAM_TIMEOUT`, `WARDEN_PROGRESS_TIMEOUT`
     /// and `WARDEN_TURN_DEADLINE` applied (see [`crate::config`]).
@@ -140,36 +125,6 @@ impl SupervisorConfig {
             session,
             ..Self::default()
         })
-    }
-
-    /// Sets the restart kind.
-    pub fn with_restart(mut self, restart: Restart) -> Self {
-        self.restart = restart;
-        self
-    }
-
-    /// Sets the restart intensity.
-    pub fn with_intensity(mut self, intensity: RestartIntensity) -> Self {
-        self.intensity = intensity;
-        self
-    }
-
-    /// Sets the session configuration.
-    pub fn with_session(mut self, session: SessionConfig) -> Self {
-        self.session = session;
-        self
-    }
-
-    /// Sets the shutdown timeouts.
-    pub fn with_shutdown(mut self, shutdown: ShutdownTimeouts) -> Self {
-        self.shutdown = shutdown;
-        self
-    }
-
-    /// Sets the watchdog configuration.
-    pub fn with_watchdog(mut self, watchdog: WatchdogConfig) -> Self {
-        self.watchdog = watchdog;
-        self
     }
 
     /// Bounds the live sessions (see [`max_sessions`](Self::max_sessions)).
