@@ -43,6 +43,7 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use axum::Router;
+use derive_setters::Setters;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
@@ -83,7 +84,8 @@ const UNSENT_LIMIT: u32 = 128 * 1024;
 const MAX_REFUSALS_IN_FLIGHT: usize = 256;
 
 /// What a server allows its clients.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Setters)]
+#[setters(prefix = "with_", strip_option)]
 pub struct Limits {
     /// A request head must arrive whole within this; a kept-alive
     /// connection must start its next request within it; a request body
@@ -92,10 +94,19 @@ pub struct Limits {
     pub header_timeout: Duration,
     /// Connections open at once; past it a new one gets a `503`. Default
     /// 4,096 (mind the process's file-descriptor limit: `ulimit -n`).
+    #[setters(skip)]
     pub max_connections: usize,
     /// The JSON body of the `503` past the cap.
+    #[setters(
+        into,
+        doc = "Sets the JSON body a connection past the cap gets with its `503`, in the error shape the server's clients parse."
+    )]
     busy_body: Arc<str>,
     /// The JSON body of the `408` for a stalled request body.
+    #[setters(
+        into,
+        doc = "Sets the JSON body a request whose body stalled gets with its `408`, in the error shape the server's clients parse."
+    )]
     stalled_body: Arc<str>,
 }
 
@@ -115,33 +126,10 @@ impl Default for Limits {
 }
 
 impl Limits {
-    /// Sets [`Limits::header_timeout`].
-    #[must_use]
-    pub fn with_header_timeout(mut self, timeout: Duration) -> Self {
-        self.header_timeout = timeout;
-        self
-    }
-
     /// Sets [`Limits::max_connections`] (at least 1).
     #[must_use]
     pub fn with_max_connections(mut self, max: usize) -> Self {
         self.max_connections = max.max(1);
-        self
-    }
-
-    /// The JSON body a connection past the cap gets with its `503`, in
-    /// the error shape the server's clients parse.
-    #[must_use]
-    pub fn with_busy_body(mut self, json: impl Into<Arc<str>>) -> Self {
-        self.busy_body = json.into();
-        self
-    }
-
-    /// The JSON body a request whose body stalled gets with its `408`, in
-    /// the error shape the server's clients parse.
-    #[must_use]
-    pub fn with_stalled_body(mut self, json: impl Into<Arc<str>>) -> Self {
-        self.stalled_body = json.into();
         self
     }
 
