@@ -60,6 +60,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 #[cfg(feature = "otlp")]
+use derive_setters::Setters;
 use opentelemetry::trace::TracerProvider as _;
 #[cfg(feature = "otlp")]
 use opentelemetry_otlp::WithExportConfig;
@@ -78,23 +79,28 @@ use tracing_subscriber::registry::LookupSpan;
 use tracing_subscriber::util::SubscriberInitExt as _;
 
 /// How telemetry is set up.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Setters)]
+#[setters(prefix = "with_", strip_option)]
 #[non_exhaustive]
 pub struct TelemetryConfig {
     /// OTLP/gRPC endpoint (e.g. `http://127.0.0.1:4317`; `host:port` is
     /// taken as `http://host:port`, see [`otlp_url`]); `None` disables
     /// export. Default: `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`, else
     /// `OTEL_EXPORTER_OTLP_ENDPOINT`, else `None`.
+    #[setters(into)]
     pub otlp_endpoint: Option<String>,
     /// `service.name`. Default: `OTEL_SERVICE_NAME`, else `warden`.
+    #[setters(into)]
     pub service_name: String,
     /// Print readable logs to stderr. Default `true`.
     pub console: bool,
     /// Console filter directives. Default: `RUST_LOG`, else `info`.
+    #[setters(into)]
     pub console_filter: String,
     /// Upper bound of one export, and of everything dropping the
     /// [`TelemetryGuard`] does (the final flush and the shutdown). Default
     /// 3 s.
+    #[setters(skip)]
     pub export_timeout: Duration,
 }
 
@@ -123,31 +129,6 @@ impl TelemetryConfig {
             console_filter: var("RUST_LOG").unwrap_or(d.console_filter),
             ..d
         }
-    }
-
-    /// Sets the OTLP endpoint.
-    pub fn with_otlp_endpoint(mut self, endpoint: impl Into<String>) -> Self {
-        self.otlp_endpoint = Some(endpoint.into());
-        self
-    }
-
-    /// Turns console logs on or off.
-    pub fn with_console(mut self, on: bool) -> Self {
-        self.console = on;
-        self
-    }
-
-    /// Sets the console's filter directives (`RUST_LOG` syntax, e.g.
-    /// `warn` or `info,warden_core=debug`).
-    pub fn with_console_filter(mut self, directives: impl Into<String>) -> Self {
-        self.console_filter = directives.into();
-        self
-    }
-
-    /// Sets the service name.
-    pub fn with_service_name(mut self, name: impl Into<String>) -> Self {
-        self.service_name = name.into();
-        self
     }
 }
 
