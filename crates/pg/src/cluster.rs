@@ -51,6 +51,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use std::sync::atomic::{AtomicU64, Ordering};
+
+use derive_setters::Setters;
 use tokio::sync::broadcast;
 use tokio_util::task::AbortOnDropHandle;
 
@@ -143,13 +145,26 @@ impl Counters {
     }
 }
 
-/// One node of a cluster (see the [module](self) docs).
+/// One node of a cluster (see the [module](self) docs). Its `with_*`
+/// that only set a field are derived: each field's doc below is its
+/// setter's.
+#[derive(Setters)]
+#[setters(generate = false, prefix = "with_")]
 pub struct Node {
     store: NodeStore,
+    /// Where the other nodes reach this one (`http://host:port`): they
+    /// forward requests for its sessions there.
+    #[setters(generate, into)]
     advertise: String,
+    /// How long a finished turn's event log is kept in the database before
+    /// it is expired. Default [`DEFAULT_KEEP_TURNS`].
+    #[setters(generate)]
     keep_turns: Duration,
     events: broadcast::Sender<NodeEvent>,
     counters: Arc<Counters>,
+    /// How this node spreads the load with the others. Default
+    /// [`Balance::default`].
+    #[setters(generate)]
     balance: Balance,
     tasks: Vec<AbortOnDropHandle<()>>,
 }
@@ -181,13 +196,6 @@ impl Node {
     ) -> Result<Self, PgError> {
         let pg = PgStore::connect(url).await?;
         Ok(Self::headless(NodeStore::new(pg, id, lease_ttl)))
-    }
-
-    /// Where the other nodes reach this one (`http://host:port`): they
-    /// forward requests for its sessions there.
-    pub fn with_advertise(mut self, advertise: impl Into<String>) -> Self {
-        self.advertise = advertise.into();
-        self
     }
 
     /// How long after a database outage this node has the sessions it gave
@@ -230,13 +238,6 @@ impl Node {
     /// part in placement, failover and takeover as any node does.
     pub fn headless(store: NodeStore) -> Self {
         Self::new(store, String::new())
-    }
-
-    /// How long a finished turn's event log is kept in the database before
-    /// it is expired. Default [`DEFAULT_KEEP_TURNS`].
-    pub fn with_keep_turns(mut self, keep: Duration) -> Self {
-        self.keep_turns = keep;
-        self
     }
 
     /// The node's store (its [`SessionStore`](warden_core::SessionStore)).

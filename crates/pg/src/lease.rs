@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+use derive_setters::Setters;
 use warden_core::store::SCHEMA_VERSION;
 use warden_core::{SessionKey, SessionRecord, StoreError};
 
@@ -35,12 +36,14 @@ pub struct Lease {
 /// back (it gave the lease up in a database outage): the return grace
 /// (see [`NodeStore::with_return_grace`](crate::NodeStore::with_return_grace)).
 /// A node never waits for itself.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Setters)]
+#[setters(prefix = "with_", strip_option)]
 #[non_exhaustive]
 pub struct Patience {
     /// A lease whose owner has beaten since it expired (alive again, and
     /// not left) is taken by another node only once it has been expired
     /// this long.
+    #[setters(skip)]
     pub grace: Duration,
     /// A lease of another live member that expired less than this long ago
     /// is not taken at all: the taking node has just lived through a
@@ -58,13 +61,6 @@ impl Patience {
             grace,
             outage: Duration::ZERO,
         }
-    }
-
-    /// And, as the node has just lived through an outage, leaves the
-    /// leases of other live members that expired within `outage` alone.
-    pub fn with_outage(mut self, outage: Duration) -> Self {
-        self.outage = outage;
-        self
     }
 }
 

@@ -5,6 +5,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use derive_setters::Setters;
 use parking_lot::Mutex;
 
 use futures_util::future::BoxFuture;
@@ -51,7 +52,8 @@ pub const RETAKE_COOLDOWN: Duration = Duration::from_secs(3);
 /// turn relays may still try to store. So this node never holds the lease
 /// of a session nothing here runs, and a session's waiting messages are
 /// never stranded behind it.
-#[derive(Clone)]
+#[derive(Clone, Setters)]
+#[setters(generate = false, prefix = "with_")]
 pub struct NodeStore {
     pg: PgStore,
     node: String,
@@ -83,8 +85,21 @@ pub struct NodeStore {
     /// Its turns' event batches, committed together (or, switched off,
     /// each in its own transaction).
     group: crate::group::GroupCommit,
+    /// Commits each turn's event batch in its own transaction instead of
+    /// together with the other turns' (the default, `true`): for
+    /// comparison; every guarantee holds either way.
+    #[setters(generate, rename = "with_group_commit")]
     grouped: bool,
-    /// See [`with_return_grace`](Self::with_return_grace).
+    /// How long another node leaves a session to its last owner that is
+    /// alive again after a database outage (it has beaten since its lease
+    /// expired), and how long this node, after an outage of its own, leaves
+    /// alone the sessions of other live nodes that the outage expired
+    /// (their owners may not have beaten yet). Default
+    /// [`DEFAULT_RETURN_GRACE`](home::DEFAULT_RETURN_GRACE). Keep it above
+    /// [`RETAKE_COOLDOWN`](crate::RETAKE_COOLDOWN) plus a
+    /// [scan](Self::scan_interval), or the owners lose the race for their
+    /// own sessions.
+    #[setters(generate)]
     return_grace: Duration,
     /// This node's latest database outage, as its round trips saw it.
     reach: Arc<Mutex<home::Reach>>,
@@ -139,14 +154,6 @@ impl NodeStore {
             moved: Arc::default(),
             orphans_seen: Arc::default(),
         }
-    }
-
-    /// Commits each turn's event batch in its own transaction instead of
-    /// together with the other turns' (the default, `true`): for
-    /// comparison; every guarantee holds either way.
-    pub fn with_group_commit(mut self, on: bool) -> Self {
-        self.grouped = on;
-        self
     }
 
     /// This node's id.

@@ -23,15 +23,16 @@
 
 use std::time::Duration;
 
+use derive_setters::Setters;
 use tokio_util::task::AbortOnDropHandle;
 use warden_core::{SessionKey, Supervisor};
 
-use super::Node;
 use crate::{Lease, NodeState, NodeStore, TURN_BOUNDARY_WAIT};
 
 /// How a node spreads the load with the others (`warden serve
 /// --rebalance-interval`, `--rebalance-limit`, `--rebalance-threshold`).
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, Copy, PartialEq, Setters)]
+#[setters(prefix = "with_", strip_option)]
 #[non_exhaustive]
 pub struct Balance {
     /// How often the node compares its sessions with the others' (each
@@ -46,6 +47,7 @@ pub struct Balance {
     /// above the mean give sessions away (down to the mean); once
     /// settled, every member is within about this fraction of the mean.
     /// Default 0.1 (10 %).
+    #[setters(skip)]
     pub threshold: f64,
 }
 
@@ -60,18 +62,6 @@ impl Default for Balance {
 }
 
 impl Balance {
-    /// Rounds every `interval` (zero: never give).
-    pub fn with_interval(mut self, interval: Duration) -> Self {
-        self.interval = interval;
-        self
-    }
-
-    /// At most `limit` sessions handed over per round.
-    pub fn with_limit(mut self, limit: usize) -> Self {
-        self.limit = limit;
-        self
-    }
-
     /// Give once the most and the least loaded are more than `threshold` ×
     /// the mean apart.
     pub fn with_threshold(mut self, threshold: f64) -> Self {
@@ -223,15 +213,6 @@ pub fn handover_order(
     let mut order: Vec<(Lease, bool)> = asleep.into_iter().map(|l| (l, false)).collect();
     order.extend(busy.into_iter().map(|(_, l)| (l, true)));
     order
-}
-
-impl Node {
-    /// How this node spreads the load with the others. Default
-    /// [`Balance::default`].
-    pub fn with_balance(mut self, balance: Balance) -> Self {
-        self.balance = balance;
-        self
-    }
 }
 
 /// The node's balancing: adopts the leases handed to it every scan

@@ -36,20 +36,6 @@ pub(super) struct Reach {
 }
 
 impl NodeStore {
-    /// How long another node leaves a session to its last owner that is
-    /// alive again after a database outage (it has beaten since its lease
-    /// expired), and how long this node, after an outage of its own, leaves
-    /// alone the sessions of other live nodes that the outage expired
-    /// (their owners may not have beaten yet). Default
-    /// [`DEFAULT_RETURN_GRACE`]. Keep it above
-    /// [`RETAKE_COOLDOWN`](crate::RETAKE_COOLDOWN) plus a
-    /// [scan](Self::scan_interval), or the owners lose the race for their
-    /// own sessions.
-    pub fn with_return_grace(mut self, grace: Duration) -> Self {
-        self.return_grace = grace;
-        self
-    }
-
     /// The [return grace](Self::with_return_grace).
     pub fn return_grace(&self) -> Duration {
         self.return_grace
