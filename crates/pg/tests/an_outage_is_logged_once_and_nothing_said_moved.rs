@@ -3,6 +3,11 @@
 //! it starts, one `info` when it ends, no error for the leases it gives up
 //! (self-fencing is expected: it cannot tell an outage from a partition),
 //! and nothing saying a session "moved to another node" when none did.
+//!
+//! A binary of its own, not a module of `tests/it`: it installs the
+//! process's global subscriber (the node's tasks run on the runtime's
+//! worker threads) and counts every warning logged, which other tests
+//! running in the same process would add to.
 
 use std::io::Write;
 use std::sync::{Arc, Mutex};
@@ -12,6 +17,7 @@ use warden_core::SessionKey;
 use warden_pg::cluster::{Node, NodeEvent};
 use warden_pg::low_level::NodeStore;
 
+#[path = "it/common/mod.rs"]
 mod common;
 
 use common::{Outage, admin_url, fresh_db, store, within};

@@ -8,11 +8,9 @@ use tokio_postgres::NoTls;
 use warden_core::{Durability, SessionKey, SessionRecord, SessionStore};
 use warden_pg::low_level::PgStore;
 
-mod common;
+use crate::common::{admin_url, unique, within};
 
-use common::{admin_url, unique, within};
-
-const SCRIPT: &str = include_str!("../../../deploy/postgres/warden-role.sql");
+const SCRIPT: &str = include_str!("../../../../deploy/postgres/warden-role.sql");
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_runs_as_the_role_the_script_makes_and_nothing_more() {

@@ -15,9 +15,7 @@ use warden_pg::cluster::Node;
 use warden_pg::cluster::NodeState;
 use warden_pg::low_level::{NodeStore, PgStore};
 
-mod common;
-
-use common::{fresh_db, store, within};
+use crate::common::{fresh_db, store, within};
 
 /// A node of `ttl` joined on `pg` (its supervisor kept alive with it).
 async fn joined(pg: &PgStore, id: &str, ttl: Duration) -> (Node, Supervisor) {

@@ -3,15 +3,14 @@
 //! own database. Without the variable the tests say why and pass, unless
 //! `WARDEN_REQUIRE_POSTGRES=1` (CI) makes them fail.
 
+use crate::common;
 use std::time::Duration;
 
 use tokio_postgres::NoTls;
 use warden_core::{Durability, SessionKey, SessionRecord, SessionStore, StoreError};
 use warden_pg::low_level::{NodeStore, PgStore, TAKEOVER_GRACE};
 
-mod common;
-
-use common::{fresh_db, store, within};
+use crate::common::{fresh_db, store, within};
 
 fn record(key: &str, text: &str) -> SessionRecord {
     let mut r = SessionRecord::new(&SessionKey::new(key), None);

@@ -9,9 +9,7 @@ use tokio_postgres::NoTls;
 use warden_pg::PgError;
 use warden_pg::low_level::PgStore;
 
-mod common;
-
-use common::{unique, within};
+use crate::common::{unique, within};
 
 /// The admin URL, the CA file and an admin client, or `None` (with the
 /// reason printed) when no PostgreSQL is configured.

@@ -16,9 +16,7 @@ use warden_core::{Durability, EventSource, SessionKey, SessionRecord, SessionSto
 use warden_pg::cluster::{Node, NodeEvent};
 use warden_pg::low_level::{NodeStore, TAKEOVER_GRACE};
 
-mod common;
-
-use common::{Outage, admin_url, fresh_db, store, within};
+use crate::common::{Outage, admin_url, fresh_db, store, within};
 
 async fn supervisor_on(store: &NodeStore) -> (Supervisor, ChannelSourceControl) {
     let (source, control) = ChannelSource::new();

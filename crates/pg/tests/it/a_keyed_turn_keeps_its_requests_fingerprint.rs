@@ -12,9 +12,7 @@ use warden_core::SessionKey;
 use warden_core::store::{TurnStore as _, TurnStoreError};
 use warden_pg::low_level::{NodeStore, TAKEOVER_GRACE};
 
-mod common;
-
-use common::{fresh_db, store};
+use crate::common::{fresh_db, store};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_keyed_turn_keeps_the_fingerprint_of_its_first_request_on_every_node() {

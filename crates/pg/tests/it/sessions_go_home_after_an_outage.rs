@@ -12,9 +12,7 @@ use warden_core::{EventSource, SessionKey, Supervisor};
 use warden_pg::cluster::Node;
 use warden_pg::low_level::{NodeStore, PgStore, RETAKE_COOLDOWN};
 
-mod common;
-
-use common::{Outage, admin_url, fresh_db, store, within};
+use crate::common::{Outage, admin_url, fresh_db, store, within};
 
 /// A supervisor keeping its sessions in `store`, its agent a channel the
 /// test drives.

@@ -13,9 +13,7 @@ use warden_core::cluster::Arrival;
 use warden_pg::cluster::Node;
 use warden_pg::low_level::NodeStore;
 
-mod common;
-
-use common::{Outage, admin_url, fresh_db, store, within};
+use crate::common::{Outage, admin_url, fresh_db, store, within};
 
 /// Expires `key`'s lease by the database's clock (its node stopped
 /// renewing it), as if its TTL had run out.

@@ -13,9 +13,7 @@ use std::time::Duration;
 use warden_core::{Durability, SessionKey, SessionRecord, SessionStore, StoreError};
 use warden_pg::low_level::NodeStore;
 
-mod common;
-
-use common::{fresh_db, store, within};
+use crate::common::{fresh_db, store, within};
 
 const TTL: Duration = Duration::from_secs(5);
 

@@ -36,13 +36,16 @@ pub fn admin_url() -> Option<String> {
     }
 }
 
-/// A name no other test uses: `prefix`, the process and the time.
+/// A name no other test uses: `prefix`, the process, the time and a count
+/// of the names this process made (its tests run as threads of one process).
 pub fn unique(prefix: &str) -> String {
+    static MADE: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = MADE.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_nanos())
         .unwrap_or(0);
-    format!("{prefix}_{}_{nanos}", std::process::id())
+    format!("{prefix}_{}_{nanos}_{n}", std::process::id())
 }
 
 /// A fresh database: its config, or `None` when no PostgreSQL is

@@ -10,9 +10,7 @@ use std::time::Duration;
 use warden_core::{Durability, SessionKey, SessionRecord, SessionStore, StoreError};
 use warden_pg::low_level::NodeStore;
 
-mod common;
-
-use common::{fresh_db, store};
+use crate::common::{fresh_db, store};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_write_refused_after_the_lease_went_names_the_epoch_that_went() {

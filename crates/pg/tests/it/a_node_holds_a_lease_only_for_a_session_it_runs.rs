@@ -21,9 +21,7 @@ use warden_core::{
 use warden_pg::cluster::Node;
 use warden_pg::low_level::{NodeStore, TAKEOVER_GRACE};
 
-mod common;
-
-use common::{fresh_db, store, within};
+use crate::common::{fresh_db, store, within};
 
 /// A supervisor keeping its sessions in `store`, its agent a channel the
 /// test drives.

@@ -5,6 +5,7 @@
 //! dead node's session and re-sends its message, reports each as a
 //! `NodeEvent`, and hands its sessions back when it leaves.
 
+use crate::common;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -14,9 +15,7 @@ use warden_core::{Durability, EventSource, SessionKey, SessionRecord, SessionSto
 use warden_pg::cluster::{Node, NodeEvent};
 use warden_pg::low_level::NodeStore;
 
-mod common;
-
-use common::{fresh_db, store, within};
+use crate::common::{fresh_db, store, within};
 
 /// A supervisor keeping its sessions in `store`, its agent a channel the
 /// test drives.
