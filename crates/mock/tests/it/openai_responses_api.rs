@@ -2,11 +2,9 @@
 //! response survives its connection and is re-attached after the last
 //! sequence number seen, with nothing generated twice.
 
-mod common;
-
 use std::time::Duration;
 
-use common::{Sse, names, parse_sse};
+use crate::common::{Sse, names, parse_sse};
 use serde_json::{Value, json};
 use warden_mock::{Endpoint, MockConfig, MockServer, Scenario};
 

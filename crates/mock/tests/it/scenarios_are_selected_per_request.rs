@@ -1,9 +1,8 @@
 //! A request's scenario comes from its header, its model, its path prefix,
 //! the server's sequence script or the server's default, in that order.
 
-mod common;
-
-use common::anthropic_request;
+use crate::common;
+use crate::common::anthropic_request;
 use serde_json::Value;
 use warden_mock::{MockConfig, MockServer, SCENARIO_HEADER, Scenario, Selection};
 

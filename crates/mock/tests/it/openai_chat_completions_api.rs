@@ -1,8 +1,6 @@
 //! The OpenAI-compatible endpoint streams chunks and ends with `[DONE]`.
 
-mod common;
-
-use common::{Sse, openai_request, parse_sse};
+use crate::common::{Sse, openai_request, parse_sse};
 use serde_json::Value;
 use warden_mock::{Endpoint, MockConfig, MockServer, Scenario, TokenUsage};
 

@@ -1,10 +1,8 @@
 //! Every fault scenario is visible on the wire and in the server's log.
 
-mod common;
-
 use std::time::{Duration, Instant};
 
-use common::{
+use crate::common::{
     ReadEnd, WITHIN, anthropic_request, names, parse_sse, raw_request, raw_send, read_for,
 };
 use serde_json::Value;

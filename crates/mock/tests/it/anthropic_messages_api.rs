@@ -1,8 +1,6 @@
 //! The Anthropic Messages endpoint speaks the documented wire format.
 
-mod common;
-
-use common::{anthropic_request, names, parse_sse};
+use crate::common::{anthropic_request, names, parse_sse};
 use serde_json::Value;
 use warden_mock::{Endpoint, MockConfig, MockServer, Outcome, ServerEvent, TokenUsage};
 

@@ -3,11 +3,9 @@
 //! the usage, the model taken from the path, and the fault scenarios in
 //! Gemini's shapes.
 
-mod common;
-
 use std::time::Duration;
 
-use common::{Sse, parse_sse};
+use crate::common::{Sse, parse_sse};
 use serde_json::{Value, json};
 use warden_mock::{Endpoint, MockConfig, MockServer, Scenario};
 
