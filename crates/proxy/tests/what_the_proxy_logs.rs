@@ -4,12 +4,14 @@
 //! These tests run alone in their process and one at a time (`ALONE`):
 //! scoped subscribers of tests running in parallel share tracing's callsite
 //! cache, and one test's thread can leave the other's spans unrecorded
-//! (seen in CI: the request span missing from a capture).
-
-mod common;
+//! (seen in CI: the request span missing from a capture). So this file is a
+//! binary of its own, not a module of `tests/it` with the other proxy tests.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+
+#[path = "it/common/mod.rs"]
+mod common;
 
 use common::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};

@@ -6,14 +6,12 @@
 //! here is a raw HTTP/1.1 server on loopback, the proxy is served over
 //! real TCP.
 
-mod common;
-
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use crate::common::*;
 use bytes::Bytes;
-use common::*;
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use warden_proxy::{AccessRecord, Outcome, Proxy, ProxyConfig, RecoveryEvent};

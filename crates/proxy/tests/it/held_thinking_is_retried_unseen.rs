@@ -5,18 +5,16 @@
 //! after a thinking block is not delayed by holding it. A client that
 //! asked for no stream has its answer retried unseen without the hold.
 
-mod common;
-
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
+use crate::common::*;
 use axum::Router;
 use axum::body::Body;
 use axum::http::{HeaderValue, header};
 use axum::response::Response;
 use axum::routing::post;
-use common::*;
 use futures_util::StreamExt as _;
 use warden_proxy::{Proxy, ProxyConfig};
 

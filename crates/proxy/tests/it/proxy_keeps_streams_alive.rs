@@ -3,12 +3,10 @@
 //! spliced, or ended with the provider's own error event — never a hang,
 //! never a torn event.
 
-mod common;
-
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::*;
+use crate::common::*;
 use serde_json::Value;
 use warden_mock::{MockConfig, Outcome, Scenario};
 use warden_proxy::{RecoveryEvent, WholeFallback};

@@ -5,13 +5,11 @@
 //! have read is never sent again unseen — a second send is an attempt the
 //! access log counts.
 
-mod common;
-
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::{TcpListener, TcpStream};
 use warden_proxy::{AccessRecord, Proxy, ProxyConfig};

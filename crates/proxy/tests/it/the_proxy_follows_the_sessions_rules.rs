@@ -4,18 +4,16 @@
 //! progress is content, not any event; any `retry-after` holds the whole
 //! upstream, not only a 429's.
 
-mod common;
-
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
+use crate::common::*;
 use axum::Router;
 use axum::body::Body;
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::Response;
 use axum::routing::post;
-use common::*;
 use futures_util::StreamExt as _;
 use warden_proxy::{Proxy, ProxyConfig, RecoveryEvent};
 
