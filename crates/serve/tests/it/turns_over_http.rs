@@ -522,7 +522,7 @@ async fn every_error_type_is_declared_once_and_documented_as_sent() {
     }
 
     // The docs' catalogue: every type under its status, no other.
-    let catalogue = include_str!("../../../docs/serve.md");
+    let catalogue = include_str!("../../../../docs/serve.md");
     let start = catalogue
         .find("| status | `type` | meaning; extra fields |")
         .expect("the catalogue");
