@@ -3,12 +3,10 @@
 //! a fresh conversation that still gets the message; an id that is not one
 //! (a NUL in it) is never kept and never wedges the workspace.
 
-mod common;
-
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 use serde_json::json;
 use warden_claude::ClaudeSourceFactory;
 use warden_core::{

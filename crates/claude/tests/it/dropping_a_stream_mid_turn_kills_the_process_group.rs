@@ -3,11 +3,9 @@
 //! SIGKILL; the agent is reaped, nothing is orphaned, and the next attempt
 //! resumes in a fresh process.
 
-mod common;
-
 use std::time::{Duration, Instant};
 
-use common::*;
+use crate::common::*;
 use serde_json::json;
 use warden_claude::ClaudeSource;
 use warden_core::{AgentEvent, EventSource};

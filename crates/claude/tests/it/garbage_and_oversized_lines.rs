@@ -1,9 +1,7 @@
 //! Lines that are not JSON count as liveness until too many come in a row;
 //! a line over the size limit fails the turn.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use serde_json::json;
 use warden_claude::ClaudeSource;
 use warden_core::{EventSource, Frame, StreamError};

@@ -2,11 +2,9 @@
 //! transcript should be (`projects/<key>/<id>.jsonl` under the config dir)
 //! and its size.
 
-mod common;
-
 use std::path::Path;
 
-use common::*;
+use crate::common::*;
 use warden_claude::{ClaudeSource, transcript};
 use warden_core::EventSource;
 

@@ -2,11 +2,9 @@
 //! each ending with its own result line; a turn that cannot use it gets a
 //! new process, and idle processes end with their source.
 
-mod common;
-
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 use serde_json::json;
 use warden_claude::{ClaudeSource, ClaudeSourceFactory};
 use warden_core::{AgentEvent, EventSource, SessionKey, SourceFactory};

@@ -1,11 +1,9 @@
 //! A turn's stream-json lines come out as warden events, in order, and the
 //! CLI is run the way the crate docs say.
 
-mod common;
-
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 use serde_json::json;
 use warden_claude::{ClaudeSource, PermissionMode};
 use warden_core::{AgentEvent, EventSource, Frame, Usage};

@@ -2,9 +2,7 @@
 //! the right typed error: result lines (check `is_error`, not `subtype`)
 //! and exits before any result (the reason is on stderr).
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use serde_json::{Value, json};
 use warden_claude::{ClaudeOptions, ClaudeSource};
 use warden_core::{EventSource, ResumeCause, StreamError};
