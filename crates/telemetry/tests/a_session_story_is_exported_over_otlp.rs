@@ -3,6 +3,9 @@
 //! with the documented names, parents, links and attributes, and no prompt
 //! or completion text. The scenario runs on a current-thread runtime and
 //! the guard's drop is the only flush.
+//!
+//! A test binary of its own, as each test calling `warden_telemetry::init`:
+//! that installs the process's global subscriber, once per process.
 
 use std::collections::HashMap;
 use std::sync::Arc;

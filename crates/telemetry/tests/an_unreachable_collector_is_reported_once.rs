@@ -1,5 +1,8 @@
 //! With no collector listening, the supervised work completes, the guard's
 //! flush returns, and the failure is reported once, not once per batch.
+//!
+//! A test binary of its own, as each test calling `warden_telemetry::init`:
+//! that installs the process's global subscriber, once per process.
 
 use std::sync::Arc;
 use std::time::Duration;
