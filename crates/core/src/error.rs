@@ -130,6 +130,24 @@ pub enum StreamError {
         /// Who stopped it, and why.
         reason: String,
     },
+    /// A layer under the session (the wire layer under an agent CLI)
+    /// already made the retry policy's attempts for this attempt's request
+    /// and gave up on `last`: those attempts are the turn's, so the session
+    /// does not run the turn again (**not retryable**: the turn fails at
+    /// once, [`TurnError::Fatal`]) — else the layers' retries would
+    /// multiply (the wire's, the CLI's own and the session's). Everything a
+    /// client reads of it is `last`'s: its [`code`](Self::code), its
+    /// [`retry_after`](Self::retry_after) and its exit class (an outage:
+    /// `5`, the turn worth sending again later).
+    #[error(
+        "{last} (a layer under the session made {attempts} attempt(s) and gave up; the turn is not run again)"
+    )]
+    RetriedBelow {
+        /// The attempts the layer below made, the first included.
+        attempts: u32,
+        /// The error it gave up on.
+        last: Box<StreamError>,
+    },
     /// The stream's actor or reader task died unexpectedly (a bug in a
     /// source). **Fatal.**
     #[error("stream task failed: {message}")]
@@ -156,6 +174,7 @@ impl StreamError {
             Self::Interrupted { .. } => "ESTREAM_INTERRUPTED",
             Self::ContinuationFailed { .. } => "ECONTINUATION_FAILED",
             Self::Internal { .. } => "EINTERNAL",
+            Self::RetriedBelow { last, .. } => last.code(),
         }
     }
 
@@ -174,6 +193,7 @@ impl StreamError {
             | Self::FrameTooLarge { .. }
             | Self::Malformed { .. }
             | Self::Unauthorized { .. }
+            | Self::RetriedBelow { .. }
             | Self::Internal { .. } => false,
         }
     }
@@ -193,6 +213,7 @@ impl StreamError {
     pub fn retry_after(&self) -> Option<Duration> {
         match self {
             Self::Api { retry_after, .. } => *retry_after,
+            Self::RetriedBelow { last, .. } => last.retry_after(),
             _ => None,
         }
     }

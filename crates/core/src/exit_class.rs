@@ -18,7 +18,9 @@ pub enum ExitClass {
     /// the turn ran past its deadline: `4`.
     Timeout,
     /// Every attempt failed in a way a later try may not (a connection
-    /// error, 429/5xx, a cut stream, a continuation that failed): `5`.
+    /// error, 429/5xx, a cut stream, a continuation that failed), or a
+    /// layer under the session made the policy's attempts at such a
+    /// failure already (`StreamError::RetriedBelow`): `5`.
     Unavailable,
     /// The session stopped before answering; the message stays pending and
     /// is answered when the session runs again — nothing to re-send: `6`.
@@ -74,6 +76,7 @@ impl ExitClass {
         match error {
             StreamError::InactivityTimeout { .. } | StreamError::NoProgress { .. } => Self::Timeout,
             StreamError::Internal { .. } => Self::Failure,
+            StreamError::RetriedBelow { last, .. } => Self::of_stream(last),
             e if e.is_retryable() => Self::Unavailable,
             _ => Self::Api,
         }

@@ -178,3 +178,32 @@ fn any_retry_after_holds_the_pool_capped_and_sets_the_delay() {
     assert_eq!(v.hold, Some(p.max_retry_after));
     assert_eq!(v.next, Next::GiveUp(GiveUp::Exhausted));
 }
+
+#[test]
+fn an_outage_a_layer_below_already_retried_ends_the_turn_at_once_as_its_last_error() {
+    let last = api(503, Some(Duration::from_secs(2)));
+    let e = StreamError::RetriedBelow {
+        attempts: 4,
+        last: Box::new(last.clone()),
+    };
+    // The first attempt of the turn: the layer below spent the policy's
+    // attempts already, so the session does not run it again.
+    let v = decide(&policy(), &broken(&e), &mut rng());
+    assert_eq!(v.next, Next::GiveUp(GiveUp::Fatal));
+    assert_eq!(v.hold, Some(Duration::from_secs(2)), "last's retry-after");
+    assert!(!e.is_retryable());
+    assert_eq!(e.code(), last.code(), "no new code for clients");
+    assert_eq!(e.retry_after(), last.retry_after());
+    let turn = crate::TurnError::Fatal(e.clone());
+    assert_eq!(
+        crate::ExitClass::of(&turn),
+        crate::ExitClass::Unavailable,
+        "an outage: exit 5, as the last error's class"
+    );
+    assert_eq!(crate::ExitClass::of(&turn).code(), 5);
+    let said = e.to_string();
+    assert!(
+        said.contains("HTTP 503") && said.contains("made 4 attempt(s)"),
+        "{said}"
+    );
+}
