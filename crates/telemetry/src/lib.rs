@@ -59,8 +59,8 @@ use std::sync::atomic::AtomicBool;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-#[cfg(feature = "otlp")]
 use derive_setters::Setters;
+#[cfg(feature = "otlp")]
 use opentelemetry::trace::TracerProvider as _;
 #[cfg(feature = "otlp")]
 use opentelemetry_otlp::WithExportConfig;
