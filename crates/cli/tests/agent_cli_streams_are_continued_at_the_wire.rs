@@ -1428,3 +1428,54 @@ async fn a_503_storm_under_kilo_is_retried_at_the_wire_not_by_kilo() {
 async fn a_503_storm_under_aider_is_retried_at_the_wire_not_by_aider() {
     a_503_storm_is_retried_at_the_wire(AIDER).await;
 }
+
+/// An outage longer than the wire's attempts (every request `503`):
+/// measured before, OpenCode's 6 attempts in each of warden's 4 runs, each
+/// tried 4 times at the wire, 96 upstream requests and exit 5 at 381 s.
+/// Now the wire's give-up after the retry policy's attempts ends the run at
+/// once (the CLI's process group with it, before its own retry) and the
+/// turn is not run again: 4 upstream requests, one from the CLI, exit 5
+/// (Aider too, which alone exits 0 on every fault).
+async fn an_outage_is_ended_by_the_wire_after_its_attempts(cli: Family) {
+    let Some(bin) = family_bin(cli) else {
+        return;
+    };
+    let mock = MockServer::start(MockConfig::scenario(Scenario::Unavailable))
+        .await
+        .expect("mock");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let timeout = cli.timeout_ms.to_string();
+    let env = [
+        (cli.bin, bin.as_str()),
+        ("WARDEN_STREAM_TIMEOUT", &timeout),
+        ("OPENAI_API_KEY", "dummy"),
+    ];
+    let base = mock.base_url();
+    let mut agent = vec!["--agent", cli.agent, "--base-url", &base];
+    if cli.agent == AIDER.agent {
+        agent.extend(["--model", "mock-model"]);
+    }
+    let (out, took) = chat_with(&agent, &env, dir.path(), &[]).await;
+    let requests = mock.requests_to("/v1/chat/completions");
+    eprintln!(
+        "{}, every request 503, through the wire: {took:?}, {requests} upstream requests",
+        cli.agent
+    );
+    assert_the_wire_ended_the_outage(&out, took, requests);
+    mock.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_outage_under_opencode_ends_the_turn_after_the_wires_attempts_not_opencodes() {
+    an_outage_is_ended_by_the_wire_after_its_attempts(OPENCODE).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_outage_under_kilo_ends_the_turn_after_the_wires_attempts_not_kilos() {
+    an_outage_is_ended_by_the_wire_after_its_attempts(KILO).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_outage_under_aider_ends_the_turn_after_the_wires_attempts_exit_5_not_0() {
+    an_outage_is_ended_by_the_wire_after_its_attempts(AIDER).await;
+}

@@ -365,6 +365,26 @@ async fn a_503_storm_under_qwen_code_is_retried_at_the_wire_not_by_qwen_code() {
     );
 }
 
+/// An outage longer than the wire's attempts (every request `503`):
+/// measured before, 28 requests to the wire in warden's 4 runs, 112
+/// upstream, exit 5 at 382 s (alone Qwen Code keeps going for hours). Now
+/// the wire's give-up after the retry policy's attempts ends the run at
+/// once (Qwen Code's whole process group with it, before its own retry)
+/// and the turn is not run again: 4 upstream requests, one from Qwen Code,
+/// exit 5.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_outage_under_qwen_code_ends_the_turn_after_the_wires_attempts_not_qwen_codes() {
+    let Some(bin) = qwen_bin() else {
+        return;
+    };
+    let (out, took, requests) = chat_through_a_script(&bin, &[Scenario::Unavailable], &[]).await;
+    eprintln!(
+        "qwen-code, every request 503, through the wire: {took:?}, {} upstream requests",
+        requests.len()
+    );
+    assert_the_wire_ended_the_outage(&out, took, requests.len());
+}
+
 /// The processes whose environment names `qwen_home` as `QWEN_HOME`: every
 /// process of this test's Qwen Code (its entry script and the `cli.js` it
 /// starts).

@@ -49,12 +49,14 @@ impl WireLayer {
         let routes = Arc::new(Routes::default());
         let (killed, ended) = (Arc::clone(&routes), Arc::clone(&routes));
         let allowance = config.timeout;
+        let policy_attempts = config.retry.max_attempts;
         let limits = config.connections.clone();
         let config = config
             .with_recovery_log(move |recovery| {
                 let route = recovery
                     .path()
                     .map_or_else(|| Arc::clone(&killed.root), |path| killed.of_path(path).0);
+                route.note_spent(recovery, policy_attempts);
                 if let RecoveryEvent::Killed { request, .. } = recovery {
                     let mut seen = route.seen.lock();
                     seen.stalled.insert(*request);
@@ -125,12 +127,22 @@ impl WireLayer {
     /// reading a long reply, or waiting on thinking the wire holds back
     /// (the wire keeps that stream live with a comment per held event),
     /// is not killed as silent. A CLI that hangs on a healthy stream is
-    /// still killed once the stream ends. For a wire under one session
-    /// (`warden chat`): every chunk sent without a route counts for it.
+    /// still killed once the stream ends. When the wire hands a request of
+    /// the run back after the retry policy's attempts (an outage longer
+    /// than them: each attempt failed before any byte, the last with a
+    /// status the CLI would retry), the run ends at once with
+    /// [`StreamError::RetriedBelow`](warden_core::StreamError::RetriedBelow)
+    /// — the CLI's process group with it, before its own retries go out —
+    /// and the session does not run the turn again: the policy's attempts
+    /// upstream in all, not the product of three layers'. A CLI the wire
+    /// hands an overloaded answer back to at once (Claude Code, Codex:
+    /// their own retries take it up) is left to retry it. For a wire under
+    /// one session (`warden chat`): every chunk sent without a route
+    /// counts for it.
     pub fn live(&self, source: Arc<dyn EventSource>) -> Arc<dyn EventSource> {
         Arc::new(Live {
             inner: source,
-            sent: self.inner.routes.root.sent.subscribe(),
+            route: Arc::clone(&self.inner.routes.root),
             _hold: None,
             _wire: Arc::clone(&self.inner) as _,
         })
@@ -153,7 +165,7 @@ impl WireLayer {
         let hold = self.inner.routes.hold(key, end);
         Arc::new(Live {
             inner: source,
-            sent: hold.route().sent.subscribe(),
+            route: Arc::clone(hold.route()),
             _hold: Some(hold),
             _wire: Arc::clone(&self.inner) as _,
         })

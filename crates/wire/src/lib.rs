@@ -7,7 +7,10 @@
 //! inside a thinking block retried unseen (thinking is held back: no
 //! human watches these streams), an overloaded answer retried per the
 //! shared backoff: the CLI never sees the fault, is never killed for it,
-//! and the reply is not generated twice. The process layer (a session's
+//! and the reply is not generated twice. An outage longer than the retry
+//! policy's attempts ends the session's run as soon as the wire gives up
+//! (the CLI's own retries and the session's re-runs would multiply it):
+//! the policy's attempts upstream in all ([`WireLayer::live`]). The process layer (a session's
 //! watchdog on the CLI's stdout, [`warden_claude::CliSource`]) stays for
 //! what the wire cannot see — a CLI that hangs with a healthy upstream,
 //! crashes or prints garbage — and its allowance counts the model stream

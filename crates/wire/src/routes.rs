@@ -12,7 +12,7 @@ use futures_util::StreamExt as _;
 use parking_lot::Mutex;
 use tokio::sync::watch;
 use warden_claude::CliCommand;
-use warden_core::SessionKey;
+use warden_core::{SessionKey, StreamError};
 use warden_proxy::{ClientPath, RecoveryEvent};
 
 /// `text` with `route` after each `url` in it (a URL with a longer port
@@ -45,6 +45,10 @@ pub(super) struct Route {
     pub(super) seen: Mutex<Seen>,
     /// Counts the chunks of model streams sent on it.
     pub(super) sent: watch::Sender<u64>,
+    /// The request of the current run the wire spent the retry policy's
+    /// attempts on, if any: reset when a run starts
+    /// ([`Live`](crate::live::Live)), which ends on it.
+    pub(super) spent: watch::Sender<Option<Spent>>,
 }
 
 impl Route {
@@ -53,7 +57,74 @@ impl Route {
             session,
             seen: Mutex::new(Seen::default()),
             sent: watch::Sender::new(0),
+            spent: watch::Sender::new(None),
         })
+    }
+
+    /// Notes `recovery` when it hands a request back to the CLI after the
+    /// wire made `policy_attempts` or more attempts at it (each failed
+    /// before any byte reached the CLI; the last answered a status the
+    /// CLI would retry: 429, 5xx, or the 502 of an upstream it could not
+    /// reach): the outage outlasted the retry policy, and the CLI's own
+    /// retries, then the session's runs, would only multiply it.
+    pub(super) fn note_spent(&self, recovery: &RecoveryEvent, policy_attempts: u32) {
+        if let RecoveryEvent::HandedBack {
+            request,
+            attempts,
+            status,
+            code,
+            ..
+        } = recovery
+            && *attempts >= policy_attempts
+        {
+            self.spent.send_replace(Some(Spent {
+                request: *request,
+                attempts: *attempts,
+                status: *status,
+                code,
+            }));
+        }
+    }
+}
+
+/// A model request the wire gave up on after the retry policy's attempts,
+/// handed back to the CLI with a status it would retry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct Spent {
+    /// The request's id (the `#N` of the wire's lines).
+    request: u64,
+    /// The wire's attempts at it.
+    attempts: u32,
+    /// The status the CLI was handed.
+    status: u16,
+    /// The last attempt's error code.
+    code: &'static str,
+}
+
+impl Spent {
+    /// The error that ends the session's run: the wire's attempts are the
+    /// turn's, `took` the run's time so far. No prompt text: ids, counts,
+    /// a status and a code.
+    pub(super) fn error(&self, took: Duration) -> StreamError {
+        StreamError::RetriedBelow {
+            attempts: self.attempts,
+            last: Box::new(StreamError::Api {
+                status: Some(self.status),
+                kind: "wire_layer".to_owned(),
+                message: format!(
+                    "the wire layer made {} attempts at model request #{} ({}), each \
+                     failed before any byte, the last handed back as HTTP {}; {:.1}s into \
+                     the run",
+                    self.attempts,
+                    self.request,
+                    self.code,
+                    self.status,
+                    took.as_secs_f64()
+                ),
+                retryable: true,
+                retry_after: None,
+            }),
+        }
     }
 }
 
@@ -91,7 +162,7 @@ pub(super) struct RouteHold {
 
 impl RouteHold {
     /// The held route.
-    pub(super) fn route(&self) -> &Route {
+    pub(super) fn route(&self) -> &Arc<Route> {
         &self.route
     }
 }

@@ -104,6 +104,46 @@ pub(crate) fn check_no_panic(out: &Output) {
     );
 }
 
+/// The attempts of the default retry policy: what a turn may ask the
+/// upstream in all when every attempt fails.
+pub(crate) const POLICY_ATTEMPTS: usize = 4;
+
+/// A turn under an agent CLI whose upstream answers every request `503`
+/// (an outage longer than the wire's attempts), ended by the wire layer
+/// once it spent the retry policy's attempts: exit 5 (Unavailable), the
+/// error naming the wire's attempts, one model request from the CLI on the
+/// wire (neither the CLI's own retries nor a re-run of the turn), the
+/// upstream asked [`POLICY_ATTEMPTS`] times, `took` well under a minute.
+pub(crate) fn assert_the_wire_ended_the_outage(
+    out: &Output,
+    took: Duration,
+    upstream_requests: usize,
+) {
+    check_no_panic(out);
+    let said = stderr(out);
+    assert_eq!(code(out), 5, "Unavailable: {said}");
+    assert_one_line_error(out, "the wire layer made 4 attempts at model request #");
+    assert!(said.contains("the turn is not run again"), "{said}");
+    let requests: std::collections::HashSet<&str> = said
+        .lines()
+        .filter(|l| l.contains("wire layer: openai"))
+        .filter_map(|l| l.split_once('#')?.1.split(':').next())
+        .collect();
+    assert_eq!(
+        requests.len(),
+        1,
+        "one model request from the CLI: neither its own retries nor a re-run: {said}"
+    );
+    assert_eq!(
+        upstream_requests, POLICY_ATTEMPTS,
+        "the retry policy's attempts upstream, not the layers' product: {said}"
+    );
+    assert!(
+        took < Duration::from_secs(60),
+        "the wire's backoff (0.5 + 1 + 2 s, jittered) and the CLI's start-up: {took:?}"
+    );
+}
+
 /// Asserts the error is one line `warden: error: …` containing `needle`.
 pub(crate) fn assert_one_line_error(out: &Output, needle: &str) {
     let err = stderr(out);
