@@ -1055,6 +1055,27 @@ async fn a_529_before_any_byte_is_retried_by_the_wire_under_gemini_cli() {
     mock.shutdown().await;
 }
 
+/// An outage longer than the wire's attempts (every request `503`
+/// `UNAVAILABLE`) under Gemini CLI, whose own retries warden turns off:
+/// the wire's 4 attempts are the turn's, its run ends when the wire hands
+/// the request back and the turn is not run again (4 runs of 4 attempts
+/// before): 4 upstream requests, one from the CLI, exit 5.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_outage_under_gemini_cli_ends_the_turn_after_the_wires_attempts() {
+    let Some(gemini) = gemini_bin() else {
+        return;
+    };
+    let mock = MockServer::start(MockConfig::scenario(Scenario::Unavailable))
+        .await
+        .expect("mock");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (out, took) = gemini_chat(&gemini, &mock, dir.path(), &[]).await;
+    let requests = gemini_requests(&mock).len();
+    eprintln!("Gemini CLI, every request 503, through the wire: {took:?}, {requests} requests");
+    assert_the_wire_ended_the_outage(&out, took, requests);
+    mock.shutdown().await;
+}
+
 /// OpenCode or its fork Kilo Code CLI (one adapter).
 #[derive(Clone, Copy)]
 struct Family {

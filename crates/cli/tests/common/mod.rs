@@ -126,7 +126,7 @@ pub(crate) fn assert_the_wire_ended_the_outage(
     assert!(said.contains("the turn is not run again"), "{said}");
     let requests: std::collections::HashSet<&str> = said
         .lines()
-        .filter(|l| l.contains("wire layer: openai"))
+        .filter(|l| l.starts_with("warden: wire layer:"))
         .filter_map(|l| l.split_once('#')?.1.split(':').next())
         .collect();
     assert_eq!(
