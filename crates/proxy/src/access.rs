@@ -319,7 +319,7 @@ impl std::fmt::Display for RecoveryEvent {
                 reason,
             } => write!(
                 f,
-                "{upstream} {path} #{request}: answered {status} after {attempts} attempt(s) ({code}: {reason}); the client retries that itself"
+                "{upstream} {path} #{request}: answered {status} after {attempts} attempt(s) ({code}: {reason}); handed back to the client as it came"
             ),
             Self::HandedBackMidStream {
                 upstream,
@@ -330,7 +330,7 @@ impl std::fmt::Display for RecoveryEvent {
                 reason,
             } => write!(
                 f,
-                "{upstream} {path} #{request}: ended the stream with its error event after {attempts} attempt(s) ({code}: {reason}) before any block closed; the client retries that itself"
+                "{upstream} {path} #{request}: ended the stream with its error event after {attempts} attempt(s) ({code}: {reason}) before any block closed; handed back to the client"
             ),
             Self::CircuitOpened {
                 upstream,

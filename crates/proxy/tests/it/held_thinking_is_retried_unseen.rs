@@ -265,7 +265,7 @@ async fn a_stall_inside_streamed_thinking_is_handed_back_not_given_up() {
         .collect();
     assert_eq!(ended.len(), 1, "{heard:?}");
     assert!(
-        ended[0].contains("before any block closed; the client retries that itself"),
+        ended[0].contains("before any block closed; handed back to the client"),
         "{ended:?}"
     );
 }

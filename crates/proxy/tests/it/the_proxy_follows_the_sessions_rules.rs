@@ -665,7 +665,7 @@ async fn a_529_handed_back_to_a_client_that_then_completes_is_not_a_give_up() {
     let line = handed[0].to_string();
     assert!(
         line.contains("answered 529 after 1 attempt(s)")
-            && line.contains("the client retries that itself")
+            && line.contains("handed back to the client as it came")
             && !line.contains("gave up"),
         "{line}"
     );
