@@ -42,7 +42,7 @@ bench *ARGS:
 fuzz CASES="200000":
     PROPTEST_CASES={{CASES}} cargo test --release -p warden-llm --test it -- fuzz_sse_decoder::fuzz_
     PROPTEST_CASES={{CASES}} cargo test --release -p warden-claude --lib -- fuzz_
-    PROPTEST_CASES={{CASES}} cargo test --release -p warden-suite --test fuzz_store_records_decode_or_fail_typed -- fuzz_
+    PROPTEST_CASES={{CASES}} cargo test --release -p warden-suite --test it -- fuzz_store_records_decode_or_fail_typed::fuzz_
 
 # Mutation testing of warden-core with cargo-mutants (slow, not in CI; `cargo install cargo-mutants`); e.g. `just mutants --file crates/core/src/policy/retry.rs`.
 mutants *ARGS:

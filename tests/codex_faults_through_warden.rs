@@ -11,6 +11,10 @@
 //! `WARDEN_REQUIRE_CODEX=1`). `kill -9` of warden mid-turn is
 //! `crates/cli/tests/agent_turns_survive_a_kill_9_of_warden.rs` (it needs
 //! the `warden` binary).
+//!
+//! A binary of its own, not a module of `tests/it`: it drives the real
+//! CLI as child processes (seconds each), so it stays out of the fast
+//! in-process binary and is run or skipped by its own name.
 
 #[path = "common/codex.rs"]
 mod codex;

@@ -6,6 +6,9 @@
 //! clean shutdown) while it is writing, then checks the database: every
 //! acknowledged message is pending, every acknowledged id is stored, and a
 //! new supervisor re-delivers the pending messages.
+//!
+//! A binary of its own, not a module of `tests/it`: the child re-runs this
+//! binary by test name and is SIGKILLed, so the binary holds this test alone.
 
 mod common;
 

@@ -5,6 +5,10 @@
 //! the binary's crates. Read from `cargo metadata`, so a new dependency in a
 //! Cargo.toml is checked without touching this file, and a new crate must be
 //! listed here.
+//!
+//! A binary of its own, not a module of `tests/it`: the working rules run
+//! the three house-rule tests by name (`cargo test -p warden-suite --test
+//! <name>`) before every commit, and that command stays as it is.
 
 use std::collections::BTreeMap;
 use std::process::Command;

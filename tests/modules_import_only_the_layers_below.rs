@@ -3,6 +3,10 @@
 //! the lower layers know nothing of what sits above (HTTP, providers,
 //! forwarding). One table per crate; `warden-core`'s own test
 //! (`crates/core/tests/`) checks its module graph for circles instead.
+//!
+//! A binary of its own, not a module of `tests/it`: the working rules run
+//! the three house-rule tests by name (`cargo test -p warden-suite --test
+//! <name>`) before every commit, and that command stays as it is.
 
 use std::path::{Path, PathBuf};
 

@@ -5,6 +5,10 @@
 //! out. The files still over are listed with their current length, and the
 //! list may only shrink: a listed file that grows fails, and so does one
 //! that is back under the limit and still listed (take it off the list).
+//!
+//! A binary of its own, not a module of `tests/it`: the working rules run
+//! the three house-rule tests by name (`cargo test -p warden-suite --test
+//! <name>`) before every commit, and that command stays as it is.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

@@ -12,6 +12,10 @@
 //! temporary places. It is started through a tiny `sh` wrapper that logs its
 //! arguments and `exec`s the CLI (same pid, same process group), so the
 //! tests can see which runs used `--resume <id>`.
+//!
+//! A binary of its own, not a module of `tests/it`: it drives the real
+//! CLI as child processes (seconds each), so it stays out of the fast
+//! in-process binary and is run or skipped by its own name.
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, OnceLock, Weak};

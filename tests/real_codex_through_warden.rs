@@ -6,6 +6,10 @@
 //! cancel.
 //!
 //! The fixture (binary, mock, `HOME`, helpers) is `common/codex.rs`.
+//!
+//! A binary of its own, not a module of `tests/it`: it drives the real
+//! CLI as child processes (seconds each), so it stays out of the fast
+//! in-process binary and is run or skipped by its own name.
 
 #[path = "common/codex.rs"]
 mod codex;

@@ -13,6 +13,10 @@
 //! in a per-test `GEMINI_CLI_HOME`, `HOME` is another per-test directory
 //! (left empty: nothing of the user's `~/.gemini` is read or written) and
 //! `GOOGLE_GEMINI_BASE_URL` is the mock.
+//!
+//! A binary of its own, not a module of `tests/it`: it drives the real
+//! CLI as child processes (seconds each), so it stays out of the fast
+//! in-process binary and is run or skipped by its own name.
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, Weak};

@@ -3,6 +3,9 @@
 //! the past ids), even if the process is SIGKILLed right then. A child
 //! process (this test's own binary) runs the fallback and is killed as soon
 //! as the fresh attempt opens; the parent then reads the database.
+//!
+//! A binary of its own, not a module of `tests/it`: the child re-runs this
+//! binary by test name and is SIGKILLed, so the binary holds this test alone.
 
 mod common;
 

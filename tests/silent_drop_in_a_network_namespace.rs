@@ -8,6 +8,9 @@
 //! Needs root, `ip` (iproute2) and `nft` (nftables). Without them the test
 //! prints why and passes, unless `WARDEN_REQUIRE_NETNS=1` (set by `.ci/run`,
 //! which installs both) makes that a failure.
+//!
+//! A binary of its own, not a module of `tests/it`: it enters a network
+//! namespace and changes the firewall, which the whole process would share.
 
 mod common;
 

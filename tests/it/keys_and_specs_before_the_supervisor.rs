@@ -4,11 +4,9 @@
 //! (`send_with_spec`) rather than by matching key strings in a factory —
 //! kept for its restarts.
 
-mod common;
-
 use std::sync::Arc;
 
-use common::*;
+use crate::common::*;
 use warden_core::testing::ChannelSource;
 use warden_core::{EventSource, SendOptions, SessionKey, SessionSpec, Supervisor};
 

@@ -1,8 +1,6 @@
 //! Two spellings of one directory reach one SessionActor.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use warden_core::LifecycleEvent;
 
 #[tokio::test(start_paused = true)]

@@ -1,9 +1,7 @@
 //! The `[ctx: NN%]` indicator: the last usage report's input + cache tokens
 //! against the model's window.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use std::sync::Arc;
 use warden_core::context::ContextConfig;
 use warden_core::testing::{AttemptControl, ChannelSource, ChannelSourceControl};

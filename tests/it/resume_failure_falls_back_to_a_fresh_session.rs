@@ -2,12 +2,10 @@
 //! id durably, starts fresh, re-delivers the message and tells the user; if
 //! the fresh start fails too, the session is marked failed; no loop.
 
-mod common;
-
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 use warden_core::{
     AgentEvent, Frame, LifecycleEvent, MemoryStore, Notice, RecordStatus, ResumeCause, SessionKey,
     SessionRecord, SessionStore, StreamError, SupervisorError, TurnError, TurnEvent,

@@ -4,11 +4,9 @@
 //! connection (the server sees it), and the retry succeeds. Real time with
 //! a short allowance.
 
-mod common;
-
 use std::time::Duration;
 
-use common::Within;
+use crate::common::Within;
 use warden_core::{LifecycleEvent, RetryPolicy};
 use warden_mock::{MockConfig, MockServer, Scenario};
 
@@ -21,7 +19,7 @@ async fn an_http_stall_is_killed_the_socket_closed_and_the_retry_succeeds() {
     )
     .await
     .expect("mock");
-    let sup = common::anthropic_supervisor(
+    let sup = crate::common::anthropic_supervisor(
         mock.base_url(),
         Duration::from_millis(400),
         RetryPolicy::default().with_backoff(Duration::from_millis(20), Duration::from_millis(50)),

@@ -6,8 +6,6 @@
 //! only thinking was shown, refused where a restart would repeat a
 //! delivered tool call.
 
-mod common;
-
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -16,7 +14,7 @@ use futures_util::future::BoxFuture;
 use futures_util::{StreamExt as _, stream};
 use proptest::prelude::*;
 
-use common::config;
+use crate::common::config;
 use warden_core::continuation::{StreamPhase, stitch};
 use warden_core::{
     AgentEvent, EventSource, EventStream, Frame, SessionKey, StreamError, Supervisor, TurnError,

@@ -3,11 +3,9 @@
 //! kept across a continuation, dropped for a retry from scratch — that
 //! leave exactly the answer's text.
 
-mod common;
-
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 use futures_util::StreamExt as _;
 use warden_core::{StreamError, TextEdit, TurnEvent};
 

@@ -5,12 +5,10 @@
 //! gets the intended reply exactly once; the continuation generates only
 //! the rest. Real time with a short allowance.
 
-mod common;
-
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::Within;
+use crate::common::Within;
 use warden_core::Supervisor;
 use warden_mock::{MockConfig, MockServer, Scenario};
 
@@ -38,7 +36,7 @@ async fn supervisor(base_url: String, model: &str) -> Supervisor {
         )
         .expect("source"),
     );
-    common::supervisor_over(source, Duration::from_millis(300)).await
+    crate::common::supervisor_over(source, Duration::from_millis(300)).await
 }
 
 fn tokens(text: &str) -> u64 {

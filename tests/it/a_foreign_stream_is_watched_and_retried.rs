@@ -1,14 +1,12 @@
 //! A stream from another client crate, adapted with `source_fn`, gets the
 //! watchdog and retries without a hand-written `EventSource`.
 
-mod common;
-
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use futures_util::{StreamExt as _, stream};
 
-use common::*;
+use crate::common::*;
 use warden_core::prelude::*;
 use warden_core::{LifecycleEvent, Supervisor};
 

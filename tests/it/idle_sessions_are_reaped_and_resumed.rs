@@ -1,12 +1,10 @@
 //! Idle reap: never during a turn; the record stays; the next message
 //! resumes the stored conversation.
 
-mod common;
-
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 use tokio::time::{Instant, sleep};
 use warden_core::{
     AgentEvent, Frame, LifecycleEvent, MemoryStore, RecordStatus, SessionConfig, SessionKey,

@@ -2,11 +2,9 @@
 //! stream's silence allowance is `StreamOptions::tool_timeout` (10 min by
 //! default), not the 45 s stream allowance; after the tool it is 45 s again.
 
-mod common;
-
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 use tokio::time::{Instant, sleep};
 use warden_core::{AgentEvent, Frame, LifecycleEvent, StreamOptions};
 

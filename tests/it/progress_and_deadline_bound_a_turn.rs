@@ -2,13 +2,11 @@
 //! progress allowance catches it. The optional turn deadline caps a turn's
 //! wall-clock time whatever its streams do.
 
-mod common;
-
 use std::time::Duration;
 
 use tokio::time::Instant;
 
-use common::*;
+use crate::common::*;
 use warden_core::testing::AttemptControl;
 use warden_core::{
     AgentEvent, Frame, LifecycleEvent, RetryPolicy, SessionConfig, StreamError, StreamOptions,

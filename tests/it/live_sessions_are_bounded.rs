@@ -4,11 +4,9 @@
 //! new one is refused with a typed error, and admitted once a turn ends.
 //! Paused clock.
 
-mod common;
-
 use std::sync::Arc;
 
-use common::*;
+use crate::common::*;
 use warden_core::{MemoryStore, RecordStatus, SessionKey, SessionStore, SupervisorError};
 
 #[tokio::test(start_paused = true)]

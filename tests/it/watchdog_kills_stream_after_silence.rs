@@ -1,10 +1,8 @@
 //! The WatchdogActor on its own, on tokio's paused clock.
 
-mod common;
-
 use std::time::Duration;
 
-use common::Within;
+use crate::common::Within;
 use tokio::sync::mpsc;
 use tokio::time::{Instant, sleep};
 use warden_core::watchdog::WatchdogHandle;

@@ -1,11 +1,9 @@
 //! Streams under a real supervisor tree, fed by a channel source, on the
 //! paused clock.
 
-mod common;
-
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 use tokio::time::{Instant, sleep};
 use warden_core::{LifecycleEvent, RetryPolicy, SessionConfig, StreamError, TurnError, TurnEvent};
 

@@ -4,11 +4,9 @@
 //! thinking block, a source that cannot continue, a continuation that
 //! starts over) restarts from scratch with the discard notice.
 
-mod common;
-
 use std::sync::Arc;
 
-use common::*;
+use crate::common::*;
 use warden_core::testing::{ChannelSource, ChannelSourceControl};
 use warden_core::{
     AgentEvent, EventSource, Frame, LifecycleEvent, SessionKey, StreamError, Supervisor, TurnHandle,

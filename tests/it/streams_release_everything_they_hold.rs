@@ -1,9 +1,7 @@
 //! After completion, error, cancel and watchdog kill, a stream leaves
 //! nothing behind: no watchdog entry, no task, no open source.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use warden_core::{StreamError, TurnEvent};
 
 #[derive(Debug, Clone, Copy)]

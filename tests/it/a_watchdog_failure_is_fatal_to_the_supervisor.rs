@@ -1,11 +1,9 @@
 //! Streams never run unwatched: when the watchdog fails or stops, the
 //! supervisor stops too, taking its sessions and their streams with it.
 
-mod common;
-
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 use ractor::ActorStatus;
 use warden_core::{Supervisor, TurnError};
 

@@ -2,11 +2,9 @@
 //! their stored ids; corrupt and newer-schema records are per-key errors
 //! that are never overwritten; the files are private; one owner at a time.
 
-mod common;
-
 use std::sync::Arc;
 
-use common::*;
+use crate::common::*;
 use warden_core::{
     AgentEvent, Durability, Frame, SessionKey, SessionRecord, SessionStore, StoreError,
     SupervisorError, Usage,

@@ -1,10 +1,8 @@
 //! The WorkspaceSupervisor's restart policy, as a matrix.
 
-mod common;
-
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 use warden_core::{LifecycleEvent, Restart, RestartIntensity, SupervisorError};
 
 fn restarted(e: &LifecycleEvent) -> bool {

@@ -5,11 +5,9 @@
 //! its clients to it); without one, or once that channel's receiver is
 //! gone, the notifier answers it as before.
 
-mod common;
-
 use std::sync::Arc;
 
-use common::*;
+use crate::common::*;
 use warden_core::testing::ChannelSource;
 use warden_core::{
     EventSource, MemoryStore, Notice, SessionKey, SessionRecord, SessionStore as _, Supervisor,

@@ -4,12 +4,10 @@
 //! — the consumer gets the reply once, and no token is generated again.
 //! Real time with a short allowance.
 
-mod common;
-
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::Within;
+use crate::common::Within;
 
 use warden_mock::{Endpoint, MockConfig, MockServer, Scenario};
 
@@ -34,10 +32,10 @@ async fn a_stalled_response_is_reattached_and_nothing_is_generated_twice() {
         )
         .expect("source"),
     );
-    let sup = common::supervisor_over(source, Duration::from_millis(300)).await;
+    let sup = crate::common::supervisor_over(source, Duration::from_millis(300)).await;
 
     let turn = sup.send("ws", "why background mode?").await.expect("send");
-    let c = common::consume(turn).patiently("the turn").await;
+    let c = crate::common::consume(turn).patiently("the turn").await;
     let (shown, notices) = (&c.shown, &c.notices);
     let summary = c.result.as_ref().expect("answered");
     assert_eq!(summary.text, REPLY);

@@ -4,12 +4,10 @@
 //! scratch (no prefill is sent), the consumer told to discard. Real time
 //! with a short allowance.
 
-mod common;
-
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::Within;
+use crate::common::Within;
 
 use warden_mock::{MockConfig, MockServer, Scenario};
 
@@ -31,9 +29,9 @@ async fn run(stall: Scenario) -> (Vec<&'static str>, String, MockServer) {
         )
         .expect("source"),
     );
-    let sup = common::supervisor_over(source, Duration::from_millis(300)).await;
+    let sup = crate::common::supervisor_over(source, Duration::from_millis(300)).await;
     let turn = sup.send("ws", "run the tests").await.expect("send");
-    let c = common::consume(turn).patiently("the turn").await;
+    let c = crate::common::consume(turn).patiently("the turn").await;
     let text = c.text().to_owned();
     assert_eq!(c.shown, text, "what the consumer shows is the answer");
     sup.shutdown().await;

@@ -2,12 +2,10 @@
 //! `SessionSpec` per key, and every setting it leaves out is the
 //! supervisor's.
 
-mod common;
-
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 use warden_core::testing::ChannelSource;
 use warden_core::{
     EventSource, LifecycleEvent, Restart, RetryPolicy, SessionConfig, SessionKey, SessionSpec,

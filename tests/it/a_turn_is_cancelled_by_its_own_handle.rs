@@ -3,12 +3,10 @@
 //! `Cancelled`, a finished one reports `false`, and a handle whose session
 //! is gone is an error, not a silent no-op.
 
-mod common;
-
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 use warden_core::{
     AgentEvent, Frame, MemoryStore, SessionKey, SessionRecord, SessionStore, StreamError, TurnError,
 };

@@ -3,8 +3,6 @@
 //! never opens a stream; a server's `retry-after` holds every session of
 //! the source (shared backoff), not only the one that saw it.
 
-mod common;
-
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -12,7 +10,7 @@ use futures_util::future::BoxFuture;
 use futures_util::stream;
 use tokio::time::Instant;
 
-use common::*;
+use crate::common::*;
 use warden_core::testing::ChannelSource;
 use warden_core::{
     Admission, AdmissionConfig, AgentEvent, EventSource, EventStream, Frame, LifecycleEvent,

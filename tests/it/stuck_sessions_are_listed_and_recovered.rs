@@ -2,11 +2,9 @@
 //! keep-alives but never finishes is alive to the watchdog) and recover
 //! them: a retry of the turn, or a fresh conversation.
 
-mod common;
-
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 use warden_core::{AgentEvent, Frame, LifecycleEvent, ResumeCause, Unstick};
 
 /// Keeps `attempt` alive with a ping every 10 s for `total`.

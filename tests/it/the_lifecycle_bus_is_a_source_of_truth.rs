@@ -5,12 +5,10 @@
 //! own after the shutdown's last event. Each case runs 200 times, as the
 //! misses were races (2 of 14 runs of the escalation path).
 
-mod common;
-
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use common::*;
+use crate::common::*;
 use tokio::sync::broadcast::error::RecvError;
 use warden_core::lifecycle::{AttemptOutcome, Received, Subscription};
 use warden_core::{

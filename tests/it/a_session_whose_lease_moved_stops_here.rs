@@ -4,13 +4,11 @@
 //! session stops at once (its stream dropped) and is not restarted here;
 //! its pending messages stay in the store for the new owner.
 
-mod common;
-
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 use futures_util::future::BoxFuture;
 use warden_core::{
     Durability, LifecycleEvent, MemoryStore, SessionKey, SessionRecord, SessionStore, StoreError,

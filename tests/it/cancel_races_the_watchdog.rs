@@ -2,12 +2,10 @@
 //! same instant: the first wins, a cancel is never retried, nothing panics,
 //! no late event of the dead attempt reaches the user.
 
-mod common;
-
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 use tokio::time::sleep;
 use warden_core::{AgentEvent, LifecycleEvent, TurnError, TurnEvent};
 
