@@ -8,7 +8,7 @@ use warden_claude::{
     OpenCodeSource, QwenSource,
 };
 use warden_core::{
-    EventSource, Notice, Notifier, SessionKey, Supervisor, SupervisorConfig, context,
+    EventSource, Notice, Notifier, SessionKey, SessionStore, Supervisor, SupervisorConfig, context,
 };
 use warden_llm::Transcripts;
 
@@ -388,6 +388,7 @@ pub(crate) async fn run(args: ChatArgs) -> Result<Exit, CliError> {
         None,
     )?;
     let store = Arc::new(paths::open_store(&data_dir)?);
+    let records: Arc<dyn SessionStore> = store.clone();
 
     // Its one session's CLI is live while the wire sends it its stream.
     let source = match &wire {
@@ -402,10 +403,19 @@ pub(crate) async fn run(args: ChatArgs) -> Result<Exit, CliError> {
         .start()
         .await?;
     let result = async {
+        let key = supervisor.key_for(&args.workspace)?;
+        // The session's first turn says its model stream is watched at the
+        // wire (a session with no record yet, or one reset now).
+        let first_turn = args.reset || matches!(records.load(&key).await, Ok(None));
         if args.reset {
-            supervisor
-                .reset(supervisor.key_for(&args.workspace)?)
-                .await?;
+            supervisor.reset(key).await?;
+        }
+        if let Some(line) = wire
+            .as_ref()
+            .filter(|_| first_turn)
+            .and_then(|wire| wire.announcement(args.agent, None))
+        {
+            eprintln!("{line}");
         }
         let turn = supervisor
             .send_to_workspace(&args.workspace, message)

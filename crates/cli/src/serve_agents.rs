@@ -109,7 +109,7 @@ impl Agents {
                 child.set_per_session(wire.per_session());
                 // A session's route goes with its source, its process first.
                 let end = Arc::new(move |key: &SessionKey| child.end_session(key));
-                on_route = Some(Arc::new(wire.live_sessions(end)) as Arc<LiveOnRoute>);
+                on_route = Some(Arc::new(wire.live_sessions(*agent, end)) as Arc<LiveOnRoute>);
             }
             live.push(on_route);
             sources.push(source);

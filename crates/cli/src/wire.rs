@@ -127,6 +127,20 @@ impl Wire {
             .then(|| self.layer.url().to_owned())
     }
 
+    /// The line a session's first turn gets when `agent`'s model traffic
+    /// goes through this wire (`session`: whose, under `warden serve`):
+    /// that it is on, where, what it does and how to turn it off. `None`
+    /// when it does not carry `agent`.
+    pub(crate) fn announcement(
+        &self,
+        agent: Agent,
+        session: Option<&SessionKey>,
+    ) -> Option<String> {
+        self.agents
+            .contains(&agent)
+            .then(|| announcement(self.layer.url(), agent, session))
+    }
+
     /// Why nothing it carried could save a failed turn, when every model
     /// request stalled ([`WireLayer::every_request_stalled`]).
     pub(crate) fn every_request_stalled(&self) -> Option<String> {
@@ -142,13 +156,19 @@ impl Wire {
     /// Session `key`'s source on its own route (`warden serve`,
     /// [`WireLayer::session_source`]): when the session's last source is
     /// dropped, `end` ends its CLI's process and the route is removed.
+    /// Each session's source starts in this process (its first turn
+    /// here) with the [`announcement`](Self::announcement) on stderr.
     pub(crate) fn live_sessions(
         &self,
+        agent: Agent,
         end: Arc<dyn Fn(&SessionKey) + Send + Sync>,
     ) -> impl Fn(&SessionKey, Arc<dyn EventSource>) -> Arc<dyn EventSource> + Send + Sync + 'static
     {
         let layer = self.layer.clone();
-        move |key, source| layer.session_source(key, source, Arc::clone(&end))
+        move |key, source| {
+            eprintln!("{}", announcement(layer.url(), agent, Some(key)));
+            layer.session_source(key, source, Arc::clone(&end))
+        }
     }
 
     /// The edit each process of session `key` gets
@@ -158,6 +178,19 @@ impl Wire {
     ) -> impl Fn(&SessionKey, &mut CliCommand) + Send + Sync + 'static {
         self.layer.per_session()
     }
+}
+
+/// What a session's first turn is told when `agent`'s model traffic goes
+/// through the wire at `url` (issue 47: it says that it is on).
+fn announcement(url: &str, agent: Agent, session: Option<&SessionKey>) -> String {
+    let whose = session
+        .map(|key| format!("session {key}: "))
+        .unwrap_or_default();
+    format!(
+        "warden: wire layer on: {whose}{agent}'s model requests go through warden's watched \
+         engine at {url}, which continues a stalled or cut reply unseen by the CLI \
+         (--no-wire-watch turns it off)"
+    )
 }
 
 #[cfg(test)]

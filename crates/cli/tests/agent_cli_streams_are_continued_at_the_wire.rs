@@ -170,6 +170,47 @@ async fn a_claude_code_reply_stalled_mid_text_is_continued_at_the_wire_not_rerun
     mock.shutdown().await;
 }
 
+/// A session's first turn says that the wire layer is on (one line on
+/// stderr: where, what it does, how to turn it off); its later turns do
+/// not, and with `--no-wire-watch` nothing says it is on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sessions_first_turn_says_the_wire_layer_is_on_and_its_later_turns_do_not() {
+    let Some(claude) = claude_bin() else {
+        return;
+    };
+    const ON: &str = "warden: wire layer on: claude-code's model requests go through";
+    let mock = MockServer::start(MockConfig::default())
+        .await
+        .expect("mock");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (first, _) = chat(&claude, &mock, dir.path(), &[]).await;
+    assert_one_reply_no_kill(&first);
+    let said = stderr(&first);
+    let on: Vec<&str> = said.lines().filter(|l| l.starts_with(ON)).collect();
+    assert_eq!(on.len(), 1, "the first turn says it once: {said}");
+    assert!(
+        on[0].contains("http://127.0.0.1:") && on[0].contains("--no-wire-watch"),
+        "where, and how to turn it off: {}",
+        on[0]
+    );
+    let (second, _) = chat(&claude, &mock, dir.path(), &[]).await;
+    assert_one_reply_no_kill(&second);
+    assert!(
+        !stderr(&second).contains("wire layer on"),
+        "a later turn of the session does not: {}",
+        stderr(&second)
+    );
+    let off = tempfile::tempdir().expect("tempdir");
+    let (third, _) = chat(&claude, &mock, off.path(), &["--no-wire-watch"]).await;
+    assert_eq!(code(&third), 0, "{}", stderr(&third));
+    assert!(
+        !stderr(&third).contains("wire layer on"),
+        "off: nothing says it is on: {}",
+        stderr(&third)
+    );
+    mock.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_the_wire_the_same_stall_costs_a_kill_and_a_rerun() {
     let Some(claude) = claude_bin() else {
@@ -407,6 +448,13 @@ async fn under_serve_each_sessions_model_stream_keeps_only_that_session_alive() 
         "the whole reply, once: {answered}\n{said}"
     );
     assert_eq!(started("thinks").len(), 1, "one run of its CLI: {said}");
+    assert_eq!(
+        said.lines()
+            .filter(|l| l.starts_with("warden: wire layer on: session "))
+            .count(),
+        3,
+        "each session's first turn says the wire layer is on, once: {said}"
+    );
     assert_eq!(
         mock.requests_to("/v1/messages"),
         2,
