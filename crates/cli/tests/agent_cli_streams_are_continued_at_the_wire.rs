@@ -42,6 +42,12 @@ use warden_mock::{MockConfig, MockServer, Scenario};
 /// the CLI's stdout; the wire layer half of it on the upstream stream.
 const TIMEOUT_MS: u64 = 8000;
 
+/// The stream timeout of a test whose fault involves no silence (a 529):
+/// the default, so a CLI slow to start on a loaded machine (CI's two
+/// cores; Codex once printed nothing for 8 s there) is not killed for
+/// it, which the test would read as the wire's fault.
+const NO_SILENCE_TIMEOUT_MS: u64 = 45_000;
+
 fn claude_bin() -> Option<String> {
     match std::env::var("WARDEN_CLAUDE_BIN")
         .ok()
@@ -68,6 +74,18 @@ async fn chat(
     dir: &Path,
     extra: &[&str],
 ) -> (std::process::Output, Duration) {
+    chat_within(claude, mock, dir, extra, TIMEOUT_MS).await
+}
+
+/// [`chat`] at a stream timeout of `timeout_ms`.
+async fn chat_within(
+    claude: &str,
+    mock: &MockServer,
+    dir: &Path,
+    extra: &[&str],
+    timeout_ms: u64,
+) -> (std::process::Output, Duration) {
+    let timeout = timeout_ms.to_string();
     let base = mock.base_url();
     let agent = [
         "--agent",
@@ -82,6 +100,7 @@ async fn chat(
         ("DISABLE_TELEMETRY", "1"),
         ("DISABLE_AUTOUPDATER", "1"),
         ("CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "1"),
+        ("WARDEN_STREAM_TIMEOUT", &timeout),
     ];
     chat_with(&agent, &env, dir, extra).await
 }
@@ -517,7 +536,7 @@ async fn a_529_before_any_byte_is_retried_by_claude_code_itself_once() {
     };
     let mock = messages_mock(Scenario::Overloaded).await;
     let dir = tempfile::tempdir().expect("tempdir");
-    let (out, took) = chat(&claude, &mock, dir.path(), &[]).await;
+    let (out, took) = chat_within(&claude, &mock, dir.path(), &[], NO_SILENCE_TIMEOUT_MS).await;
     eprintln!("529 then a reply, through the wire: {took:?}");
     assert_one_reply_no_kill(&out);
     assert_eq!(
@@ -601,7 +620,23 @@ async fn codex_chat(
     dir: &Path,
     extra: &[&str],
 ) -> (std::process::Output, Duration) {
-    let env = [("WARDEN_CODEX_BIN", codex), ("OPENAI_API_KEY", "dummy")];
+    codex_chat_within(codex, mock, dir, extra, TIMEOUT_MS).await
+}
+
+/// [`codex_chat`] at a stream timeout of `timeout_ms`.
+async fn codex_chat_within(
+    codex: &str,
+    mock: &MockServer,
+    dir: &Path,
+    extra: &[&str],
+    timeout_ms: u64,
+) -> (std::process::Output, Duration) {
+    let timeout = timeout_ms.to_string();
+    let env = [
+        ("WARDEN_CODEX_BIN", codex),
+        ("OPENAI_API_KEY", "dummy"),
+        ("WARDEN_STREAM_TIMEOUT", &timeout),
+    ];
     let base = mock.base_url();
     let agent = ["--agent", "codex", "--base-url", &base];
     chat_with(&agent, &env, dir, extra).await
@@ -842,7 +877,8 @@ async fn a_529_before_any_byte_is_handed_to_codex_which_retries_it_once() {
     };
     let mock = responses_mock(Scenario::Overloaded, 0).await;
     let dir = tempfile::tempdir().expect("tempdir");
-    let (out, took) = codex_chat(&codex, &mock, dir.path(), &[]).await;
+    let (out, took) =
+        codex_chat_within(&codex, &mock, dir.path(), &[], NO_SILENCE_TIMEOUT_MS).await;
     eprintln!("Codex, 529 then a reply, through the wire: {took:?}");
     assert_one_reply_no_kill(&out);
     assert!(
