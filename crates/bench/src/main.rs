@@ -64,6 +64,10 @@
 //!     a turn stalled mid-text through the first three with the wire and
 //!     without it: time and tokens as ratios (issue #47; the CLIs from
 //!     `WARDEN_*_BIN`, skipped with a reason when missing); see [`agents`].
+//! 15. `slow_reader`: the peak memory of a real `warden serve` whose client
+//!     never reads a turn's event stream, at a 5 MB and a 50 MB reply,
+//!     against its idle RSS and a client that reads (issue 52 item 11b;
+//!     needs the `warden` binary built); see [`slow_reader`].
 #![allow(unsafe_code)] // the counting global allocator below
 #![allow(missing_docs, unreachable_pub)]
 
@@ -76,6 +80,7 @@ mod events;
 mod jaeger;
 mod postgres;
 mod proxy;
+mod slow_reader;
 mod soak;
 
 use std::alloc::{GlobalAlloc, Layout};
@@ -1142,6 +1147,9 @@ fn main() {
         }
         if want("agents") {
             agents::bench_agents(quick).await;
+        }
+        if want("slow_reader") {
+            slow_reader::bench_slow_reader(quick).await;
         }
     });
     if want("telemetry") {
