@@ -18,9 +18,9 @@ use std::path::Path;
 use std::time::Duration;
 
 use common::agent_chat::AgentChat;
+use common::cancel;
 use common::*;
 use serde_json::Value;
-use warden_mock::{MockConfig, MockServer, Scenario};
 
 const CHAT: &str = "/v1/chat/completions";
 
@@ -162,109 +162,25 @@ async fn a_conversation_whose_history_is_gone_falls_back_to_a_fresh_one_with_the
     fx.0.mock.shutdown().await;
 }
 
-/// The processes whose command line names `dir` (Aider's, whose files are
-/// there).
-fn processes_naming(dir: &Path) -> Vec<u32> {
-    let wanted = dir.as_os_str().as_encoded_bytes();
-    let Ok(entries) = std::fs::read_dir("/proc") else {
-        return Vec::new();
-    };
-    entries
-        .flatten()
-        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
-        .filter(|pid| {
-            std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|line| {
-                line.split(|b| *b == 0)
-                    .any(|arg| arg.windows(wanted.len()).any(|w| w == wanted))
-            })
-        })
-        .collect()
-}
-
 /// A cancel mid-turn ends Aider's process group at once; nothing retried.
+/// Its process is the one naming warden's chat-history files for it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cancelled_aider_turn_ends_its_process_and_nothing_is_retried() {
     let Some(bin) = aider_bin() else {
         return;
     };
-    let mock = MockServer::start(MockConfig::default().with_sequence([Scenario::Stall]))
-        .await
-        .expect("mock");
-    let dir = tempfile::tempdir().expect("tempdir");
-    let (data, workspace, home) = (
-        dir.path().join("data"),
-        dir.path().join("repo"),
-        dir.path().join("home"),
-    );
-    for d in [&workspace, &home] {
-        std::fs::create_dir_all(d).expect("mkdir");
-    }
     let bin = bin.to_string_lossy().into_owned();
-    let env = [
-        ("WARDEN_AIDER_BIN", bin.as_str()),
-        ("OPENAI_API_KEY", "dummy"),
-        ("HOME", arg(&home)),
-        ("WARDEN_STREAM_TIMEOUT", "60000"),
-    ];
-    let (mut node, base, token, _) = serve_logged(
-        &data,
-        &mock.base_url(),
-        &["--agent", "aider", "--model", "mock-model", "--grace", "1"],
-        &env,
-    )
-    .await;
-    let client = reqwest::Client::new();
-    let body = serde_json::json!({"workspace": arg(&workspace), "message": "hello"});
-    let response = client
-        .post(format!("{base}/v1/turns"))
-        .bearer_auth(&token)
-        .header("accept", "text/event-stream")
-        .header("content-type", "application/json")
-        .body(body.to_string())
-        .send()
-        .await
-        .expect("post");
-    assert_eq!(response.status(), 200);
-    let id = response.headers()["x-warden-turn-id"]
-        .to_str()
-        .expect("ascii")
-        .to_owned();
-    let files = data.join("aider");
-    let reached = tokio::time::timeout(Duration::from_secs(60), async {
-        while mock.requests_to(CHAT) == 0 {
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+    cancel::a_cancelled_turn_ends_every_process(cancel::Cancelled {
+        name: "aider",
+        serve_args: &["--agent", "aider", "--model", "mock-model"],
+        env: &[
+            ("WARDEN_AIDER_BIN", bin.as_str()),
+            ("OPENAI_API_KEY", "dummy"),
+        ],
+        path: CHAT,
+        reach_within: Duration::from_secs(60),
+        at_least: 1,
+        processes: |data, _| cancel::processes_naming(&data.join("aider")),
     })
     .await;
-    assert!(reached.is_ok(), "Aider reached the mock in time");
-    assert_eq!(processes_naming(&files).len(), 1, "one Aider process");
-
-    let cancelled = client
-        .delete(format!("{base}/v1/turns/{id}"))
-        .bearer_auth(&token)
-        .send()
-        .await
-        .expect("delete");
-    assert!(cancelled.status().is_success(), "{}", cancelled.status());
-    let started = std::time::Instant::now();
-    let gone = tokio::time::timeout(Duration::from_secs(10), async {
-        while !processes_naming(&files).is_empty() {
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    })
-    .await;
-    let left = processes_naming(&files);
-    for pid in &left {
-        let _ = std::process::Command::new("kill")
-            .args(["-9", &pid.to_string()])
-            .status();
-    }
-    assert!(gone.is_ok(), "Aider ended: {left:?} left");
-    eprintln!("aider cancelled: gone after {:?}", started.elapsed());
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    assert_eq!(mock.requests_to(CHAT), 1, "nothing retried");
-    drop(response);
-    node.start_kill().expect("SIGKILL");
-    let _ = tokio::time::timeout(Duration::from_secs(30), node.wait()).await;
-    mock.shutdown().await;
 }

@@ -14,12 +14,12 @@
 mod common;
 
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::agent_chat::AgentChat;
+use common::cancel;
 use common::*;
 use serde_json::Value;
-use warden_mock::{MockConfig, MockServer, Scenario};
 
 const CHAT: &str = "/v1/chat/completions";
 
@@ -185,123 +185,27 @@ async fn a_session_kilo_no_longer_has_falls_back_to_a_fresh_one_with_the_message
     a_lost_session_falls_back_to_a_fresh_one(KILO).await;
 }
 
-/// The processes whose command line names `dir`: the CLI's (warden runs
-/// it with `--dir <workspace>`; Kilo's wrapper and the native binary it
-/// starts both).
-fn processes_naming(dir: &Path) -> Vec<u32> {
-    let wanted = dir.as_os_str().as_encoded_bytes();
-    let Ok(entries) = std::fs::read_dir("/proc") else {
-        return Vec::new();
-    };
-    entries
-        .flatten()
-        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
-        .filter(|pid| {
-            std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|line| {
-                line.split(|b| *b == 0)
-                    .any(|arg| arg.windows(wanted.len()).any(|w| w == wanted))
-            })
-        })
-        .collect()
-}
-
 /// A turn cancelled through `warden serve` while the CLI waits on a
 /// stalled model stream: every process of the CLI gone at once (its stall
 /// timeout is off, so it would wait for ever), one request, nothing
-/// retried.
+/// retried. Its processes are those naming the workspace (warden runs it
+/// with `--dir <workspace>`; Kilo's wrapper and the native binary it
+/// starts both).
 async fn a_cancelled_turn_ends_the_cli_and_nothing_is_retried(cli: Cli) {
     let Some(bin) = cli_bin(cli) else {
         return;
     };
-    let mock = MockServer::start(MockConfig::default().with_sequence([Scenario::Stall]))
-        .await
-        .expect("mock");
-    let dir = tempfile::tempdir().expect("tempdir");
-    let (data, workspace, home) = (
-        dir.path().join("data"),
-        dir.path().join("repo"),
-        dir.path().join("home"),
-    );
-    for d in [&workspace, &home] {
-        std::fs::create_dir_all(d).expect("mkdir");
-    }
     let bin = bin.to_string_lossy().into_owned();
-    let env = [
-        (cli.bin, bin.as_str()),
-        ("OPENAI_API_KEY", "dummy"),
-        ("HOME", arg(&home)),
-        ("WARDEN_STREAM_TIMEOUT", "120000"),
-    ];
-    let (mut node, base, token, _) = serve_logged(
-        &data,
-        &mock.base_url(),
-        &["--agent", cli.agent, "--grace", "1"],
-        &env,
-    )
-    .await;
-    let client = reqwest::Client::new();
-    let body = serde_json::json!({"workspace": arg(&workspace), "message": "hello"});
-    let response = client
-        .post(format!("{base}/v1/turns"))
-        .bearer_auth(&token)
-        .header("accept", "text/event-stream")
-        .header("content-type", "application/json")
-        .body(body.to_string())
-        .send()
-        .await
-        .expect("post");
-    assert_eq!(response.status(), 200);
-    let id = response.headers()["x-warden-turn-id"]
-        .to_str()
-        .expect("ascii")
-        .to_owned();
-    let reached = tokio::time::timeout(Duration::from_secs(90), async {
-        while mock.requests_to(CHAT) == 0 {
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+    cancel::a_cancelled_turn_ends_every_process(cancel::Cancelled {
+        name: cli.agent,
+        serve_args: &["--agent", cli.agent],
+        env: &[(cli.bin, bin.as_str()), ("OPENAI_API_KEY", "dummy")],
+        path: CHAT,
+        reach_within: Duration::from_secs(90),
+        at_least: 1,
+        processes: |_, workspace| cancel::processes_naming(workspace),
     })
     .await;
-    assert!(reached.is_ok(), "{} reached the mock in time", cli.agent);
-    let running = processes_naming(&workspace);
-    assert!(!running.is_empty(), "the CLI runs");
-
-    let cancelled = client
-        .delete(format!("{base}/v1/turns/{id}"))
-        .bearer_auth(&token)
-        .send()
-        .await
-        .expect("delete");
-    assert!(cancelled.status().is_success(), "{}", cancelled.status());
-    let started = Instant::now();
-    let gone = tokio::time::timeout(Duration::from_secs(10), async {
-        while !processes_naming(&workspace).is_empty() {
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    })
-    .await;
-    let left = processes_naming(&workspace);
-    for pid in &left {
-        let _ = std::process::Command::new("kill")
-            .args(["-9", &pid.to_string()])
-            .status();
-    }
-    assert!(
-        gone.is_ok(),
-        "{} ended: {running:?} ran, {left:?} left",
-        cli.agent
-    );
-    eprintln!(
-        "{} cancelled: {} processes gone after {:?}",
-        cli.agent,
-        running.len(),
-        started.elapsed()
-    );
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    assert_eq!(mock.requests_to(CHAT), 1, "nothing retried");
-    drop(response);
-    node.start_kill().expect("SIGKILL");
-    let _ = tokio::time::timeout(Duration::from_secs(30), node.wait()).await;
-    mock.shutdown().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

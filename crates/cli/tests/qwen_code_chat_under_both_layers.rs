@@ -24,6 +24,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use common::agent_chat::AgentChat;
+use common::cancel;
 use common::*;
 use serde_json::Value;
 use warden_mock::{MockConfig, MockServer, Scenario};
@@ -385,120 +386,29 @@ async fn an_outage_under_qwen_code_ends_the_turn_after_the_wires_attempts_not_qw
     assert_the_wire_ended_the_outage(&out, took, requests.len());
 }
 
-/// The processes whose environment names `qwen_home` as `QWEN_HOME`: every
-/// process of this test's Qwen Code (its entry script and the `cli.js` it
-/// starts).
-fn qwen_processes(qwen_home: &Path) -> Vec<u32> {
-    let wanted = format!("QWEN_HOME={}", qwen_home.display());
-    let Ok(entries) = std::fs::read_dir("/proc") else {
-        return Vec::new();
-    };
-    entries
-        .flatten()
-        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
-        .filter(|pid| {
-            std::fs::read(format!("/proc/{pid}/environ"))
-                .is_ok_and(|env| env.split(|b| *b == 0).any(|var| var == wanted.as_bytes()))
-        })
-        .collect()
-}
-
 /// A cancel mid-turn ends the whole group: `SIGTERM` to Qwen Code's entry
 /// alone leaves its `cli.js` child holding the model stream (measured), so
-/// warden signals the group. Every process of it is gone, nothing retried.
+/// warden signals the group. Every process of it is gone (those with
+/// warden's `QWEN_HOME` for it: its entry and `cli.js`), nothing retried.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cancelled_qwen_code_turn_ends_its_whole_process_group_and_nothing_is_retried() {
     let Some(bin) = qwen_bin() else {
         return;
     };
-    let mock = MockServer::start(MockConfig::default().with_sequence([Scenario::Stall]))
-        .await
-        .expect("mock");
-    let dir = tempfile::tempdir().expect("tempdir");
-    let (data, workspace, home) = (
-        dir.path().join("data"),
-        dir.path().join("repo"),
-        dir.path().join("home"),
-    );
-    for d in [&workspace, &home] {
-        std::fs::create_dir_all(d).expect("mkdir");
-    }
     let bin = bin.to_string_lossy().into_owned();
-    let env = [
-        ("WARDEN_QWEN_BIN", bin.as_str()),
-        ("OPENAI_API_KEY", "dummy"),
-        ("HOME", arg(&home)),
-        ("WARDEN_STREAM_TIMEOUT", "60000"),
-    ];
-    let (mut node, base, token, _) = serve_logged(
-        &data,
-        &mock.base_url(),
-        &["--agent", "qwen-code", "--grace", "1"],
-        &env,
-    )
-    .await;
-    let client = reqwest::Client::new();
-    let body = serde_json::json!({"workspace": arg(&workspace), "message": "hello"});
-    let response = client
-        .post(format!("{base}/v1/turns"))
-        .bearer_auth(&token)
-        .header("accept", "text/event-stream")
-        .header("content-type", "application/json")
-        .body(body.to_string())
-        .send()
-        .await
-        .expect("post");
-    assert_eq!(response.status(), 200);
-    let id = response.headers()["x-warden-turn-id"]
-        .to_str()
-        .expect("ascii")
-        .to_owned();
-    let qwen_home = data.join("qwen");
-    let reached = tokio::time::timeout(Duration::from_secs(60), async {
-        while mock.requests_to(CHAT) == 0 {
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+    cancel::a_cancelled_turn_ends_every_process(cancel::Cancelled {
+        name: "qwen-code",
+        serve_args: &["--agent", "qwen-code"],
+        env: &[
+            ("WARDEN_QWEN_BIN", bin.as_str()),
+            ("OPENAI_API_KEY", "dummy"),
+        ],
+        path: CHAT,
+        reach_within: Duration::from_secs(60),
+        at_least: 2,
+        processes: |data, _| {
+            cancel::processes_with_env(&format!("QWEN_HOME={}", data.join("qwen").display()))
+        },
     })
     .await;
-    assert!(reached.is_ok(), "Qwen Code reached the mock in time");
-    let running = qwen_processes(&qwen_home);
-    assert!(
-        running.len() >= 2,
-        "its entry and cli.js, in one group: {running:?}"
-    );
-
-    let cancelled = client
-        .delete(format!("{base}/v1/turns/{id}"))
-        .bearer_auth(&token)
-        .send()
-        .await
-        .expect("delete");
-    assert!(cancelled.status().is_success(), "{}", cancelled.status());
-    let started = Instant::now();
-    let gone = tokio::time::timeout(Duration::from_secs(10), async {
-        while !qwen_processes(&qwen_home).is_empty() {
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    })
-    .await;
-    let left = qwen_processes(&qwen_home);
-    for pid in &left {
-        let _ = std::process::Command::new("kill")
-            .args(["-9", &pid.to_string()])
-            .status();
-    }
-    assert!(
-        gone.is_ok(),
-        "every process of the group ended: {left:?} left"
-    );
-    eprintln!(
-        "qwen-code cancelled: its group gone after {:?}",
-        started.elapsed()
-    );
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    assert_eq!(mock.requests_to(CHAT), 1, "nothing retried");
-    drop(response);
-    node.start_kill().expect("SIGKILL");
-    let _ = tokio::time::timeout(Duration::from_secs(30), node.wait()).await;
-    mock.shutdown().await;
 }

@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub(crate) mod agent_chat;
+pub(crate) mod cancel;
 pub(crate) mod console;
 
 use std::path::Path;
