@@ -1160,6 +1160,86 @@ async fn an_outage_under_gemini_cli_ends_the_turn_after_the_wires_attempts() {
     mock.shutdown().await;
 }
 
+/// The same outage under `warden serve`: the turn's last event is the
+/// typed error with exit class 5, naming the wire's attempts; the upstream
+/// was asked the retry policy's 4 times, once per wire attempt of the
+/// CLI's one request, and the session's turn was not run again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn under_serve_an_outage_ends_the_turn_after_the_wires_attempts() {
+    let Some(gemini) = gemini_bin() else {
+        return;
+    };
+    let mock = MockServer::start(MockConfig::scenario(Scenario::Unavailable))
+        .await
+        .expect("mock");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (data, workspace, home) = (
+        dir.path().join("data"),
+        dir.path().join("repo"),
+        dir.path().join("home"),
+    );
+    for d in [&workspace, &home] {
+        std::fs::create_dir_all(d).expect("mkdir");
+    }
+    let timeout = TIMEOUT_MS.to_string();
+    let env = [
+        ("WARDEN_GEMINI_BIN", gemini.as_str()),
+        ("GEMINI_API_KEY", "dummy"),
+        ("HOME", arg(&home)),
+        ("WARDEN_STREAM_TIMEOUT", timeout.as_str()),
+    ];
+    let (mut server, base, token, logged) =
+        serve_logged(&data, &mock.base_url(), &["--agent", "gemini"], &env).await;
+    let started = Instant::now();
+    let body = serde_json::json!({"workspace": arg(&workspace), "message": "hello"});
+    let response = reqwest::Client::new()
+        .post(format!("{base}/v1/turns"))
+        .bearer_auth(&token)
+        .header("accept", "text/event-stream")
+        .header("content-type", "application/json")
+        .body(body.to_string())
+        .send()
+        .await
+        .expect("post");
+    assert_eq!(response.status(), 200);
+    let mut events = response.bytes_stream();
+    let (mut buf, mut last) = (String::new(), None);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(90);
+    while let Some((_, kind, data)) = next_event(&mut events, &mut buf, deadline)
+        .await
+        .expect("the turn's events before the bound")
+    {
+        let end = kind == "done" || kind == "error";
+        last = Some((kind, data));
+        if end {
+            break;
+        }
+    }
+    let took = started.elapsed();
+    let requests = gemini_requests(&mock).len();
+    let said = logged.lock().join("\n");
+    eprintln!("Gemini CLI under serve, every request 503: {took:?}, {requests} requests");
+    let (kind, data) = last.expect("a last event");
+    assert_eq!(kind, "error", "the turn failed: {data}");
+    assert_eq!(data["exit"], 5, "Unavailable: {data}");
+    let message = data["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("the wire layer made 4 attempts at model request #"),
+        "the error names the wire's attempts: {data}"
+    );
+    assert_eq!(
+        requests, POLICY_ATTEMPTS,
+        "the retry policy's attempts upstream, not the layers' product: {said}"
+    );
+    assert!(
+        took < Duration::from_secs(60),
+        "the wire's backoff and one start of the CLI: {took:?}"
+    );
+    server.start_kill().expect("SIGKILL");
+    let _ = tokio::time::timeout(Duration::from_secs(30), server.wait()).await;
+    mock.shutdown().await;
+}
+
 /// OpenCode or its fork Kilo Code CLI (one adapter).
 #[derive(Clone, Copy)]
 struct Family {
