@@ -7,7 +7,8 @@
 //! warden looks the file up before a resume and when a resume fails: a
 //! missing transcript usually means the agent runs in another directory
 //! than the one the conversation was started in (Claude Code 2.1.197 then
-//! answers "No conversation found…").
+//! answered "No conversation found…"; 2.1.332 finds it from another
+//! directory too, `docs/wire-formats.md`).
 
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};

@@ -68,8 +68,10 @@ pub(crate) struct ProxyArgs {
     /// Content allowance: an upstream attempt that sends no content (only
     /// pings, comments or empty chunks) for this long is killed and
     /// retried or continued like a silent one: milliseconds, or a duration
-    /// with a unit. Default 180s (Claude Code gives up on its own after
-    /// 300s without content).
+    /// with a unit. Default 180s (Claude Code counts pings as life; its
+    /// own idle timeout, 300s by default, shortened by
+    /// CLAUDE_BYTE_STREAM_IDLE_TIMEOUT_MS to 10s at the least, counts only
+    /// silence).
     #[arg(long, value_name = "MS", value_parser = crate::units::millis,
           conflicts_with = "no_progress_timeout")]
     progress_timeout: Option<Duration>,

@@ -1,7 +1,7 @@
 //! `warden proxy` stops in bounded time: SIGTERM stops accepting, an open
 //! response gets `--grace`, then ends with the provider's error event (not
-//! a plain close, which Claude Code would take as an empty success) and the
-//! proxy exits 0; a second signal exits at once.
+//! a plain close, for which Claude Code sends the whole request again) and
+//! the proxy exits 0; a second signal exits at once.
 
 mod common;
 

@@ -194,11 +194,13 @@ impl WholeFallback {
 }
 
 /// The default progress allowance: 180 s without content. Claude Code
-/// (2.1.197) re-sends a turn non-streaming after 300 s without content,
-/// pings or not; the SDKs wait forever. Killing at 180 s leaves the retry
-/// two minutes to produce content before the client gives up on its own,
-/// and no answer a real model streams goes three minutes without a token
-/// of text, thinking or tool input (`docs/proxy.md`).
+/// (2.1.332) counts pings as life: a stream that only pings keeps it
+/// waiting for ever (its idle timeout, 300 s by default and shortened by
+/// `CLAUDE_BYTE_STREAM_IDLE_TIMEOUT_MS` to 10 s at the least, counts only
+/// silence); the SDKs wait forever. Killing at 180 s acts first and leaves
+/// the retry two minutes to produce content, and no answer a real model
+/// streams goes three minutes without a token of text, thinking or tool
+/// input (`docs/proxy.md`).
 pub const DEFAULT_PROGRESS_TIMEOUT: Duration = Duration::from_secs(180);
 
 impl std::fmt::Debug for ProxyConfig {

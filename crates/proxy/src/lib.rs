@@ -56,8 +56,10 @@
 //!    retryable error event (Anthropic `overloaded_error`, OpenAI
 //!    `server_error`, Gemini `UNAVAILABLE`), so the client's retry starts
 //!    now rather than after its own 5-minute wait. Never a hang, never a
-//!    torn event, never a plain close (which Claude Code takes as an empty
-//!    success).
+//!    torn event, never a plain close (for which Claude Code 2.1.332 sends
+//!    the whole request again, a new reply paid again, and ends the turn
+//!    with `API Error: Connection lost mid-response` when 4 tries are cut;
+//!    `docs/proxy.md`).
 //! 4. **Only streams stall** (every attempt went silent after its head,
 //!    before any content: a broken streaming path): the last resort is one
 //!    request for the whole answer without a stream, given to the client
