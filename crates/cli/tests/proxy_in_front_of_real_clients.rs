@@ -21,6 +21,11 @@ use common::*;
 use serde_json::Value;
 use warden_mock::{MockConfig, MockServer, Scenario};
 
+/// What "at once" means for Claude Code alone here: well before its 300 s
+/// idle default, with room for its start-up on CI's two loaded cores (the
+/// runs measured 0.5-2.0 s; 10.5-11.2 s at its 10 s idle floor).
+const ALONE_AT_ONCE: Duration = Duration::from_secs(60);
+
 const PATIENCE: Duration = Duration::from_secs(60);
 /// The proxy's watchdog timeout in these tests.
 const TIMEOUT_MS: u64 = 1_000;
@@ -627,7 +632,7 @@ async fn claude_code_alone_re_sends_a_stalled_turn_without_a_stream_after_its_id
     // loaded machine and the answer.
     let floor = Duration::from_secs(10);
     assert!(
-        took >= floor && took < floor + Duration::from_secs(6),
+        took >= floor && took < ALONE_AT_ONCE,
         "took {took:?}: the idle timeout is 10 s at the least, not 5 s, nor the 300 s default"
     );
 }
@@ -673,10 +678,7 @@ async fn claude_code_alone_re_sends_a_reply_cut_mid_text_at_once_and_keeps_one_c
             (Some(Scenario::Normal), true),
         ];
         assert_eq!(messages, expected[..sent], "{what}");
-        assert!(
-            took < Duration::from_secs(10),
-            "{what}: at once, took {took:?}"
-        );
+        assert!(took < ALONE_AT_ONCE, "{what}: at once, took {took:?}");
     }
 }
 
@@ -831,7 +833,7 @@ const THOUGHT_REPLY: &str = "Thought through, then said whole: one two three fou
 /// try is cut it ends after 4 requests with `API Error: Connection lost
 /// mid-response`, exit 1. Measured: 1.2 s either way.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn claude_code_alone_re_sends_a_reply_cut_after_its_thinking_and_says_connection_lost_after_4()
+async fn claude_code_alone_re_sends_a_reply_cut_after_its_thinking_and_says_connection_lost_when_every_try_is_cut()
  {
     let Some(bin) = client("WARDEN_CLAUDE_BIN", "WARDEN_REQUIRE_CLAUDE") else {
         return;
@@ -849,7 +851,7 @@ async fn claude_code_alone_re_sends_a_reply_cut_after_its_thinking_and_says_conn
         [true, true],
         "the cut request, then the same again, streamed"
     );
-    assert!(took < Duration::from_secs(10), "at once, took {took:?}");
+    assert!(took < ALONE_AT_ONCE, "at once, took {took:?}");
 
     let (base, seen, _upstream) = thinking_upstream(usize::MAX).await;
     let (status, result, took) = claude_run(&bin, &base, &dir.path().join("every")).await;
@@ -865,6 +867,12 @@ async fn claude_code_alone_re_sends_a_reply_cut_after_its_thinking_and_says_conn
         message.starts_with("API Error: Connection lost mid-response"),
         "{result}"
     );
-    assert_eq!(requests, [true; 4], "4 tries, each streamed");
-    assert!(took < Duration::from_secs(10), "took {took:?}");
+    // 4 here every time with the mock's 50 ms before the close (8 when it
+    // closes at once): Claude Code's count depends on timing, so the test
+    // pins that it tried again, streamed, a few times, then gave up.
+    assert!(
+        (2..=8).contains(&requests.len()) && requests.iter().all(|streamed| *streamed),
+        "a few tries, each streamed: {requests:?}"
+    );
+    assert!(took < ALONE_AT_ONCE, "took {took:?}");
 }
