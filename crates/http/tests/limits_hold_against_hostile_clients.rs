@@ -379,3 +379,40 @@ async fn a_client_that_stops_reading_pauses_the_response_within_a_mebibyte() {
     );
     drop(client);
 }
+
+/// What hyper answers itself while it reads a head, before any route runs
+/// (docs/serve.md says these cannot be shaped and have no body): a head
+/// with too many fields is `431`, a malformed one `400`, each with an empty
+/// body, the connection closed and its slot free for the next client
+/// (`max_connections` is 1 here).
+#[tokio::test]
+async fn hypers_own_answers_to_a_bad_head_are_empty_and_free_their_slot() {
+    let server = start(
+        Limits::default()
+            .with_max_connections(1)
+            .with_header_timeout(BOUND),
+    )
+    .await;
+    let many_fields: String = (0..200).map(|i| format!("x-field-{i}: {i}\r\n")).collect();
+    let heads = [
+        (
+            format!("GET / HTTP/1.1\r\nHost: x\r\n{many_fields}\r\n"),
+            "431",
+        ),
+        ("GET / HTTP/1.1\r\nHost x\r\n\r\n".to_owned(), "400"),
+    ];
+    for (head, status) in heads {
+        let mut tcp = TcpStream::connect(server.addr).await.expect("connect");
+        tcp.write_all(head.as_bytes()).await.expect("write");
+        let answer = read_to_close(&mut tcp, "a bad head's answer").await;
+        let first = answer.lines().next().unwrap_or_default();
+        assert!(
+            first.starts_with(&format!("HTTP/1.1 {status} ")),
+            "hyper answers {status}: {answer:?}"
+        );
+        let (_, body) = answer.split_once("\r\n\r\n").expect("a whole head");
+        assert_eq!(body, "", "hyper's own answer has no body: {answer:?}");
+        // The one slot is free again.
+        assert!(get_ok(server.addr).await.ends_with("ok"), "served after it");
+    }
+}
