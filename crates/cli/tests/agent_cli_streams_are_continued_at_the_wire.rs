@@ -1173,14 +1173,7 @@ async fn under_serve_an_outage_ends_the_turn_after_the_wires_attempts() {
         .await
         .expect("mock");
     let dir = tempfile::tempdir().expect("tempdir");
-    let (data, workspace, home) = (
-        dir.path().join("data"),
-        dir.path().join("repo"),
-        dir.path().join("home"),
-    );
-    for d in [&workspace, &home] {
-        std::fs::create_dir_all(d).expect("mkdir");
-    }
+    let (data, workspace, home) = test_dirs(dir.path());
     let timeout = TIMEOUT_MS.to_string();
     let env = [
         ("WARDEN_GEMINI_BIN", gemini.as_str()),

@@ -157,34 +157,13 @@ async fn kill_9_mid_turn(agent: &str, path: &str, env: &[(&str, &str)]) -> tempf
             .await
             .expect("mock");
     let dir = tempfile::tempdir().expect("tempdir");
-    let (data, workspace, home) = (
-        dir.path().join("data"),
-        dir.path().join("repo"),
-        dir.path().join("home"),
-    );
-    for d in [&workspace, &home] {
-        std::fs::create_dir_all(d).expect("mkdir");
-    }
+    let (data, workspace, home) = test_dirs(dir.path());
     let mut env = env.to_vec();
     env.extend([("HOME", arg(&home)), ("WARDEN_STREAM_TIMEOUT", "60000")]);
     let flags = ["--agent", agent, "--grace", "1"];
     let (mut node, base, token, _) = serve_logged(&data, &mock.base_url(), &flags, &env).await;
     let client = reqwest::Client::new();
-    let body = serde_json::json!({"workspace": arg(&workspace), "message": "hello"});
-    let response = client
-        .post(format!("{base}/v1/turns"))
-        .bearer_auth(&token)
-        .header("accept", "text/event-stream")
-        .header("content-type", "application/json")
-        .body(body.to_string())
-        .send()
-        .await
-        .expect("post");
-    assert_eq!(response.status(), 200);
-    let id = response.headers()["x-warden-turn-id"]
-        .to_str()
-        .expect("ascii")
-        .to_owned();
+    let (response, id) = post_workspace_turn(&client, &base, &token, &workspace, "hello").await;
     eventually(PATIENCE, "the CLI reached the mock", || {
         mock.requests_to(path) == 1
     })

@@ -186,14 +186,7 @@ async fn claude_code_chats_resume_the_same_conversation() {
         .await
         .expect("mock");
     let dir = tempfile::tempdir().expect("tempdir");
-    let (data, workspace, home) = (
-        dir.path().join("data"),
-        dir.path().join("repo"),
-        dir.path().join("home"),
-    );
-    for d in [&workspace, &home] {
-        std::fs::create_dir_all(d).expect("mkdir");
-    }
+    let (data, workspace, home) = test_dirs(dir.path());
     let chat = |message: &str| {
         let mut cmd = command(&[
             "chat",
@@ -263,14 +256,7 @@ async fn codex_chats_resume_the_same_thread() {
         .await
         .expect("mock");
     let dir = tempfile::tempdir().expect("tempdir");
-    let (data, workspace, home) = (
-        dir.path().join("data"),
-        dir.path().join("repo"),
-        dir.path().join("home"),
-    );
-    for d in [&workspace, &home] {
-        std::fs::create_dir_all(d).expect("mkdir");
-    }
+    let (data, workspace, home) = test_dirs(dir.path());
     let base_url = server.base_url();
     let chat = |message: &str| {
         let mut cmd = command(&[

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use warden_mock::{MockConfig, MockServer, Scenario};
 
-use super::{arg, serve_logged};
+use super::{arg, post_workspace_turn, serve_logged, test_dirs};
 
 /// The processes whose command line has `needle` in one of its arguments.
 pub(crate) fn processes_naming(needle: &Path) -> Vec<u32> {
@@ -67,35 +67,14 @@ pub(crate) async fn a_cancelled_turn_ends_every_process(cli: Cancelled<'_>) {
         .await
         .expect("mock");
     let dir = tempfile::tempdir().expect("tempdir");
-    let (data, workspace, home) = (
-        dir.path().join("data"),
-        dir.path().join("repo"),
-        dir.path().join("home"),
-    );
-    for d in [&workspace, &home] {
-        std::fs::create_dir_all(d).expect("mkdir");
-    }
+    let (data, workspace, home) = test_dirs(dir.path());
     let mut env = cli.env.to_vec();
     env.extend([("HOME", arg(&home)), ("WARDEN_STREAM_TIMEOUT", "120000")]);
     let mut args = cli.serve_args.to_vec();
     args.extend(["--grace", "1"]);
     let (mut node, base, token, _) = serve_logged(&data, &mock.base_url(), &args, &env).await;
     let client = reqwest::Client::new();
-    let body = serde_json::json!({"workspace": arg(&workspace), "message": "hello"});
-    let response = client
-        .post(format!("{base}/v1/turns"))
-        .bearer_auth(&token)
-        .header("accept", "text/event-stream")
-        .header("content-type", "application/json")
-        .body(body.to_string())
-        .send()
-        .await
-        .expect("post");
-    assert_eq!(response.status(), 200);
-    let id = response.headers()["x-warden-turn-id"]
-        .to_str()
-        .expect("ascii")
-        .to_owned();
+    let (response, id) = post_workspace_turn(&client, &base, &token, &workspace, "hello").await;
     let reached = tokio::time::timeout(cli.reach_within, async {
         while mock.requests_to(cli.path) == 0 {
             tokio::time::sleep(Duration::from_millis(100)).await;

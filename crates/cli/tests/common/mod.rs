@@ -6,7 +6,7 @@ pub(crate) mod agent_chat;
 pub(crate) mod cancel;
 pub(crate) mod console;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Output, Stdio};
 use std::time::Duration;
 
@@ -163,6 +163,45 @@ pub(crate) fn assert_one_line_error(out: &Output, needle: &str) {
 /// A path argument as `&str`.
 pub(crate) fn arg(path: &Path) -> &str {
     path.to_str().expect("utf-8 temp path")
+}
+
+/// A test's directories under `dir`: warden's data directory (`data`,
+/// left for warden to make), and the workspace (`repo`) and the agent
+/// CLI's `HOME` (`home`), both made.
+pub(crate) fn test_dirs(dir: &Path) -> (PathBuf, PathBuf, PathBuf) {
+    let (data, workspace, home) = (dir.join("data"), dir.join("repo"), dir.join("home"));
+    for d in [&workspace, &home] {
+        std::fs::create_dir_all(d).expect("mkdir");
+    }
+    (data, workspace, home)
+}
+
+/// `POST /v1/turns` of `message` in `workspace` on `warden serve` at
+/// `base`, asking for the event stream: the `200` answer, unread, and the
+/// turn's id (`x-warden-turn-id`).
+pub(crate) async fn post_workspace_turn(
+    client: &reqwest::Client,
+    base: &str,
+    token: &str,
+    workspace: &Path,
+    message: &str,
+) -> (reqwest::Response, String) {
+    let body = serde_json::json!({"workspace": arg(workspace), "message": message});
+    let response = client
+        .post(format!("{base}/v1/turns"))
+        .bearer_auth(token)
+        .header("accept", "text/event-stream")
+        .header("content-type", "application/json")
+        .body(body.to_string())
+        .send()
+        .await
+        .expect("post");
+    assert_eq!(response.status(), 200);
+    let id = response.headers()["x-warden-turn-id"]
+        .to_str()
+        .expect("ascii")
+        .to_owned();
+    (response, id)
 }
 
 /// `warden serve` on data directory `data`, its agent's API at `base_url`,
