@@ -1530,6 +1530,29 @@ async fn without_the_wire_an_aider_cut_is_retried_by_warden_not_returned_half() 
 /// The 503s of a storm: the wire's attempts (4) take it up whole.
 const STORM: usize = 3;
 
+/// `warden chat` of `hello` with a chat-completions CLI (OpenCode, Kilo
+/// Code, Aider) against `mock`, with an API key and, for Aider, a model
+/// named (so it downloads no price map).
+async fn keyed_chat(
+    cli: Family,
+    bin: &str,
+    mock: &MockServer,
+    dir: &Path,
+) -> (std::process::Output, Duration) {
+    let timeout = cli.timeout_ms.to_string();
+    let env = [
+        (cli.bin, bin),
+        ("WARDEN_STREAM_TIMEOUT", &timeout),
+        ("OPENAI_API_KEY", "dummy"),
+    ];
+    let base = mock.base_url();
+    let mut agent = vec!["--agent", cli.agent, "--base-url", &base];
+    if cli.agent == AIDER.agent {
+        agent.extend(["--model", "mock-model"]);
+    }
+    chat_with(&agent, &env, dir, &[]).await
+}
+
 /// A 503 storm before any byte (the mock answers [`STORM`] requests 503,
 /// then replies) is retried by the wire itself, per the shared backoff,
 /// inside the CLI's one request: the CLI sees one later, whole stream, is
@@ -1547,18 +1570,7 @@ async fn a_503_storm_is_retried_at_the_wire(cli: Family) {
         .await
         .expect("mock");
     let dir = tempfile::tempdir().expect("tempdir");
-    let timeout = cli.timeout_ms.to_string();
-    let env = [
-        (cli.bin, bin.as_str()),
-        ("WARDEN_STREAM_TIMEOUT", &timeout),
-        ("OPENAI_API_KEY", "dummy"),
-    ];
-    let base = mock.base_url();
-    let mut agent = vec!["--agent", cli.agent, "--base-url", &base];
-    if cli.agent == AIDER.agent {
-        agent.extend(["--model", "mock-model"]);
-    }
-    let (out, took) = chat_with(&agent, &env, dir.path(), &[]).await;
+    let (out, took) = keyed_chat(cli, &bin, &mock, dir.path()).await;
     eprintln!(
         "{}, {STORM} 503s then a reply, through the wire: {took:?}",
         cli.agent
@@ -1622,18 +1634,7 @@ async fn an_outage_is_ended_by_the_wire_after_its_attempts(cli: Family) {
         .await
         .expect("mock");
     let dir = tempfile::tempdir().expect("tempdir");
-    let timeout = cli.timeout_ms.to_string();
-    let env = [
-        (cli.bin, bin.as_str()),
-        ("WARDEN_STREAM_TIMEOUT", &timeout),
-        ("OPENAI_API_KEY", "dummy"),
-    ];
-    let base = mock.base_url();
-    let mut agent = vec!["--agent", cli.agent, "--base-url", &base];
-    if cli.agent == AIDER.agent {
-        agent.extend(["--model", "mock-model"]);
-    }
-    let (out, took) = chat_with(&agent, &env, dir.path(), &[]).await;
+    let (out, took) = keyed_chat(cli, &bin, &mock, dir.path()).await;
     let requests = mock.requests_to("/v1/chat/completions");
     eprintln!(
         "{}, every request 503, through the wire: {took:?}, {requests} upstream requests",
