@@ -9,7 +9,7 @@
 //! through a shell of its own). The fixture is `common/codex.rs`
 //! (`WARDEN_CODEX_BIN`, skipped with a printed reason without it unless
 //! `WARDEN_REQUIRE_CODEX=1`). `kill -9` of warden mid-turn is
-//! `crates/cli/tests/agent_turns_survive_a_kill_9_of_warden.rs` (it needs
+//! `crates/cli/tests/it/agent_turns_survive_a_kill_9_of_warden.rs` (it needs
 //! the `warden` binary).
 //!
 //! A binary of its own, not a module of `tests/it`: it drives the real

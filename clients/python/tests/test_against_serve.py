@@ -1,7 +1,7 @@
 """The client against a real `warden serve` on `warden mock`.
 
-Started by crates/cli/tests/client_packages_against_serve.rs (the package
-from this tree) and crates/cli/tests/clients_installed_as_their_readmes_say.rs
+Started by crates/cli/tests/it/client_packages_against_serve.rs (the package
+from this tree) and crates/cli/tests/it/clients_installed_as_their_readmes_say.rs
 (the package as its README installs it), which set: WARDEN_URL (the
 server), WARDEN_FLAKY_URL (the same server through a relay that cuts the
 first event stream of a turn mid-reply), WARDEN_TOKEN, WARDEN_WORKSPACE

@@ -1,6 +1,6 @@
 // The client against a real `warden serve` on `warden mock`, started by
-// crates/cli/tests/client_packages_against_serve.rs (the package in this
-// tree) and crates/cli/tests/clients_installed_as_their_readmes_say.rs (the
+// crates/cli/tests/it/client_packages_against_serve.rs (the package in this
+// tree) and crates/cli/tests/it/clients_installed_as_their_readmes_say.rs (the
 // package as its README installs it: `@warden/client` is then the
 // installed one), which set WARDEN_URL, WARDEN_FLAKY_URL (the same server
 // through a relay that cuts each turn's first event stream mid-reply),
