@@ -26,11 +26,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
+use common::cluster::{Node, NodeSpec, TOKEN};
 use common::*;
 use serde_json::Value;
 use warden_mock::{MockConfig, MockServer};
 
-const TOKEN: &str = "restart-test-token";
 /// The nodes' lease TTL: a restart (0.3–1 s) is well within 2/3 of it.
 const TTL_SECS: f64 = 3.0;
 /// Real restarts of the database server, and the load between two.
@@ -41,60 +41,22 @@ const CLIENTS: usize = 32;
 /// How long an acknowledged turn may take to end.
 const TURN_BOUND: Duration = Duration::from_secs(30);
 
-struct Node {
-    child: tokio::process::Child,
-    base: String,
-    stderr: tokio::task::JoinHandle<String>,
-}
-
-async fn start(dir: &Path, id: &str, store: &str, mock: &MockServer) -> Node {
-    let token = dir.join("token");
-    std::fs::write(&token, TOKEN).expect("token");
-    let data = dir.join(id);
-    let mut cmd = command(&[
-        "serve",
-        "--listen",
-        "127.0.0.1:0",
-        "--data-dir",
-        data.to_str().expect("utf-8"),
-        "--token-file",
-        token.to_str().expect("utf-8"),
-        "--store",
-        store,
-        "--node-id",
-        id,
-        "--lease-ttl",
-        &TTL_SECS.to_string(),
-        "--grace",
-        "1",
-        "--agent",
-        "anthropic",
-        "--base-url",
-        &mock.base_url(),
-    ]);
-    // Its warnings, and the lease fencing it reports at `info`.
-    cmd.env("RUST_LOG", "warn,warden_pg=info");
-    let (mut child, base, _stdout) = spawn_listening(cmd, Duration::from_secs(30)).await;
-    let mut err = child.stderr.take().expect("stderr");
-    let stderr = tokio::spawn(async move {
-        use tokio::io::AsyncReadExt as _;
-        let mut s = String::new();
-        let _ = err.read_to_string(&mut s).await;
-        s
-    });
-    Node {
-        child,
-        base,
-        stderr,
-    }
-}
-
 /// How an acknowledged turn ended, as its client saw it.
 enum Ending {
     /// Its last event: `done`, or `error` and its code.
     Ended(String),
     /// No last event within the bound.
     Hung(String),
+}
+
+async fn start(dir: &Path, id: &str, store: &str, mock: &MockServer) -> Node {
+    NodeSpec::new(dir, id, store, TTL_SECS)
+        .args(&["--grace", "1"])
+        .upstream(mock)
+        // Its warnings, and the lease fencing it reports at `info`.
+        .env("RUST_LOG", "warn,warden_pg=info")
+        .start()
+        .await
 }
 
 /// Follows turn `id` to its last event, through `nodes` in turn (the one

@@ -15,47 +15,21 @@ use crate::common;
 use std::path::Path;
 use std::time::Duration;
 
+use common::cluster::{Node, NodeSpec, TOKEN};
 use common::*;
 use futures_util::StreamExt as _;
 use serde_json::{Value, json};
 use warden_mock::{MockConfig, MockServer};
 
 const PATIENCE: Duration = Duration::from_secs(30);
-const TOKEN: &str = "cluster-test-token";
 const KEY: &str = "cluster-order-7";
 
-struct Node {
-    child: tokio::process::Child,
-    base: String,
-}
-
 async fn start(dir: &Path, id: &str, store: &str, mock: &MockServer) -> Node {
-    let data = dir.join(id);
-    let token = dir.join("token");
-    std::fs::write(&token, TOKEN).expect("token");
-    let cmd = command(&[
-        "serve",
-        "--listen",
-        "127.0.0.1:0",
-        "--data-dir",
-        arg(&data),
-        "--token-file",
-        arg(&token),
-        "--store",
-        store,
-        "--node-id",
-        id,
-        "--lease-ttl",
-        "1.5",
-        "--grace",
-        "1",
-        "--agent",
-        "anthropic",
-        "--base-url",
-        &mock.base_url(),
-    ]);
-    let (child, base, _stdout) = spawn_listening(cmd, PATIENCE).await;
-    Node { child, base }
+    NodeSpec::new(dir, id, store, 1.5)
+        .args(&["--grace", "1"])
+        .upstream(mock)
+        .start()
+        .await
 }
 
 /// `POST /v1/turns` to `node` with the key and `message`: status, whether

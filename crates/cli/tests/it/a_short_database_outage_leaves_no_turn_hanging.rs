@@ -21,11 +21,11 @@ use crate::common;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+use common::cluster::{Node, NodeSpec, TOKEN};
 use common::*;
 use serde_json::Value;
 use warden_mock::{MockConfig, MockServer};
 
-const TOKEN: &str = "outage-test-token";
 /// The nodes' lease TTL: short, so twenty outages fit in about a minute.
 const TTL_SECS: f64 = 1.0;
 /// Outages, and turns streaming during each.
@@ -36,51 +36,12 @@ const TURNS: usize = 6;
 /// reply itself, with room for two loaded cores.
 const TURN_BOUND: Duration = Duration::from_secs(20);
 
-struct Node {
-    child: tokio::process::Child,
-    base: String,
-    /// Its log, read as it comes (a full pipe would stall the node).
-    stderr: tokio::task::JoinHandle<String>,
-}
-
 async fn start(dir: &Path, id: &str, store: &str, mock: &MockServer) -> Node {
-    let token = dir.join("token");
-    std::fs::write(&token, TOKEN).expect("token");
-    let data = dir.join(id);
-    let cmd = command(&[
-        "serve",
-        "--listen",
-        "127.0.0.1:0",
-        "--data-dir",
-        data.to_str().expect("utf-8"),
-        "--token-file",
-        token.to_str().expect("utf-8"),
-        "--store",
-        store,
-        "--node-id",
-        id,
-        "--lease-ttl",
-        &TTL_SECS.to_string(),
-        "--grace",
-        "1",
-        "--agent",
-        "anthropic",
-        "--base-url",
-        &mock.base_url(),
-    ]);
-    let (mut child, base, _stdout) = spawn_listening(cmd, Duration::from_secs(30)).await;
-    let mut err = child.stderr.take().expect("stderr");
-    let stderr = tokio::spawn(async move {
-        use tokio::io::AsyncReadExt as _;
-        let mut s = String::new();
-        let _ = err.read_to_string(&mut s).await;
-        s
-    });
-    Node {
-        child,
-        base,
-        stderr,
-    }
+    NodeSpec::new(dir, id, store, TTL_SECS)
+        .args(&["--grace", "1"])
+        .upstream(mock)
+        .start()
+        .await
 }
 
 /// Database `db` goes away as in a restart (new connections refused, the

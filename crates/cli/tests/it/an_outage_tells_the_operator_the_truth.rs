@@ -35,12 +35,12 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
+use common::cluster::{NodeSpec, TOKEN};
 use common::*;
 use parking_lot::Mutex;
 use serde_json::Value;
 use warden_mock::{MockConfig, MockServer};
 
-const TOKEN: &str = "operator-test-token";
 /// The nodes' lease TTL: 4 s, so the short outage (1.24 s, the trial's)
 /// plus the time a node takes to renew once the database answers again
 /// (its connection retries) stays well under the lease time a node has
@@ -60,32 +60,12 @@ struct Node {
 
 async fn start(dir: &Path, id: &'static str, store: &str, mock: &MockServer) -> Node {
     use tokio::io::AsyncBufReadExt as _;
-    let token = dir.join("token");
-    std::fs::write(&token, TOKEN).expect("token");
-    let data = dir.join(id);
-    let cmd = command(&[
-        "serve",
-        "--listen",
-        "127.0.0.1:0",
-        "--data-dir",
-        data.to_str().expect("utf-8"),
-        "--token-file",
-        token.to_str().expect("utf-8"),
-        "--store",
-        store,
-        "--node-id",
-        id,
-        "--lease-ttl",
-        &TTL_SECS.to_string(),
+    let cmd = NodeSpec::new(dir, id, store, TTL_SECS)
         // No idle session handed over: what a killed node held is what
         // fails over, and nothing else moves.
-        "--rebalance-interval",
-        "0",
-        "--agent",
-        "anthropic",
-        "--base-url",
-        &mock.base_url(),
-    ]);
+        .args(&["--rebalance-interval", "0"])
+        .upstream(mock)
+        .into_command();
     let (mut child, base, _stdout) = spawn_listening(cmd, Duration::from_secs(30)).await;
     let log = Logged::default();
     let mut lines = tokio::io::BufReader::new(child.stderr.take().expect("stderr")).lines();

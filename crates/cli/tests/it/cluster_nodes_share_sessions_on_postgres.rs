@@ -17,16 +17,14 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use common::cluster::{Node, NodeSpec, TOKEN};
 use common::*;
 use nix::sys::signal::{Signal, kill};
-use nix::unistd::Pid;
 use serde_json::Value;
-use tokio::io::AsyncReadExt as _;
 use warden_core::{SessionKey, SessionStore as _};
 use warden_mock::{MockConfig, MockServer, Outcome, Scenario};
 
 const PATIENCE: Duration = Duration::from_secs(30);
-const TOKEN: &str = "cluster-test-token";
 /// The nodes' lease TTL.
 const TTL_SECS: f64 = 1.5;
 
@@ -42,99 +40,20 @@ async fn stall_then_answer() -> MockServer {
     .expect("mock")
 }
 
-struct Node {
-    id: String,
-    child: tokio::process::Child,
-    base: String,
-    stderr: tokio::task::JoinHandle<String>,
-}
-
-impl Node {
-    fn pid(&self) -> Pid {
-        Pid::from_raw(self.child.id().expect("pid") as i32)
-    }
-}
-
 async fn start(dir: &Path, id: &str, store: &str, mock: &MockServer) -> Node {
     start_with_ttl(dir, id, store, mock, TTL_SECS).await
 }
 
 async fn start_with_ttl(dir: &Path, id: &str, store: &str, mock: &MockServer, ttl: f64) -> Node {
-    spawn_node(
-        dir,
-        id,
-        store,
-        ttl,
-        &["--agent", "anthropic", "--base-url", &mock.base_url()],
-        &[],
-    )
-    .await
+    spec(dir, id, store, ttl).upstream(mock).start().await
 }
 
-async fn spawn_node(
-    dir: &Path,
-    id: &str,
-    store: &str,
-    ttl: f64,
-    agent: &[&str],
-    env: &[(&str, &str)],
-) -> Node {
-    spawn_node_in_group(dir, id, store, ttl, agent, env, None).await
-}
-
-/// [`spawn_node`], the process running with group id `gid` when given
-/// (so a firewall rule can match its sockets: `meta skgid`).
-async fn spawn_node_in_group(
-    dir: &Path,
-    id: &str,
-    store: &str,
-    ttl: f64,
-    agent: &[&str],
-    env: &[(&str, &str)],
-    gid: Option<u32>,
-) -> Node {
-    let data = dir.join(id);
-    let token = dir.join("token");
-    std::fs::write(&token, TOKEN).expect("token");
-    let mut cmd = command(&[
-        "serve",
-        "--listen",
-        "127.0.0.1:0",
-        "--data-dir",
-        data.to_str().expect("utf-8"),
-        "--token-file",
-        token.to_str().expect("utf-8"),
-        "--store",
-        store,
-        "--node-id",
-        id,
-        "--lease-ttl",
-        &ttl.to_string(),
-        "--grace",
-        "1",
-    ]);
-    cmd.args(agent);
-    // The stalled stream is held, not killed, for as long as a test lasts.
-    cmd.env("WARDEN_STREAM_TIMEOUT", "120000");
-    for (k, v) in env {
-        cmd.env(k, v);
-    }
-    if let Some(gid) = gid {
-        cmd.gid(gid);
-    }
-    let (mut child, base, _stdout) = spawn_listening(cmd, PATIENCE).await;
-    let mut err = child.stderr.take().expect("stderr");
-    let stderr = tokio::spawn(async move {
-        let mut s = String::new();
-        let _ = err.read_to_string(&mut s).await;
-        s
-    });
-    Node {
-        id: id.to_owned(),
-        child,
-        base,
-        stderr,
-    }
+/// A node as every test here starts it, its upstream still to name.
+fn spec<'a>(dir: &Path, id: &'a str, store: &str, ttl: f64) -> NodeSpec<'a> {
+    NodeSpec::new(dir, id, store, ttl)
+        .args(&["--grace", "1"])
+        // The stalled stream is held, not killed, for as long as a test lasts.
+        .env("WARDEN_STREAM_TIMEOUT", "120000")
 }
 
 async fn post(node: &Node, key: &str, message: &str) -> reqwest::Response {
@@ -942,7 +861,12 @@ async fn a_claude_code_session_fails_over_through_a_fresh_start_where_its_worksp
             ("DISABLE_AUTOUPDATER", "1"),
             ("CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "1"),
         ];
-        nodes.push(spawn_node(&dir, id, &url, TTL_SECS, &claude, &env).await);
+        let node = env
+            .iter()
+            .fold(spec(&dir, id, &url, TTL_SECS).args(&claude), |n, (k, v)| {
+                n.env(k, v)
+            });
+        nodes.push(node.start().await);
     }
     let b = nodes.pop().expect("b");
     let mut a = nodes.pop().expect("a");
@@ -2034,7 +1958,11 @@ async fn a_node_partitioned_from_the_database_past_its_lease_stops_before_it_is_
     let ttl = 1.5;
     const GID: u32 = 48_111;
     let agent = ["--agent", "anthropic", "--base-url", &mock.base_url()];
-    let a = spawn_node_in_group(&dir, "node-a", &url, ttl, &agent, &[], Some(GID)).await;
+    let a = spec(&dir, "node-a", &url, ttl)
+        .args(&agent)
+        .gid(GID)
+        .start()
+        .await;
     let b = start_with_ttl(&dir, "node-b", &url, &mock, ttl).await;
 
     let (id, mut reading) = stream_turn(&a, "k1", "hello").await;

@@ -16,6 +16,7 @@ use crate::common;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+use common::cluster::{NodeSpec, TOKEN};
 use common::console::*;
 use common::*;
 use serde_json::{Value, json};
@@ -325,40 +326,22 @@ async fn the_console_signs_in_and_shows_a_turn_live_with_its_kill_continuation_a
     let _ = server.start_kill();
 }
 
-/// A cluster node: `warden serve --store <db> --node-id <id>`.
+/// A cluster node: `warden serve --store <db> --node-id <id>`; the child
+/// and its base URL.
 async fn node(
     dir: &Path,
     id: &str,
     db: &str,
-    token: &Path,
     mock: &MockServer,
 ) -> (tokio::process::Child, String) {
-    let data = dir.join(id);
-    let mut cmd = command(&[
-        "serve",
-        "--listen",
-        "127.0.0.1:0",
-        "--data-dir",
-        arg(&data),
-        "--token-file",
-        arg(token),
-        "--store",
-        db,
-        "--node-id",
-        id,
-        "--lease-ttl",
-        "2",
-        "--grace",
-        "1",
-        "--agent",
-        "anthropic",
-        "--base-url",
-        &mock.base_url(),
-    ]);
-    // The stalled stream is held, not killed: the node dies with it.
-    cmd.env("WARDEN_STREAM_TIMEOUT", "120000");
-    let (child, base, _stdout) = spawn_listening(cmd, PATIENCE).await;
-    (child, base)
+    let node = NodeSpec::new(dir, id, db, 2.0)
+        .args(&["--grace", "1"])
+        .upstream(mock)
+        // The stalled stream is held, not killed: the node dies with it.
+        .env("WARDEN_STREAM_TIMEOUT", "120000")
+        .start()
+        .await;
+    (node.child, node.base)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -377,11 +360,9 @@ async fn the_console_shows_the_clusters_nodes_leases_and_a_failover() {
     .await
     .expect("mock");
     let dir = tempfile::tempdir().expect("tempdir");
-    let token = "console-cluster-token-0123456789";
-    let token_file = dir.path().join("token");
-    std::fs::write(&token_file, token).expect("token");
-    let (mut a, a_base) = node(dir.path(), "node-a", &db, &token_file, &mock).await;
-    let (mut b, b_base) = node(dir.path(), "node-b", &db, &token_file, &mock).await;
+    let token = TOKEN;
+    let (mut a, a_base) = node(dir.path(), "node-a", &db, &mock).await;
+    let (mut b, b_base) = node(dir.path(), "node-b", &db, &mock).await;
     // B runs a turn that stalls, and holds it.
     post_turn(&b_base, token, "moving", "fail me over").await;
     let deadline = Instant::now() + PATIENCE;

@@ -19,18 +19,18 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+use common::cluster::{Node, NodeSpec, TOKEN};
 use common::*;
 use futures_util::StreamExt as _;
 use serde_json::Value;
 use warden_mock::{MockConfig, MockServer};
 
-const TOKEN: &str = "spread-test-token";
 /// The nodes' lease TTL: short, so the killed node's leases run out soon,
 /// and not 1 s: a node renews every third of it, and on CI's two loaded
 /// cores renewals of 300 leases came late enough at 1 s that 87 of them
 /// were given up (the node's own fence) with no node killed yet, so the
 /// survivors held 218 of 300 sessions and the test failed.
-const TTL: &str = "2";
+const TTL: f64 = 2.0;
 /// Rounds every second, at most 25 sessions handed over by a node a round.
 const REBALANCE: [&str; 4] = ["--rebalance-interval", "1", "--rebalance-limit", "25"];
 const SESSIONS: usize = 300;
@@ -40,53 +40,24 @@ const BALANCED_WITHIN: Duration = Duration::from_secs(60);
 const CLIENTS: usize = 8;
 const TURNS_FOR: Duration = Duration::from_secs(10);
 
-struct Node {
-    child: tokio::process::Child,
-    stderr: tokio::task::JoinHandle<String>,
-}
-
+/// Node `id` on `listen`, handing sessions over per [`REBALANCE`]; its
+/// base URL beside it.
 async fn start(
     dir: &Path,
     id: &str,
     listen: &str,
     store: &str,
     mock: &MockServer,
-    ttl: &str,
+    ttl: f64,
 ) -> (Node, String) {
-    let token = dir.join("token");
-    std::fs::write(&token, TOKEN).expect("token");
-    let data = dir.join(id);
-    let mut args = vec![
-        "serve",
-        "--listen",
-        listen,
-        "--data-dir",
-        data.to_str().expect("utf-8"),
-        "--token-file",
-        token.to_str().expect("utf-8"),
-        "--store",
-        store,
-        "--node-id",
-        id,
-        "--lease-ttl",
-        ttl,
-        "--grace",
-        "1",
-        "--agent",
-        "anthropic",
-    ];
-    args.extend(REBALANCE);
-    let base_url = mock.base_url();
-    args.extend(["--base-url", base_url.as_str()]);
-    let (mut child, base, _stdout) = spawn_listening(command(&args), Duration::from_secs(30)).await;
-    let mut err = child.stderr.take().expect("stderr");
-    let stderr = tokio::spawn(async move {
-        use tokio::io::AsyncReadExt as _;
-        let mut s = String::new();
-        let _ = err.read_to_string(&mut s).await;
-        s
-    });
-    (Node { child, stderr }, base)
+    let node = NodeSpec::listening(dir, id, store, ttl, listen)
+        .args(&["--grace", "1"])
+        .args(&REBALANCE)
+        .upstream(mock)
+        .start()
+        .await;
+    let base = node.base.clone();
+    (node, base)
 }
 
 /// The SSE events of `body` (`id`, `event`, `data`) until it ends or
@@ -502,7 +473,7 @@ async fn a_returning_node_gets_its_share_of_idle_sessions_and_no_turn_is_moved()
 /// The busy-spread test's lease TTL: short, and still safe from the
 /// self-fencing a 1 s TTL met on two loaded shared cores (a node stalled
 /// past 2/3 of it gave leases up, ending answered turns `ETURN_END_LOST`).
-const BUSY_TTL: &str = "2";
+const BUSY_TTL: f64 = 2.0;
 /// Sessions under back-to-back load in the busy-spread test.
 const BUSY_SESSIONS: usize = 30;
 /// How long one turn of the busy-spread test may take (about a second

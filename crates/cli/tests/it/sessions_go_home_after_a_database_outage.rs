@@ -33,12 +33,12 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+use common::cluster::{Node, NodeSpec, TOKEN};
 use common::*;
 use serde_json::Value;
 use warden_core::SessionKey;
 use warden_mock::{MockConfig, MockServer};
 
-const TOKEN: &str = "home-test-token";
 /// The nodes' lease TTL: short, so outages of ten TTLs stay short.
 const TTL_SECS: f64 = 1.0;
 /// Sessions, each with one streaming turn per outage.
@@ -48,50 +48,12 @@ const SESSIONS: usize = 20;
 /// room for two loaded cores.
 const TURN_BOUND: Duration = Duration::from_secs(45);
 
-struct Node {
-    child: tokio::process::Child,
-    base: String,
-    stderr: tokio::task::JoinHandle<String>,
-}
-
 async fn start(dir: &Path, id: &str, store: &str, mock: &MockServer, ttl: f64) -> Node {
-    let token = dir.join("token");
-    std::fs::write(&token, TOKEN).expect("token");
-    let data = dir.join(id);
-    let cmd = command(&[
-        "serve",
-        "--listen",
-        "127.0.0.1:0",
-        "--data-dir",
-        data.to_str().expect("utf-8"),
-        "--token-file",
-        token.to_str().expect("utf-8"),
-        "--store",
-        store,
-        "--node-id",
-        id,
-        "--lease-ttl",
-        &ttl.to_string(),
-        "--grace",
-        "1",
-        "--agent",
-        "anthropic",
-        "--base-url",
-        &mock.base_url(),
-    ]);
-    let (mut child, base, _stdout) = spawn_listening(cmd, Duration::from_secs(30)).await;
-    let mut err = child.stderr.take().expect("stderr");
-    let stderr = tokio::spawn(async move {
-        use tokio::io::AsyncReadExt as _;
-        let mut s = String::new();
-        let _ = err.read_to_string(&mut s).await;
-        s
-    });
-    Node {
-        child,
-        base,
-        stderr,
-    }
+    NodeSpec::new(dir, id, store, ttl)
+        .args(&["--grace", "1"])
+        .upstream(mock)
+        .start()
+        .await
 }
 
 /// Database `db` goes away (new connections refused, the open ones cut)

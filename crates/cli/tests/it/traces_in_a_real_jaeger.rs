@@ -20,6 +20,7 @@ use crate::common;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
+use common::cluster::{NodeSpec, TOKEN};
 use common::*;
 use serde_json::{Value, json};
 use warden_core::names;
@@ -1567,8 +1568,7 @@ async fn a_turns_trace_from_a_jaeger_that_does_not_answer_is_a_typed_502() {
 }
 
 /// A cluster node (`warden serve --store postgres://…`) exporting to
-/// `jaeger` as `service`, with the token in `token` (shared by the nodes):
-/// the child and its base URL.
+/// `jaeger` as `service`: the child and its base URL.
 async fn cluster_node(
     dir: &std::path::Path,
     id: &str,
@@ -1577,37 +1577,17 @@ async fn cluster_node(
     jaeger: &Jaeger,
     service: &str,
 ) -> (tokio::process::Child, String) {
-    let data = dir.join(id);
-    let token = dir.join("token");
-    let mut cmd = command(&[
-        "serve",
-        "--listen",
-        "127.0.0.1:0",
-        "--data-dir",
-        data.to_str().expect("utf-8"),
-        "--token-file",
-        token.to_str().expect("utf-8"),
-        "--store",
-        db,
-        "--node-id",
-        id,
-        "--lease-ttl",
-        "1.5",
-        "--grace",
-        "1",
-        "--agent",
-        "anthropic",
-        "--base-url",
-        &mock.base_url(),
-    ]);
-    // The stalled stream is held, not killed: its node dies first.
-    cmd.env("WARDEN_STREAM_TIMEOUT", "120000")
+    let node = NodeSpec::new(dir, id, db, 1.5)
+        .args(&["--grace", "1"])
+        .upstream(mock)
+        // The stalled stream is held, not killed: its node dies first.
+        .env("WARDEN_STREAM_TIMEOUT", "120000")
         .env("OTEL_EXPORTER_OTLP_ENDPOINT", &jaeger.otlp)
         .env("OTEL_SERVICE_NAME", service)
         .env("OTEL_BSP_SCHEDULE_DELAY", "100")
-        .stderr(std::process::Stdio::null());
-    let (child, base, _stdout) = spawn_listening(cmd, PATIENCE).await;
-    (child, base)
+        .start()
+        .await;
+    (node.child, node.base)
 }
 
 /// A node lost mid-turn (`kill -9`): the node that takes the session over
@@ -1630,8 +1610,7 @@ async fn a_turn_whose_node_died_says_so_in_its_trace_on_the_node_that_took_it_ov
     .await
     .expect("mock");
     let dir = tempfile::tempdir().expect("tempdir");
-    let token = "jaeger-failover-token";
-    std::fs::write(dir.path().join("token"), token).expect("token");
+    let token = TOKEN;
     let (mut a, base_a) = cluster_node(dir.path(), "node-a", &db, &mock, &jaeger, &service).await;
     let (mut b, base_b) = cluster_node(dir.path(), "node-b", &db, &mock, &jaeger, &service).await;
 

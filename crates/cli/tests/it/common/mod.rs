@@ -4,6 +4,7 @@
 
 pub(crate) mod agent_chat;
 pub(crate) mod cancel;
+pub(crate) mod cluster;
 pub(crate) mod console;
 pub(crate) mod postgres;
 
