@@ -21,6 +21,8 @@
 //! ([`common::OwnServer`]); the Jaeger test that restarts Jaeger starts its
 //! own.
 
+#[path = "../../../../tests/support/at_once.rs"]
+mod at_once;
 mod clients;
 mod common;
 
@@ -77,17 +79,4 @@ mod urls_without_a_usable_host_are_usage_errors;
 /// tests' stream timeouts count it as silence.
 const AT_LEAST_AT_ONCE: usize = 4;
 
-/// Before `main` (libtest reads `RUST_TEST_THREADS` when it starts, and
-/// gives `--test-threads` precedence over it): sets it to
-/// [`AT_LEAST_AT_ONCE`] or the number of cores, whichever is more, unless
-/// it is set already.
-#[ctor::ctor(unsafe)]
-#[allow(unsafe_code)]
-fn more_tests_at_once_than_cores() {
-    if std::env::var_os("RUST_TEST_THREADS").is_none() {
-        let cores = std::thread::available_parallelism().map_or(1, usize::from);
-        // SAFETY: before `main`, no other thread exists to read the
-        // environment concurrently.
-        unsafe { std::env::set_var("RUST_TEST_THREADS", cores.max(AT_LEAST_AT_ONCE).to_string()) };
-    }
-}
+at_once::at_least_at_once!(AT_LEAST_AT_ONCE);
