@@ -21,7 +21,7 @@ use crate::common;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use common::cluster::{Node, NodeSpec, TOKEN};
+use common::cluster::{Node, NodeSpec, TOKEN, reattach};
 use common::*;
 use serde_json::Value;
 use warden_mock::{MockConfig, MockServer};
@@ -42,14 +42,6 @@ async fn start(dir: &Path, id: &str, store: &str, mock: &MockServer) -> Node {
         .upstream(mock)
         .start()
         .await
-}
-
-/// Database `db` goes away as in a restart (new connections refused, the
-/// open ones cut) for `outage`, then takes connections again.
-async fn outage(db: &str, outage: Duration) {
-    database_away(db);
-    tokio::time::sleep(outage).await;
-    database_back(db);
 }
 
 /// How a client's turn ended: its last event's type and data, or what it
@@ -84,20 +76,10 @@ async fn follow(
                 }
                 attempt += 1;
                 let base = &nodes[attempt % nodes.len()];
-                let asked = http
-                    .get(format!("{base}/v1/turns/{id}/events"))
-                    .bearer_auth(TOKEN)
-                    .header("last-event-id", last.to_string())
-                    .timeout(Duration::from_secs(5))
-                    .send()
-                    .await;
-                match asked {
-                    Ok(r) if r.status() == 200 => r,
+                match reattach(&http, base, &id, last, Duration::from_secs(5)).await {
+                    Some(r) => r,
                     // The database still away, or the turn between nodes.
-                    _ => {
-                        tokio::time::sleep(Duration::from_millis(100)).await;
-                        continue;
-                    }
+                    None => continue,
                 }
             }
         };
@@ -195,7 +177,7 @@ async fn every_turn_ends_across_twenty_outages_as_long_as_the_lease_time_left() 
                 (key, id, tokio::spawn(follow))
             })
             .collect();
-        outage(&db, down).await;
+        database_away_for(&db, down).await;
         let before = hung.len();
         for (key, id, client) in followed {
             match client.await.expect("client") {

@@ -19,7 +19,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use common::cluster::{Node, NodeSpec, TOKEN};
+use common::cluster::{Node, NodeSpec, TOKEN, reattach};
 use common::*;
 use futures_util::StreamExt as _;
 use serde_json::Value;
@@ -168,19 +168,10 @@ async fn turn(
                 }
                 let base = &bases[attempt % bases.len()];
                 attempt += 1;
-                let asked = http
-                    .get(format!("{base}/v1/turns/{id}/events"))
-                    .bearer_auth(TOKEN)
-                    .header("last-event-id", last.to_string())
-                    .timeout(Duration::from_secs(10))
-                    .send()
-                    .await;
-                match asked {
-                    Ok(r) if r.status() == 200 => r,
-                    _ => {
-                        tokio::time::sleep(Duration::from_millis(100)).await;
-                        continue;
-                    }
+                match reattach(&http, base, &id, last, Duration::from_secs(10)).await {
+                    Some(r) => r,
+                    // The database still away, or the turn between nodes.
+                    None => continue,
                 }
             }
         };

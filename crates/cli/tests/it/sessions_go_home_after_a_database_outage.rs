@@ -33,7 +33,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use common::cluster::{Node, NodeSpec, TOKEN};
+use common::cluster::{Node, NodeSpec, TOKEN, reattach};
 use common::*;
 use serde_json::Value;
 use warden_core::SessionKey;
@@ -64,14 +64,6 @@ async fn start(dir: &Path, id: &str, store: &str, mock: &MockServer, ttl: f64) -
         .await
 }
 
-/// Database `db` goes away (new connections refused, the open ones cut)
-/// for `outage`, then takes connections again.
-async fn outage(db: &str, outage: Duration) {
-    database_away(db);
-    tokio::time::sleep(outage).await;
-    database_back(db);
-}
-
 /// Follows turn `id` from its `POST`'s stream to its last event,
 /// re-attaching with `Last-Event-ID` (its home first, then the others)
 /// wherever a stream ends early, as a client does; at most until
@@ -97,19 +89,10 @@ async fn follow(
                 }
                 let base = &nodes[attempt % nodes.len()];
                 attempt += 1;
-                let asked = http
-                    .get(format!("{base}/v1/turns/{id}/events"))
-                    .bearer_auth(TOKEN)
-                    .header("last-event-id", last.to_string())
-                    .timeout(Duration::from_secs(5))
-                    .send()
-                    .await;
-                match asked {
-                    Ok(r) if r.status() == 200 => r,
-                    _ => {
-                        tokio::time::sleep(Duration::from_millis(100)).await;
-                        continue;
-                    }
+                match reattach(&http, base, &id, last, Duration::from_secs(5)).await {
+                    Some(r) => r,
+                    // The database still away, or the turn between nodes.
+                    None => continue,
                 }
             }
         };
@@ -259,7 +242,7 @@ async fn sessions_go_home_and_replies_continue_after_outages_of_two_and_ten_ttls
                 )
             })
             .collect();
-        outage(&db, down).await;
+        database_away_for(&db, down).await;
         let mut codes = BTreeMap::<String, usize>::new();
         for (i, (id, home_base, client)) in followed.into_iter().enumerate() {
             let seen = match client.await.expect("client") {

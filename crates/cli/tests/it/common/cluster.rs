@@ -119,3 +119,31 @@ impl Node {
         Pid::from_raw(self.child.id().expect("a running node") as i32)
     }
 }
+
+/// `GET {base}/v1/turns/{id}/events` from after event `last`, as a client
+/// re-attaches to a turn whose stream ended early: the stream when `base`
+/// answers `200`, `None` (after a 100 ms pause, so a caller trying node
+/// after node does not spin) when it answers otherwise or not within
+/// `limit` — the database still away, or the turn between nodes.
+pub(crate) async fn reattach(
+    http: &reqwest::Client,
+    base: &str,
+    id: &str,
+    last: u64,
+    limit: Duration,
+) -> Option<reqwest::Response> {
+    let asked = http
+        .get(format!("{base}/v1/turns/{id}/events"))
+        .bearer_auth(TOKEN)
+        .header("last-event-id", last.to_string())
+        .timeout(limit)
+        .send()
+        .await;
+    match asked {
+        Ok(r) if r.status() == 200 => Some(r),
+        _ => {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            None
+        }
+    }
+}

@@ -9,7 +9,7 @@ pub(crate) mod console;
 pub(crate) mod postgres;
 
 pub(crate) use postgres::{
-    OwnServer, database_away, database_back, fresh_db, restart, server_down_for,
+    OwnServer, database_away, database_away_for, database_back, fresh_db, restart, server_down_for,
 };
 
 use std::path::{Path, PathBuf};

@@ -82,6 +82,14 @@ pub(crate) fn database_back(db: &str) {
     admin_sql(&format!("ALTER DATABASE {db} ALLOW_CONNECTIONS true"));
 }
 
+/// Database `db` goes away (as [`database_away`]) for `outage`, then takes
+/// connections again.
+pub(crate) async fn database_away_for(db: &str, outage: Duration) {
+    database_away(db);
+    tokio::time::sleep(outage).await;
+    database_back(db);
+}
+
 /// A PostgreSQL server of one test's own, for a test that stops or
 /// restarts the whole server: made with the shared server's binaries
 /// (found through `WARDEN_PG_CTL`, which `.ci/postgres` exports), as the
