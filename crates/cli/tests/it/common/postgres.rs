@@ -137,13 +137,14 @@ impl OwnServer {
             }
         };
         tokio::task::spawn_blocking(move || {
-            // Made by the server's user, so it may write there.
-            let made = run_as(&as_user, "mktemp", &["-d", "/tmp/warden-pg-own.XXXXXX"]);
+            // As the server's user (`as_user`, a `runuser … --` prefix or
+            // empty): the directory is made by it, so it may write there.
+            let by_user = |program: &str| [as_user.as_slice(), &[program.to_owned()]].concat();
+            let made = run(&by_user("mktemp"), &["-d", "/tmp/warden-pg-own.XXXXXX"]);
             let dir = String::from_utf8_lossy(&made.stdout).trim().to_owned();
             let data = format!("{dir}/data");
-            run_as(
-                &as_user,
-                &tool("initdb"),
+            run(
+                &by_user(&tool("initdb")),
                 &[
                     "-D",
                     &data,
@@ -169,7 +170,7 @@ impl OwnServer {
             ]);
             let opts =
                 format!("-p {port} -k {dir} -c listen_addresses=127.0.0.1 -c max_connections=300");
-            run_pg_ctl(&ctl, &["-w", "-t", "30", "-o", &opts, "start"]);
+            run(&ctl, &["-w", "-t", "30", "-o", &opts, "start"]);
             Self {
                 url: format!("postgres://warden@127.0.0.1:{port}/postgres"),
                 ctl,
@@ -203,51 +204,29 @@ impl Drop for OwnServer {
     }
 }
 
-/// Runs `program` with `args` as the server's user (`as_user`, a
-/// `runuser … --` prefix or empty), failing the test if it fails.
-fn run_as(as_user: &[String], program: &str, args: &[&str]) -> std::process::Output {
-    let mut cmd = match as_user.split_first() {
-        Some((first, rest)) => {
-            let mut c = std::process::Command::new(first);
-            c.args(rest).arg(program);
-            c
-        }
-        None => std::process::Command::new(program),
-    };
-    let out = cmd
+/// Runs command line `line` (a program and its first arguments: a
+/// `runuser … --` prefix, `pg_ctl -D … -l …`) with `args`, failing the
+/// test if it fails; its output.
+fn run(line: &[String], args: &[&str]) -> std::process::Output {
+    let out = std::process::Command::new(&line[0])
+        .args(&line[1..])
         .args(args)
         .stdin(Stdio::null())
         .output()
-        .unwrap_or_else(|e| panic!("{program} runs: {e}"));
+        .unwrap_or_else(|e| panic!("{line:?} runs: {e}"));
     assert!(
         out.status.success(),
-        "{program} {args:?}: {}",
+        "{line:?} {args:?}: {}",
         String::from_utf8_lossy(&out.stderr)
     );
     out
-}
-
-/// Runs `pg_ctl` (`ctl`, a command line as [`OwnServer::ctl`] gives it)
-/// with `args`, failing the test if it fails.
-fn run_pg_ctl(ctl: &[String], args: &[&str]) {
-    let out = std::process::Command::new(&ctl[0])
-        .args(&ctl[1..])
-        .args(args)
-        .stdin(Stdio::null())
-        .output()
-        .expect("pg_ctl runs");
-    assert!(
-        out.status.success(),
-        "pg_ctl {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
 }
 
 /// Restarts the server `ctl` runs as an operator does (`pg_ctl restart -m
 /// fast`); how long it took.
 pub(crate) fn restart(ctl: &[String]) -> Duration {
     let t0 = std::time::Instant::now();
-    run_pg_ctl(ctl, &["-m", "fast", "-w", "-t", "30", "restart"]);
+    run(ctl, &["-m", "fast", "-w", "-t", "30", "restart"]);
     t0.elapsed()
 }
 
@@ -271,13 +250,11 @@ pub(crate) async fn server_down_for(ctl: &[String], down: Duration) {
         .map(|(_, rest)| rest.to_owned())
         .unwrap_or_default();
     let (stop, start) = (ctl.to_vec(), ctl.to_vec());
-    tokio::task::spawn_blocking(move || run_pg_ctl(&stop, &["-m", "fast", "-w", "stop"]))
+    tokio::task::spawn_blocking(move || run(&stop, &["-m", "fast", "-w", "stop"]))
         .await
         .expect("pg_ctl stop");
     tokio::time::sleep(down).await;
-    tokio::task::spawn_blocking(move || {
-        run_pg_ctl(&start, &["-w", "-t", "30", "-o", &args, "start"])
-    })
-    .await
-    .expect("pg_ctl start");
+    tokio::task::spawn_blocking(move || run(&start, &["-w", "-t", "30", "-o", &args, "start"]))
+        .await
+        .expect("pg_ctl start");
 }
