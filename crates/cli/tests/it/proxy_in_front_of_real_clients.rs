@@ -648,7 +648,11 @@ async fn claude_code_alone_re_sends_a_stalled_turn_without_a_stream_after_its_id
 /// `message_stop`), the reply text only: cut mid-text, before its block
 /// closed, the same request is sent again at once, streamed, and answered;
 /// cut after the text block closed, what came is kept as the whole reply
-/// and nothing is sent again. Measured with 2.1.332: 1.2-1.4 s and 0.5-0.9 s.
+/// and, as a rule, nothing is sent again. Measured with 2.1.332: 1.2-1.4 s
+/// and 0.5-0.9 s. The second case follows timing: in one CI rehearsal with
+/// four tests beside it, the cut after the block was sent once more and
+/// answered (the reply still whole and once), so it may take one request
+/// more there, never two.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn claude_code_alone_re_sends_a_reply_cut_mid_text_at_once_and_keeps_one_cut_after_its_block()
 {
@@ -658,7 +662,7 @@ async fn claude_code_alone_re_sends_a_reply_cut_mid_text_at_once_and_keeps_one_c
     let dir = tempfile::tempdir().expect("tempdir");
     // Frames: message_start, content_block_start, ping, 9 text deltas,
     // content_block_stop, message_delta, message_stop.
-    for (fault, sent) in [(6, 2), (13, 1)] {
+    for (fault, sent) in [(6, 2..=2), (13, 1..=2)] {
         let mock = MockServer::start(mock_config(
             [Scenario::AbruptClose, Scenario::Normal],
             fault,
@@ -684,7 +688,10 @@ async fn claude_code_alone_re_sends_a_reply_cut_mid_text_at_once_and_keeps_one_c
             (Some(Scenario::AbruptClose), true),
             (Some(Scenario::Normal), true),
         ];
-        assert_eq!(messages, expected[..sent], "{what}");
+        assert!(
+            sent.contains(&messages.len()) && messages == expected[..messages.len()],
+            "{what}: {messages:?}"
+        );
         assert!(took < ALONE_AT_ONCE, "{what}: at once, took {took:?}");
     }
 }
